@@ -1,0 +1,123 @@
+# MapFlow — one GNU Makefile; each folder adds its rules through a fragment
+# (`<folder>/<name>.mk`) included below, never through recursive make into folders.
+#
+#   make            build everything (CPU; CUDA kernels too where nvcc exists)
+#   make test       install missing Debian packages, build, run every test
+#   make demo       install missing Debian packages, build, run a real hand-off
+#   make asan       tests again under AddressSanitizer + UBSan (build-asan/)
+#   make fuzz       libFuzzer targets with clang, FUZZ_SECONDS each
+#   make install    PREFIX=/usr/local DESTDIR=
+
+PREFIX     ?= /usr/local
+DESTDIR    ?=
+BUILD      ?= build
+CC         ?= cc
+PYTHON     ?= /usr/bin/python3
+OPT        ?= -O2 -g
+SANITIZER  ?=
+CUDA       ?= auto
+CUDA_HOME  ?= /usr/local/cuda
+CUDA_ARCH  ?= 90
+FUZZ_SECONDS ?= 60
+V          ?= 0
+
+ifeq ($(V),0)
+Q := @
+else
+Q :=
+endif
+
+# --- Debian packages -------------------------------------------------------------
+DEB_PKGS := libucx-dev libevent-dev libprotobuf-c-dev protobuf-c-compiler \
+            librocksdb-dev libxxhash-dev libcmocka-dev libsystemd-dev pkg-config \
+            clang python3 python3-numpy python3-xxhash procps
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+# --- toolchain flags ---------------------------------------------------------------
+PKGS := libevent libevent_pthreads libprotobuf-c libxxhash ucx rocksdb libsystemd cmocka
+pkg_cflags = $(shell pkg-config --cflags $(1) 2>/dev/null)
+pkg_libs   = $(shell pkg-config --libs $(1) 2>/dev/null)
+
+WARN     := -Wall -Wextra -Werror -Wno-missing-field-initializers
+CFLAGS   ?=
+CPPFLAGS += -I$(BUILD)/gen -Iproto -Ikernels -Iclient -Idaemon -D_GNU_SOURCE
+BASE_CFLAGS := -std=c11 $(WARN) $(OPT) -fPIC -MMD -MP -pthread
+LDLIBS_BASE := -lxxhash -lprotobuf-c -lm -lpthread
+
+ifneq ($(SANITIZER),)
+BASE_CFLAGS += -fsanitize=$(SANITIZER) -fno-sanitize-recover=all -fno-omit-frame-pointer
+LDFLAGS     += -fsanitize=$(SANITIZER)
+endif
+
+ALL_CFLAGS = $(BASE_CFLAGS) $(CFLAGS)
+
+HAVE_NVCC := $(shell [ -x $(CUDA_HOME)/bin/nvcc ] && echo 1)
+ifeq ($(CUDA),auto)
+USE_CUDA := $(HAVE_NVCC)
+else ifeq ($(CUDA),1)
+USE_CUDA := 1
+else
+USE_CUDA :=
+endif
+NVCC := $(CUDA_HOME)/bin/nvcc
+NVCCFLAGS ?= -O3 -std=c++17 -arch=sm_$(CUDA_ARCH) -Xcompiler -fPIC -Xcompiler -Wall
+
+OBJ := $(BUILD)/obj
+BIN := $(BUILD)/bin
+LIB := $(BUILD)/lib
+GEN := $(BUILD)/gen
+
+# Every fragment appends to these.
+BINS :=
+LIBS :=
+TESTS :=
+TEST_SCRIPTS :=
+FUZZERS :=
+
+.PHONY: all deps test test-run demo demo-run asan fuzz install clean check-flags
+all: build-all
+
+$(OBJ)/%.o: %.c | $(GEN)/mapflow.pb-c.h
+	@mkdir -p $(dir $@)
+	@[ "$(V)" != 0 ] || echo "  CC    $<"
+	$(Q)$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -c $< -o $@
+
+$(OBJ)/%.o: $(GEN)/%.c
+	@mkdir -p $(dir $@)
+	@[ "$(V)" != 0 ] || echo "  CC    $<"
+	$(Q)$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -Wno-unused-parameter -c $< -o $@
+
+# Fragments, in dependency order.
+include proto/proto.mk
+-include kernels/kernels.mk
+-include daemon/daemon.mk
+-include client/client.mk
+-include tests/tests.mk
+-include bench/bench.mk
+-include deploy/deploy.mk
+
+build-all: $(LIBS) $(BINS)
+
+# --- deps: only what is missing; apt-get update once -----------------------------
+deps:
+	@missing=""; for p in $(DEB_PKGS); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "make deps: installing$$missing"; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
+	else echo "make deps: all Debian packages present"; fi
+
+# test and demo first install packages, then run a second pass of this same Makefile,
+# because pkg-config answers are read when the Makefile is parsed.
+test: deps
+	@$(MAKE) --no-print-directory test-run
+
+demo: deps
+	@$(MAKE) --no-print-directory demo-run
+
+clean:
+	rm -rf $(BUILD) build-asan build-fuzz
+
+-include $(shell find $(OBJ) -name '*.d' 2>/dev/null)

@@ -1,0 +1,15 @@
+# proto/: the contract — generated protobuf-c code, status table, hash, rows, frames.
+$(GEN)/mapflow.pb-c.c $(GEN)/mapflow.pb-c.h: proto/mapflow.proto
+	@mkdir -p $(GEN)
+	@[ "$(V)" != 0 ] || echo "  PROTOC $<"
+	$(Q)protoc-c --proto_path=proto --c_out=$(GEN) proto/mapflow.proto
+
+PROTO_SRCS := proto/mf_status.c proto/mf_hash.c proto/mf_codec.c proto/mf_row.c proto/mf_frame.c
+PROTO_OBJS := $(PROTO_SRCS:%.c=$(OBJ)/%.o) $(OBJ)/mapflow.pb-c.o
+PROTO_A    := $(LIB)/libmfproto.a
+LIBS       += $(PROTO_A)
+
+$(PROTO_A): $(PROTO_OBJS)
+	@mkdir -p $(dir $@)
+	@[ "$(V)" != 0 ] || echo "  AR    $@"
+	$(Q)rm -f $@ && ar rcs $@ $^
