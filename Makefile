@@ -93,7 +93,7 @@ include proto/proto.mk
 -include daemon/daemon.mk
 -include client/client.mk
 -include tests/tests.mk
--include bench/bench.mk
+-include $(wildcard bench/*.mk bench/*/*.mk)
 -include deploy/deploy.mk
 
 build-all: $(LIBS) $(BINS)
