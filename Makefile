@@ -121,3 +121,4 @@ clean:
 	rm -rf $(BUILD) build-asan build-fuzz
 
 -include $(shell find $(OBJ) -name '*.d' 2>/dev/null)
+.SECONDARY:

@@ -257,12 +257,12 @@ mf_status_t mf_row_init(void *buf, size_t cap, const mf_row_spec_t *spec,
     return MF_OK;
 }
 
-mf_status_t mf_row_seal(void *buf)
+mf_status_t mf_row_seal(void *buf, size_t len)
 {
-    if (!buf)
+    if (!buf || len < MF_ROW_HEADER)
         return MF_INVALID_ARGUMENT;
     mf_row_header_t *h = buf;
-    if (h->magic != MF_ROW_MAGIC || h->total_size < MF_ROW_HEADER)
+    if (h->magic != MF_ROW_MAGIC || h->total_size != len)
         return MF_INVALID_ARGUMENT;
     h->checksum = row_checksum(buf, h->total_size);
     return MF_OK;
@@ -346,7 +346,7 @@ mf_status_t mf_row_build(void *buf, size_t cap, const mf_row_spec_t *spec,
                 w.scales[e] = s;
         }
     }
-    return mf_row_seal(buf);
+    return mf_row_seal(buf, w.size);
 }
 
 #define FAIL(status, msg) \

@@ -148,8 +148,9 @@ mf_status_t mf_row_init(void *buf, size_t cap, const mf_row_spec_t *spec,
                         uint32_t n_cols, const uint32_t *cols, const uint64_t *head_mask,
                         mf_row_wview_t *out, const char **why);
 
-/* Computes and stores the checksum of a row whose header is written. */
-mf_status_t mf_row_seal(void *buf);
+/* Computes and stores the checksum of a row of len bytes whose header is written
+ * (MF_INVALID_ARGUMENT if the header's size is not len). */
+mf_status_t mf_row_seal(void *buf, size_t len);
 
 /*
  * One call: init + encode masses (E floats in [0,1]) and tiles (E × B×B floats, NULL

@@ -18,8 +18,9 @@ for t in "$@"; do
   echo "=== $name"
   out=$(timeout --kill-after=10 "$limit" "${cmd[@]}" 2>&1); rc=$?
   printf '%s\n' "$out"
-  p=$(printf '%s\n' "$out" | sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' | awk '{s+=$1} END {print s+0}')
-  f=$(printf '%s\n' "$out" | sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' | awk '{s+=$1} END {print s+0}')
+  # cmocka's stdout and stderr interleave, so match its summary anywhere in a line.
+  p=$(printf '%s\n' "$out" | grep -o '\[  PASSED  \] [0-9]* test' | awk '{s+=$(NF-1)} END {print s+0}')
+  f=$(printf '%s\n' "$out" | grep -o '\[  FAILED  \] [0-9]* test' | awk '{s+=$(NF-1)} END {print s+0}')
   if [ "$p" -eq 0 ] && [ "$f" -eq 0 ]; then
     if [ $rc -eq 0 ]; then p=1; else f=1; fi
   elif [ $rc -ne 0 ] && [ "$f" -eq 0 ]; then
