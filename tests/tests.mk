@@ -55,3 +55,7 @@ fuzz-run: $(GEN)/mapflow.pb-c.h
 	  ./build-fuzz/$$t -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
 	    build-fuzz/corpus-$$t tests/fuzz/corpus/$$t 2>&1 | grep -E 'stat::number_of_executed_units|cov:|ERROR|SUMMARY' | tail -4; \
 	done
+
+$(BIN)/tests/make_seeds: $(OBJ)/tests/fuzz/make_seeds.o $(PROTO_A)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(ALL_CFLAGS) $(LDFLAGS) $^ -o $@ $(LDLIBS_BASE)

@@ -1,0 +1,235 @@
+/* Frames: encode/decode round trip fed in random pieces, several frames per read, and a
+ * clear status for oversize lengths, truncation, garbage and unknown message types. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "mf_frame.h"
+
+static uint64_t rng = 0x13198a2e03707344ull;
+static uint32_t rnd(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)(rng >> 11);
+}
+
+static uint8_t *make_lookup(uint64_t id, uint32_t n_layers, size_t payload_len, uint8_t **payload,
+                            size_t *len)
+{
+    Mapflow__V1__Envelope env = MAPFLOW__V1__ENVELOPE__INIT;
+    Mapflow__V1__Lookup lk = MAPFLOW__V1__LOOKUP__INIT;
+    uint32_t layers[64];
+    for (uint32_t k = 0; k < n_layers; k++)
+        layers[k] = rnd() % 100;
+    lk.model = "model-x";
+    lk.block_size = 64;
+    lk.n_layers = n_layers;
+    lk.layers = layers;
+    env.request_id = id;
+    env.body_case = MAPFLOW__V1__ENVELOPE__BODY_LOOKUP;
+    env.lookup = &lk;
+    *payload = malloc(payload_len + 1);
+    for (size_t k = 0; k < payload_len; k++)
+        (*payload)[k] = (uint8_t)(rnd() | 1);
+    uint8_t *out;
+    assert_int_equal(mf_frame_encode(&env, *payload, payload_len, MF_FRAME_DEFAULT_MAX, &out, len),
+                     MF_OK);
+    return out;
+}
+
+static void test_roundtrip_in_pieces(void **s)
+{
+    (void)s;
+    enum { NF = 50 };
+    uint8_t *frames[NF], *payloads[NF];
+    size_t lens[NF], plens[NF], total = 0;
+    for (int f = 0; f < NF; f++) {
+        plens[f] = rnd() % 3000;
+        frames[f] = make_lookup(1000 + (uint64_t)f, 1 + rnd() % 40, plens[f], &payloads[f], &lens[f]);
+        total += lens[f];
+    }
+    uint8_t *stream = malloc(total);
+    size_t off = 0;
+    for (int f = 0; f < NF; f++) {
+        memcpy(stream + off, frames[f], lens[f]);
+        off += lens[f];
+    }
+    mf_frame_reader_t r;
+    assert_int_equal(mf_frame_reader_init(&r, MF_FRAME_DEFAULT_MAX), MF_OK);
+    int got = 0;
+    for (off = 0; off < total;) {
+        size_t chunk = 1 + rnd() % (rnd() % 2 ? 7 : 9000); /* tiny and multi-frame reads */
+        if (chunk > total - off)
+            chunk = total - off;
+        assert_int_equal(mf_frame_reader_feed(&r, stream + off, chunk), MF_OK);
+        off += chunk;
+        for (;;) {
+            mf_frame_t fr;
+            int have;
+            assert_int_equal(mf_frame_reader_next(&r, &fr, &have, NULL), MF_OK);
+            if (!have)
+                break;
+            mf_envelope_t *env;
+            assert_int_equal(mf_envelope_decode(&fr, &env, NULL), MF_OK);
+            assert_int_equal(env->request_id, 1000 + (uint64_t)got);
+            assert_int_equal(env->body_case, MAPFLOW__V1__ENVELOPE__BODY_LOOKUP);
+            assert_string_equal(env->lookup->model, "model-x");
+            assert_int_equal(fr.payload_len, plens[got]);
+            assert_memory_equal(fr.payload, payloads[got], plens[got]);
+            assert_string_equal(mf_envelope_body_name((int)env->body_case), "lookup");
+            mf_envelope_free(env);
+            got++;
+        }
+    }
+    assert_int_equal(got, NF);
+    assert_int_equal(mf_frame_reader_pending(&r), 0);
+    mf_frame_reader_deinit(&r);
+    for (int f = 0; f < NF; f++) {
+        free(frames[f]);
+        free(payloads[f]);
+    }
+    free(stream);
+}
+
+static void put_u32(uint8_t *p, uint32_t v)
+{
+    for (int k = 0; k < 4; k++)
+        p[k] = (uint8_t)(v >> (8 * k));
+}
+
+static void test_oversize_refused_before_body(void **s)
+{
+    (void)s;
+    mf_frame_reader_t r;
+    uint8_t hdr[4];
+    assert_int_equal(mf_frame_reader_init(&r, 1 << 20), MF_OK);
+    put_u32(hdr, (1 << 20) + 1);
+    assert_int_equal(mf_frame_reader_feed(&r, hdr, 4), MF_OK);
+    mf_frame_t fr;
+    int have;
+    const char *why;
+    assert_int_equal(mf_frame_reader_next(&r, &fr, &have, &why), MF_RESOURCE_EXHAUSTED);
+    assert_non_null(strstr(why, "max_frame"));
+    /* The error is sticky: the stream cannot be resynchronised. */
+    assert_int_equal(mf_frame_reader_feed(&r, hdr, 4), MF_OK);
+    assert_int_equal(mf_frame_reader_next(&r, &fr, &have, &why), MF_RESOURCE_EXHAUSTED);
+    mf_frame_reader_deinit(&r);
+    /* The encoder refuses too. */
+    uint8_t *payload, *out;
+    size_t len;
+    uint8_t *f = make_lookup(1, 1, 10, &payload, &len);
+    Mapflow__V1__Envelope env = MAPFLOW__V1__ENVELOPE__INIT;
+    assert_int_equal(mf_frame_encode(&env, payload, 8192, 4096, &out, &len), MF_RESOURCE_EXHAUSTED);
+    assert_int_equal(mf_frame_reader_init(&r, 100), MF_INVALID_ARGUMENT);
+    free(f);
+    free(payload);
+}
+
+static void test_bad_lengths_and_truncation(void **s)
+{
+    (void)s;
+    uint8_t b[16] = { 0 };
+    mf_frame_t fr;
+    size_t used;
+    const char *why;
+    put_u32(b, 2);
+    assert_int_equal(mf_frame_parse(b, 8, 4096, &fr, &used, &why), MF_INVALID_ARGUMENT);
+    assert_non_null(strstr(why, "shorter"));
+    put_u32(b, 8);
+    put_u32(b + 4, 5);
+    assert_int_equal(mf_frame_parse(b, 12, 4096, &fr, &used, &why), MF_INVALID_ARGUMENT);
+    assert_non_null(strstr(why, "message length exceeds"));
+    put_u32(b + 4, 4);
+    assert_int_equal(mf_frame_parse(b, 11, 4096, &fr, &used, &why), MF_INVALID_ARGUMENT);
+    assert_non_null(strstr(why, "truncated"));
+    assert_int_equal(mf_frame_parse(b, 5, 4096, &fr, &used, &why), MF_INVALID_ARGUMENT);
+    assert_int_equal(mf_frame_parse(b, 12, 4096, &fr, &used, &why), MF_OK);
+    assert_int_equal(used, 12);
+    assert_int_equal(fr.msg_len, 4);
+    assert_int_equal(fr.payload_len, 0);
+    /* A partial frame in the reader just waits for more bytes. */
+    mf_frame_reader_t r;
+    int have;
+    mf_frame_reader_init(&r, 4096);
+    mf_frame_reader_feed(&r, b, 7);
+    assert_int_equal(mf_frame_reader_next(&r, &fr, &have, &why), MF_OK);
+    assert_int_equal(have, 0);
+    mf_frame_reader_deinit(&r);
+}
+
+static void test_unknown_type_and_garbage(void **s)
+{
+    (void)s;
+    /* request_id = 7, then field 99 (unknown to this version) = 1. */
+    uint8_t msg[] = { 0x08, 0x07, 0x98, 0x06, 0x01 };
+    mf_frame_t fr = { msg, sizeof msg, NULL, 0 };
+    mf_envelope_t *env;
+    const char *why;
+    assert_int_equal(mf_envelope_decode(&fr, &env, &why), MF_UNIMPLEMENTED);
+    assert_non_null(strstr(why, "unknown message type"));
+    uint8_t bad[] = { 0x0a, 0xff, 0xff, 0xff, 0xff, 0x0f };
+    fr.msg = bad;
+    fr.msg_len = sizeof bad;
+    assert_int_equal(mf_envelope_decode(&fr, &env, &why), MF_INVALID_ARGUMENT);
+    assert_non_null(strstr(why, "malformed"));
+    /* Random garbage streams: every outcome is a status, never a crash. */
+    int errors = 0;
+    for (int t = 0; t < 2000; t++) {
+        uint8_t g[256];
+        size_t n = 1 + rnd() % sizeof g;
+        for (size_t k = 0; k < n; k++)
+            g[k] = (uint8_t)rnd();
+        if (rnd() % 2) { /* plausible lengths to reach the envelope decoder */
+            put_u32(g, (uint32_t)(n - 4));
+            if (n >= 8)
+                put_u32(g + 4, rnd() % (uint32_t)(n - 7));
+        }
+        mf_frame_reader_t r;
+        mf_frame_reader_init(&r, 4096);
+        mf_frame_reader_feed(&r, g, n);
+        mf_frame_t f2;
+        int have;
+        mf_status_t st = mf_frame_reader_next(&r, &f2, &have, &why);
+        if (st != MF_OK)
+            errors++;
+        else if (have) {
+            if (mf_envelope_decode(&f2, &env, &why) == MF_OK)
+                mf_envelope_free(env);
+            else
+                errors++;
+        }
+        mf_frame_reader_deinit(&r);
+    }
+    assert_true(errors > 100);
+}
+
+static void test_status_table(void **s)
+{
+    (void)s;
+    assert_string_equal(mf_status_name(MF_NOT_FOUND), "NOT_FOUND");
+    assert_string_equal(mf_status_name(MF_UNAUTHENTICATED), "UNAUTHENTICATED");
+    assert_int_equal(MF_UNAVAILABLE, 14);
+    assert_string_equal(mf_status_name(99), "UNKNOWN_STATUS");
+    assert_string_equal(mf_strerror(MF_DEADLINE_EXCEEDED), "deadline exceeded");
+    for (int c = 0; c < MF_STATUS_COUNT; c++)
+        assert_true(mf_status_valid(c) && strcmp(mf_status_name(c), "UNKNOWN_STATUS") != 0);
+    assert_false(mf_status_valid(-1) || mf_status_valid(MF_STATUS_COUNT));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_roundtrip_in_pieces),
+        cmocka_unit_test(test_oversize_refused_before_body),
+        cmocka_unit_test(test_bad_lengths_and_truncation),
+        cmocka_unit_test(test_unknown_type_and_garbage),
+        cmocka_unit_test(test_status_table),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
