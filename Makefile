@@ -73,8 +73,9 @@ LIBS :=
 TESTS :=
 TEST_SCRIPTS :=
 FUZZERS :=
+INSTALL_TARGETS :=
 
-.PHONY: all deps test test-run demo demo-run asan fuzz install clean check-flags
+.PHONY: all build-all deps test test-run test-build demo demo-run asan fuzz fuzz-run install clean
 all: build-all
 
 $(OBJ)/%.o: %.c | $(GEN)/mapflow.pb-c.h
@@ -116,6 +117,10 @@ test: deps
 
 demo: deps
 	@$(MAKE) --no-print-directory demo-run
+
+# Each fragment appends its install-* rule to INSTALL_TARGETS; DESTDIR is used only here,
+# never written into installed files.
+install: build-all $(INSTALL_TARGETS)
 
 clean:
 	rm -rf $(BUILD) build-asan build-fuzz
