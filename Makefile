@@ -91,6 +91,7 @@ $(OBJ)/%.o: $(GEN)/%.c
 # Fragments, in dependency order.
 include proto/proto.mk
 -include kernels/kernels.mk
+-include kernels/cuda.mk
 -include daemon/daemon.mk
 -include client/client.mk
 -include tests/tests.mk
