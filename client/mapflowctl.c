@@ -1,0 +1,776 @@
+/*
+ * mapflowctl — admin CLI of mapflowd, a thin shell over libmapflow (mapflow.h).
+ *
+ * Exit codes: 0 ok, 1 error reported by the daemon (or a failed check such as an
+ * unhealthy daemon), 2 usage, 3 cannot connect. Machine output (--json) goes to stdout,
+ * diagnostics to stderr. Single-threaded tool; exit() only from main's helpers here.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "mapflow.h"
+
+#define EXIT_DAEMON 1
+#define EXIT_USAGE 2
+#define EXIT_CONNECT 3
+
+static const char usage_text[] =
+    "NAME\n"
+    "    mapflowctl - talk to a mapflowd daemon\n"
+    "\n"
+    "SYNOPSIS\n"
+    "    mapflowctl [--socket PATH | --addr HOST:PORT] [--ns NS] [--token T] [--json]\n"
+    "               [--timeout MS] COMMAND [ARGS]\n"
+    "\n"
+    "COMMANDS\n"
+    "    health                       daemon and tier health (exit 1 if not ok)\n"
+    "    stats                        tiers and counters\n"
+    "    ls [--model M] [--layer L] [--page-size N]\n"
+    "                                 list entries of the namespace (every page)\n"
+    "    put --row FILE [--row FILE...] [--durable]\n"
+    "                                 store encoded rows; the key is read from the row\n"
+    "    get --model M --layer L --hash HEX --out FILE\n"
+    "                                 fetch one row by key into FILE\n"
+    "    lookup --model M --block B --tokens FILE --layers LIST\n"
+    "                                 cached leading blocks per layer (LIST: 0,1,4-7)\n"
+    "    del --model M [--layer L] [--hash HEX]\n"
+    "                                 delete one key (with --hash), a layer or a model\n"
+    "    evict --tier host|ssd [--bytes N]\n"
+    "                                 demote / drop unpinned entries (N: 0 = to the low\n"
+    "                                 watermark; units k, m, g, t = powers of 1024)\n"
+    "    flush                        drop every unpinned entry of the namespace\n"
+    "    config get [KEY]             show one key or all\n"
+    "    config set KEY VALUE         change a live key\n"
+    "    profile put --file F         store a mapping profile (encoded MappingProfile)\n"
+    "    profile get --source S --target T [--out F]\n"
+    "    hash --model M --block B --tokens FILE [--ns NS]\n"
+    "                                 print one prefix hash per full block (no daemon)\n"
+    "\n"
+    "OPTIONS\n"
+    "    --socket PATH   unix socket (default: $MAPFLOW_SOCKET, else\n"
+    "                    $XDG_RUNTIME_DIR/mapflowd/mapflowd.sock, else\n"
+    "                    /tmp/mapflowd-$UID/mapflowd.sock)\n"
+    "    --addr H:P      TCP instead of the unix socket (needs --token if the daemon has one)\n"
+    "    --ns NS         namespace (default \"default\")\n"
+    "    --token T       shared token (default: $MAPFLOW_TOKEN)\n"
+    "    --json          machine-readable output\n"
+    "    --timeout MS    per-call deadline (default 30000)\n"
+    "\n"
+    "FILES\n"
+    "    Token files are raw little-endian u32 arrays. Rows are the proto/mf_row.h format.\n"
+    "\n"
+    "EXIT STATUS\n"
+    "    0 ok, 1 error from the daemon, 2 usage, 3 cannot connect.\n";
+
+typedef struct ctl {
+    const char *socket;
+    const char *addr;
+    const char *ns;
+    const char *token;
+    int json;
+    int64_t timeout_ms;
+    mf_channel_t *ch;
+} ctl_t;
+
+static __attribute__((noreturn, format(printf, 1, 2))) void usage_fail(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("mapflowctl: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputs("\n(see mapflowctl --help)\n", stderr);
+    exit(EXIT_USAGE);
+}
+
+/* Reports a failed call and returns the exit code it maps to. */
+static int fail(ctl_t *c, const char *what, mf_status_t st)
+{
+    const char *msg = c->ch ? mf_channel_last_error(c->ch) : "";
+    fprintf(stderr, "mapflowctl: %s: %s%s%s\n", what, mf_status_name(st), msg[0] ? ": " : "",
+            msg);
+    if (c->json)
+        printf("{\"error\":{\"code\":%d,\"status\":\"%s\"}}\n", (int)st, mf_status_name(st));
+    return st == MF_UNAVAILABLE ? EXIT_CONNECT : EXIT_DAEMON;
+}
+
+/* ==== parsing helpers ================================================================ */
+
+static uint64_t parse_u64(const char *s, const char *what, int units)
+{
+    char *end;
+    errno = 0;
+    if (!s || !*s || *s == '-')
+        usage_fail("%s: expected a number", what);
+    unsigned long long v = strtoull(s, &end, 0);
+    int shift = 0;
+    if (units && *end) {
+        const char *u = "kmgt";
+        const char *p = strchr(u, *end | 0x20);
+        if (p) {
+            shift = 10 * (int)(p - u + 1);
+            end++;
+            if ((*end | 0x20) == 'i')
+                end++;
+            if ((*end | 0x20) == 'b')
+                end++;
+        }
+    }
+    if (errno || *end || (shift && v > (UINT64_MAX >> shift)))
+        usage_fail("%s: '%s' is not a valid number", what, s);
+    return (uint64_t)v << shift;
+}
+
+static uint32_t parse_u32(const char *s, const char *what)
+{
+    uint64_t v = parse_u64(s, what, 0);
+    if (v > UINT32_MAX)
+        usage_fail("%s: %s is out of range", what, s);
+    return (uint32_t)v;
+}
+
+/* "0,1,4-7" → layers; the caller frees *out. */
+static size_t parse_layers(const char *s, uint32_t **out)
+{
+    size_t n = 0, cap = 16;
+    uint32_t *v = malloc(cap * sizeof(*v));
+    char *dup = strdup(s ? s : "");
+    if (!v || !dup)
+        usage_fail("out of memory");
+    char *save = NULL;
+    for (char *tok = strtok_r(dup, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        char *dash = strchr(tok, '-');
+        if (dash)
+            *dash = '\0';
+        uint32_t lo = parse_u32(tok, "--layers"), hi = dash ? parse_u32(dash + 1, "--layers") : lo;
+        if (hi < lo || hi - lo > 65536)
+            usage_fail("--layers: bad range %u-%u", lo, hi);
+        for (uint64_t l = lo; l <= hi; l++) {
+            if (n == cap) {
+                cap *= 2;
+                v = realloc(v, cap * sizeof(*v));
+                if (!v)
+                    usage_fail("out of memory");
+            }
+            v[n++] = (uint32_t)l;
+        }
+    }
+    free(dup);
+    if (n == 0)
+        usage_fail("--layers: empty list");
+    *out = v;
+    return n;
+}
+
+/* Reads a whole file; *len receives its size. NULL (and errno set) on failure. */
+static void *read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    size_t cap = 1 << 16, n = 0;
+    uint8_t *b = aligned_alloc(16, cap);
+    while (b) {
+        size_t r = fread(b + n, 1, cap - n, f);
+        n += r;
+        if (r == 0)
+            break;
+        if (n == cap) {
+            uint8_t *nb = aligned_alloc(16, cap * 2);
+            if (nb)
+                memcpy(nb, b, n);
+            free(b);
+            b = nb;
+            cap *= 2;
+        }
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) {
+        free(b);
+        errno = EIO;
+        return NULL;
+    }
+    *len = n;
+    return b;
+}
+
+static uint32_t *read_tokens(const char *path, size_t *n)
+{
+    if (!path)
+        usage_fail("--tokens FILE is required");
+    size_t len;
+    uint32_t *t = read_file(path, &len);
+    if (!t) {
+        fprintf(stderr, "mapflowctl: %s: %s\n", path, strerror(errno));
+        exit(EXIT_USAGE);
+    }
+    if (len % 4)
+        usage_fail("%s: %zu bytes is not a whole number of u32 tokens", path, len);
+    *n = len / 4;
+    return t;
+}
+
+static int write_file(const char *path, const void *data, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(data, 1, len, f) != len || fclose(f) != 0) {
+        fprintf(stderr, "mapflowctl: %s: %s\n", path, strerror(errno));
+        return EXIT_DAEMON;
+    }
+    return 0;
+}
+
+/* Prints a JSON string literal (the only escaping our values need). */
+static void json_str(const char *s)
+{
+    putchar('"');
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\')
+            printf("\\%c", ch);
+        else if (ch < 0x20)
+            printf("\\u%04x", ch);
+        else
+            putchar(ch);
+    }
+    putchar('"');
+}
+
+/* Command-level options: getopt_long over argv after the command word. */
+typedef struct cmd_opts {
+    const char *model, *hash, *out, *tokens, *layers, *tier, *file, *source, *target, *ns;
+    const char *rows[64];
+    int n_rows;
+    int64_t layer;
+    uint32_t block, page_size;
+    uint64_t bytes;
+    int durable;
+} cmd_opts_t;
+
+static void parse_cmd_opts(int argc, char **argv, cmd_opts_t *o)
+{
+    static const struct option lo[] = {
+        {"model", 1, 0, 'm'},  {"layer", 1, 0, 'l'},     {"hash", 1, 0, 'H'},
+        {"out", 1, 0, 'o'},    {"tokens", 1, 0, 't'},    {"layers", 1, 0, 'L'},
+        {"block", 1, 0, 'b'},  {"tier", 1, 0, 'T'},      {"bytes", 1, 0, 'B'},
+        {"row", 1, 0, 'r'},    {"durable", 0, 0, 'd'},   {"file", 1, 0, 'f'},
+        {"source", 1, 0, 's'}, {"target", 1, 0, 'g'},    {"page-size", 1, 0, 'p'},
+        {"ns", 1, 0, 'n'},     {0, 0, 0, 0}};
+    memset(o, 0, sizeof(*o));
+    o->layer = -1;
+    optind = 1;
+    int c;
+    while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+        switch (c) {
+        case 'm': o->model = optarg; break;
+        case 'l': o->layer = parse_u32(optarg, "--layer"); break;
+        case 'H': o->hash = optarg; break;
+        case 'o': o->out = optarg; break;
+        case 't': o->tokens = optarg; break;
+        case 'L': o->layers = optarg; break;
+        case 'b': o->block = parse_u32(optarg, "--block"); break;
+        case 'T': o->tier = optarg; break;
+        case 'B': o->bytes = parse_u64(optarg, "--bytes", 1); break;
+        case 'r':
+            if (o->n_rows == 64)
+                usage_fail("at most 64 --row files");
+            o->rows[o->n_rows++] = optarg;
+            break;
+        case 'd': o->durable = 1; break;
+        case 'f': o->file = optarg; break;
+        case 's': o->source = optarg; break;
+        case 'g': o->target = optarg; break;
+        case 'p': o->page_size = parse_u32(optarg, "--page-size"); break;
+        case 'n': o->ns = optarg; break;
+        default: usage_fail("bad option for %s", argv[0]);
+        }
+    }
+}
+
+static void need(const void *v, const char *opt, const char *cmd)
+{
+    if (!v)
+        usage_fail("%s needs %s", cmd, opt);
+}
+
+static mf_hash128_t parse_hash(const char *s)
+{
+    mf_hash128_t h;
+    if (mf_hash_from_hex(s, &h) != MF_OK)
+        usage_fail("--hash: '%s' is not 32 hex digits", s);
+    return h;
+}
+
+/* ==== commands ======================================================================= */
+
+static void print_tiers(const mf_tier_stats_t *t, size_t n, int json)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (json)
+            printf("%s{\"tier\":\"%s\",\"enabled\":%s,\"used_bytes\":%" PRIu64
+                   ",\"capacity_bytes\":%" PRIu64 ",\"entries\":%" PRIu64 "}",
+                   i ? "," : "", mf_tier_name(t[i].tier), t[i].enabled ? "true" : "false",
+                   t[i].used_bytes, t[i].capacity_bytes, t[i].entries);
+        else
+            printf("tier %-4s %-3s used %" PRIu64 " / %" PRIu64 " bytes, %" PRIu64
+                   " entries\n", mf_tier_name(t[i].tier), t[i].enabled ? "on" : "off",
+                   t[i].used_bytes, t[i].capacity_bytes, t[i].entries);
+    }
+}
+
+static int cmd_health(ctl_t *c)
+{
+    mf_health_t h;
+    mf_status_t st = mf_health(c->ch, &h, c->timeout_ms);
+    if (st != MF_OK)
+        return fail(c, "health", st);
+    if (c->json) {
+        printf("{\"ok\":%s,\"ready\":%s,\"status\":", h.ok ? "true" : "false",
+               h.ready ? "true" : "false");
+        json_str(h.status);
+        printf(",\"tiers\":[");
+        print_tiers(h.tiers, h.n_tiers, 1);
+        printf("]}\n");
+    } else {
+        printf("ok %s, ready %s: %s\n", h.ok ? "yes" : "no", h.ready ? "yes" : "no", h.status);
+        print_tiers(h.tiers, h.n_tiers, 0);
+    }
+    return h.ok ? 0 : EXIT_DAEMON;
+}
+
+static int cmd_stats(ctl_t *c)
+{
+    mf_stats_t *s;
+    mf_status_t st = mf_stats(c->ch, &s, c->timeout_ms);
+    if (st != MF_OK)
+        return fail(c, "stats", st);
+    if (c->json) {
+        printf("{\"uptime_ms\":%" PRIu64 ",\"connections\":%u,\"tiers\":[", s->uptime_ms,
+               s->connections);
+        print_tiers(s->tiers, s->n_tiers, 1);
+        printf("],\"counters\":{");
+        for (size_t i = 0; i < s->n_counters; i++) {
+            printf("%s", i ? "," : "");
+            json_str(s->counters[i].name);
+            printf(":%" PRIu64, s->counters[i].value);
+        }
+        printf("}}\n");
+    } else {
+        printf("uptime %" PRIu64 " ms, %u connections\n", s->uptime_ms, s->connections);
+        print_tiers(s->tiers, s->n_tiers, 0);
+        for (size_t i = 0; i < s->n_counters; i++)
+            printf("%s %" PRIu64 "\n", s->counters[i].name, s->counters[i].value);
+    }
+    mf_stats_free(s);
+    return 0;
+}
+
+static int cmd_ls(ctl_t *c, const cmd_opts_t *o)
+{
+    uint8_t *token = NULL;
+    size_t token_len = 0, shown = 0;
+    int rc = 0;
+    if (c->json)
+        printf("[");
+    for (;;) {
+        mf_list_page_t *p;
+        mf_status_t st = mf_list(c->ch, o->model, o->layer, o->page_size, token, token_len, &p,
+                                 c->timeout_ms);
+        free(token);
+        token = NULL;
+        if (st != MF_OK) {
+            if (c->json)
+                printf("]\n");
+            return fail(c, "ls", st);
+        }
+        for (size_t i = 0; i < p->n_entries; i++, shown++) {
+            const mf_entry_info_t *e = &p->entries[i];
+            char hex[MF_HASH_HEX_LEN + 1];
+            mf_hash_to_hex(e->hash, hex);
+            if (c->json) {
+                printf("%s{\"model\":", shown ? "," : "");
+                json_str(e->model);
+                printf(",\"layer\":%u,\"block\":%u,\"hash\":\"%s\",\"size\":%" PRIu64
+                       ",\"tier\":\"%s\",\"on_ssd\":%s,\"pins\":%u,\"last_access_ms\":%" PRIu64
+                       "}", e->layer, e->block, hex, e->size, mf_tier_name(e->tier),
+                       e->on_ssd ? "true" : "false", e->pins, e->last_access_ms);
+            } else {
+                printf("%s\t%u\t%u\t%s\t%" PRIu64 "\t%s%s\t%u\n", e->model, e->layer,
+                       e->block, hex, e->size, mf_tier_name(e->tier),
+                       e->on_ssd && e->tier != MF_TIER_SSD ? "+ssd" : "", e->pins);
+            }
+        }
+        if (p->next_page_token_len) {
+            token = p->next_page_token;
+            token_len = p->next_page_token_len;
+            p->next_page_token = NULL;
+        }
+        mf_list_page_free(p);
+        if (!token)
+            break;
+    }
+    if (c->json)
+        printf("]\n");
+    return rc;
+}
+
+static int cmd_put(ctl_t *c, const cmd_opts_t *o)
+{
+    if (o->n_rows == 0)
+        usage_fail("put needs --row FILE");
+    int rc = 0;
+    for (int i = 0; i < o->n_rows && rc == 0; i++) {
+        size_t len;
+        void *row = read_file(o->rows[i], &len);
+        if (!row) {
+            fprintf(stderr, "mapflowctl: %s: %s\n", o->rows[i], strerror(errno));
+            return EXIT_USAGE;
+        }
+        mf_put_result_t r;
+        mf_status_t st = mf_put(c->ch, row, len, o->durable ? MF_PUT_DURABLE : 0, &r,
+                                c->timeout_ms);
+        if (st != MF_OK) {
+            rc = fail(c, o->rows[i], st);
+        } else {
+            mf_row_view_t v;
+            mf_row_decode(row, len, MF_ROW_NO_CHECKSUM, &v, NULL); /* mf_put validated it */
+            char hex[MF_HASH_HEX_LEN + 1];
+            mf_hash_to_hex(v.hash, hex);
+            if (c->json)
+                printf("{\"file\":\"%s\",\"model\":\"%.*s\",\"layer\":%u,\"block\":%u,"
+                       "\"hash\":\"%s\",\"size\":%zu,\"tier\":\"%s\",\"durable\":%s,"
+                       "\"replaced\":%s}\n", o->rows[i], (int)v.model_len, v.model, v.layer,
+                       v.block_index, hex, len, mf_tier_name(r.tier),
+                       r.durable ? "true" : "false", r.replaced ? "true" : "false");
+            else
+                printf("put %.*s layer %u block %u %s (%zu bytes) -> %s%s%s\n",
+                       (int)v.model_len, v.model, v.layer, v.block_index, hex, len,
+                       mf_tier_name(r.tier), r.durable ? ", durable" : "",
+                       r.replaced ? ", replaced" : "");
+        }
+        free(row);
+    }
+    return rc;
+}
+
+static int cmd_get(ctl_t *c, const cmd_opts_t *o)
+{
+    need(o->model, "--model", "get");
+    need(o->hash, "--hash", "get");
+    need(o->out, "--out", "get");
+    if (o->layer < 0)
+        usage_fail("get needs --layer");
+    mf_key_t k = {o->model, (uint32_t)o->layer, parse_hash(o->hash)};
+    mf_get_result_t *r;
+    mf_status_t st = mf_get_keys(c->ch, &k, 1, MF_GET_COPY, &r, c->timeout_ms);
+    if (st != MF_OK)
+        return fail(c, "get", st);
+    st = r->rows[0].status;
+    int rc = st == MF_OK ? write_file(o->out, r->rows[0].data, r->rows[0].length)
+                         : fail(c, "get", st);
+    if (rc == 0 && c->json)
+        printf("{\"out\":\"%s\",\"size\":%zu,\"tier\":\"%s\"}\n", o->out, r->rows[0].length,
+               mf_tier_name(r->rows[0].tier));
+    else if (rc == 0)
+        printf("%zu bytes from %s -> %s\n", r->rows[0].length, mf_tier_name(r->rows[0].tier),
+               o->out);
+    mf_get_result_free(r);
+    return rc;
+}
+
+static int cmd_lookup(ctl_t *c, const cmd_opts_t *o)
+{
+    need(o->model, "--model", "lookup");
+    need(o->layers, "--layers", "lookup");
+    if (!o->block)
+        usage_fail("lookup needs --block B");
+    size_t nt;
+    uint32_t *tokens = read_tokens(o->tokens, &nt), *layers, total = 0;
+    size_t nl = parse_layers(o->layers, &layers);
+    uint32_t *blocks = calloc(nl, sizeof(*blocks));
+    int rc = 0;
+    mf_status_t st = blocks ? mf_lookup(c->ch, o->model, o->block, tokens, nt, layers, nl,
+                                        blocks, &total, c->timeout_ms)
+                            : MF_RESOURCE_EXHAUSTED;
+    if (st != MF_OK) {
+        rc = fail(c, "lookup", st);
+    } else if (c->json) {
+        printf("{\"total_blocks\":%u,\"layers\":{", total);
+        for (size_t i = 0; i < nl; i++)
+            printf("%s\"%u\":%u", i ? "," : "", layers[i], blocks[i]);
+        printf("}}\n");
+    } else {
+        for (size_t i = 0; i < nl; i++)
+            printf("layer %u: %u/%u blocks\n", layers[i], blocks[i], total);
+    }
+    free(blocks);
+    free(layers);
+    free(tokens);
+    return rc;
+}
+
+static int cmd_del(ctl_t *c, const cmd_opts_t *o)
+{
+    need(o->model, "--model", "del");
+    uint64_t n = 0;
+    mf_status_t st;
+    if (o->hash) {
+        if (o->layer < 0)
+            usage_fail("del --hash needs --layer");
+        mf_key_t k = {o->model, (uint32_t)o->layer, parse_hash(o->hash)};
+        st = mf_delete(c->ch, &k, &n, c->timeout_ms);
+    } else {
+        st = mf_delete_model(c->ch, o->model, o->layer, &n, c->timeout_ms);
+    }
+    if (st != MF_OK)
+        return fail(c, "del", st);
+    printf(c->json ? "{\"deleted\":%" PRIu64 "}\n" : "deleted %" PRIu64 "\n", n);
+    return 0;
+}
+
+static int cmd_evict(ctl_t *c, const cmd_opts_t *o)
+{
+    mf_tier_t t;
+    need(o->tier, "--tier host|ssd", "evict");
+    if (mf_tier_parse(o->tier, &t) != MF_OK || t == MF_TIER_NONE)
+        usage_fail("--tier: '%s' is not gpu, host or ssd", o->tier);
+    uint64_t b = 0, e = 0;
+    mf_status_t st = mf_evict(c->ch, t, o->bytes, &b, &e, c->timeout_ms);
+    if (st != MF_OK)
+        return fail(c, "evict", st);
+    printf(c->json ? "{\"bytes\":%" PRIu64 ",\"entries\":%" PRIu64 "}\n"
+                   : "evicted %" PRIu64 " bytes, %" PRIu64 " entries\n", b, e);
+    return 0;
+}
+
+static int cmd_flush(ctl_t *c)
+{
+    uint64_t n = 0;
+    mf_status_t st = mf_flush(c->ch, &n, c->timeout_ms);
+    if (st != MF_OK)
+        return fail(c, "flush", st);
+    printf(c->json ? "{\"entries\":%" PRIu64 "}\n" : "flushed %" PRIu64 " entries\n", n);
+    return 0;
+}
+
+static void print_items(const mf_config_item_t *it, size_t n, int json)
+{
+    if (json)
+        printf("{");
+    for (size_t i = 0; i < n; i++) {
+        if (json) {
+            printf("%s", i ? "," : "");
+            json_str(it[i].key);
+            printf(":{\"value\":");
+            json_str(it[i].value);
+            printf(",\"live\":%s}", it[i].live ? "true" : "false");
+        } else {
+            printf("%s %s%s\n", it[i].key, it[i].value, it[i].live ? "" : "  # restart");
+        }
+    }
+    if (json)
+        printf("}\n");
+}
+
+static int cmd_config(ctl_t *c, int argc, char **argv)
+{
+    if (argc < 2)
+        usage_fail("config get [KEY] | config set KEY VALUE");
+    mf_config_item_t *it = NULL;
+    size_t n = 0;
+    mf_status_t st;
+    if (strcmp(argv[1], "get") == 0 && argc <= 3) {
+        st = mf_config_get(c->ch, argc == 3 ? argv[2] : "", &it, &n, c->timeout_ms);
+    } else if (strcmp(argv[1], "set") == 0 && argc == 4) {
+        st = mf_config_set(c->ch, argv[2], argv[3], &it, c->timeout_ms);
+        n = it ? 1 : 0;
+    } else {
+        usage_fail("config get [KEY] | config set KEY VALUE");
+    }
+    if (st != MF_OK)
+        return fail(c, "config", st);
+    print_items(it, n, c->json);
+    mf_config_items_free(it, n);
+    return 0;
+}
+
+static int cmd_profile(ctl_t *c, int argc, char **argv)
+{
+    if (argc < 2)
+        usage_fail("profile put --file F | profile get --source S --target T [--out F]");
+    const char *sub = argv[1];
+    cmd_opts_t o;
+    parse_cmd_opts(argc - 1, argv + 1, &o);
+    if (strcmp(sub, "put") == 0) {
+        need(o.file, "--file", "profile put");
+        size_t len;
+        void *pb = read_file(o.file, &len);
+        if (!pb) {
+            fprintf(stderr, "mapflowctl: %s: %s\n", o.file, strerror(errno));
+            return EXIT_USAGE;
+        }
+        mf_status_t st = mf_profile_put(c->ch, pb, len, c->timeout_ms);
+        free(pb);
+        if (st != MF_OK)
+            return fail(c, "profile put", st);
+        printf(c->json ? "{\"stored\":true}\n" : "stored\n");
+        return 0;
+    }
+    if (strcmp(sub, "get") != 0)
+        usage_fail("profile put|get");
+    need(o.source, "--source", "profile get");
+    need(o.target, "--target", "profile get");
+    void *pb;
+    size_t len;
+    mf_status_t st = mf_profile_get(c->ch, o.source, o.target, &pb, &len, c->timeout_ms);
+    if (st != MF_OK)
+        return fail(c, "profile get", st);
+    int rc = 0;
+    if (o.out)
+        rc = write_file(o.out, pb, len);
+    else if (isatty(1))
+        printf("%zu bytes (use --out FILE)\n", len);
+    else
+        rc = fwrite(pb, 1, len, stdout) == len ? 0 : EXIT_DAEMON;
+    free(pb);
+    return rc;
+}
+
+static int cmd_hash(const ctl_t *c, const cmd_opts_t *o)
+{
+    need(o->model, "--model", "hash");
+    if (!o->block)
+        usage_fail("hash needs --block B");
+    size_t nt;
+    uint32_t *tokens = read_tokens(o->tokens, &nt);
+    size_t nb = nt / o->block, n = 0;
+    mf_hash128_t *h = malloc((nb ? nb : 1) * sizeof(*h));
+    const char *ns = o->ns ? o->ns : c->ns;
+    mf_status_t st = h ? mf_hash_prefix(ns, o->model, o->block, tokens, nt, h, nb, &n)
+                       : MF_RESOURCE_EXHAUSTED;
+    if (st != MF_OK) {
+        fprintf(stderr, "mapflowctl: hash: %s\n", mf_strerror(st));
+        free(h);
+        free(tokens);
+        return EXIT_USAGE;
+    }
+    for (size_t i = 0; i < n; i++) {
+        char hex[MF_HASH_HEX_LEN + 1];
+        mf_hash_to_hex(h[i], hex);
+        puts(hex);
+    }
+    free(h);
+    free(tokens);
+    return 0;
+}
+
+/* ==== main =========================================================================== */
+
+static const char *default_socket(char *buf, size_t cap)
+{
+    const char *env = getenv("MAPFLOW_SOCKET");
+    if (env && env[0])
+        return env;
+    const char *xdg = getenv("XDG_RUNTIME_DIR");
+    if (xdg && xdg[0])
+        snprintf(buf, cap, "%s/mapflowd/mapflowd.sock", xdg);
+    else
+        snprintf(buf, cap, "/tmp/mapflowd-%u/mapflowd.sock", (unsigned)getuid());
+    return buf;
+}
+
+static int connect_ctl(ctl_t *c)
+{
+    char path[4096], target[4200];
+    if (c->addr)
+        snprintf(target, sizeof(target), "tcp:%s", c->addr);
+    else
+        snprintf(target, sizeof(target), "unix:%s",
+                 c->socket ? c->socket : default_socket(path, sizeof(path)));
+    mf_channel_params_t p = {
+        .field_mask = MF_CHANNEL_PARAM_NS | MF_CHANNEL_PARAM_CLIENT_NAME |
+                      MF_CHANNEL_PARAM_TIMEOUT_MS | (c->token ? MF_CHANNEL_PARAM_TOKEN : 0),
+        .ns = c->ns,
+        .token = c->token,
+        .client_name = "mapflowctl",
+        .timeout_ms = c->timeout_ms,
+    };
+    mf_status_t st = mf_channel_open(target, &p, &c->ch);
+    if (st == MF_OK)
+        return 0;
+    fprintf(stderr, "mapflowctl: %s: %s: %s\n", target, mf_status_name(st),
+            mf_channel_last_error(c->ch));
+    if (st == MF_INVALID_ARGUMENT)
+        return EXIT_USAGE;
+    return st == MF_UNAVAILABLE || st == MF_DEADLINE_EXCEEDED ? EXIT_CONNECT : EXIT_DAEMON;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option lo[] = {
+        {"socket", 1, 0, 's'}, {"addr", 1, 0, 'a'}, {"ns", 1, 0, 'n'},
+        {"token", 1, 0, 't'},  {"json", 0, 0, 'j'}, {"timeout", 1, 0, 'T'},
+        {"help", 0, 0, 'h'},   {"version", 0, 0, 'V'}, {0, 0, 0, 0}};
+    ctl_t c = {.ns = "default", .timeout_ms = 30000, .token = getenv("MAPFLOW_TOKEN")};
+    int o;
+    /* "+": stop at the command word; its options are parsed per command. */
+    while ((o = getopt_long(argc, argv, "+h", lo, NULL)) != -1) {
+        switch (o) {
+        case 's': c.socket = optarg; break;
+        case 'a': c.addr = optarg; break;
+        case 'n': c.ns = optarg; break;
+        case 't': c.token = optarg; break;
+        case 'j': c.json = 1; break;
+        case 'T': c.timeout_ms = (int64_t)parse_u64(optarg, "--timeout", 0); break;
+        case 'h': fputs(usage_text, stdout); return 0;
+        case 'V': printf("mapflowctl %s\n", mf_version()); return 0;
+        default: usage_fail("unknown option");
+        }
+    }
+    if (optind >= argc)
+        usage_fail("no command given");
+    if (c.socket && c.addr)
+        usage_fail("--socket and --addr exclude each other");
+    int cargc = argc - optind;
+    char **cargv = argv + optind;
+    const char *cmd = cargv[0];
+    cmd_opts_t co;
+    int takes_opts = strcmp(cmd, "config") != 0 && strcmp(cmd, "profile") != 0;
+    if (takes_opts)
+        parse_cmd_opts(cargc, cargv, &co);
+    if (takes_opts && optind < cargc)
+        usage_fail("%s: unexpected argument '%s'", cmd, cargv[optind]);
+    if (strcmp(cmd, "hash") == 0)
+        return cmd_hash(&c, &co);
+
+    static const char *const known[] = {"health", "stats", "ls", "put", "get", "lookup",
+                                        "del", "evict", "flush", "config", "profile"};
+    size_t k;
+    for (k = 0; k < sizeof(known) / sizeof(known[0]) && strcmp(cmd, known[k]); k++)
+        ;
+    if (k == sizeof(known) / sizeof(known[0]))
+        usage_fail("unknown command '%s'", cmd);
+    int rc = connect_ctl(&c);
+    if (rc == 0) {
+        if (!strcmp(cmd, "health")) rc = cmd_health(&c);
+        else if (!strcmp(cmd, "stats")) rc = cmd_stats(&c);
+        else if (!strcmp(cmd, "ls")) rc = cmd_ls(&c, &co);
+        else if (!strcmp(cmd, "put")) rc = cmd_put(&c, &co);
+        else if (!strcmp(cmd, "get")) rc = cmd_get(&c, &co);
+        else if (!strcmp(cmd, "lookup")) rc = cmd_lookup(&c, &co);
+        else if (!strcmp(cmd, "del")) rc = cmd_del(&c, &co);
+        else if (!strcmp(cmd, "evict")) rc = cmd_evict(&c, &co);
+        else if (!strcmp(cmd, "flush")) rc = cmd_flush(&c);
+        else if (!strcmp(cmd, "config")) rc = cmd_config(&c, cargc, cargv);
+        else rc = cmd_profile(&c, cargc, cargv);
+    }
+    mf_channel_close(c.ch);
+    return rc;
+}
