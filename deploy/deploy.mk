@@ -1,6 +1,7 @@
 # deploy/: the systemd unit, its sysusers.d entry and the sample /etc/mapflowd.conf that
 # `make install` installs; the container image (deploy/docker) and the Kubernetes
-# manifests (deploy/k8s) are used as files. The top-level `install` calls install-deploy.
+# manifests (deploy/k8s) are used as files. The top-level `install` runs install-deploy
+# (INSTALL_TARGETS).
 #
 #   make install [PREFIX=/usr/local] [DESTDIR=]     unit, sysusers entry, /etc/mapflowd.conf
 #
@@ -33,7 +34,7 @@ $(DEPLOY_CONF): $(BIN)/mapflowd deploy/deploy.mk
 	  mv $@.tmp $@ || { rm -f $@.tmp; echo "$@: mapflowd --print-config gave no socket/data_dir line" >&2; exit 1; }
 
 .PHONY: install-deploy
-install: install-deploy
+INSTALL_TARGETS += install-deploy
 
 # An existing /etc/mapflowd.conf is the admin's: never overwritten.
 install-deploy: $(DEPLOY_CONF)
