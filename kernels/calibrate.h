@@ -1,0 +1,87 @@
+/*
+ * calibrate — fits a mapping profile (DESIGN §6) from sample attention maps of a source
+ * and a target model on the same sequences.
+ *
+ * For each target layer t and source layer l, and each target head h, it solves
+ *     min_w  Σ_seq Σ_{k ≤ q} (A_t[h,q,k] − Σ_s w_s · A_l[s,q,k])²,   w ≥ 0, Σ w = 1
+ * (projected gradient, FISTA, onto the simplex) from sufficient statistics accumulated
+ * over sequences (Gram matrices of the source heads, cross products, target norms), so
+ * memory does not grow with the sample count. Errors are relative L2 over the causal
+ * entries: head error sqrt(residual / ||A_t[h]||²), layer error over all heads together.
+ * The best source layer is the one with the lowest layer error. The IAM-style baseline
+ * gives each target head its single most cosine-similar source head of the same layer.
+ *
+ * Modes (per target head): prob if error < prob_max_error, mask if < mask_max_error,
+ * else compute. A layer whose error exceeds max_error is all compute. L0 = the first
+ * layer ≥ min_l0 that is not all compute (every layer before it is computed).
+ *
+ * Ownership: mf_calib_t is opaque, created/destroyed by the caller; results point into
+ * it. Thread safety: one thread per mf_calib_t.
+ */
+#ifndef MF_CALIBRATE_H
+#define MF_CALIBRATE_H
+
+#include <stdint.h>
+
+#include "mapflow.pb-c.h"
+#include "mf_status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mf_calib mf_calib_t;
+
+typedef struct mf_calib_opts {
+    double max_error;        /* layer error above this: the layer is computed (0: 0.9) */
+    double prob_max_error;   /* head error below this: prob mode (0: 0.2) */
+    double mask_max_error;   /* head error below this: mask mode (0: 0.9) */
+    double mask_top_p;       /* target Top-P stored for mask heads (0: 0.95) */
+    uint32_t min_l0;         /* layers below are never mapped */
+    uint32_t block_size;     /* profile block size (0: 64) */
+    uint32_t recompute_last, recompute_first;
+    const char *source_model, *target_model;
+    uint32_t max_iters;      /* projected-gradient iterations per fit (0: 5000) */
+} mf_calib_opts_t;
+
+/* One target layer's result; arrays are [Ht × Hs] and [Ht]. */
+typedef struct mf_calib_layer {
+    uint32_t target_layer, source_layer;
+    double error;            /* fitted layer error against source_layer */
+    const double *w;
+    const double *head_error;
+    const uint8_t *mode;     /* mf_head_mode_t */
+    const double *source_errors; /* [Ls] the fitted layer error for every source layer */
+    double base_error;       /* IAM-style baseline, same source layer */
+    const double *base_w;
+    const double *base_head_error;
+    const uint8_t *base_mode;
+} mf_calib_layer_t;
+
+mf_status_t mf_calib_create(uint32_t src_layers, uint32_t src_heads, uint32_t tgt_layers,
+                            uint32_t tgt_heads, mf_calib_t **out);
+void mf_calib_destroy(mf_calib_t *c);
+
+/* Adds one sequence: src [Ls, Hs, N, N], tgt [Lt, Ht, N, N] (row = query, col = key;
+ * entries above the diagonal are ignored). */
+mf_status_t mf_calib_add(mf_calib_t *c, const float *src, const float *tgt, uint32_t n);
+
+/* Fits every target layer; afterwards mf_calib_l0 / mf_calib_layer read the result. */
+mf_status_t mf_calib_fit(mf_calib_t *c, const mf_calib_opts_t *opts);
+uint32_t mf_calib_l0(const mf_calib_t *c);
+mf_status_t mf_calib_layer(const mf_calib_t *c, uint32_t target_layer, mf_calib_layer_t *out);
+
+/*
+ * The fitted (baseline = 0) or IAM-style (baseline = 1) profile: layers ≥ L0, freed with
+ * mf_profile_free.
+ */
+mf_status_t mf_calib_profile(const mf_calib_t *c, const mf_calib_opts_t *opts, int baseline,
+                             Mapflow__V1__MappingProfile **out);
+
+/* Projects v[n] onto the probability simplex in place (exposed for tests). */
+void mf_simplex_project(double *v, uint32_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MF_CALIBRATE_H */
