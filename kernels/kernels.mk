@@ -1,0 +1,30 @@
+# kernels/: C reference kernels (extract, apply, dense attention, Top-P), the .npy reader,
+# mapping profiles and calibration (libmfkernels.a), and the tools mapflow-calibrate and
+# mapflow-synth. CUDA kernels (kernels/*.cu) join this archive where nvcc exists.
+
+KERNELS_SRCS := kernels/attention_ref.c kernels/extract_ref.c kernels/apply_ref.c \
+                kernels/synth.c kernels/npy.c kernels/mf_profile.c kernels/calibrate.c
+KERNELS_OBJS := $(KERNELS_SRCS:%.c=$(OBJ)/%.o)
+KERNELS_A    := $(LIB)/libmfkernels.a
+LIBS         += $(KERNELS_A)
+TEST_LINK_A  := $(KERNELS_A) $(TEST_LINK_A)
+
+$(KERNELS_A): $(KERNELS_OBJS)
+	@mkdir -p $(dir $@)
+	@[ "$(V)" != 0 ] || echo "  AR    $@"
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+KERNELS_TOOLS := $(BIN)/mapflow-calibrate $(BIN)/mapflow-synth
+BINS += $(KERNELS_TOOLS)
+
+$(BIN)/mapflow-calibrate: $(OBJ)/kernels/calibrate_main.o $(KERNELS_A) $(PROTO_A)
+$(BIN)/mapflow-synth: $(OBJ)/kernels/synth_main.o $(KERNELS_A) $(PROTO_A)
+
+$(KERNELS_TOOLS):
+	@mkdir -p $(dir $@)
+	@[ "$(V)" != 0 ] || echo "  LD    $@"
+	$(Q)$(CC) $(ALL_CFLAGS) $(LDFLAGS) $^ -o $@ $(LDLIBS_BASE)
+
+# The tool tests run the real binaries (found through MF_BIN, or build/bin).
+$(BIN)/tests/test_calibrate_tool: $(BIN)/mapflow-calibrate
+$(BIN)/tests/test_kernels_synth: $(BIN)/mapflow-synth
