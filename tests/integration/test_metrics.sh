@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# /metrics parses as Prometheus text (checked by tests/integration/promcheck.py, stdlib
+# only) and its counters move as the traffic says; /healthz and /readyz answer.
+source "$(dirname "$0")/lib.sh"
+HERE=$(cd "$(dirname "$0")" && pwd)
+SYNTH=$MF_BIN/mapflow-synth
+[ -x "$SYNTH" ] || fail "mapflow-synth not built ($SYNTH)"
+NS=met
+M=src-met
+Bk=16
+
+mf_start --host_bytes 4mb
+mf_http /healthz >/dev/null || fail "/healthz"
+mf_http /readyz >/dev/null || fail "/readyz"
+mf_http /metrics >"$MF_TMP/m0"
+"$PYTHON" "$HERE/promcheck.py" "$MF_TMP/m0" || fail "/metrics is not valid Prometheus text"
+
+mf_tokens "$MF_TMP/tok" $((6 * Bk)) 77
+"$SYNTH" --model "$M" --layer 3 --block $Bk --heads 4 --tokens "$MF_TMP/tok" --codec mask \
+  --top-p 0.9 --seed 9 --out "$MF_TMP/rows" --ns "$NS" >/dev/null
+rows=("$MF_TMP"/rows/row-*.bin)
+args=(); for r in "${rows[@]}"; do args+=(--row "$r"); done
+ctl --ns "$NS" put "${args[@]}" >/dev/null || fail "put"
+ctl --ns "$NS" lookup --model "$M" --block $Bk --tokens "$MF_TMP/tok" --layers 3,4 >/dev/null \
+  || fail "lookup"
+mf_http /metrics >"$MF_TMP/m1"
+"$PYTHON" "$HERE/promcheck.py" "$MF_TMP/m1" || fail "/metrics after traffic"
+
+# Deltas: 6 puts; one lookup of 96 tokens on 2 layers = 192 requested, 96 hit (layer 3).
+"$PYTHON" "$HERE/promcheck.py" --delta "$MF_TMP/m0" "$MF_TMP/m1" \
+  'mapflowd_puts_total=6' \
+  'mapflowd_put_bytes_total>0' \
+  'mapflowd_lookup_requested_tokens_total=192' \
+  'mapflowd_lookup_hit_tokens_total=96' \
+  'mapflowd_requests_total{op="lookup"}=1' \
+  'mapflowd_request_duration_seconds_count{op="lookup"}=1' \
+  'mapflowd_tier_used_bytes{tier="host"}>0' \
+  || fail "metric deltas"
+mf_stop
+echo "test_metrics: ok"
