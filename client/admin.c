@@ -118,9 +118,7 @@ MF_EXPORT mf_status_t mf_list(mf_channel_t *ch, const char *model, int64_t layer
     l.page_size = page_size;
     l.page_token.data = (uint8_t *)page_token;
     l.page_token.len = page_token ? page_token_len : 0;
-    mf_envelope_t req = MAPFLOW__V1__ENVELOPE__INIT;
-    req.body_case = MAPFLOW__V1__ENVELOPE__BODY_LIST;
-    req.list = &l;
+    ENV(req, LIST, list) = &l;
     return call(ch, &req, MAPFLOW__V1__ENVELOPE__BODY_LIST_REPLY, timeout_ms, take_list, out);
 }
 
@@ -170,9 +168,7 @@ MF_EXPORT mf_status_t mf_stats(mf_channel_t *ch, mf_stats_t **out, int64_t timeo
         return MF_INVALID_ARGUMENT;
     *out = NULL;
     Mapflow__V1__Stats s = MAPFLOW__V1__STATS__INIT;
-    mf_envelope_t req = MAPFLOW__V1__ENVELOPE__INIT;
-    req.body_case = MAPFLOW__V1__ENVELOPE__BODY_STATS;
-    req.stats = &s;
+    ENV(req, STATS, stats) = &s;
     return call(ch, &req, MAPFLOW__V1__ENVELOPE__BODY_STATS_REPLY, timeout_ms, take_stats, out);
 }
 
@@ -220,9 +216,7 @@ MF_EXPORT mf_status_t mf_evict(mf_channel_t *ch, mf_tier_t tier, uint64_t bytes,
     Mapflow__V1__Evict e = MAPFLOW__V1__EVICT__INIT;
     e.tier = (Mapflow__V1__Tier)tier;
     e.bytes = bytes;
-    mf_envelope_t req = MAPFLOW__V1__ENVELOPE__INIT;
-    req.body_case = MAPFLOW__V1__ENVELOPE__BODY_EVICT;
-    req.evict = &e;
+    ENV(req, EVICT, evict) = &e;
     uint64_t *outs[2] = {evicted_bytes, evicted_entries};
     return call(ch, &req, MAPFLOW__V1__ENVELOPE__BODY_EVICT_REPLY, timeout_ms, take_evict, outs);
 }
@@ -238,9 +232,7 @@ static mf_status_t take_flush(mf_channel_t *ch, mf_envelope_t *env, void *arg)
 MF_EXPORT mf_status_t mf_flush(mf_channel_t *ch, uint64_t *entries, int64_t timeout_ms)
 {
     Mapflow__V1__Flush f = MAPFLOW__V1__FLUSH__INIT;
-    mf_envelope_t req = MAPFLOW__V1__ENVELOPE__INIT;
-    req.body_case = MAPFLOW__V1__ENVELOPE__BODY_FLUSH;
-    req.flush = &f;
+    ENV(req, FLUSH, flush) = &f;
     return call(ch, &req, MAPFLOW__V1__ENVELOPE__BODY_FLUSH_REPLY, timeout_ms, take_flush,
                 entries);
 }
@@ -290,9 +282,7 @@ MF_EXPORT mf_status_t mf_config_get(mf_channel_t *ch, const char *key,
     *n = 0;
     Mapflow__V1__ConfigGet g = MAPFLOW__V1__CONFIG_GET__INIT;
     g.key = key ? (char *)key : "";
-    mf_envelope_t req = MAPFLOW__V1__ENVELOPE__INIT;
-    req.body_case = MAPFLOW__V1__ENVELOPE__BODY_CONFIG_GET;
-    req.config_get = &g;
+    ENV(req, CONFIG_GET, config_get) = &g;
     config_out_t o = {items, n};
     return call(ch, &req, MAPFLOW__V1__ENVELOPE__BODY_CONFIG_GET_REPLY, timeout_ms,
                 take_config_get, &o);
@@ -317,9 +307,7 @@ MF_EXPORT mf_status_t mf_config_set(mf_channel_t *ch, const char *key, const cha
     Mapflow__V1__ConfigSet s = MAPFLOW__V1__CONFIG_SET__INIT;
     s.key = (char *)key;
     s.value = (char *)value;
-    mf_envelope_t req = MAPFLOW__V1__ENVELOPE__INIT;
-    req.body_case = MAPFLOW__V1__ENVELOPE__BODY_CONFIG_SET;
-    req.config_set = &s;
+    ENV(req, CONFIG_SET, config_set) = &s;
     return call(ch, &req, MAPFLOW__V1__ENVELOPE__BODY_CONFIG_SET_REPLY, timeout_ms,
                 take_config_set, item);
 }
@@ -356,9 +344,7 @@ MF_EXPORT mf_status_t mf_health(mf_channel_t *ch, mf_health_t *out, int64_t time
         return MF_INVALID_ARGUMENT;
     memset(out, 0, sizeof(*out));
     Mapflow__V1__Health h = MAPFLOW__V1__HEALTH__INIT;
-    mf_envelope_t req = MAPFLOW__V1__ENVELOPE__INIT;
-    req.body_case = MAPFLOW__V1__ENVELOPE__BODY_HEALTH;
-    req.health = &h;
+    ENV(req, HEALTH, health) = &h;
     return call(ch, &req, MAPFLOW__V1__ENVELOPE__BODY_HEALTH_REPLY, timeout_ms, take_health,
                 out);
 }
@@ -377,9 +363,7 @@ MF_EXPORT mf_status_t mf_profile_put(mf_channel_t *ch, const void *profile_pb, s
                               "mapflow.v1.MappingProfile");
     Mapflow__V1__ProfilePut pp = MAPFLOW__V1__PROFILE_PUT__INIT;
     pp.profile = mp;
-    mf_envelope_t req = MAPFLOW__V1__ENVELOPE__INIT;
-    req.body_case = MAPFLOW__V1__ENVELOPE__BODY_PROFILE_PUT;
-    req.profile_put = &pp;
+    ENV(req, PROFILE_PUT, profile_put) = &pp;
     mf_status_t st = call(ch, &req, MAPFLOW__V1__ENVELOPE__BODY_PROFILE_PUT_REPLY, timeout_ms,
                           NULL, NULL);
     mapflow__v1__mapping_profile__free_unpacked(mp, NULL);
@@ -418,9 +402,7 @@ MF_EXPORT mf_status_t mf_profile_get(mf_channel_t *ch, const char *source_model,
     Mapflow__V1__ProfileGet pg = MAPFLOW__V1__PROFILE_GET__INIT;
     pg.source_model = (char *)source_model;
     pg.target_model = (char *)target_model;
-    mf_envelope_t req = MAPFLOW__V1__ENVELOPE__INIT;
-    req.body_case = MAPFLOW__V1__ENVELOPE__BODY_PROFILE_GET;
-    req.profile_get = &pg;
+    ENV(req, PROFILE_GET, profile_get) = &pg;
     profile_out_t o = {profile_pb, len};
     return call(ch, &req, MAPFLOW__V1__ENVELOPE__BODY_PROFILE_GET_REPLY, timeout_ms,
                 take_profile, &o);

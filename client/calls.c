@@ -12,11 +12,6 @@
 #error "libmapflow sends token arrays as they sit in memory: little-endian hosts only"
 #endif
 
-#define ENV(name, NAME, msg)                                                              \
-    mf_envelope_t name = MAPFLOW__V1__ENVELOPE__INIT;                                     \
-    name.body_case = MAPFLOW__V1__ENVELOPE__BODY_##NAME;                                  \
-    name.msg
-
 /* Fills a protobuf Key from an mf_key_t; hb holds the 16 hash bytes it points to. */
 static mf_status_t key_to_pb(mf_channel_t *ch, const mf_key_t *key, Mapflow__V1__Key *pb,
                              uint8_t hb[16])

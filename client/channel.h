@@ -51,6 +51,13 @@ struct mf_channel {
     char err[MF__ERR_LEN];
 };
 
+/* Declares envelope `name` with body NAME; the statement goes on to set its body field:
+ * ENV(req, PUT_BEGIN, put_begin) = &pb; */
+#define ENV(name, NAME, msg)                                                              \
+    mf_envelope_t name = MAPFLOW__V1__ENVELOPE__INIT;                                     \
+    name.body_case = MAPFLOW__V1__ENVELOPE__BODY_##NAME;                                  \
+    name.msg
+
 typedef struct mf__reply {
     mf_envelope_t *env;
     const uint8_t *payload;     /* in the channel's reader buffer */
