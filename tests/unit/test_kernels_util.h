@@ -5,9 +5,13 @@
 #ifndef TEST_KERNELS_UTIL_H
 #define TEST_KERNELS_UTIL_H
 
+#include <fcntl.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "mapflow_kernels.h"
 #include "synth.h"
@@ -103,6 +107,54 @@ static inline void tk_block_mass(const mf_qkv_t *t, uint32_t h, uint32_t i, uint
     for (uint32_t j = 0; j <= i; j++)
         mass[j] /= b;
     free(p);
+}
+
+/* Path of a built tool: $MF_BIN/name (make test sets MF_BIN), else build/bin/name. */
+static inline void tk_tool(const char *name, char *out, size_t cap)
+{
+    const char *bin = getenv("MF_BIN");
+    snprintf(out, cap, "%s/%s", bin && *bin ? bin : "build/bin", name);
+}
+
+/* Runs argv (NULL-terminated) with stdout and stderr to the given files; exit status,
+ * or -1 if it did not exit normally. */
+static inline int tk_run(char *const argv[], const char *out_path, const char *err_path)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        int o = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        int e = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (o < 0 || e < 0 || dup2(o, 1) < 0 || dup2(e, 2) < 0)
+            _exit(126);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    int st;
+    if (pid < 0 || waitpid(pid, &st, 0) != pid)
+        return -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Whole file into a NUL-terminated malloc'd buffer (NULL if missing); *len its size. */
+static inline char *tk_slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = aligned_alloc(16, ((size_t)n + 16) & ~(size_t)15);
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    if (buf)
+        buf[n] = 0;
+    if (len)
+        *len = (size_t)n;
+    return buf;
 }
 
 #endif /* TEST_KERNELS_UTIL_H */
