@@ -71,6 +71,18 @@ reject kustomization.yaml resources set '["namespace.yaml"]' 'resources'
 reject examples/worker-pod.yaml spec.volumes[0].hostPath.path set '"/run/other"' "mounts no hostPath of the daemon's socket directory"
 reject examples/worker-pod.yaml spec.hostIPC set 'true' 'hostIPC: true is not needed'
 
+# A value only mapflowd itself knows is wrong: needs `mapflowd --check-config`.
+if [ -x "$MAPFLOWD" ] && "$MAPFLOWD" --help 2>&1 | grep -q -- --check-config; then
+  n=$((n + 1)); rm -rf "$tmp/k8s"; cp -r deploy/k8s "$tmp/k8s"
+  sed -i 's/^\( *\)log_level info$/\1log_level loud/' "$tmp/k8s/configmap.yaml"
+  out=$($PY deploy/tools/k8s_check.py --mapflowd "$MAPFLOWD" "$tmp/k8s" 2>&1)
+  if [ $? -ne 0 ] && grep -q 'mapflowd --check-config rejects it' <<<"$out"; then
+    rejected=$((rejected + 1)); echo "rejected as expected: log_level loud -> $(grep -F 'check-config rejects' <<<"$out")"
+  else echo "FAIL: log_level loud in the ConfigMap passed"; echo "$out" | tail -3; fail=1; fi
+else
+  echo "note: $MAPFLOWD has no --check-config; the ConfigMap text was checked by k8s_check's own parser only"
+fi
+
 # Not YAML at all.
 n=$((n + 1)); rm -rf "$tmp/k8s"; cp -r deploy/k8s "$tmp/k8s"
 printf 'kind: [unclosed\n' >> "$tmp/k8s/service.yaml"
