@@ -1,0 +1,511 @@
+/* admin — List, Stats, Evict, Flush, Delete, Config, Health, Profiles (see admin.h). */
+#include "admin.h"
+#include "log.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define REPLY(c, rid, CASE, field, msg)                                                 \
+    do {                                                                                \
+        mf_envelope_t env_ = MAPFLOW__V1__ENVELOPE__INIT;                                 \
+        env_.request_id = (rid);                                                        \
+        env_.body_case = MAPFLOW__V1__ENVELOPE__BODY_##CASE;                            \
+        env_.field = (msg);                                                             \
+        mfd_conn_reply((c), &env_, NULL, 0);                                            \
+    } while (0)
+
+/* u8 ns_len | ns [| u8 model_len | model]: the key prefix of a namespace (and model). */
+static size_t key_prefix(const mfd_conn_t *c, const char *model, uint8_t *out)
+{
+    size_t n = 0;
+    out[n++] = (uint8_t)c->ns_len;
+    memcpy(out + n, c->ns, c->ns_len);
+    n += c->ns_len;
+    if (model && *model) {
+        size_t ml = strlen(model);
+        out[n++] = (uint8_t)ml;
+        memcpy(out + n, model, ml);
+        n += ml;
+    }
+    return n;
+}
+
+static uint64_t wall_ms_of(uint64_t mono_ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t wall = (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+    uint64_t now = mfd_now_ms();
+    return mono_ms && mono_ms <= now ? wall - (now - mono_ms) : 0;
+}
+
+/* ---- List --------------------------------------------------------------------------- */
+
+typedef struct list_item {
+    Mapflow__V1__EntryInfo info;
+    Mapflow__V1__Key key;
+    char model[MFD_MODEL_MAX + 1];
+    const mfd_entry_t *e;
+} list_item_t;
+
+void mfd_admin_list(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__List *m)
+{
+    mfd_server_t *s = c->srv;
+    size_t ml = m->model ? strlen(m->model) : 0;
+    uint32_t page = m->page_size ? m->page_size : 100;
+    if (page > 1000 || ml > MFD_MODEL_MAX || m->page_token.len > MFD_KEY_MAX) {
+        mfd_conn_error(c, rid, MF_INVALID_ARGUMENT,
+                       "List: page_size ≤ 1000, model ≤ 255 bytes, page_token from a ListReply");
+        return;
+    }
+    uint8_t prefix[MFD_KEY_MAX];
+    size_t plen = key_prefix(c, m->model, prefix);
+    mfd_entry_t **v = NULL;
+    size_t n = 0;
+    if (mfd_index_collect(s->store.ix, prefix, plen, 1, &v, &n) != MF_OK) {
+        mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED, "List: out of memory");
+        return;
+    }
+    list_item_t *items = calloc(page, sizeof(*items));
+    Mapflow__V1__EntryInfo **ptrs = calloc(page, sizeof(*ptrs));
+    if (!items || !ptrs) {
+        mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED, "List: out of memory");
+        goto done;
+    }
+    size_t k = 0, i = 0;
+    for (; i < n && k < page; i++) {
+        mfd_entry_t *e = v[i];
+        if (m->page_token.len &&
+            mfd_key_cmp(e->key.b, e->key.len, m->page_token.data, m->page_token.len) <= 0)
+            continue;
+        if (m->has_layer && e->layer != m->layer)
+            continue;
+        mfd_key_parts_t p;
+        mfd_key_parse(e->key.b, e->key.len, &p);
+        list_item_t *it = &items[k];
+        it->e = e;
+        mapflow__v1__entry_info__init(&it->info);
+        mapflow__v1__key__init(&it->key);
+        memcpy(it->model, p.model, p.model_len);
+        it->model[p.model_len] = 0;
+        it->key.model = it->model;
+        it->key.layer = p.layer;
+        it->key.hash.data = (uint8_t *)p.hash;
+        it->key.hash.len = 16;
+        it->info.key = &it->key;
+        it->info.size = e->size;
+        it->info.tier = e->host ? MAPFLOW__V1__TIER__TIER_HOST : MAPFLOW__V1__TIER__TIER_SSD;
+        it->info.on_ssd = e->on_ssd;
+        it->info.pins = e->pins;
+        it->info.block = e->block;
+        it->info.last_access_ms = wall_ms_of(e->last_access_ms);
+        ptrs[k++] = &it->info;
+    }
+    /* More matching entries after this page? Then the last key is the page token. */
+    int more = 0;
+    for (; i < n && !more; i++)
+        more = !m->has_layer || v[i]->layer == m->layer;
+    Mapflow__V1__ListReply rep = MAPFLOW__V1__LIST_REPLY__INIT;
+    rep.n_entries = k;
+    rep.entries = ptrs;
+    if (more && k) {
+        /* The token is the last key's bytes; the entry holds them until the reply is sent. */
+        rep.next_page_token.data = (uint8_t *)items[k - 1].e->key.b;
+        rep.next_page_token.len = items[k - 1].e->key.len;
+    }
+    REPLY(c, rid, LIST_REPLY, list_reply, &rep);
+done:
+    free(items);
+    free(ptrs);
+    free(v);
+}
+
+/* ---- Stats / Health ------------------------------------------------------------------ */
+
+typedef struct counter_vec {
+    Mapflow__V1__Counter *items;
+    Mapflow__V1__Counter **ptrs;
+    char (*names)[160];
+    size_t n, cap;
+} counter_vec_t;
+
+static void add_counter(const char *name, uint64_t value, void *arg)
+{
+    counter_vec_t *cv = arg;
+    if (cv->n == cv->cap)
+        return;
+    Mapflow__V1__Counter *it = &cv->items[cv->n];
+    mapflow__v1__counter__init(it);
+    snprintf(cv->names[cv->n], sizeof(cv->names[0]), "%s", name);
+    it->name = cv->names[cv->n];
+    it->value = value;
+    cv->ptrs[cv->n++] = it;
+}
+
+static void fill_tiers(mfd_server_t *s, Mapflow__V1__TierStats ts[3],
+                       Mapflow__V1__TierStats *ptrs[3])
+{
+    mfd_tier_info_t t[3];
+    mfd_server_tiers(s, t);
+    for (int i = 0; i < 3; i++) {
+        mapflow__v1__tier_stats__init(&ts[i]);
+        ts[i].tier = t[i].tier;
+        ts[i].enabled = t[i].enabled;
+        ts[i].used_bytes = t[i].used_bytes;
+        ts[i].capacity_bytes = t[i].capacity_bytes;
+        ts[i].entries = t[i].entries;
+        ptrs[i] = &ts[i];
+    }
+}
+
+void mfd_admin_stats(mfd_conn_t *c, uint64_t rid)
+{
+    mfd_server_t *s = c->srv;
+    enum { CAP = MFD_C_COUNT + MF_STATUS_COUNT + MFD_H_COUNT + 4 };
+    counter_vec_t cv = {calloc(CAP, sizeof(Mapflow__V1__Counter)),
+                        calloc(CAP, sizeof(Mapflow__V1__Counter *)), calloc(CAP, 160), 0, CAP};
+    if (!cv.items || !cv.ptrs || !cv.names) {
+        mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED, "Stats: out of memory");
+        goto done;
+    }
+    mfd_metrics_visit(&s->metrics, add_counter, &cv);
+    Mapflow__V1__TierStats ts[3], *tp[3];
+    fill_tiers(s, ts, tp);
+    Mapflow__V1__StatsReply rep = MAPFLOW__V1__STATS_REPLY__INIT;
+    rep.n_tiers = 3;
+    rep.tiers = tp;
+    rep.n_counters = cv.n;
+    rep.counters = cv.ptrs;
+    rep.uptime_ms = mfd_now_ms() - s->start_ms;
+    rep.connections = (uint32_t)s->n_conns;
+    REPLY(c, rid, STATS_REPLY, stats_reply, &rep);
+done:
+    free(cv.items);
+    free(cv.ptrs);
+    free(cv.names);
+}
+
+void mfd_admin_health(mfd_conn_t *c, uint64_t rid)
+{
+    mfd_server_t *s = c->srv;
+    Mapflow__V1__TierStats ts[3], *tp[3];
+    fill_tiers(s, ts, tp);
+    char status[256];
+    snprintf(status, sizeof(status), "%s; host %llu/%llu bytes; ssd %s; gpu off (%s)",
+             s->ready ? "serving" : "not ready", (unsigned long long)ts[1].used_bytes,
+             (unsigned long long)ts[1].capacity_bytes, s->store.ssd ? "on" : "off",
+             s->gpu_why ? s->gpu_why : "");
+    Mapflow__V1__HealthReply rep = MAPFLOW__V1__HEALTH_REPLY__INIT;
+    rep.ok = 1;
+    rep.ready = s->ready;
+    rep.status = status;
+    rep.n_tiers = 3;
+    rep.tiers = tp;
+    REPLY(c, rid, HEALTH_REPLY, health_reply, &rep);
+}
+
+/* ---- Evict / Flush / Delete ---------------------------------------------------------- */
+
+void mfd_admin_evict(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Evict *m)
+{
+    if (m->tier != MAPFLOW__V1__TIER__TIER_HOST && m->tier != MAPFLOW__V1__TIER__TIER_SSD) {
+        mfd_conn_error(c, rid, m->tier == MAPFLOW__V1__TIER__TIER_GPU ? MF_FAILED_PRECONDITION
+                                                                      : MF_INVALID_ARGUMENT,
+                       "Evict: tier must be TIER_HOST or TIER_SSD (gpu tier is off)");
+        return;
+    }
+    if (m->tier == MAPFLOW__V1__TIER__TIER_SSD && !c->srv->store.ssd) {
+        mfd_conn_error(c, rid, MF_FAILED_PRECONDITION, "Evict: the SSD tier is off");
+        return;
+    }
+    uint64_t bytes, entries;
+    mfd_store_evict(&c->srv->store, (int)m->tier, m->bytes, &bytes, &entries);
+    Mapflow__V1__EvictReply rep = MAPFLOW__V1__EVICT_REPLY__INIT;
+    rep.bytes = bytes;
+    rep.entries = entries;
+    REPLY(c, rid, EVICT_REPLY, evict_reply, &rep);
+}
+
+/* Removes matching entries of the connection's namespace; returns how many. */
+static mf_status_t remove_matching(mfd_conn_t *c, const char *model, int has_layer,
+                                   uint32_t layer, int skip_pinned, uint64_t *count)
+{
+    uint8_t prefix[MFD_KEY_MAX];
+    size_t plen = key_prefix(c, model, prefix);
+    mfd_entry_t **v;
+    size_t n;
+    *count = 0;
+    if (mfd_index_collect(c->srv->store.ix, prefix, plen, 0, &v, &n) != MF_OK)
+        return MF_RESOURCE_EXHAUSTED;
+    for (size_t i = 0; i < n; i++) {
+        if ((has_layer && v[i]->layer != layer) || (skip_pinned && v[i]->pins))
+            continue;
+        mfd_store_remove(&c->srv->store, v[i]);
+        (*count)++;
+    }
+    free(v);
+    return MF_OK;
+}
+
+void mfd_admin_flush(mfd_conn_t *c, uint64_t rid)
+{
+    uint64_t n;
+    if (remove_matching(c, NULL, 0, 0, 1, &n) != MF_OK) {
+        mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED, "Flush: out of memory");
+        return;
+    }
+    mfd_info("flush: namespace '%s': %llu entries dropped", c->ns, (unsigned long long)n);
+    Mapflow__V1__FlushReply rep = MAPFLOW__V1__FLUSH_REPLY__INIT;
+    rep.entries = n;
+    REPLY(c, rid, FLUSH_REPLY, flush_reply, &rep);
+}
+
+void mfd_admin_delete(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Delete *m)
+{
+    uint64_t n = 0;
+    if (m->key) {
+        mfd_key_t k;
+        size_t ml = m->key->model ? strlen(m->key->model) : 0;
+        if (ml < 1 || ml > MFD_MODEL_MAX || m->key->hash.len != 16) {
+            mfd_conn_error(c, rid, MF_INVALID_ARGUMENT,
+                           "Delete: key needs a model of 1..255 bytes and a 16-byte hash");
+            return;
+        }
+        mfd_key_make(&k, c->ns, c->ns_len, m->key->model, ml, m->key->layer, m->key->hash.data);
+        mfd_entry_t *e = mfd_store_find(&c->srv->store, &k);
+        if (e) {
+            mfd_store_remove(&c->srv->store, e);
+            n = 1;
+        }
+    } else {
+        size_t ml = m->model ? strlen(m->model) : 0;
+        if (ml < 1 || ml > MFD_MODEL_MAX) {
+            mfd_conn_error(c, rid, MF_INVALID_ARGUMENT, "Delete: give a key or a model");
+            return;
+        }
+        if (remove_matching(c, m->model, m->has_layer, m->layer, 0, &n) != MF_OK) {
+            mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED, "Delete: out of memory");
+            return;
+        }
+    }
+    Mapflow__V1__DeleteReply rep = MAPFLOW__V1__DELETE_REPLY__INIT;
+    rep.deleted = n;
+    REPLY(c, rid, DELETE_REPLY, delete_reply, &rep);
+}
+
+/* ---- Config -------------------------------------------------------------------------- */
+
+void mfd_admin_config_get(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__ConfigGet *m)
+{
+    mfd_server_t *s = c->srv;
+    size_t total = mfd_config_count();
+    Mapflow__V1__ConfigItem items[64], *ptrs[64];
+    char (*values)[4352] = calloc(64, sizeof(*values));
+    size_t n = 0;
+    if (!values) {
+        mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED, "ConfigGet: out of memory");
+        return;
+    }
+    for (size_t i = 0; i < total && n < 64; i++) {
+        const char *k = mfd_config_key(i);
+        if (m->key && m->key[0] && strcmp(m->key, k) != 0)
+            continue;
+        mapflow__v1__config_item__init(&items[n]);
+        mfd_config_get(&s->cfg, k, 1, values[n], sizeof(values[n]));
+        items[n].key = (char *)k;
+        items[n].value = values[n];
+        items[n].live = mfd_config_is_live(k) == 1;
+        ptrs[n] = &items[n];
+        n++;
+    }
+    if (n == 0) {
+        mfd_conn_error(c, rid, MF_NOT_FOUND, "ConfigGet: unknown key '%s'", m->key);
+    } else {
+        Mapflow__V1__ConfigGetReply rep = MAPFLOW__V1__CONFIG_GET_REPLY__INIT;
+        rep.n_items = n;
+        rep.items = ptrs;
+        REPLY(c, rid, CONFIG_GET_REPLY, config_get_reply, &rep);
+    }
+    free(values);
+}
+
+void mfd_admin_config_set(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__ConfigSet *m)
+{
+    char err[MFD_CONFIG_ERRLEN];
+    const char *key = m->key ? m->key : "";
+    mf_status_t st = mfd_server_config_set(c->srv, key, m->value ? m->value : "", err,
+                                           sizeof(err));
+    if (st != MF_OK) {
+        mfd_conn_error(c, rid, st, "ConfigSet: %s", err);
+        return;
+    }
+    char value[4352];
+    mfd_config_get(&c->srv->cfg, key, 1, value, sizeof(value));
+    Mapflow__V1__ConfigItem item = MAPFLOW__V1__CONFIG_ITEM__INIT;
+    item.key = (char *)key;
+    item.value = value;
+    item.live = 1;
+    Mapflow__V1__ConfigSetReply rep = MAPFLOW__V1__CONFIG_SET_REPLY__INIT;
+    rep.item = &item;
+    REPLY(c, rid, CONFIG_SET_REPLY, config_set_reply, &rep);
+}
+
+/* ---- Profiles ------------------------------------------------------------------------ */
+
+typedef struct profile_op {
+    mfd_conn_t *c;
+    uint64_t rid;
+    uint8_t *packed;
+} profile_op_t;
+
+static mf_status_t check_profile(const Mapflow__V1__MappingProfile *p, const char **why)
+{
+    size_t sl = p->source_model ? strlen(p->source_model) : 0;
+    size_t tl = p->target_model ? strlen(p->target_model) : 0;
+    if (sl < 1 || sl > MFD_MODEL_MAX || tl < 1 || tl > MFD_MODEL_MAX) {
+        *why = "source_model and target_model must be 1..255 bytes";
+        return MF_INVALID_ARGUMENT;
+    }
+    for (size_t i = 0; i < p->n_layers; i++) {
+        const Mapflow__V1__LayerMap *l = p->layers[i];
+        if (l->target_heads < 1 || l->target_heads > 1024 || l->source_heads < 1 ||
+            l->source_heads > 1024 ||
+            l->n_w != (size_t)l->target_heads * l->source_heads) {
+            *why = "a layer's w must hold target_heads × source_heads values (heads 1..1024)";
+            return MF_INVALID_ARGUMENT;
+        }
+        if (l->n_heads && l->n_heads != l->target_heads) {
+            *why = "a layer's heads must be empty or hold target_heads entries";
+            return MF_INVALID_ARGUMENT;
+        }
+        for (uint32_t t = 0; t < l->target_heads; t++) {
+            double sum = 0;
+            for (uint32_t s = 0; s < l->source_heads; s++) {
+                float w = l->w[(size_t)t * l->source_heads + s];
+                if (!isfinite(w) || w < 0) {
+                    *why = "w must be finite and non-negative";
+                    return MF_INVALID_ARGUMENT;
+                }
+                sum += w;
+            }
+            if (fabs(sum - 1.0) > 1e-3) {
+                *why = "each row of w must sum to 1";
+                return MF_INVALID_ARGUMENT;
+            }
+        }
+    }
+    return MF_OK;
+}
+
+static void on_profile_put(mfd_ssd_job_t *j)
+{
+    profile_op_t *op = j->arg;
+    if (j->status != MF_OK) {
+        mfd_conn_error(op->c, op->rid, MF_UNAVAILABLE, "ProfilePut: SSD write failed");
+    } else {
+        Mapflow__V1__ProfilePutReply rep = MAPFLOW__V1__PROFILE_PUT_REPLY__INIT;
+        REPLY(op->c, op->rid, PROFILE_PUT_REPLY, profile_put_reply, &rep);
+    }
+    mfd_conn_unhold(op->c);
+    free(op->packed);
+    free(op);
+    mfd_ssd_job_free(j);
+}
+
+static void on_profile_get(mfd_ssd_job_t *j)
+{
+    profile_op_t *op = j->arg;
+    if (j->status == MF_NOT_FOUND) {
+        mfd_conn_error(op->c, op->rid, MF_NOT_FOUND, "ProfileGet: no such profile");
+    } else if (j->status != MF_OK) {
+        mfd_conn_error(op->c, op->rid, MF_UNAVAILABLE, "ProfileGet: SSD read failed");
+    } else {
+        Mapflow__V1__MappingProfile *p =
+            mapflow__v1__mapping_profile__unpack(NULL, j->out_len, j->out);
+        if (!p) {
+            mfd_conn_error(op->c, op->rid, MF_DATA_LOSS, "ProfileGet: stored profile is corrupt");
+        } else {
+            Mapflow__V1__ProfileGetReply rep = MAPFLOW__V1__PROFILE_GET_REPLY__INIT;
+            rep.profile = p;
+            REPLY(op->c, op->rid, PROFILE_GET_REPLY, profile_get_reply, &rep);
+            mapflow__v1__mapping_profile__free_unpacked(p, NULL);
+        }
+    }
+    mfd_conn_unhold(op->c);
+    free(op);
+    mfd_ssd_job_free(j);
+}
+
+static mfd_ssd_job_t *profile_job(mfd_conn_t *c, uint64_t rid, mfd_ssd_op_t kind,
+                                  const char *src, const char *tgt)
+{
+    if (!c->srv->store.ssd) {
+        mfd_conn_error(c, rid, MF_UNAVAILABLE, "profiles live in the SSD tier, which is off");
+        return NULL;
+    }
+    uint8_t key[MFD_SSD_KEY_MAX];
+    size_t kl = mfd_ssd_profile_key(key, c->ns, src ? src : "", tgt ? tgt : "");
+    size_t sl = src ? strlen(src) : 0, tl = tgt ? strlen(tgt) : 0;
+    if (!kl || sl < 1 || tl < 1) {
+        mfd_conn_error(c, rid, MF_INVALID_ARGUMENT,
+                       "profile: source and target model must be 1..255 bytes");
+        return NULL;
+    }
+    profile_op_t *op = calloc(1, sizeof(*op));
+    mfd_ssd_job_t *j = mfd_ssd_job_new(kind, key, kl);
+    if (!op || !j) {
+        free(op);
+        mfd_ssd_job_free(j);
+        mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED, "profile: out of memory");
+        return NULL;
+    }
+    op->c = c;
+    op->rid = rid;
+    j->arg = op;
+    return j;
+}
+
+void mfd_admin_profile_put(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__ProfilePut *m)
+{
+    const char *why = NULL;
+    if (!m->profile) {
+        mfd_conn_error(c, rid, MF_INVALID_ARGUMENT, "ProfilePut: missing profile");
+        return;
+    }
+    if (check_profile(m->profile, &why) != MF_OK) {
+        mfd_conn_error(c, rid, MF_INVALID_ARGUMENT, "ProfilePut: %s", why);
+        return;
+    }
+    mfd_ssd_job_t *j = profile_job(c, rid, MFD_SSD_PUT_RAW, m->profile->source_model,
+                                   m->profile->target_model);
+    if (!j)
+        return;
+    profile_op_t *op = j->arg;
+    size_t len = mapflow__v1__mapping_profile__get_packed_size(m->profile);
+    op->packed = malloc(len ? len : 1);
+    if (!op->packed) {
+        free(op);
+        mfd_ssd_job_free(j);
+        mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED, "ProfilePut: out of memory");
+        return;
+    }
+    mapflow__v1__mapping_profile__pack(m->profile, op->packed);
+    j->value = op->packed;
+    j->vlen = len;
+    j->sync = 1; /* profiles are small and expensive to refit: keep them through a crash */
+    j->cb = on_profile_put;
+    mfd_conn_hold(c);
+    mfd_ssd_submit(c->srv->store.ssd, j);
+}
+
+void mfd_admin_profile_get(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__ProfileGet *m)
+{
+    mfd_ssd_job_t *j = profile_job(c, rid, MFD_SSD_GET_RAW, m->source_model, m->target_model);
+    if (!j)
+        return;
+    j->cb = on_profile_get;
+    mfd_conn_hold(c);
+    mfd_ssd_submit(c->srv->store.ssd, j);
+}

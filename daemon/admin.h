@@ -1,0 +1,24 @@
+/*
+ * admin — the admin requests (List, Stats, Evict, Flush, ConfigGet, ConfigSet, Health,
+ * ProfilePut, ProfileGet) and Delete, each answering on the requesting connection.
+ * Profiles are stored per namespace under (source, target) in the SSD tier's RocksDB
+ * (tier_ssd.h 'p' records); with the SSD tier off they are refused (UNAVAILABLE).
+ * Thread safety: loop thread only.
+ */
+#ifndef MFD_ADMIN_H
+#define MFD_ADMIN_H
+
+#include "server.h"
+
+void mfd_admin_list(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__List *m);
+void mfd_admin_stats(mfd_conn_t *c, uint64_t rid);
+void mfd_admin_evict(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Evict *m);
+void mfd_admin_flush(mfd_conn_t *c, uint64_t rid);
+void mfd_admin_delete(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Delete *m);
+void mfd_admin_config_get(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__ConfigGet *m);
+void mfd_admin_config_set(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__ConfigSet *m);
+void mfd_admin_health(mfd_conn_t *c, uint64_t rid);
+void mfd_admin_profile_put(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__ProfilePut *m);
+void mfd_admin_profile_get(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__ProfileGet *m);
+
+#endif /* MFD_ADMIN_H */

@@ -1,0 +1,671 @@
+/* config — the settings table and everything generated from it (see config.h). */
+#include "config.h"
+#include "log.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+typedef enum ctype {
+    CT_STR,      /* free text */
+    CT_ADDR,     /* host:port or "" */
+    CT_SIZE,     /* bytes with units */
+    CT_COUNT,    /* plain integer */
+    CT_RATIO,    /* (0, 1] */
+    CT_DURATION, /* milliseconds with units */
+    CT_WT,       /* off | async | sync */
+    CT_LEVEL,    /* error | warn | info | debug */
+} ctype_t;
+
+typedef struct cdef {
+    const char *name;
+    ctype_t type;
+    size_t off;
+    const char *def;
+    uint64_t min, max;       /* CT_SIZE / CT_COUNT / CT_DURATION bounds */
+    int live;
+    const char *help;
+    const char *example;     /* sample-file value for keys whose default is "" (auto/off) */
+} cdef_t;
+
+#define OFF(f) offsetof(mfd_config_t, f)
+#define KB 1024ull
+#define MB (1024ull * KB)
+#define GB (1024ull * MB)
+#define TB (1024ull * GB)
+
+static const cdef_t g_table[] = {
+    {"socket", CT_STR, OFF(socket), "", 0, 0, 0,
+     "unix socket for same-node clients (mode 0660); empty = $XDG_RUNTIME_DIR/mapflowd/"
+     "mapflowd.sock or /tmp/mapflowd-UID/mapflowd.sock",
+     "/run/mapflowd/mapflowd.sock"},
+    {"data_dir", CT_STR, OFF(data_dir), "", 0, 0, 0,
+     "directory of the SSD tier (RocksDB); empty = $XDG_DATA_HOME/mapflowd or "
+     "~/.local/share/mapflowd",
+     "/var/lib/mapflowd"},
+    {"http", CT_ADDR, OFF(http), "127.0.0.1:9477", 0, 0, 0,
+     "HTTP listener for /metrics, /healthz, /readyz (host:port, port 0 = any; empty = off)",
+     NULL},
+    {"tcp", CT_ADDR, OFF(tcp), "", 0, 0, 0,
+     "TCP control listener (host:port, port 0 = any; empty = off); clients must send token",
+     "127.0.0.1:9478"},
+    {"token", CT_STR, OFF(token), "", 0, 0, 1,
+     "shared secret TCP clients must present in Hello (empty = none)", "change-me"},
+    {"host_bytes", CT_SIZE, OFF(host_bytes), "1gb", 1 * MB, 16 * TB, 0,
+     "size of the shared-memory host arena (memfd)", NULL},
+    {"ssd_bytes", CT_SIZE, OFF(ssd_bytes), "16gb", 0, 1024 * TB, 1,
+     "budget of the SSD tier (0 = SSD tier off)", NULL},
+    {"gpu_bytes", CT_SIZE, OFF(gpu_bytes), "0", 0, 1024 * GB, 0,
+     "size of the GPU arena per device (0 = GPU tier off; needs a CUDA build)", NULL},
+    {"high_watermark", CT_RATIO, OFF(high_watermark), "0.9", 0, 0, 1,
+     "host tier fill ratio that starts demotion to the SSD tier", NULL},
+    {"low_watermark", CT_RATIO, OFF(low_watermark), "0.8", 0, 0, 1,
+     "host tier fill ratio demotion stops at", NULL},
+    {"write_through", CT_WT, OFF(write_through), "async", 0, 0, 1,
+     "copy committed rows to the SSD tier: off | async | sync (sync = ack after fsync)",
+     NULL},
+    {"lease_ttl", CT_DURATION, OFF(lease_ttl_ms), "30s", 10, 24 * 3600 * 1000ull, 1,
+     "lifetime of a read lease not released by its client", NULL},
+    {"reservation_ttl", CT_DURATION, OFF(reservation_ttl_ms), "30s", 10,
+     24 * 3600 * 1000ull, 1, "lifetime of an uncommitted put reservation", NULL},
+    {"max_frame", CT_SIZE, OFF(max_frame), "64mb", 64 * KB, 1 * GB, 0,
+     "largest protocol frame (bounds every request and reply)", NULL},
+    {"max_batch", CT_COUNT, OFF(max_batch), "4096", 1, 1u << 20, 1,
+     "most rows one Get (layers x blocks) or layers one Lookup may name", NULL},
+    {"io_threads", CT_COUNT, OFF(io_threads), "2", 1, 64, 0,
+     "SSD tier worker threads", NULL},
+    {"max_connections", CT_COUNT, OFF(max_connections), "1024", 1, 1u << 20, 1,
+     "most client connections at once", NULL},
+    {"log_level", CT_LEVEL, OFF(log_level), "info", 0, 0, 1,
+     "error | warn | info | debug", NULL},
+};
+#define N_KEYS (sizeof(g_table) / sizeof(g_table[0]))
+
+static const char *const wt_names[] = {"off", "async", "sync"};
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (!err || !errlen)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+static const cdef_t *find_key(const char *key)
+{
+    for (size_t i = 0; i < N_KEYS; i++)
+        if (strcmp(g_table[i].name, key) == 0)
+            return &g_table[i];
+    return NULL;
+}
+
+size_t mfd_config_count(void)
+{
+    return N_KEYS;
+}
+
+const char *mfd_config_key(size_t i)
+{
+    return i < N_KEYS ? g_table[i].name : NULL;
+}
+
+int mfd_config_is_live(const char *key)
+{
+    const cdef_t *d = find_key(key);
+    return d ? d->live : -1;
+}
+
+/* ---- unit parsers ----------------------------------------------------------------- */
+
+/* Splits "123unit" into a number and a lower-case unit; no sign, no garbage. */
+static mf_status_t split_number(const char *s, double *num, char unit[8])
+{
+    while (isspace((unsigned char)*s))
+        s++;
+    if (!isdigit((unsigned char)*s) && *s != '.')
+        return MF_INVALID_ARGUMENT;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || !isfinite(v) || v < 0)
+        return MF_INVALID_ARGUMENT;
+    while (isspace((unsigned char)*end))
+        end++;
+    size_t n = 0;
+    while (*end && !isspace((unsigned char)*end)) {
+        if (n >= 7 || !isalpha((unsigned char)*end))
+            return MF_INVALID_ARGUMENT;
+        unit[n++] = (char)tolower((unsigned char)*end++);
+    }
+    unit[n] = 0;
+    while (isspace((unsigned char)*end))
+        end++;
+    if (*end)
+        return MF_INVALID_ARGUMENT;
+    *num = v;
+    return MF_OK;
+}
+
+mf_status_t mfd_parse_size(const char *s, uint64_t *out)
+{
+    static const struct {
+        const char *u;
+        uint64_t mul;
+    } units[] = {{"", 1},       {"b", 1},       {"k", KB},  {"kb", KB}, {"kib", KB},
+                 {"m", MB},     {"mb", MB},     {"mib", MB}, {"g", GB}, {"gb", GB},
+                 {"gib", GB},   {"t", TB},      {"tb", TB}, {"tib", TB}};
+    double v;
+    char unit[8];
+    if (split_number(s, &v, unit) != MF_OK)
+        return MF_INVALID_ARGUMENT;
+    for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
+        if (strcmp(unit, units[i].u) == 0) {
+            double bytes = v * (double)units[i].mul;
+            if (bytes >= 18446744073709551616.0 || bytes != floor(bytes))
+                return MF_INVALID_ARGUMENT; /* overflow or a fraction of a byte */
+            *out = (uint64_t)bytes;
+            return MF_OK;
+        }
+    }
+    return MF_INVALID_ARGUMENT;
+}
+
+mf_status_t mfd_parse_duration_ms(const char *s, uint64_t *out)
+{
+    static const struct {
+        const char *u;
+        double mul;
+    } units[] = {{"", 1000}, {"ms", 1}, {"s", 1000}, {"m", 60000}, {"h", 3600000}};
+    double v;
+    char unit[8];
+    if (split_number(s, &v, unit) != MF_OK)
+        return MF_INVALID_ARGUMENT;
+    for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
+        if (strcmp(unit, units[i].u) == 0) {
+            double ms = v * units[i].mul;
+            if (ms >= 1e15 || ms != floor(ms))
+                return MF_INVALID_ARGUMENT;
+            *out = (uint64_t)ms;
+            return MF_OK;
+        }
+    }
+    return MF_INVALID_ARGUMENT;
+}
+
+static mf_status_t parse_count(const char *s, uint64_t *out)
+{
+    while (isspace((unsigned char)*s))
+        s++;
+    if (!isdigit((unsigned char)*s))
+        return MF_INVALID_ARGUMENT;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    while (isspace((unsigned char)*end))
+        end++;
+    if (errno || *end)
+        return MF_INVALID_ARGUMENT;
+    *out = v;
+    return MF_OK;
+}
+
+/* host:port with port 0..65535; "" is allowed (off). */
+static mf_status_t check_addr(const char *s)
+{
+    if (!*s)
+        return MF_OK;
+    const char *colon = strrchr(s, ':');
+    if (!colon || colon == s || !colon[1] || strlen(colon + 1) > 5)
+        return MF_INVALID_ARGUMENT;
+    for (const char *p = colon + 1; *p; p++)
+        if (!isdigit((unsigned char)*p))
+            return MF_INVALID_ARGUMENT;
+    return atoi(colon + 1) <= 65535 ? MF_OK : MF_INVALID_ARGUMENT;
+}
+
+/* ---- set / get ------------------------------------------------------------------- */
+
+static char **str_field(mfd_config_t *cfg, const cdef_t *d)
+{
+    return (char **)((char *)cfg + d->off);
+}
+
+static mf_status_t store_value(mfd_config_t *cfg, const cdef_t *d, const char *value,
+                               char *err, size_t errlen)
+{
+    void *field = (char *)cfg + d->off;
+    uint64_t u = 0;
+    mf_status_t st = MF_OK;
+    switch (d->type) {
+    case CT_ADDR:
+        if (check_addr(value) != MF_OK) {
+            set_err(err, errlen, "%s: '%s' is not host:port (or empty)", d->name, value);
+            return MF_INVALID_ARGUMENT;
+        }
+        /* fall through */
+    case CT_STR: {
+        if (strlen(value) > 4095) {
+            set_err(err, errlen, "%s: value longer than 4095 bytes", d->name);
+            return MF_INVALID_ARGUMENT;
+        }
+        char *copy = strdup(value);
+        if (!copy)
+            return MF_RESOURCE_EXHAUSTED;
+        free(*str_field(cfg, d));
+        *str_field(cfg, d) = copy;
+        return MF_OK;
+    }
+    case CT_SIZE:
+        st = mfd_parse_size(value, &u);
+        break;
+    case CT_DURATION:
+        st = mfd_parse_duration_ms(value, &u);
+        break;
+    case CT_COUNT:
+        st = parse_count(value, &u);
+        break;
+    case CT_RATIO: {
+        char *end;
+        errno = 0;
+        double r = strtod(value, &end);
+        while (isspace((unsigned char)*end))
+            end++;
+        if (errno || end == value || *end || !(r > 0.0 && r <= 1.0)) {
+            set_err(err, errlen, "%s: '%s' is not a ratio in (0, 1]", d->name, value);
+            return MF_INVALID_ARGUMENT;
+        }
+        double hi = d->off == OFF(high_watermark) ? r : cfg->high_watermark;
+        double lo = d->off == OFF(low_watermark) ? r : cfg->low_watermark;
+        if (lo > hi) {
+            set_err(err, errlen, "%s: low_watermark (%g) must not exceed high_watermark (%g)",
+                    d->name, lo, hi);
+            return MF_INVALID_ARGUMENT;
+        }
+        *(double *)field = r;
+        return MF_OK;
+    }
+    case CT_WT:
+        for (int i = 0; i < 3; i++) {
+            if (strcasecmp(value, wt_names[i]) == 0) {
+                *(int *)field = i;
+                return MF_OK;
+            }
+        }
+        set_err(err, errlen, "%s: '%s' is not one of off, async, sync", d->name, value);
+        return MF_INVALID_ARGUMENT;
+    case CT_LEVEL: {
+        mfd_log_level_t lv;
+        if (mfd_log_parse_level(value, &lv) != MF_OK) {
+            set_err(err, errlen, "%s: '%s' is not one of error, warn, info, debug", d->name,
+                    value);
+            return MF_INVALID_ARGUMENT;
+        }
+        *(int *)field = (int)lv;
+        return MF_OK;
+    }
+    }
+    if (st != MF_OK) {
+        set_err(err, errlen, "%s: cannot parse '%s'%s", d->name, value,
+                d->type == CT_SIZE       ? " as a size (e.g. 512mb, 4gb)"
+                : d->type == CT_DURATION ? " as a duration (e.g. 500ms, 30s, 5m)"
+                                         : " as a whole number");
+        return MF_INVALID_ARGUMENT;
+    }
+    if (u < d->min || u > d->max) {
+        set_err(err, errlen, "%s: %s is outside [%llu, %llu]%s", d->name, value,
+                (unsigned long long)d->min, (unsigned long long)d->max,
+                d->type == CT_SIZE ? " bytes" : d->type == CT_DURATION ? " ms" : "");
+        return MF_INVALID_ARGUMENT;
+    }
+    *(uint64_t *)field = u;
+    return MF_OK;
+}
+
+mf_status_t mfd_config_set(mfd_config_t *cfg, const char *key, const char *value,
+                           int live_only, char *err, size_t errlen)
+{
+    const cdef_t *d = find_key(key);
+    if (!d) {
+        set_err(err, errlen, "unknown config key '%s'", key);
+        return MF_NOT_FOUND;
+    }
+    if (live_only && !d->live) {
+        set_err(err, errlen, "%s cannot change at run time (restart with the new value)",
+                key);
+        return MF_FAILED_PRECONDITION;
+    }
+    return store_value(cfg, d, value ? value : "", err, errlen);
+}
+
+/* Exact binary units where they divide, else bytes. */
+static void format_size(uint64_t v, char *out, size_t n)
+{
+    static const char *const u[] = {"tb", "gb", "mb", "kb"};
+    static const uint64_t m[] = {TB, GB, MB, KB};
+    for (int i = 0; i < 4; i++) {
+        if (v && v % m[i] == 0) {
+            snprintf(out, n, "%llu%s", (unsigned long long)(v / m[i]), u[i]);
+            return;
+        }
+    }
+    snprintf(out, n, "%llu", (unsigned long long)v);
+}
+
+static void format_duration(uint64_t ms, char *out, size_t n)
+{
+    if (ms && ms % 3600000 == 0)
+        snprintf(out, n, "%lluh", (unsigned long long)(ms / 3600000));
+    else if (ms && ms % 60000 == 0)
+        snprintf(out, n, "%llum", (unsigned long long)(ms / 60000));
+    else if (ms % 1000 == 0)
+        snprintf(out, n, "%llus", (unsigned long long)(ms / 1000));
+    else
+        snprintf(out, n, "%llums", (unsigned long long)ms);
+}
+
+static void format_value(const mfd_config_t *cfg, const cdef_t *d, int redact, char *out,
+                         size_t n)
+{
+    const void *field = (const char *)cfg + d->off;
+    switch (d->type) {
+    case CT_STR:
+    case CT_ADDR: {
+        const char *s = *(char *const *)field;
+        if (redact && d->off == OFF(token) && s && *s)
+            s = "***";
+        snprintf(out, n, "%s", s ? s : "");
+        break;
+    }
+    case CT_SIZE:
+        format_size(*(const uint64_t *)field, out, n);
+        break;
+    case CT_DURATION:
+        format_duration(*(const uint64_t *)field, out, n);
+        break;
+    case CT_COUNT:
+        snprintf(out, n, "%llu", (unsigned long long)*(const uint64_t *)field);
+        break;
+    case CT_RATIO:
+        snprintf(out, n, "%g", *(const double *)field);
+        break;
+    case CT_WT:
+        snprintf(out, n, "%s", wt_names[*(const int *)field]);
+        break;
+    case CT_LEVEL:
+        snprintf(out, n, "%s", mfd_log_level_name((mfd_log_level_t) * (const int *)field));
+        break;
+    }
+}
+
+mf_status_t mfd_config_get(const mfd_config_t *cfg, const char *key, int redact, char *out,
+                           size_t outlen)
+{
+    const cdef_t *d = find_key(key);
+    if (!d)
+        return MF_NOT_FOUND;
+    format_value(cfg, d, redact, out, outlen);
+    return MF_OK;
+}
+
+/* ---- lifecycle ------------------------------------------------------------------- */
+
+mf_status_t mfd_config_init(mfd_config_t *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    /* Ratios are checked as a pair; start from the extremes so defaults always fit. */
+    cfg->high_watermark = 1.0;
+    cfg->low_watermark = 0.0;
+    for (size_t i = 0; i < N_KEYS; i++) {
+        mf_status_t st = store_value(cfg, &g_table[i], g_table[i].def, NULL, 0);
+        if (st != MF_OK) {
+            mfd_config_deinit(cfg);
+            return st;
+        }
+    }
+    return MF_OK;
+}
+
+void mfd_config_deinit(mfd_config_t *cfg)
+{
+    for (size_t i = 0; i < N_KEYS; i++) {
+        if (g_table[i].type == CT_STR || g_table[i].type == CT_ADDR) {
+            free(*str_field(cfg, &g_table[i]));
+            *str_field(cfg, &g_table[i]) = NULL;
+        }
+    }
+}
+
+mf_status_t mfd_config_copy(mfd_config_t *dst, const mfd_config_t *src)
+{
+    *dst = *src;
+    for (size_t i = 0; i < N_KEYS; i++)
+        if (g_table[i].type == CT_STR || g_table[i].type == CT_ADDR)
+            *str_field(dst, &g_table[i]) = NULL;
+    for (size_t i = 0; i < N_KEYS; i++) {
+        if (g_table[i].type != CT_STR && g_table[i].type != CT_ADDR)
+            continue;
+        const char *s = *(char *const *)((const char *)src + g_table[i].off);
+        if (!(*str_field(dst, &g_table[i]) = strdup(s ? s : ""))) {
+            mfd_config_deinit(dst);
+            return MF_RESOURCE_EXHAUSTED;
+        }
+    }
+    return MF_OK;
+}
+
+/* ---- files ----------------------------------------------------------------------- */
+
+mf_status_t mfd_config_parse_text(mfd_config_t *cfg, const char *name, const char *text,
+                                  size_t len, char *err, size_t errlen)
+{
+    size_t pos = 0;
+    unsigned lineno = 0;
+    char line[4352];
+    while (pos < len) {
+        lineno++;
+        size_t end = pos;
+        while (end < len && text[end] != '\n')
+            end++;
+        size_t n = end - pos;
+        if (n >= sizeof(line)) {
+            set_err(err, errlen, "%s:%u: line longer than %zu bytes", name, lineno,
+                    sizeof(line) - 1);
+            return MF_INVALID_ARGUMENT;
+        }
+        memcpy(line, text + pos, n);
+        line[n] = 0;
+        pos = end + 1;
+        if (memchr(line, 0, n)) {
+            set_err(err, errlen, "%s:%u: NUL byte in line", name, lineno);
+            return MF_INVALID_ARGUMENT;
+        }
+        /* A '#' at the start or after blank space begins a comment. */
+        for (size_t i = 0; i < n; i++) {
+            if (line[i] == '#' && (i == 0 || isspace((unsigned char)line[i - 1]))) {
+                line[i] = 0;
+                break;
+            }
+        }
+        char *p = line;
+        while (isspace((unsigned char)*p))
+            p++;
+        if (!*p)
+            continue;
+        char *key = p;
+        while (*p && !isspace((unsigned char)*p))
+            p++;
+        if (*p)
+            *p++ = 0;
+        while (isspace((unsigned char)*p))
+            p++;
+        char *val = p;
+        size_t vl = strlen(val);
+        while (vl && isspace((unsigned char)val[vl - 1]))
+            val[--vl] = 0;
+        if (vl >= 2 && val[0] == '"' && val[vl - 1] == '"') { /* "" = explicitly empty */
+            val[vl - 1] = 0;
+            val++;
+        }
+        char why[MFD_CONFIG_ERRLEN];
+        mf_status_t st = mfd_config_set(cfg, key, val, 0, why, sizeof(why));
+        if (st != MF_OK) {
+            set_err(err, errlen, "%s:%u: %s", name, lineno, why);
+            return st == MF_NOT_FOUND ? MF_INVALID_ARGUMENT : st;
+        }
+    }
+    return MF_OK;
+}
+
+mf_status_t mfd_config_load_file(mfd_config_t *cfg, const char *path, char *err,
+                                 size_t errlen)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        set_err(err, errlen, "%s: %s", path, strerror(errno));
+        return errno == ENOENT ? MF_NOT_FOUND : MF_PERMISSION_DENIED;
+    }
+    /* Config files are small; refuse anything absurd before reading it whole. */
+    char *buf = malloc(1 << 20);
+    if (!buf) {
+        fclose(f);
+        return MF_RESOURCE_EXHAUSTED;
+    }
+    size_t n = fread(buf, 1, 1 << 20, f);
+    int too_big = n == (1 << 20);
+    fclose(f);
+    mf_status_t st;
+    if (too_big) {
+        set_err(err, errlen, "%s: larger than 1 MiB", path);
+        st = MF_INVALID_ARGUMENT;
+    } else {
+        st = mfd_config_parse_text(cfg, path, buf, n, err, errlen);
+    }
+    free(buf);
+    return st;
+}
+
+static mf_status_t make_dirs(const char *path, char *err, size_t errlen)
+{
+    char tmp[4096];
+    if (snprintf(tmp, sizeof(tmp), "%s", path) >= (int)sizeof(tmp)) {
+        set_err(err, errlen, "path too long: %s", path);
+        return MF_INVALID_ARGUMENT;
+    }
+    for (char *p = tmp + 1;; p++) {
+        if (*p == '/' || *p == 0) {
+            char c = *p;
+            *p = 0;
+            if (mkdir(tmp, 0700) != 0 && errno != EEXIST) {
+                set_err(err, errlen, "mkdir %s: %s", tmp, strerror(errno));
+                return MF_PERMISSION_DENIED;
+            }
+            *p = c;
+            if (!c)
+                break;
+        }
+    }
+    return MF_OK;
+}
+
+mf_status_t mfd_config_resolve_paths(mfd_config_t *cfg, char *err, size_t errlen)
+{
+    char buf[4096];
+    const char *xr = getenv("XDG_RUNTIME_DIR");
+    const char *xd = getenv("XDG_DATA_HOME");
+    const char *home = getenv("HOME");
+    if (!cfg->socket[0]) {
+        if (xr && xr[0] == '/' && access(xr, W_OK) == 0)
+            snprintf(buf, sizeof(buf), "%s/mapflowd/mapflowd.sock", xr);
+        else
+            snprintf(buf, sizeof(buf), "/tmp/mapflowd-%u/mapflowd.sock", (unsigned)getuid());
+        mf_status_t st = mfd_config_set(cfg, "socket", buf, 0, err, errlen);
+        if (st != MF_OK)
+            return st;
+    }
+    if (!cfg->data_dir[0]) {
+        if (xd && xd[0] == '/')
+            snprintf(buf, sizeof(buf), "%s/mapflowd", xd);
+        else if (home && home[0] == '/' && access(home, W_OK) == 0)
+            snprintf(buf, sizeof(buf), "%s/.local/share/mapflowd", home);
+        else
+            snprintf(buf, sizeof(buf), "/tmp/mapflowd-%u/data", (unsigned)getuid());
+        mf_status_t st = mfd_config_set(cfg, "data_dir", buf, 0, err, errlen);
+        if (st != MF_OK)
+            return st;
+    }
+    /* The socket's directory, then the data directory. */
+    snprintf(buf, sizeof(buf), "%s", cfg->socket);
+    char *slash = strrchr(buf, '/');
+    if (slash && slash != buf) {
+        *slash = 0;
+        mf_status_t st = make_dirs(buf, err, errlen);
+        if (st != MF_OK)
+            return st;
+    }
+    return make_dirs(cfg->data_dir, err, errlen);
+}
+
+/* ---- generated text ----------------------------------------------------------------- */
+
+static const char *type_hint(ctype_t t)
+{
+    switch (t) {
+    case CT_SIZE: return "SIZE";
+    case CT_DURATION: return "DURATION";
+    case CT_COUNT: return "N";
+    case CT_RATIO: return "RATIO";
+    case CT_ADDR: return "HOST:PORT";
+    case CT_WT: return "off|async|sync";
+    case CT_LEVEL: return "LEVEL";
+    default: return "TEXT";
+    }
+}
+
+void mfd_config_print_help(FILE *f)
+{
+    fprintf(f,
+            "usage: mapflowd [-c FILE] [--KEY VALUE ...] [--help] [--print-config] "
+            "[--version]\n\n"
+            "mapflowd keeps attention-map rows for LLM hand-offs in a host arena and an SSD\n"
+            "tier and serves them over a unix socket (and optional TCP).\n\n"
+            "  -c, --config FILE   read KEY VALUE lines from FILE (command line wins)\n"
+            "  --print-config      print a complete sample config file and exit\n"
+            "  --help              this text\n\nkeys (each also --KEY VALUE or --KEY=VALUE):\n");
+    for (size_t i = 0; i < N_KEYS; i++) {
+        const cdef_t *d = &g_table[i];
+        char flag[64];
+        snprintf(flag, sizeof(flag), "--%s %s", d->name, type_hint(d->type));
+        fprintf(f, "  %-30s %s\n  %-30s default: %s%s\n", flag, d->help, "",
+                d->def[0] ? d->def : "\"\"", d->live ? "  [live]" : "");
+    }
+    fprintf(f, "\nSIZE takes b, kb, mb, gb, tb (powers of 1024; bare = bytes); DURATION takes\n"
+               "ms, s, m, h (bare = seconds). [live] keys change at run time through\n"
+               "`mapflowctl config set` or SIGHUP (reloads -c FILE). SIGTERM drains and exits.\n");
+}
+
+void mfd_config_print_sample(FILE *f)
+{
+    fprintf(f, "# mapflowd configuration (generated by `mapflowd --print-config`).\n"
+               "# One \"key value\" per line; '#' starts a comment. Sizes take b, kb, mb, gb, tb\n"
+               "# (powers of 1024); durations take ms, s, m, h. Keys marked [live] may change\n"
+               "# at run time (`mapflowctl config set KEY VALUE`, or edit and send SIGHUP).\n"
+               "# Every key has a default; a line left commented keeps it.\n");
+    for (size_t i = 0; i < N_KEYS; i++) {
+        const cdef_t *d = &g_table[i];
+        fprintf(f, "\n# %s%s\n", d->help, d->live ? " [live]" : "");
+        if (d->def[0])
+            fprintf(f, "%s %s\n", d->name, d->def);
+        else
+            fprintf(f, "#%s %s\n", d->name, d->example ? d->example : "");
+    }
+}

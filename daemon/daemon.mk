@@ -1,0 +1,32 @@
+# daemon/: mapflowd — config, event loop, index, host arena, SSD tier, admin, metrics.
+# Everything except main.c goes into libmfdaemon.a so unit tests link the real modules.
+
+DAEMON_SRCS := daemon/log.c daemon/config.c daemon/arena.c daemon/index.c \
+               daemon/tier_ssd.c daemon/lease.c daemon/store.c daemon/metrics.c \
+               daemon/http.c daemon/notify.c daemon/server.c daemon/admin.c daemon/tier.c
+DAEMON_OBJS := $(DAEMON_SRCS:%.c=$(OBJ)/%.o)
+DAEMON_A    := $(LIB)/libmfdaemon.a
+DAEMON_LIBS := $(call pkg_libs,libevent libevent_pthreads rocksdb libsystemd)
+
+LIBS         += $(DAEMON_A)
+BINS         += $(BIN)/mapflowd
+TEST_LINK_A  := $(DAEMON_A) $(TEST_LINK_A)
+EXTRA_LDLIBS += $(DAEMON_LIBS)
+
+# libsystemd is installed here; build sd_notify support whenever pkg-config finds it.
+ifneq ($(DAEMON_LIBS),)
+ifneq ($(findstring -lsystemd,$(DAEMON_LIBS)),)
+$(DAEMON_OBJS) $(OBJ)/daemon/main.o: CPPFLAGS += -DMF_HAVE_SYSTEMD
+endif
+endif
+$(DAEMON_OBJS) $(OBJ)/daemon/main.o: CPPFLAGS += -DMFD_VERSION='"0.1.0"'
+
+$(DAEMON_A): $(DAEMON_OBJS)
+	@mkdir -p $(dir $@)
+	@[ "$(V)" != 0 ] || echo "  AR    $@"
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(BIN)/mapflowd: $(OBJ)/daemon/main.o $(DAEMON_A) $(PROTO_A)
+	@mkdir -p $(dir $@)
+	@[ "$(V)" != 0 ] || echo "  LD    $@"
+	$(Q)$(CC) $(ALL_CFLAGS) $(LDFLAGS) $< -o $@ $(DAEMON_A) $(PROTO_A) $(DAEMON_LIBS) $(LDLIBS_BASE)

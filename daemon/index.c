@@ -1,0 +1,312 @@
+/* index — chained hash table of refcounted entries + LRU lists (see index.h). */
+#include "index.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+struct mfd_index {
+    mfd_entry_t **buckets;
+    size_t n_buckets, count;
+    mfd_entry_t *lru_head[2], *lru_tail[2];   /* head = MRU, tail = coldest */
+    mfd_entry_free_cb on_free;
+    void *ctx;
+};
+
+mf_status_t mfd_key_make(mfd_key_t *k, const char *ns, size_t ns_len, const char *model,
+                         size_t model_len, uint32_t layer, const uint8_t hash[16])
+{
+    if (ns_len < 1 || ns_len > MFD_NS_MAX || model_len < 1 || model_len > MFD_MODEL_MAX)
+        return MF_INVALID_ARGUMENT;
+    uint8_t *p = k->b;
+    *p++ = (uint8_t)ns_len;
+    memcpy(p, ns, ns_len);
+    p += ns_len;
+    *p++ = (uint8_t)model_len;
+    memcpy(p, model, model_len);
+    p += model_len;
+    /* Big-endian so byte order sorts layers numerically. */
+    *p++ = (uint8_t)(layer >> 24);
+    *p++ = (uint8_t)(layer >> 16);
+    *p++ = (uint8_t)(layer >> 8);
+    *p++ = (uint8_t)layer;
+    memcpy(p, hash, 16);
+    p += 16;
+    k->len = (uint16_t)(p - k->b);
+    return MF_OK;
+}
+
+mf_status_t mfd_key_parse(const uint8_t *b, size_t len, mfd_key_parts_t *out)
+{
+    if (len < 1 || b[0] < 1 || b[0] > MFD_NS_MAX || len < 1u + b[0] + 1u)
+        return MF_INVALID_ARGUMENT;
+    size_t ns_len = b[0];
+    size_t model_len = b[1 + ns_len];
+    if (model_len < 1 || len != 1 + ns_len + 1 + model_len + 4 + 16)
+        return MF_INVALID_ARGUMENT;
+    out->ns = (const char *)b + 1;
+    out->ns_len = ns_len;
+    out->model = (const char *)b + 2 + ns_len;
+    out->model_len = model_len;
+    const uint8_t *l = b + 2 + ns_len + model_len;
+    out->layer = ((uint32_t)l[0] << 24) | ((uint32_t)l[1] << 16) | ((uint32_t)l[2] << 8) | l[3];
+    out->hash = l + 4;
+    return MF_OK;
+}
+
+int mfd_key_cmp(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen)
+{
+    int c = memcmp(a, b, alen < blen ? alen : blen);
+    if (c)
+        return c;
+    return alen < blen ? -1 : alen > blen;
+}
+
+mf_status_t mfd_index_create(mfd_entry_free_cb on_free, void *ctx, mfd_index_t **out)
+{
+    mfd_index_t *ix = calloc(1, sizeof(*ix));
+    if (!ix)
+        return MF_RESOURCE_EXHAUSTED;
+    ix->n_buckets = 1024;
+    ix->buckets = calloc(ix->n_buckets, sizeof(*ix->buckets));
+    if (!ix->buckets) {
+        free(ix);
+        return MF_RESOURCE_EXHAUSTED;
+    }
+    ix->on_free = on_free;
+    ix->ctx = ctx;
+    *out = ix;
+    return MF_OK;
+}
+
+static void entry_free(mfd_index_t *ix, mfd_entry_t *e)
+{
+    if (ix->on_free)
+        ix->on_free(e, ix->ctx);
+    free(e);
+}
+
+void mfd_index_destroy(mfd_index_t *ix)
+{
+    if (!ix)
+        return;
+    for (size_t i = 0; i < ix->n_buckets; i++) {
+        for (mfd_entry_t *e = ix->buckets[i], *n; e; e = n) {
+            n = e->hnext;
+            entry_free(ix, e);
+        }
+    }
+    free(ix->buckets);
+    free(ix);
+}
+
+mfd_entry_t *mfd_entry_new(const mfd_key_t *key)
+{
+    mfd_entry_t *e = calloc(1, sizeof(*e));
+    if (!e)
+        return NULL;
+    e->key.len = key->len;
+    memcpy(e->key.b, key->b, key->len);
+    e->khash = XXH3_64bits(key->b, key->len);
+    return e;
+}
+
+void mfd_index_discard(mfd_index_t *ix, mfd_entry_t *e)
+{
+    if (e)
+        entry_free(ix, e);
+}
+
+mfd_entry_t *mfd_index_find(mfd_index_t *ix, const uint8_t *key, size_t len)
+{
+    uint64_t h = XXH3_64bits(key, len);
+    for (mfd_entry_t *e = ix->buckets[h & (ix->n_buckets - 1)]; e; e = e->hnext)
+        if (e->khash == h && e->key.len == len && memcmp(e->key.b, key, len) == 0)
+            return e;
+    return NULL;
+}
+
+static void grow(mfd_index_t *ix)
+{
+    size_t nb = ix->n_buckets * 2;
+    mfd_entry_t **b = calloc(nb, sizeof(*b));
+    if (!b)
+        return; /* longer chains, still correct */
+    for (size_t i = 0; i < ix->n_buckets; i++) {
+        for (mfd_entry_t *e = ix->buckets[i], *n; e; e = n) {
+            n = e->hnext;
+            e->hnext = b[e->khash & (nb - 1)];
+            b[e->khash & (nb - 1)] = e;
+        }
+    }
+    free(ix->buckets);
+    ix->buckets = b;
+    ix->n_buckets = nb;
+}
+
+static void hash_remove(mfd_index_t *ix, mfd_entry_t *e)
+{
+    mfd_entry_t **pp = &ix->buckets[e->khash & (ix->n_buckets - 1)];
+    while (*pp && *pp != e)
+        pp = &(*pp)->hnext;
+    if (*pp) {
+        *pp = e->hnext;
+        ix->count--;
+    }
+    e->hnext = NULL;
+}
+
+mf_status_t mfd_index_insert(mfd_index_t *ix, mfd_entry_t *e, int *replaced)
+{
+    mfd_entry_t *old = mfd_index_find(ix, e->key.b, e->key.len);
+    if (replaced)
+        *replaced = old != NULL;
+    if (old)
+        mfd_index_unlink(ix, old);
+    if (ix->count + 1 > ix->n_buckets)
+        grow(ix);
+    size_t i = e->khash & (ix->n_buckets - 1);
+    e->hnext = ix->buckets[i];
+    ix->buckets[i] = e;
+    e->linked = 1;
+    ix->count++;
+    return MF_OK;
+}
+
+void mfd_index_unlink(mfd_index_t *ix, mfd_entry_t *e)
+{
+    if (!e->linked)
+        return;
+    hash_remove(ix, e);
+    mfd_lru_remove(ix, MFD_LRU_HOST, e);
+    mfd_lru_remove(ix, MFD_LRU_SSD, e);
+    e->linked = 0;
+    if (e->pins == 0)
+        entry_free(ix, e);
+}
+
+void mfd_entry_pin(mfd_entry_t *e)
+{
+    e->pins++;
+}
+
+void mfd_index_unpin(mfd_index_t *ix, mfd_entry_t *e)
+{
+    if (e->pins > 0)
+        e->pins--;
+    if (e->pins == 0 && !e->linked)
+        entry_free(ix, e);
+}
+
+size_t mfd_index_count(const mfd_index_t *ix)
+{
+    return ix->count;
+}
+
+/* ---- LRU ---------------------------------------------------------------------------- */
+
+static mfd_lru_link_t *link_of(mfd_entry_t *e, int list)
+{
+    return list == MFD_LRU_HOST ? &e->host_lru : &e->ssd_lru;
+}
+
+static unsigned on_list(const mfd_entry_t *e, int list)
+{
+    return list == MFD_LRU_HOST ? e->on_host_lru : e->on_ssd_lru;
+}
+
+static void set_on_list(mfd_entry_t *e, int list, unsigned v)
+{
+    if (list == MFD_LRU_HOST)
+        e->on_host_lru = v;
+    else
+        e->on_ssd_lru = v;
+}
+
+void mfd_lru_add(mfd_index_t *ix, int list, mfd_entry_t *e)
+{
+    if (on_list(e, list))
+        return;
+    mfd_lru_link_t *l = link_of(e, list);
+    l->prev = NULL;
+    l->next = ix->lru_head[list];
+    if (l->next)
+        link_of(l->next, list)->prev = e;
+    else
+        ix->lru_tail[list] = e;
+    ix->lru_head[list] = e;
+    set_on_list(e, list, 1);
+}
+
+void mfd_lru_remove(mfd_index_t *ix, int list, mfd_entry_t *e)
+{
+    if (!on_list(e, list))
+        return;
+    mfd_lru_link_t *l = link_of(e, list);
+    if (l->prev)
+        link_of(l->prev, list)->next = l->next;
+    else
+        ix->lru_head[list] = l->next;
+    if (l->next)
+        link_of(l->next, list)->prev = l->prev;
+    else
+        ix->lru_tail[list] = l->prev;
+    l->prev = l->next = NULL;
+    set_on_list(e, list, 0);
+}
+
+void mfd_lru_touch(mfd_index_t *ix, int list, mfd_entry_t *e)
+{
+    if (!on_list(e, list) || ix->lru_head[list] == e)
+        return;
+    mfd_lru_remove(ix, list, e);
+    mfd_lru_add(ix, list, e);
+}
+
+mfd_entry_t *mfd_lru_coldest(mfd_index_t *ix, int list)
+{
+    return ix->lru_tail[list];
+}
+
+mfd_entry_t *mfd_lru_warmer(const mfd_entry_t *e, int list)
+{
+    return list == MFD_LRU_HOST ? e->host_lru.prev : e->ssd_lru.prev;
+}
+
+/* ---- collection --------------------------------------------------------------------- */
+
+static int cmp_entries(const void *a, const void *b)
+{
+    const mfd_entry_t *x = *(mfd_entry_t *const *)a, *y = *(mfd_entry_t *const *)b;
+    return mfd_key_cmp(x->key.b, x->key.len, y->key.b, y->key.len);
+}
+
+mf_status_t mfd_index_collect(mfd_index_t *ix, const uint8_t *prefix, size_t prefix_len,
+                              int sorted, mfd_entry_t ***out, size_t *n_out)
+{
+    size_t cap = 64, n = 0;
+    mfd_entry_t **v = malloc(cap * sizeof(*v));
+    if (!v)
+        return MF_RESOURCE_EXHAUSTED;
+    for (size_t i = 0; i < ix->n_buckets; i++) {
+        for (mfd_entry_t *e = ix->buckets[i]; e; e = e->hnext) {
+            if (e->key.len < prefix_len || memcmp(e->key.b, prefix, prefix_len) != 0)
+                continue;
+            if (n == cap) {
+                mfd_entry_t **nv = realloc(v, cap * 2 * sizeof(*v));
+                if (!nv) {
+                    free(v);
+                    return MF_RESOURCE_EXHAUSTED;
+                }
+                v = nv;
+                cap *= 2;
+            }
+            v[n++] = e;
+        }
+    }
+    if (sorted && n > 1)
+        qsort(v, n, sizeof(*v), cmp_entries);
+    *out = v;
+    *n_out = n;
+    return MF_OK;
+}

@@ -1,0 +1,123 @@
+/*
+ * index — key → reference-counted entry, plus the LRU lists placement walks.
+ *
+ * A key is (namespace, model, layer, prefix hash) serialised as bytes:
+ *     u8 ns_len | ns | u8 model_len | model | u32 BE layer | 16-byte hash (LE form)
+ * The same bytes are the SSD tier's record key, so keys sort by namespace, model,
+ * layer, hash — the stable order List pages through — and a namespace is a key prefix:
+ * a connection only ever builds keys under its own namespace, so other namespaces'
+ * entries cannot be named (they are simply not found).
+ *
+ * Reference counting: the index holds an entry while it is linked; every lease and
+ * every in-flight SSD operation adds a pin. Pinned entries are never evicted, demoted
+ * or moved. Unlinking (delete, replace, flush, drop) removes the entry from lookup at
+ * once; its memory (and arena block, through the free callback) goes when the last
+ * pin goes. (memcached's item_get / item_remove.)
+ *
+ * LRU: two lists, entries resident on the host tier and entries present on the SSD
+ * tier; the head is the most recently used.
+ *
+ * Ownership: the index owns entries; the free callback releases what the entry points
+ * to (arena block, buffers). Thread safety: loop thread only.
+ */
+#ifndef MFD_INDEX_H
+#define MFD_INDEX_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "arena.h"
+#include "mf_status.h"
+
+#define MFD_NS_MAX    128
+#define MFD_MODEL_MAX 255
+#define MFD_KEY_MAX   (1 + MFD_NS_MAX + 1 + MFD_MODEL_MAX + 4 + 16)
+
+typedef struct mfd_key {
+    uint16_t len;
+    uint8_t b[MFD_KEY_MAX];
+} mfd_key_t;
+
+/* Parsed view of a key's bytes (pointers into the key). */
+typedef struct mfd_key_parts {
+    const char *ns;
+    size_t ns_len;
+    const char *model;
+    size_t model_len;
+    uint32_t layer;
+    const uint8_t *hash;
+} mfd_key_parts_t;
+
+/* MF_INVALID_ARGUMENT when ns is not 1..128 bytes or model 1..255 bytes. */
+mf_status_t mfd_key_make(mfd_key_t *k, const char *ns, size_t ns_len, const char *model,
+                         size_t model_len, uint32_t layer, const uint8_t hash[16]);
+/* MF_INVALID_ARGUMENT when the bytes are not a well-formed key. */
+mf_status_t mfd_key_parse(const uint8_t *b, size_t len, mfd_key_parts_t *out);
+
+typedef struct mfd_lru_link {
+    struct mfd_entry *prev, *next;
+} mfd_lru_link_t;
+
+typedef struct mfd_entry {
+    struct mfd_entry *hnext;
+    mfd_lru_link_t host_lru, ssd_lru;
+    uint64_t khash;
+    uint64_t size;            /* row bytes */
+    uint32_t layer, block;    /* block = the row's block_index */
+    uint32_t pins;
+    uint64_t last_access_ms;
+    mfd_ablock_t *host;       /* resident on the host tier when non-NULL */
+    uint8_t *wbuf;            /* private copy while a demotion write is in flight */
+    unsigned linked : 1;      /* reachable through the index */
+    unsigned on_host_lru : 1;
+    unsigned on_ssd_lru : 1;
+    unsigned on_ssd : 1;      /* a completed SSD write holds these bytes */
+    unsigned ssd_writing : 1; /* an SSD write is in flight */
+    unsigned durable : 1;     /* written with sync = 1 */
+    mfd_key_t key;
+} mfd_entry_t;
+
+typedef struct mfd_index mfd_index_t;
+typedef void (*mfd_entry_free_cb)(mfd_entry_t *e, void *ctx);
+
+mf_status_t mfd_index_create(mfd_entry_free_cb on_free, void *ctx, mfd_index_t **out);
+/* Frees every entry (pinned or not) through the callback. */
+void mfd_index_destroy(mfd_index_t *ix);
+
+/* A new unlinked entry holding a copy of key (pins 0). NULL when out of memory. */
+mfd_entry_t *mfd_entry_new(const mfd_key_t *key);
+/* Frees an entry that was never inserted (calls the free callback). */
+void mfd_index_discard(mfd_index_t *ix, mfd_entry_t *e);
+
+mfd_entry_t *mfd_index_find(mfd_index_t *ix, const uint8_t *key, size_t len);
+/* Links e; returns the entry it displaced (already unlinked, maybe freed: do not
+ * touch it unless you pinned it) through *old as a flag: 1 if one was replaced. */
+mf_status_t mfd_index_insert(mfd_index_t *ix, mfd_entry_t *e, int *replaced);
+/* Removes e from lookup and both LRUs; frees it now if unpinned. */
+void mfd_index_unlink(mfd_index_t *ix, mfd_entry_t *e);
+
+void mfd_entry_pin(mfd_entry_t *e);
+/* Drops a pin; frees the entry if it was unlinked and this was the last pin. */
+void mfd_index_unpin(mfd_index_t *ix, mfd_entry_t *e);
+
+size_t mfd_index_count(const mfd_index_t *ix);
+
+/* LRU maintenance (lists: 0 = host, 1 = ssd). */
+enum { MFD_LRU_HOST = 0, MFD_LRU_SSD = 1 };
+void mfd_lru_add(mfd_index_t *ix, int list, mfd_entry_t *e);     /* at the MRU end */
+void mfd_lru_remove(mfd_index_t *ix, int list, mfd_entry_t *e);
+void mfd_lru_touch(mfd_index_t *ix, int list, mfd_entry_t *e);   /* to the MRU end */
+mfd_entry_t *mfd_lru_coldest(mfd_index_t *ix, int list);
+mfd_entry_t *mfd_lru_warmer(const mfd_entry_t *e, int list);     /* toward the MRU end */
+
+/*
+ * Linked entries whose key starts with `prefix` (e.g. a namespace, or a namespace and
+ * model), into a malloc'd array sorted by key bytes when `sorted`. The caller frees the
+ * array; entries stay owned by the index (pin them if they must outlive a callback).
+ */
+mf_status_t mfd_index_collect(mfd_index_t *ix, const uint8_t *prefix, size_t prefix_len,
+                              int sorted, mfd_entry_t ***out, size_t *n_out);
+
+/* Byte order of keys (memcmp, then shorter first). */
+int mfd_key_cmp(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen);
+
+#endif /* MFD_INDEX_H */

@@ -1,0 +1,65 @@
+/* log — timestamped stderr lines (see log.h). */
+#include "log.h"
+
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+#include <unistd.h>
+
+static _Atomic int g_level = MFD_LOG_INFO;
+static const char *const level_names[] = {"error", "warn", "info", "debug"};
+
+void mfd_log_set_level(mfd_log_level_t level)
+{
+    atomic_store(&g_level, (int)level);
+}
+
+mfd_log_level_t mfd_log_get_level(void)
+{
+    return (mfd_log_level_t)atomic_load(&g_level);
+}
+
+mf_status_t mfd_log_parse_level(const char *s, mfd_log_level_t *out)
+{
+    for (int i = 0; i <= MFD_LOG_DEBUG; i++) {
+        if (strcasecmp(s, level_names[i]) == 0) {
+            *out = (mfd_log_level_t)i;
+            return MF_OK;
+        }
+    }
+    return MF_INVALID_ARGUMENT;
+}
+
+const char *mfd_log_level_name(mfd_log_level_t level)
+{
+    return (level >= MFD_LOG_ERROR && level <= MFD_LOG_DEBUG) ? level_names[level] : "?";
+}
+
+void mfd_log(mfd_log_level_t level, const char *fmt, ...)
+{
+    if ((int)level > atomic_load(&g_level))
+        return;
+    char line[1200];
+    struct timespec ts;
+    struct tm tm;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    static const char *const tags[] = {"ERROR", "WARN ", "INFO ", "DEBUG"};
+    int n = snprintf(line, sizeof(line), "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %s ",
+                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
+                     tm.tm_sec, ts.tv_nsec / 1000000, tags[level]);
+    va_list ap;
+    va_start(ap, fmt);
+    int m = vsnprintf(line + n, sizeof(line) - (size_t)n - 1, fmt, ap);
+    va_end(ap);
+    size_t len = (size_t)n + (m < 0 ? 0 : (size_t)m);
+    if (len > sizeof(line) - 2)
+        len = sizeof(line) - 2;
+    line[len++] = '\n';
+    /* One write per line: lines from several threads stay whole. */
+    ssize_t w = write(STDERR_FILENO, line, len);
+    (void)w;
+}

@@ -1,0 +1,210 @@
+/* metrics — counters, histograms and the Prometheus text renderer (see metrics.h). */
+#include "metrics.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "mf_frame.h"
+
+typedef struct cdesc {
+    const char *family, *labels, *help;
+} cdesc_t;
+
+static const cdesc_t g_counters[] = {
+#define MFD_CNT_DESC_(id, fam, lab, help) {fam, lab, help},
+    MFD_COUNTERS(MFD_CNT_DESC_)
+#undef MFD_CNT_DESC_
+};
+
+static const char *const g_hist_ops[MFD_H_COUNT] = {"put", "get", "lookup"};
+
+void mfd_metrics_init(mfd_metrics_t *m)
+{
+    memset(m, 0, sizeof(*m));
+}
+
+void mfd_metrics_error(mfd_metrics_t *m, mf_status_t st)
+{
+    if ((int)st >= 0 && (int)st < MF_STATUS_COUNT)
+        m->errors[st]++;
+}
+
+void mfd_metrics_request(mfd_metrics_t *m, int body_case)
+{
+    if (body_case >= 0 && body_case < MFD_MAX_OPS)
+        m->requests[body_case]++;
+}
+
+double mfd_hist_bound(int i)
+{
+    return pow(10.0, -5.0 + 0.5 * i);
+}
+
+void mfd_metrics_observe(mfd_metrics_t *m, mfd_hist_id_t h, double seconds)
+{
+    mfd_hist_t *x = &m->hist[h];
+    int i = 0;
+    while (i < MFD_HIST_BUCKETS && seconds > mfd_hist_bound(i))
+        i++;
+    if (i < MFD_HIST_BUCKETS)
+        x->bucket[i]++;
+    x->count++;
+    x->sum += seconds;
+}
+
+/* ---- text builder ------------------------------------------------------------------ */
+
+typedef struct sbuf {
+    char *p;
+    size_t len, cap;
+    int oom;
+} sbuf_t;
+
+static void sb_printf(sbuf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(sbuf_t *b, const char *fmt, ...)
+{
+    if (b->oom)
+        return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            b->oom = 1;
+            return;
+        }
+        if ((size_t)n < b->cap - b->len) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t ncap = b->cap * 2 + (size_t)n;
+        char *np = realloc(b->p, ncap);
+        if (!np) {
+            b->oom = 1;
+            return;
+        }
+        b->p = np;
+        b->cap = ncap;
+    }
+}
+
+static void family(sbuf_t *b, const char *name, const char *type, const char *help)
+{
+    sb_printf(b, "# HELP mapflowd_%s %s\n# TYPE mapflowd_%s %s\n", name, help, name, type);
+}
+
+static void tier_gauge(sbuf_t *b, const mfd_gauges_t *g, const char *name, const char *help,
+                       size_t field)
+{
+    family(b, name, "gauge", help);
+    for (int t = 0; t < 3; t++) {
+        const char *base = (const char *)&g->tiers[t];
+        uint64_t v = field == (size_t)-1 ? (uint64_t)g->tiers[t].enabled
+                                         : *(const uint64_t *)(base + field);
+        sb_printf(b, "mapflowd_%s{tier=\"%s\"} %llu\n", name, g->tiers[t].name,
+                  (unsigned long long)v);
+    }
+}
+
+char *mfd_metrics_render(const mfd_metrics_t *m, const mfd_gauges_t *g, size_t *len)
+{
+    sbuf_t b = {malloc(16384), 0, 16384, 0};
+    if (!b.p)
+        return NULL;
+    b.p[0] = 0;
+
+    family(&b, "build_info", "gauge", "version of this mapflowd (value is always 1)");
+    sb_printf(&b, "mapflowd_build_info{version=\"%s\",protocol=\"%u\"} 1\n",
+              g->version ? g->version : "", MF_PROTOCOL_VERSION);
+    family(&b, "uptime_seconds", "gauge", "seconds since the daemon started");
+    sb_printf(&b, "mapflowd_uptime_seconds %.3f\n", g->uptime_s);
+    family(&b, "ready", "gauge", "1 when every enabled tier is up and listeners are bound");
+    sb_printf(&b, "mapflowd_ready %d\n", g->ready);
+    family(&b, "connections", "gauge", "client connections open now");
+    sb_printf(&b, "mapflowd_connections %llu\n", (unsigned long long)g->connections);
+    family(&b, "leases", "gauge", "read leases held now");
+    sb_printf(&b, "mapflowd_leases %llu\n", (unsigned long long)g->leases);
+    family(&b, "reservations", "gauge", "put reservations not yet committed");
+    sb_printf(&b, "mapflowd_reservations %llu\n", (unsigned long long)g->reservations);
+    family(&b, "ssd_inflight", "gauge", "SSD tier operations queued or running");
+    sb_printf(&b, "mapflowd_ssd_inflight %llu\n", (unsigned long long)g->ssd_inflight);
+
+    tier_gauge(&b, g, "tier_enabled", "1 when the tier is on", (size_t)-1);
+    tier_gauge(&b, g, "tier_used_bytes", "bytes held by the tier",
+               offsetof(mfd_tier_gauge_t, used));
+    tier_gauge(&b, g, "tier_capacity_bytes", "bytes the tier may hold",
+               offsetof(mfd_tier_gauge_t, capacity));
+    tier_gauge(&b, g, "tier_entries", "rows held by the tier",
+               offsetof(mfd_tier_gauge_t, entries));
+
+    for (int i = 0; i < MFD_C_COUNT; i++) {
+        const cdesc_t *d = &g_counters[i];
+        if (i == 0 || strcmp(d->family, g_counters[i - 1].family) != 0)
+            family(&b, d->family, "counter", d->help);
+        if (d->labels[0])
+            sb_printf(&b, "mapflowd_%s{%s} %llu\n", d->family, d->labels,
+                      (unsigned long long)m->c[i]);
+        else
+            sb_printf(&b, "mapflowd_%s %llu\n", d->family, (unsigned long long)m->c[i]);
+    }
+
+    family(&b, "requests_total", "counter", "requests received, by message type");
+    for (int i = 0; i < MFD_MAX_OPS; i++)
+        if (m->requests[i])
+            sb_printf(&b, "mapflowd_requests_total{op=\"%s\"} %llu\n",
+                      mf_envelope_body_name(i), (unsigned long long)m->requests[i]);
+
+    family(&b, "errors_total", "counter", "failed requests and rows, by status code");
+    for (int s = 1; s < MF_STATUS_COUNT; s++)
+        sb_printf(&b, "mapflowd_errors_total{code=\"%s\"} %llu\n", mf_status_name(s),
+                  (unsigned long long)m->errors[s]);
+
+    family(&b, "request_duration_seconds", "histogram",
+           "time from a request's arrival to its reply being queued");
+    for (int h = 0; h < MFD_H_COUNT; h++) {
+        const mfd_hist_t *x = &m->hist[h];
+        uint64_t cum = 0;
+        for (int i = 0; i < MFD_HIST_BUCKETS; i++) {
+            cum += x->bucket[i];
+            sb_printf(&b, "mapflowd_request_duration_seconds_bucket{op=\"%s\",le=\"%g\"} %llu\n",
+                      g_hist_ops[h], mfd_hist_bound(i), (unsigned long long)cum);
+        }
+        sb_printf(&b, "mapflowd_request_duration_seconds_bucket{op=\"%s\",le=\"+Inf\"} %llu\n",
+                  g_hist_ops[h], (unsigned long long)x->count);
+        sb_printf(&b, "mapflowd_request_duration_seconds_sum{op=\"%s\"} %.9g\n", g_hist_ops[h],
+                  x->sum);
+        sb_printf(&b, "mapflowd_request_duration_seconds_count{op=\"%s\"} %llu\n",
+                  g_hist_ops[h], (unsigned long long)x->count);
+    }
+    if (b.oom) {
+        free(b.p);
+        return NULL;
+    }
+    *len = b.len;
+    return b.p;
+}
+
+void mfd_metrics_visit(const mfd_metrics_t *m, mfd_metric_visit_cb cb, void *arg)
+{
+    char name[160];
+    for (int i = 0; i < MFD_C_COUNT; i++) {
+        const cdesc_t *d = &g_counters[i];
+        if (d->labels[0])
+            snprintf(name, sizeof(name), "%s{%s}", d->family, d->labels);
+        else
+            snprintf(name, sizeof(name), "%s", d->family);
+        cb(name, m->c[i], arg);
+    }
+    for (int s = 1; s < MF_STATUS_COUNT; s++) {
+        snprintf(name, sizeof(name), "errors_total{code=\"%s\"}", mf_status_name(s));
+        cb(name, m->errors[s], arg);
+    }
+    for (int h = 0; h < MFD_H_COUNT; h++) {
+        snprintf(name, sizeof(name), "request_duration_seconds_count{op=\"%s\"}",
+                 g_hist_ops[h]);
+        cb(name, m->hist[h].count, arg);
+    }
+}

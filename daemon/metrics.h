@@ -1,0 +1,116 @@
+/*
+ * metrics — mapflowd's counters, gauges and latency histograms, rendered in the
+ * Prometheus text format (version 0.0.4) for GET /metrics and as name/value pairs for
+ * the Stats reply (the same names without the `mapflowd_` prefix).
+ *
+ * Names follow Prometheus conventions: one prefix, base units (`_bytes`, `_seconds`),
+ * `_total` on counters, low-cardinality labels (tier, op, code). Token-level hit
+ * counters come with their denominators (…_requested_tokens_total), so hit rates
+ * can be computed per tier. Histograms use exponential buckets 1e-5 s … 1 s (×√10).
+ *
+ * Ownership: plain struct, no allocation except the rendered text (caller frees).
+ * Thread safety: updated and rendered on the loop thread only (SSD completions are
+ * delivered there too), so nothing is atomic.
+ */
+#ifndef MFD_METRICS_H
+#define MFD_METRICS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "mf_status.h"
+
+/* X(ID, family, labels, help) — rows of one family must be adjacent. */
+#define MFD_COUNTERS(X)                                                                     \
+    X(LOOKUP_REQ_TOKENS, "lookup_requested_tokens_total", "",                               \
+      "tokens asked about by Lookup, summed over requested layers")                         \
+    X(LOOKUP_HIT_TOKENS, "lookup_hit_tokens_total", "",                                     \
+      "tokens Lookup found cached, summed over requested layers")                           \
+    X(GET_REQ_TOKENS, "get_requested_tokens_total", "", "tokens requested by prefix Get")   \
+    X(GET_HIT_TOKENS_HOST, "get_hit_tokens_total", "tier=\"host\"",                         \
+      "tokens served by Get, by the tier the row came from")                                \
+    X(GET_HIT_TOKENS_SSD, "get_hit_tokens_total", "tier=\"ssd\"", "")                       \
+    X(GET_MISS_TOKENS, "get_miss_tokens_total", "", "tokens requested by Get and not served") \
+    X(PUTS, "puts_total", "", "rows committed")                                             \
+    X(PUT_BYTES, "put_bytes_total", "", "bytes of rows committed")                          \
+    X(PUT_REPLACED, "put_replaced_total", "", "commits that replaced an existing key")       \
+    X(PUT_REJECTED, "put_rejected_total", "", "commits whose row failed validation")        \
+    X(EVICT_HOST, "evictions_total", "tier=\"host\"",                                       \
+      "entries that left a tier (watermark, Evict or budget)")                              \
+    X(EVICT_SSD, "evictions_total", "tier=\"ssd\"", "")                                     \
+    X(DEMOTIONS, "demotions_total", "", "rows moved from the host to the SSD tier")         \
+    X(PROMOTIONS, "promotions_total", "", "rows moved from the SSD to the host tier")       \
+    X(SSD_WRITES, "ssd_writes_total", "", "rows written to the SSD tier")                   \
+    X(SSD_WRITE_BYTES, "ssd_write_bytes_total", "", "bytes written to the SSD tier")        \
+    X(SSD_READS, "ssd_reads_total", "", "rows read from the SSD tier")                      \
+    X(SSD_READ_BYTES, "ssd_read_bytes_total", "", "bytes read from the SSD tier")           \
+    X(SSD_ERRORS, "ssd_errors_total", "", "failed RocksDB operations")                      \
+    X(DATA_LOSS, "data_loss_total", "",                                                     \
+      "hits refused: token / parent-hash mismatch or checksum failure")                     \
+    X(LEASES_GRANTED, "leases_granted_total", "", "read leases granted")                   \
+    X(LEASES_EXPIRED, "leases_expired_total", "", "read leases that ran out their TTL")     \
+    X(RESERVATIONS_EXPIRED, "reservations_expired_total", "",                               \
+      "put reservations that ran out their TTL")                                            \
+    X(CONN_ACCEPTED, "connections_accepted_total", "", "client connections accepted")       \
+    X(CONN_REJECTED, "connections_rejected_total", "",                                      \
+      "connections refused (limit, bad Hello, bad token)")
+
+typedef enum mfd_counter {
+#define MFD_CNT_ENUM_(id, fam, lab, help) MFD_C_##id,
+    MFD_COUNTERS(MFD_CNT_ENUM_)
+#undef MFD_CNT_ENUM_
+    MFD_C_COUNT
+} mfd_counter_t;
+
+typedef enum mfd_hist_id { MFD_H_PUT, MFD_H_GET, MFD_H_LOOKUP, MFD_H_COUNT } mfd_hist_id_t;
+#define MFD_HIST_BUCKETS 11 /* 1e-5 … 1 s, ×√10 */
+
+typedef struct mfd_hist {
+    uint64_t bucket[MFD_HIST_BUCKETS]; /* non-cumulative; rendered cumulative */
+    uint64_t count;
+    double sum;
+} mfd_hist_t;
+
+#define MFD_MAX_OPS 64
+
+typedef struct mfd_metrics {
+    uint64_t c[MFD_C_COUNT];
+    uint64_t errors[MF_STATUS_COUNT];   /* ErrorReply / per-row failures by status */
+    uint64_t requests[MFD_MAX_OPS];     /* by Envelope body case */
+    mfd_hist_t hist[MFD_H_COUNT];
+} mfd_metrics_t;
+
+/* Gauges the renderer asks the daemon for. Tier index: 0 gpu, 1 host, 2 ssd. */
+typedef struct mfd_tier_gauge {
+    const char *name;
+    int enabled;
+    uint64_t used, capacity, entries;
+} mfd_tier_gauge_t;
+
+typedef struct mfd_gauges {
+    mfd_tier_gauge_t tiers[3];
+    uint64_t connections, leases, reservations, ssd_inflight;
+    double uptime_s;
+    int ready;
+    const char *version;
+} mfd_gauges_t;
+
+void mfd_metrics_init(mfd_metrics_t *m);
+static inline void mfd_count(mfd_metrics_t *m, mfd_counter_t c, uint64_t n)
+{
+    m->c[c] += n;
+}
+void mfd_metrics_error(mfd_metrics_t *m, mf_status_t st);
+void mfd_metrics_request(mfd_metrics_t *m, int body_case);
+void mfd_metrics_observe(mfd_metrics_t *m, mfd_hist_id_t h, double seconds);
+
+/* Upper bound of bucket i, in seconds. */
+double mfd_hist_bound(int i);
+
+/* Prometheus text; malloc'd, NUL-terminated; *len excludes the NUL. NULL on OOM. */
+char *mfd_metrics_render(const mfd_metrics_t *m, const mfd_gauges_t *g, size_t *len);
+
+/* Counter rows as Stats names (`family{labels}`), for the Stats reply. */
+typedef void (*mfd_metric_visit_cb)(const char *name, uint64_t value, void *arg);
+void mfd_metrics_visit(const mfd_metrics_t *m, mfd_metric_visit_cb cb, void *arg);
+
+#endif /* MFD_METRICS_H */

@@ -1,0 +1,36 @@
+/* notify — sd_notify wrappers (see notify.h). */
+#include "notify.h"
+
+#ifdef MF_HAVE_SYSTEMD
+#include <systemd/sd-daemon.h>
+#include <time.h>
+
+void mfd_notify_ready(const char *status)
+{
+    sd_notifyf(0, "READY=1\nSTATUS=%s", status ? status : "ready");
+}
+
+void mfd_notify_status(const char *status)
+{
+    sd_notifyf(0, "STATUS=%s", status);
+}
+
+void mfd_notify_reloading(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    unsigned long long usec = (unsigned long long)ts.tv_sec * 1000000ull +
+                              (unsigned long long)ts.tv_nsec / 1000ull;
+    sd_notifyf(0, "RELOADING=1\nMONOTONIC_USEC=%llu\nSTATUS=reloading configuration", usec);
+}
+
+void mfd_notify_stopping(void)
+{
+    sd_notify(0, "STOPPING=1\nSTATUS=draining");
+}
+#else
+void mfd_notify_ready(const char *status) { (void)status; }
+void mfd_notify_status(const char *status) { (void)status; }
+void mfd_notify_reloading(void) {}
+void mfd_notify_stopping(void) {}
+#endif

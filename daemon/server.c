@@ -1,0 +1,1498 @@
+/* server — listeners, connections, frames, dispatch, data-path requests (see server.h). */
+#include "server.h"
+#include "admin.h"
+#include "http.h"
+#include "log.h"
+#include "notify.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netdb.h>
+
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "tokens travel as u32 LE and are used in place: little-endian hosts only"
+#endif
+
+#define READ_CHUNK (64u << 10)
+#define TICK_MS 250
+
+/* A lease: a pin on an entry, owned by a connection. */
+typedef struct lease {
+    mfd_ticket_t t;          /* first: tickets are cast back to leases */
+    mfd_entry_t *e;
+} lease_t;
+
+/* A put reservation: an arena block waiting for PutCommit. */
+typedef struct reservation {
+    mfd_ticket_t t;
+    mfd_key_t key;
+    uint64_t size;
+    int durable;
+    mfd_ablock_t *blk;
+} reservation_t;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ==== connections: output ============================================================ */
+
+static void conn_free(mfd_conn_t *c)
+{
+    mf_frame_reader_deinit(&c->rd);
+    if (c->out)
+        evbuffer_free(c->out);
+    free(c);
+}
+
+static void release_ticket(mfd_ticket_t *t, void *arg)
+{
+    mfd_server_t *s = arg;
+    mfd_tickets_remove(s->tickets, t);
+    if (t->kind == MFD_TICKET_LEASE) {
+        lease_t *l = (lease_t *)t;
+        mfd_index_unpin(s->store.ix, l->e);
+        free(l);
+    } else {
+        reservation_t *r = (reservation_t *)t;
+        mfd_store_unreserve(&s->store, r->blk);
+        free(r);
+    }
+}
+
+static void conn_close(mfd_conn_t *c)
+{
+    if (c->dead)
+        return;
+    mfd_server_t *s = c->srv;
+    c->dead = 1;
+    event_free(c->rev);
+    event_free(c->wev);
+    c->rev = c->wev = NULL;
+    close(c->fd);
+    c->fd = -1;
+    /* A dead client never pins memory: its leases and reservations go now. */
+    size_t n = mfd_tickets_of_owner(s->tickets, c, release_ticket, s);
+    mfd_debug("connection %s (%s, ns '%s') closed; %zu leases/reservations released",
+              c->peer, c->name, c->ns, n);
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        s->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    s->n_conns--;
+    if (c->pending == 0)
+        conn_free(c);
+}
+
+void mfd_conn_hold(mfd_conn_t *c)
+{
+    c->pending++;
+}
+
+void mfd_conn_unhold(mfd_conn_t *c)
+{
+    if (--c->pending == 0 && c->dead)
+        conn_free(c);
+}
+
+/* Writes what the socket takes; schedules the rest. */
+static void conn_flush(mfd_conn_t *c)
+{
+    while (evbuffer_get_length(c->out) > 0) {
+        int n = evbuffer_write(c->out, c->fd);
+        if (n < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
+                break;
+            mfd_debug("connection %s: write: %s", c->peer, strerror(errno));
+            conn_close(c);
+            return;
+        }
+        if (n == 0)
+            break;
+    }
+    size_t left = evbuffer_get_length(c->out);
+    if (left > 0) {
+        event_add(c->wev, NULL);
+        /* Backpressure: a client that does not read its replies stops being read. */
+        if (!c->read_paused && left > 2 * (size_t)c->srv->cfg.max_frame) {
+            event_del(c->rev);
+            c->read_paused = 1;
+        }
+        return;
+    }
+    event_del(c->wev);
+    if (c->closing) {
+        conn_close(c);
+        return;
+    }
+    if (c->read_paused) {
+        c->read_paused = 0;
+        event_add(c->rev, NULL);
+    }
+}
+
+void mfd_conn_reply(mfd_conn_t *c, mf_envelope_t *env, const void *payload, size_t len)
+{
+    if (c->dead)
+        return;
+    uint8_t *head;
+    size_t hlen;
+    mf_status_t st = mf_frame_encode_head(env, len, (uint32_t)c->srv->cfg.max_frame, &head,
+                                          &hlen);
+    if (st != MF_OK) {
+        /* Only a reply the handlers failed to bound can get here. */
+        mfd_error("connection %s: reply of %zu payload bytes does not fit max_frame", c->peer,
+                  len);
+        mfd_conn_error(c, env->request_id, MF_INTERNAL, "reply exceeds max_frame");
+        return;
+    }
+    evbuffer_add(c->out, head, hlen);
+    free(head);
+    if (len)
+        evbuffer_add(c->out, payload, len);
+    conn_flush(c);
+}
+
+void mfd_conn_error(mfd_conn_t *c, uint64_t request_id, mf_status_t code, const char *fmt,
+                    ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    mfd_metrics_error(&c->srv->metrics, code);
+    mfd_debug("connection %s: request %llu: %s: %s", c->peer, (unsigned long long)request_id,
+              mf_status_name(code), msg);
+    Mapflow__V1__ErrorReply er = MAPFLOW__V1__ERROR_REPLY__INIT;
+    er.code = (uint32_t)code;
+    er.message = msg;
+    mf_envelope_t env = MAPFLOW__V1__ENVELOPE__INIT;
+    env.request_id = request_id;
+    env.body_case = MAPFLOW__V1__ENVELOPE__BODY_ERROR;
+    env.error = &er;
+    mfd_conn_reply(c, &env, NULL, 0);
+}
+
+/* Fatal protocol error: ErrorReply, then close once it is written. */
+static void conn_fail(mfd_conn_t *c, uint64_t rid, mf_status_t code, const char *msg)
+{
+    mfd_conn_error(c, rid, code, "%s", msg);
+    if (c->dead)
+        return;
+    c->closing = 1;
+    event_del(c->rev);
+    conn_flush(c);
+}
+
+#define REPLY(c, rid, CASE, field, msg, payload, len)                                   \
+    do {                                                                                \
+        mf_envelope_t env_ = MAPFLOW__V1__ENVELOPE__INIT;                                 \
+        env_.request_id = (rid);                                                        \
+        env_.body_case = MAPFLOW__V1__ENVELOPE__BODY_##CASE;                            \
+        env_.field = (msg);                                                             \
+        mfd_conn_reply((c), &env_, (payload), (len));                                   \
+    } while (0)
+
+/* ==== Hello ========================================================================= */
+
+static int token_equal(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    unsigned char d = (unsigned char)(la != lb);
+    for (size_t i = 0; i < la && i < lb; i++)
+        d |= (unsigned char)(a[i] ^ b[i]);
+    return d == 0;
+}
+
+static void handle_hello(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Hello *h)
+{
+    mfd_server_t *s = c->srv;
+    if (c->hello_done) {
+        mfd_conn_error(c, rid, MF_FAILED_PRECONDITION, "Hello was already sent");
+        return;
+    }
+    if (h->protocol_version != MF_PROTOCOL_VERSION) {
+        mfd_count(&s->metrics, MFD_C_CONN_REJECTED, 1);
+        conn_fail(c, rid, MF_FAILED_PRECONDITION, "unsupported protocol_version (want 1)");
+        return;
+    }
+    size_t nl = h->namespace_ ? strlen(h->namespace_) : 0;
+    if (nl < 1 || nl > MFD_NS_MAX) {
+        mfd_count(&s->metrics, MFD_C_CONN_REJECTED, 1);
+        conn_fail(c, rid, MF_INVALID_ARGUMENT, "namespace must be 1..128 bytes");
+        return;
+    }
+    if (c->tp->requires_token && s->cfg.token[0] &&
+        !token_equal(h->token ? h->token : "", s->cfg.token)) {
+        mfd_count(&s->metrics, MFD_C_CONN_REJECTED, 1);
+        mfd_warn("connection %s: bad token, closing", c->peer);
+        conn_fail(c, rid, MF_UNAUTHENTICATED, "token required and not matched");
+        return;
+    }
+    memcpy(c->ns, h->namespace_, nl);
+    c->ns[nl] = 0;
+    c->ns_len = nl;
+    snprintf(c->name, sizeof(c->name), "%s", h->client_name ? h->client_name : "");
+    c->hello_done = 1;
+    c->session_id = ++s->next_session;
+    int pass_fd = h->want_host_arena && c->tp->can_pass_fds;
+
+    Mapflow__V1__HelloReply r = MAPFLOW__V1__HELLO_REPLY__INIT;
+    r.protocol_version = MF_PROTOCOL_VERSION;
+    r.daemon_version = (char *)MFD_VERSION_STR;
+    r.session_id = c->session_id;
+    r.host_arena_bytes = pass_fd ? mfd_arena_capacity(s->store.arena) : 0;
+    r.host_arena_fd = pass_fd;
+    r.max_frame = (uint32_t)s->cfg.max_frame;
+    r.max_batch = (uint32_t)s->cfg.max_batch;
+    r.gpu_tier = s->gpu_on;
+    mfd_info("connection %s: hello from '%s', namespace '%s'%s", c->peer, c->name, c->ns,
+             pass_fd ? ", host arena passed" : "");
+    if (!pass_fd) {
+        REPLY(c, rid, HELLO_REPLY, hello_reply, &r, NULL, 0);
+        return;
+    }
+    /* The fd rides on the HelloReply frame itself: one sendmsg, nothing queued before. */
+    mf_envelope_t env = MAPFLOW__V1__ENVELOPE__INIT;
+    env.request_id = rid;
+    env.body_case = MAPFLOW__V1__ENVELOPE__BODY_HELLO_REPLY;
+    env.hello_reply = &r;
+    uint8_t *frame;
+    size_t flen;
+    if (mf_frame_encode(&env, NULL, 0, (uint32_t)s->cfg.max_frame, &frame, &flen) != MF_OK) {
+        conn_fail(c, rid, MF_INTERNAL, "cannot encode HelloReply");
+        return;
+    }
+    int afd = mfd_arena_fd(s->store.arena);
+    char cbuf[CMSG_SPACE(sizeof(int))];
+    memset(cbuf, 0, sizeof(cbuf));
+    struct iovec iov = {frame, flen};
+    struct msghdr msg = {0};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf;
+    msg.msg_controllen = sizeof(cbuf);
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &afd, sizeof(int));
+    ssize_t n = evbuffer_get_length(c->out) == 0 ? sendmsg(c->fd, &msg, MSG_NOSIGNAL) : -1;
+    if (n < 0) {
+        free(frame);
+        mfd_warn("connection %s: cannot pass the arena fd: %s", c->peer, strerror(errno));
+        conn_close(c);
+        return;
+    }
+    c->has_arena = 1;
+    if ((size_t)n < flen) /* the fd went with the first byte; the rest is plain data */
+        evbuffer_add(c->out, frame + n, flen - (size_t)n);
+    free(frame);
+    conn_flush(c);
+}
+
+/* ==== keys ============================================================================ */
+
+static mf_status_t key_from_msg(const mfd_conn_t *c, const Mapflow__V1__Key *k, mfd_key_t *out,
+                                const char **why)
+{
+    if (!k) {
+        *why = "missing key";
+        return MF_INVALID_ARGUMENT;
+    }
+    size_t ml = k->model ? strlen(k->model) : 0;
+    if (ml < 1 || ml > MFD_MODEL_MAX) {
+        *why = "key.model must be 1..255 bytes";
+        return MF_INVALID_ARGUMENT;
+    }
+    if (k->hash.len != 16) {
+        *why = "key.hash must be 16 bytes";
+        return MF_INVALID_ARGUMENT;
+    }
+    mfd_key_make(out, c->ns, c->ns_len, k->model, ml, k->layer, k->hash.data);
+    return MF_OK;
+}
+
+static mf_status_t check_model_block(const char *model, uint32_t B, const char **why)
+{
+    size_t ml = model ? strlen(model) : 0;
+    if (ml < 1 || ml > MFD_MODEL_MAX) {
+        *why = "model must be 1..255 bytes";
+        return MF_INVALID_ARGUMENT;
+    }
+    if (B < MF_ROW_MIN_BLOCK || B > MF_ROW_MAX_BLOCK || (B & (B - 1))) {
+        *why = "block_size must be a power of two in [8, 256]";
+        return MF_INVALID_ARGUMENT;
+    }
+    return MF_OK;
+}
+
+/* Aligned copy of the u32 tokens of a payload (frames are not 4-byte aligned). */
+static mf_status_t tokens_from_payload(const uint8_t *p, size_t len, uint32_t **out,
+                                       size_t *n, const char **why)
+{
+    if (len % 4) {
+        *why = "token payload length is not a multiple of 4";
+        return MF_INVALID_ARGUMENT;
+    }
+    *n = len / 4;
+    *out = malloc(len ? len : 4);
+    if (!*out) {
+        *why = "out of memory";
+        return MF_RESOURCE_EXHAUSTED;
+    }
+    memcpy(*out, p, len);
+    return MF_OK;
+}
+
+/* Hashes h(-1) .. h(n-1) into hashes[0..n] (hashes[0] = root). */
+static mf_status_t prefix_hashes(const mfd_conn_t *c, const char *model, uint32_t B,
+                                 const uint32_t *tokens, size_t n_blocks, mf_hash128_t **out)
+{
+    mf_hash128_t *h = malloc((n_blocks + 1) * sizeof(*h));
+    if (!h)
+        return MF_RESOURCE_EXHAUSTED;
+    h[0] = mf_hash_root(B, c->ns, c->ns_len, model, strlen(model));
+    for (size_t b = 0; b < n_blocks; b++)
+        h[b + 1] = mf_hash_next(h[b], tokens + b * B, B);
+    *out = h;
+    return MF_OK;
+}
+
+static void key_for_block(const mfd_conn_t *c, const char *model, uint32_t layer,
+                          mf_hash128_t h, mfd_key_t *k)
+{
+    uint8_t le[16];
+    mf_hash_to_le(h, le);
+    mfd_key_make(k, c->ns, c->ns_len, model, strlen(model), layer, le);
+}
+
+/* ==== Put ============================================================================= */
+
+static void handle_put_begin(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__PutBegin *m)
+{
+    mfd_server_t *s = c->srv;
+    const char *why = NULL;
+    mfd_key_t key;
+    if (key_from_msg(c, m->key, &key, &why) != MF_OK) {
+        mfd_conn_error(c, rid, MF_INVALID_ARGUMENT, "PutBegin: %s", why);
+        return;
+    }
+    uint64_t cap = mfd_arena_capacity(s->store.arena);
+    if (m->size < MF_ROW_HEADER || m->size > s->cfg.max_frame || m->size > MF_ROW_MAX_BYTES ||
+        m->size > cap) {
+        mfd_conn_error(c, rid, MF_INVALID_ARGUMENT,
+                       "PutBegin: size %llu outside [%u, %llu] (row header, max_frame, host arena)",
+                       (unsigned long long)m->size, MF_ROW_HEADER,
+                       (unsigned long long)(s->cfg.max_frame < cap ? s->cfg.max_frame : cap));
+        return;
+    }
+    reservation_t *r = calloc(1, sizeof(*r));
+    if (!r) {
+        mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED, "PutBegin: out of memory");
+        return;
+    }
+    mf_status_t st = mfd_store_reserve(&s->store, m->size, &r->blk);
+    if (st != MF_OK) {
+        free(r);
+        mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED,
+                       "PutBegin: no room for %llu bytes in the host arena (pinned or reserved)",
+                       (unsigned long long)m->size);
+        return;
+    }
+    r->key = key;
+    r->size = m->size;
+    r->durable = m->durable;
+    mfd_tickets_add(s->tickets, &r->t, MFD_TICKET_RESERVATION, c,
+                    mfd_now_ms() + s->cfg.reservation_ttl_ms);
+    Mapflow__V1__PutBeginReply rep = MAPFLOW__V1__PUT_BEGIN_REPLY__INIT;
+    rep.reservation_id = r->t.id;
+    rep.in_arena = c->has_arena;
+    rep.arena_offset = c->has_arena ? mfd_ablock_offset(r->blk) : 0;
+    rep.ttl_ms = s->cfg.reservation_ttl_ms;
+    REPLY(c, rid, PUT_BEGIN_REPLY, put_begin_reply, &rep, NULL, 0);
+}
+
+typedef struct commit_op {
+    mfd_conn_t *c;
+    uint64_t rid;
+    int replaced;
+    double t0;
+} commit_op_t;
+
+static void reply_commit(mfd_conn_t *c, uint64_t rid, int durable, int replaced, double t0)
+{
+    Mapflow__V1__PutCommitReply rep = MAPFLOW__V1__PUT_COMMIT_REPLY__INIT;
+    rep.tier = MAPFLOW__V1__TIER__TIER_HOST;
+    rep.durable = durable;
+    rep.replaced = replaced;
+    mfd_metrics_observe(&c->srv->metrics, MFD_H_PUT, now_s() - t0);
+    REPLY(c, rid, PUT_COMMIT_REPLY, put_commit_reply, &rep, NULL, 0);
+}
+
+static void on_commit_synced(void *arg, mf_status_t st, int durable)
+{
+    commit_op_t *op = arg;
+    if (st != MF_OK)
+        mfd_conn_error(op->c, op->rid, MF_UNAVAILABLE,
+                       "row is visible but its synced SSD write failed: %s", mf_strerror(st));
+    else
+        reply_commit(op->c, op->rid, durable, op->replaced, op->t0);
+    mfd_conn_unhold(op->c);
+    free(op);
+}
+
+static void handle_put_commit(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__PutCommit *m,
+                              const uint8_t *payload, size_t plen, double t0)
+{
+    mfd_server_t *s = c->srv;
+    mfd_ticket_t *t = mfd_tickets_find(s->tickets, m->reservation_id, MFD_TICKET_RESERVATION, c);
+    if (!t) {
+        mfd_conn_error(c, rid, MF_NOT_FOUND, "PutCommit: unknown or expired reservation %llu",
+                       (unsigned long long)m->reservation_id);
+        return;
+    }
+    reservation_t *r = (reservation_t *)t;
+    if ((plen || !c->has_arena) && plen != r->size) {
+        mfd_conn_error(c, rid, MF_INVALID_ARGUMENT,
+                       "PutCommit: payload of %zu bytes, reservation is %llu", plen,
+                       (unsigned long long)r->size);
+        release_ticket(t, s);
+        return;
+    }
+    if (plen)
+        memcpy(mfd_arena_base(s->store.arena) + mfd_ablock_offset(r->blk), payload, plen);
+    mfd_tickets_remove(s->tickets, t);
+    commit_op_t *op = calloc(1, sizeof(*op));
+    if (!op) {
+        mfd_store_unreserve(&s->store, r->blk);
+        free(r);
+        mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED, "PutCommit: out of memory");
+        return;
+    }
+    *op = (commit_op_t){c, rid, 0, t0};
+    int pending, durable, replaced;
+    const char *why = "invalid row";
+    mf_status_t st = mfd_store_commit(&s->store, &r->key, r->blk, r->size, r->durable,
+                                      on_commit_synced, op, &pending, &durable, &replaced, &why);
+    free(r);
+    if (st != MF_OK) {
+        free(op);
+        mfd_conn_error(c, rid, st, "PutCommit: %s", why);
+        return;
+    }
+    if (pending) {
+        op->replaced = replaced;
+        mfd_conn_hold(c);
+        return;
+    }
+    free(op);
+    reply_commit(c, rid, durable, replaced, t0);
+}
+
+static void handle_put_abort(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__PutAbort *m)
+{
+    mfd_ticket_t *t = mfd_tickets_find(c->srv->tickets, m->reservation_id,
+                                       MFD_TICKET_RESERVATION, c);
+    if (!t) {
+        mfd_conn_error(c, rid, MF_NOT_FOUND, "PutAbort: unknown or expired reservation %llu",
+                       (unsigned long long)m->reservation_id);
+        return;
+    }
+    release_ticket(t, c->srv);
+    Mapflow__V1__PutAbortReply rep = MAPFLOW__V1__PUT_ABORT_REPLY__INIT;
+    REPLY(c, rid, PUT_ABORT_REPLY, put_abort_reply, &rep, NULL, 0);
+}
+
+/* ==== Lookup ========================================================================== */
+
+static void handle_lookup(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Lookup *m,
+                          const uint8_t *payload, size_t plen, double t0)
+{
+    mfd_server_t *s = c->srv;
+    const char *why = NULL;
+    if (check_model_block(m->model, m->block_size, &why) != MF_OK) {
+        mfd_conn_error(c, rid, MF_INVALID_ARGUMENT, "Lookup: %s", why);
+        return;
+    }
+    if (m->n_layers < 1 || m->n_layers > s->cfg.max_batch) {
+        mfd_conn_error(c, rid, MF_INVALID_ARGUMENT, "Lookup: %zu layers (want 1..%llu)",
+                       m->n_layers, (unsigned long long)s->cfg.max_batch);
+        return;
+    }
+    uint32_t *tokens = NULL;
+    mf_hash128_t *h = NULL;
+    uint32_t *blocks = NULL;
+    size_t n_tok;
+    mf_status_t st = tokens_from_payload(payload, plen, &tokens, &n_tok, &why);
+    if (st != MF_OK) {
+        mfd_conn_error(c, rid, st, "Lookup: %s", why);
+        return;
+    }
+    uint32_t B = m->block_size;
+    size_t nb = n_tok / B;
+    blocks = calloc(m->n_layers, sizeof(*blocks));
+    if (!blocks || prefix_hashes(c, m->model, B, tokens, nb, &h) != MF_OK) {
+        mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED, "Lookup: out of memory");
+        goto done;
+    }
+    uint64_t hit_blocks = 0;
+    for (size_t l = 0; l < m->n_layers; l++) {
+        uint32_t n = 0;
+        for (size_t b = 0; b < nb; b++) {
+            mfd_key_t k;
+            key_for_block(c, m->model, m->layers[l], h[b + 1], &k);
+            mfd_entry_t *e = mfd_store_find(&s->store, &k);
+            if (!e)
+                break;
+            const uint8_t *row = mfd_store_bytes(&s->store, e);
+            /* Rows only on the SSD tier count as present; Get verifies them when read. */
+            if (row && mfd_row_verify(row, e->size, 0, tokens + b * B, B, h[b], h[b + 1],
+                                      &why) != MF_OK) {
+                mfd_count(&s->metrics, MFD_C_DATA_LOSS, 1);
+                break;
+            }
+            n++;
+        }
+        blocks[l] = n;
+        hit_blocks += n;
+    }
+    mfd_count(&s->metrics, MFD_C_LOOKUP_REQ_TOKENS, (uint64_t)m->n_layers * nb * B);
+    mfd_count(&s->metrics, MFD_C_LOOKUP_HIT_TOKENS, hit_blocks * B);
+    Mapflow__V1__LookupReply rep = MAPFLOW__V1__LOOKUP_REPLY__INIT;
+    rep.n_blocks = m->n_layers;
+    rep.blocks = blocks;
+    rep.total_blocks = (uint32_t)nb;
+    mfd_metrics_observe(&s->metrics, MFD_H_LOOKUP, now_s() - t0);
+    REPLY(c, rid, LOOKUP_REPLY, lookup_reply, &rep, NULL, 0);
+done:
+    free(blocks);
+    free(h);
+    free(tokens);
+}
+
+/* ==== Get ============================================================================= */
+
+typedef struct get_op get_op_t;
+
+typedef struct get_row {
+    get_op_t *op;
+    mfd_entry_t *e;          /* pinned while the op holds it (NULL: not found) */
+    uint32_t block_rel;      /* index into the op's hash / token arrays (prefix mode) */
+    Mapflow__V1__RowRef ref;
+} get_row_t;
+
+struct get_op {
+    mfd_conn_t *c;
+    uint64_t rid;
+    int lease_mode, prefix_mode;
+    uint32_t B;
+    uint32_t *tokens;        /* prefix mode: all tokens */
+    mf_hash128_t *h;         /* h[0] = root, h[b + 1] = block b */
+    size_t n_rows, outstanding;
+    get_row_t *rows;
+    uint8_t *payload;
+    size_t payload_len;
+    double t0;
+};
+
+static void get_op_free(get_op_t *op)
+{
+    for (size_t i = 0; i < op->n_rows; i++)
+        if (op->rows[i].e)
+            mfd_index_unpin(op->c->srv->store.ix, op->rows[i].e);
+    free(op->rows);
+    free(op->payload);
+    free(op->tokens);
+    free(op->h);
+    free(op);
+}
+
+/* Checks one row's bytes against the request; the caller set ref.status = OK first. */
+static void verify_row(get_op_t *op, get_row_t *r, const uint8_t *bytes, int full)
+{
+    const char *why = NULL;
+    mf_status_t st;
+    if (op->prefix_mode) {
+        uint32_t b = r->block_rel;
+        st = mfd_row_verify(bytes, r->e->size, full, op->tokens + (size_t)b * op->B, op->B,
+                            op->h[b], op->h[b + 1], &why);
+    } else {
+        st = mfd_row_verify(bytes, r->e->size, full, NULL, 0, op->h ? op->h[0] : (mf_hash128_t){0, 0},
+                            (mf_hash128_t){0, 0}, &why);
+    }
+    if (st != MF_OK) {
+        mfd_count(&op->c->srv->metrics, MFD_C_DATA_LOSS, 1);
+        mfd_debug("get: layer %u block %u: %s", r->ref.layer, r->ref.block, why ? why : "");
+        r->ref.status = MF_DATA_LOSS;
+    }
+}
+
+static void grant_lease(get_op_t *op, get_row_t *r)
+{
+    mfd_server_t *s = op->c->srv;
+    lease_t *l = calloc(1, sizeof(*l));
+    if (!l || op->c->dead) {
+        free(l);
+        r->ref.status = op->c->dead ? MF_CANCELLED : MF_RESOURCE_EXHAUSTED;
+        return;
+    }
+    l->e = r->e;
+    mfd_entry_pin(r->e);
+    mfd_tickets_add(s->tickets, &l->t, MFD_TICKET_LEASE, op->c,
+                    mfd_now_ms() + s->cfg.lease_ttl_ms);
+    r->ref.lease_id = l->t.id;
+    r->ref.arena_offset = mfd_ablock_offset(r->e->host);
+    mfd_count(&s->metrics, MFD_C_LEASES_GRANTED, 1);
+}
+
+static void finish_get(get_op_t *op)
+{
+    mfd_server_t *s = op->c->srv;
+    Mapflow__V1__RowRef **refs = malloc(op->n_rows * sizeof(*refs));
+    size_t end = 0;
+    uint64_t B = op->prefix_mode ? op->B : 0;
+    for (size_t i = 0; i < op->n_rows; i++) {
+        Mapflow__V1__RowRef *ref = &op->rows[i].ref;
+        if (refs)
+            refs[i] = ref;
+        if (ref->status == MF_OK) {
+            if (!op->lease_mode && ref->payload_offset + ref->length > end)
+                end = ref->payload_offset + ref->length;
+            mfd_count(&s->metrics,
+                      ref->tier == MAPFLOW__V1__TIER__TIER_SSD ? MFD_C_GET_HIT_TOKENS_SSD
+                                                               : MFD_C_GET_HIT_TOKENS_HOST,
+                      B);
+        } else {
+            if (ref->status != MF_NOT_FOUND)
+                mfd_metrics_error(&s->metrics, (mf_status_t)ref->status);
+            mfd_count(&s->metrics, MFD_C_GET_MISS_TOKENS, B);
+            /* Never leave stale bytes where a failed row would have gone. */
+            if (!op->lease_mode && ref->length && ref->status != MF_OUT_OF_RANGE &&
+                ref->payload_offset + ref->length <= op->payload_len)
+                memset(op->payload + ref->payload_offset, 0, ref->length);
+        }
+    }
+    mfd_count(&s->metrics, MFD_C_GET_REQ_TOKENS, B * op->n_rows);
+    if (!refs) {
+        mfd_conn_error(op->c, op->rid, MF_RESOURCE_EXHAUSTED, "Get: out of memory");
+    } else {
+        Mapflow__V1__GetReply rep = MAPFLOW__V1__GET_REPLY__INIT;
+        rep.n_rows = op->n_rows;
+        rep.rows = refs;
+        rep.lease_ttl_ms = op->lease_mode ? s->cfg.lease_ttl_ms : 0;
+        mfd_metrics_observe(&s->metrics, MFD_H_GET, now_s() - op->t0);
+        REPLY(op->c, op->rid, GET_REPLY, get_reply, &rep, op->payload, end);
+    }
+    free(refs);
+    get_op_free(op);
+}
+
+static void on_get_read(void *arg, mfd_entry_t *e, mf_status_t st, uint8_t *buf, size_t len)
+{
+    get_row_t *r = arg;
+    get_op_t *op = r->op;
+    if (st != MF_OK) {
+        r->ref.status = st == MF_DATA_LOSS ? MF_DATA_LOSS : st == MF_NOT_FOUND ? MF_NOT_FOUND
+                                                                              : MF_UNAVAILABLE;
+    } else if (op->lease_mode) {
+        if (!e->host || !e->linked) {
+            r->ref.status = MF_RESOURCE_EXHAUSTED; /* no room to promote it for a lease */
+        } else {
+            r->ref.tier = MAPFLOW__V1__TIER__TIER_SSD;
+            verify_row(op, r, mfd_store_bytes(&op->c->srv->store, e), 0);
+            if (r->ref.status == MF_OK)
+                grant_lease(op, r);
+        }
+    } else {
+        const uint8_t *src = buf ? buf : mfd_store_bytes(&op->c->srv->store, e);
+        if (!src || len != r->ref.length) {
+            r->ref.status = MF_DATA_LOSS;
+        } else {
+            memcpy(op->payload + r->ref.payload_offset, src, len);
+            r->ref.tier = MAPFLOW__V1__TIER__TIER_SSD;
+            verify_row(op, r, op->payload + r->ref.payload_offset, 1);
+        }
+    }
+    free(buf);
+    mfd_conn_t *c = op->c;
+    if (--op->outstanding == 0) {
+        finish_get(op);
+        mfd_conn_unhold(c);
+    }
+}
+
+/* Resolves row r now, or starts its SSD read. */
+static void resolve_row(get_op_t *op, get_row_t *r)
+{
+    mfd_server_t *s = op->c->srv;
+    mfd_entry_t *e = r->e;
+    mfd_store_touch(&s->store, e);
+    const uint8_t *bytes = mfd_store_bytes(&s->store, e);
+    if (op->lease_mode && e->host) {
+        r->ref.tier = MAPFLOW__V1__TIER__TIER_HOST;
+        verify_row(op, r, bytes, 0);
+        if (r->ref.status == MF_OK)
+            grant_lease(op, r);
+        return;
+    }
+    if (!op->lease_mode && bytes) {
+        if (r->ref.status != MF_OK)
+            return; /* OUT_OF_RANGE: no room in this reply */
+        /* Copy first, then verify the copy: a client writing the arena cannot race it. */
+        memcpy(op->payload + r->ref.payload_offset, bytes, e->size);
+        r->ref.tier = e->host ? MAPFLOW__V1__TIER__TIER_HOST : MAPFLOW__V1__TIER__TIER_SSD;
+        verify_row(op, r, op->payload + r->ref.payload_offset, 1);
+        return;
+    }
+    if (!op->lease_mode && r->ref.status != MF_OK)
+        return;
+    op->outstanding++;
+    mfd_store_read(&s->store, e, 1, on_get_read, r);
+}
+
+static void handle_get(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Get *m,
+                       const uint8_t *payload, size_t plen, double t0)
+{
+    mfd_server_t *s = c->srv;
+    const char *why = NULL;
+    get_op_t *op = calloc(1, sizeof(*op));
+    if (!op) {
+        mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED, "Get: out of memory");
+        return;
+    }
+    op->c = c;
+    op->rid = rid;
+    op->t0 = t0;
+    op->lease_mode = m->mode == MAPFLOW__V1__GET_MODE__GET_LEASE;
+    op->prefix_mode = m->n_keys == 0;
+    if (op->lease_mode && !c->has_arena) {
+        mfd_conn_error(c, rid, MF_FAILED_PRECONDITION,
+                       "Get: GET_LEASE needs the host arena (unix socket, Hello.want_host_arena)");
+        goto fail;
+    }
+    size_t n_blocks = 0;
+    if (op->prefix_mode) {
+        if (check_model_block(m->model, m->block_size, &why) != MF_OK) {
+            mfd_conn_error(c, rid, MF_INVALID_ARGUMENT, "Get: %s", why);
+            goto fail;
+        }
+        size_t n_tok;
+        mf_status_t st = tokens_from_payload(payload, plen, &op->tokens, &n_tok, &why);
+        if (st != MF_OK) {
+            mfd_conn_error(c, rid, st, "Get: %s", why);
+            goto fail;
+        }
+        op->B = m->block_size;
+        size_t total = n_tok / op->B;
+        if (m->first_block > total || (m->n_blocks && m->first_block + (uint64_t)m->n_blocks > total)) {
+            mfd_conn_error(c, rid, MF_INVALID_ARGUMENT,
+                           "Get: tokens hold %zu full blocks, fewer than first_block %u + n_blocks %u",
+                           total, m->first_block, m->n_blocks);
+            goto fail;
+        }
+        n_blocks = m->n_blocks ? m->n_blocks : total - m->first_block;
+        if (m->n_layers == 0) {
+            mfd_conn_error(c, rid, MF_INVALID_ARGUMENT, "Get: no layers");
+            goto fail;
+        }
+        op->n_rows = m->n_layers * n_blocks;
+        if (n_blocks && op->n_rows / n_blocks != m->n_layers)
+            op->n_rows = SIZE_MAX;
+    } else {
+        op->n_rows = m->n_keys;
+    }
+    if (op->n_rows > s->cfg.max_batch) {
+        mfd_conn_error(c, rid, MF_INVALID_ARGUMENT, "Get: %zu rows exceed max_batch %llu",
+                       op->n_rows, (unsigned long long)s->cfg.max_batch);
+        goto fail;
+    }
+    if (op->prefix_mode) {
+        /* Hashes of blocks [0, first_block + n_blocks): the chain starts at block 0. */
+        size_t upto = m->first_block + n_blocks;
+        if (prefix_hashes(c, m->model, op->B, op->tokens, upto, &op->h) != MF_OK) {
+            mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED, "Get: out of memory");
+            goto fail;
+        }
+    }
+    op->rows = calloc(op->n_rows ? op->n_rows : 1, sizeof(*op->rows));
+    if (!op->rows) {
+        mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED, "Get: out of memory");
+        goto fail;
+    }
+    /* Pass 1: find entries, lay the copy payload out (bounded by max_frame). */
+    size_t budget = s->cfg.max_frame - 4 - 256 - op->n_rows * 64;
+    size_t off = 0;
+    for (size_t i = 0; i < op->n_rows; i++) {
+        get_row_t *r = &op->rows[i];
+        mapflow__v1__row_ref__init(&r->ref);
+        r->op = op;
+        mfd_key_t k;
+        if (op->prefix_mode) {
+            size_t l = i / n_blocks, b = i % n_blocks;
+            r->block_rel = (uint32_t)(m->first_block + b);
+            r->ref.layer = m->layers[l];
+            r->ref.block = r->block_rel;
+            key_for_block(c, m->model, m->layers[l], op->h[r->block_rel + 1], &k);
+        } else if (key_from_msg(c, m->keys[i], &k, &why) != MF_OK) {
+            r->ref.status = MF_INVALID_ARGUMENT;
+            continue;
+        } else {
+            r->ref.layer = m->keys[i]->layer;
+        }
+        r->e = mfd_store_find(&s->store, &k);
+        if (!r->e) {
+            r->ref.status = MF_NOT_FOUND;
+            continue;
+        }
+        mfd_entry_pin(r->e);
+        if (!op->prefix_mode)
+            r->ref.block = r->e->block;
+        r->ref.status = MF_OK;
+        r->ref.length = r->e->size;
+        if (!op->lease_mode) {
+            size_t at = (off + MF_ROW_ALIGN - 1) & ~(size_t)(MF_ROW_ALIGN - 1);
+            if (at + r->e->size > budget) {
+                r->ref.status = MF_OUT_OF_RANGE;
+            } else {
+                r->ref.payload_offset = at;
+                off = at + r->e->size;
+            }
+        }
+    }
+    if (!op->lease_mode && off) {
+        op->payload = calloc(1, off);
+        if (!op->payload) {
+            mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED, "Get: out of memory");
+            goto fail;
+        }
+        op->payload_len = off;
+    }
+    /* Pass 2: copy / lease what is in memory, read the rest from the SSD tier. */
+    op->outstanding = 1; /* held by this function until every row has started */
+    mfd_conn_hold(c);
+    for (size_t i = 0; i < op->n_rows; i++)
+        if (op->rows[i].e && (op->rows[i].ref.status == MF_OK ||
+                              op->rows[i].ref.status == MF_OUT_OF_RANGE))
+            resolve_row(op, &op->rows[i]);
+    if (--op->outstanding == 0) {
+        finish_get(op);
+        mfd_conn_unhold(c);
+    }
+    return;
+fail:
+    get_op_free(op);
+}
+
+static void handle_release(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Release *m)
+{
+    uint32_t n = 0;
+    for (size_t i = 0; i < m->n_lease_ids; i++) {
+        mfd_ticket_t *t = mfd_tickets_find(c->srv->tickets, m->lease_ids[i], MFD_TICKET_LEASE, c);
+        if (t) {
+            release_ticket(t, c->srv);
+            n++;
+        }
+    }
+    Mapflow__V1__ReleaseReply rep = MAPFLOW__V1__RELEASE_REPLY__INIT;
+    rep.released = n;
+    REPLY(c, rid, RELEASE_REPLY, release_reply, &rep, NULL, 0);
+}
+
+/* ==== dispatch ======================================================================== */
+
+void mfd_server_dispatch(mfd_conn_t *c, const mf_envelope_t *env, const uint8_t *payload,
+                         size_t plen)
+{
+    double t0 = now_s();
+    uint64_t rid = env->request_id;
+    mfd_metrics_request(&c->srv->metrics, (int)env->body_case);
+    if (!c->hello_done && env->body_case != MAPFLOW__V1__ENVELOPE__BODY_HELLO) {
+        mfd_count(&c->srv->metrics, MFD_C_CONN_REJECTED, 1);
+        conn_fail(c, rid, MF_FAILED_PRECONDITION, "the first frame must be Hello");
+        return;
+    }
+    switch (env->body_case) {
+    case MAPFLOW__V1__ENVELOPE__BODY_HELLO: handle_hello(c, rid, env->hello); break;
+    case MAPFLOW__V1__ENVELOPE__BODY_PUT_BEGIN: handle_put_begin(c, rid, env->put_begin); break;
+    case MAPFLOW__V1__ENVELOPE__BODY_PUT_COMMIT:
+        handle_put_commit(c, rid, env->put_commit, payload, plen, t0);
+        break;
+    case MAPFLOW__V1__ENVELOPE__BODY_PUT_ABORT: handle_put_abort(c, rid, env->put_abort); break;
+    case MAPFLOW__V1__ENVELOPE__BODY_LOOKUP:
+        handle_lookup(c, rid, env->lookup, payload, plen, t0);
+        break;
+    case MAPFLOW__V1__ENVELOPE__BODY_GET: handle_get(c, rid, env->get, payload, plen, t0); break;
+    case MAPFLOW__V1__ENVELOPE__BODY_RELEASE: handle_release(c, rid, env->release); break;
+    case MAPFLOW__V1__ENVELOPE__BODY_DELETE: mfd_admin_delete(c, rid, env->delete_); break;
+    case MAPFLOW__V1__ENVELOPE__BODY_LIST: mfd_admin_list(c, rid, env->list); break;
+    case MAPFLOW__V1__ENVELOPE__BODY_STATS: mfd_admin_stats(c, rid); break;
+    case MAPFLOW__V1__ENVELOPE__BODY_EVICT: mfd_admin_evict(c, rid, env->evict); break;
+    case MAPFLOW__V1__ENVELOPE__BODY_FLUSH: mfd_admin_flush(c, rid); break;
+    case MAPFLOW__V1__ENVELOPE__BODY_CONFIG_GET:
+        mfd_admin_config_get(c, rid, env->config_get);
+        break;
+    case MAPFLOW__V1__ENVELOPE__BODY_CONFIG_SET:
+        mfd_admin_config_set(c, rid, env->config_set);
+        break;
+    case MAPFLOW__V1__ENVELOPE__BODY_HEALTH: mfd_admin_health(c, rid); break;
+    case MAPFLOW__V1__ENVELOPE__BODY_PROFILE_PUT:
+        mfd_admin_profile_put(c, rid, env->profile_put);
+        break;
+    case MAPFLOW__V1__ENVELOPE__BODY_PROFILE_GET:
+        mfd_admin_profile_get(c, rid, env->profile_get);
+        break;
+    default:
+        mfd_conn_error(c, rid, MF_UNIMPLEMENTED, "%s is not a request this daemon serves",
+                       mf_envelope_body_name((int)env->body_case));
+        break;
+    }
+}
+
+/* ==== connections: input ============================================================== */
+
+static void on_writable(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    conn_flush(arg);
+}
+
+static void on_readable(evutil_socket_t fd, short what, void *arg)
+{
+    (void)what;
+    mfd_conn_t *c = arg;
+    uint8_t *p;
+    size_t avail;
+    if (mf_frame_reader_space(&c->rd, READ_CHUNK, &p, &avail) != MF_OK) {
+        conn_close(c);
+        return;
+    }
+    ssize_t n = read(fd, p, avail);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+        conn_close(c);
+        return;
+    }
+    if (n < 0)
+        return;
+    mf_frame_reader_commit(&c->rd, (size_t)n);
+    /* Keep the connection alive across dispatch: a handler may close it. */
+    mfd_conn_hold(c);
+    while (!c->dead && !c->closing) {
+        mf_frame_t f;
+        int have;
+        const char *why = NULL;
+        mf_status_t st = mf_frame_reader_next(&c->rd, &f, &have, &why);
+        if (st != MF_OK) {
+            conn_fail(c, 0, st, why ? why : "malformed frame");
+            break;
+        }
+        if (!have)
+            break;
+        mf_envelope_t *env = NULL;
+        st = mf_envelope_decode(&f, &env, &why);
+        if (st == MF_UNIMPLEMENTED) {
+            mfd_conn_error(c, 0, MF_UNIMPLEMENTED, "%s", why);
+            continue;
+        }
+        if (st != MF_OK) {
+            conn_fail(c, 0, st, why ? why : "undecodable envelope");
+            break;
+        }
+        mfd_server_dispatch(c, env, f.payload, f.payload_len);
+        mf_envelope_free(env);
+    }
+    mfd_conn_unhold(c);
+}
+
+static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa,
+                      int socklen, void *arg)
+{
+    (void)l;
+    (void)socklen;
+    mfd_server_t *s = arg;
+    const mfd_transport_t *tp = sa->sa_family == AF_UNIX ? &mfd_transport_unix
+                                                         : &mfd_transport_tcp;
+    if (s->draining || s->n_conns >= s->cfg.max_connections) {
+        mfd_count(&s->metrics, MFD_C_CONN_REJECTED, 1);
+        mfd_warn("refusing a %s connection: %s", tp->name,
+                 s->draining ? "draining" : "max_connections reached");
+        close(fd);
+        return;
+    }
+    mfd_conn_t *c = calloc(1, sizeof(*c));
+    if (!c) {
+        close(fd);
+        return;
+    }
+    c->srv = s;
+    c->tp = tp;
+    c->fd = fd;
+    c->out = evbuffer_new();
+    c->rev = event_new(s->base, fd, EV_READ | EV_PERSIST, on_readable, c);
+    c->wev = event_new(s->base, fd, EV_WRITE | EV_PERSIST, on_writable, c);
+    if (!c->out || !c->rev || !c->wev ||
+        mf_frame_reader_init(&c->rd, (uint32_t)s->cfg.max_frame) != MF_OK) {
+        if (c->rev)
+            event_free(c->rev);
+        if (c->wev)
+            event_free(c->wev);
+        close(fd);
+        conn_free(c);
+        return;
+    }
+    if (sa->sa_family == AF_INET) {
+        struct sockaddr_in *in = (struct sockaddr_in *)sa;
+        char ip[INET_ADDRSTRLEN];
+        inet_ntop(AF_INET, &in->sin_addr, ip, sizeof(ip));
+        snprintf(c->peer, sizeof(c->peer), "tcp:%s:%u", ip, ntohs(in->sin_port));
+    } else if (sa->sa_family == AF_INET6) {
+        snprintf(c->peer, sizeof(c->peer), "tcp6:#%d", fd);
+    } else {
+        snprintf(c->peer, sizeof(c->peer), "unix:#%d", fd);
+    }
+    c->next = s->conns;
+    if (s->conns)
+        s->conns->prev = c;
+    s->conns = c;
+    s->n_conns++;
+    mfd_count(&s->metrics, MFD_C_CONN_ACCEPTED, 1);
+    event_add(c->rev, NULL);
+}
+
+/* ==== listeners ======================================================================= */
+
+static mf_status_t listen_unix(mfd_server_t *s, char *err, size_t errlen)
+{
+    struct sockaddr_un sun = {0};
+    sun.sun_family = AF_UNIX;
+    if (strlen(s->cfg.socket) >= sizeof(sun.sun_path)) {
+        snprintf(err, errlen, "socket path longer than %zu bytes: %s", sizeof(sun.sun_path) - 1,
+                 s->cfg.socket);
+        return MF_INVALID_ARGUMENT;
+    }
+    strcpy(sun.sun_path, s->cfg.socket);
+    struct stat sb;
+    if (lstat(sun.sun_path, &sb) == 0) {
+        if (!S_ISSOCK(sb.st_mode)) {
+            snprintf(err, errlen, "%s exists and is not a socket", sun.sun_path);
+            return MF_ALREADY_EXISTS;
+        }
+        /* A live daemon answers; a stale socket file from a crash does not. */
+        int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        int alive = probe >= 0 && connect(probe, (struct sockaddr *)&sun, sizeof(sun)) == 0;
+        if (probe >= 0)
+            close(probe);
+        if (alive) {
+            snprintf(err, errlen, "another daemon is listening on %s", sun.sun_path);
+            return MF_ALREADY_EXISTS;
+        }
+        unlink(sun.sun_path);
+    }
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&sun, sizeof(sun)) != 0 ||
+        chmod(sun.sun_path, 0660) != 0 || listen(fd, 128) != 0) {
+        snprintf(err, errlen, "unix socket %s: %s", sun.sun_path, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return MF_UNAVAILABLE;
+    }
+    s->unix_l = evconnlistener_new(s->base, on_accept, s, LEV_OPT_CLOSE_ON_FREE, -1, fd);
+    if (!s->unix_l) {
+        close(fd);
+        snprintf(err, errlen, "cannot listen on %s", sun.sun_path);
+        return MF_UNAVAILABLE;
+    }
+    snprintf(s->unix_path, sizeof(s->unix_path), "%s", sun.sun_path);
+    mfd_info("listening on unix:%s (mode 0660)", s->unix_path);
+    return MF_OK;
+}
+
+/* Parses host:port (port 0 = any; [v6]:port; names resolved once at start). */
+static mf_status_t parse_addr(const char *spec, struct sockaddr_storage *ss, int *len)
+{
+    char host[256];
+    const char *colon = strrchr(spec, ':');
+    size_t hl = colon ? (size_t)(colon - spec) : 0;
+    if (!colon || hl == 0 || hl >= sizeof(host))
+        return MF_INVALID_ARGUMENT;
+    memcpy(host, spec, hl);
+    host[hl] = 0;
+    if (host[0] == '[' && hl > 2 && host[hl - 1] == ']') {
+        memmove(host, host + 1, hl - 2);
+        host[hl - 2] = 0;
+    }
+    struct addrinfo hints = {0}, *res = NULL;
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    if (getaddrinfo(host, colon + 1, &hints, &res) != 0 || !res)
+        return MF_INVALID_ARGUMENT;
+    memcpy(ss, res->ai_addr, res->ai_addrlen);
+    *len = (int)res->ai_addrlen;
+    freeaddrinfo(res);
+    return MF_OK;
+}
+
+static int is_loopback(const struct sockaddr_storage *ss)
+{
+    if (ss->ss_family == AF_INET)
+        return (ntohl(((const struct sockaddr_in *)ss)->sin_addr.s_addr) >> 24) == 127;
+    if (ss->ss_family == AF_INET6)
+        return IN6_IS_ADDR_LOOPBACK(&((const struct sockaddr_in6 *)ss)->sin6_addr);
+    return 0;
+}
+
+/* host:port as bound, with the real port when 0 was asked for. */
+void mfd_format_bound(int fd, char *out, size_t n)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    char ip[INET6_ADDRSTRLEN] = "?";
+    unsigned port = 0;
+    if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0) {
+        if (ss.ss_family == AF_INET) {
+            inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, ip, sizeof(ip));
+            port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
+        } else if (ss.ss_family == AF_INET6) {
+            inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&ss)->sin6_addr, ip, sizeof(ip));
+            port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+        }
+    }
+    snprintf(out, n, ss.ss_family == AF_INET6 ? "[%s]:%u" : "%s:%u", ip, port);
+}
+
+static mf_status_t listen_tcp(mfd_server_t *s, char *err, size_t errlen)
+{
+    struct sockaddr_storage ss;
+    int len;
+    if (parse_addr(s->cfg.tcp, &ss, &len) != MF_OK) {
+        snprintf(err, errlen, "tcp: cannot parse '%s' as host:port", s->cfg.tcp);
+        return MF_INVALID_ARGUMENT;
+    }
+    if (!is_loopback(&ss) && !s->cfg.token[0]) {
+        snprintf(err, errlen,
+                 "tcp: refusing to listen on non-loopback %s without a token (set `token`)",
+                 s->cfg.tcp);
+        return MF_FAILED_PRECONDITION;
+    }
+    s->tcp_l = evconnlistener_new_bind(s->base, on_accept, s,
+                                       LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE |
+                                           LEV_OPT_CLOSE_ON_EXEC,
+                                       128, (struct sockaddr *)&ss, len);
+    if (!s->tcp_l) {
+        snprintf(err, errlen, "tcp: cannot listen on %s: %s", s->cfg.tcp, strerror(errno));
+        return MF_UNAVAILABLE;
+    }
+    mfd_format_bound(evconnlistener_get_fd(s->tcp_l), s->tcp_addr, sizeof(s->tcp_addr));
+    mfd_info("listening on tcp:%s%s", s->tcp_addr, s->cfg.token[0] ? " (token required)" : "");
+    return MF_OK;
+}
+
+/* ==== timers and signals ============================================================== */
+
+static void expire_ticket(mfd_ticket_t *t, void *arg)
+{
+    mfd_server_t *s = arg;
+    mfd_count(&s->metrics, t->kind == MFD_TICKET_LEASE ? MFD_C_LEASES_EXPIRED
+                                                       : MFD_C_RESERVATIONS_EXPIRED,
+              1);
+    release_ticket(t, s);
+}
+
+static void on_tick(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    mfd_server_t *s = arg;
+    mfd_tickets_expire(s->tickets, mfd_now_ms(), expire_ticket, s);
+}
+
+static void on_signal(evutil_socket_t sig, short what, void *arg)
+{
+    (void)what;
+    mfd_server_t *s = arg;
+    if (sig == SIGHUP) {
+        char err[MFD_CONFIG_ERRLEN];
+        mfd_notify_reloading();
+        if (mfd_server_reload(s, err, sizeof(err)) != MF_OK)
+            mfd_error("reload failed, keeping the running configuration: %s", err);
+        mfd_notify_ready("serving");
+        return;
+    }
+    mfd_info("%s: draining", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    mfd_server_stop(s);
+}
+
+void mfd_server_stop(mfd_server_t *s)
+{
+    event_base_loopbreak(s->base);
+}
+
+/* ==== lifecycle ======================================================================= */
+
+mf_status_t mfd_server_create(mfd_config_t *cfg, const char *config_path,
+                              char *const *overrides, size_t n_overrides,
+                              mfd_server_t **out, char *err, size_t errlen)
+{
+    mfd_server_t *s = calloc(1, sizeof(*s));
+    if (!s)
+        return MF_RESOURCE_EXHAUSTED;
+    s->cfg = *cfg;
+    memset(cfg, 0, sizeof(*cfg));
+    s->start_ms = mfd_now_ms();
+    mfd_metrics_init(&s->metrics);
+    mf_status_t st = MF_RESOURCE_EXHAUSTED;
+    if (config_path && !(s->config_path = strdup(config_path)))
+        goto fail;
+    if (n_overrides) {
+        s->overrides = calloc(n_overrides * 2, sizeof(char *));
+        if (!s->overrides)
+            goto fail;
+        s->n_overrides = n_overrides;
+        for (size_t i = 0; i < 2 * n_overrides; i++)
+            if (!(s->overrides[i] = strdup(overrides[i])))
+                goto fail;
+    }
+    mfd_log_set_level((mfd_log_level_t)s->cfg.log_level);
+    if ((st = mfd_config_resolve_paths(&s->cfg, err, errlen)) != MF_OK)
+        goto fail;
+    s->base = event_base_new();
+    if (!s->base || mfd_tickets_create(&s->tickets) != MF_OK) {
+        snprintf(err, errlen, "cannot create the event loop");
+        st = MF_INTERNAL;
+        goto fail;
+    }
+    s->gpu_on = mfd_tier_gpu_probe(s->cfg.gpu_bytes, &s->gpu_why);
+    mfd_info("mapflowd %s starting: socket %s, data_dir %s", MFD_VERSION_STR, s->cfg.socket,
+             s->cfg.data_dir);
+    if (!s->gpu_on)
+        mfd_info("gpu tier off: %s", s->gpu_why);
+    if ((st = mfd_store_open(&s->store, &s->cfg, &s->metrics, err, errlen)) != MF_OK)
+        goto fail;
+    s->store.cfg = &s->cfg;
+    mfd_info("host tier: %llu bytes (memfd), watermarks %.2f/%.2f",
+             (unsigned long long)mfd_arena_capacity(s->store.arena), s->cfg.high_watermark,
+             s->cfg.low_watermark);
+    if (s->store.ssd)
+        mfd_info("ssd tier: budget %llu bytes in %s/rocksdb, write_through %s",
+                 (unsigned long long)s->cfg.ssd_bytes, s->cfg.data_dir,
+                 s->cfg.write_through == MFD_WT_OFF     ? "off"
+                 : s->cfg.write_through == MFD_WT_ASYNC ? "async"
+                                                        : "sync");
+    else
+        mfd_info("ssd tier off (ssd_bytes 0)");
+    if ((st = mfd_store_attach(&s->store, s->base)) != MF_OK) {
+        snprintf(err, errlen, "cannot attach the SSD tier to the loop");
+        goto fail;
+    }
+    if ((st = listen_unix(s, err, errlen)) != MF_OK)
+        goto fail;
+    if (s->cfg.tcp[0] && (st = listen_tcp(s, err, errlen)) != MF_OK)
+        goto fail;
+    if (s->cfg.http[0] && (st = mfd_http_start(s, err, errlen)) != MF_OK)
+        goto fail;
+    s->sig_term = evsignal_new(s->base, SIGTERM, on_signal, s);
+    s->sig_int = evsignal_new(s->base, SIGINT, on_signal, s);
+    s->sig_hup = evsignal_new(s->base, SIGHUP, on_signal, s);
+    s->tick = event_new(s->base, -1, EV_PERSIST, on_tick, s);
+    struct timeval tv = {0, TICK_MS * 1000};
+    if (!s->sig_term || !s->sig_int || !s->sig_hup || !s->tick || event_add(s->sig_term, NULL) ||
+        event_add(s->sig_int, NULL) || event_add(s->sig_hup, NULL) || event_add(s->tick, &tv)) {
+        snprintf(err, errlen, "cannot install signal handlers");
+        st = MF_INTERNAL;
+        goto fail;
+    }
+    s->ready = 1;
+    *out = s;
+    return MF_OK;
+fail:
+    mfd_server_destroy(s);
+    return st;
+}
+
+mf_status_t mfd_server_run(mfd_server_t *s)
+{
+    char status[4400];
+    snprintf(status, sizeof(status), "serving on unix:%s%s%s", s->unix_path,
+             s->tcp_addr[0] ? " tcp:" : "", s->tcp_addr);
+    mfd_info("ready");
+    mfd_notify_ready(status);
+    event_base_dispatch(s->base);
+    /* Drain: stop taking work, finish SSD writes (durable puts), then close clients. */
+    s->draining = 1;
+    s->ready = 0;
+    mfd_notify_stopping();
+    if (s->unix_l) {
+        evconnlistener_free(s->unix_l);
+        s->unix_l = NULL;
+        unlink(s->unix_path);
+    }
+    if (s->tcp_l) {
+        evconnlistener_free(s->tcp_l);
+        s->tcp_l = NULL;
+    }
+    if (s->store.ssd)
+        mfd_ssd_drain(s->store.ssd);
+    while (s->conns) {
+        mfd_conn_t *c = s->conns;
+        if (evbuffer_get_length(c->out))
+            evbuffer_write(c->out, c->fd); /* best effort: replies already made */
+        conn_close(c);
+    }
+    mfd_info("stopped");
+    return MF_OK;
+}
+
+void mfd_server_destroy(mfd_server_t *s)
+{
+    if (!s)
+        return;
+    while (s->conns)
+        conn_close(s->conns);
+    if (s->tickets) {
+        mfd_tickets_all(s->tickets, release_ticket, s);
+    }
+    mfd_http_stop(s);
+    if (s->unix_l) {
+        evconnlistener_free(s->unix_l);
+        unlink(s->unix_path);
+    }
+    if (s->tcp_l)
+        evconnlistener_free(s->tcp_l);
+    if (s->store.ix) {
+        /* Closing the store runs pending SSD callbacks; they may still name connections. */
+        mfd_store_close(&s->store);
+    }
+    if (s->tickets)
+        mfd_tickets_destroy(s->tickets);
+    if (s->sig_term)
+        event_free(s->sig_term);
+    if (s->sig_int)
+        event_free(s->sig_int);
+    if (s->sig_hup)
+        event_free(s->sig_hup);
+    if (s->tick)
+        event_free(s->tick);
+    if (s->base)
+        event_base_free(s->base);
+    for (size_t i = 0; s->overrides && i < 2 * s->n_overrides; i++)
+        free(s->overrides[i]);
+    free(s->overrides);
+    free(s->config_path);
+    mfd_config_deinit(&s->cfg);
+    free(s);
+}
+
+/* ==== config ========================================================================== */
+
+mf_status_t mfd_server_config_set(mfd_server_t *s, const char *key, const char *value,
+                                  char *err, size_t errlen)
+{
+    mf_status_t st = mfd_config_set(&s->cfg, key, value, 1, err, errlen);
+    if (st == MF_OK) {
+        mfd_log_set_level((mfd_log_level_t)s->cfg.log_level);
+        char v[256];
+        mfd_config_get(&s->cfg, key, 1, v, sizeof(v));
+        mfd_info("config: %s = %s", key, v);
+    }
+    return st;
+}
+
+mf_status_t mfd_server_reload(mfd_server_t *s, char *err, size_t errlen)
+{
+    if (!s->config_path) {
+        mfd_info("SIGHUP: no config file (-c) to reload");
+        return MF_OK;
+    }
+    mfd_config_t fresh;
+    mf_status_t st = mfd_config_init(&fresh);
+    if (st != MF_OK)
+        return st;
+    st = mfd_config_load_file(&fresh, s->config_path, err, errlen);
+    for (size_t i = 0; st == MF_OK && i < s->n_overrides; i++)
+        st = mfd_config_set(&fresh, s->overrides[2 * i], s->overrides[2 * i + 1], 0, err, errlen);
+    if (st != MF_OK) {
+        mfd_config_deinit(&fresh);
+        return st;
+    }
+    /* Resolve auto paths the same way so they do not read as changes. */
+    char e2[MFD_CONFIG_ERRLEN];
+    if (!fresh.socket[0])
+        mfd_config_set(&fresh, "socket", s->cfg.socket, 0, e2, sizeof(e2));
+    if (!fresh.data_dir[0])
+        mfd_config_set(&fresh, "data_dir", s->cfg.data_dir, 0, e2, sizeof(e2));
+    /* Watermarks are a pair: widen first so either order of assignment is valid. */
+    s->cfg.high_watermark = 1.0;
+    s->cfg.low_watermark = 0.0;
+    size_t changed = 0;
+    for (size_t i = 0; i < mfd_config_count(); i++) {
+        const char *k = mfd_config_key(i);
+        char a[4352], b[4352];
+        mfd_config_get(&s->cfg, k, 0, a, sizeof(a));
+        mfd_config_get(&fresh, k, 0, b, sizeof(b));
+        if (strcmp(a, b) == 0 && strcmp(k, "high_watermark") && strcmp(k, "low_watermark"))
+            continue;
+        if (mfd_config_is_live(k)) {
+            if (mfd_config_set(&s->cfg, k, b, 1, e2, sizeof(e2)) == MF_OK && strcmp(a, b))
+                changed++;
+        } else {
+            mfd_warn("reload: %s changed in %s but needs a restart; keeping %s", k,
+                     s->config_path, a);
+        }
+    }
+    mfd_log_set_level((mfd_log_level_t)s->cfg.log_level);
+    mfd_config_deinit(&fresh);
+    mfd_info("reloaded %s: %zu live keys changed", s->config_path, changed);
+    return MF_OK;
+}
+
+/* ==== views =========================================================================== */
+
+void mfd_server_tiers(mfd_server_t *s, mfd_tier_info_t out[3])
+{
+    memset(out, 0, 3 * sizeof(*out));
+    out[0] = (mfd_tier_info_t){MAPFLOW__V1__TIER__TIER_GPU, "gpu", s->gpu_on, 0, 0, 0, s->gpu_why};
+    out[1] = (mfd_tier_info_t){MAPFLOW__V1__TIER__TIER_HOST, "host", 1,
+                               mfd_arena_used(s->store.arena),
+                               mfd_arena_capacity(s->store.arena), s->store.host_entries, NULL};
+    out[2] = (mfd_tier_info_t){MAPFLOW__V1__TIER__TIER_SSD, "ssd", s->store.ssd != NULL,
+                               s->store.ssd_used, s->store.ssd ? s->cfg.ssd_bytes : 0,
+                               s->store.ssd_entries, s->store.ssd ? NULL : "ssd_bytes is 0"};
+}
+
+void mfd_server_gauges(mfd_server_t *s, mfd_gauges_t *g)
+{
+    memset(g, 0, sizeof(*g));
+    mfd_tier_info_t t[3];
+    mfd_server_tiers(s, t);
+    for (int i = 0; i < 3; i++)
+        g->tiers[i] = (mfd_tier_gauge_t){t[i].name, t[i].enabled, t[i].used_bytes,
+                                         t[i].capacity_bytes, t[i].entries};
+    g->connections = s->n_conns;
+    g->leases = mfd_tickets_count(s->tickets, MFD_TICKET_LEASE);
+    g->reservations = mfd_tickets_count(s->tickets, MFD_TICKET_RESERVATION);
+    g->ssd_inflight = s->store.ssd ? mfd_ssd_inflight(s->store.ssd) : 0;
+    g->uptime_s = (double)(mfd_now_ms() - s->start_ms) / 1000.0;
+    g->ready = s->ready;
+    g->version = MFD_VERSION_STR;
+}

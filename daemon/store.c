@@ -1,0 +1,517 @@
+/* store — placement, write-through, demotion, promotion (see store.h). */
+#include "store.h"
+#include "lease.h"
+#include "log.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* A write in flight: who to tell when it is done. */
+typedef struct write_ctx {
+    mfd_store_t *st;
+    mfd_entry_t *e;
+    mfd_store_done_cb done;
+    void *done_arg;
+} write_ctx_t;
+
+typedef struct read_ctx {
+    mfd_store_t *st;
+    mfd_entry_t *e;
+    int promote;
+    mfd_store_read_cb cb;
+    void *arg;
+} read_ctx_t;
+
+static void on_entry_free(mfd_entry_t *e, void *ctx)
+{
+    mfd_store_t *st = ctx;
+    if (e->host) {
+        mfd_arena_free(st->arena, e->host);
+        e->host = NULL;
+        st->host_entries--;
+    }
+    free(e->wbuf);
+    e->wbuf = NULL;
+}
+
+static void on_scan(const uint8_t *key, size_t klen, uint64_t size, uint32_t block,
+                    uint32_t flags, void *arg)
+{
+    mfd_store_t *st = arg;
+    mfd_key_t k;
+    k.len = (uint16_t)klen;
+    memcpy(k.b, key, klen);
+    mfd_entry_t *e = mfd_entry_new(&k);
+    if (!e)
+        return;
+    mfd_key_parts_t parts;
+    mfd_key_parse(key, klen, &parts);
+    e->size = size;
+    e->layer = parts.layer;
+    e->block = block;
+    e->on_ssd = 1;
+    e->durable = (flags & 1u) != 0;
+    mfd_index_insert(st->ix, e, NULL);
+    mfd_lru_add(st->ix, MFD_LRU_SSD, e);
+    st->ssd_used += size;
+    st->ssd_entries++;
+}
+
+mf_status_t mfd_store_open(mfd_store_t *st, const mfd_config_t *cfg, mfd_metrics_t *m,
+                           char *err, size_t errlen)
+{
+    memset(st, 0, sizeof(*st));
+    st->cfg = cfg;
+    st->metrics = m;
+    mf_status_t s = mfd_index_create(on_entry_free, st, &st->ix);
+    if (s != MF_OK)
+        return s;
+    s = mfd_arena_create(cfg->host_bytes, &st->arena);
+    if (s != MF_OK) {
+        snprintf(err, errlen, "cannot create the host arena of %llu bytes",
+                 (unsigned long long)cfg->host_bytes);
+        goto fail_index;
+    }
+    if (cfg->ssd_bytes > 0) {
+        mfd_ssd_options_t so = {cfg->data_dir, (unsigned)cfg->io_threads};
+        s = mfd_ssd_open(&so, &st->ssd, err, errlen);
+        if (s != MF_OK)
+            goto fail_arena;
+        uint64_t t0 = mfd_now_ms();
+        s = mfd_ssd_scan(st->ssd, on_scan, st);
+        if (s != MF_OK) {
+            snprintf(err, errlen, "cannot scan the SSD tier index in %s", cfg->data_dir);
+            goto fail_ssd;
+        }
+        mfd_info("ssd tier: %llu rows (%llu bytes) found in %s/rocksdb in %llu ms",
+                 (unsigned long long)st->ssd_entries, (unsigned long long)st->ssd_used,
+                 cfg->data_dir, (unsigned long long)(mfd_now_ms() - t0));
+    }
+    return MF_OK;
+
+fail_ssd:
+    mfd_ssd_close(st->ssd);
+fail_arena:
+    mfd_arena_destroy(st->arena);
+fail_index:
+    mfd_index_destroy(st->ix);
+    return s;
+}
+
+mf_status_t mfd_store_attach(mfd_store_t *st, struct event_base *base)
+{
+    return st->ssd ? mfd_ssd_attach(st->ssd, base) : MF_OK;
+}
+
+void mfd_store_close(mfd_store_t *st)
+{
+    if (st->ssd)
+        mfd_ssd_drain(st->ssd);
+    /* Entries go before the arena: their free callback returns blocks to it. */
+    mfd_index_destroy(st->ix);
+    if (st->ssd)
+        mfd_ssd_close(st->ssd);
+    mfd_arena_destroy(st->arena);
+    memset(st, 0, sizeof(*st));
+}
+
+/* ---- SSD writes --------------------------------------------------------------------- */
+
+static void drop_host(mfd_store_t *st, mfd_entry_t *e)
+{
+    mfd_arena_free(st->arena, e->host);
+    e->host = NULL;
+    st->host_entries--;
+    mfd_lru_remove(st->ix, MFD_LRU_HOST, e);
+}
+
+static void ssd_forget(mfd_store_t *st, mfd_entry_t *e)
+{
+    mfd_ssd_job_t *j = mfd_ssd_job_new(MFD_SSD_DEL_ROW, e->key.b, e->key.len);
+    if (j)
+        mfd_ssd_submit(st->ssd, j);
+    st->ssd_used -= e->size;
+    st->ssd_entries--;
+    e->on_ssd = 0;
+    mfd_lru_remove(st->ix, MFD_LRU_SSD, e);
+}
+
+/* Makes `size` bytes of room in the SSD budget by dropping cold unpinned SSD copies. */
+static int ssd_room(mfd_store_t *st, uint64_t size)
+{
+    uint64_t budget = st->cfg->ssd_bytes;
+    if (size > budget)
+        return 0;
+    mfd_entry_t *e = mfd_lru_coldest(st->ix, MFD_LRU_SSD);
+    while (st->ssd_used + size > budget && e) {
+        mfd_entry_t *next = mfd_lru_warmer(e, MFD_LRU_SSD);
+        if (!e->pins && !e->ssd_writing && e->on_ssd) {
+            mfd_count(st->metrics, MFD_C_EVICT_SSD, 1);
+            if (e->host)
+                ssd_forget(st, e);       /* the host copy stays */
+            else
+                mfd_store_remove(st, e); /* no copy left anywhere */
+        }
+        e = next;
+    }
+    return st->ssd_used + size <= budget;
+}
+
+static void on_write_done(mfd_ssd_job_t *j)
+{
+    write_ctx_t *w = j->arg;
+    mfd_store_t *st = w->st;
+    mfd_entry_t *e = w->e;
+    int ok = j->status == MF_OK;
+    e->ssd_writing = 0;
+    free(e->wbuf);
+    e->wbuf = NULL;
+    if (!ok)
+        mfd_count(st->metrics, MFD_C_SSD_ERRORS, 1);
+    if (e->linked) {
+        if (ok) {
+            e->on_ssd = 1;
+            e->durable = j->sync != 0;
+        } else {
+            st->ssd_used -= e->size;
+            st->ssd_entries--;
+            mfd_lru_remove(st->ix, MFD_LRU_SSD, e);
+            if (!e->host) /* a failed demotion: the bytes are gone */
+                mfd_index_unlink(st->ix, e);
+        }
+    }
+    if (w->done)
+        w->done(w->done_arg, ok ? MF_OK : j->status, ok && j->sync);
+    free(w);
+    mfd_ssd_job_free(j);
+    mfd_index_unpin(st->ix, e);
+}
+
+/* Queues a write of e's bytes; 0 when the SSD tier is off, full or out of memory. */
+static int ssd_write(mfd_store_t *st, mfd_entry_t *e, const uint8_t *bytes, int sync,
+                     mfd_store_done_cb done, void *done_arg)
+{
+    if (!st->ssd || !ssd_room(st, e->size))
+        return 0;
+    write_ctx_t *w = calloc(1, sizeof(*w));
+    mfd_ssd_job_t *j = mfd_ssd_job_new(MFD_SSD_PUT_ROW, e->key.b, e->key.len);
+    if (!w || !j) {
+        free(w);
+        mfd_ssd_job_free(j);
+        return 0;
+    }
+    *w = (write_ctx_t){st, e, done, done_arg};
+    j->value = bytes;
+    j->vlen = e->size;
+    j->block = e->block;
+    j->sync = sync;
+    j->cb = on_write_done;
+    j->arg = w;
+    mfd_entry_pin(e);
+    e->ssd_writing = 1;
+    st->ssd_used += e->size;
+    st->ssd_entries++;
+    mfd_lru_add(st->ix, MFD_LRU_SSD, e);
+    mfd_count(st->metrics, MFD_C_SSD_WRITES, 1);
+    mfd_count(st->metrics, MFD_C_SSD_WRITE_BYTES, e->size);
+    mfd_ssd_submit(st->ssd, j);
+    return 1;
+}
+
+/* ---- eviction ----------------------------------------------------------------------- */
+
+/* Moves an unpinned host row down a tier; returns the host bytes freed. */
+static uint64_t demote(mfd_store_t *st, mfd_entry_t *e)
+{
+    uint64_t freed = mfd_ablock_size(e->host);
+    mfd_count(st->metrics, MFD_C_EVICT_HOST, 1);
+    if (e->on_ssd) {
+        drop_host(st, e);
+        return freed;
+    }
+    uint8_t *copy = st->ssd ? malloc(e->size) : NULL;
+    if (!copy) {
+        mfd_store_remove(st, e);
+        return freed;
+    }
+    /* Copy out so the arena block is free now; the write runs from the copy. */
+    memcpy(copy, mfd_arena_base(st->arena) + mfd_ablock_offset(e->host), e->size);
+    drop_host(st, e);
+    e->wbuf = copy;
+    if (!ssd_write(st, e, copy, 0, NULL, NULL)) {
+        mfd_store_remove(st, e);
+        return freed;
+    }
+    mfd_count(st->metrics, MFD_C_DEMOTIONS, 1);
+    return freed;
+}
+
+static void evict_host(mfd_store_t *st, uint64_t want, uint64_t *bytes, uint64_t *entries)
+{
+    uint64_t freed = 0, n = 0;
+    mfd_entry_t *e = mfd_lru_coldest(st->ix, MFD_LRU_HOST);
+    while (e && freed < want) {
+        mfd_entry_t *next = mfd_lru_warmer(e, MFD_LRU_HOST);
+        if (!e->pins && e->host) {
+            freed += demote(st, e);
+            n++;
+        }
+        e = next;
+    }
+    if (bytes)
+        *bytes += freed;
+    if (entries)
+        *entries += n;
+}
+
+static void balance(mfd_store_t *st)
+{
+    uint64_t cap = mfd_arena_capacity(st->arena), used = mfd_arena_used(st->arena);
+    if ((double)used <= st->cfg->high_watermark * (double)cap)
+        return;
+    uint64_t target = (uint64_t)(st->cfg->low_watermark * (double)cap);
+    evict_host(st, used - target, NULL, NULL);
+}
+
+void mfd_store_evict(mfd_store_t *st, int tier, uint64_t bytes, uint64_t *freed_bytes,
+                     uint64_t *freed_entries)
+{
+    *freed_bytes = *freed_entries = 0;
+    if (tier == 2) { /* host */
+        uint64_t used = mfd_arena_used(st->arena);
+        uint64_t low = (uint64_t)(st->cfg->low_watermark * (double)mfd_arena_capacity(st->arena));
+        if (!bytes)
+            bytes = used > low ? used - low : 0;
+        evict_host(st, bytes, freed_bytes, freed_entries);
+    } else if (tier == 3 && st->ssd) {
+        uint64_t low = (uint64_t)(st->cfg->low_watermark * (double)st->cfg->ssd_bytes);
+        if (!bytes)
+            bytes = st->ssd_used > low ? st->ssd_used - low : 0;
+        mfd_entry_t *e = mfd_lru_coldest(st->ix, MFD_LRU_SSD);
+        while (e && *freed_bytes < bytes) {
+            mfd_entry_t *next = mfd_lru_warmer(e, MFD_LRU_SSD);
+            if (!e->pins && !e->ssd_writing && e->on_ssd) {
+                *freed_bytes += e->size;
+                (*freed_entries)++;
+                mfd_count(st->metrics, MFD_C_EVICT_SSD, 1);
+                if (e->host)
+                    ssd_forget(st, e);
+                else
+                    mfd_store_remove(st, e);
+            }
+            e = next;
+        }
+    }
+}
+
+mf_status_t mfd_store_reserve(mfd_store_t *st, uint64_t size, mfd_ablock_t **blk)
+{
+    mf_status_t s = mfd_arena_alloc(st->arena, size, blk);
+    if (s != MF_RESOURCE_EXHAUSTED)
+        return s;
+    /* Free at least the size plus the watermark gap, so puts do not evict one by one. */
+    uint64_t cap = mfd_arena_capacity(st->arena);
+    uint64_t gap = (uint64_t)((st->cfg->high_watermark - st->cfg->low_watermark) * (double)cap);
+    evict_host(st, mfd_arena_round(size) + gap, NULL, NULL);
+    return mfd_arena_alloc(st->arena, size, blk);
+}
+
+void mfd_store_unreserve(mfd_store_t *st, mfd_ablock_t *blk)
+{
+    mfd_arena_free(st->arena, blk);
+}
+
+/* ---- rows ------------------------------------------------------------------------- */
+
+mf_status_t mfd_row_verify(const uint8_t *row, size_t len, int full_checksum,
+                           const uint32_t *tokens, uint32_t block_size,
+                           mf_hash128_t parent, mf_hash128_t hash, const char **why)
+{
+    mf_row_view_t v;
+    mf_status_t s = mf_row_decode(row, len, full_checksum ? 0 : MF_ROW_NO_CHECKSUM, &v, why);
+    if (s != MF_OK)
+        return MF_DATA_LOSS;
+    if (!tokens)
+        return MF_OK;
+    if (v.block_size != block_size || !mf_hash_eq(v.hash, hash) ||
+        !mf_hash_eq(v.parent, parent) ||
+        memcmp(v.tokens, tokens, (size_t)block_size * sizeof(uint32_t)) != 0) {
+        *why = "stored row's tokens or parent hash differ from the request";
+        return MF_DATA_LOSS;
+    }
+    return MF_OK;
+}
+
+/* The decoded row must be the one its key names. */
+static mf_status_t check_key(const mf_row_view_t *v, const mfd_key_t *key, const char **why)
+{
+    mfd_key_parts_t p;
+    if (mfd_key_parse(key->b, key->len, &p) != MF_OK) {
+        *why = "malformed key";
+        return MF_INVALID_ARGUMENT;
+    }
+    uint8_t h[16];
+    mf_hash_to_le(v->hash, h);
+    if (v->model_len != p.model_len || memcmp(v->model, p.model, p.model_len) != 0) {
+        *why = "row model differs from the key's model";
+        return MF_INVALID_ARGUMENT;
+    }
+    if (v->layer != p.layer) {
+        *why = "row layer differs from the key's layer";
+        return MF_INVALID_ARGUMENT;
+    }
+    if (memcmp(h, p.hash, 16) != 0) {
+        *why = "row hash differs from the key's hash";
+        return MF_INVALID_ARGUMENT;
+    }
+    return MF_OK;
+}
+
+mf_status_t mfd_store_commit(mfd_store_t *st, const mfd_key_t *key, mfd_ablock_t *blk,
+                             uint64_t size, int durable, mfd_store_done_cb done, void *arg,
+                             int *pending, int *is_durable, int *replaced, const char **why)
+{
+    *pending = *is_durable = *replaced = 0;
+    const uint8_t *row = mfd_arena_base(st->arena) + mfd_ablock_offset(blk);
+    mf_row_view_t v;
+    mf_status_t s = mf_row_decode(row, size, 0, &v, why);
+    if (s == MF_OK)
+        s = check_key(&v, key, why);
+    if (s != MF_OK) {
+        mfd_count(st->metrics, MFD_C_PUT_REJECTED, 1);
+        mfd_arena_free(st->arena, blk);
+        return s == MF_UNIMPLEMENTED ? MF_INVALID_ARGUMENT : s;
+    }
+    mfd_entry_t *e = mfd_entry_new(key);
+    if (!e) {
+        mfd_arena_free(st->arena, blk);
+        *why = "out of memory";
+        return MF_RESOURCE_EXHAUSTED;
+    }
+    e->size = size;
+    e->layer = v.layer;
+    e->block = v.block_index;
+    e->host = blk;
+    e->last_access_ms = mfd_now_ms();
+    st->host_entries++;
+    mfd_entry_t *old = mfd_index_find(st->ix, key->b, key->len);
+    if (old) {
+        *replaced = 1;
+        mfd_count(st->metrics, MFD_C_PUT_REPLACED, 1);
+        mfd_store_remove(st, old);
+    }
+    mfd_index_insert(st->ix, e, NULL);
+    mfd_lru_add(st->ix, MFD_LRU_HOST, e);
+    mfd_count(st->metrics, MFD_C_PUTS, 1);
+    mfd_count(st->metrics, MFD_C_PUT_BYTES, size);
+
+    int wt = st->cfg->write_through;
+    int want_sync = durable || wt == MFD_WT_SYNC;
+    if (want_sync || wt == MFD_WT_ASYNC) {
+        int queued = ssd_write(st, e, row, want_sync, want_sync ? done : NULL, arg);
+        *pending = queued && want_sync;
+    }
+    balance(st);
+    return MF_OK;
+}
+
+mfd_entry_t *mfd_store_find(mfd_store_t *st, const mfd_key_t *key)
+{
+    return mfd_index_find(st->ix, key->b, key->len);
+}
+
+const uint8_t *mfd_store_bytes(const mfd_store_t *st, const mfd_entry_t *e)
+{
+    if (e->host)
+        return mfd_arena_base(st->arena) + mfd_ablock_offset(e->host);
+    return e->wbuf;
+}
+
+void mfd_store_touch(mfd_store_t *st, mfd_entry_t *e)
+{
+    e->last_access_ms = mfd_now_ms();
+    if (e->host)
+        mfd_lru_touch(st->ix, MFD_LRU_HOST, e);
+    if (e->on_ssd)
+        mfd_lru_touch(st->ix, MFD_LRU_SSD, e);
+}
+
+void mfd_store_remove(mfd_store_t *st, mfd_entry_t *e)
+{
+    if (!e->linked)
+        return;
+    if (e->on_ssd || e->ssd_writing)
+        ssd_forget(st, e);
+    mfd_index_unlink(st->ix, e);
+}
+
+/* ---- SSD reads ---------------------------------------------------------------------- */
+
+static void on_read_done(mfd_ssd_job_t *j)
+{
+    read_ctx_t *r = j->arg;
+    mfd_store_t *st = r->st;
+    mfd_entry_t *e = r->e;
+    mf_status_t s = j->status;
+    uint8_t *buf = j->out;
+    size_t len = j->out_len;
+    j->out = NULL;
+    if (s == MF_OK) {
+        mfd_count(st->metrics, MFD_C_SSD_READS, 1);
+        mfd_count(st->metrics, MFD_C_SSD_READ_BYTES, len);
+        mf_row_view_t v;
+        const char *why = NULL;
+        if (len != e->size || mf_row_decode(buf, len, 0, &v, &why) != MF_OK ||
+            check_key(&v, &e->key, &why) != MF_OK) {
+            mfd_warn("ssd: row of %zu bytes fails validation (%s); dropping it", len,
+                     why ? why : "size differs from the index");
+            mfd_count(st->metrics, MFD_C_DATA_LOSS, 1);
+            mfd_store_remove(st, e);
+            s = MF_DATA_LOSS;
+        }
+    } else if (s == MF_NOT_FOUND) {
+        /* The index said it was there: the record vanished (e.g. deleted by hand). */
+        mfd_store_remove(st, e);
+    } else {
+        mfd_count(st->metrics, MFD_C_SSD_ERRORS, 1);
+    }
+    if (s == MF_OK && r->promote && e->linked && !e->host) {
+        mfd_ablock_t *blk;
+        if (mfd_store_reserve(st, len, &blk) == MF_OK) {
+            memcpy(mfd_arena_base(st->arena) + mfd_ablock_offset(blk), buf, len);
+            e->host = blk;
+            st->host_entries++;
+            mfd_lru_add(st->ix, MFD_LRU_HOST, e);
+            mfd_count(st->metrics, MFD_C_PROMOTIONS, 1);
+            free(buf);
+            buf = NULL;
+        }
+    }
+    if (s != MF_OK) {
+        free(buf);
+        buf = NULL;
+        len = 0;
+    }
+    r->cb(r->arg, e, s, buf, len);
+    free(r);
+    mfd_ssd_job_free(j);
+    mfd_index_unpin(st->ix, e);
+    balance(st);
+}
+
+void mfd_store_read(mfd_store_t *st, mfd_entry_t *e, int promote, mfd_store_read_cb cb,
+                    void *arg)
+{
+    read_ctx_t *r = st->ssd ? calloc(1, sizeof(*r)) : NULL;
+    mfd_ssd_job_t *j = r ? mfd_ssd_job_new(MFD_SSD_GET_ROW, e->key.b, e->key.len) : NULL;
+    if (!j) {
+        free(r);
+        cb(arg, e, st->ssd ? MF_RESOURCE_EXHAUSTED : MF_NOT_FOUND, NULL, 0);
+        return;
+    }
+    *r = (read_ctx_t){st, e, promote, cb, arg};
+    j->cb = on_read_done;
+    j->arg = r;
+    mfd_entry_pin(e);
+    mfd_ssd_submit(st->ssd, j);
+}

@@ -1,0 +1,88 @@
+/*
+ * store — placement over the tiers (DESIGN §7): admits committed rows to the host
+ * tier, writes them through to the SSD tier (off | async | sync), demotes cold
+ * unpinned rows host → SSD between the high and low watermarks (or drops them when
+ * the SSD tier already holds them or is off), keeps the SSD tier within ssd_bytes,
+ * reads SSD rows back and promotes them, and removes rows (delete, flush, evict).
+ *
+ * Tier seam: the host tier is the arena, the SSD tier is tier_ssd; a GPU tier slots
+ * in above the host tier (tier.h reports it off in this build).
+ *
+ * Ownership: the store owns the index, the arena and the SSD tier. Entries it hands
+ * out are owned by the index; pin them (mfd_entry_pin) to keep them past the current
+ * loop callback. Thread safety: loop thread only (SSD completions arrive there).
+ */
+#ifndef MFD_STORE_H
+#define MFD_STORE_H
+
+#include <event2/event.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "arena.h"
+#include "config.h"
+#include "index.h"
+#include "metrics.h"
+#include "mf_row.h"
+#include "tier_ssd.h"
+
+typedef struct mfd_store {
+    const mfd_config_t *cfg;   /* borrowed: live keys are read at each use */
+    mfd_metrics_t *metrics;    /* borrowed */
+    mfd_index_t *ix;
+    mfd_arena_t *arena;
+    mfd_ssd_t *ssd;            /* NULL: SSD tier off */
+    uint64_t ssd_used, ssd_entries, host_entries;
+} mfd_store_t;
+
+mf_status_t mfd_store_open(mfd_store_t *st, const mfd_config_t *cfg, mfd_metrics_t *m,
+                           char *err, size_t errlen);
+mf_status_t mfd_store_attach(mfd_store_t *st, struct event_base *base);
+/* Finishes SSD work (shutdown) and frees everything. */
+void mfd_store_close(mfd_store_t *st);
+
+/* An arena block for a put; evicts unpinned rows to make room. */
+mf_status_t mfd_store_reserve(mfd_store_t *st, uint64_t size, mfd_ablock_t **blk);
+void mfd_store_unreserve(mfd_store_t *st, mfd_ablock_t *blk);
+
+typedef void (*mfd_store_done_cb)(void *arg, mf_status_t status, int durable);
+/*
+ * Validates the row in blk (full decode + checksum, model / layer / hash == key) and
+ * makes it visible, taking blk over. Returns MF_OK with *pending = 0 when the reply can
+ * go now (*durable, *replaced filled), MF_OK with *pending = 1 when `done` will be
+ * called after the synced SSD write, or the row's error (blk is then freed).
+ */
+mf_status_t mfd_store_commit(mfd_store_t *st, const mfd_key_t *key, mfd_ablock_t *blk,
+                             uint64_t size, int durable, mfd_store_done_cb done, void *arg,
+                             int *pending, int *is_durable, int *replaced, const char **why);
+
+mfd_entry_t *mfd_store_find(mfd_store_t *st, const mfd_key_t *key);
+/* Row bytes held in memory (host block or a demotion copy), or NULL (SSD only). */
+const uint8_t *mfd_store_bytes(const mfd_store_t *st, const mfd_entry_t *e);
+/* Marks a hit for the LRUs. */
+void mfd_store_touch(mfd_store_t *st, mfd_entry_t *e);
+
+/*
+ * Reads e from the SSD tier, validates it (checksum) and promotes it to the host tier
+ * when `promote` (and space allows). cb gets the bytes: buf == NULL means they are in
+ * the host block (e->host); otherwise buf is malloc'd and the callee owns it.
+ * e stays pinned until cb returns.
+ */
+typedef void (*mfd_store_read_cb)(void *arg, mfd_entry_t *e, mf_status_t status,
+                                  uint8_t *buf, size_t len);
+void mfd_store_read(mfd_store_t *st, mfd_entry_t *e, int promote, mfd_store_read_cb cb,
+                    void *arg);
+
+/* Unlinks e and deletes its SSD record. */
+void mfd_store_remove(mfd_store_t *st, mfd_entry_t *e);
+
+/* Demotes/drops unpinned rows of `tier` (MF tier numbers: 2 host, 3 ssd) until `bytes`
+ * are freed (0 = down to the low watermark). */
+void mfd_store_evict(mfd_store_t *st, int tier, uint64_t bytes, uint64_t *freed_bytes,
+                     uint64_t *freed_entries);
+
+/* Token / parent-hash verification of a row against the request (DESIGN §4). */
+mf_status_t mfd_row_verify(const uint8_t *row, size_t len, int full_checksum,
+                           const uint32_t *tokens, uint32_t block_size,
+                           mf_hash128_t parent, mf_hash128_t hash, const char **why);
+
+#endif /* MFD_STORE_H */

@@ -1,0 +1,94 @@
+/*
+ * tier_ssd — the SSD tier: RocksDB under data_dir/rocksdb (blob files for values of
+ * 4 KiB and more, WAL on) driven by a small pool of worker threads.
+ *
+ * Records (the first byte says which):
+ *   'r' key  → the row bytes (key = index.h's key bytes)
+ *   'm' key  → 16 bytes: u64 LE row size, u32 LE block index, u32 LE flags (1 = durable)
+ *   'p' u8 ns_len ns u8 src_len src u8 tgt_len tgt → a packed MappingProfile
+ * 'r' and 'm' of one key are written and deleted in one WriteBatch. At start the
+ * daemon rebuilds its index from the small 'm' records alone (mfd_ssd_scan), so a
+ * restart — even after SIGKILL, for rows written with sync — finds every row again.
+ *
+ * Threads: jobs are queued to worker (hash(key) mod io_threads), so operations on one
+ * key run in submission order (a delete never overtakes the write it follows). A
+ * finished job goes on a done list and an eventfd wakes the loop, which runs the
+ * job's callback on the loop thread (mfd_ssd_attach). Submit, attach, drain and
+ * destroy are loop-thread calls; callbacks run on the loop thread.
+ *
+ * Ownership: the caller allocates a job (mfd_ssd_job_new) and gets it back in the
+ * callback, then frees it (mfd_ssd_job_free, which also frees a GET's result buffer
+ * unless the caller took it). A PUT's value is borrowed: it must stay valid and
+ * unchanged until the callback.
+ */
+#ifndef MFD_TIER_SSD_H
+#define MFD_TIER_SSD_H
+
+#include <event2/event.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "index.h"
+#include "mf_status.h"
+
+#define MFD_SSD_KEY_MAX 800 /* row keys ≤ MFD_KEY_MAX; profile keys ≤ 4 + 128 + 2×255 */
+
+typedef enum mfd_ssd_op {
+    MFD_SSD_PUT_ROW,   /* 'r' + 'm' */
+    MFD_SSD_GET_ROW,   /* 'r' */
+    MFD_SSD_DEL_ROW,   /* 'r' + 'm' */
+    MFD_SSD_PUT_RAW,   /* key used as given (profiles) */
+    MFD_SSD_GET_RAW,
+} mfd_ssd_op_t;
+
+typedef struct mfd_ssd mfd_ssd_t;
+typedef struct mfd_ssd_job mfd_ssd_job_t;
+typedef void (*mfd_ssd_cb)(mfd_ssd_job_t *job);
+
+struct mfd_ssd_job {
+    mfd_ssd_op_t op;
+    uint8_t key[MFD_SSD_KEY_MAX];
+    size_t klen;
+    const void *value;         /* PUT: borrowed */
+    size_t vlen;
+    uint32_t block;            /* PUT_ROW meta */
+    int sync;                  /* PUT / DEL: WriteOptions.sync */
+    mfd_ssd_cb cb;             /* NULL: fire and forget (the pool frees the job) */
+    void *arg;
+    void *arg2;
+    /* results */
+    mf_status_t status;        /* MF_OK, MF_NOT_FOUND (GET), MF_INTERNAL / MF_UNAVAILABLE */
+    uint8_t *out;              /* GET: malloc'd, 16-byte aligned, out_len bytes */
+    size_t out_len;
+    mfd_ssd_job_t *next;
+};
+
+typedef struct mfd_ssd_options {
+    const char *dir;           /* data_dir; the database lives in dir/rocksdb */
+    unsigned io_threads;
+} mfd_ssd_options_t;
+
+mf_status_t mfd_ssd_open(const mfd_ssd_options_t *opt, mfd_ssd_t **out, char *err,
+                         size_t errlen);
+/* Registers the completion eventfd with the loop. */
+mf_status_t mfd_ssd_attach(mfd_ssd_t *s, struct event_base *base);
+/* Waits for every queued job and runs the pending callbacks (shutdown). */
+void mfd_ssd_drain(mfd_ssd_t *s);
+/* Drains, stops the workers and closes RocksDB. */
+void mfd_ssd_close(mfd_ssd_t *s);
+
+mfd_ssd_job_t *mfd_ssd_job_new(mfd_ssd_op_t op, const uint8_t *key, size_t klen);
+void mfd_ssd_job_free(mfd_ssd_job_t *j);
+void mfd_ssd_submit(mfd_ssd_t *s, mfd_ssd_job_t *j);
+/* Jobs submitted whose callbacks have not run yet. */
+size_t mfd_ssd_inflight(const mfd_ssd_t *s);
+
+/* Synchronous scan of the 'm' records (startup, before serving). */
+typedef void (*mfd_ssd_scan_cb)(const uint8_t *key, size_t klen, uint64_t size,
+                                uint32_t block, uint32_t flags, void *arg);
+mf_status_t mfd_ssd_scan(mfd_ssd_t *s, mfd_ssd_scan_cb cb, void *arg);
+
+/* Builds a 'p' record key; returns its length or 0 when a part is too long. */
+size_t mfd_ssd_profile_key(uint8_t out[MFD_SSD_KEY_MAX], const char *ns,
+                           const char *src, const char *tgt);
+
+#endif /* MFD_TIER_SSD_H */
