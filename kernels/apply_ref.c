@@ -247,7 +247,13 @@ mf_status_t mf_apply_ref(const mf_apply_args_t *a, mf_apply_stats_t *stats, cons
         *why = "out of memory for apply scratch";
         goto out_stage;
     }
-    for (uint32_t i = 0; i < all; i++) {
+    uint32_t q1 = a->q1 ? a->q1 : all;
+    if (a->q0 >= q1 || q1 > all) {
+        *why = "query block range must satisfy q0 < q1 <= ceil(N / B)";
+        st = MF_INVALID_ARGUMENT;
+        goto out_work;
+    }
+    for (uint32_t i = a->q0; i < q1; i++) {
         int exact = block_is_exact(a, i, full);
         uint32_t r0 = i * b, r1 = r0 + b < n ? r0 + b : n;
         for (uint32_t t = 0; t < s.hq; t++) {
@@ -262,8 +268,9 @@ mf_status_t mf_apply_ref(const mf_apply_args_t *a, mf_apply_stats_t *stats, cons
             }
         }
     }
-    work_free(&w);
     st = MF_OK;
+out_work:
+    work_free(&w);
 out_stage:
     mf__unstage(&s);
     return st;

@@ -144,6 +144,8 @@ typedef struct mf_apply_args {
     const uint8_t *exact;  /* [ceil(N/B)] nonzero = compute block exactly; may be NULL */
     uint32_t exact_first;  /* also exact: the first F query blocks ... */
     uint32_t exact_last;   /* ... and the last R full query blocks (RecomputePolicy) */
+    uint32_t q0, q1;       /* query blocks to compute, [q0, q1); q1 = 0: all (a prefill
+                              chunk computes only its own rows; O elsewhere untouched) */
     float *o;              /* out [N, Ht, d] float32 */
 } mf_apply_args_t;
 

@@ -376,12 +376,53 @@ static void test_dense_reference(void **state)
     free(v);
 }
 
+/* A query-block range computes only its blocks, bit-identical to a full call there, and
+ * leaves O elsewhere untouched. */
+static void test_block_range(void **state)
+{
+    (void)state;
+    pair_t p;
+    tk_rows_t rows;
+    pair_init(&p, 27);
+    p.ex.codec = MF_CODEC_BF16;
+    p.ex.top_p = 0.9f;
+    assert_int_equal(tk_extract(&p.ex, &rows), MF_OK);
+    uint8_t mode[HT] = { MF_HEAD_PROB, MF_HEAD_MASK, MF_HEAD_COMPUTE, MF_HEAD_MASK };
+    mf_layer_map_t m = { HT, HS, p.w, mode, NULL };
+    size_t no = (size_t)N * HT * DT;
+    float *full = malloc(no * sizeof(float)), *part = malloc(no * sizeof(float));
+    mf_apply_args_t a = apply_args(&p, &rows, &m, full);
+    assert_int_equal(mf_apply_ref(&a, NULL, NULL), MF_OK);
+    for (size_t x = 0; x < no; x++)
+        part[x] = 1234.5f;
+    a.o = part;
+    a.q0 = 3;
+    a.q1 = 6;
+    assert_int_equal(mf_apply_ref(&a, NULL, NULL), MF_OK);
+    size_t lo = (size_t)3 * B * HT * DT, hi = (size_t)6 * B * HT * DT;
+    for (size_t x = 0; x < no; x++)
+        if (x >= lo && x < hi)
+            assert_true(part[x] == full[x]);
+        else
+            assert_true(part[x] == 1234.5f);
+    a.q0 = 6;
+    assert_int_equal(mf_apply_ref(&a, NULL, NULL), MF_INVALID_ARGUMENT);
+    a.q0 = 0;
+    a.q1 = NB + 1;
+    assert_int_equal(mf_apply_ref(&a, NULL, NULL), MF_INVALID_ARGUMENT);
+    free(full);
+    free(part);
+    tk_rows_free(&rows);
+    pair_free(&p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prob_topp1_fp16), cmocka_unit_test(test_mask_topp1_exact),
         cmocka_unit_test(test_mixed_modes),     cmocka_unit_test(test_recompute_exact),
         cmocka_unit_test(test_apply_errors),    cmocka_unit_test(test_dense_reference),
+        cmocka_unit_test(test_block_range),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
