@@ -1,0 +1,365 @@
+/*
+ * mapflow-bench-daemon — measures a running mapflowd against memcpy, Redis and direct
+ * RocksDB on the same map rows (MapFlow issue 13). bench/daemon/run.sh starts the
+ * daemon and redis-server and calls this; it prints one RESULT line per measurement
+ * (bench_util.h) and INFO lines, and bench/daemon/report.py turns them into the table.
+ *
+ * Phases (--only takes a comma list of these names):
+ *   memcpy  put  lookup  get  prefix  mixed  ssd  rocksdb  redis
+ * Every measured loop is bounded by --seconds and the SSD / RocksDB passes by the row
+ * count, at each client count of --clients (threads, each with its own connection).
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_baselines.h"
+#include "bench_mapflow.h"
+#include "bench_rows.h"
+#include "bench_util.h"
+
+#define MAX_COUNTS 8
+
+typedef struct options {
+    const char *target;
+    const char *redis_socket;
+    const char *rocks_dir;
+    const char *only;
+    int clients[MAX_COUNTS];
+    int n_clients;
+    double seconds;
+    mfb_workload_params_t wp;
+} options_t;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: mapflow-bench-daemon --daemon unix:PATH [--redis PATH] [--rocks-dir DIR]\n"
+            "         [--quick] [--clients 1,4,16,64] [--seconds S] [--only PHASES]\n"
+            "         [--ctx-tokens N] [--mask-layers L] [--fp8-rows N] [--fp8-layers L]\n"
+            "         [--seed N]\n"
+            "phases: memcpy put lookup get prefix mixed ssd rocksdb redis (default: all)\n"
+            "Prints RESULT and INFO lines (tab separated); bench/daemon/run.sh drives it.\n");
+}
+
+static int phase_on(const options_t *o, const char *name)
+{
+    if (!o->only || !*o->only)
+        return 1;
+    size_t n = strlen(name);
+    for (const char *p = o->only; (p = strstr(p, name)); p += n)
+        if ((p == o->only || p[-1] == ',') && (p[n] == ',' || p[n] == '\0'))
+            return 1;
+    return 0;
+}
+
+static int parse_counts(const char *s, options_t *o)
+{
+    o->n_clients = 0;
+    char *end;
+    while (*s && o->n_clients < MAX_COUNTS) {
+        long v = strtol(s, &end, 10);
+        if (end == s || v < 1 || v > MFB_MAX_CLIENTS)
+            return -1;
+        o->clients[o->n_clients++] = (int)v;
+        s = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',')
+            return -1;
+    }
+    return o->n_clients ? 0 : -1;
+}
+
+static int parse_args(int argc, char **argv, options_t *o)
+{
+    enum { O_REDIS = 256, O_ROCKS, O_QUICK, O_CLIENTS, O_SECONDS, O_ONLY, O_CTX, O_MASKL,
+           O_FP8R, O_FP8L, O_SEED };
+    static const struct option longs[] = {
+        {"daemon", required_argument, NULL, 'd'},   {"redis", required_argument, NULL, O_REDIS},
+        {"rocks-dir", required_argument, NULL, O_ROCKS}, {"quick", no_argument, NULL, O_QUICK},
+        {"clients", required_argument, NULL, O_CLIENTS},
+        {"seconds", required_argument, NULL, O_SECONDS},
+        {"only", required_argument, NULL, O_ONLY}, {"ctx-tokens", required_argument, NULL, O_CTX},
+        {"mask-layers", required_argument, NULL, O_MASKL},
+        {"fp8-rows", required_argument, NULL, O_FP8R},
+        {"fp8-layers", required_argument, NULL, O_FP8L},
+        {"seed", required_argument, NULL, O_SEED},  {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
+    /* Defaults: the full run; --quick shrinks the row set and the time per point. */
+    *o = (options_t){.seconds = 2.0,
+                     .wp = {.ctx_tokens = 32768, .mask_layers = 16, .fp8_rows = 32,
+                            .fp8_layers = 2, .fp8_first_block = 95, .seed = 13}};
+    parse_counts("1,4,16,64", o);
+    int quick = 0, c;
+    double secs = -1;
+    long fp8r = -1, fp8l = -1;
+    while ((c = getopt_long(argc, argv, "d:h", longs, NULL)) != -1) {
+        switch (c) {
+        case 'd': o->target = optarg; break;
+        case O_REDIS: o->redis_socket = optarg; break;
+        case O_ROCKS: o->rocks_dir = optarg; break;
+        case O_QUICK: quick = 1; break;
+        case O_CLIENTS:
+            if (parse_counts(optarg, o))
+                return -1;
+            break;
+        case O_SECONDS: secs = atof(optarg); break;
+        case O_ONLY: o->only = optarg; break;
+        case O_CTX: o->wp.ctx_tokens = strtoul(optarg, NULL, 10); break;
+        case O_MASKL: o->wp.mask_layers = (uint32_t)strtoul(optarg, NULL, 10); break;
+        case O_FP8R: fp8r = strtol(optarg, NULL, 10); break;
+        case O_FP8L: fp8l = strtol(optarg, NULL, 10); break;
+        case O_SEED: o->wp.seed = strtoull(optarg, NULL, 10); break;
+        case 'h': usage(stdout); exit(0);
+        default: return -1;
+        }
+    }
+    if (quick) {
+        o->seconds = 0.5;
+        o->wp.fp8_rows = 16;
+        o->wp.fp8_layers = 1;
+    }
+    if (secs > 0)
+        o->seconds = secs;
+    if (fp8r > 0)
+        o->wp.fp8_rows = (uint32_t)fp8r;
+    if (fp8l > 0)
+        o->wp.fp8_layers = (uint32_t)fp8l;
+    if (optind != argc || !o->target || o->seconds <= 0 || o->seconds > 60 ||
+        o->wp.mask_layers < 1 || o->wp.mask_layers > 64 || o->wp.ctx_tokens < 8192 ||
+        o->wp.ctx_tokens > 131072)
+        return -1;
+    return 0;
+}
+
+/* Runs one job at every client count and prints its lines. */
+static int sweep(const options_t *o, mfb_job_t *job, const char *op, void (*reset)(void *),
+                 void *reset_arg, const char *(*extra)(void *), void *extra_arg)
+{
+    int bad = 0;
+    for (int i = 0; i < o->n_clients; i++) {
+        if (reset)
+            reset(reset_arg);
+        job->op = op;
+        job->n_clients = o->clients[i];
+        mfb_result_t r;
+        if (mfb_run(job, &r) != 0) {
+            fprintf(stderr, "bench: %s/%s at %d clients: %s\n", job->system, op,
+                    job->n_clients, r.err);
+            bad = 1;
+            continue;
+        }
+        mfb_result_print(job, &r, extra ? extra(extra_arg) : NULL);
+        bad |= r.errors != 0;
+    }
+    return bad;
+}
+
+typedef struct phase_ctx {
+    const options_t *o;
+    const mfb_workload_t *w;
+    mfb_mf_arg_t mf;
+    mfb_base_arg_t base;
+} phase_ctx_t;
+
+static void evict_before_pass(void *p)
+{
+    phase_ctx_t *x = p;
+    uint64_t ev = 0;
+    if (mfb_mapflow_evict_host(x->o->target, &ev) == MF_OK)
+        printf("INFO\tevicted %.1f MB from the host tier before the ssd pass\n", ev / 1e6);
+}
+
+static const char *ssd_extra(void *p)
+{
+    static char buf[64];
+    phase_ctx_t *x = p;
+    snprintf(buf, sizeof(buf), "ssd_rows=%llu/%zu",
+             (unsigned long long)atomic_load(&x->mf.ssd_rows), x->w->n_fp8);
+    return buf;
+}
+
+/* Loads every row once with 8 clients (untimed for the table, printed as INFO). */
+static int populate(phase_ctx_t *x)
+{
+    mfb_job_t job = {0};
+    x->mf.op = MFB_MF_POPULATE;
+    mfb_mapflow_job(&job, &x->mf);
+    job.op = "populate";
+    job.n_clients = 8;
+    job.seconds = 600;
+    mfb_result_t r;
+    if (mfb_run(&job, &r) != 0 || r.errors) {
+        fprintf(stderr, "bench: populate: %s\n", r.err);
+        return -1;
+    }
+    printf("INFO\tpopulated %llu rows (%.1f MB) in %.2f s\n", (unsigned long long)r.ops,
+           r.bytes / 1e6, r.wall_s);
+    mfb_mapflow_print_stats(x->o->target, "after populate");
+    return 0;
+}
+
+static int mapflow_phases(phase_ctx_t *x)
+{
+    const options_t *o = x->o;
+    mfb_job_t job = {0};
+    int bad = 0;
+    char name[64];
+    uint32_t nb = (uint32_t)x->w->mask_cx.n_blocks, nl = x->w->mask_layers;
+    if (phase_on(o, "lookup")) {
+        x->mf.op = MFB_MF_LOOKUP;
+        mfb_mapflow_job(&job, &x->mf);
+        job.seconds = o->seconds;
+        uint32_t lens[2] = {nb < 64 ? nb : 64, nb};
+        for (int k = 0; k < 2; k++) {
+            x->mf.lookup_blocks = lens[k];
+            snprintf(name, sizeof(name), "lookup_%ux%u", lens[k], nl);
+            bad |= sweep(o, &job, name, NULL, NULL, NULL, NULL);
+        }
+    }
+    if (phase_on(o, "get")) {
+        x->mf.op = MFB_MF_GET_COPY;
+        mfb_mapflow_job(&job, &x->mf);
+        job.seconds = o->seconds;
+        bad |= sweep(o, &job, "get_copy", NULL, NULL, NULL, NULL);
+        x->mf.op = MFB_MF_GET_LEASE;
+        mfb_mapflow_job(&job, &x->mf);
+        bad |= sweep(o, &job, "get_lease", NULL, NULL, NULL, NULL);
+    }
+    if (phase_on(o, "prefix")) {
+        /* A whole 32k prefix of MASK rows, as many layers as one call may carry. */
+        x->mf.prefix_layers = nl < 8 ? nl : 8;
+        x->mf.prefix_blocks = nb;
+        mf_get_mode_t modes[2] = {MF_GET_COPY, MF_GET_LEASE};
+        for (int k = 0; k < 2; k++) {
+            x->mf.op = modes[k] == MF_GET_COPY ? MFB_MF_PREFIX_COPY : MFB_MF_PREFIX_LEASE;
+            mfb_mapflow_job(&job, &x->mf);
+            job.seconds = o->seconds;
+            snprintf(name, sizeof(name), "prefix_%s_%ux%u", k ? "lease" : "copy", nb,
+                     x->mf.prefix_layers);
+            bad |= sweep(o, &job, name, NULL, NULL, NULL, NULL);
+        }
+    }
+    if (phase_on(o, "put")) {
+        x->mf.op = MFB_MF_PUT;
+        mfb_mapflow_job(&job, &x->mf);
+        job.seconds = o->seconds;
+        bad |= sweep(o, &job, "put", NULL, NULL, NULL, NULL);
+        mfb_mapflow_print_stats(o->target, "after put");
+    }
+    if (phase_on(o, "mixed")) {
+        x->mf.op = MFB_MF_MIXED;
+        mfb_mapflow_job(&job, &x->mf);
+        job.seconds = o->seconds;
+        bad |= sweep(o, &job, "mixed", NULL, NULL, NULL, NULL);
+    }
+    if (phase_on(o, "ssd")) {
+        x->mf.op = MFB_MF_SSD_GET;
+        mfb_mapflow_job(&job, &x->mf);
+        job.seconds = 120; /* a pass is bounded by the row count */
+        bad |= sweep(o, &job, "ssd_get", evict_before_pass, x, ssd_extra, x);
+        mfb_mapflow_print_stats(o->target, "after ssd");
+    }
+    return bad;
+}
+
+static void reset_next(void *p)
+{
+    atomic_store(&((mfb_base_arg_t *)p)->next, 0);
+}
+
+static int memcpy_phase(phase_ctx_t *x)
+{
+    mfb_job_t job = {0};
+    x->base.op = MFB_BASE_MEMCPY;
+    mfb_base_job(&job, &x->base);
+    job.seconds = x->o->seconds;
+    return sweep(x->o, &job, "copy", NULL, NULL, NULL, NULL);
+}
+
+static int rocksdb_phase(phase_ctx_t *x)
+{
+    if (mfb_rocks_open(&x->base, x->o->rocks_dir) != 0)
+        return 1;
+    mfb_job_t job = {0};
+    x->base.op = MFB_BASE_ROCKS_GET;
+    mfb_base_job(&job, &x->base);
+    job.seconds = 120; /* a pass is bounded by the row count */
+    int bad = sweep(x->o, &job, "ssd_get", reset_next, &x->base, NULL, NULL);
+    mfb_rocks_close(&x->base);
+    return bad;
+}
+
+static int redis_phase(phase_ctx_t *x)
+{
+    if (!mfb_have_redis()) {
+        printf("INFO\tredis skipped: built without hiredis (apt-get install libhiredis-dev)\n");
+        return 0;
+    }
+    if (mfb_redis_load(&x->base) != 0)
+        return 1;
+    mfb_job_t job = {0};
+    x->base.op = MFB_BASE_REDIS_SET;
+    mfb_base_job(&job, &x->base);
+    job.seconds = x->o->seconds;
+    int bad = sweep(x->o, &job, "put", NULL, NULL, NULL, NULL);
+    x->base.op = MFB_BASE_REDIS_GET;
+    mfb_base_job(&job, &x->base);
+    job.seconds = x->o->seconds;
+    bad |= sweep(x->o, &job, "get_copy", NULL, NULL, NULL, NULL);
+    return bad;
+}
+
+int main(int argc, char **argv)
+{
+    options_t o;
+    if (parse_args(argc, argv, &o)) {
+        usage(stderr);
+        return 2;
+    }
+    double t0 = mfb_now();
+    mfb_workload_t w;
+    const char *why = "";
+    mf_status_t st = mfb_workload_build(&w, &o.wp, &why);
+    if (st != MF_OK) {
+        fprintf(stderr, "bench: workload: %s: %s\n", mf_status_name(st), why);
+        return 1;
+    }
+    printf("INFO\tworkload: %zu-token context, B=%u, %u heads, density 10%%\n",
+           w.mask_cx.n_tokens, MFB_BLOCK, MFB_HEADS);
+    printf("INFO\tmask rows: %zu (%u layers x %zu blocks), %.1f MB, mean %.1f KB\n", w.n_mask,
+           w.mask_layers, w.mask_cx.n_blocks, w.mask_bytes / 1e6,
+           w.mask_bytes / 1e3 / (double)w.n_mask);
+    printf("INFO\tfp8 rows: %zu (%u layers x %u blocks %u..%zu), %.1f MB, %.2f..%.2f MiB, "
+           "mean %.2f MiB\n",
+           w.n_fp8, o.wp.fp8_layers, o.wp.fp8_rows, o.wp.fp8_first_block,
+           w.mask_cx.n_blocks - 1, w.fp8_bytes / 1e6, w.fp8_min_len / 1048576.0,
+           w.fp8_max_len / 1048576.0, w.fp8_bytes / 1048576.0 / (double)w.n_fp8);
+    printf("INFO\tbuilt the workload in %.2f s\n", mfb_now() - t0);
+    fflush(stdout);
+
+    phase_ctx_t x = {.o = &o, .w = &w};
+    x.mf.target = o.target;
+    x.mf.w = &w;
+    x.base.w = &w;
+    x.base.redis_socket = o.redis_socket;
+
+    /* memcpy first (nothing else running), the other stores last so their load does
+     * not overlap the daemon's measurements. */
+    int bad = 0;
+    if (phase_on(&o, "memcpy"))
+        bad |= memcpy_phase(&x);
+    if (phase_on(&o, "put") || phase_on(&o, "lookup") || phase_on(&o, "get") ||
+        phase_on(&o, "prefix") || phase_on(&o, "mixed") || phase_on(&o, "ssd")) {
+        if (populate(&x))
+            return 1;
+        bad |= mapflow_phases(&x);
+    }
+    if (phase_on(&o, "rocksdb") && o.rocks_dir)
+        bad |= rocksdb_phase(&x);
+    if (phase_on(&o, "redis") && o.redis_socket)
+        bad |= redis_phase(&x);
+    printf("INFO\tbench finished in %.1f s\n", mfb_now() - t0);
+    mfb_workload_free(&w);
+    return bad ? 1 : 0;
+}
