@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""dockerfile_check: the container image recipe against the README and the binaries.
+
+    dockerfile_check.py DOCKERFILE README [BINARY...]     exit 0 when all pass, else 1
+
+Checks (each printed):
+  * multi-stage on Debian 12: the first stage FROM debian:12 / bookworm, the last
+    FROM its -slim variant, the last copies from an earlier stage;
+  * the build stage's `make` commands equal the ones in the README block that follows
+    the marker `<!-- build-steps -->` (same targets in the same order; `sudo`,
+    VAR=value arguments and -jN may differ, e.g. PREFIX/DESTDIR for staging);
+  * the runtime stage: a non-root USER, a HEALTHCHECK through `mapflowctl ... health`,
+    no -dev packages or compilers;
+  * with BINARY arguments (built mapflowd, mapflowctl): every DT_NEEDED library of
+    theirs comes from a package the runtime stage installs (or that debian:12-slim
+    already has), and every package it installs is needed by one of them.
+"""
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+BASE_SLIM = {"libc6", "libgcc-s1", "libstdc++6", "zlib1g", "libzstd1", "liblzma5",
+             "libselinux1", "libpcre2-8-0", "libacl1", "libattr1", "libbz2-1.0"}
+TOOLCHAIN = re.compile(r"(-dev$|^gcc|^g\+\+|^clang|^build-essential$|^make$|^cpp$)")
+
+
+def instructions(text):
+    """[(KEYWORD, args)] with continuations joined and comments dropped."""
+    out, cur = [], ""
+    for line in text.splitlines():
+        s = line.strip()
+        if not cur and (not s or s.startswith("#")):
+            continue
+        if cur and s.startswith("#"):
+            continue
+        cur += (" " if cur else "") + s.rstrip("\\").strip()
+        if not s.endswith("\\"):
+            kw, _, rest = cur.partition(" ")
+            out.append((kw.upper(), rest.strip()))
+            cur = ""
+    return out
+
+
+def commands(run_args):
+    """Shell commands of one RUN (shell or exec form), split on && and ;."""
+    if run_args.startswith("["):
+        run_args = " ".join(json.loads(run_args))
+    return [c.strip() for c in re.split(r"&&|;|\|\|", run_args) if c.strip()]
+
+
+def make_targets(cmd):
+    """('deps',) for `sudo make deps PREFIX=/usr -j4`; None when cmd is not make."""
+    try:
+        words = shlex.split(cmd.split("#", 1)[0])
+    except ValueError:
+        return None
+    while words and (words[0] == "sudo" or re.fullmatch(r"[A-Z_]+=\S*", words[0])):
+        words = words[1:]
+    if not words or words[0] != "make":
+        return None
+    return tuple(w for w in words[1:] if not w.startswith("-") and "=" not in w)
+
+
+def apt_packages(cmd):
+    words = cmd.split()
+    if "apt-get" not in words or "install" not in words:
+        return []
+    return [w for w in words[words.index("install") + 1:] if not w.startswith("-")]
+
+
+def stages(instrs):
+    out = []
+    for kw, args in instrs:
+        if kw == "FROM":
+            out.append({"from": args, "instrs": []})
+        elif out:
+            out[-1]["instrs"].append((kw, args))
+    return out
+
+
+def readme_make_steps(text):
+    m = re.search(r"<!--\s*build-steps\s*-->\s*```[a-z]*\n(.*?)```", text, re.S)
+    if not m:
+        return None
+    steps = []
+    for line in m.group(1).splitlines():
+        for c in re.split(r"&&|;", line):
+            t = make_targets(c.strip())
+            if t is not None:
+                steps.append(t)
+    return steps
+
+
+def needed_packages(binary):
+    """{package: [libs]} for the DT_NEEDED entries of binary."""
+    r = subprocess.run(["readelf", "-d", binary], capture_output=True, text=True, check=True)
+    # ldd gives the path the loader picks (right architecture); dpkg -S names its owner.
+    paths = dict(re.findall(r"^\s*(\S+) => (/\S+)", subprocess.run(
+        ["ldd", binary], capture_output=True, text=True).stdout, re.M))
+    pkgs = {}
+    for lib in re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", r.stdout):
+        pkg = f"?{lib}"
+        path = paths.get(lib)
+        for cand in ([path, os.path.realpath(path), "/usr" + path] if path else []):
+            q = subprocess.run(["dpkg", "-S", cand], capture_output=True, text=True)
+            if q.returncode == 0:
+                pkg = q.stdout.split(":", 1)[0].strip()
+                break
+        pkgs.setdefault(pkg, []).append(lib)
+    return pkgs
+
+
+def main(argv):
+    if len(argv) < 3:
+        print(__doc__.strip().splitlines()[2], file=sys.stderr)
+        return 2
+    dockerfile, readme, binaries = argv[1], argv[2], argv[3:]
+    with open(dockerfile, encoding="utf-8") as f:
+        st = stages(instructions(f.read()))
+    with open(readme, encoding="utf-8") as f:
+        readme_text = f.read()
+    errs, ok = [], []
+
+    def need(cond, what, why):
+        (ok if cond else errs).append(what if cond else f"{what}: {why}")
+
+    need(len(st) >= 2, "multi-stage", f"{len(st)} stage(s)")
+    if len(st) < 2:
+        print(f"FAIL {errs[-1]}", file=sys.stderr)
+        return 1
+    first, last = st[0], st[-1]
+    need(re.match(r"debian:(12|bookworm)(\s|$)", first["from"]) is not None,
+         "build stage FROM debian:12", f"got FROM {first['from']}")
+    need(re.match(r"debian:(12|bookworm)-slim(\s|$)", last["from"]) is not None,
+         "runtime stage FROM debian:12-slim", f"got FROM {last['from']}")
+    need(any(kw == "COPY" and "--from=" in a for kw, a in last["instrs"]),
+         "runtime stage copies from the build stage", "no COPY --from=")
+
+    build_cmds = [c for kw, a in first["instrs"] if kw == "RUN" for c in commands(a)]
+    docker_steps = [t for t in map(make_targets, build_cmds) if t is not None]
+    readme_steps = readme_make_steps(readme_text)
+    need(readme_steps is not None, "README has a <!-- build-steps --> code block", "marker missing")
+    if readme_steps is not None:
+        fmt = lambda steps: " ; ".join("make " + " ".join(t) if t else "make" for t in steps)
+        need(docker_steps == readme_steps and docker_steps,
+             f"build steps match the README ({fmt(docker_steps)})",
+             f"Dockerfile runs [{fmt(docker_steps)}], README says [{fmt(readme_steps)}]")
+
+    users = [a for kw, a in last["instrs"] if kw == "USER"]
+    user = users[-1].split(":")[0] if users else "root"
+    need(user not in ("root", "0"), "runtime USER is not root", f"USER {user}")
+    hc = [a for kw, a in last["instrs"] if kw == "HEALTHCHECK"]
+    need(bool(hc) and "mapflowctl" in hc[-1] and "health" in hc[-1],
+         "HEALTHCHECK runs mapflowctl health", f"got {hc[-1] if hc else 'none'}")
+
+    runtime_pkgs = [p for kw, a in last["instrs"] if kw == "RUN" for c in commands(a)
+                    for p in apt_packages(c)]
+    bad = [p for p in runtime_pkgs if TOOLCHAIN.search(p)]
+    need(not bad, "runtime stage installs no -dev packages or compilers", f"it installs {bad}")
+
+    if binaries:
+        needed = {}
+        for b in binaries:
+            for pkg, libs in needed_packages(b).items():
+                needed.setdefault(pkg, set()).update(libs)
+        missing = {p: sorted(l) for p, l in needed.items()
+                   if p not in runtime_pkgs and p not in BASE_SLIM}
+        need(not missing, f"runtime packages cover the binaries' libraries ({len(needed)} packages)",
+             "missing " + ", ".join(f"{p} ({' '.join(l)})" for p, l in sorted(missing.items())))
+        extra = sorted(set(runtime_pkgs) - set(needed))
+        need(not extra, "runtime stage installs nothing the binaries do not load",
+             f"unneeded: {extra}")
+    else:
+        ok.append("runtime libraries not compared (no binaries given)")
+
+    for e in errs:
+        print(f"{dockerfile}: FAIL {e}", file=sys.stderr)
+    for o in ok:
+        print(f"{dockerfile}: ok {o}")
+    return 1 if errs else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
