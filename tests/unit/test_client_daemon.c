@@ -254,6 +254,24 @@ static mf_tier_t listed_tier(mf_channel_t *ch, const rows_t *r, size_t i, uint32
     return t;
 }
 
+/* Waits (bounded) until no entry of the namespace is pinned: async write-through holds
+ * an internal pin while its SSD write runs, and only unpinned entries can move. */
+static void wait_unpinned(mf_channel_t *ch)
+{
+    for (int i = 0; i < 1000; i++) {
+        mf_list_page_t *p = NULL;
+        assert_int_equal(mf_list(ch, NULL, -1, 1000, NULL, 0, &p, MF_TIMEOUT_DEFAULT), MF_OK);
+        size_t pinned = 0;
+        for (size_t e = 0; e < p->n_entries; e++)
+            pinned += p->entries[e].pins != 0;
+        mf_list_page_free(p);
+        if (!pinned)
+            return;
+        msleep(10);
+    }
+    fail_msg("entries stayed pinned for 10 s");
+}
+
 static uint64_t tier_used(mf_channel_t *ch, mf_tier_t tier)
 {
     mf_stats_t *s;
@@ -327,8 +345,11 @@ static void test_roundtrip_and_lookup(void **state)
 
     /* SSD tier: demote everything, read back identical bytes. */
     uint64_t eb = 0, ee = 0;
+    wait_unpinned(ch);
     assert_int_equal(mf_evict(ch, MF_TIER_HOST, 1ull << 40, &eb, &ee, MF_TIMEOUT_DEFAULT), MF_OK);
-    assert_true(ee >= 6);
+    if (ee < 6)
+        fail_msg("evict moved %llu entries (%llu bytes), expected 6", (unsigned long long)ee,
+                 (unsigned long long)eb);
     for (size_t i = 0; i < r.n; i++)
         assert_int_equal(listed_tier(ch, &r, i, NULL), MF_TIER_SSD);
     for (size_t i = 0; i < r.n; i++)
@@ -383,6 +404,7 @@ static void test_leased_entry_never_evicted(void **state)
     make_rows(&r, "ns-c", 1, tokens, 2, 500);
     put_ok(ch, r.row[0], r.len[0], 0);
     put_ok(ch, r.row[1], r.len[1], 0);
+    wait_unpinned(ch);
     mf_key_t k = {MODEL, 1, r.hash[0]};
     mf_lease_t l;
     assert_int_equal(mf_get_lease(ch, &k, &l, MF_TIMEOUT_DEFAULT), MF_OK);
@@ -392,12 +414,13 @@ static void test_leased_entry_never_evicted(void **state)
     assert_int_equal(mf_flush(other, NULL, MF_TIMEOUT_DEFAULT), MF_OK);
     uint32_t pins = 0;
     assert_int_equal(listed_tier(ch, &r, 0, &pins), MF_TIER_HOST);
-    assert_int_equal(pins, 1);
+    assert_true(pins >= 1);
     assert_memory_equal(l.data, r.row[0], r.len[0]); /* the leased bytes did not move */
     assert_int_equal(listed_tier(ch, &r, 1, NULL), MF_TIER_NONE); /* flushed */
     uint32_t rel = 0;
     assert_int_equal(mf_release(ch, &l.lease_id, 1, &rel, MF_TIMEOUT_DEFAULT), MF_OK);
     assert_int_equal(rel, 1);
+    wait_unpinned(ch);
     assert_int_equal(mf_evict(ch, MF_TIER_HOST, 1ull << 40, NULL, NULL, MF_TIMEOUT_DEFAULT),
                      MF_OK);
     assert_int_not_equal(listed_tier(ch, &r, 0, NULL), MF_TIER_HOST);
@@ -555,7 +578,7 @@ static void test_killed_client_leases_released(void **state)
     assert_int_equal(c, 'y');
     uint32_t pins = 0;
     assert_int_equal(listed_tier(ch, &r, 0, &pins), MF_TIER_HOST);
-    assert_int_equal(pins, 1);
+    assert_true(pins >= 1);
     kill(kid, SIGKILL);
     waitpid(kid, NULL, 0);
     for (int i = 0; i < 500 && pins; i++) { /* the daemon notices the EOF */
