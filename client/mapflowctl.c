@@ -673,6 +673,33 @@ static int cmd_hash(const ctl_t *c, const cmd_opts_t *o)
 
 /* ==== main =========================================================================== */
 
+/* Required options, checked before connecting so usage errors exit 2, not 3. */
+static void check_required(const char *cmd, const cmd_opts_t *o)
+{
+    if (!strcmp(cmd, "get")) {
+        need(o->model, "--model", cmd);
+        need(o->hash, "--hash", cmd);
+        need(o->out, "--out", cmd);
+        if (o->layer < 0)
+            usage_fail("get needs --layer");
+        parse_hash(o->hash);
+    } else if (!strcmp(cmd, "lookup")) {
+        need(o->model, "--model", cmd);
+        need(o->layers, "--layers", cmd);
+        need(o->tokens, "--tokens", cmd);
+        if (!o->block)
+            usage_fail("lookup needs --block B");
+    } else if (!strcmp(cmd, "del")) {
+        need(o->model, "--model", cmd);
+        if (o->hash && o->layer < 0)
+            usage_fail("del --hash needs --layer");
+    } else if (!strcmp(cmd, "evict")) {
+        need(o->tier, "--tier host|ssd", cmd);
+    } else if (!strcmp(cmd, "put") && o->n_rows == 0) {
+        usage_fail("put needs --row FILE");
+    }
+}
+
 static const char *default_socket(char *buf, size_t cap)
 {
     const char *env = getenv("MAPFLOW_SOCKET");
@@ -757,6 +784,8 @@ int main(int argc, char **argv)
         ;
     if (k == sizeof(known) / sizeof(known[0]))
         usage_fail("unknown command '%s'", cmd);
+    if (takes_opts)
+        check_required(cmd, &co);
     int rc = connect_ctl(&c);
     if (rc == 0) {
         if (!strcmp(cmd, "health")) rc = cmd_health(&c);

@@ -15,7 +15,7 @@ set -euo pipefail
 MF_BIN=${MF_BIN:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/build/bin}
 MAPFLOWD=${MAPFLOWD:-$MF_BIN/mapflowd}
 CTL=$MF_BIN/mapflowctl
-PYTHON=${PYTHON:-python3}
+PYTHON=${PYTHON:-/usr/bin/python3}
 MF_TMP=$(mktemp -d /tmp/mfit-XXXXXX)
 MF_SOCK=$MF_TMP/d.sock
 MF_DATA=$MF_TMP/data
