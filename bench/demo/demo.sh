@@ -35,7 +35,7 @@ mkdir -p "$tmp/cal/src" "$tmp/cal/tgt"
 "$BIN/mapflow-demo-source" --dump-maps "$tmp/cal/src" --samples "$SAMPLES" --n "$CAL_N" "${SHAPE[@]}" --seed 100
 "$BIN/mapflow-demo-source" --dump-maps "$tmp/cal/tgt" --samples "$SAMPLES" --n "$CAL_N" "${SHAPE[@]}" --seed 100 --target-maps
 "$BIN/mapflow-calibrate" --source "$tmp/cal/src" --target "$tmp/cal/tgt" --out "$tmp/profile.pb" \
-  --source-model demo-src-8h --target-model demo-tgt-6h --block 64 --recompute-last 1 | sed 's/^/  /'
+  --source-model demo-src-8h --target-model demo-tgt-6h --block 64 --recompute-last 1 --prob-max-error 0.12 | sed 's/^/  /'
 
 echo "== source worker"
 "$BIN/mapflow-demo-source" --daemon "unix:$sock" --profile "$tmp/profile.pb" --n "$N" "${SHAPE[@]}" --codec u8log

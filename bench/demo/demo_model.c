@@ -63,20 +63,23 @@ mf_status_t demo_target_qkv(const demo_shape_t *s, uint32_t layer, float *q, flo
 {
     uint32_t n = s->n_tokens, hs = s->src_heads, ht = s->tgt_heads, d = s->head_dim, dt = 2 * d;
     size_t src_elems = (size_t)n * hs * d;
-    float *sq = malloc(sizeof(float) * src_elems), *sk = malloc(sizeof(float) * src_elems);
+    /* The source's V is drawn too: synth's random stream depends on it, and the target must
+     * see exactly the source's Q/K. */
+    float *sq = malloc(sizeof(float) * src_elems), *sk = malloc(sizeof(float) * src_elems),
+          *sv = malloc(sizeof(float) * src_elems);
     double *rot = malloc(sizeof(double) * dt * dt), *xq = malloc(sizeof(double) * dt),
            *xk = malloc(sizeof(double) * dt);
     mf_status_t st = MF_RESOURCE_EXHAUSTED;
-    if (!sq || !sk || !rot || !xq || !xk)
+    if (!sq || !sk || !sv || !rot || !xq || !xk)
         goto out_free;
-    st = demo_source_qkv(s, layer, sq, sk, NULL);
+    st = demo_source_qkv(s, layer, sq, sk, sv);
     if (st != MF_OK)
         goto out_free;
     mf_rng_t r;
     mf_rng_seed(&r, layer_seed(s, layer) ^ 0x5bd1e995u);
     /* Target logits = (L_a + L_b)/2 + its own content term: q_t = [q_a; q_b]/sqrt(2) + e_q,
      * k_t = [k_a; k_b] + e_k, with 1/sqrt(2d) as the target's softmax scale. */
-    const double half = 1.0 / sqrt(2.0), own = 0.35;
+    const double half = 1.0 / sqrt(2.0), own = 0.1;
     for (uint32_t t = 0; t < ht; t++) {
         uint32_t a, b;
         demo_target_pair(s, layer, t, &a, &b);
@@ -112,6 +115,7 @@ mf_status_t demo_target_qkv(const demo_shape_t *s, uint32_t layer, float *q, flo
 out_free:
     free(sq);
     free(sk);
+    free(sv);
     free(rot);
     free(xq);
     free(xk);
