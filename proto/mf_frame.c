@@ -113,7 +113,7 @@ mf_status_t mf_frame_reader_next(mf_frame_reader_t *r, mf_frame_t *out, int *hav
                                  const char **why)
 {
     const char *dummy;
-    uint32_t flen, mlen;
+    uint32_t flen, mlen = 0; /* set whenever used; initialised for gcc -O1's flow check */
     if (!why)
         why = &dummy;
     *have = 0;
