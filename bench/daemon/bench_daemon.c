@@ -29,6 +29,8 @@ typedef struct options {
     int clients[MAX_COUNTS];
     int n_clients;
     double seconds;
+    double budget;   /* seconds for the whole run; later points are skipped past it */
+    double t0;
     mfb_workload_params_t wp;
 } options_t;
 
@@ -38,7 +40,7 @@ static void usage(FILE *f)
             "usage: mapflow-bench-daemon --daemon unix:PATH [--redis PATH] [--rocks-dir DIR]\n"
             "         [--quick] [--clients 1,4,16,64] [--seconds S] [--only PHASES]\n"
             "         [--ctx-tokens N] [--mask-layers L] [--fp8-rows N] [--fp8-layers L]\n"
-            "         [--seed N]\n"
+            "         [--seed N] [--budget S]\n"
             "phases: memcpy put lookup get prefix mixed ssd rocksdb redis (default: all)\n"
             "Prints RESULT and INFO lines (tab separated); bench/daemon/run.sh drives it.\n");
 }
@@ -73,7 +75,7 @@ static int parse_counts(const char *s, options_t *o)
 static int parse_args(int argc, char **argv, options_t *o)
 {
     enum { O_REDIS = 256, O_ROCKS, O_QUICK, O_CLIENTS, O_SECONDS, O_ONLY, O_CTX, O_MASKL,
-           O_FP8R, O_FP8L, O_SEED };
+           O_FP8R, O_FP8L, O_SEED, O_BUDGET };
     static const struct option longs[] = {
         {"daemon", required_argument, NULL, 'd'},   {"redis", required_argument, NULL, O_REDIS},
         {"rocks-dir", required_argument, NULL, O_ROCKS}, {"quick", no_argument, NULL, O_QUICK},
@@ -83,15 +85,17 @@ static int parse_args(int argc, char **argv, options_t *o)
         {"mask-layers", required_argument, NULL, O_MASKL},
         {"fp8-rows", required_argument, NULL, O_FP8R},
         {"fp8-layers", required_argument, NULL, O_FP8L},
-        {"seed", required_argument, NULL, O_SEED},  {"help", no_argument, NULL, 'h'},
+        {"seed", required_argument, NULL, O_SEED},  {"budget", required_argument, NULL, O_BUDGET},
+        {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     /* Defaults: the full run; --quick shrinks the row set and the time per point. */
     *o = (options_t){.seconds = 2.0,
+                     .budget = 480,
                      .wp = {.ctx_tokens = 32768, .mask_layers = 16, .fp8_rows = 32,
                             .fp8_layers = 2, .fp8_first_block = 95, .seed = 13}};
     parse_counts("1,4,16,64", o);
     int quick = 0, c;
-    double secs = -1;
+    double secs = -1, budget = -1;
     long fp8r = -1, fp8l = -1;
     while ((c = getopt_long(argc, argv, "d:h", longs, NULL)) != -1) {
         switch (c) {
@@ -110,17 +114,21 @@ static int parse_args(int argc, char **argv, options_t *o)
         case O_FP8R: fp8r = strtol(optarg, NULL, 10); break;
         case O_FP8L: fp8l = strtol(optarg, NULL, 10); break;
         case O_SEED: o->wp.seed = strtoull(optarg, NULL, 10); break;
+        case O_BUDGET: budget = atof(optarg); break;
         case 'h': usage(stdout); exit(0);
         default: return -1;
         }
     }
     if (quick) {
         o->seconds = 0.5;
+        o->budget = 90;
         o->wp.fp8_rows = 16;
         o->wp.fp8_layers = 1;
     }
     if (secs > 0)
         o->seconds = secs;
+    if (budget > 0)
+        o->budget = budget;
     if (fp8r > 0)
         o->wp.fp8_rows = (uint32_t)fp8r;
     if (fp8l > 0)
@@ -138,6 +146,11 @@ static int sweep(const options_t *o, mfb_job_t *job, const char *op, void (*rese
 {
     int bad = 0;
     for (int i = 0; i < o->n_clients; i++) {
+        if (mfb_now() - o->t0 > o->budget) {
+            printf("INFO\tskipped %s/%s at %d clients: run budget of %.0f s spent\n",
+                   job->system, op, o->clients[i], o->budget);
+            continue;
+        }
         if (reset)
             reset(reset_arg);
         job->op = op;
@@ -166,6 +179,8 @@ static void evict_before_pass(void *p)
 {
     phase_ctx_t *x = p;
     uint64_t ev = 0;
+    atomic_store(&x->mf.next, 0);
+    atomic_store(&x->mf.ssd_rows, 0);
     if (mfb_mapflow_evict_host(x->o->target, &ev) == MF_OK)
         printf("INFO\tevicted %.1f MB from the host tier before the ssd pass\n", ev / 1e6);
 }
@@ -317,7 +332,7 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    double t0 = mfb_now();
+    double t0 = o.t0 = mfb_now();
     mfb_workload_t w;
     const char *why = "";
     mf_status_t st = mfb_workload_build(&w, &o.wp, &why);

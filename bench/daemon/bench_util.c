@@ -45,15 +45,15 @@ void mfb_client_error(mfb_client_t *c, const char *fmt, ...)
 
 /* Algorithm R: sample i (0-based, of the n seen so far) replaces a random slot. */
 static void lat_add(uint32_t *lat, size_t *n, size_t cap, uint64_t seen, uint64_t *rng,
-                    uint32_t ns)
+                    uint32_t ticks)
 {
     if (*n < cap) {
-        lat[(*n)++] = ns;
+        lat[(*n)++] = ticks;
         return;
     }
     uint64_t j = mfb_rand(rng) % (seen + 1);
     if (j < cap)
-        lat[j] = ns;
+        lat[j] = ticks;
 }
 
 typedef struct run_shared {
@@ -104,12 +104,12 @@ static void *client_main(void *p)
             c->errors++;
             break;
         }
-        double ns = (end - now) * 1e9;
-        uint32_t ns32 = ns > 4e9 ? 4000000000u : (uint32_t)ns;
-        lat_add(c->lat_ns, &c->lat_n, c->lat_cap, c->ops, &c->rng, ns32);
+        double ticks = (end - now) * 1e7; /* 100 ns units: 0.1 µs .. 429 s */
+        uint32_t t32 = ticks > 4e9 ? 4000000000u : (uint32_t)ticks;
+        lat_add(c->lat, &c->lat_n, c->lat_cap, c->ops, &c->rng, t32);
         if (job->n_kinds > 0 && c->kind >= 0 && c->kind < job->n_kinds) {
             int k = c->kind;
-            lat_add(c->kind_lat[k], &c->kind_n[k], c->lat_cap, c->kind_ops[k], &c->rng, ns32);
+            lat_add(c->kind_lat[k], &c->kind_n[k], c->lat_cap, c->kind_ops[k], &c->rng, t32);
             c->kind_ops[k]++;
         }
         c->ops++;
@@ -136,7 +136,7 @@ static double pct_us(const uint32_t *s, size_t n, double p)
     size_t i = (size_t)(p * (double)n);
     if (i >= n)
         i = n - 1;
-    return s[i] / 1e3;
+    return s[i] / 10.0; /* 100 ns ticks → µs */
 }
 
 /* Gathers every client's samples of one kind (-1 = all ops) and sorts them. */
@@ -150,7 +150,7 @@ static uint32_t *merge_lat(run_thread_t *th, int n, int kind, size_t *out_n)
         return NULL;
     size_t k = 0;
     for (int i = 0; i < n; i++) {
-        const uint32_t *src = kind < 0 ? th[i].c.lat_ns : th[i].c.kind_lat[kind];
+        const uint32_t *src = kind < 0 ? th[i].c.lat : th[i].c.kind_lat[kind];
         size_t m = kind < 0 ? th[i].c.lat_n : th[i].c.kind_n[kind];
         memcpy(all + k, src, m * sizeof(uint32_t));
         k += m;
@@ -163,7 +163,7 @@ static uint32_t *merge_lat(run_thread_t *th, int n, int kind, size_t *out_n)
 static void free_threads(run_thread_t *th, int n)
 {
     for (int i = 0; i < n; i++) {
-        free(th[i].c.lat_ns);
+        free(th[i].c.lat);
         for (int k = 0; k < 4; k++)
             free(th[i].c.kind_lat[k]);
     }
@@ -192,8 +192,8 @@ int mfb_run(const mfb_job_t *job, mfb_result_t *out)
         c->n_clients = n;
         c->rng = 0x5eed0000ull + (uint64_t)i * 7919u;
         c->lat_cap = cap;
-        c->lat_ns = malloc(cap * sizeof(uint32_t));
-        int bad = !c->lat_ns;
+        c->lat = malloc(cap * sizeof(uint32_t));
+        int bad = !c->lat;
         for (int k = 0; k < job->n_kinds; k++)
             bad |= !(c->kind_lat[k] = malloc(cap * sizeof(uint32_t)));
         if (bad) {
@@ -251,7 +251,7 @@ int mfb_run(const mfb_job_t *job, mfb_result_t *out)
         double sum = 0;
         for (size_t i = 0; i < m; i++)
             sum += all[i];
-        out->mean_us = sum / (double)m / 1e3;
+        out->mean_us = sum / (double)m / 10.0;
         out->p50_us = pct_us(all, m, 0.50);
         out->p99_us = pct_us(all, m, 0.99);
     }

@@ -31,7 +31,7 @@ typedef struct mfb_client {
     void *state;           /* job->open sets it */
     uint64_t rng;          /* seeded per client */
     uint64_t ops, bytes, errors;
-    uint32_t *lat_ns;      /* latency samples (reservoir) */
+    uint32_t *lat;         /* latency samples in 100 ns ticks (reservoir) */
     size_t lat_n, lat_cap;
     double t_start, t_end; /* monotonic seconds */
     char err[200];         /* first error of this client */

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# bench/daemon/run.sh — mapflowd against the stores users would pick instead (issue 13).
+#
+#   bench/daemon/run.sh [--quick] [--no-report] [--keep] [-- BENCH-ARGS...]
+#
+# Builds mapflowd and mapflow-bench-daemon, starts its own mapflowd (temp socket and data
+# directory, host tier sized for the rows) and redis-server (unix socket in the temp
+# directory, no persistence), runs every measurement at 1, 4, 16 and 64 clients, prints a
+# table with ratios against the baselines measured in the same run, and writes
+# bench/results/daemon.md (the exact command, machine info, the table).
+# --quick: fewer rows and 0.5 s per point (< 2 min); default < 10 min.
+# --no-report: print the table but leave bench/results/daemon.md alone.
+# BENCH-ARGS go to mapflow-bench-daemon (e.g. -- --only lookup,get --clients 1,16).
+# Env: MF_BENCH_HOST_BYTES (default 2gb, 1gb with --quick), PYTHON (python3).
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+cmdline="bench/daemon/run.sh $*"
+quick=0 report=1 keep=0
+extra=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --quick) quick=1 ;;
+    --no-report) report=0 ;;
+    --keep) keep=1 ;;
+    --) shift; extra=("$@"); break ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    *) echo "run.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    esac
+    shift
+done
+PYTHON=${PYTHON:-python3}
+if [ $quick = 1 ]; then
+    host_bytes=${MF_BENCH_HOST_BYTES:-1gb}; limit=150; qflag=(--quick)
+else
+    host_bytes=${MF_BENCH_HOST_BYTES:-2gb}; limit=570; qflag=()
+fi
+
+cd "$root"
+echo "== building" >&2
+make --no-print-directory -j"$(nproc)" build/bin/mapflowd build/bin/mapflow-bench-daemon >&2
+bin=$root/build/bin
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/mf-bench-daemon.XXXXXX")
+dpid="" rpid=""
+cleanup() {
+    [ -n "$dpid" ] && kill "$dpid" 2>/dev/null && wait "$dpid" 2>/dev/null || true
+    [ -n "$rpid" ] && kill "$rpid" 2>/dev/null && wait "$rpid" 2>/dev/null || true
+    if [ $keep = 1 ]; then echo "kept $tmp" >&2; else rm -rf "$tmp"; fi
+}
+trap cleanup EXIT INT TERM
+
+# Waits (bounded) for a unix socket to appear; fails if the process died.
+wait_socket() {
+    local sock=$1 pid=$2 what=$3 i
+    for i in $(seq 1 200); do
+        [ -S "$sock" ] && return 0
+        kill -0 "$pid" 2>/dev/null || { echo "run.sh: $what exited early" >&2; return 1; }
+        sleep 0.05
+    done
+    echo "run.sh: $what did not create $sock in 10 s" >&2
+    return 1
+}
+
+echo "== starting mapflowd (host_bytes $host_bytes) and redis-server in $tmp" >&2
+"$bin/mapflowd" --socket "$tmp/mapflowd.sock" --data_dir "$tmp/data" --http "" \
+    --host_bytes "$host_bytes" --log_level warn 2>"$tmp/mapflowd.log" &
+dpid=$!
+wait_socket "$tmp/mapflowd.sock" "$dpid" mapflowd || { cat "$tmp/mapflowd.log" >&2; exit 1; }
+
+redis_args=()
+redis_version=""
+if command -v redis-server >/dev/null; then
+    redis-server --port 0 --unixsocket "$tmp/redis.sock" --unixsocketperm 700 \
+        --save "" --appendonly no --dir "$tmp" --daemonize no \
+        --logfile "$tmp/redis.log" &
+    rpid=$!
+    wait_socket "$tmp/redis.sock" "$rpid" redis-server || exit 1
+    redis_args=(--redis "$tmp/redis.sock")
+    redis_version=$(redis-server --version | sed -n 's/.*v=\([^ ]*\).*/\1/p')
+else
+    echo "run.sh: redis-server not installed (apt-get install redis-server): Redis rows skipped" >&2
+fi
+
+echo "== running (bounded at ${limit} s)" >&2
+set +e
+timeout "$limit" "$bin/mapflow-bench-daemon" --daemon "unix:$tmp/mapflowd.sock" \
+    "${redis_args[@]}" --rocks-dir "$tmp/rocks-direct" "${qflag[@]}" "${extra[@]}" \
+    | tee "$tmp/results.tsv" | grep --line-buffered '^INFO' >&2
+rc=${PIPESTATUS[0]}
+set -e
+if [ "$rc" -ne 0 ]; then
+    echo "run.sh: mapflow-bench-daemon exited $rc (see the lines above)" >&2
+    [ -s "$tmp/mapflowd.log" ] && { echo "-- mapflowd log (tail):" >&2; tail -20 "$tmp/mapflowd.log" >&2; }
+fi
+kill -0 "$dpid" 2>/dev/null || { echo "run.sh: mapflowd died during the run" >&2; rc=1; }
+
+out_args=()
+[ $report = 1 ] && out_args=(--out "$root/bench/results/daemon.md")
+"$PYTHON" "$here/report.py" --results "$tmp/results.tsv" --command "$cmdline" \
+    --redis-version "${redis_version:-none}" --host-bytes "$host_bytes" "${out_args[@]}"
+exit "$rc"
