@@ -1,0 +1,546 @@
+/* apply — the CUDA mf_apply (mapflow_kernels_cuda.h; spec: mf_apply_ref).
+ *
+ * One launch per layer, one CTA per (query block i, target head t), largest i first. The
+ * CTA's mode is its head's (prob / mask / compute), or compute when block i is exact:
+ *  - prob: the row's columns whose head mask meets {s : W[t,s] > 0} are walked once;
+ *    each warp reads its 16 rows of every present source tile straight from the row
+ *    (8 or 16 bytes a load), decodes and mixes them with W in registers (the mixed tile
+ *    is never stored), and multiplies by V (tensor cores). The 8 consecutive keys a thread
+ *    loads are spread over the A fragment's positions; V is read with the same key
+ *    permutation (pv<S, true>), so no shuffle is needed. Output / kept mixed mass.
+ *  - mask: mixed masses per column in double (bit-exact with the reference), Top-P
+ *    sorted in shared memory, then attention over the kept blocks (online softmax).
+ *  - compute: the same attention loop over every block j ≤ i.
+ * Rows whose header disagrees are counted in bad_rows and computed exactly. */
+#include <string.h>
+
+#include "mf_cuda_common.cuh"
+
+using namespace mfc;
+
+namespace {
+
+struct app_params {
+    const void *q, *k, *v;
+    float *o;
+    const uint8_t *const *rows; /* [n_rows] */
+    const float *w;        /* [Ht][Hs] */
+    const float *top_p;    /* [Ht] */
+    const uint8_t *mode;   /* [Ht] */
+    const uint8_t *exact;  /* [nb_all] */
+    uint32_t *bad;
+    uint32_t n, ht, hkv, hs, n_rows, nb_all;
+    float scale_log2;
+};
+
+#define SEL_BYTES (MF_CUDA_MAX_BLOCKS * (2 * sizeof(double) + sizeof(uint32_t)))
+
+/* Shared memory: Q tile | work area (K, V stages, or the selection arrays) | lists. */
+template <class S> struct smem_plan {
+    static constexpr size_t tiles = 4 * S::TILE * sizeof(typename S::T);
+    static constexpr size_t work = tiles > SEL_BYTES ? tiles : SEL_BYTES;
+    static constexpr size_t q = S::TILE * sizeof(typename S::T);
+    static constexpr size_t lists = MF_CUDA_MAX_BLOCKS * (2 * sizeof(uint16_t) + 1);
+    static constexpr size_t total = q + work + lists;
+};
+
+/* Attention of this CTA's rows over key blocks jf(0..count−1); stores rows < N where
+ * store[r] (this thread's rows g and g + 8). */
+template <class S, class JF>
+__device__ void attend(const app_params &p, uint8_t *sm, uint32_t i, uint32_t t, int count,
+                       JF jf, const bool store[2])
+{
+    typedef typename S::T T;
+    T *qs = reinterpret_cast<T *>(sm), *ks = qs + S::TILE, *vs = ks + 2 * S::TILE;
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    uint32_t kvh = t / (p.ht / p.hkv), qf[S::D / 16][4];
+    load_tile<S>(qs, static_cast<const T *>(p.q), i * S::B, p.n, p.ht, t);
+    cp_commit();
+    cp_wait<0>();
+    __syncthreads();
+    load_q_frags<S>(qf, qs);
+    float m[2] = { -INFINITY, -INFINITY }, l[2] = { 0.0f, 0.0f }, o[S::D / 8][4];
+#pragma unroll
+    for (int dt = 0; dt < S::D / 8; dt++)
+        o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+    kv_loop<S, true>(
+        ks, vs, static_cast<const T *>(p.k), static_cast<const T *>(p.v), p.n, p.hkv, kvh,
+        count, jf, [&](const T *kt, const T *vt, uint32_t j, int) {
+            float s[S::B / 8][4];
+            qk<S>(s, qf, kt);
+#pragma unroll
+            for (int nt = 0; nt < S::B / 8; nt++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    int q = w * 16 + (lane >> 2) + (c >> 1) * 8,
+                        kk = nt * 8 + (lane & 3) * 2 + (c & 1);
+                    s[nt][c] = (j == i && kk > q) ? -INFINITY : s[nt][c] * p.scale_log2;
+                }
+            float alpha[2];
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                float mx = -INFINITY;
+#pragma unroll
+                for (int nt = 0; nt < S::B / 8; nt++)
+                    mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+                float mn = fmaxf(m[r], quad_max(mx));
+                float base = mn == -INFINITY ? 0.0f : mn, sum = 0.0f;
+#pragma unroll
+                for (int nt = 0; nt < S::B / 8; nt++) {
+                    s[nt][2 * r] = exp2f(s[nt][2 * r] - base);
+                    s[nt][2 * r + 1] = exp2f(s[nt][2 * r + 1] - base);
+                    sum += s[nt][2 * r] + s[nt][2 * r + 1];
+                }
+                alpha[r] = exp2f(m[r] - base);
+                l[r] = l[r] * alpha[r] + sum;
+                m[r] = mn;
+            }
+#pragma unroll
+            for (int dt = 0; dt < S::D / 8; dt++) {
+                o[dt][0] *= alpha[0];
+                o[dt][1] *= alpha[0];
+                o[dt][2] *= alpha[1];
+                o[dt][3] *= alpha[1];
+            }
+            uint32_t pf[S::B / 16][4];
+#pragma unroll
+            for (int kk = 0; kk < S::B / 16; kk++) {
+                pf[kk][0] = elem<T>::pack(s[2 * kk][0], s[2 * kk][1]);
+                pf[kk][1] = elem<T>::pack(s[2 * kk][2], s[2 * kk][3]);
+                pf[kk][2] = elem<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                pf[kk][3] = elem<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            }
+            pv<S, false>(o, pf, vt);
+        });
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float lt = quad_sum(l[r]), inv = 1.0f / lt;
+        uint32_t row = i * S::B + w * 16 + (lane >> 2) + r * 8;
+        if (!store[r] || row >= p.n)
+            continue;
+        float *dst = p.o + ((size_t)row * p.ht + t) * S::D + (lane & 3) * 2;
+#pragma unroll
+        for (int dt = 0; dt < S::D / 8; dt++)
+            *reinterpret_cast<float2 *>(dst + dt * 8) =
+                make_float2(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
+    }
+}
+
+/* One present source head's contribution to this thread's mixed values:
+ * mix[kp][r][x] += W·P̂[row g + 8r][32·kp + 8u + x]. */
+template <int CODEC, int B>
+__device__ __forceinline__ void mix_head(float mix[][2][8], const uint8_t *tile, float wt,
+                                         float scale, int row0)
+{
+    int u = threadIdx.x & 3;
+#pragma unroll
+    for (int kp = 0; kp < B / 32; kp++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            size_t at = (size_t)(row0 + 8 * r) * B + kp * 32 + 8 * u;
+            if (CODEC == MF_CODEC_FP16 || CODEC == MF_CODEC_BF16) {
+                uint4 raw = __ldg(reinterpret_cast<const uint4 *>(tile + 2 * at));
+                const uint32_t wd[4] = { raw.x, raw.y, raw.z, raw.w };
+#pragma unroll
+                for (int x = 0; x < 4; x++) {
+                    float2 f;
+                    if (CODEC == MF_CODEC_FP16)
+                        f = __half22float2(*reinterpret_cast<const __half2 *>(&wd[x]));
+                    else
+                        f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&wd[x]));
+                    mix[kp][r][2 * x] += wt * f.x;
+                    mix[kp][r][2 * x + 1] += wt * f.y;
+                }
+            } else {
+                uint2 raw = __ldg(reinterpret_cast<const uint2 *>(tile + at));
+                const uint32_t wd[2] = { raw.x, raw.y };
+                if (CODEC == MF_CODEC_FP8_E4M3) {
+                    float c = wt * (scale / 448.0f);
+#pragma unroll
+                    for (int x = 0; x < 4; x++) {
+                        __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(
+                            (__nv_fp8x2_storage_t)(wd[x >> 1] >> (16 * (x & 1))), __NV_E4M3);
+                        float2 f = __half22float2(*reinterpret_cast<__half2 *>(&hr));
+                        mix[kp][r][2 * x] += c * f.x;
+                        mix[kp][r][2 * x + 1] += c * f.y;
+                    }
+                } else { /* U8_LOG: m·2^((q−255)/16), q = 0 → 0; W folded into the exponent */
+                    float c = log2f(wt * scale) - 255.0f / 16.0f;
+#pragma unroll
+                    for (int x = 0; x < 8; x++) {
+                        uint32_t q = (wd[x >> 2] >> (8 * (x & 3))) & 0xffu;
+                        mix[kp][r][x] += q ? exp2f(fmaf((float)q, 1.0f / 16.0f, c)) : 0.0f;
+                    }
+                }
+            }
+        }
+}
+
+/* Prob mode over the listed columns; returns this thread's rows' kept mass. */
+template <class S, int CODEC>
+__device__ void prob_path(const app_params &p, uint8_t *sm, const row_dev &row, uint32_t i,
+                          uint32_t t, int count, const uint16_t *s_col, const uint16_t *s_j,
+                          const float *s_w, unsigned long long wmask, float kmass[2])
+{
+    typedef typename S::T T;
+    T *vs = reinterpret_cast<T *>(sm) + S::TILE;
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, row0 = w * 16 + (lane >> 2);
+    float o[S::D / 8][4];
+#pragma unroll
+    for (int dt = 0; dt < S::D / 8; dt++)
+        o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+    kmass[0] = kmass[1] = 0.0f;
+    kv_loop<S, false>(
+        vs, nullptr, static_cast<const T *>(p.v), nullptr, p.n, p.hkv, t / (p.ht / p.hkv),
+        count, [&](int x) { return (uint32_t)s_j[x]; },
+        [&](const T *vt, const T *, uint32_t j, int x) {
+            uint32_t c = s_col[x];
+            unsigned long long hm = row.head_mask[c];
+            uint32_t coff = row.col_off[c];
+            float mix[S::B / 32][2][8];
+#pragma unroll
+            for (int a = 0; a < S::B / 32; a++)
+#pragma unroll
+                for (int r = 0; r < 2; r++)
+#pragma unroll
+                    for (int y = 0; y < 8; y++)
+                        mix[a][r][y] = 0.0f;
+            for (unsigned long long rel = hm & wmask; rel; rel &= rel - 1) {
+                uint32_t s = __ffsll((long long)rel) - 1, e = entry_of(coff, hm, s);
+                mix_head<CODEC, S::B>(mix, row.tiles + (size_t)e * row.tile_bytes, s_w[s],
+                                      row.scales ? row.scales[e] : 1.0f, row0);
+            }
+            uint32_t pf[S::B / 16][4];
+#pragma unroll
+            for (int kp = 0; kp < S::B / 32; kp++)
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+#pragma unroll
+                    for (int y = 0; y < 8; y++) {
+                        int key = kp * 32 + 8 * (lane & 3) + y;
+                        if (j == i && key > row0 + 8 * r) /* causality, whatever the tile holds */
+                            mix[kp][r][y] = 0.0f;
+                        kmass[r] += mix[kp][r][y];
+                    }
+#pragma unroll
+                    for (int hh = 0; hh < 2; hh++) {
+                        pf[2 * kp + hh][r] =
+                            elem<T>::pack(mix[kp][r][4 * hh], mix[kp][r][4 * hh + 1]);
+                        pf[2 * kp + hh][2 + r] =
+                            elem<T>::pack(mix[kp][r][4 * hh + 2], mix[kp][r][4 * hh + 3]);
+                    }
+                }
+            pv<S, true>(o, pf, vt);
+        });
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        kmass[r] = quad_sum(kmass[r]);
+        uint32_t rr = i * S::B + row0 + 8 * r;
+        if (!(kmass[r] > 0.0f) || rr >= p.n)
+            continue;
+        float inv = 1.0f / kmass[r];
+        float *dst = p.o + ((size_t)rr * p.ht + t) * S::D + (lane & 3) * 2;
+#pragma unroll
+        for (int dt = 0; dt < S::D / 8; dt++)
+            *reinterpret_cast<float2 *>(dst + dt * 8) =
+                make_float2(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
+    }
+}
+
+/* Warp 0 lists the columns c < n_cols with pred(c), in order: s_col[x] = c, s_j[x] = j. */
+template <class PRED>
+__device__ __forceinline__ void list_columns(const row_dev &row, uint16_t *s_col,
+                                             uint16_t *s_j, int *s_cnt, PRED pred)
+{
+    int lane = threadIdx.x & 31;
+    if (threadIdx.x < 32) {
+        int cnt = 0;
+        for (uint32_t base = 0; base < row.n_cols; base += 32) {
+            uint32_t c = base + lane;
+            bool ok = c < row.n_cols && pred(c);
+            uint32_t bal = __ballot_sync(0xffffffffu, ok);
+            if (ok) {
+                int at = cnt + __popc(bal & ((1u << lane) - 1));
+                s_col[at] = (uint16_t)c;
+                s_j[at] = (uint16_t)row.cols[c];
+            }
+            cnt += __popc(bal);
+        }
+        if (lane == 0)
+            *s_cnt = cnt;
+    }
+    __syncthreads();
+}
+
+template <class S> __global__ void __launch_bounds__(S::THREADS) apply_kernel(app_params p)
+{
+    extern __shared__ __align__(16) uint8_t sm[];
+    __shared__ float s_w[MF_ROW_MAX_HEADS];
+    __shared__ int s_cnt, s_kept;
+    __shared__ double s_acc0, s_target;
+    uint8_t *work = sm + smem_plan<S>::q;
+    uint16_t *s_col = reinterpret_cast<uint16_t *>(work + smem_plan<S>::work);
+    uint16_t *s_j = s_col + MF_CUDA_MAX_BLOCKS;
+    uint8_t *s_keep = reinterpret_cast<uint8_t *>(s_j + MF_CUDA_MAX_BLOCKS);
+    uint32_t i = p.nb_all - 1 - blockIdx.x / p.ht, t = blockIdx.x % p.ht;
+    uint32_t mode = p.exact[i] ? MF_HEAD_COMPUTE : p.mode[t];
+    row_dev row;
+    bool all[2] = { true, true };
+    if (mode != MF_HEAD_COMPUTE) {
+        row = row_open(p.rows[i]);
+        bool ok = row.block_index == i && row.block_size == S::B && row.n_heads == p.hs &&
+                  row.n_cols >= 1 && row.n_cols <= i + 1 &&
+                  !(mode == MF_HEAD_PROB && row.codec == MF_CODEC_MASK);
+        if (!ok) {
+            if (threadIdx.x == 0 && p.bad)
+                atomicAdd(p.bad, 1u);
+            mode = MF_HEAD_COMPUTE;
+        }
+    }
+    if (mode == MF_HEAD_COMPUTE) {
+        attend<S>(p, sm, i, t, (int)i + 1, [](int x) { return (uint32_t)x; }, all);
+        return;
+    }
+    for (uint32_t s = threadIdx.x; s < MF_ROW_MAX_HEADS; s += blockDim.x)
+        s_w[s] = s < p.hs ? p.w[(size_t)t * p.hs + s] : 0.0f;
+    __syncthreads();
+    unsigned long long wmask = 0;
+    for (uint32_t s = 0; s < p.hs; s++)
+        if (s_w[s] > 0.0f)
+            wmask |= 1ull << s;
+    if (mode == MF_HEAD_PROB) {
+        list_columns(row, s_col, s_j, &s_cnt,
+                     [&](uint32_t c) { return (row.head_mask[c] & wmask) != 0; });
+        float km[2];
+        switch (row.codec) {
+        case MF_CODEC_FP16:
+            prob_path<S, MF_CODEC_FP16>(p, sm, row, i, t, s_cnt, s_col, s_j, s_w, wmask, km);
+            break;
+        case MF_CODEC_BF16:
+            prob_path<S, MF_CODEC_BF16>(p, sm, row, i, t, s_cnt, s_col, s_j, s_w, wmask, km);
+            break;
+        case MF_CODEC_FP8_E4M3:
+            prob_path<S, MF_CODEC_FP8_E4M3>(p, sm, row, i, t, s_cnt, s_col, s_j, s_w, wmask, km);
+            break;
+        default:
+            prob_path<S, MF_CODEC_U8_LOG>(p, sm, row, i, t, s_cnt, s_col, s_j, s_w, wmask, km);
+            break;
+        }
+        bool need[2] = { !(km[0] > 0.0f), !(km[1] > 0.0f) };
+        if (__syncthreads_or(need[0] || need[1])) /* everything quantised away: exact */
+            attend<S>(p, sm, i, t, (int)i + 1, [](int x) { return (uint32_t)x; }, need);
+        return;
+    }
+    /* mask: mixed masses (double, source heads ascending, as the reference sums) */
+    double *mall = reinterpret_cast<double *>(work);
+    double *cm = mall + MF_CUDA_MAX_BLOCKS;
+    uint32_t *cj = reinterpret_cast<uint32_t *>(cm + MF_CUDA_MAX_BLOCKS);
+    for (uint32_t c = threadIdx.x; c < row.n_cols; c += blockDim.x) {
+        unsigned long long hm = row.head_mask[c], rel = hm & wmask;
+        double mm = 0.0;
+        for (; rel; rel &= rel - 1) {
+            uint32_t s = __ffsll((long long)rel) - 1;
+            mm += (double)s_w[s] * (double)mass_decode(row.mass[entry_of(row.col_off[c], hm, s)]);
+        }
+        mall[c] = mm;
+        s_keep[c] = (hm & wmask) ? 1 : 0; /* candidate */
+    }
+    __syncthreads();
+    double tp = p.top_p ? (double)p.top_p[t] : 1.0;
+    if (threadIdx.x == 0) {
+        double total = 0.0, acc0 = 0.0;
+        int n = 0;
+        for (uint32_t c = 0; c < row.n_cols; c++) {
+            uint32_t j = row.cols[c];
+            if (!s_keep[c])
+                continue;
+            total += mall[c];
+            if (j == 0 || j == i)
+                continue;
+            cm[n] = mall[c];
+            cj[n++] = c; /* column index; ties go to the lower c, i.e. the lower j */
+        }
+        if (row.cols[0] == 0 && s_keep[0])
+            acc0 += mall[0];
+        if (i > 0 && row.cols[row.n_cols - 1] == i && s_keep[row.n_cols - 1])
+            acc0 += mall[row.n_cols - 1];
+        s_cnt = n;
+        s_acc0 = acc0;
+        s_target = tp * total;
+    }
+    __syncthreads();
+    int n = s_cnt;
+    if (tp < 1.0 && i + 1 > 2) {
+        for (uint32_t c = threadIdx.x; c < row.n_cols; c += blockDim.x) {
+            uint32_t j = row.cols[c];
+            if (j != 0 && j != i)
+                s_keep[c] = 0;
+        }
+        int kept = topp_sorted(cm, cj, n, s_acc0, s_target, &s_kept);
+        for (int x = threadIdx.x; x < kept; x += blockDim.x)
+            s_keep[cj[x]] = 1;
+    }
+    __syncthreads();
+    /* blocks 0 and i are always attended, candidates or not */
+    list_columns(row, s_col, s_j, &s_cnt, [&](uint32_t c) {
+        uint32_t j = row.cols[c];
+        return s_keep[c] || j == 0 || j == i;
+    });
+    if (threadIdx.x == 0) {
+        int cnt = s_cnt;
+        if (row.cols[0] != 0) { /* not in the row: prepend (the list stays ascending) */
+            for (int x = cnt; x > 0; x--)
+                s_j[x] = s_j[x - 1];
+            s_j[0] = 0;
+            cnt++;
+        }
+        if (i > 0 && row.cols[row.n_cols - 1] != i)
+            s_j[cnt++] = (uint16_t)i;
+        s_cnt = cnt;
+    }
+    __syncthreads();
+    attend<S>(p, sm, i, t, s_cnt, [&](int x) { return (uint32_t)s_j[x]; }, all);
+}
+
+template <class S> mf_status_t launch(const app_params &p, cudaStream_t st)
+{
+    size_t sm = smem_plan<S>::total;
+    cudaError_t e = cudaFuncSetAttribute(apply_kernel<S>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
+    if (e != cudaSuccess)
+        return MF_INTERNAL;
+    apply_kernel<S><<<p.nb_all * p.ht, S::THREADS, sm, st>>>(p);
+    return MF_OK;
+}
+
+template <typename T> mf_status_t launch_t(const app_params &p, uint32_t b, uint32_t d,
+                                           cudaStream_t st)
+{
+    switch (b * 1000 + d) {
+    case 32064: return launch<shape<32, 64, T>>(p, st);
+    case 32128: return launch<shape<32, 128, T>>(p, st);
+    case 64064: return launch<shape<64, 64, T>>(p, st);
+    case 64128: return launch<shape<64, 128, T>>(p, st);
+    case 128064: return launch<shape<128, 64, T>>(p, st);
+    case 128128: return launch<shape<128, 128, T>>(p, st);
+    default: return MF_UNIMPLEMENTED;
+    }
+}
+
+mf_status_t check_map(const mf_layer_map_t *m, uint32_t ht, const char **why)
+{
+    if (!m || !m->w || !m->mode) {
+        *why = "layer map with W and modes is required";
+        return MF_INVALID_ARGUMENT;
+    }
+    if (m->n_target_heads != ht) {
+        *why = "layer map target heads differ from the target's Hq";
+        return MF_INVALID_ARGUMENT;
+    }
+    if (m->n_source_heads < 1 || m->n_source_heads > MF_ROW_MAX_HEADS) {
+        *why = "layer map source heads out of range (1..64)";
+        return MF_INVALID_ARGUMENT;
+    }
+    for (uint32_t t = 0; t < ht; t++) {
+        if (m->mode[t] > MF_HEAD_MASK) {
+            *why = "unknown head mode";
+            return MF_INVALID_ARGUMENT;
+        }
+        if (m->top_p && !(m->top_p[t] > 0.0f && m->top_p[t] <= 1.0f)) {
+            *why = "target top_p outside (0, 1]";
+            return MF_INVALID_ARGUMENT;
+        }
+        for (uint32_t s = 0; s < m->n_source_heads; s++) {
+            float x = m->w[(size_t)t * m->n_source_heads + s];
+            if (!(x >= 0.0f && isfinite(x))) {
+                *why = "W has a negative or non-finite weight";
+                return MF_INVALID_ARGUMENT;
+            }
+        }
+    }
+    return MF_OK;
+}
+
+} /* namespace */
+
+extern "C" mf_status_t mf_apply_cuda(const mf_apply_cuda_args_t *a, mf_cuda_stream_t stream,
+                                     const char **why)
+{
+    const char *dummy;
+    if (!why)
+        why = &dummy;
+    *why = "";
+    if (!a || !a->o) {
+        *why = "arguments and output O are required";
+        return MF_INVALID_ARGUMENT;
+    }
+    uint32_t b = a->block_size;
+    mf_status_t st = mf_qkv_check(&a->tgt, 1, why);
+    if (st != MF_OK)
+        return st;
+    st = mf_cuda_supported(b, a->tgt.head_dim, a->tgt.dtype, a->tgt.n_tokens, why);
+    if (st != MF_OK)
+        return st;
+    st = check_map(a->map, a->tgt.n_q_heads, why);
+    if (st != MF_OK)
+        return st;
+    uint32_t n = a->tgt.n_tokens, full = n / b, all = (n + b - 1) / b;
+    uint32_t ht = a->tgt.n_q_heads, hs = a->map->n_source_heads;
+    if (a->n_rows > full || (a->n_rows && !a->rows)) {
+        *why = "n_rows exceeds the full query blocks, or no row array";
+        return MF_INVALID_ARGUMENT;
+    }
+    scratch sc;
+    size_t o_rows = sc.take(all * sizeof(void *)), o_w = sc.take((size_t)ht * hs * 4),
+           o_tp = sc.take(ht * 4), o_mode = sc.take(ht), o_ex = sc.take(all);
+    uint8_t *host = (uint8_t *)calloc(1, sc.used);
+    if (!host) {
+        *why = "out of host memory for apply constants";
+        return MF_RESOURCE_EXHAUSTED;
+    }
+    for (uint32_t i = 0; i < all; i++) {
+        const void *r = i < a->n_rows ? a->rows[i] : NULL;
+        ((const void **)(host + o_rows))[i] = r;
+        host[o_ex + i] = (uint8_t)(i >= full || !r || (a->exact && a->exact[i]) ||
+                                   i < a->exact_first || (uint64_t)i + a->exact_last >= full);
+    }
+    memcpy(host + o_w, a->map->w, (size_t)ht * hs * 4);
+    for (uint32_t t = 0; t < ht; t++)
+        ((float *)(host + o_tp))[t] = a->map->top_p ? a->map->top_p[t] : 1.0f;
+    memcpy(host + o_mode, a->map->mode, ht);
+    cudaStream_t s = stream;
+    st = cuda_status(cudaMallocAsync((void **)&sc.base, sc.used, s), why);
+    if (st == MF_OK) {
+        st = cuda_status(cudaMemcpyAsync(sc.base, host, sc.used, cudaMemcpyHostToDevice, s), why);
+        if (st == MF_OK) {
+            app_params p;
+            memset(&p, 0, sizeof(p));
+            p.q = a->tgt.q;
+            p.k = a->tgt.k;
+            p.v = a->tgt.v;
+            p.o = a->o;
+            p.rows = (const uint8_t *const *)(sc.base + o_rows);
+            p.w = (const float *)(sc.base + o_w);
+            p.top_p = (const float *)(sc.base + o_tp);
+            p.mode = sc.base + o_mode;
+            p.exact = sc.base + o_ex;
+            p.bad = a->bad_rows;
+            p.n = n;
+            p.ht = ht;
+            p.hkv = a->tgt.n_kv_heads;
+            p.hs = hs;
+            p.n_rows = a->n_rows;
+            p.nb_all = all;
+            p.scale_log2 = MF_LOG2E / sqrtf((float)a->tgt.head_dim);
+            st = a->tgt.dtype == MF_DTYPE_F16 ? launch_t<__half>(p, b, a->tgt.head_dim, s)
+                                              : launch_t<__nv_bfloat16>(p, b, a->tgt.head_dim, s);
+            if (st == MF_INTERNAL)
+                *why = "could not raise the kernel's shared-memory limit";
+            if (st == MF_OK)
+                st = cuda_status(cudaGetLastError(), why);
+        }
+        cudaFreeAsync(sc.base, s);
+    }
+    free(host);
+    return st;
+}

@@ -1,0 +1,97 @@
+/*
+ * mapflow_kernels_cuda — the CUDA versions of mf_extract_ref / mf_apply_ref
+ * (mapflow_kernels.h is the specification; DESIGN §2, §5, §9). Same semantics, plus a
+ * cudaStream_t; every launcher returns an mf_status_t for what it can check on the host
+ * (shapes, supported sizes, launch errors). Work is queued on the stream: outputs are
+ * valid once the stream has reached that point.
+ *
+ * Supported here (else MF_UNIMPLEMENTED): B ∈ {32, 64, 128}, d ∈ {64, 128}, Q/K/V in
+ * F16 or BF16, ceil(N / B) ≤ MF_CUDA_MAX_BLOCKS. Tensors are device pointers in the
+ * layouts of mapflow_kernels.h ([N, H, d] row-major, O float32).
+ *
+ * Ownership: device buffers are the caller's. Host arrays named below (row pointer tables,
+ * caps, the layer map, tokens, exact flags) are read during the call only: the launcher
+ * copies them into stream-ordered scratch (cudaMallocAsync / cudaFreeAsync) before it
+ * returns, so they may be freed at once. Thread safety: no global state except a
+ * once-initialised constant (the xxh3 secret); calls on different streams may overlap.
+ */
+#ifndef MAPFLOW_KERNELS_CUDA_H
+#define MAPFLOW_KERNELS_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mapflow_kernels.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Only the type, so C callers need no CUDA headers. */
+typedef struct CUstream_st *mf_cuda_stream_t;
+
+#define MF_CUDA_MAX_BLOCKS 2048u
+
+/* MF_OK when (B, d, dtype, N) is supported by the CUDA kernels; *why otherwise. */
+mf_status_t mf_cuda_supported(uint32_t block_size, uint32_t head_dim, mf_dtype_t dtype,
+                              uint32_t n_tokens, const char **why);
+
+typedef struct mf_extract_cuda_args {
+    mf_qkv_t src;            /* device Q, K (V unused), F16 or BF16 */
+    const float *lse;        /* device [Hq, N] natural-log row LSE, or NULL: computed here */
+    uint32_t block_size;
+    float top_p;
+    mf_codec_t codec;
+    uint32_t i0, i1;         /* query blocks [i0, i1), full blocks only */
+    const char *model;       /* host */
+    const char *ns;          /* host */
+    uint32_t layer;
+    const uint32_t *tokens;  /* HOST [N]: the prefix hashes are computed on the host */
+    void *const *rows;       /* HOST array [i1 − i0] of DEVICE row buffers, 16-byte aligned */
+    const size_t *caps;      /* HOST [i1 − i0] capacities (mf_extract_row_bound never fails) */
+    uint64_t *sizes;         /* DEVICE out [i1 − i0]: row bytes (needed, when too small) */
+    uint32_t *failed_block;  /* DEVICE out: UINT32_MAX, or the lowest block that did not fit
+                              * (rows that do not fit are left unwritten) */
+    float *mass_out;         /* DEVICE out, optional: [Hq][i1 − i0][i1] block masses (fp32),
+                              * 0 above the diagonal; for checks */
+} mf_extract_cuda_args_t;
+
+/*
+ * Source side (mf_extract_ref): block masses from Q, K and the row LSE, Top-P per (head,
+ * query block), union over heads, tiles encoded straight into the row buffers, xxh3
+ * checksum sealed on the device. Never forms the dense N×N map: scratch is O(Hq·nb²)
+ * masses plus O(nb²) head masks.
+ */
+mf_status_t mf_extract_cuda(const mf_extract_cuda_args_t *a, mf_cuda_stream_t stream,
+                            const char **why);
+
+typedef struct mf_apply_cuda_args {
+    const void *const *rows; /* HOST array [n_rows] of DEVICE row pointers (query block i
+                              * or NULL); the rows are read in place (they may live in
+                              * another process's arena opened through CUDA IPC) */
+    uint32_t n_rows;
+    const mf_layer_map_t *map; /* host arrays */
+    mf_qkv_t tgt;            /* device target Q, K, V; Hq = Ht */
+    uint32_t block_size;
+    const uint8_t *exact;    /* host [ceil(N/B)] or NULL */
+    uint32_t exact_first, exact_last;
+    float *o;                /* device out [N, Ht, d] float32 */
+    uint32_t *bad_rows;      /* device, optional: incremented for each row whose header
+                              * disagrees (block index, B, heads, codec); that block is
+                              * then computed exactly instead */
+} mf_apply_cuda_args_t;
+
+/*
+ * Target side (mf_apply_ref), one launch per layer: each (query block, target head) runs
+ * its head's mode — prob (tiles mixed with W on chip, × V, renormalised), mask (mixed
+ * masses → Top-P → attention over the kept blocks with the target's Q, K, V) or compute
+ * (dense causal, our own tensor-core kernel; no cuDNN / cuBLAS) — reading each row's
+ * union columns once.
+ */
+mf_status_t mf_apply_cuda(const mf_apply_cuda_args_t *a, mf_cuda_stream_t stream,
+                          const char **why);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MAPFLOW_KERNELS_CUDA_H */

@@ -1,0 +1,612 @@
+/*
+ * gpu_check — the CUDA kernels (mapflow_kernels_cuda.h) against the C reference
+ * (mapflow_kernels.h) and a float64 computation, on fresh random inputs each run
+ * (structured Q/K/V from mf_synth, seed printed; --seed S repeats a run). Outputs are
+ * poisoned before each launch.
+ *   extract: every GPU row decodes (structure + xxh3 checksum); block masses within 1e-3
+ *            of float64; kept sets equal to the reference's, or a valid Top-P set within
+ *            the 1e-3 mass tolerance; tiles within twice the codec bound; mass bytes ±1.
+ *   apply:   ‖O − O_ref‖ / ‖O_ref‖ ≤ 2e-3 per head mode, every element written.
+ * One line per case, a summary table last; exit status 1 on any failure.
+ * Usage: gpu_check [--small] [--seed S]   (--small: one tiny case each, for
+ * compute-sanitizer). Single-threaded tool; owns everything it allocates.
+ */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "mapflow_kernels.h"
+#include "mapflow_kernels_cuda.h"
+#include "mf_codec.h"
+#include "synth.h"
+
+#define CK(x)                                                                           \
+    do {                                                                                \
+        cudaError_t e_ = (x);                                                           \
+        if (e_ != cudaSuccess) {                                                        \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x,                   \
+                    cudaGetErrorString(e_));                                            \
+            exit(2);                                                                    \
+        }                                                                               \
+    } while (0)
+
+#define MAX_RESULTS 256
+typedef struct result {
+    char name[96];
+    char metric[32];
+    double value, limit;
+    int pass;
+} result_t;
+static result_t g_res[MAX_RESULTS];
+static int g_nres;
+
+static void report(const char *name, const char *metric, double value, double limit, int pass)
+{
+    printf("%-44s %-18s %.3e (limit %.1e) %s\n", name, metric, value, limit,
+           pass ? "ok" : "FAIL");
+    if (g_nres < MAX_RESULTS) {
+        result_t *r = &g_res[g_nres++];
+        snprintf(r->name, sizeof(r->name), "%s", name);
+        snprintf(r->metric, sizeof(r->metric), "%s", metric);
+        r->value = value;
+        r->limit = limit;
+        r->pass = pass;
+    }
+}
+
+typedef struct tensors {
+    uint16_t *q, *k, *v;  /* host, in dtype */
+    float *qf, *kf, *vf;  /* the same values as float */
+    void *dq, *dk, *dv;   /* device */
+    mf_qkv_t host, dev;
+} tensors_t;
+
+static uint16_t to16(float x, mf_dtype_t dt)
+{
+    return dt == MF_DTYPE_F16 ? mf_f32_to_f16(x) : mf_f32_to_bf16(x);
+}
+
+static void *dup_dev(const void *src, size_t bytes)
+{
+    void *d;
+    CK(cudaMalloc(&d, bytes));
+    CK(cudaMemcpy(d, src, bytes, cudaMemcpyHostToDevice));
+    return d;
+}
+
+static void tensors_make(tensors_t *t, uint64_t seed, mf_dtype_t dt, uint32_t n, uint32_t hq,
+                         uint32_t hkv, uint32_t d)
+{
+    size_t nq = (size_t)n * hq * d, nk = (size_t)n * hkv * d;
+    mf_synth_opts_t o = { .seed = seed, .n_tokens = n, .n_q_heads = hq, .n_kv_heads = hkv,
+                          .head_dim = d, .window = 96, .sink = 3.0f, .noise = 1.0f };
+    t->qf = malloc(nq * 4);
+    t->kf = malloc(nk * 4);
+    t->vf = malloc(nk * 4);
+    t->q = malloc(nq * 2);
+    t->k = malloc(nk * 2);
+    t->v = malloc(nk * 2);
+    if (!t->qf || !t->kf || !t->vf || !t->q || !t->k || !t->v ||
+        mf_synth_qkv(&o, t->qf, t->kf, t->vf) != MF_OK) {
+        fprintf(stderr, "synth failed\n");
+        exit(2);
+    }
+    for (size_t x = 0; x < nq; x++) {
+        t->q[x] = to16(t->qf[x], dt);
+        t->qf[x] = mf_tensor_get(t->q, dt, x);
+    }
+    for (size_t x = 0; x < nk; x++) {
+        t->k[x] = to16(t->kf[x], dt);
+        t->kf[x] = mf_tensor_get(t->k, dt, x);
+        t->v[x] = to16(t->vf[x], dt);
+        t->vf[x] = mf_tensor_get(t->v, dt, x);
+    }
+    t->dq = dup_dev(t->q, nq * 2);
+    t->dk = dup_dev(t->k, nk * 2);
+    t->dv = dup_dev(t->v, nk * 2);
+    mf_qkv_t h = { t->q, t->k, t->v, dt, n, hq, hkv, d };
+    t->host = h;
+    t->dev = h;
+    t->dev.q = t->dq;
+    t->dev.k = t->dk;
+    t->dev.v = t->dv;
+}
+
+static void tensors_free(tensors_t *t)
+{
+    free(t->q);
+    free(t->k);
+    free(t->v);
+    free(t->qf);
+    free(t->kf);
+    free(t->vf);
+    cudaFree(t->dq);
+    cudaFree(t->dk);
+    cudaFree(t->dv);
+}
+
+/* Row buffers: one allocation, row k at off[k] with cap[k] bytes (16-byte aligned). */
+typedef struct rowset {
+    uint32_t nq;
+    size_t *cap, *off, total;
+    uint8_t *host;   /* total bytes */
+    void **ptrs;     /* host pointers into host, or device pointers */
+} rowset_t;
+
+static void rowset_make(rowset_t *r, mf_codec_t codec, uint32_t b, uint32_t heads,
+                        uint32_t i0, uint32_t i1, size_t model_len)
+{
+    r->nq = i1 - i0;
+    r->cap = calloc(r->nq, sizeof(size_t));
+    r->off = calloc(r->nq, sizeof(size_t));
+    r->ptrs = calloc(r->nq, sizeof(void *));
+    r->total = 0;
+    for (uint32_t k = 0; k < r->nq; k++) {
+        r->cap[k] = mf_extract_row_bound(codec, b, heads, i0 + k, model_len);
+        r->off[k] = r->total;
+        r->total += (r->cap[k] + 15) & ~(size_t)15;
+    }
+    r->host = aligned_alloc(64, (r->total + 63) & ~(size_t)63);
+    if (!r->cap || !r->off || !r->ptrs || !r->host) {
+        fprintf(stderr, "out of memory\n");
+        exit(2);
+    }
+}
+
+static void rowset_free(rowset_t *r)
+{
+    free(r->cap);
+    free(r->off);
+    free(r->ptrs);
+    free(r->host);
+}
+
+static double codec_bound(mf_codec_t c, double p, double m)
+{
+    switch (c) {
+    case MF_CODEC_FP16: return ldexp(p, -11);
+    case MF_CODEC_BF16: return ldexp(p, -8);
+    case MF_CODEC_FP8_E4M3: return ldexp(p, -4) + ldexp(m / 448.0, -10);
+    case MF_CODEC_U8_LOG: return 0.0219 * p + m * pow(2.0, -16.875);
+    default: return 0;
+    }
+}
+
+/* Float64 block masses from the float64 LSE: mass[h][i][j] for i < nb. */
+static double *masses64(const tensors_t *t, const double *lse, uint32_t b, uint32_t nb)
+{
+    const mf_qkv_t *q = &t->host;
+    uint32_t d = q->head_dim, g = q->n_q_heads / q->n_kv_heads;
+    double scale = 1.0 / sqrt((double)d);
+    double *m = calloc((size_t)q->n_q_heads * nb * nb, sizeof(double));
+    for (uint32_t h = 0; h < q->n_q_heads; h++)
+        for (uint32_t r = 0; r < nb * b; r++) {
+            const float *qv = t->qf + ((size_t)r * q->n_q_heads + h) * d;
+            double *row = m + ((size_t)h * nb + r / b) * nb;
+            for (uint32_t k = 0; k <= r; k++) {
+                const float *kv = t->kf + ((size_t)k * q->n_kv_heads + h / g) * d;
+                double s = 0;
+                for (uint32_t x = 0; x < d; x++)
+                    s += (double)qv[x] * kv[x];
+                row[k / b] += exp(s * scale - lse[(size_t)h * q->n_tokens + r]) / b;
+            }
+        }
+    return m;
+}
+
+/* Is `keep` a Top-P set of the masses within tol: reaches the target, and dropping its
+ * smallest optional block would fall short. */
+static int topp_valid(const double *mass, const uint8_t *keep, uint32_t nb, double top_p,
+                      double tol)
+{
+    uint32_t i = nb - 1;
+    double total = 0, acc = 0, smallest = INFINITY;
+    for (uint32_t j = 0; j < nb; j++) {
+        total += mass[j];
+        if (!keep[j])
+            continue;
+        acc += mass[j];
+        if (j != 0 && j != i && mass[j] < smallest)
+            smallest = mass[j];
+    }
+    if (!keep[0] || !keep[i])
+        return 0;
+    if (top_p >= 1.0)
+        return acc >= total - tol;
+    double target = top_p * total;
+    return acc >= target - tol && (smallest == INFINITY || acc - smallest < target + tol);
+}
+
+typedef struct ext_case {
+    mf_dtype_t dt;
+    uint32_t b, d, n, hq, hkv;
+    mf_codec_t codec;
+    int lse_given;
+    float top_p;
+} ext_case_t;
+
+static int check_extract(const ext_case_t *c, uint64_t seed)
+{
+    char name[96];
+    snprintf(name, sizeof(name), "extract %s B%u d%u N%u H%u/%u %s lse=%s",
+             c->dt == MF_DTYPE_F16 ? "f16" : "bf16", c->b, c->d, c->n, c->hq, c->hkv,
+             mf_codec_name(c->codec), c->lse_given ? "given" : "computed");
+    tensors_t t;
+    tensors_make(&t, seed, c->dt, c->n, c->hq, c->hkv, c->d);
+    uint32_t nb = c->n / c->b, i0 = 0, i1 = nb;
+    double *o64 = malloc((size_t)c->n * c->hq * c->d * sizeof(double));
+    double *lse64 = malloc((size_t)c->hq * c->n * sizeof(double));
+    float *lse32 = malloc((size_t)c->hq * c->n * sizeof(float));
+    uint32_t *tokens = malloc(c->n * 4);
+    mf_rng_t rng;
+    mf_rng_seed(&rng, seed ^ 0x70c3);
+    for (uint32_t x = 0; x < c->n; x++)
+        tokens[x] = (uint32_t)(mf_rng_u64(&rng) % 50000);
+    if (mf_attention_dense_ref(&t.host, o64, lse64) != MF_OK) {
+        fprintf(stderr, "dense reference failed\n");
+        exit(2);
+    }
+    for (size_t x = 0; x < (size_t)c->hq * c->n; x++)
+        lse32[x] = (float)lse64[x];
+    const char *model = "src-model", *ns = "gpu-check", *why = "";
+    rowset_t ref, gpu;
+    rowset_make(&ref, c->codec, c->b, c->hq, i0, i1, strlen(model));
+    rowset_make(&gpu, c->codec, c->b, c->hq, i0, i1, strlen(model));
+    size_t *ref_sizes = calloc(ref.nq, sizeof(size_t));
+    for (uint32_t k = 0; k < ref.nq; k++)
+        ref.ptrs[k] = ref.host + ref.off[k];
+    mf_extract_args_t ra = { .src = t.host, .lse = c->lse_given ? lse32 : NULL,
+                             .block_size = c->b, .top_p = c->top_p, .codec = c->codec,
+                             .i0 = i0, .i1 = i1, .model = model, .ns = ns, .layer = 3,
+                             .tokens = tokens };
+    uint32_t failed = 0;
+    mf_status_t st = mf_extract_ref(&ra, ref.ptrs, ref.cap, ref_sizes, &failed, &why);
+    if (st != MF_OK) {
+        fprintf(stderr, "%s: reference extract failed: %s\n", name, why);
+        exit(2);
+    }
+    /* GPU */
+    uint8_t *drows;
+    float *dlse = NULL, *dmass;
+    uint64_t *dsizes;
+    uint32_t *dfailed;
+    size_t mass_n = (size_t)c->hq * nb * nb;
+    CK(cudaMalloc((void **)&drows, gpu.total));
+    CK(cudaMemset(drows, 0xa5, gpu.total)); /* poison */
+    CK(cudaMalloc((void **)&dmass, mass_n * 4));
+    CK(cudaMemset(dmass, 0xff, mass_n * 4));
+    CK(cudaMalloc((void **)&dsizes, gpu.nq * 8));
+    CK(cudaMalloc((void **)&dfailed, 4));
+    if (c->lse_given)
+        dlse = dup_dev(lse32, (size_t)c->hq * c->n * 4);
+    for (uint32_t k = 0; k < gpu.nq; k++)
+        gpu.ptrs[k] = drows + gpu.off[k];
+    mf_extract_cuda_args_t ga = { .src = t.dev, .lse = dlse, .block_size = c->b,
+                                  .top_p = c->top_p, .codec = c->codec, .i0 = i0, .i1 = i1,
+                                  .model = model, .ns = ns, .layer = 3, .tokens = tokens,
+                                  .rows = gpu.ptrs, .caps = gpu.cap, .sizes = dsizes,
+                                  .failed_block = dfailed, .mass_out = dmass };
+    st = mf_extract_cuda(&ga, 0, &why);
+    int ok = st == MF_OK;
+    if (!ok)
+        printf("%s: mf_extract_cuda: %s (%s)\n", name, mf_status_name(st), why);
+    CK(cudaDeviceSynchronize());
+    uint64_t *gsizes = calloc(gpu.nq, 8);
+    float *gmass = malloc(mass_n * 4);
+    CK(cudaMemcpy(gpu.host, drows, gpu.total, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(gsizes, dsizes, gpu.nq * 8, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(&failed, dfailed, 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(gmass, dmass, mass_n * 4, cudaMemcpyDeviceToHost));
+    ok &= failed == UINT32_MAX;
+    /* masses vs float64 */
+    double *m64 = masses64(&t, lse64, c->b, nb), mass_err = 0;
+    for (uint32_t h = 0; h < c->hq; h++)
+        for (uint32_t i = 0; i < nb; i++)
+            for (uint32_t j = 0; j <= i; j++) {
+                double e = fabs(gmass[((size_t)h * nb + i) * nb + j] -
+                                m64[((size_t)h * nb + i) * nb + j]);
+                if (!(e <= mass_err))
+                    mass_err = isnan(e) ? INFINITY : e;
+            }
+    /* rows */
+    int decode_fail = 0;
+    uint32_t sets = 0, exact_sets = 0, tolerated = 0, bad_sets = 0;
+    double tile_excess = 0; /* max of |Δ| / (2·bound + 1e-5) */
+    int mass_byte = 0;
+    uint8_t *kg = malloc(nb), *kr = malloc(nb);
+    for (uint32_t k = 0; k < gpu.nq && ok; k++) {
+        mf_row_view_t vg, vr;
+        const char *w1 = "", *w2 = "";
+        mf_status_t s1 = mf_row_decode(gpu.host + gpu.off[k], gsizes[k], 0, &vg, &w1);
+        mf_status_t s2 = mf_row_decode(ref.host + ref.off[k], ref_sizes[k], 0, &vr, &w2);
+        if (s1 != MF_OK || s2 != MF_OK) {
+            printf("%s: row %u does not decode: gpu %s (%s), ref %s (%s)\n", name, k,
+                   mf_status_name(s1), w1, mf_status_name(s2), w2);
+            decode_fail++;
+            continue;
+        }
+        uint32_t i = vr.block_index;
+        for (uint32_t h = 0; h < c->hq; h++) {
+            memset(kg, 0, nb);
+            memset(kr, 0, nb);
+            for (uint32_t cc = 0; cc < vg.n_cols; cc++)
+                kg[vg.cols[cc]] = mf_row_entry(&vg, cc, h) >= 0;
+            for (uint32_t cc = 0; cc < vr.n_cols; cc++)
+                kr[vr.cols[cc]] = mf_row_entry(&vr, cc, h) >= 0;
+            sets++;
+            if (!memcmp(kg, kr, i + 1)) {
+                exact_sets++;
+            } else if (topp_valid(m64 + ((size_t)h * nb + i) * nb, kg, i + 1, c->top_p,
+                                  1e-3)) {
+                tolerated++;
+            } else {
+                bad_sets++;
+            }
+            /* tiles and mass bytes of the entries both kept */
+            for (uint32_t cg = 0; cg < vg.n_cols; cg++) {
+                int64_t eg = mf_row_entry(&vg, cg, h);
+                if (eg < 0)
+                    continue;
+                uint32_t j = vg.cols[cg];
+                int64_t er = -1;
+                for (uint32_t cr = 0; cr < vr.n_cols; cr++)
+                    if (vr.cols[cr] == j)
+                        er = mf_row_entry(&vr, cr, h);
+                if (er < 0)
+                    continue;
+                int db = abs((int)vg.mass[eg] - (int)vr.mass[er]);
+                if (db > mass_byte)
+                    mass_byte = db;
+                if (c->codec == MF_CODEC_MASK)
+                    continue;
+                float m = vr.scales ? vr.scales[er] : 1.0f;
+                for (uint32_t qq = 0; qq < c->b; qq++)
+                    for (uint32_t kk = 0; kk < c->b; kk++) {
+                        double a = mf_row_tile_value(&vg, (uint32_t)eg, qq, kk);
+                        double r = mf_row_tile_value(&vr, (uint32_t)er, qq, kk);
+                        double x = fabs(a - r) / (2 * codec_bound(c->codec, fabs(r), m) + 1e-5);
+                        if (!(x <= tile_excess))
+                            tile_excess = isnan(x) ? INFINITY : x;
+                    }
+            }
+        }
+    }
+    char label[128];
+    report(name, "rows decode+sum", decode_fail, 0, ok && decode_fail == 0);
+    report(name, "mass max |err|", mass_err, 1e-3, mass_err <= 1e-3);
+    snprintf(label, sizeof(label), "%s", name);
+    report(label, "kept sets bad", bad_sets, 0, bad_sets == 0 && sets > 0);
+    printf("    kept sets: %u total, %u identical, %u near-tie (valid Top-P within 1e-3)\n",
+           sets, exact_sets, tolerated);
+    report(name, "tile err/2bound", tile_excess, 1.0, tile_excess <= 1.0);
+    report(name, "mass byte diff", mass_byte, 1, mass_byte <= 1);
+    int pass = ok && decode_fail == 0 && mass_err <= 1e-3 && bad_sets == 0 &&
+               tile_excess <= 1.0 && mass_byte <= 1;
+    free(kg);
+    free(kr);
+    free(m64);
+    free(gsizes);
+    free(gmass);
+    free(ref_sizes);
+    free(o64);
+    free(lse64);
+    free(lse32);
+    free(tokens);
+    cudaFree(drows);
+    cudaFree(dmass);
+    cudaFree(dsizes);
+    cudaFree(dfailed);
+    cudaFree(dlse);
+    rowset_free(&ref);
+    rowset_free(&gpu);
+    tensors_free(&t);
+    return pass;
+}
+
+typedef struct app_case {
+    mf_dtype_t dt;
+    uint32_t b, d, n, ht, hkv, hs;
+    mf_codec_t codec;
+} app_case_t;
+
+static int check_apply(const app_case_t *c, uint64_t seed)
+{
+    char name[96];
+    snprintf(name, sizeof(name), "apply %s B%u d%u N%u Ht%u/%u Hs%u rows=%s",
+             c->dt == MF_DTYPE_F16 ? "f16" : "bf16", c->b, c->d, c->n, c->ht, c->hkv, c->hs,
+             mf_codec_name(c->codec));
+    /* source rows from the reference extract */
+    tensors_t src, tgt;
+    tensors_make(&src, seed, MF_DTYPE_F16, c->n, c->hs, c->hs / 2, 64);
+    tensors_make(&tgt, seed * 7 + 1, c->dt, c->n, c->ht, c->hkv, c->d);
+    uint32_t full = c->n / c->b, all = (c->n + c->b - 1) / c->b;
+    uint32_t *tokens = calloc(c->n, 4);
+    for (uint32_t x = 0; x < c->n; x++)
+        tokens[x] = x * 31 + 7;
+    rowset_t rs;
+    rowset_make(&rs, c->codec, c->b, c->hs, 0, full, 3);
+    size_t *sizes = calloc(full, sizeof(size_t));
+    for (uint32_t k = 0; k < full; k++)
+        rs.ptrs[k] = rs.host + rs.off[k];
+    const char *why = "";
+    mf_extract_args_t ra = { .src = src.host, .block_size = c->b, .top_p = 0.9f,
+                             .codec = c->codec, .i0 = 0, .i1 = full, .model = "src",
+                             .ns = "n", .tokens = tokens };
+    uint32_t failed;
+    if (mf_extract_ref(&ra, rs.ptrs, rs.cap, sizes, &failed, &why) != MF_OK) {
+        fprintf(stderr, "%s: reference extract: %s\n", name, why);
+        exit(2);
+    }
+    uint8_t *drows;
+    CK(cudaMalloc((void **)&drows, rs.total));
+    CK(cudaMemcpy(drows, rs.host, rs.total, cudaMemcpyHostToDevice));
+    mf_row_view_t *views = calloc(full, sizeof(*views));
+    const mf_row_view_t **vp = calloc(full, sizeof(*vp));
+    const void **dptr = calloc(full, sizeof(*dptr));
+    mf_rng_t rng;
+    mf_rng_seed(&rng, seed ^ 0xa991);
+    for (uint32_t k = 0; k < full; k++) {
+        if (mf_row_decode(rs.host + rs.off[k], sizes[k], 0, &views[k], &why) != MF_OK) {
+            fprintf(stderr, "%s: reference row %u: %s\n", name, k, why);
+            exit(2);
+        }
+        int missing = k == 2 && full > 4; /* one block without a row: computed */
+        vp[k] = missing ? NULL : &views[k];
+        dptr[k] = missing ? NULL : drows + rs.off[k];
+    }
+    /* layer map: 1-3 source heads per target head, modes cycling prob / mask / compute */
+    float *w = calloc((size_t)c->ht * c->hs, 4), *tp = calloc(c->ht, 4);
+    uint8_t *mode = calloc(c->ht, 1), *exact = calloc(all, 1);
+    for (uint32_t t = 0; t < c->ht; t++) {
+        uint32_t nz = 1 + (uint32_t)(mf_rng_u64(&rng) % 3);
+        float sum = 0;
+        for (uint32_t z = 0; z < nz; z++) {
+            uint32_t s = (uint32_t)(mf_rng_u64(&rng) % c->hs);
+            float x = 0.2f + (float)mf_rng_uniform(&rng);
+            w[(size_t)t * c->hs + s] += x;
+            sum += x;
+        }
+        for (uint32_t s = 0; s < c->hs; s++)
+            w[(size_t)t * c->hs + s] /= sum;
+        mode[t] = (uint8_t)((t + 1) % 3); /* 1 prob, 2 mask, 0 compute */
+        if (c->codec == MF_CODEC_MASK && mode[t] == MF_HEAD_PROB)
+            mode[t] = MF_HEAD_MASK;
+        tp[t] = 0.8f + 0.19f * (float)mf_rng_uniform(&rng);
+    }
+    if (full > 5)
+        exact[full - 3] = 1;
+    mf_layer_map_t map = { c->ht, c->hs, w, mode, tp };
+    size_t on = (size_t)c->n * c->ht * c->d;
+    float *o_ref = malloc(on * 4), *o_gpu = malloc(on * 4), *d_o;
+    mf_apply_args_t aa = { .rows = vp, .n_rows = full, .map = &map, .tgt = tgt.host,
+                           .block_size = c->b, .exact = exact, .exact_first = 0,
+                           .exact_last = 1, .o = o_ref };
+    if (mf_apply_ref(&aa, NULL, &why) != MF_OK) {
+        fprintf(stderr, "%s: reference apply: %s\n", name, why);
+        exit(2);
+    }
+    uint32_t *dbad, bad = 0;
+    CK(cudaMalloc((void **)&d_o, on * 4));
+    CK(cudaMemset(d_o, 0xff, on * 4)); /* NaN poison */
+    CK(cudaMalloc((void **)&dbad, 4));
+    CK(cudaMemset(dbad, 0, 4));
+    mf_apply_cuda_args_t ga = { .rows = dptr, .n_rows = full, .map = &map, .tgt = tgt.dev,
+                                .block_size = c->b, .exact = exact, .exact_first = 0,
+                                .exact_last = 1, .o = d_o, .bad_rows = dbad };
+    mf_status_t st = mf_apply_cuda(&ga, 0, &why);
+    if (st != MF_OK)
+        printf("%s: mf_apply_cuda: %s (%s)\n", name, mf_status_name(st), why);
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(o_gpu, d_o, on * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(&bad, dbad, 4, cudaMemcpyDeviceToHost));
+    /* error per mode (a head's rows in exact blocks count as compute) */
+    double num[3] = { 0 }, den[3] = { 0 };
+    size_t unwritten = 0;
+    for (uint32_t r = 0; r < c->n; r++) {
+        uint32_t i = r / c->b;
+        int ex = i >= full || !vp[i] || exact[i] || i + 1 >= full;
+        for (uint32_t t = 0; t < c->ht; t++) {
+            int md = ex ? MF_HEAD_COMPUTE : mode[t];
+            for (uint32_t x = 0; x < c->d; x++) {
+                size_t at = ((size_t)r * c->ht + t) * c->d + x;
+                if (!isfinite(o_gpu[at])) {
+                    unwritten++;
+                    continue;
+                }
+                double dd = (double)o_gpu[at] - o_ref[at];
+                num[md] += dd * dd;
+                den[md] += (double)o_ref[at] * o_ref[at];
+            }
+        }
+    }
+    static const char *mn[3] = { "compute", "prob", "mask" };
+    int pass = st == MF_OK && unwritten == 0 && bad == 0;
+    report(name, "unwritten/bad", (double)unwritten + bad, 0, unwritten == 0 && bad == 0);
+    for (int md = 0; md < 3; md++) {
+        if (den[md] == 0)
+            continue;
+        double rel = sqrt(num[md] / den[md]);
+        char metric[32];
+        snprintf(metric, sizeof(metric), "rel err %s", mn[md]);
+        report(name, metric, rel, 2e-3, rel <= 2e-3);
+        pass &= rel <= 2e-3;
+    }
+    free(o_ref);
+    free(o_gpu);
+    free(w);
+    free(tp);
+    free(mode);
+    free(exact);
+    free(views);
+    free(vp);
+    free(dptr);
+    free(sizes);
+    free(tokens);
+    cudaFree(drows);
+    cudaFree(d_o);
+    cudaFree(dbad);
+    rowset_free(&rs);
+    tensors_free(&src);
+    tensors_free(&tgt);
+    return pass;
+}
+
+int main(int argc, char **argv)
+{
+    int small = 0;
+    uint64_t seed = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 20);
+    for (int x = 1; x < argc; x++) {
+        if (!strcmp(argv[x], "--small"))
+            small = 1;
+        else if (!strcmp(argv[x], "--seed") && x + 1 < argc)
+            seed = strtoull(argv[++x], NULL, 0);
+        else {
+            fprintf(stderr, "usage: gpu_check [--small] [--seed S]\n");
+            return 2;
+        }
+    }
+    printf("gpu_check seed %llu\n", (unsigned long long)seed);
+    int fails = 0, cases = 0;
+    const mf_codec_t codecs[] = { MF_CODEC_MASK, MF_CODEC_FP16, MF_CODEC_BF16,
+                                  MF_CODEC_FP8_E4M3, MF_CODEC_U8_LOG };
+    if (small) {
+        ext_case_t e = { MF_DTYPE_F16, 64, 64, 256, 4, 2, MF_CODEC_FP8_E4M3, 0, 0.9f };
+        app_case_t a = { MF_DTYPE_F16, 64, 64, 200, 4, 2, 4, MF_CODEC_FP8_E4M3 };
+        fails += !check_extract(&e, seed);
+        fails += !check_apply(&a, seed + 1);
+        cases = 2;
+    } else {
+        for (int ci = 0; ci < 5; ci++) {
+            ext_case_t e = { ci & 1 ? MF_DTYPE_BF16 : MF_DTYPE_F16, 64, ci < 3 ? 128 : 64,
+                             768, 8, 2, codecs[ci], ci & 1, 0.9f };
+            fails += !check_extract(&e, seed + ci);
+            cases++;
+        }
+        ext_case_t e2 = { MF_DTYPE_F16, 128, 128, 768, 4, 4, MF_CODEC_U8_LOG, 1, 0.95f };
+        ext_case_t e3 = { MF_DTYPE_BF16, 32, 64, 512, 6, 3, MF_CODEC_FP16, 0, 1.0f };
+        fails += !check_extract(&e2, seed + 10);
+        fails += !check_extract(&e3, seed + 11);
+        cases += 2;
+        for (int ci = 0; ci < 5; ci++) {
+            app_case_t a = { ci & 1 ? MF_DTYPE_BF16 : MF_DTYPE_F16, 64, ci < 3 ? 128 : 64,
+                             768 + 37, 8, 2, 8, codecs[ci] };
+            fails += !check_apply(&a, seed + 20 + ci);
+            cases++;
+        }
+        app_case_t a2 = { MF_DTYPE_F16, 128, 128, 900, 4, 1, 6, MF_CODEC_FP8_E4M3 };
+        app_case_t a3 = { MF_DTYPE_BF16, 32, 64, 520, 8, 4, 4, MF_CODEC_U8_LOG };
+        fails += !check_apply(&a2, seed + 30);
+        fails += !check_apply(&a3, seed + 31);
+        cases += 2;
+    }
+    printf("\n== gpu_check summary (seed %llu) ==\n", (unsigned long long)seed);
+    printf("%-44s %-18s %-10s %-8s %s\n", "case", "metric", "value", "limit", "result");
+    for (int x = 0; x < g_nres; x++)
+        printf("%-44s %-18s %-10.3e %-8.1e %s\n", g_res[x].name, g_res[x].metric,
+               g_res[x].value, g_res[x].limit, g_res[x].pass ? "ok" : "FAIL");
+    printf("%d cases, %d failed\n", cases, fails);
+    return fails ? 1 : 0;
+}
