@@ -230,7 +230,7 @@ void mfd_admin_evict(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Evict *m)
 
 /* Removes matching entries of the connection's namespace; returns how many. */
 static mf_status_t remove_matching(mfd_conn_t *c, const char *model, int has_layer,
-                                   uint32_t layer, int skip_pinned, uint64_t *count)
+                                   uint32_t layer, int skip_leased, uint64_t *count)
 {
     uint8_t prefix[MFD_KEY_MAX];
     size_t plen = key_prefix(c, model, prefix);
@@ -240,7 +240,7 @@ static mf_status_t remove_matching(mfd_conn_t *c, const char *model, int has_lay
     if (mfd_index_collect(c->srv->store.ix, prefix, plen, 0, &v, &n) != MF_OK)
         return MF_RESOURCE_EXHAUSTED;
     for (size_t i = 0; i < n; i++) {
-        if ((has_layer && v[i]->layer != layer) || (skip_pinned && v[i]->pins))
+        if ((has_layer && v[i]->layer != layer) || (skip_leased && v[i]->leases))
             continue;
         mfd_store_remove(&c->srv->store, v[i]);
         (*count)++;

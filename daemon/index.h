@@ -63,7 +63,8 @@ typedef struct mfd_entry {
     uint64_t khash;
     uint64_t size;            /* row bytes */
     uint32_t layer, block;    /* block = the row's block_index */
-    uint32_t pins;
+    uint32_t pins;            /* leases + in-flight SSD operations */
+    uint32_t leases;          /* the pins held by client leases (Flush skips these) */
     uint64_t last_access_ms;
     mfd_ablock_t *host;       /* resident on the host tier when non-NULL */
     uint8_t *wbuf;            /* private copy while a demotion write is in flight */

@@ -6,6 +6,7 @@
 #include "notify.h"
 
 #include <errno.h>
+#include <event2/thread.h>
 #include <fcntl.h>
 #include <math.h>
 #include <signal.h>
@@ -67,6 +68,7 @@ static void release_ticket(mfd_ticket_t *t, void *arg)
     mfd_tickets_remove(s->tickets, t);
     if (t->kind == MFD_TICKET_LEASE) {
         lease_t *l = (lease_t *)t;
+        l->e->leases--;
         mfd_index_unpin(s->store.ix, l->e);
         free(l);
     } else {
@@ -658,6 +660,7 @@ static void grant_lease(get_op_t *op, get_row_t *r)
     }
     l->e = r->e;
     mfd_entry_pin(r->e);
+    r->e->leases++;
     mfd_tickets_add(s->tickets, &l->t, MFD_TICKET_LEASE, op->c,
                     mfd_now_ms() + s->cfg.lease_ttl_ms);
     r->ref.lease_id = l->t.id;
@@ -1243,9 +1246,18 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
     mfd_server_stop(s);
 }
 
+static void on_stop(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    event_base_loopbreak(((mfd_server_t *)arg)->base);
+}
+
 void mfd_server_stop(mfd_server_t *s)
 {
-    event_base_loopbreak(s->base);
+    /* An activated event survives until the loop runs; a bare loopbreak issued before
+     * event_base_dispatch would be cleared by it. */
+    event_active(s->stop_ev, EV_READ, 0);
 }
 
 /* ==== lifecycle ======================================================================= */
@@ -1276,6 +1288,8 @@ mf_status_t mfd_server_create(mfd_config_t *cfg, const char *config_path,
     mfd_log_set_level((mfd_log_level_t)s->cfg.log_level);
     if ((st = mfd_config_resolve_paths(&s->cfg, err, errlen)) != MF_OK)
         goto fail;
+    /* mfd_server_stop may come from another thread (tests, embedding). */
+    evthread_use_pthreads();
     s->base = event_base_new();
     if (!s->base || mfd_tickets_create(&s->tickets) != MF_OK) {
         snprintf(err, errlen, "cannot create the event loop");
@@ -1315,8 +1329,9 @@ mf_status_t mfd_server_create(mfd_config_t *cfg, const char *config_path,
     s->sig_int = evsignal_new(s->base, SIGINT, on_signal, s);
     s->sig_hup = evsignal_new(s->base, SIGHUP, on_signal, s);
     s->tick = event_new(s->base, -1, EV_PERSIST, on_tick, s);
+    s->stop_ev = event_new(s->base, -1, 0, on_stop, s);
     struct timeval tv = {0, TICK_MS * 1000};
-    if (!s->sig_term || !s->sig_int || !s->sig_hup || !s->tick || event_add(s->sig_term, NULL) ||
+    if (!s->sig_term || !s->sig_int || !s->sig_hup || !s->tick || !s->stop_ev || event_add(s->sig_term, NULL) ||
         event_add(s->sig_int, NULL) || event_add(s->sig_hup, NULL) || event_add(s->tick, &tv)) {
         snprintf(err, errlen, "cannot install signal handlers");
         st = MF_INTERNAL;
@@ -1393,6 +1408,8 @@ void mfd_server_destroy(mfd_server_t *s)
         event_free(s->sig_hup);
     if (s->tick)
         event_free(s->tick);
+    if (s->stop_ev)
+        event_free(s->stop_ev);
     if (s->base)
         event_base_free(s->base);
     for (size_t i = 0; s->overrides && i < 2 * s->n_overrides; i++)

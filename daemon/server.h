@@ -16,7 +16,7 @@
  *
  * Ownership: the server owns the config it was given, the store, every connection and
  * all tickets. Thread safety: everything runs on the loop thread; mfd_server_stop may
- * be called from another thread (it uses event_base_loopexit-safe activation).
+ * be called from any thread, even before mfd_server_run starts (it activates an event).
  */
 #ifndef MFD_SERVER_H
 #define MFD_SERVER_H
@@ -69,7 +69,7 @@ struct mfd_server {
     char unix_path[4096];
     char tcp_addr[128], http_addr[128];   /* as bound (actual port) */
     mfd_http_t *http;
-    struct event *sig_term, *sig_int, *sig_hup, *tick;
+    struct event *sig_term, *sig_int, *sig_hup, *tick, *stop_ev;
     mfd_conn_t *conns;
     size_t n_conns;
     uint64_t next_session;

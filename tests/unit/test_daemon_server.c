@@ -1,0 +1,522 @@
+/*
+ * test_daemon_server — drives mapflowd's request handlers in-process: a real server
+ * (mfd_server_t) runs in a thread on a unix socket in a temp dir and the tests speak
+ * the wire protocol to it. Covers Hello + arena fd, two-phase put (arena and payload),
+ * row validation, Lookup, Get (copy and lease), Release, namespaces, protocol errors,
+ * durability across a restart, watermark demotion, List paging, config, profiles.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include "test_daemon_util.h"
+
+#define B 16
+#define NB 4
+#define MODEL "src-model"
+
+typedef struct fixture {
+    td_daemon_t d;
+    uint32_t tokens[NB * B];
+    unsigned seed;
+} fixture_t;
+
+static int setup(void **state)
+{
+    fixture_t *f = calloc(1, sizeof(*f));
+    f->seed = 12345;
+    for (int i = 0; i < NB * B; i++)
+        f->tokens[i] = 1000 + (uint32_t)(rand_r(&f->seed) % 50000);
+    if (td_start(&f->d, NULL) != 0)
+        return -1;
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fixture_t *f = *state;
+    if (f->d.srv)
+        td_stop(&f->d);
+    td_rmdir(&f->d);
+    free(f);
+    return 0;
+}
+
+/* Puts one row; returns the commit reply's status (0 = OK) and fills *durable. */
+static int put_row(td_cli_t *c, const char *ns, uint32_t layer, const uint32_t *tokens,
+                   uint32_t i, int durable, int *got_durable, unsigned *seed, int corrupt)
+{
+    size_t size;
+    uint8_t *row = td_row(ns, MODEL, layer, B, tokens, i, &size, seed);
+    if (!row)
+        return -1;
+    if (corrupt)
+        row[size - 1] ^= 0x5a;
+    uint8_t hash[16];
+    mf_hash_to_le(td_block_hash(ns, MODEL, B, tokens, i), hash);
+    Mapflow__V1__Key key = MAPFLOW__V1__KEY__INIT;
+    key.model = MODEL;
+    key.layer = layer;
+    key.hash.data = hash;
+    key.hash.len = 16;
+    Mapflow__V1__PutBegin pb = MAPFLOW__V1__PUT_BEGIN__INIT;
+    pb.key = &key;
+    pb.size = size;
+    pb.durable = durable;
+    mf_envelope_t env = MAPFLOW__V1__ENVELOPE__INIT;
+    env.body_case = MAPFLOW__V1__ENVELOPE__BODY_PUT_BEGIN;
+    env.put_begin = &pb;
+    mf_envelope_t *r = td_call(c, &env, NULL, 0);
+    int rc = -1;
+    if (!r || r->body_case != MAPFLOW__V1__ENVELOPE__BODY_PUT_BEGIN_REPLY) {
+        rc = r && r->body_case == MAPFLOW__V1__ENVELOPE__BODY_ERROR ? (int)r->error->code : -1;
+        goto out;
+    }
+    uint64_t rid = r->put_begin_reply->reservation_id;
+    int in_arena = r->put_begin_reply->in_arena;
+    assert_int_equal(in_arena, c->arena != NULL);
+    if (in_arena) {
+        assert_int_equal(r->put_begin_reply->arena_offset % 16, 0);
+        memcpy(c->arena + r->put_begin_reply->arena_offset, row, size);
+    }
+    mf_envelope_free(r);
+    Mapflow__V1__PutCommit pc = MAPFLOW__V1__PUT_COMMIT__INIT;
+    pc.reservation_id = rid;
+    mf_envelope_t env2 = MAPFLOW__V1__ENVELOPE__INIT;
+    env2.body_case = MAPFLOW__V1__ENVELOPE__BODY_PUT_COMMIT;
+    env2.put_commit = &pc;
+    r = td_call(c, &env2, in_arena ? NULL : row, in_arena ? 0 : size);
+    if (r && r->body_case == MAPFLOW__V1__ENVELOPE__BODY_PUT_COMMIT_REPLY) {
+        rc = 0;
+        if (got_durable)
+            *got_durable = r->put_commit_reply->durable;
+    } else if (r && r->body_case == MAPFLOW__V1__ENVELOPE__BODY_ERROR) {
+        rc = (int)r->error->code;
+    }
+out:
+    mf_envelope_free(r);
+    free(row);
+    return rc;
+}
+
+/* Lookup → blocks per layer into out[]; returns total_blocks. */
+static int lookup(td_cli_t *c, const uint32_t *tokens, size_t n_tok, const uint32_t *layers,
+                  size_t n_layers, uint32_t *out)
+{
+    Mapflow__V1__Lookup lk = MAPFLOW__V1__LOOKUP__INIT;
+    lk.model = MODEL;
+    lk.block_size = B;
+    lk.layers = (uint32_t *)layers;
+    lk.n_layers = n_layers;
+    mf_envelope_t env = MAPFLOW__V1__ENVELOPE__INIT;
+    env.body_case = MAPFLOW__V1__ENVELOPE__BODY_LOOKUP;
+    env.lookup = &lk;
+    mf_envelope_t *r = td_call(c, &env, tokens, n_tok * 4);
+    if (!r || r->body_case != MAPFLOW__V1__ENVELOPE__BODY_LOOKUP_REPLY) {
+        mf_envelope_free(r);
+        return -1;
+    }
+    for (size_t i = 0; i < n_layers; i++)
+        out[i] = r->lookup_reply->blocks[i];
+    int total = (int)r->lookup_reply->total_blocks;
+    mf_envelope_free(r);
+    return total;
+}
+
+static mf_envelope_t *get_rows(td_cli_t *c, const uint32_t *tokens, size_t n_tok,
+                               const uint32_t *layers, size_t n_layers, uint32_t first,
+                               uint32_t n, int lease)
+{
+    Mapflow__V1__Get g = MAPFLOW__V1__GET__INIT;
+    g.model = MODEL;
+    g.block_size = B;
+    g.layers = (uint32_t *)layers;
+    g.n_layers = n_layers;
+    g.first_block = first;
+    g.n_blocks = n;
+    g.mode = lease ? MAPFLOW__V1__GET_MODE__GET_LEASE : MAPFLOW__V1__GET_MODE__GET_COPY;
+    mf_envelope_t env = MAPFLOW__V1__ENVELOPE__INIT;
+    env.body_case = MAPFLOW__V1__ENVELOPE__BODY_GET;
+    env.get = &g;
+    return td_call(c, &env, tokens, n_tok * 4);
+}
+
+static mf_envelope_t *simple(td_cli_t *c, int body_case, void *msg)
+{
+    mf_envelope_t env = MAPFLOW__V1__ENVELOPE__INIT;
+    env.body_case = body_case;
+    env.health = msg; /* every body member is a message pointer in the same union */
+    return td_call(c, &env, NULL, 0);
+}
+
+/* Checks a GET_COPY row against a freshly built copy of what was put. */
+static void check_copy_row(const td_cli_t *c, const Mapflow__V1__RowRef *ref, const char *ns,
+                           const uint32_t *tokens, unsigned seed_at_put)
+{
+    unsigned s = seed_at_put;
+    size_t size;
+    uint8_t *want = td_row(ns, MODEL, ref->layer, B, tokens, ref->block, &size, &s);
+    assert_int_equal(ref->status, MF_OK);
+    assert_int_equal(ref->length, size);
+    assert_int_equal(ref->payload_offset % 16, 0);
+    assert_true(ref->payload_offset + size <= c->payload_len);
+    assert_memory_equal(c->payload + ref->payload_offset, want, size);
+    free(want);
+}
+
+/* ---- tests ---------------------------------------------------------------------------- */
+
+static void test_put_lookup_get_lease(void **state)
+{
+    fixture_t *f = *state;
+    td_cli_t c;
+    assert_int_equal(td_connect(&c, f->d.sock, "ns-a", 1), 0);
+    assert_non_null(c.arena);
+    /* Each row's masses come from its own seed so the test can rebuild it. */
+    for (uint32_t l = 0; l < 2; l++)
+        for (uint32_t i = 0; i < NB; i++) {
+            unsigned s = 100 * l + i;
+            assert_int_equal(put_row(&c, "ns-a", l, f->tokens, i, 0, NULL, &s, 0), 0);
+        }
+    uint32_t layers[3] = {0, 1, 7}, blocks[3];
+    assert_int_equal(lookup(&c, f->tokens, NB * B + 5, layers, 3, blocks), NB);
+    assert_int_equal(blocks[0], NB);
+    assert_int_equal(blocks[1], NB);
+    assert_int_equal(blocks[2], 0);
+    /* A different token in block 2 changes its hash and every later one. */
+    uint32_t t2[NB * B];
+    memcpy(t2, f->tokens, sizeof(t2));
+    t2[2 * B + 3] ^= 1;
+    assert_int_equal(lookup(&c, t2, NB * B, layers, 2, blocks), NB);
+    assert_int_equal(blocks[0], 2);
+    assert_int_equal(blocks[1], 2);
+
+    mf_envelope_t *r = get_rows(&c, f->tokens, NB * B, layers, 2, 1, 2, 0);
+    assert_non_null(r);
+    assert_int_equal(r->body_case, MAPFLOW__V1__ENVELOPE__BODY_GET_REPLY);
+    assert_int_equal(r->get_reply->n_rows, 4);
+    for (size_t k = 0; k < 4; k++) {
+        const Mapflow__V1__RowRef *ref = r->get_reply->rows[k];
+        assert_int_equal(ref->layer, layers[k / 2]);      /* layer-major */
+        assert_int_equal(ref->block, 1 + k % 2);
+        check_copy_row(&c, ref, "ns-a", f->tokens, 100 * ref->layer + ref->block);
+    }
+    mf_envelope_free(r);
+
+    r = get_rows(&c, f->tokens, NB * B, layers, 1, 0, 0, 1);
+    assert_non_null(r);
+    assert_int_equal(r->body_case, MAPFLOW__V1__ENVELOPE__BODY_GET_REPLY);
+    assert_int_equal(r->get_reply->n_rows, NB);
+    assert_true(r->get_reply->lease_ttl_ms > 0);
+    uint64_t ids[NB];
+    for (size_t k = 0; k < NB; k++) {
+        const Mapflow__V1__RowRef *ref = r->get_reply->rows[k];
+        assert_int_equal(ref->status, MF_OK);
+        assert_int_not_equal(ref->lease_id, 0);
+        unsigned s = (unsigned)k;
+        size_t size;
+        uint8_t *want = td_row("ns-a", MODEL, 0, B, f->tokens, (uint32_t)k, &size, &s);
+        assert_memory_equal(c.arena + ref->arena_offset, want, size);
+        free(want);
+        ids[k] = ref->lease_id;
+    }
+    mf_envelope_free(r);
+    /* Leased rows are pinned: Flush drops everything else. */
+    r = simple(&c, MAPFLOW__V1__ENVELOPE__BODY_FLUSH, &(Mapflow__V1__Flush)MAPFLOW__V1__FLUSH__INIT);
+    assert_int_equal(r->body_case, MAPFLOW__V1__ENVELOPE__BODY_FLUSH_REPLY);
+    assert_int_equal(r->flush_reply->entries, NB); /* layer 1's rows */
+    mf_envelope_free(r);
+    Mapflow__V1__Release rel = MAPFLOW__V1__RELEASE__INIT;
+    uint64_t bogus[NB + 1];
+    memcpy(bogus, ids, sizeof(ids));
+    bogus[NB] = 999999;
+    rel.lease_ids = bogus;
+    rel.n_lease_ids = NB + 1;
+    r = simple(&c, MAPFLOW__V1__ENVELOPE__BODY_RELEASE, &rel);
+    assert_int_equal(r->release_reply->released, NB);
+    mf_envelope_free(r);
+    td_close(&c);
+}
+
+static void test_payload_put_and_validation(void **state)
+{
+    fixture_t *f = *state;
+    td_cli_t c;
+    unsigned s = 7;
+    assert_int_equal(td_connect(&c, f->d.sock, "ns-b", 0), 0);
+    assert_null(c.arena);
+    assert_int_equal(put_row(&c, "ns-b", 3, f->tokens, 0, 0, NULL, &s, 0), 0);
+    /* A flipped byte fails the checksum: DATA_LOSS, and nothing becomes visible. */
+    assert_int_equal(put_row(&c, "ns-b", 3, f->tokens, 1, 0, NULL, &s, 1), MF_DATA_LOSS);
+    uint32_t layer = 3, blocks[1];
+    assert_int_equal(lookup(&c, f->tokens, NB * B, &layer, 1, blocks), NB);
+    assert_int_equal(blocks[0], 1);
+    /* GET_LEASE needs the arena. */
+    mf_envelope_t *r = get_rows(&c, f->tokens, NB * B, &layer, 1, 0, 1, 1);
+    assert_int_equal(r->body_case, MAPFLOW__V1__ENVELOPE__BODY_ERROR);
+    assert_int_equal(r->error->code, MF_FAILED_PRECONDITION);
+    mf_envelope_free(r);
+    /* Tokens that do not cover the requested blocks. */
+    r = get_rows(&c, f->tokens, B, &layer, 1, 0, 2, 0);
+    assert_int_equal(r->error->code, MF_INVALID_ARGUMENT);
+    mf_envelope_free(r);
+    /* Get of a missing block: per-row NOT_FOUND. */
+    r = get_rows(&c, f->tokens, NB * B, &layer, 1, 0, 2, 0);
+    assert_int_equal(r->get_reply->rows[0]->status, MF_OK);
+    assert_int_equal(r->get_reply->rows[1]->status, MF_NOT_FOUND);
+    mf_envelope_free(r);
+    /* Another namespace sees nothing. */
+    td_cli_t o;
+    assert_int_equal(td_connect(&o, f->d.sock, "ns-other", 0), 0);
+    assert_int_equal(lookup(&o, f->tokens, NB * B, &layer, 1, blocks), NB);
+    assert_int_equal(blocks[0], 0);
+    td_close(&o);
+    td_close(&c);
+}
+
+static void test_protocol_errors(void **state)
+{
+    fixture_t *f = *state;
+    td_cli_t c;
+    /* First frame not Hello: FAILED_PRECONDITION, then the daemon closes. */
+    assert_int_equal(td_raw_connect(&c, f->d.sock), 0);
+    mf_envelope_t *r = simple(&c, MAPFLOW__V1__ENVELOPE__BODY_HEALTH,
+                              &(Mapflow__V1__Health)MAPFLOW__V1__HEALTH__INIT);
+    assert_non_null(r);
+    assert_int_equal(r->error->code, MF_FAILED_PRECONDITION);
+    mf_envelope_free(r);
+    assert_null(td_recv(&c, NULL));
+    td_close(&c);
+    /* A frame longer than max_frame: RESOURCE_EXHAUSTED, then closed. */
+    assert_int_equal(td_connect(&c, f->d.sock, "ns", 0), 0);
+    uint8_t bad[8] = {0xff, 0xff, 0xff, 0x7f, 0, 0, 0, 0};
+    assert_int_equal(send(c.fd, bad, 8, MSG_NOSIGNAL), 8);
+    r = td_recv(&c, NULL);
+    assert_non_null(r);
+    assert_int_equal(r->error->code, MF_RESOURCE_EXHAUSTED);
+    mf_envelope_free(r);
+    assert_null(td_recv(&c, NULL));
+    td_close(&c);
+    /* A reply-only body is UNIMPLEMENTED and the connection stays usable. */
+    assert_int_equal(td_connect(&c, f->d.sock, "ns", 0), 0);
+    r = simple(&c, MAPFLOW__V1__ENVELOPE__BODY_FLUSH_REPLY,
+               &(Mapflow__V1__FlushReply)MAPFLOW__V1__FLUSH_REPLY__INIT);
+    assert_int_equal(r->error->code, MF_UNIMPLEMENTED);
+    mf_envelope_free(r);
+    r = simple(&c, MAPFLOW__V1__ENVELOPE__BODY_HEALTH,
+               &(Mapflow__V1__Health)MAPFLOW__V1__HEALTH__INIT);
+    assert_int_equal(r->body_case, MAPFLOW__V1__ENVELOPE__BODY_HEALTH_REPLY);
+    assert_true(r->health_reply->ready);
+    mf_envelope_free(r);
+    td_close(&c);
+    /* Namespace too long. */
+    char ns[200];
+    memset(ns, 'x', sizeof(ns) - 1);
+    ns[sizeof(ns) - 1] = 0;
+    assert_int_equal(td_connect(&c, f->d.sock, ns, 0), MF_INVALID_ARGUMENT);
+    td_close(&c);
+}
+
+static void test_durable_survives_restart(void **state)
+{
+    fixture_t *f = *state;
+    td_cli_t c;
+    assert_int_equal(td_connect(&c, f->d.sock, "ns-d", 1), 0);
+    for (uint32_t i = 0; i < NB; i++) {
+        unsigned s = 500 + i;
+        int durable = 0;
+        assert_int_equal(put_row(&c, "ns-d", 2, f->tokens, i, 1, &durable, &s, 0), 0);
+        assert_int_equal(durable, 1);
+    }
+    td_close(&c);
+    td_stop(&f->d);
+    assert_int_equal(td_start(&f->d, NULL), 0);
+    assert_int_equal(td_connect(&c, f->d.sock, "ns-d", 0), 0);
+    uint32_t layer = 2, blocks[1];
+    assert_int_equal(lookup(&c, f->tokens, NB * B, &layer, 1, blocks), NB);
+    assert_int_equal(blocks[0], NB);
+    mf_envelope_t *r = get_rows(&c, f->tokens, NB * B, &layer, 1, 0, 0, 0);
+    assert_int_equal(r->get_reply->n_rows, NB);
+    for (size_t k = 0; k < NB; k++) {
+        assert_int_equal(r->get_reply->rows[k]->tier, MAPFLOW__V1__TIER__TIER_SSD);
+        check_copy_row(&c, r->get_reply->rows[k], "ns-d", f->tokens, 500 + (unsigned)k);
+    }
+    mf_envelope_free(r);
+    /* Promoted by that hit: the second read comes from the host tier. */
+    r = get_rows(&c, f->tokens, NB * B, &layer, 1, 0, 1, 0);
+    assert_int_equal(r->get_reply->rows[0]->tier, MAPFLOW__V1__TIER__TIER_HOST);
+    mf_envelope_free(r);
+    td_close(&c);
+}
+
+static void test_admin_list_config_profile(void **state)
+{
+    fixture_t *f = *state;
+    td_cli_t c;
+    assert_int_equal(td_connect(&c, f->d.sock, "ns-l", 0), 0);
+    for (uint32_t l = 0; l < 2; l++)
+        for (uint32_t i = 0; i < NB; i++) {
+            unsigned s = l * 10 + i;
+            assert_int_equal(put_row(&c, "ns-l", l, f->tokens, i, 0, NULL, &s, 0), 0);
+        }
+    /* Pages of 3 over 8 entries: 3 + 3 + 2, strictly rising keys, no repeats. */
+    Mapflow__V1__List ls = MAPFLOW__V1__LIST__INIT;
+    ls.page_size = 3;
+    size_t seen = 0, pages = 0;
+    uint8_t token[MFD_KEY_MAX];
+    size_t tlen = 0;
+    uint32_t last_layer = 0;
+    do {
+        ls.page_token.data = token;
+        ls.page_token.len = tlen;
+        mf_envelope_t *r = simple(&c, MAPFLOW__V1__ENVELOPE__BODY_LIST, &ls);
+        assert_int_equal(r->body_case, MAPFLOW__V1__ENVELOPE__BODY_LIST_REPLY);
+        for (size_t k = 0; k < r->list_reply->n_entries; k++) {
+            assert_true(r->list_reply->entries[k]->key->layer >= last_layer);
+            last_layer = r->list_reply->entries[k]->key->layer;
+        }
+        seen += r->list_reply->n_entries;
+        tlen = r->list_reply->next_page_token.len;
+        assert_true(tlen <= sizeof(token));
+        memcpy(token, r->list_reply->next_page_token.data, tlen);
+        pages++;
+        mf_envelope_free(r);
+    } while (tlen && pages < 10);
+    assert_int_equal(seen, 2 * NB);
+    assert_int_equal(pages, 3);
+    /* Filter by layer, then delete that layer. */
+    ls.page_size = 0;
+    ls.page_token.len = 0;
+    ls.has_layer = 1;
+    ls.layer = 1;
+    mf_envelope_t *r = simple(&c, MAPFLOW__V1__ENVELOPE__BODY_LIST, &ls);
+    assert_int_equal(r->list_reply->n_entries, NB);
+    mf_envelope_free(r);
+    Mapflow__V1__Delete del = MAPFLOW__V1__DELETE__INIT;
+    del.model = MODEL;
+    del.has_layer = 1;
+    del.layer = 1;
+    r = simple(&c, MAPFLOW__V1__ENVELOPE__BODY_DELETE, &del);
+    assert_int_equal(r->delete_reply->deleted, NB);
+    mf_envelope_free(r);
+
+    /* Config: live key set, non-live refused, bad value refused, get reads back. */
+    Mapflow__V1__ConfigSet cs = MAPFLOW__V1__CONFIG_SET__INIT;
+    cs.key = "lease_ttl";
+    cs.value = "1500ms";
+    r = simple(&c, MAPFLOW__V1__ENVELOPE__BODY_CONFIG_SET, &cs);
+    assert_int_equal(r->body_case, MAPFLOW__V1__ENVELOPE__BODY_CONFIG_SET_REPLY);
+    assert_string_equal(r->config_set_reply->item->value, "1500ms");
+    mf_envelope_free(r);
+    cs.key = "host_bytes";
+    cs.value = "1gb";
+    r = simple(&c, MAPFLOW__V1__ENVELOPE__BODY_CONFIG_SET, &cs);
+    assert_int_equal(r->error->code, MF_FAILED_PRECONDITION);
+    mf_envelope_free(r);
+    cs.key = "high_watermark";
+    cs.value = "1.5";
+    r = simple(&c, MAPFLOW__V1__ENVELOPE__BODY_CONFIG_SET, &cs);
+    assert_int_equal(r->error->code, MF_INVALID_ARGUMENT);
+    mf_envelope_free(r);
+    Mapflow__V1__ConfigGet cg = MAPFLOW__V1__CONFIG_GET__INIT;
+    cg.key = "";
+    r = simple(&c, MAPFLOW__V1__ENVELOPE__BODY_CONFIG_GET, &cg);
+    assert_int_equal(r->config_get_reply->n_items, mfd_config_count());
+    mf_envelope_free(r);
+
+    /* Profiles: NOT_FOUND, put, get back equal. */
+    Mapflow__V1__ProfileGet pg = MAPFLOW__V1__PROFILE_GET__INIT;
+    pg.source_model = MODEL;
+    pg.target_model = "tgt";
+    r = simple(&c, MAPFLOW__V1__ENVELOPE__BODY_PROFILE_GET, &pg);
+    assert_int_equal(r->error->code, MF_NOT_FOUND);
+    mf_envelope_free(r);
+    float w[4] = {0.25f, 0.75f, 1.0f, 0.0f};
+    Mapflow__V1__LayerMap lm = MAPFLOW__V1__LAYER_MAP__INIT;
+    lm.target_layer = 5;
+    lm.source_layer = 9;
+    lm.target_heads = 2;
+    lm.source_heads = 2;
+    lm.w = w;
+    lm.n_w = 4;
+    Mapflow__V1__LayerMap *lms[1] = {&lm};
+    Mapflow__V1__MappingProfile mp = MAPFLOW__V1__MAPPING_PROFILE__INIT;
+    mp.source_model = MODEL;
+    mp.target_model = "tgt";
+    mp.block_size = B;
+    mp.l0 = 2;
+    mp.n_layers = 1;
+    mp.layers = lms;
+    Mapflow__V1__ProfilePut pp = MAPFLOW__V1__PROFILE_PUT__INIT;
+    pp.profile = &mp;
+    r = simple(&c, MAPFLOW__V1__ENVELOPE__BODY_PROFILE_PUT, &pp);
+    assert_int_equal(r->body_case, MAPFLOW__V1__ENVELOPE__BODY_PROFILE_PUT_REPLY);
+    mf_envelope_free(r);
+    r = simple(&c, MAPFLOW__V1__ENVELOPE__BODY_PROFILE_GET, &pg);
+    assert_int_equal(r->body_case, MAPFLOW__V1__ENVELOPE__BODY_PROFILE_GET_REPLY);
+    assert_int_equal(r->profile_get_reply->profile->layers[0]->source_layer, 9);
+    assert_true(r->profile_get_reply->profile->layers[0]->w[1] == 0.75f);
+    mf_envelope_free(r);
+    w[1] = 0.5f; /* row no longer sums to 1 */
+    r = simple(&c, MAPFLOW__V1__ENVELOPE__BODY_PROFILE_PUT, &pp);
+    assert_int_equal(r->error->code, MF_INVALID_ARGUMENT);
+    mf_envelope_free(r);
+    td_close(&c);
+}
+
+static void test_watermark_demotion(void **state)
+{
+    fixture_t *f = *state;
+    td_stop(&f->d);
+    /* A 1 MiB arena and 6000 rows of 256 bytes (1.5 MiB): demotion must run. */
+    const char *extra[] = {"host_bytes", "1mb", "write_through", "off", NULL};
+    assert_int_equal(td_start(&f->d, extra), 0);
+    td_cli_t c;
+    assert_int_equal(td_connect(&c, f->d.sock, "ns-w", 0), 0);
+    enum { NT = 6000 * B };
+    uint32_t *tok = malloc(NT * sizeof(uint32_t));
+    for (int i = 0; i < NT; i++)
+        tok[i] = (uint32_t)rand_r(&f->seed);
+    for (uint32_t i = 0; i < NT / B; i++) {
+        unsigned s = i;
+        assert_int_equal(put_row(&c, "ns-w", 0, tok, i, 0, NULL, &s, 0), 0);
+    }
+    mfd_server_t *srv = f->d.srv;
+    /* Read the counters through Stats (the loop thread owns them). */
+    mf_envelope_t *r = simple(&c, MAPFLOW__V1__ENVELOPE__BODY_STATS,
+                              &(Mapflow__V1__Stats)MAPFLOW__V1__STATS__INIT);
+    uint64_t demotions = 0;
+    for (size_t k = 0; k < r->stats_reply->n_counters; k++)
+        if (!strcmp(r->stats_reply->counters[k]->name, "demotions_total"))
+            demotions = r->stats_reply->counters[k]->value;
+    assert_true(demotions > 0);
+    const Mapflow__V1__TierStats *host = r->stats_reply->tiers[1];
+    assert_true(host->used_bytes <= (uint64_t)(0.9 * (double)host->capacity_bytes) + 4096);
+    mf_envelope_free(r);
+    (void)srv;
+    /* Every block is still found and served: cold ones come back from the SSD tier. */
+    uint32_t layer = 0, blocks[1];
+    assert_int_equal(lookup(&c, tok, NT, &layer, 1, blocks), NT / B);
+    assert_int_equal(blocks[0], NT / B);
+    r = get_rows(&c, tok, NT, &layer, 1, 0, 8, 0);
+    for (size_t k = 0; k < 8; k++)
+        check_copy_row(&c, r->get_reply->rows[k], "ns-w", tok, (unsigned)k);
+    mf_envelope_free(r);
+    free(tok);
+    td_close(&c);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_put_lookup_get_lease, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_payload_put_and_validation, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_protocol_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_durable_survives_restart, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_admin_list_config_profile, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_watermark_demotion, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,262 @@
+/*
+ * test_daemon_util — a tiny blocking client and row builder for the daemon's unit
+ * tests: runs mfd_server in a thread on a unix socket in a temp dir and talks to it
+ * with real frames (proto/mf_frame.h), so the request handlers run exactly as in
+ * mapflowd. Header-only; every test binary that includes it gets its own copy.
+ */
+#ifndef TEST_DAEMON_UTIL_H
+#define TEST_DAEMON_UTIL_H
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "mf_frame.h"
+#include "mf_hash.h"
+#include "mf_row.h"
+#include "server.h"
+
+typedef struct td_daemon {
+    char dir[256];
+    char sock[300];
+    mfd_server_t *srv;
+    pthread_t tid;
+} td_daemon_t;
+
+static void *td_run(void *arg)
+{
+    mfd_server_run(arg);
+    return NULL;
+}
+
+/* Starts a daemon on dir (created when dir[0] == 0); extra = "key", "value", ..., NULL. */
+static int td_start(td_daemon_t *d, const char *const *extra)
+{
+    if (!d->dir[0]) {
+        snprintf(d->dir, sizeof(d->dir), "/tmp/mfd-test-XXXXXX");
+        if (!mkdtemp(d->dir))
+            return -1;
+    }
+    snprintf(d->sock, sizeof(d->sock), "%s/d.sock", d->dir);
+    mfd_config_t cfg;
+    char err[MFD_CONFIG_ERRLEN], data[300];
+    snprintf(data, sizeof(data), "%s/data", d->dir);
+    mfd_config_init(&cfg);
+    mfd_config_set(&cfg, "socket", d->sock, 0, err, sizeof(err));
+    mfd_config_set(&cfg, "data_dir", data, 0, err, sizeof(err));
+    mfd_config_set(&cfg, "http", "", 0, err, sizeof(err));
+    mfd_config_set(&cfg, "host_bytes", "8mb", 0, err, sizeof(err));
+    mfd_config_set(&cfg, "log_level", "warn", 0, err, sizeof(err));
+    for (size_t i = 0; extra && extra[i]; i += 2)
+        if (mfd_config_set(&cfg, extra[i], extra[i + 1], 0, err, sizeof(err)) != MF_OK) {
+            fprintf(stderr, "td_start: %s\n", err);
+            return -1;
+        }
+    if (mfd_server_create(&cfg, NULL, NULL, 0, &d->srv, err, sizeof(err)) != MF_OK) {
+        fprintf(stderr, "td_start: %s\n", err);
+        mfd_config_deinit(&cfg);
+        return -1;
+    }
+    mfd_config_deinit(&cfg);
+    return pthread_create(&d->tid, NULL, td_run, d->srv) == 0 ? 0 : -1;
+}
+
+static void td_stop(td_daemon_t *d)
+{
+    mfd_server_stop(d->srv);
+    pthread_join(d->tid, NULL);
+    mfd_server_destroy(d->srv);
+    d->srv = NULL;
+}
+
+static void td_rmdir(td_daemon_t *d)
+{
+    char cmd[400];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", d->dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "cannot remove %s\n", d->dir);
+}
+
+/* ---- client ------------------------------------------------------------------------ */
+
+typedef struct td_cli {
+    int fd;
+    uint8_t *arena;
+    size_t arena_len;
+    uint64_t next_id;
+    mf_frame_reader_t rd;
+    uint8_t *payload;      /* of the last reply (copy) */
+    size_t payload_len;
+} td_cli_t;
+
+static int td_raw_connect(td_cli_t *c, const char *path)
+{
+    memset(c, 0, sizeof(*c));
+    c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sun = {0};
+    sun.sun_family = AF_UNIX;
+    snprintf(sun.sun_path, sizeof(sun.sun_path), "%s", path);
+    mf_frame_reader_init(&c->rd, MF_FRAME_DEFAULT_MAX);
+    c->next_id = 1;
+    return connect(c->fd, (struct sockaddr *)&sun, sizeof(sun));
+}
+
+static int td_send(td_cli_t *c, mf_envelope_t *env, const void *payload, size_t plen)
+{
+    uint8_t *buf;
+    size_t len;
+    if (mf_frame_encode(env, payload, plen, MF_FRAME_DEFAULT_MAX, &buf, &len) != MF_OK)
+        return -1;
+    ssize_t n = send(c->fd, buf, len, MSG_NOSIGNAL);
+    free(buf);
+    return n == (ssize_t)len ? 0 : -1;
+}
+
+/* Next reply; NULL when the daemon closed the connection. Receives an fd if one comes. */
+static mf_envelope_t *td_recv(td_cli_t *c, int *fd_out)
+{
+    for (;;) {
+        mf_frame_t f;
+        int have;
+        const char *why;
+        if (mf_frame_reader_next(&c->rd, &f, &have, &why) != MF_OK)
+            return NULL;
+        if (have) {
+            mf_envelope_t *env;
+            if (mf_envelope_decode(&f, &env, &why) != MF_OK)
+                return NULL;
+            free(c->payload);
+            c->payload = malloc(f.payload_len + 16);
+            memcpy(c->payload, f.payload, f.payload_len);
+            c->payload_len = f.payload_len;
+            return env;
+        }
+        uint8_t *p;
+        size_t avail;
+        mf_frame_reader_space(&c->rd, 65536, &p, &avail);
+        char cbuf[CMSG_SPACE(sizeof(int))];
+        struct iovec iov = {p, avail};
+        struct msghdr msg = {0};
+        msg.msg_iov = &iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf;
+        msg.msg_controllen = sizeof(cbuf);
+        ssize_t n = recvmsg(c->fd, &msg, MSG_CMSG_CLOEXEC);
+        if (n <= 0)
+            return NULL;
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+        if (cm && cm->cmsg_type == SCM_RIGHTS && fd_out)
+            memcpy(fd_out, CMSG_DATA(cm), sizeof(int));
+        mf_frame_reader_commit(&c->rd, (size_t)n);
+    }
+}
+
+/* One request, one reply (sequential use only). */
+static mf_envelope_t *td_call(td_cli_t *c, mf_envelope_t *req, const void *payload, size_t plen)
+{
+    req->request_id = c->next_id++;
+    if (td_send(c, req, payload, plen) != 0)
+        return NULL;
+    mf_envelope_t *r = td_recv(c, NULL);
+    if (r && r->request_id != req->request_id) {
+        mf_envelope_free(r);
+        return NULL;
+    }
+    return r;
+}
+
+/* Hello; maps the arena when asked. Returns the reply's body case or the error code. */
+static int td_connect(td_cli_t *c, const char *path, const char *ns, int want_arena)
+{
+    if (td_raw_connect(c, path) != 0)
+        return -1;
+    Mapflow__V1__Hello h = MAPFLOW__V1__HELLO__INIT;
+    h.protocol_version = 1;
+    h.namespace_ = (char *)ns;
+    h.client_name = "unit-test";
+    h.want_host_arena = want_arena;
+    mf_envelope_t env = MAPFLOW__V1__ENVELOPE__INIT;
+    env.body_case = MAPFLOW__V1__ENVELOPE__BODY_HELLO;
+    env.hello = &h;
+    env.request_id = c->next_id++;
+    if (td_send(c, &env, NULL, 0) != 0)
+        return -1;
+    int fd = -1;
+    mf_envelope_t *r = td_recv(c, &fd);
+    if (!r)
+        return -1;
+    int rc = -1;
+    if (r->body_case == MAPFLOW__V1__ENVELOPE__BODY_HELLO_REPLY) {
+        rc = 0;
+        if (r->hello_reply->host_arena_fd && fd >= 0) {
+            c->arena_len = r->hello_reply->host_arena_bytes;
+            c->arena = mmap(NULL, c->arena_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+            close(fd);
+            if (c->arena == MAP_FAILED)
+                rc = -1;
+        }
+    } else if (r->body_case == MAPFLOW__V1__ENVELOPE__BODY_ERROR) {
+        rc = (int)r->error->code;
+    }
+    mf_envelope_free(r);
+    return rc;
+}
+
+static void td_close(td_cli_t *c)
+{
+    if (c->arena && c->arena != MAP_FAILED)
+        munmap(c->arena, c->arena_len);
+    close(c->fd);
+    mf_frame_reader_deinit(&c->rd);
+    free(c->payload);
+    memset(c, 0, sizeof(*c));
+}
+
+/* ---- rows -------------------------------------------------------------------------- */
+
+/* A valid MASK row (2 heads, sink + diagonal) for block i of `tokens` (B each). Returns a
+ * 16-aligned malloc'd row; hashes computed from (ns, model) exactly as the daemon does. */
+static uint8_t *td_row(const char *ns, const char *model, uint32_t layer, uint32_t B,
+                       const uint32_t *tokens, uint32_t i, size_t *size, unsigned *seed)
+{
+    mf_hash128_t h = mf_hash_root(B, ns, strlen(ns), model, strlen(model)), parent = h;
+    for (uint32_t b = 0; b <= i; b++) {
+        parent = h;
+        h = mf_hash_next(h, tokens + (size_t)b * B, B);
+    }
+    mf_row_spec_t spec = {model, layer, i, B, 2, MF_CODEC_MASK, 0.9f, parent, h,
+                          tokens + (size_t)i * B};
+    uint32_t cols[2] = {0, i};
+    uint64_t masks[2] = {3, 3};
+    uint32_t n_cols = i ? 2 : 1;
+    float mass[4];
+    for (int k = 0; k < 4; k++)
+        mass[k] = (float)(rand_r(seed) % 1000) / 1000.0f;
+    size_t need = 0;
+    const char *why;
+    mf_row_build(NULL, 0, &spec, n_cols, cols, masks, mass, NULL, &need, &why);
+    uint8_t *buf = aligned_alloc(64, (need + 63) & ~(size_t)63);
+    if (mf_row_build(buf, need, &spec, n_cols, cols, masks, mass, NULL, size, &why) != MF_OK) {
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}
+
+static mf_hash128_t td_block_hash(const char *ns, const char *model, uint32_t B,
+                                  const uint32_t *tokens, uint32_t i)
+{
+    mf_hash128_t h = mf_hash_root(B, ns, strlen(ns), model, strlen(model));
+    for (uint32_t b = 0; b <= i; b++)
+        h = mf_hash_next(h, tokens + (size_t)b * B, B);
+    return h;
+}
+
+#endif /* TEST_DAEMON_UTIL_H */
