@@ -139,6 +139,9 @@ static mf_status_t split_number(const char *s, double *num, char unit[8])
     double v = strtod(s, &end);
     if (errno || end == s || !isfinite(v) || v < 0)
         return MF_INVALID_ARGUMENT;
+    for (const char *p = s; p < end; p++) /* plain decimals only: no hex, no exponent */
+        if (!isdigit((unsigned char)*p) && *p != '.')
+            return MF_INVALID_ARGUMENT;
     while (isspace((unsigned char)*end))
         end++;
     size_t n = 0;

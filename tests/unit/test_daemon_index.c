@@ -1,0 +1,150 @@
+/* test_daemon_index — refcounted entries (pinned never freed), LRU order, namespace
+ * isolation by key prefix, key encoding and sorted collection. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "index.h"
+
+static int g_freed;
+
+static void on_free(mfd_entry_t *e, void *ctx)
+{
+    (void)e;
+    (void)ctx;
+    g_freed++;
+}
+
+static mfd_entry_t *make(mfd_index_t *ix, const char *ns, uint32_t layer, unsigned seed)
+{
+    uint8_t h[16];
+    for (int i = 0; i < 16; i++)
+        h[i] = (uint8_t)rand_r(&seed);
+    mfd_key_t k;
+    assert_int_equal(mfd_key_make(&k, ns, strlen(ns), "m", 1, layer, h), MF_OK);
+    mfd_entry_t *e = mfd_entry_new(&k);
+    assert_non_null(e);
+    e->layer = layer;
+    int replaced = -1;
+    assert_int_equal(mfd_index_insert(ix, e, &replaced), MF_OK);
+    assert_int_equal(replaced, 0);
+    return e;
+}
+
+static void test_keys(void **state)
+{
+    (void)state;
+    mfd_key_t k;
+    uint8_t h[16] = {1, 2, 3};
+    assert_int_equal(mfd_key_make(&k, "", 0, "m", 1, 0, h), MF_INVALID_ARGUMENT);
+    char big[300];
+    memset(big, 'a', sizeof(big));
+    assert_int_equal(mfd_key_make(&k, "ns", 2, big, 256, 0, h), MF_INVALID_ARGUMENT);
+    assert_int_equal(mfd_key_make(&k, "ns", 2, "model", 5, 0x01020304, h), MF_OK);
+    mfd_key_parts_t p;
+    assert_int_equal(mfd_key_parse(k.b, k.len, &p), MF_OK);
+    assert_int_equal(p.ns_len, 2);
+    assert_memory_equal(p.model, "model", 5);
+    assert_int_equal(p.layer, 0x01020304);
+    assert_memory_equal(p.hash, h, 16);
+    assert_int_equal(mfd_key_parse(k.b, k.len - 1, &p), MF_INVALID_ARGUMENT);
+    /* Layers sort numerically in byte order (big-endian). */
+    mfd_key_t k2, k3;
+    mfd_key_make(&k2, "ns", 2, "model", 5, 2, h);
+    mfd_key_make(&k3, "ns", 2, "model", 5, 256, h);
+    assert_true(mfd_key_cmp(k2.b, k2.len, k3.b, k3.len) < 0);
+}
+
+static void test_pins_and_unlink(void **state)
+{
+    (void)state;
+    mfd_index_t *ix;
+    g_freed = 0;
+    assert_int_equal(mfd_index_create(on_free, NULL, &ix), MF_OK);
+    mfd_entry_t *e = make(ix, "ns", 1, 7);
+    mfd_entry_pin(e);
+    mfd_entry_pin(e);
+    mfd_key_t k = e->key;
+    mfd_index_unlink(ix, e);
+    /* Gone from lookup at once, memory kept while pinned. */
+    assert_null(mfd_index_find(ix, k.b, k.len));
+    assert_int_equal(g_freed, 0);
+    mfd_index_unpin(ix, e);
+    assert_int_equal(g_freed, 0);
+    mfd_index_unpin(ix, e);
+    assert_int_equal(g_freed, 1);
+    /* Replacing a key unlinks the old entry; an unpinned one goes immediately. */
+    mfd_entry_t *a = make(ix, "ns", 2, 8);
+    mfd_entry_t *b = mfd_entry_new(&a->key);
+    int replaced = 0;
+    mfd_index_insert(ix, b, &replaced);
+    assert_int_equal(replaced, 1);
+    assert_int_equal(g_freed, 2);
+    assert_ptr_equal(mfd_index_find(ix, b->key.b, b->key.len), b);
+    assert_int_equal(mfd_index_count(ix), 1);
+    mfd_index_destroy(ix);
+    assert_int_equal(g_freed, 3);
+}
+
+static void test_lru_order(void **state)
+{
+    (void)state;
+    mfd_index_t *ix;
+    assert_int_equal(mfd_index_create(on_free, NULL, &ix), MF_OK);
+    mfd_entry_t *e[5];
+    for (int i = 0; i < 5; i++) {
+        e[i] = make(ix, "ns", (uint32_t)i, 100u + (unsigned)i);
+        mfd_lru_add(ix, MFD_LRU_HOST, e[i]);
+    }
+    /* Touch 0 and 2: the coldest-first walk is 1, 3, 4, 0, 2. */
+    mfd_lru_touch(ix, MFD_LRU_HOST, e[0]);
+    mfd_lru_touch(ix, MFD_LRU_HOST, e[2]);
+    int want[5] = {1, 3, 4, 0, 2}, k = 0;
+    for (mfd_entry_t *x = mfd_lru_coldest(ix, MFD_LRU_HOST); x; x = mfd_lru_warmer(x, MFD_LRU_HOST))
+        assert_ptr_equal(x, e[want[k++]]);
+    assert_int_equal(k, 5);
+    /* Unlinking removes from the list; the SSD list is independent. */
+    mfd_lru_add(ix, MFD_LRU_SSD, e[3]);
+    mfd_index_unlink(ix, e[3]);
+    k = 0;
+    for (mfd_entry_t *x = mfd_lru_coldest(ix, MFD_LRU_HOST); x; x = mfd_lru_warmer(x, MFD_LRU_HOST))
+        k++;
+    assert_int_equal(k, 4);
+    assert_null(mfd_lru_coldest(ix, MFD_LRU_SSD));
+    mfd_index_destroy(ix);
+}
+
+static void test_namespace_prefix_and_sort(void **state)
+{
+    (void)state;
+    mfd_index_t *ix;
+    assert_int_equal(mfd_index_create(on_free, NULL, &ix), MF_OK);
+    for (unsigned i = 0; i < 300; i++)
+        make(ix, (i % 3) ? "alpha" : "alphabet", i, 1000 + i);
+    /* "alpha" is a prefix of "alphabet" as text, but not as a key: the length byte differs. */
+    uint8_t p1[6] = {5, 'a', 'l', 'p', 'h', 'a'};
+    mfd_entry_t **v;
+    size_t n;
+    assert_int_equal(mfd_index_collect(ix, p1, sizeof(p1), 1, &v, &n), MF_OK);
+    assert_int_equal(n, 200);
+    for (size_t i = 1; i < n; i++)
+        assert_true(mfd_key_cmp(v[i - 1]->key.b, v[i - 1]->key.len, v[i]->key.b, v[i]->key.len) < 0);
+    for (size_t i = 0; i < n; i++)
+        assert_true(v[i]->layer % 3 != 0);
+    free(v);
+    mfd_index_destroy(ix);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_keys),
+        cmocka_unit_test(test_pins_and_unlink),
+        cmocka_unit_test(test_lru_order),
+        cmocka_unit_test(test_namespace_prefix_and_sort),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

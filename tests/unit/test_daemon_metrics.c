@@ -1,0 +1,126 @@
+/* test_daemon_metrics — the Prometheus text: HELP/TYPE before samples, names with the
+ * mapflowd_ prefix and unit suffixes, cumulative histogram buckets ending in +Inf equal
+ * to _count, token counters with their denominators. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "metrics.h"
+
+static double sample(const char *text, const char *name)
+{
+    const char *p = text;
+    size_t n = strlen(name);
+    while ((p = strstr(p, name))) {
+        if ((p == text || p[-1] == '\n') && p[n] == ' ')
+            return strtod(p + n + 1, NULL);
+        p += n;
+    }
+    return -1;
+}
+
+static void test_render(void **state)
+{
+    (void)state;
+    mfd_metrics_t m;
+    mfd_metrics_init(&m);
+    unsigned seed = 5;
+    double obs[200];
+    for (int i = 0; i < 200; i++) {
+        obs[i] = 1e-6 * (1 + rand_r(&seed) % 2000000); /* 1 µs .. 2 s */
+        mfd_metrics_observe(&m, MFD_H_GET, obs[i]);
+    }
+    mfd_count(&m, MFD_C_GET_REQ_TOKENS, 640);
+    mfd_count(&m, MFD_C_GET_HIT_TOKENS_HOST, 320);
+    mfd_count(&m, MFD_C_GET_HIT_TOKENS_SSD, 64);
+    mfd_metrics_error(&m, MF_NOT_FOUND);
+    mfd_metrics_error(&m, MF_NOT_FOUND);
+    mfd_gauges_t g = {0};
+    g.tiers[0] = (mfd_tier_gauge_t){"gpu", 0, 0, 0, 0};
+    g.tiers[1] = (mfd_tier_gauge_t){"host", 1, 4096, 1 << 20, 3};
+    g.tiers[2] = (mfd_tier_gauge_t){"ssd", 1, 8192, 1 << 30, 5};
+    g.version = "9.9.9";
+    size_t len;
+    char *t = mfd_metrics_render(&m, &g, &len);
+    assert_non_null(t);
+    assert_int_equal(strlen(t), len);
+    assert_int_equal(t[len - 1], '\n');
+    assert_true(sample(t, "mapflowd_get_requested_tokens_total") == 640);
+    assert_true(sample(t, "mapflowd_get_hit_tokens_total{tier=\"host\"}") == 320);
+    assert_true(sample(t, "mapflowd_get_hit_tokens_total{tier=\"ssd\"}") == 64);
+    assert_true(sample(t, "mapflowd_errors_total{code=\"NOT_FOUND\"}") == 2);
+    assert_true(sample(t, "mapflowd_tier_used_bytes{tier=\"ssd\"}") == 8192);
+    assert_true(sample(t, "mapflowd_tier_capacity_bytes{tier=\"host\"}") == 1 << 20);
+    assert_true(sample(t, "mapflowd_build_info{version=\"9.9.9\",protocol=\"1\"}") == 1);
+    /* Histogram: cumulative, monotone, +Inf == count, sum matches. */
+    double prev = 0, sum = 0;
+    char name[128];
+    for (int i = 0; i < MFD_HIST_BUCKETS; i++) {
+        snprintf(name, sizeof(name),
+                 "mapflowd_request_duration_seconds_bucket{op=\"get\",le=\"%g\"}", mfd_hist_bound(i));
+        double v = sample(t, name);
+        int want = 0;
+        for (int k = 0; k < 200; k++)
+            want += obs[k] <= mfd_hist_bound(i);
+        assert_true(v == want);
+        assert_true(v >= prev);
+        prev = v;
+    }
+    for (int k = 0; k < 200; k++)
+        sum += obs[k];
+    assert_true(sample(t, "mapflowd_request_duration_seconds_bucket{op=\"get\",le=\"+Inf\"}") == 200);
+    assert_true(sample(t, "mapflowd_request_duration_seconds_count{op=\"get\"}") == 200);
+    double got_sum = sample(t, "mapflowd_request_duration_seconds_sum{op=\"get\"}");
+    assert_true(got_sum > sum * 0.999999 && got_sum < sum * 1.000001);
+    assert_true(mfd_hist_bound(0) == 1e-5 && mfd_hist_bound(MFD_HIST_BUCKETS - 1) == 1.0);
+    /* Every sample line names a family announced by # TYPE before it; units are base. */
+    char *save, *copy = strdup(t);
+    char types[200][96];
+    int nt = 0;
+    for (char *line = strtok_r(copy, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        if (!strncmp(line, "# TYPE ", 7)) {
+            sscanf(line + 7, "%95s", types[nt++]);
+            continue;
+        }
+        if (line[0] == '#')
+            continue;
+        assert_int_equal(strncmp(line, "mapflowd_", 9), 0);
+        assert_null(strstr(line, "_ms"));
+        int found = 0;
+        for (int i = 0; i < nt && !found; i++)
+            found = !strncmp(line, types[i], strlen(types[i]));
+        assert_true(found);
+    }
+    free(copy);
+    free(t);
+}
+
+static void visit(const char *name, uint64_t value, void *arg)
+{
+    if (!strcmp(name, "puts_total"))
+        *(uint64_t *)arg = value;
+}
+
+static void test_visit_names(void **state)
+{
+    (void)state;
+    mfd_metrics_t m;
+    mfd_metrics_init(&m);
+    mfd_count(&m, MFD_C_PUTS, 17);
+    uint64_t v = 0;
+    mfd_metrics_visit(&m, visit, &v);
+    assert_int_equal(v, 17);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_render),
+        cmocka_unit_test(test_visit_names),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
