@@ -53,6 +53,26 @@ if [ ${#bins[@]} -gt 0 ]; then
   reject dockerfile 's/ libprotobuf-c1 / /' 'missing libprotobuf-c1'
   reject dockerfile 's/ libxxhash0 / libxxhash0 libcurl4 /' "unneeded: ['libcurl4']"
 fi
+# The image's HEALTHCHECK command against the real daemon running the sample config
+# (the image's /etc/mapflowd.conf); a health check on a wrong socket must fail.
+hc=$($PY -c 'import json, sys; sys.path.insert(0, "deploy/tools"); import dockerfile_check as d
+st = d.stages(d.instructions(open("deploy/docker/Dockerfile").read()))
+a = [a for k, a in st[-1]["instrs"] if k == "HEALTHCHECK"][-1]
+print(a[a.index("CMD") + 3:].strip())')
+conf=${MF_BUILD:-build}/deploy/mapflowd.conf
+if [ -x "$BIN_DIR/mapflowd" ] && [ -x "$BIN_DIR/mapflowctl" ] && [ -s "$conf" ]; then
+  echo "--- HEALTHCHECK $hc against a real mapflowd"
+  $PY deploy/tools/daemon_check.py --mapflowd "$BIN_DIR/mapflowd" --config "$conf" \
+    --health-cmd "$hc" --bin-dir "$BIN_DIR" || fail=1
+  n=$((n + 1))
+  bad=${hc//\/run\/mapflowd\/mapflowd.sock/\/nonexistent\/mapflowd.sock}
+  if $PY deploy/tools/daemon_check.py --mapflowd "$BIN_DIR/mapflowd" --config "$conf" \
+       --health-cmd "$bad" --bin-dir "$BIN_DIR" > "$tmp/hc.log" 2>&1; then
+    echo "FAIL: a health check on /nonexistent/mapflowd.sock passed"; fail=1
+  else rejected=$((rejected + 1)); echo "rejected as expected: $(grep -m1 FAIL "$tmp/hc.log")"; fi
+else
+  echo "FAIL: mapflowd, mapflowctl or $conf not built; HEALTHCHECK not run"; fail=1
+fi
 echo "docker negative cases: $rejected of $n rejected with the expected reason"
 echo "note: no Docker engine here; the image itself is not built by make test"
 [ $fail -eq 0 ] && [ $rejected -eq $n ]

@@ -61,4 +61,13 @@ else
     echo "systemd-analyze verify: flags a misspelt key as expected"
   else echo "FAIL: systemd-analyze verify did not flag UMaks="; fail=1; fi
 fi
+
+# What Type=notify and ExecReload rely on, against the real daemon and the sample config.
+echo "--- sd_notify protocol (this script plays systemd)"
+conf=${MF_BUILD:-build}/deploy/mapflowd.conf
+if [ -x "$BIN_DIR/mapflowd" ] && [ -s "$conf" ]; then
+  $PY deploy/tools/daemon_check.py --mapflowd "$BIN_DIR/mapflowd" --config "$conf" --notify || fail=1
+else
+  echo "FAIL: $BIN_DIR/mapflowd or $conf not built"; fail=1
+fi
 [ $fail -eq 0 ]
