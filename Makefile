@@ -115,6 +115,7 @@ deps:
 # because pkg-config answers are read when the Makefile is parsed.
 test: deps
 	@$(MAKE) --no-print-directory test-run
+	@$(ASAN_MAKE) asan-units
 
 demo: deps
 	@$(MAKE) --no-print-directory demo-run

@@ -638,11 +638,12 @@ void mfd_config_print_help(FILE *f)
 {
     fprintf(f,
             "usage: mapflowd [-c FILE] [--KEY VALUE ...] [--help] [--print-config] "
-            "[--version]\n\n"
+            "[--check-config FILE] [--version]\n\n"
             "mapflowd keeps attention-map rows for LLM hand-offs in a host arena and an SSD\n"
             "tier and serves them over a unix socket (and optional TCP).\n\n"
             "  -c, --config FILE   read KEY VALUE lines from FILE (command line wins)\n"
             "  --print-config      print a complete sample config file and exit\n"
+            "  --check-config FILE parse FILE (and overrides) as a start would; exit 0 if valid\n"
             "  --help              this text\n\nkeys (each also --KEY VALUE or --KEY=VALUE):\n");
     for (size_t i = 0; i < N_KEYS; i++) {
         const cdef_t *d = &g_table[i];

@@ -1,7 +1,8 @@
 /*
  * mapflowd — entry point: builds the config from the table (defaults, then -c FILE,
- * then --key value overrides), handles --help / --print-config / --version, and runs
- * the server until SIGTERM. Exit codes: 0 clean stop, 1 runtime failure, 2 usage.
+ * then --key value overrides), handles --help / --print-config / --check-config FILE /
+ * --version, and runs the server until SIGTERM. Exit codes: 0 clean stop (or a valid
+ * config with --check-config), 1 runtime failure, 2 usage or invalid config.
  */
 #include <signal.h>
 #include <stdio.h>
@@ -23,6 +24,7 @@ int main(int argc, char **argv)
     mfd_config_t cfg;
     char err[MFD_CONFIG_ERRLEN];
     const char *config_path = NULL;
+    int check_only = 0;
     if (mfd_config_init(&cfg) != MF_OK) {
         fprintf(stderr, "mapflowd: out of memory\n");
         return 1;
@@ -50,6 +52,16 @@ int main(int argc, char **argv)
         if (!strcmp(a, "--version")) {
             printf("mapflowd %s (protocol %u)\n", MFD_VERSION_STR, MF_PROTOCOL_VERSION);
             goto out;
+        }
+        if (!strcmp(a, "--check-config")) {
+            /* Parse the file (and any overrides) exactly as a start would, then stop. */
+            if (i + 1 >= argc) {
+                rc = usage_error("--check-config needs a file");
+                goto out;
+            }
+            config_path = argv[++i];
+            check_only = 1;
+            continue;
         }
         if (!strcmp(a, "-c") || !strcmp(a, "--config")) {
             if (i + 1 >= argc) {
@@ -100,6 +112,10 @@ int main(int argc, char **argv)
             rc = usage_error(err);
             goto out;
         }
+    }
+    if (check_only) {
+        printf("mapflowd: %s: configuration ok\n", config_path);
+        goto out;
     }
     signal(SIGPIPE, SIG_IGN);
     mfd_server_t *srv;

@@ -33,10 +33,17 @@ test-run: test-build
 	@MF_BUILD=$(BUILD) MF_BIN=$(abspath $(BIN)) PYTHON=$(PYTHON) \
 	  tests/run.sh $(UNIT_BINS) $(foreach f,$(FUZZ_NAMES),replay:$(f)) $(TEST_SCRIPTS)
 
-# AddressSanitizer + UndefinedBehaviorSanitizer in a separate build directory.
+# AddressSanitizer + UndefinedBehaviorSanitizer in a separate build directory: the unit
+# tests and corpus replays (test_client_daemon drives the ASan daemon from there too).
+ASAN_MAKE = $(MAKE) --no-print-directory BUILD=build-asan SANITIZER=address,undefined CUDA=0 OPT="-O1 -g"
 asan: deps
-	@$(MAKE) --no-print-directory BUILD=build-asan SANITIZER=address,undefined CUDA=0 \
-	  OPT="-O1 -g" test-run
+	@$(ASAN_MAKE) asan-units
+
+asan-units: test-build
+	@echo "=== unit tests again under AddressSanitizer + UBSan ($(BUILD))"
+	@MF_BUILD=$(BUILD) MF_BIN=$(abspath $(BIN)) PYTHON=$(PYTHON) \
+	  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	  tests/run.sh $(UNIT_BINS) $(foreach f,$(FUZZ_NAMES),replay:$(f))
 
 # libFuzzer: clang, instrumented, each target for FUZZ_SECONDS on a copy of its corpus.
 FUZZ_CFLAGS := -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \

@@ -14,7 +14,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 class GoldenTable(unittest.TestCase):
     def test_table_matches_independent_implementation(self):
-        text = open(os.path.join(ROOT, "proto", "README.md"), encoding="utf-8").read()
+        with open(os.path.join(ROOT, "proto", "README.md"), encoding="utf-8") as f:
+            text = f.read()
         rows = re.findall(r"^\| (\d+) \| `([^`]*)` \| `([^`]*)` \| (\d+) \| [^|]* \| `([0-9a-f]{32})` \| (\d+) \| `([0-9a-f]{32})` \|$",
                           text, re.M)
         expected = sum(len(t) // b for _, _, b, t in P.CASES)
