@@ -97,6 +97,7 @@ include proto/proto.mk
 -include tests/tests.mk
 -include $(wildcard bench/*.mk bench/*/*.mk)
 -include deploy/deploy.mk
+-include tests/reliability/reliability.mk
 
 build-all: $(LIBS) $(BINS)
 

@@ -1,19 +1,32 @@
 /*
  * channel — libmapflow's connection internals: socket connect (unix / tcp), the Hello
- * exchange with the host arena fd (SCM_RIGHTS) and its mapping, frame I/O with a
- * deadline, request ids and the reply dispatcher, and the per-channel error message.
+ * exchange with the host arena fd (SCM_RIGHTS) and its mapping, the per-channel I/O
+ * thread, and the operation engine every call (sync or async) runs on.
  *
- * Structure (so the async half is an extension, not a rewrite): every request gets a
- * fresh request_id; replies are read by one reader (mf__chan_do_call) that matches them
- * to the waiting request by id. In the sync half only one request waits at a time, so a
- * reply with another id belongs to an earlier call that gave up at its deadline and is
- * dropped; the async half will hand such replies to their completion queue instead.
+ * Structure. A call is an operation (mf__op_t, also the public mf_call_t): a small state
+ * machine of request/reply steps described by a vtable (start packs the first request,
+ * step consumes one reply and either finishes or packs the next request, undo gives back
+ * what a failed attempt still holds). Every request gets a fresh request_id; the I/O
+ * thread reads every reply and hands it to the operation waiting on that id, so many
+ * calls are in flight on one connection and replies may come in any order. Sync calls
+ * are async calls whose completion wakes the calling thread: there is one code path.
  *
- * Ownership: the channel owns its socket, reader buffer, arena mapping and strings. A
- * reply (mf__reply_t) owns its decoded envelope; its payload points into the channel's
- * reader buffer and is valid until the next exchange on the channel.
- * Thread safety: mf__chan_lock/unlock around every mf__chan_do_call and the use of its
- * reply ("do_" = the caller holds the lock).
+ * The I/O thread also owns deadlines (an expired call completes with DEADLINE_EXCEEDED
+ * and its late reply is dropped), retries (an attempt that fails with UNAVAILABLE is
+ * started again after an exponential backoff with jitter while retries and the deadline
+ * allow) and reconnection (a broken connection fails the attempts in flight; the next
+ * attempt that needs the daemon connects again, sends Hello and maps the new arena).
+ *
+ * Ownership: the channel owns its socket, reader buffer, arena mappings (the current
+ * one and those retired by reconnects, unmapped at close so old leased views never
+ * fault), the out queue and the operations until they complete. An operation owns its
+ * packed requests and private data; the caller's result storage is written by the step
+ * that completes it. A reply (mf__reply_t) owns its decoded envelope; its payload points
+ * into the reader buffer and is valid only during the step it is passed to.
+ *
+ * Thread safety: ch->mu guards the connection state, the tables and the out queue.
+ * Functions named do_* / mf__do_* expect it held. Steps run on the I/O thread without
+ * the lock (the operation is in no table meanwhile); vt->undo runs with it held.
  */
 #ifndef MF_CLIENT_CHANNEL_H
 #define MF_CLIENT_CHANNEL_H
@@ -28,28 +41,7 @@
 #define MF__ERR_LEN 512
 #define MF__DEFAULT_TIMEOUT_MS 30000
 #define MF__MAX_NS 128
-
-struct mf_channel {
-    pthread_mutex_t mu;
-    int fd;
-    int is_unix;
-    int broken;                 /* stream state unknown: every later call fails */
-    mf_frame_reader_t rd;
-    uint64_t next_id;
-    int64_t timeout_ms;
-    uint32_t max_frame;         /* largest frame we accept and send */
-    char ns[MF__MAX_NS + 1];
-    /* From HelloReply. */
-    char *daemon_version;
-    uint64_t session_id;
-    uint32_t server_max_frame;
-    uint32_t max_batch;
-    int gpu_tier;
-    /* Host arena, mapped MAP_SHARED when the daemon passed its fd. */
-    uint8_t *arena;
-    size_t arena_bytes;
-    char err[MF__ERR_LEN];
-};
+#define MF__CONTINUE (-1)      /* step result: the next request is packed, send it */
 
 /* Declares envelope `name` with body NAME; the statement goes on to set its body field:
  * ENV(req, PUT_BEGIN, put_begin) = &pb; */
@@ -64,25 +56,163 @@ typedef struct mf__reply {
     uint32_t payload_len;
 } mf__reply_t;
 
-void mf__chan_lock(mf_channel_t *ch);
-void mf__chan_unlock(mf_channel_t *ch);
+/* The operation struct is the public mf_call_t (mapflow.h). */
+typedef struct mf_call mf__op_t;
 
-/* Records the message of a failed call and returns st. */
+typedef struct mf__op_vt {
+    /* Packs the first request (mf__op_pack); called again for every retry. */
+    mf_status_t (*start)(mf__op_t *op);
+    /* Consumes the reply (of want_case) to the current request: MF_OK = done, MF__CONTINUE
+     * = the next request is packed, or a failure status (message via mf__op_error). */
+    int (*step)(mf__op_t *op, const mf__reply_t *rep);
+    /* Gives back what an attempt that did not succeed still holds (a put reservation);
+     * lock held; may send with mf__do_send_oneway. NULL = nothing to undo. */
+    void (*undo)(mf__op_t *op);
+    /* Frees the private data. NULL = nothing. */
+    void (*destroy)(mf__op_t *op);
+} mf__op_vt_t;
+
+/* How a finished operation tells its owner: wake a sync caller, post to a completion
+ * queue, or count down a batch. Called once, lock held. */
+typedef void (*mf__done_fn)(mf__op_t *op);
+
+enum mf__op_state {
+    MF__OP_NEW = 0,
+    MF__OP_WAIT_SEND,           /* needs (re)sending at retry_at (connection or backoff) */
+    MF__OP_IN_FLIGHT,           /* sent; in the id table */
+    MF__OP_IN_STEP,             /* its reply is being handled on the I/O thread */
+    MF__OP_DONE,
+};
+
+struct mf_call {
+    mf_channel_t *ch;
+    const mf__op_vt_t *vt;
+    void *priv;                 /* the call's own state */
+    /* current request */
+    uint8_t *req;               /* packed Envelope without request_id (owned) */
+    size_t req_len;
+    const void *payload;        /* caller's memory (must outlive the call) */
+    size_t payload_len;
+    int want_case;
+    /* engine */
+    int state;
+    uint64_t rid;               /* id of the request in flight */
+    uint32_t gen;               /* connection it was sent on */
+    int64_t deadline;           /* monotonic ms; INT64_MAX = none */
+    int64_t retry_at;
+    uint32_t attempts;
+    int cancel_req;
+    int refs;                   /* library + a user handle (mf_call_t) */
+    mf__op_t *prev, *next;      /* all live operations of the channel */
+    mf__op_t *hnext;            /* id table chain */
+    /* completion */
+    mf_status_t status;
+    char err[MF__ERR_LEN];
+    mf__done_fn done;
+    void *done_arg;
+    mf_cq_t *cq;
+    void *tag;
+    int finished;               /* sync waiters */
+    pthread_cond_t cv;
+    int has_cv;
+};
+
+/* The connection a channel currently talks over (replaced by a reconnect). */
+typedef struct mf__conn {
+    int fd;
+    int is_unix;
+    uint8_t *arena;
+    size_t arena_bytes;
+    char *daemon_version;
+    uint64_t session_id;
+    uint32_t server_max_frame;
+    uint32_t max_batch;
+    int gpu_tier;
+} mf__conn_t;
+
+typedef struct mf__outbuf mf__outbuf_t;
+typedef struct mf__retired mf__retired_t;
+
+enum mf__chan_state { MF__DISCONNECTED = 0, MF__CONNECTING, MF__CONNECTED };
+
+struct mf_channel {
+    pthread_mutex_t mu;
+    /* what open was given, kept for reconnects */
+    char *target;
+    char *token;
+    char *client_name;
+    int want_arena;
+    char ns[MF__MAX_NS + 1];
+    int64_t timeout_ms;
+    uint32_t max_frame;         /* largest frame we accept and send */
+    mf_retry_policy_t retry;
+    uint64_t rng;               /* jitter */
+    /* connection */
+    int state;
+    int broken;                 /* a caller's send failed: the I/O thread tears down */
+    mf__conn_t conn;
+    uint32_t gen;               /* bumped by every (re)connect */
+    uint64_t reconnects;
+    int64_t connect_after;      /* no new connect attempt before this (monotonic ms) */
+    int64_t reconnect_delay;    /* grows while connects fail, reset on success */
+    char conn_err[MF__ERR_LEN]; /* why the last connect failed */
+    mf__retired_t *retired;     /* arenas of earlier connections */
+    mf_frame_reader_t rd;       /* I/O thread only */
+    mf__outbuf_t *outq, *outq_tail;
+    /* operations */
+    uint64_t next_id;
+    mf__op_t *ops;              /* live list */
+    mf__op_t **table;           /* request_id → op (in flight) */
+    size_t table_mask;
+    size_t n_live;
+    int64_t next_due;           /* earliest deadline / retry_at (never later than it) */
+    int cancels;                /* some op asked to be cancelled */
+    /* I/O thread */
+    pthread_t io;
+    int io_started;
+    int wake_fd;                /* eventfd */
+    int closing;
+    int64_t io_sleep_until;     /* when the sleeping I/O thread wakes by itself */
+    char err[MF__ERR_LEN];      /* last failed call's message */
+};
+
+/* Records a message for a call that fails before it becomes an operation. */
 mf_status_t mf__chan_error(mf_channel_t *ch, mf_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* ---- operations ---- */
+
+/* A new operation (one library reference). NULL when memory runs out. */
+mf__op_t *mf__op_new(mf_channel_t *ch, const mf__op_vt_t *vt, void *priv);
+/* Drops a reference; the last frees the op (vt->destroy included). */
+void mf__op_unref(mf__op_t *op);
+/* Records the op's failure message and returns st. */
+int mf__op_error(mf__op_t *op, mf_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Packs env (its request_id is set per send) as the op's current request. */
+mf_status_t mf__op_pack(mf__op_t *op, const mf_envelope_t *env, const void *payload,
+                        size_t payload_len, int want_case);
+/* The connection the op's reply arrived on (arena pointer and bytes): steps use it. */
+const mf__conn_t *mf__op_conn(const mf__op_t *op);
+
 /*
- * Sends req (its request_id is assigned here) followed by payload, then waits for the
- * reply with the same id whose body is want_case. An ErrorReply becomes its status and
- * message. On OK, *rep holds the reply; free it with mf__reply_done. The caller holds
- * the lock.
+ * Starts op with timeout_ms (MF_TIMEOUT_DEFAULT / INFINITE / ms). On MF_OK, exactly one
+ * completion follows through op->done; otherwise nothing was started (the op is not
+ * consumed: the caller unrefs it) and the message is in op->err.
  */
-mf_status_t mf__chan_do_call(mf_channel_t *ch, mf_envelope_t *req, const void *payload,
-                             size_t payload_len, int want_case, int64_t timeout_ms,
-                             mf__reply_t *rep);
-/* Sends a request whose reply nobody waits for (PutAbort on an error path). */
-mf_status_t mf__chan_do_send(mf_channel_t *ch, mf_envelope_t *req, int64_t timeout_ms);
-void mf__reply_done(mf__reply_t *rep);
+mf_status_t mf__op_start(mf__op_t *op, int64_t timeout_ms);
+
+/* Runs op synchronously: start, wait, copy the message into the channel, unref.
+ * Returns the op's status. */
+mf_status_t mf__op_run(mf__op_t *op, int64_t timeout_ms);
+
+/* Starts op as an async call completing on cq with tag; *call (may be NULL) receives a
+ * user reference. */
+mf_status_t mf__op_run_async(mf__op_t *op, int64_t timeout_ms, mf_cq_t *cq, void *tag,
+                             mf_call_t **call);
+
+/* Sends a request nobody waits for (PutAbort on an error path). Lock held. */
+void mf__do_send_oneway(mf_channel_t *ch, const mf_envelope_t *env);
 
 /* Copies a C string into a newly malloc'd one (NULL stays NULL). */
 char *mf__strdup(const char *s);

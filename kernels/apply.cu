@@ -12,7 +12,10 @@
  *    sorted in shared memory, then attention over the kept blocks (online softmax).
  *  - compute: the same attention loop over every block j ≤ i.
  * Rows whose header disagrees are counted in bad_rows and computed exactly. */
+#include <math.h>
 #include <string.h>
+
+#include <type_traits>
 
 #include "mf_cuda_common.cuh"
 
@@ -36,9 +39,13 @@ struct app_params {
 #define SEL_BYTES (MF_CUDA_MAX_BLOCKS * (2 * sizeof(double) + sizeof(uint32_t)))
 
 /* Shared memory: Q tile | work area (K, V stages, or the selection arrays) | lists. */
+#define META_BYTES (MF_CUDA_MAX_BLOCKS * (sizeof(uint64_t) + sizeof(uint32_t)))
+static constexpr size_t cmax(size_t a, size_t b) { return a > b ? a : b; }
 template <class S> struct smem_plan {
     static constexpr size_t tiles = 4 * S::TILE * sizeof(typename S::T);
-    static constexpr size_t work = tiles > SEL_BYTES ? tiles : SEL_BYTES;
+    /* prob: 2 V stages + per-column metadata; mask: selection arrays; attention: 4 tiles */
+    static constexpr size_t meta = 2 * S::TILE * sizeof(typename S::T);
+    static constexpr size_t work = cmax(cmax(tiles, SEL_BYTES), meta + META_BYTES);
     static constexpr size_t q = S::TILE * sizeof(typename S::T);
     static constexpr size_t lists = MF_CUDA_MAX_BLOCKS * (2 * sizeof(uint16_t) + 1);
     static constexpr size_t total = q + work + lists;
@@ -126,63 +133,84 @@ __device__ void attend(const app_params &p, uint8_t *sm, uint32_t i, uint32_t t,
     }
 }
 
-/* One present source head's contribution to this thread's mixed values:
- * mix[kp][r][x] += W·P̂[row g + 8r][32·kp + 8u + x]. */
-template <int CODEC, int B>
-__device__ __forceinline__ void mix_head(float mix[][2][8], const uint8_t *tile, float wt,
-                                         float scale, int row0)
-{
-    int u = threadIdx.x & 3;
+/* One source tile's slice for this thread: rows g and g + 8, keys 32·kp + 8u .. + 7. */
+template <int CODEC, int B> struct tile_regs {
+    static constexpr bool WIDE = CODEC == MF_CODEC_FP16 || CODEC == MF_CODEC_BF16;
+    typedef typename std::conditional<WIDE, uint4, uint2>::type raw_t;
+    raw_t r[B / 32][2];
+    float w, scale;
+
+    __device__ __forceinline__ void load(const uint8_t *tile, int row0)
+    {
+        int u = threadIdx.x & 3;
 #pragma unroll
-    for (int kp = 0; kp < B / 32; kp++)
+        for (int kp = 0; kp < B / 32; kp++)
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            size_t at = (size_t)(row0 + 8 * r) * B + kp * 32 + 8 * u;
-            if (CODEC == MF_CODEC_FP16 || CODEC == MF_CODEC_BF16) {
-                uint4 raw = __ldg(reinterpret_cast<const uint4 *>(tile + 2 * at));
-                const uint32_t wd[4] = { raw.x, raw.y, raw.z, raw.w };
+            for (int h = 0; h < 2; h++) {
+                size_t at = (size_t)(row0 + 8 * h) * B + kp * 32 + 8 * u;
+                r[kp][h] = __ldg(reinterpret_cast<const raw_t *>(tile + (WIDE ? 2 : 1) * at));
+            }
+    }
+
+    /* mix[kp][h][x] += W·P̂ */
+    __device__ __forceinline__ void mix(float m[][2][8]) const
+    {
 #pragma unroll
-                for (int x = 0; x < 4; x++) {
-                    float2 f;
-                    if (CODEC == MF_CODEC_FP16)
-                        f = __half22float2(*reinterpret_cast<const __half2 *>(&wd[x]));
-                    else
-                        f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&wd[x]));
-                    mix[kp][r][2 * x] += wt * f.x;
-                    mix[kp][r][2 * x + 1] += wt * f.y;
-                }
-            } else {
-                uint2 raw = __ldg(reinterpret_cast<const uint2 *>(tile + at));
-                const uint32_t wd[2] = { raw.x, raw.y };
-                if (CODEC == MF_CODEC_FP8_E4M3) {
-                    float c = wt * (scale / 448.0f);
+        for (int kp = 0; kp < B / 32; kp++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                if (WIDE) {
+                    const uint4 &q4 = reinterpret_cast<const uint4 &>(r[kp][h]);
+                    const uint32_t wd[4] = { q4.x, q4.y, q4.z, q4.w };
 #pragma unroll
                     for (int x = 0; x < 4; x++) {
-                        __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(
-                            (__nv_fp8x2_storage_t)(wd[x >> 1] >> (16 * (x & 1))), __NV_E4M3);
-                        float2 f = __half22float2(*reinterpret_cast<__half2 *>(&hr));
-                        mix[kp][r][2 * x] += c * f.x;
-                        mix[kp][r][2 * x + 1] += c * f.y;
+                        float2 f;
+                        if (CODEC == MF_CODEC_FP16)
+                            f = __half22float2(*reinterpret_cast<const __half2 *>(&wd[x]));
+                        else
+                            f = __bfloat1622float2(
+                                *reinterpret_cast<const __nv_bfloat162 *>(&wd[x]));
+                        m[kp][h][2 * x] += w * f.x;
+                        m[kp][h][2 * x + 1] += w * f.y;
                     }
-                } else { /* U8_LOG: m·2^((q−255)/16), q = 0 → 0; W folded into the exponent */
-                    float c = log2f(wt * scale) - 255.0f / 16.0f;
+                } else {
+                    const uint2 &q2 = reinterpret_cast<const uint2 &>(r[kp][h]);
+                    const uint32_t wd[2] = { q2.x, q2.y };
+                    if (CODEC == MF_CODEC_FP8_E4M3) {
+                        float c = w * (scale / 448.0f);
 #pragma unroll
-                    for (int x = 0; x < 8; x++) {
-                        uint32_t q = (wd[x >> 2] >> (8 * (x & 3))) & 0xffu;
-                        mix[kp][r][x] += q ? exp2f(fmaf((float)q, 1.0f / 16.0f, c)) : 0.0f;
+                        for (int x = 0; x < 4; x++) {
+                            __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(
+                                (__nv_fp8x2_storage_t)(wd[x >> 1] >> (16 * (x & 1))), __NV_E4M3);
+                            float2 f = __half22float2(*reinterpret_cast<__half2 *>(&hr));
+                            m[kp][h][2 * x] += c * f.x;
+                            m[kp][h][2 * x + 1] += c * f.y;
+                        }
+                    } else { /* U8_LOG: m·2^((q−255)/16), q = 0 → 0; W folded in */
+                        float c = log2f(w * scale) - 255.0f / 16.0f;
+#pragma unroll
+                        for (int x = 0; x < 8; x++) {
+                            uint32_t q = (wd[x >> 2] >> (8 * (x & 3))) & 0xffu;
+                            m[kp][h][x] += q ? exp2f(fmaf((float)q, 1.0f / 16.0f, c)) : 0.0f;
+                        }
                     }
                 }
             }
-        }
-}
+    }
+};
 
-/* Prob mode over the listed columns; returns this thread's rows' kept mass. */
+/* Prob mode over the listed columns (metadata s_hm / s_coff in shared memory); returns
+ * this thread's rows' kept mass. The tiles of the first NPF relevant heads of column x + 1
+ * are loaded while column x is mixed and multiplied (one column of loads in flight). */
+#define NPF 2
 template <class S, int CODEC>
 __device__ void prob_path(const app_params &p, uint8_t *sm, const row_dev &row, uint32_t i,
-                          uint32_t t, int count, const uint16_t *s_col, const uint16_t *s_j,
+                          uint32_t t, int count, const uint16_t *s_j,
+                          const unsigned long long *s_hm, const uint32_t *s_coff,
                           const float *s_w, unsigned long long wmask, float kmass[2])
 {
     typedef typename S::T T;
+    typedef tile_regs<CODEC, S::B> regs_t;
     T *vs = reinterpret_cast<T *>(sm) + S::TILE;
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, row0 = w * 16 + (lane >> 2);
     float o[S::D / 8][4];
@@ -190,13 +218,30 @@ __device__ void prob_path(const app_params &p, uint8_t *sm, const row_dev &row, 
     for (int dt = 0; dt < S::D / 8; dt++)
         o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
     kmass[0] = kmass[1] = 0.0f;
+    regs_t cur[NPF], nxt[NPF];
+    /* Loads the first NPF relevant heads of column x into rg (w = 0: absent). */
+    auto fetch = [&](regs_t *rg, int x) {
+        unsigned long long hm = s_hm[x], rel = hm & wmask;
+#pragma unroll
+        for (int z = 0; z < NPF; z++) {
+            rg[z].w = 0.0f;
+            if (!rel)
+                continue;
+            uint32_t s = __ffsll((long long)rel) - 1, e = entry_of(s_coff[x], hm, s);
+            rel &= rel - 1;
+            rg[z].w = s_w[s];
+            rg[z].scale = row.scales ? __ldg(row.scales + e) : 1.0f;
+            rg[z].load(row.tiles + (size_t)e * row.tile_bytes, row0);
+        }
+    };
+    if (count > 0)
+        fetch(cur, 0);
     kv_loop<S, false>(
         vs, nullptr, static_cast<const T *>(p.v), nullptr, p.n, p.hkv, t / (p.ht / p.hkv),
         count, [&](int x) { return (uint32_t)s_j[x]; },
         [&](const T *vt, const T *, uint32_t j, int x) {
-            uint32_t c = s_col[x];
-            unsigned long long hm = row.head_mask[c];
-            uint32_t coff = row.col_off[c];
+            if (x + 1 < count)
+                fetch(nxt, x + 1);
             float mix[S::B / 32][2][8];
 #pragma unroll
             for (int a = 0; a < S::B / 32; a++)
@@ -205,10 +250,21 @@ __device__ void prob_path(const app_params &p, uint8_t *sm, const row_dev &row, 
 #pragma unroll
                     for (int y = 0; y < 8; y++)
                         mix[a][r][y] = 0.0f;
-            for (unsigned long long rel = hm & wmask; rel; rel &= rel - 1) {
-                uint32_t s = __ffsll((long long)rel) - 1, e = entry_of(coff, hm, s);
-                mix_head<CODEC, S::B>(mix, row.tiles + (size_t)e * row.tile_bytes, s_w[s],
-                                      row.scales ? row.scales[e] : 1.0f, row0);
+#pragma unroll
+            for (int z = 0; z < NPF; z++)
+                if (cur[z].w != 0.0f)
+                    cur[z].mix(mix);
+            /* heads past the first NPF: loaded here, not prefetched */
+            unsigned long long hm = s_hm[x], rel = hm & wmask;
+            for (int z = 0; z < NPF && rel; z++)
+                rel &= rel - 1;
+            for (; rel; rel &= rel - 1) {
+                uint32_t s = __ffsll((long long)rel) - 1, e = entry_of(s_coff[x], hm, s);
+                regs_t one;
+                one.w = s_w[s];
+                one.scale = row.scales ? __ldg(row.scales + e) : 1.0f;
+                one.load(row.tiles + (size_t)e * row.tile_bytes, row0);
+                one.mix(mix);
             }
             uint32_t pf[S::B / 16][4];
 #pragma unroll
@@ -231,6 +287,9 @@ __device__ void prob_path(const app_params &p, uint8_t *sm, const row_dev &row, 
                     }
                 }
             pv<S, true>(o, pf, vt);
+#pragma unroll
+            for (int z = 0; z < NPF; z++)
+                cur[z] = nxt[z];
         });
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -250,7 +309,9 @@ __device__ void prob_path(const app_params &p, uint8_t *sm, const row_dev &row, 
 /* Warp 0 lists the columns c < n_cols with pred(c), in order: s_col[x] = c, s_j[x] = j. */
 template <class PRED>
 __device__ __forceinline__ void list_columns(const row_dev &row, uint16_t *s_col,
-                                             uint16_t *s_j, int *s_cnt, PRED pred)
+                                             uint16_t *s_j, int *s_cnt, PRED pred,
+                                             unsigned long long *s_hm = nullptr,
+                                             uint32_t *s_coff = nullptr)
 {
     int lane = threadIdx.x & 31;
     if (threadIdx.x < 32) {
@@ -263,6 +324,10 @@ __device__ __forceinline__ void list_columns(const row_dev &row, uint16_t *s_col
                 int at = cnt + __popc(bal & ((1u << lane) - 1));
                 s_col[at] = (uint16_t)c;
                 s_j[at] = (uint16_t)row.cols[c];
+                if (s_hm) {
+                    s_hm[at] = row.head_mask[c];
+                    s_coff[at] = row.col_off[c];
+                }
             }
             cnt += __popc(bal);
         }
@@ -309,21 +374,25 @@ template <class S> __global__ void __launch_bounds__(S::THREADS) apply_kernel(ap
         if (s_w[s] > 0.0f)
             wmask |= 1ull << s;
     if (mode == MF_HEAD_PROB) {
-        list_columns(row, s_col, s_j, &s_cnt,
-                     [&](uint32_t c) { return (row.head_mask[c] & wmask) != 0; });
+        unsigned long long *s_hm =
+            reinterpret_cast<unsigned long long *>(work + smem_plan<S>::meta);
+        uint32_t *s_coff = reinterpret_cast<uint32_t *>(s_hm + MF_CUDA_MAX_BLOCKS);
+        list_columns(
+            row, s_col, s_j, &s_cnt,
+            [&](uint32_t c) { return (row.head_mask[c] & wmask) != 0; }, s_hm, s_coff);
         float km[2];
         switch (row.codec) {
         case MF_CODEC_FP16:
-            prob_path<S, MF_CODEC_FP16>(p, sm, row, i, t, s_cnt, s_col, s_j, s_w, wmask, km);
+            prob_path<S, MF_CODEC_FP16>(p, sm, row, i, t, s_cnt, s_j, s_hm, s_coff, s_w, wmask, km);
             break;
         case MF_CODEC_BF16:
-            prob_path<S, MF_CODEC_BF16>(p, sm, row, i, t, s_cnt, s_col, s_j, s_w, wmask, km);
+            prob_path<S, MF_CODEC_BF16>(p, sm, row, i, t, s_cnt, s_j, s_hm, s_coff, s_w, wmask, km);
             break;
         case MF_CODEC_FP8_E4M3:
-            prob_path<S, MF_CODEC_FP8_E4M3>(p, sm, row, i, t, s_cnt, s_col, s_j, s_w, wmask, km);
+            prob_path<S, MF_CODEC_FP8_E4M3>(p, sm, row, i, t, s_cnt, s_j, s_hm, s_coff, s_w, wmask, km);
             break;
         default:
-            prob_path<S, MF_CODEC_U8_LOG>(p, sm, row, i, t, s_cnt, s_col, s_j, s_w, wmask, km);
+            prob_path<S, MF_CODEC_U8_LOG>(p, sm, row, i, t, s_cnt, s_j, s_hm, s_coff, s_w, wmask, km);
             break;
         }
         bool need[2] = { !(km[0] > 0.0f), !(km[1] > 0.0f) };

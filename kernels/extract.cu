@@ -420,8 +420,11 @@ __device__ __forceinline__ uint64_t acc_reduce(uint64_t self, uint64_t other)
     return self + __shfl_xor_sync(0xffffffffu, other, 1);
 }
 
+#define CK_RING 16 /* 1 KiB blocks in flight per row: the scrambles are serial, loads not */
+
 __global__ void __launch_bounds__(32) checksum_kernel(ext_params p)
 {
+    __shared__ __align__(16) uint64_t ring[CK_RING][128];
     uint32_t k = blockIdx.x;
     if (!p.rowok[k])
         return;
@@ -433,30 +436,33 @@ __global__ void __launch_bounds__(32) checksum_kernel(ext_params p)
                                XXH_PRIME64_4, XXH_PRIME32_2, XXH_PRIME64_5, XXH_PRIME32_1 };
     uint64_t acc = init[a];
     uint64_t nblk = (len - 1) / 1024;
-    uint64_t d[4];
-#pragma unroll
-    for (int m = 0; m < 4; m++)
-        d[m] = nblk ? w64[lane + 32 * m] : 0;
+    auto issue = [&](uint64_t n) {
+        if (n < nblk)
+            for (int x = 0; x < 2; x++)
+                cp16(&ring[n % CK_RING][(lane + 32 * x) * 2], row + n * 1024 + (lane + 32 * x) * 16,
+                     16);
+        cp_commit(); /* empty groups too: the wait count stays uniform */
+    };
+    for (uint64_t n = 0; n < CK_RING - 1; n++)
+        issue(n);
     for (uint64_t n = 0; n < nblk; n++) {
-        uint64_t self = 0, other = 0, nx[4];
-        bool more = n + 1 < nblk;
-#pragma unroll
-        for (int m = 0; m < 4; m++) /* next block's words in flight while this one sums */
-            nx[m] = more ? w64[(n + 1) * 128 + lane + 32 * m] : 0;
+        issue(n + CK_RING - 1);
+        cp_wait<CK_RING - 1>();
+        __syncwarp();
+        uint64_t self = 0, other = 0;
 #pragma unroll
         for (int m = 0; m < 4; m++) {
-            uint32_t stripe = (lane >> 3) + 4 * m;
-            self += mul32(d[m] ^ c_secret[stripe + a]);
-            other += d[m];
+            uint64_t d = ring[n % CK_RING][lane + 32 * m];
+            self += mul32(d ^ c_secret[(lane >> 3) + 4 * m + a]);
+            other += d;
         }
+        __syncwarp();
         acc += acc_reduce(self, other);
         acc ^= acc >> 47;
         acc ^= c_secret[16 + a];
         acc *= XXH_PRIME32_1;
-#pragma unroll
-        for (int m = 0; m < 4; m++)
-            d[m] = nx[m];
     }
+    cp_wait<0>();
     uint64_t words = ((len - 1) - 1024 * nblk) / 64 * 8, self = 0, other = 0;
     for (uint32_t wd = lane; wd < words; wd += 32) {
         uint64_t v = w64[nblk * 128 + wd];

@@ -240,6 +240,9 @@ static int mapflow_phases(phase_ctx_t *x)
         x->mf.op = MFB_MF_GET_LEASE;
         mfb_mapflow_job(&job, &x->mf);
         bad |= sweep(o, &job, "get_lease", NULL, NULL, NULL, NULL);
+        x->mf.op = MFB_MF_GET_LEASE_COPY;
+        mfb_mapflow_job(&job, &x->mf);
+        bad |= sweep(o, &job, "get_lease_copy", NULL, NULL, NULL, NULL);
     }
     if (phase_on(o, "prefix")) {
         /* A whole 32k prefix of MASK rows, as many layers as one call may carry. */

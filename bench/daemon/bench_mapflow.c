@@ -116,8 +116,9 @@ static mfb_op_rc_t do_get_copy(mfb_client_t *c, mf_client_t *m, const mfb_worklo
     return MFB_OP_OK;
 }
 
+/* copy != 0: copy the leased row into the client's buffer before releasing it. */
 static mfb_op_rc_t do_get_lease(mfb_client_t *c, mf_client_t *m, const mfb_workload_t *w,
-                                const mfb_row_t *r, uint64_t *bytes)
+                                const mfb_row_t *r, int copy, uint64_t *bytes)
 {
     mf_key_t key = {w->fp8_cx.model, r->layer, r->hash};
     mf_lease_t l;
@@ -130,6 +131,8 @@ static mfb_op_rc_t do_get_lease(mfb_client_t *c, mf_client_t *m, const mfb_workl
         mfb_client_error(c, "leased view differs from the row put");
         st = MF_DATA_LOSS;
     }
+    if (st == MF_OK && copy)
+        memcpy(m->buf, l.data, l.length);
     mf_status_t rs = l.lease_id ? mf_release(m->ch, &l.lease_id, 1, NULL, MF_TIMEOUT_DEFAULT)
                                 : MF_OK;
     if (st != MF_OK)
@@ -276,7 +279,9 @@ static mfb_op_rc_t client_step(mfb_client_t *c, void *argp, uint64_t *bytes)
     case MFB_MF_GET_COPY:
         return do_get_copy(c, m, w, fp8_pick(a, c, c->ops), bytes);
     case MFB_MF_GET_LEASE:
-        return do_get_lease(c, m, w, fp8_pick(a, c, c->ops), bytes);
+        return do_get_lease(c, m, w, fp8_pick(a, c, c->ops), 0, bytes);
+    case MFB_MF_GET_LEASE_COPY:
+        return do_get_lease(c, m, w, fp8_pick(a, c, c->ops), 1, bytes);
     case MFB_MF_LOOKUP:
         return do_lookup(c, m, w, a->lookup_blocks, bytes);
     case MFB_MF_PREFIX_COPY:

@@ -22,6 +22,8 @@ typedef enum mfb_mf_op {
     MFB_MF_PUT,          /* mf_put of FP8 rows (replacing the same keys) */
     MFB_MF_GET_COPY,     /* mf_get of one FP8 row into the client's buffer */
     MFB_MF_GET_LEASE,    /* mf_get_lease + mf_release: zero-copy view of the arena */
+    MFB_MF_GET_LEASE_COPY, /* lease, memcpy into the client's buffer, release: what mf_get
+                            * could do on a channel holding the arena */
     MFB_MF_LOOKUP,       /* mf_lookup: lookup_blocks × all mask layers in one call */
     MFB_MF_PREFIX_COPY,  /* mf_get_prefix, copy mode: all blocks × prefix_layers */
     MFB_MF_PREFIX_LEASE, /* mf_get_prefix, lease mode, then mf_release_result */

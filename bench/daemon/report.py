@@ -101,6 +101,8 @@ def build_rows(res):
                       g("memcpy", "copy", c), goal=copy_goal),
         lambda c: Row("get_lease", c, g("mapflow", "get_lease", c), "memcpy",
                       g("memcpy", "copy", c)),
+        lambda c: Row("get_lease_copy", c, g("mapflow", "get_lease_copy", c), "memcpy",
+                      g("memcpy", "copy", c)),
         lambda c: Row("redis GET", c, g("redis", "get_copy", c)),
         lambda c: Row("get_copy", c, g("mapflow", "get_copy", c), "redis GET",
                       g("redis", "get_copy", c), goal=redis_goal(c)),
