@@ -197,6 +197,7 @@ def main():
     ap.add_argument("--command", default="bench/daemon/run.sh")
     ap.add_argument("--redis-version", default="?")
     ap.add_argument("--host-bytes", default="?")
+    ap.add_argument("--cpus", default="all")
     ap.add_argument("--out")
     a = ap.parse_args()
     res, info = parse(a.results)
@@ -223,7 +224,8 @@ def main():
         "- date: %s, commit %s" % (when, m["commit"]),
         "- machine: %s CPUs (nproc), %s, %s RAM, kernel %s" % (m["nproc"], m["cpu"], m["mem"],
                                                             m["kernel"]),
-        "- load average at the end of the run: %s (other jobs shared the machine)" % m["load"],
+        "- pinned to CPUs: %s; load average at the end of the run: %s (1-min load above "
+        "the CPUs used means other jobs shared them)" % (a.cpus, m["load"]),
         "- mapflowd: host tier %s, write_through async (default), unix socket; "
         "redis-server %s: unix socket, no persistence" % (a.host_bytes, a.redis_version),
         "- clients are threads of one process, each with its own connection; GB/s = 1e9 B/s",

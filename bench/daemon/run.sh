@@ -9,21 +9,26 @@
 # table with ratios against the baselines measured in the same run, and writes
 # bench/results/daemon.md (the exact command, machine info, the table).
 # --quick: fewer rows and 0.5 s per point (< 2 min); default < 10 min.
-# --no-report: print the table but leave bench/results/daemon.md alone.
+# --no-report: print the table but leave bench/results/daemon.md alone; --out FILE: write
+# the results there instead. --keep: leave the temp directory (logs, raw RESULT lines).
 # BENCH-ARGS go to mapflow-bench-daemon (e.g. -- --only lookup,get --clients 1,16).
-# Env: MF_BENCH_HOST_BYTES (default 2gb, 1gb with --quick), PYTHON (python3).
+# Env: MF_BENCH_HOST_BYTES (default 2gb, 1gb with --quick); MF_BENCH_CPUS (e.g. 0,1: pin
+# the daemon, redis-server and the clients to those CPUs with taskset); MF_BENCH_BIN (a
+# directory with prebuilt mapflowd and mapflow-bench-daemon: no make); REDIS_SERVER
+# (default redis-server); PYTHON (python3).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 cmdline="bench/daemon/run.sh $*"
-quick=0 report=1 keep=0
+quick=0 report=1 keep=0 out=
 extra=()
 while [ $# -gt 0 ]; do
     case "$1" in
     --quick) quick=1 ;;
     --no-report) report=0 ;;
     --keep) keep=1 ;;
+    --out) out=$2; shift ;;
     --) shift; extra=("$@"); break ;;
     -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
@@ -38,9 +43,16 @@ else
 fi
 
 cd "$root"
-echo "== building" >&2
-make --no-print-directory -j"$(nproc)" build/bin/mapflowd build/bin/mapflow-bench-daemon >&2
-bin=$root/build/bin
+if [ -n "${MF_BENCH_BIN:-}" ]; then
+    bin=$(cd "$MF_BENCH_BIN" && pwd)
+else
+    echo "== building" >&2
+    make --no-print-directory -j"$(nproc)" build/bin/mapflowd build/bin/mapflow-bench-daemon >&2
+    bin=$root/build/bin
+fi
+redis_server=${REDIS_SERVER:-redis-server}
+pin=()
+[ -n "${MF_BENCH_CPUS:-}" ] && pin=(taskset -c "$MF_BENCH_CPUS")
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/mf-bench-daemon.XXXXXX")
 dpid="" rpid=""
@@ -64,28 +76,28 @@ wait_socket() {
 }
 
 echo "== starting mapflowd (host_bytes $host_bytes) and redis-server in $tmp" >&2
-"$bin/mapflowd" --socket "$tmp/mapflowd.sock" --data_dir "$tmp/data" --http "" \
+"${pin[@]}" "$bin/mapflowd" --socket "$tmp/mapflowd.sock" --data_dir "$tmp/data" --http "" \
     --host_bytes "$host_bytes" --log_level warn 2>"$tmp/mapflowd.log" &
 dpid=$!
 wait_socket "$tmp/mapflowd.sock" "$dpid" mapflowd || { cat "$tmp/mapflowd.log" >&2; exit 1; }
 
 redis_args=()
 redis_version=""
-if command -v redis-server >/dev/null; then
-    redis-server --port 0 --unixsocket "$tmp/redis.sock" --unixsocketperm 700 \
+if command -v "$redis_server" >/dev/null; then
+    "${pin[@]}" "$redis_server" --port 0 --unixsocket "$tmp/redis.sock" --unixsocketperm 700 \
         --save "" --appendonly no --dir "$tmp" --daemonize no \
         --logfile "$tmp/redis.log" &
     rpid=$!
     wait_socket "$tmp/redis.sock" "$rpid" redis-server || exit 1
     redis_args=(--redis "$tmp/redis.sock")
-    redis_version=$(redis-server --version | sed -n 's/.*v=\([^ ]*\).*/\1/p')
+    redis_version=$("$redis_server" --version | sed -n 's/.*v=\([^ ]*\).*/\1/p')
 else
     echo "run.sh: redis-server not installed (apt-get install redis-server): Redis rows skipped" >&2
 fi
 
 echo "== running (bounded at ${limit} s)" >&2
 set +e
-timeout "$limit" "$bin/mapflow-bench-daemon" --daemon "unix:$tmp/mapflowd.sock" \
+timeout "$limit" "${pin[@]}" "$bin/mapflow-bench-daemon" --daemon "unix:$tmp/mapflowd.sock" \
     "${redis_args[@]}" --rocks-dir "$tmp/rocks-direct" "${qflag[@]}" "${extra[@]}" \
     | tee "$tmp/results.tsv" | grep --line-buffered '^INFO' >&2
 rc=${PIPESTATUS[0]}
@@ -97,7 +109,8 @@ fi
 kill -0 "$dpid" 2>/dev/null || { echo "run.sh: mapflowd died during the run" >&2; rc=1; }
 
 out_args=()
-[ $report = 1 ] && out_args=(--out "$root/bench/results/daemon.md")
+[ $report = 1 ] && out_args=(--out "${out:-$root/bench/results/daemon.md}")
 "$PYTHON" "$here/report.py" --results "$tmp/results.tsv" --command "$cmdline" \
-    --redis-version "${redis_version:-none}" --host-bytes "$host_bytes" "${out_args[@]}"
+    --redis-version "${redis_version:-none}" --host-bytes "$host_bytes" \
+    --cpus "${MF_BENCH_CPUS:-all}" "${out_args[@]}"
 exit "$rc"
