@@ -182,6 +182,17 @@ static mfb_op_rc_t client_step(mfb_client_t *c, void *argp, uint64_t *bytes)
         *bytes = r->len;
         return MFB_OP_OK;
     }
+    case MFB_BASE_VERIFY: {
+        const mfb_row_t *r = fp8_pick(a, c);
+        mf_row_view_t v;
+        const char *why = "";
+        if (mf_row_decode(r->data, r->len, 0, &v, &why) != MF_OK) {
+            mfb_client_error(c, "decode: %s", why);
+            return MFB_OP_ERR;
+        }
+        *bytes = r->len;
+        return MFB_OP_OK;
+    }
     case MFB_BASE_REDIS_SET:
     case MFB_BASE_REDIS_GET:
         return step_redis(c, a, b, bytes);
@@ -193,7 +204,7 @@ static mfb_op_rc_t client_step(mfb_client_t *c, void *argp, uint64_t *bytes)
 
 void mfb_base_job(mfb_job_t *job, mfb_base_arg_t *arg)
 {
-    static const char *const systems[] = {"memcpy", "redis", "redis", "rocksdb"};
+    static const char *const systems[] = {"memcpy", "memcpy", "redis", "redis", "rocksdb"};
     job->system = systems[arg->op];
     job->arg = arg;
     job->open = client_open;

@@ -18,6 +18,7 @@
 
 typedef enum mfb_base_op {
     MFB_BASE_MEMCPY,    /* memcpy of one FP8 row into the client's buffer */
+    MFB_BASE_VERIFY,    /* mf_row_decode with the checksum: what libmapflow spends per row */
     MFB_BASE_REDIS_SET,
     MFB_BASE_REDIS_GET,
     MFB_BASE_ROCKS_GET, /* one pass: each FP8 row once, rocksdb_get */

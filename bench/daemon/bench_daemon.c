@@ -292,7 +292,11 @@ static int memcpy_phase(phase_ctx_t *x)
     x->base.op = MFB_BASE_MEMCPY;
     mfb_base_job(&job, &x->base);
     job.seconds = x->o->seconds;
-    return sweep(x->o, &job, "copy", NULL, NULL, NULL, NULL);
+    int bad = sweep(x->o, &job, "copy", NULL, NULL, NULL, NULL);
+    x->base.op = MFB_BASE_VERIFY;
+    mfb_base_job(&job, &x->base);
+    job.seconds = x->o->seconds;
+    return bad | sweep(x->o, &job, "verify", NULL, NULL, NULL, NULL);
 }
 
 static int rocksdb_phase(phase_ctx_t *x)

@@ -97,6 +97,8 @@ def build_rows(res):
     redis_goal = lambda c: (">= 5x at 16", 5.0) if c == 16 else None
     blocks = [
         lambda c: Row("memcpy (ceiling)", c, g("memcpy", "copy", c)),
+        lambda c: Row("row verify (checksum)", c, g("memcpy", "verify", c), "memcpy",
+                      g("memcpy", "copy", c)),
         lambda c: Row("get_copy", c, g("mapflow", "get_copy", c), "memcpy",
                       g("memcpy", "copy", c), goal=copy_goal),
         lambda c: Row("get_lease", c, g("mapflow", "get_lease", c), "memcpy",
