@@ -221,7 +221,9 @@ void mfd_admin_evict(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Evict *m)
         return;
     }
     uint64_t bytes, entries;
-    mfd_store_evict(&c->srv->store, (int)m->tier, m->bytes, &bytes, &entries);
+    uint8_t prefix[MFD_KEY_MAX];
+    size_t plen = key_prefix(c, NULL, prefix);
+    mfd_store_evict(&c->srv->store, (int)m->tier, m->bytes, prefix, plen, &bytes, &entries);
     Mapflow__V1__EvictReply rep = MAPFLOW__V1__EVICT_REPLY__INIT;
     rep.bytes = bytes;
     rep.entries = entries;

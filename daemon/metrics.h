@@ -46,6 +46,8 @@
     X(SSD_ERRORS, "ssd_errors_total", "", "failed RocksDB operations")                      \
     X(DATA_LOSS, "data_loss_total", "",                                                     \
       "hits refused: token / parent-hash mismatch or checksum failure")                     \
+    X(HASH_MISMATCH, "hash_mismatches_total", "",                                           \
+      "hits whose stored tokens or parent hash differ from the request (answered as misses)") \
     X(LEASES_GRANTED, "leases_granted_total", "", "read leases granted")                   \
     X(LEASES_EXPIRED, "leases_expired_total", "", "read leases that ran out their TTL")     \
     X(RESERVATIONS_EXPIRED, "reservations_expired_total", "",                               \

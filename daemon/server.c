@@ -568,9 +568,12 @@ static void handle_lookup(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Lookup
                 break;
             const uint8_t *row = mfd_store_bytes(&s->store, e);
             /* Rows only on the SSD tier count as present; Get verifies them when read. */
-            if (row && mfd_row_verify(row, e->size, 0, tokens + b * B, B, h[b], h[b + 1],
-                                      &why) != MF_OK) {
-                mfd_count(&s->metrics, MFD_C_DATA_LOSS, 1);
+            mf_status_t vs = row ? mfd_row_verify(row, e->size, 0, tokens + b * B, B, h[b],
+                                                  h[b + 1], &why)
+                                 : MF_OK;
+            if (vs != MF_OK) {
+                mfd_count(&s->metrics, vs == MF_NOT_FOUND ? MFD_C_HASH_MISMATCH : MFD_C_DATA_LOSS,
+                          1);
                 break;
             }
             n++;
@@ -643,9 +646,11 @@ static void verify_row(get_op_t *op, get_row_t *r, const uint8_t *bytes, int ful
                             (mf_hash128_t){0, 0}, &why);
     }
     if (st != MF_OK) {
-        mfd_count(&op->c->srv->metrics, MFD_C_DATA_LOSS, 1);
+        /* NOT_FOUND: a collision — another context's row, never handed out as this one. */
+        mfd_count(&op->c->srv->metrics,
+                  st == MF_NOT_FOUND ? MFD_C_HASH_MISMATCH : MFD_C_DATA_LOSS, 1);
         mfd_debug("get: layer %u block %u: %s", r->ref.layer, r->ref.block, why ? why : "");
-        r->ref.status = MF_DATA_LOSS;
+        r->ref.status = st;
     }
 }
 

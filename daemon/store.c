@@ -246,13 +246,19 @@ static uint64_t demote(mfd_store_t *st, mfd_entry_t *e)
     return freed;
 }
 
-static void evict_host(mfd_store_t *st, uint64_t want, uint64_t *bytes, uint64_t *entries)
+static int has_prefix(const mfd_entry_t *e, const uint8_t *prefix, size_t plen)
+{
+    return !plen || (e->key.len >= plen && memcmp(e->key.b, prefix, plen) == 0);
+}
+
+static void evict_host(mfd_store_t *st, uint64_t want, const uint8_t *prefix, size_t plen,
+                       uint64_t *bytes, uint64_t *entries)
 {
     uint64_t freed = 0, n = 0;
     mfd_entry_t *e = mfd_lru_coldest(st->ix, MFD_LRU_HOST);
     while (e && freed < want) {
         mfd_entry_t *next = mfd_lru_warmer(e, MFD_LRU_HOST);
-        if (!e->pins && e->host) {
+        if (!e->pins && e->host && has_prefix(e, prefix, plen)) {
             freed += demote(st, e);
             n++;
         }
@@ -270,11 +276,11 @@ static void balance(mfd_store_t *st)
     if ((double)used <= st->cfg->high_watermark * (double)cap)
         return;
     uint64_t target = (uint64_t)(st->cfg->low_watermark * (double)cap);
-    evict_host(st, used - target, NULL, NULL);
+    evict_host(st, used - target, NULL, 0, NULL, NULL);
 }
 
-void mfd_store_evict(mfd_store_t *st, int tier, uint64_t bytes, uint64_t *freed_bytes,
-                     uint64_t *freed_entries)
+void mfd_store_evict(mfd_store_t *st, int tier, uint64_t bytes, const uint8_t *prefix,
+                     size_t plen, uint64_t *freed_bytes, uint64_t *freed_entries)
 {
     *freed_bytes = *freed_entries = 0;
     if (tier == 2) { /* host */
@@ -282,7 +288,7 @@ void mfd_store_evict(mfd_store_t *st, int tier, uint64_t bytes, uint64_t *freed_
         uint64_t low = (uint64_t)(st->cfg->low_watermark * (double)mfd_arena_capacity(st->arena));
         if (!bytes)
             bytes = used > low ? used - low : 0;
-        evict_host(st, bytes, freed_bytes, freed_entries);
+        evict_host(st, bytes, prefix, plen, freed_bytes, freed_entries);
     } else if (tier == 3 && st->ssd) {
         uint64_t low = (uint64_t)(st->cfg->low_watermark * (double)st->cfg->ssd_bytes);
         if (!bytes)
@@ -290,7 +296,7 @@ void mfd_store_evict(mfd_store_t *st, int tier, uint64_t bytes, uint64_t *freed_
         mfd_entry_t *e = mfd_lru_coldest(st->ix, MFD_LRU_SSD);
         while (e && *freed_bytes < bytes) {
             mfd_entry_t *next = mfd_lru_warmer(e, MFD_LRU_SSD);
-            if (!e->pins && !e->ssd_writing && e->on_ssd) {
+            if (!e->pins && !e->ssd_writing && e->on_ssd && has_prefix(e, prefix, plen)) {
                 *freed_bytes += e->size;
                 (*freed_entries)++;
                 mfd_count(st->metrics, MFD_C_EVICT_SSD, 1);
@@ -312,7 +318,7 @@ mf_status_t mfd_store_reserve(mfd_store_t *st, uint64_t size, mfd_ablock_t **blk
     /* Free at least the size plus the watermark gap, so puts do not evict one by one. */
     uint64_t cap = mfd_arena_capacity(st->arena);
     uint64_t gap = (uint64_t)((st->cfg->high_watermark - st->cfg->low_watermark) * (double)cap);
-    evict_host(st, mfd_arena_round(size) + gap, NULL, NULL);
+    evict_host(st, mfd_arena_round(size) + gap, NULL, 0, NULL, NULL);
     return mfd_arena_alloc(st->arena, size, blk);
 }
 
@@ -336,8 +342,9 @@ mf_status_t mfd_row_verify(const uint8_t *row, size_t len, int full_checksum,
     if (v.block_size != block_size || !mf_hash_eq(v.hash, hash) ||
         !mf_hash_eq(v.parent, parent) ||
         memcmp(v.tokens, tokens, (size_t)block_size * sizeof(uint32_t)) != 0) {
+        /* Another context under the same key (a hash collision): not this map. */
         *why = "stored row's tokens or parent hash differ from the request";
-        return MF_DATA_LOSS;
+        return MF_NOT_FOUND;
     }
     return MF_OK;
 }

@@ -76,11 +76,14 @@ void mfd_store_read(mfd_store_t *st, mfd_entry_t *e, int promote, mfd_store_read
 void mfd_store_remove(mfd_store_t *st, mfd_entry_t *e);
 
 /* Demotes/drops unpinned rows of `tier` (MF tier numbers: 2 host, 3 ssd) until `bytes`
- * are freed (0 = down to the low watermark). */
-void mfd_store_evict(mfd_store_t *st, int tier, uint64_t bytes, uint64_t *freed_bytes,
-                     uint64_t *freed_entries);
+ * are freed (0 = down to the low watermark). Only keys starting with `prefix` (a
+ * namespace, so a client never evicts another namespace's rows; plen 0 = all). */
+void mfd_store_evict(mfd_store_t *st, int tier, uint64_t bytes, const uint8_t *prefix,
+                     size_t plen, uint64_t *freed_bytes, uint64_t *freed_entries);
 
-/* Token / parent-hash verification of a row against the request (DESIGN §4). */
+/* Token / parent-hash verification of a row against the request (DESIGN §4):
+ * MF_DATA_LOSS when the row is malformed or fails its checksum, MF_NOT_FOUND when it is
+ * sound but belongs to another context (tokens / parent differ: a hash collision). */
 mf_status_t mfd_row_verify(const uint8_t *row, size_t len, int full_checksum,
                            const uint32_t *tokens, uint32_t block_size,
                            mf_hash128_t parent, mf_hash128_t hash, const char **why);
