@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """dockerfile_check: the container image recipe against the README and the binaries.
 
-    dockerfile_check.py DOCKERFILE README [BINARY...]     exit 0 when all pass, else 1
+    dockerfile_check.py [--needed-to|--needed-from JSON] DOCKERFILE README [BINARY...]
+
+Exit 0 when all pass, else 1. --needed-to saves the binaries' {package: [libraries]}
+(dpkg is slow), --needed-from reuses it instead of BINARY arguments.
 
 Checks (each printed):
   * multi-stage on Debian 12: the first stage FROM debian:12 / bookworm, the last
@@ -94,22 +97,33 @@ def readme_make_steps(text):
     return steps
 
 
-def needed_packages(binary):
-    """{package: [libs]} for the DT_NEEDED entries of binary."""
-    r = subprocess.run(["readelf", "-d", binary], capture_output=True, text=True, check=True)
-    # ldd gives the path the loader picks (right architecture); dpkg -S names its owner.
-    paths = dict(re.findall(r"^\s*(\S+) => (/\S+)", subprocess.run(
-        ["ldd", binary], capture_output=True, text=True).stdout, re.M))
+def needed_packages(binaries):
+    """{package: [libs]} for the DT_NEEDED entries of the binaries (one dpkg call)."""
+    wanted = {}   # path -> lib
+    unresolved = set()
+    for binary in binaries:
+        r = subprocess.run(["readelf", "-d", binary], capture_output=True, text=True, check=True)
+        # ldd gives the path the loader picks (right architecture); dpkg -S names its owner.
+        paths = dict(re.findall(r"^\s*(\S+) => (/\S+)", subprocess.run(
+            ["ldd", binary], capture_output=True, text=True).stdout, re.M))
+        for lib in re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", r.stdout):
+            path = paths.get(lib)
+            if not path:
+                unresolved.add(lib)
+                continue
+            for cand in (path, os.path.realpath(path), "/usr" + path):
+                wanted[cand] = lib
     pkgs = {}
-    for lib in re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", r.stdout):
-        pkg = f"?{lib}"
-        path = paths.get(lib)
-        for cand in ([path, os.path.realpath(path), "/usr" + path] if path else []):
-            q = subprocess.run(["dpkg", "-S", cand], capture_output=True, text=True)
-            if q.returncode == 0:
-                pkg = q.stdout.split(":", 1)[0].strip()
-                break
-        pkgs.setdefault(pkg, []).append(lib)
+    found = set()
+    q = subprocess.run(["dpkg", "-S"] + sorted(wanted), capture_output=True, text=True)
+    for line in q.stdout.splitlines():
+        owner, _, path = line.partition(": ")
+        lib = wanted.get(path.strip())
+        if lib and lib not in found:
+            found.add(lib)
+            pkgs.setdefault(owner.split(":")[0].split(",")[0].strip(), []).append(lib)
+    for lib in sorted(unresolved | (set(wanted.values()) - found)):
+        pkgs.setdefault(f"?{lib}", []).append(lib)
     return pkgs
 
 
@@ -117,6 +131,9 @@ def main(argv):
     if len(argv) < 3:
         print(__doc__.strip().splitlines()[2], file=sys.stderr)
         return 2
+    needed_json = None
+    if argv[1] in ("--needed-from", "--needed-to"):
+        needed_json, mode, argv = argv[2], argv[1], argv[:1] + argv[3:]
     dockerfile, readme, binaries = argv[1], argv[2], argv[3:]
     with open(dockerfile, encoding="utf-8") as f:
         st = stages(instructions(f.read()))
@@ -161,11 +178,16 @@ def main(argv):
     bad = [p for p in runtime_pkgs if TOOLCHAIN.search(p)]
     need(not bad, "runtime stage installs no -dev packages or compilers", f"it installs {bad}")
 
-    if binaries:
-        needed = {}
-        for b in binaries:
-            for pkg, libs in needed_packages(b).items():
-                needed.setdefault(pkg, set()).update(libs)
+    needed = None
+    if needed_json and mode == "--needed-from":
+        with open(needed_json, encoding="utf-8") as f:
+            needed = json.load(f)
+    elif binaries:
+        needed = needed_packages(binaries)
+        if needed_json:
+            with open(needed_json, "w", encoding="utf-8") as f:
+                json.dump(needed, f)
+    if needed is not None:
         missing = {p: sorted(l) for p, l in needed.items()
                    if p not in runtime_pkgs and p not in BASE_SLIM}
         need(not missing, f"runtime packages cover the binaries' libraries ({len(needed)} packages)",

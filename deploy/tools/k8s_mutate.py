@@ -31,26 +31,35 @@ def walk(doc, path):
     return node, steps[-1]
 
 
-def main(argv):
-    if len(argv) < 4 or argv[3] not in ("set", "del", "ren") or (argv[3] != "del" and len(argv) != 5):
-        print(__doc__.strip().splitlines()[2], file=sys.stderr)
-        return 2
-    path, field, op = argv[1], argv[2], argv[3]
+def mutate(path, field, op, value=None):
+    """Applies one edit to the YAML file at path; KeyError when field is not there."""
     with open(path, encoding="utf-8") as f:
         doc = yaml.safe_load(f)
     try:
         parent, key = walk(doc, field)
         if op == "set":
-            parent[key] = json.loads(argv[4])
+            parent[key] = json.loads(value)
         elif op == "del":
             del parent[key]
+        elif op == "ren":
+            parent[value] = parent.pop(key)
         else:
-            parent[argv[4]] = parent.pop(key)
-    except (KeyError, IndexError, TypeError) as e:
-        print(f"k8s_mutate: {field} not found in {path}: {e}", file=sys.stderr)
-        return 1
+            raise KeyError(f"unknown op {op!r}")
+    except (IndexError, TypeError) as e:
+        raise KeyError(str(e)) from e
     with open(path, "w", encoding="utf-8") as f:
         yaml.safe_dump(doc, f, sort_keys=False)
+
+
+def main(argv):
+    if len(argv) < 4 or argv[3] not in ("set", "del", "ren") or (argv[3] != "del" and len(argv) != 5):
+        print(__doc__.strip().splitlines()[2], file=sys.stderr)
+        return 2
+    try:
+        mutate(argv[1], argv[2], argv[3], argv[4] if len(argv) == 5 else None)
+    except KeyError as e:
+        print(f"k8s_mutate: {argv[2]} not found in {argv[1]}: {e}", file=sys.stderr)
+        return 1
     return 0
 
 
