@@ -9,29 +9,20 @@
 
 #include "channel.h"
 
-/* One request/reply exchange under the channel lock; the reply is handed to `take`,
- * which copies what the caller needs before the reply is freed. */
-typedef mf_status_t (*take_fn)(mf_channel_t *ch, mf_envelope_t *env, void *arg);
-
+/* One request/reply exchange; the reply is handed to `take` (on the channel's I/O
+ * thread), which copies what the caller needs before the reply is freed. */
 static mf_status_t call(mf_channel_t *ch, mf_envelope_t *req, int want_case,
-                        int64_t timeout_ms, take_fn take, void *arg)
+                        int64_t timeout_ms, mf__take_fn take, void *arg)
 {
     if (!ch)
         return MF_INVALID_ARGUMENT;
-    mf__chan_lock(ch);
-    mf__reply_t rep;
-    mf_status_t st = mf__chan_do_call(ch, req, NULL, 0, want_case, timeout_ms, &rep);
-    if (st == MF_OK) {
-        st = take ? take(ch, rep.env, arg) : MF_OK;
-        mf__reply_done(&rep);
-    }
-    mf__chan_unlock(ch);
-    return st;
+    mf__op_t *op = mf__simple_new(ch, req, NULL, 0, want_case, take, arg, NULL);
+    return op ? mf__op_run(op, timeout_ms) : MF_RESOURCE_EXHAUSTED;
 }
 
-static mf_status_t oom(mf_channel_t *ch)
+static mf_status_t oom(mf__op_t *op)
 {
-    return mf__chan_error(ch, MF_RESOURCE_EXHAUSTED, "out of memory");
+    return (mf_status_t)mf__op_error(op, MF_RESOURCE_EXHAUSTED, "out of memory");
 }
 
 MF_EXPORT const char *mf_tier_name(mf_tier_t t)
@@ -66,12 +57,13 @@ static void tier_from_pb(mf_tier_stats_t *t, const Mapflow__V1__TierStats *pb)
 
 /* ==== list =========================================================================== */
 
-static mf_status_t take_list(mf_channel_t *ch, mf_envelope_t *env, void *arg)
+static mf_status_t take_list(mf__op_t *op, const mf__reply_t *rep, void *arg)
 {
+    const mf_envelope_t *env = rep->env;
     Mapflow__V1__ListReply *lr = env->list_reply;
     mf_list_page_t *p = calloc(1, sizeof(*p));
     if (!p)
-        return oom(ch);
+        return oom(op);
     p->entries = calloc(lr->n_entries ? lr->n_entries : 1, sizeof(mf_entry_info_t));
     if (lr->next_page_token.len) {
         p->next_page_token = malloc(lr->next_page_token.len);
@@ -79,7 +71,7 @@ static mf_status_t take_list(mf_channel_t *ch, mf_envelope_t *env, void *arg)
     }
     if (!p->entries || (lr->next_page_token.len && !p->next_page_token)) {
         mf_list_page_free(p);
-        return oom(ch);
+        return oom(op);
     }
     if (lr->next_page_token.len)
         memcpy(p->next_page_token, lr->next_page_token.data, lr->next_page_token.len);
@@ -133,17 +125,18 @@ MF_EXPORT void mf_list_page_free(mf_list_page_t *p)
 
 /* ==== stats ========================================================================== */
 
-static mf_status_t take_stats(mf_channel_t *ch, mf_envelope_t *env, void *arg)
+static mf_status_t take_stats(mf__op_t *op, const mf__reply_t *rep, void *arg)
 {
+    const mf_envelope_t *env = rep->env;
     Mapflow__V1__StatsReply *sr = env->stats_reply;
     mf_stats_t *s = calloc(1, sizeof(*s));
     if (!s)
-        return oom(ch);
+        return oom(op);
     s->tiers = calloc(sr->n_tiers ? sr->n_tiers : 1, sizeof(*s->tiers));
     s->counters = calloc(sr->n_counters ? sr->n_counters : 1, sizeof(*s->counters));
     if (!s->tiers || !s->counters) {
         mf_stats_free(s);
-        return oom(ch);
+        return oom(op);
     }
     for (size_t i = 0; i < sr->n_tiers; i++)
         tier_from_pb(&s->tiers[s->n_tiers++], sr->tiers[i]);
@@ -151,7 +144,7 @@ static mf_status_t take_stats(mf_channel_t *ch, mf_envelope_t *env, void *arg)
         char *name = mf__strdup(sr->counters[i]->name ? sr->counters[i]->name : "");
         if (!name) {
             mf_stats_free(s);
-            return oom(ch);
+            return oom(op);
         }
         s->counters[s->n_counters].name = name;
         s->counters[s->n_counters++].value = sr->counters[i]->value;
@@ -198,9 +191,10 @@ MF_EXPORT uint64_t mf_stats_counter(const mf_stats_t *s, const char *name, int *
 
 /* ==== evict, flush =================================================================== */
 
-static mf_status_t take_evict(mf_channel_t *ch, mf_envelope_t *env, void *arg)
+static mf_status_t take_evict(mf__op_t *op, const mf__reply_t *rep, void *arg)
 {
-    (void)ch;
+    const mf_envelope_t *env = rep->env;
+    (void)op;
     uint64_t **o = arg;
     if (o[0])
         *o[0] = env->evict_reply->bytes;
@@ -221,9 +215,10 @@ MF_EXPORT mf_status_t mf_evict(mf_channel_t *ch, mf_tier_t tier, uint64_t bytes,
     return call(ch, &req, MAPFLOW__V1__ENVELOPE__BODY_EVICT_REPLY, timeout_ms, take_evict, outs);
 }
 
-static mf_status_t take_flush(mf_channel_t *ch, mf_envelope_t *env, void *arg)
+static mf_status_t take_flush(mf__op_t *op, const mf__reply_t *rep, void *arg)
 {
-    (void)ch;
+    const mf_envelope_t *env = rep->env;
+    (void)op;
     if (arg)
         *(uint64_t *)arg = env->flush_reply->entries;
     return MF_OK;
@@ -239,19 +234,19 @@ MF_EXPORT mf_status_t mf_flush(mf_channel_t *ch, uint64_t *entries, int64_t time
 
 /* ==== config ========================================================================= */
 
-static mf_status_t items_copy(mf_channel_t *ch, Mapflow__V1__ConfigItem **in, size_t n,
+static mf_status_t items_copy(mf__op_t *op, Mapflow__V1__ConfigItem **in, size_t n,
                               mf_config_item_t **items)
 {
     mf_config_item_t *it = calloc(n ? n : 1, sizeof(*it));
     if (!it)
-        return oom(ch);
+        return oom(op);
     for (size_t i = 0; i < n; i++) {
         it[i].key = mf__strdup(in[i]->key ? in[i]->key : "");
         it[i].value = mf__strdup(in[i]->value ? in[i]->value : "");
         it[i].live = in[i]->live;
         if (!it[i].key || !it[i].value) {
             mf_config_items_free(it, i + 1);
-            return oom(ch);
+            return oom(op);
         }
     }
     *items = it;
@@ -263,11 +258,12 @@ typedef struct config_out {
     size_t *n;
 } config_out_t;
 
-static mf_status_t take_config_get(mf_channel_t *ch, mf_envelope_t *env, void *arg)
+static mf_status_t take_config_get(mf__op_t *op, const mf__reply_t *rep, void *arg)
 {
+    const mf_envelope_t *env = rep->env;
     config_out_t *o = arg;
     Mapflow__V1__ConfigGetReply *r = env->config_get_reply;
-    mf_status_t st = items_copy(ch, r->items, r->n_items, o->items);
+    mf_status_t st = items_copy(op, r->items, r->n_items, o->items);
     if (st == MF_OK)
         *o->n = r->n_items;
     return st;
@@ -288,12 +284,13 @@ MF_EXPORT mf_status_t mf_config_get(mf_channel_t *ch, const char *key,
                 take_config_get, &o);
 }
 
-static mf_status_t take_config_set(mf_channel_t *ch, mf_envelope_t *env, void *arg)
+static mf_status_t take_config_set(mf__op_t *op, const mf__reply_t *rep, void *arg)
 {
+    const mf_envelope_t *env = rep->env;
     Mapflow__V1__ConfigItem *it = env->config_set_reply->item;
     if (!arg || !it)
         return MF_OK;
-    return items_copy(ch, &it, 1, arg);
+    return items_copy(op, &it, 1, arg);
 }
 
 MF_EXPORT mf_status_t mf_config_set(mf_channel_t *ch, const char *key, const char *value,
@@ -325,9 +322,10 @@ MF_EXPORT void mf_config_items_free(mf_config_item_t *items, size_t n)
 
 /* ==== health ========================================================================= */
 
-static mf_status_t take_health(mf_channel_t *ch, mf_envelope_t *env, void *arg)
+static mf_status_t take_health(mf__op_t *op, const mf__reply_t *rep, void *arg)
 {
-    (void)ch;
+    const mf_envelope_t *env = rep->env;
+    (void)op;
     mf_health_t *h = arg;
     Mapflow__V1__HealthReply *r = env->health_reply;
     h->ok = r->ok;
@@ -375,16 +373,17 @@ typedef struct profile_out {
     size_t *len;
 } profile_out_t;
 
-static mf_status_t take_profile(mf_channel_t *ch, mf_envelope_t *env, void *arg)
+static mf_status_t take_profile(mf__op_t *op, const mf__reply_t *rep, void *arg)
 {
+    const mf_envelope_t *env = rep->env;
     profile_out_t *o = arg;
     const Mapflow__V1__MappingProfile *mp = env->profile_get_reply->profile;
     if (!mp)
-        return mf__chan_error(ch, MF_NOT_FOUND, "daemon returned no profile");
+        return (mf_status_t)mf__op_error(op, MF_NOT_FOUND, "daemon returned no profile");
     size_t n = mapflow__v1__mapping_profile__get_packed_size(mp);
     uint8_t *b = malloc(n ? n : 1);
     if (!b)
-        return oom(ch);
+        return oom(op);
     mapflow__v1__mapping_profile__pack(mp, b);
     *o->pb = b;
     *o->len = n;

@@ -1,8 +1,11 @@
 /*
- * calls — libmapflow's data calls: put (two-phase), lookup, get (copy / lease, by prefix
- * or by key), release, delete. Declared and documented in mapflow.h; every call takes
- * the channel lock for its exchange (see channel.h).
+ * calls — libmapflow's data calls: put (two-phase, single and batched), lookup, get
+ * (copy / lease, by prefix or by key), release, delete, each in a sync and an async
+ * form. Declared and documented in mapflow.h. Each call checks its arguments in the
+ * caller's thread, builds an operation (channel.h) holding copies of what it needs, and
+ * runs it: mf__op_run waits for it, mf__op_run_async posts its event to a queue.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,14 +15,43 @@
 #error "libmapflow sends token arrays as they sit in memory: little-endian hosts only"
 #endif
 
+/* Sync and async entry points share the op builder: run it or post it. */
+typedef struct async_args {
+    mf_cq_t *cq;
+    void *tag;
+    mf_call_t **call;
+} async_args_t;
+
+static mf_status_t run_op(mf__op_t *op, mf_status_t st, int64_t timeout_ms,
+                          const async_args_t *a)
+{
+    if (!op)
+        return st;
+    return a ? mf__op_run_async(op, timeout_ms, a->cq, a->tag, a->call)
+             : mf__op_run(op, timeout_ms);
+}
+
+static size_t model_len_ok(const char *model)
+{
+    size_t ml = model ? strlen(model) : 0;
+    return ml == 0 || ml > MF_ROW_MAX_MODEL ? 0 : ml;
+}
+
+static mf_status_t check_model(mf_channel_t *ch, const char *model)
+{
+    if (!model_len_ok(model))
+        return mf__chan_error(ch, MF_INVALID_ARGUMENT, "model id must be 1..%d bytes",
+                              MF_ROW_MAX_MODEL);
+    return MF_OK;
+}
+
 /* Fills a protobuf Key from an mf_key_t; hb holds the 16 hash bytes it points to. */
 static mf_status_t key_to_pb(mf_channel_t *ch, const mf_key_t *key, Mapflow__V1__Key *pb,
                              uint8_t hb[16])
 {
-    size_t ml = key && key->model ? strlen(key->model) : 0;
-    if (ml == 0 || ml > MF_ROW_MAX_MODEL)
-        return mf__chan_error(ch, MF_INVALID_ARGUMENT, "model id must be 1..%d bytes",
-                              MF_ROW_MAX_MODEL);
+    mf_status_t st = check_model(ch, key ? key->model : NULL);
+    if (st != MF_OK)
+        return st;
     mapflow__v1__key__init(pb);
     mf_hash_to_le(key->hash, hb);
     pb->model = (char *)key->model;
@@ -29,27 +61,45 @@ static mf_status_t key_to_pb(mf_channel_t *ch, const mf_key_t *key, Mapflow__V1_
     return MF_OK;
 }
 
-static mf_status_t check_model(mf_channel_t *ch, const char *model)
+static void *dup_mem(const void *p, size_t n)
 {
-    size_t ml = model ? strlen(model) : 0;
-    if (ml == 0 || ml > MF_ROW_MAX_MODEL)
-        return mf__chan_error(ch, MF_INVALID_ARGUMENT, "model id must be 1..%d bytes",
-                              MF_ROW_MAX_MODEL);
-    return MF_OK;
+    void *d = malloc(n ? n : 1);
+    if (d && n)
+        memcpy(d, p, n);
+    return d;
 }
 
 /* ==== put ============================================================================ */
 
+typedef struct put {
+    const void *row;            /* caller's; valid until completion */
+    size_t len;
+    char model[MF_ROW_MAX_MODEL + 1];
+    uint32_t layer;
+    mf_hash128_t hash;
+    int durable;
+    mf_put_result_t *res;       /* may be NULL */
+    mf_status_t *status_out;    /* batch item status */
+    int stage;                  /* 0: PutBegin sent, 1: PutCommit sent */
+    uint64_t reservation;       /* held on connection res_gen */
+    uint32_t res_gen;
+} put_t;
+
 /* Validates the row as the daemon will and extracts its key. */
-static mf_status_t put_key_of(mf_channel_t *ch, const void *row, size_t len,
-                              char model[MF_ROW_MAX_MODEL + 1], mf_key_t *key)
+static mf_status_t put_key_of(const void *row, size_t len, put_t *p, char *err, size_t errlen)
 {
+    if (!row || len == 0 || len > MF_ROW_MAX_BYTES) {
+        snprintf(err, errlen, "empty or oversized row");
+        return MF_INVALID_ARGUMENT;
+    }
     const void *buf = row;
     void *tmp = NULL;
     if ((uintptr_t)row % MF_ROW_ALIGN) { /* the decoder needs 16-byte alignment */
         tmp = aligned_alloc(MF_ROW_ALIGN, (len + MF_ROW_ALIGN - 1) & ~(size_t)15);
-        if (!tmp)
-            return mf__chan_error(ch, MF_RESOURCE_EXHAUSTED, "out of memory");
+        if (!tmp) {
+            snprintf(err, errlen, "out of memory");
+            return MF_RESOURCE_EXHAUSTED;
+        }
         memcpy(tmp, row, len);
         buf = tmp;
     }
@@ -57,81 +107,120 @@ static mf_status_t put_key_of(mf_channel_t *ch, const void *row, size_t len,
     const char *why = "";
     mf_status_t st = mf_row_decode(buf, len, 0, &v, &why);
     if (st == MF_OK) {
-        memcpy(model, v.model, v.model_len);
-        model[v.model_len] = '\0';
-        key->model = model;
-        key->layer = v.layer;
-        key->hash = v.hash;
+        memcpy(p->model, v.model, v.model_len);
+        p->model[v.model_len] = '\0';
+        p->layer = v.layer;
+        p->hash = v.hash;
     } else {
-        mf__chan_error(ch, st, "row rejected before sending: %s", why);
+        snprintf(err, errlen, "row rejected before sending: %s", why);
     }
     free(tmp);
     return st;
 }
 
-static mf_status_t do_put(mf_channel_t *ch, const mf_key_t *key, const void *row, size_t len,
-                          unsigned flags, mf_put_result_t *res, int64_t timeout_ms)
+static mf_status_t put_start(mf__op_t *op)
 {
+    put_t *p = op->priv;
+    p->stage = 0;
+    p->reservation = 0;
     uint8_t hb[16];
-    Mapflow__V1__Key kpb;
+    Mapflow__V1__Key kpb = MAPFLOW__V1__KEY__INIT;
+    mf_hash_to_le(p->hash, hb);
+    kpb.model = p->model;
+    kpb.layer = p->layer;
+    kpb.hash.data = hb;
+    kpb.hash.len = 16;
     Mapflow__V1__PutBegin pb = MAPFLOW__V1__PUT_BEGIN__INIT;
-    mf_status_t st = key_to_pb(ch, key, &kpb, hb);
-    if (st != MF_OK)
-        return st;
     pb.key = &kpb;
-    pb.size = len;
-    pb.durable = (flags & MF_PUT_DURABLE) != 0;
+    pb.size = p->len;
+    pb.durable = p->durable;
     ENV(req, PUT_BEGIN, put_begin) = &pb;
-    mf__reply_t rep;
-    st = mf__chan_do_call(ch, &req, NULL, 0, MAPFLOW__V1__ENVELOPE__BODY_PUT_BEGIN_REPLY,
-                          timeout_ms, &rep);
-    if (st != MF_OK)
-        return st;
-    uint64_t rid = rep.env->put_begin_reply->reservation_id;
-    int in_arena = rep.env->put_begin_reply->in_arena;
-    uint64_t off = rep.env->put_begin_reply->arena_offset;
-    mf__reply_done(&rep);
+    return mf__op_pack(op, &req, NULL, 0, MAPFLOW__V1__ENVELOPE__BODY_PUT_BEGIN_REPLY);
+}
 
-    Mapflow__V1__PutCommit pc = MAPFLOW__V1__PUT_COMMIT__INIT;
-    pc.reservation_id = rid;
-    ENV(creq, PUT_COMMIT, put_commit) = &pc;
-    if (in_arena) {
-        if (!ch->arena || off % MF_ROW_ALIGN || off > ch->arena_bytes ||
-            len > ch->arena_bytes - off) {
-            st = mf__chan_error(ch, MF_INTERNAL, "daemon reserved arena bytes [%llu, +%zu) "
-                                "outside the mapped arena", (unsigned long long)off, len);
-            goto abort_reservation;
+static int put_step(mf__op_t *op, const mf__reply_t *rep)
+{
+    put_t *p = op->priv;
+    if (p->stage == 1) {
+        p->reservation = 0; /* committed: nothing to abort */
+        if (p->res) {
+            p->res->tier = (mf_tier_t)rep->env->put_commit_reply->tier;
+            p->res->durable = rep->env->put_commit_reply->durable;
+            p->res->replaced = rep->env->put_commit_reply->replaced;
         }
-        memcpy(ch->arena + off, row, len);
-        st = mf__chan_do_call(ch, &creq, NULL, 0, MAPFLOW__V1__ENVELOPE__BODY_PUT_COMMIT_REPLY,
-                              timeout_ms, &rep);
-    } else {
-        st = mf__chan_do_call(ch, &creq, row, len, MAPFLOW__V1__ENVELOPE__BODY_PUT_COMMIT_REPLY,
-                              timeout_ms, &rep);
+        return MF_OK;
     }
-    if (st != MF_OK)
-        goto abort_reservation;
-    if (res) {
-        res->tier = (mf_tier_t)rep.env->put_commit_reply->tier;
-        res->durable = rep.env->put_commit_reply->durable;
-        res->replaced = rep.env->put_commit_reply->replaced;
+    const Mapflow__V1__PutBeginReply *br = rep->env->put_begin_reply;
+    p->reservation = br->reservation_id;
+    p->res_gen = op->gen;
+    p->stage = 1;
+    Mapflow__V1__PutCommit pc = MAPFLOW__V1__PUT_COMMIT__INIT;
+    pc.reservation_id = br->reservation_id;
+    ENV(creq, PUT_COMMIT, put_commit) = &pc;
+    const void *payload = p->row;
+    size_t plen = p->len;
+    if (br->in_arena) {
+        const mf__conn_t *c = mf__op_conn(op);
+        uint64_t off = br->arena_offset;
+        if (!c->arena || off % MF_ROW_ALIGN || off > c->arena_bytes ||
+            p->len > c->arena_bytes - off)
+            return mf__op_error(op, MF_INTERNAL, "daemon reserved arena bytes [%llu, +%zu) "
+                                "outside the mapped arena", (unsigned long long)off, p->len);
+        memcpy(c->arena + off, p->row, p->len);
+        payload = NULL;
+        plen = 0;
     }
-    mf__reply_done(&rep);
-    return MF_OK;
+    mf_status_t st = mf__op_pack(op, &creq, payload, plen,
+                                 MAPFLOW__V1__ENVELOPE__BODY_PUT_COMMIT_REPLY);
+    return st == MF_OK ? MF__CONTINUE : (int)st;
+}
 
-abort_reservation:
-    /* Best effort: the daemon also frees it at its TTL or when we disconnect. Its reply
-     * (or NOT_FOUND when the commit already freed it) is dropped as stale. */
-    {
+/* Best effort: the daemon also frees a reservation at its TTL or when we disconnect;
+ * the reply (or NOT_FOUND when the commit already freed it) is dropped. Lock held. */
+static void put_undo(mf__op_t *op)
+{
+    put_t *p = op->priv;
+    if (p->reservation && op->ch->gen == p->res_gen) {
         Mapflow__V1__PutAbort pa = MAPFLOW__V1__PUT_ABORT__INIT;
-        pa.reservation_id = rid;
+        pa.reservation_id = p->reservation;
         ENV(areq, PUT_ABORT, put_abort) = &pa;
-        char keep[MF__ERR_LEN];
-        memcpy(keep, ch->err, sizeof(keep));
-        mf__chan_do_send(ch, &areq, MF_TIMEOUT_DEFAULT);
-        memcpy(ch->err, keep, sizeof(keep));
+        mf__do_send_oneway(op->ch, &areq);
     }
-    return st;
+    p->reservation = 0;
+}
+
+static void put_destroy(mf__op_t *op)
+{
+    free(op->priv);
+}
+
+static const mf__op_vt_t put_vt = {put_start, put_step, put_undo, put_destroy};
+
+static mf__op_t *put_new(mf_channel_t *ch, const void *row, size_t len, unsigned flags,
+                         mf_put_result_t *res, mf_status_t *st)
+{
+    char err[MF__ERR_LEN];
+    put_t *p = calloc(1, sizeof(*p));
+    if (!p) {
+        *st = mf__chan_error(ch, MF_RESOURCE_EXHAUSTED, "out of memory");
+        return NULL;
+    }
+    if ((*st = put_key_of(row, len, p, err, sizeof(err))) != MF_OK) {
+        mf__chan_error(ch, *st, "%s", err);
+        free(p);
+        return NULL;
+    }
+    mf__op_t *op = mf__op_new(ch, &put_vt, p);
+    if (!op) {
+        free(p);
+        *st = mf__chan_error(ch, MF_RESOURCE_EXHAUSTED, "out of memory");
+        return NULL;
+    }
+    p->row = row;
+    p->len = len;
+    p->durable = (flags & MF_PUT_DURABLE) != 0;
+    p->res = res;
+    return op;
 }
 
 MF_EXPORT mf_status_t mf_put(mf_channel_t *ch, const void *row, size_t len, unsigned flags,
@@ -139,21 +228,148 @@ MF_EXPORT mf_status_t mf_put(mf_channel_t *ch, const void *row, size_t len, unsi
 {
     if (!ch)
         return MF_INVALID_ARGUMENT;
-    mf__chan_lock(ch);
-    char model[MF_ROW_MAX_MODEL + 1];
-    mf_key_t key;
     mf_status_t st;
-    if (!row || len == 0 || len > MF_ROW_MAX_BYTES)
-        st = mf__chan_error(ch, MF_INVALID_ARGUMENT, "empty or oversized row");
-    else
-        st = put_key_of(ch, row, len, model, &key);
-    if (st == MF_OK)
-        st = do_put(ch, &key, row, len, flags, res, timeout_ms);
-    mf__chan_unlock(ch);
-    return st;
+    mf__op_t *op = put_new(ch, row, len, flags, res, &st);
+    return run_op(op, st, timeout_ms, NULL);
+}
+
+MF_EXPORT mf_status_t mf_put_async(mf_channel_t *ch, const void *row, size_t len,
+                                   unsigned flags, mf_put_result_t *res, int64_t timeout_ms,
+                                   mf_cq_t *cq, void *tag, mf_call_t **call)
+{
+    if (!ch)
+        return MF_INVALID_ARGUMENT;
+    mf_status_t st;
+    mf__op_t *op = put_new(ch, row, len, flags, res, &st);
+    async_args_t a = {cq, tag, call};
+    return run_op(op, st, timeout_ms, &a);
+}
+
+static void put_kid_done(mf__op_t *kid)
+{
+    put_t *p = kid->priv;
+    *p->status_out = kid->status;
+}
+
+/* A group of one put per item; every row validated before anything is sent. */
+static mf__op_t *put_batch_new(mf_channel_t *ch, mf_put_item_t *items, size_t n,
+                               unsigned flags, mf_status_t *st)
+{
+    if (!items || n == 0 || n > MF_PUT_BATCH_MAX) {
+        *st = mf__chan_error(ch, MF_INVALID_ARGUMENT, "put batch needs 1..%u items",
+                             MF_PUT_BATCH_MAX);
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++)
+        items[i].status = MF_ABORTED; /* not attempted (yet) */
+    mf__op_t *g = mf__group_new(ch, n, NULL, NULL);
+    if (!g) {
+        *st = MF_RESOURCE_EXHAUSTED;
+        return NULL;
+    }
+    g->group_kid_done = put_kid_done;
+    for (size_t i = 0; i < n; i++) {
+        memset(&items[i].result, 0, sizeof(items[i].result));
+        mf__op_t *k = put_new(ch, items[i].row, items[i].len, flags, &items[i].result, st);
+        if (!k) {
+            items[i].status = *st;
+            char msg[MF__ERR_LEN];
+            snprintf(msg, sizeof(msg), "%s", mf_channel_last_error(ch));
+            mf__chan_error(ch, *st, "item %zu: %s", i, msg);
+            mf__op_unref(g);
+            return NULL;
+        }
+        ((put_t *)k->priv)->status_out = &items[i].status;
+        mf__group_add(g, k);
+    }
+    return g;
+}
+
+MF_EXPORT mf_status_t mf_put_batch(mf_channel_t *ch, mf_put_item_t *items, size_t n,
+                                   unsigned flags, int64_t timeout_ms)
+{
+    if (!ch)
+        return MF_INVALID_ARGUMENT;
+    mf_status_t st;
+    mf__op_t *g = put_batch_new(ch, items, n, flags, &st);
+    return g ? mf__group_run(g, timeout_ms) : st;
+}
+
+MF_EXPORT mf_status_t mf_put_batch_async(mf_channel_t *ch, mf_put_item_t *items, size_t n,
+                                         unsigned flags, int64_t timeout_ms, mf_cq_t *cq,
+                                         void *tag, mf_call_t **call)
+{
+    if (!ch)
+        return MF_INVALID_ARGUMENT;
+    mf_status_t st;
+    mf__op_t *g = put_batch_new(ch, items, n, flags, &st);
+    return g ? mf__group_run_async(g, timeout_ms, cq, tag, call) : st;
 }
 
 /* ==== lookup ========================================================================= */
+
+typedef struct lookup_arg {
+    uint32_t *tokens;           /* copy: the payload */
+    size_t n_layers;
+    uint32_t *blocks;
+    uint32_t *total_blocks;
+} lookup_arg_t;
+
+static void lookup_free(void *arg)
+{
+    lookup_arg_t *a = arg;
+    free(a->tokens);
+    free(a);
+}
+
+static mf_status_t take_lookup(mf__op_t *op, const mf__reply_t *rep, void *arg)
+{
+    lookup_arg_t *a = arg;
+    const Mapflow__V1__LookupReply *lr = rep->env->lookup_reply;
+    if (lr->n_blocks != a->n_layers)
+        return (mf_status_t)mf__op_error(op, MF_INTERNAL, "lookup reply has %zu layers, "
+                                         "asked %zu", lr->n_blocks, a->n_layers);
+    memcpy(a->blocks, lr->blocks, a->n_layers * sizeof(uint32_t));
+    if (a->total_blocks)
+        *a->total_blocks = lr->total_blocks;
+    return MF_OK;
+}
+
+static mf__op_t *lookup_new(mf_channel_t *ch, const char *model, uint32_t block_size,
+                            const uint32_t *tokens, size_t n_tokens, const uint32_t *layers,
+                            size_t n_layers, uint32_t *blocks, uint32_t *total_blocks,
+                            mf_status_t *st)
+{
+    if ((*st = check_model(ch, model)) != MF_OK)
+        return NULL;
+    if (block_size == 0 || (n_tokens && !tokens) || n_layers == 0 || !layers || !blocks) {
+        *st = mf__chan_error(ch, MF_INVALID_ARGUMENT, "lookup needs block_size > 0, tokens "
+                             "and at least one layer");
+        return NULL;
+    }
+    size_t full = n_tokens - n_tokens % block_size; /* only full blocks count */
+    lookup_arg_t *a = calloc(1, sizeof(*a));
+    if (a)
+        a->tokens = dup_mem(tokens, full * 4);
+    if (!a || !a->tokens) {
+        free(a);
+        *st = mf__chan_error(ch, MF_RESOURCE_EXHAUSTED, "out of memory");
+        return NULL;
+    }
+    a->n_layers = n_layers;
+    a->blocks = blocks;
+    a->total_blocks = total_blocks;
+    Mapflow__V1__Lookup lk = MAPFLOW__V1__LOOKUP__INIT;
+    lk.model = (char *)model;
+    lk.block_size = block_size;
+    lk.n_layers = n_layers;
+    lk.layers = (uint32_t *)layers;
+    ENV(req, LOOKUP, lookup) = &lk;
+    *st = MF_RESOURCE_EXHAUSTED;
+    return mf__simple_new(ch, &req, a->tokens, full * 4,
+                          MAPFLOW__V1__ENVELOPE__BODY_LOOKUP_REPLY, take_lookup, a,
+                          lookup_free);
+}
 
 MF_EXPORT mf_status_t mf_lookup(mf_channel_t *ch, const char *model, uint32_t block_size,
                                 const uint32_t *tokens, size_t n_tokens,
@@ -162,57 +378,66 @@ MF_EXPORT mf_status_t mf_lookup(mf_channel_t *ch, const char *model, uint32_t bl
 {
     if (!ch)
         return MF_INVALID_ARGUMENT;
-    mf__chan_lock(ch);
-    mf_status_t st = check_model(ch, model);
-    if (st != MF_OK)
-        goto unlock;
-    if (block_size == 0 || (n_tokens && !tokens) || n_layers == 0 || !layers || !blocks) {
-        st = mf__chan_error(ch, MF_INVALID_ARGUMENT, "lookup needs block_size > 0, tokens "
-                            "and at least one layer");
-        goto unlock;
-    }
-    Mapflow__V1__Lookup lk = MAPFLOW__V1__LOOKUP__INIT;
-    lk.model = (char *)model;
-    lk.block_size = block_size;
-    lk.n_layers = n_layers;
-    lk.layers = (uint32_t *)layers;
-    ENV(req, LOOKUP, lookup) = &lk;
-    size_t full = n_tokens - n_tokens % block_size; /* only full blocks count */
-    mf__reply_t rep;
-    st = mf__chan_do_call(ch, &req, tokens, full * 4, MAPFLOW__V1__ENVELOPE__BODY_LOOKUP_REPLY,
-                          timeout_ms, &rep);
-    if (st != MF_OK)
-        goto unlock;
-    Mapflow__V1__LookupReply *lr = rep.env->lookup_reply;
-    if (lr->n_blocks != n_layers) {
-        st = mf__chan_error(ch, MF_INTERNAL, "lookup reply has %zu layers, asked %zu",
-                            lr->n_blocks, n_layers);
-    } else {
-        memcpy(blocks, lr->blocks, n_layers * sizeof(uint32_t));
-        if (total_blocks)
-            *total_blocks = lr->total_blocks;
-    }
-    mf__reply_done(&rep);
-unlock:
-    mf__chan_unlock(ch);
-    return st;
+    mf_status_t st;
+    mf__op_t *op = lookup_new(ch, model, block_size, tokens, n_tokens, layers, n_layers,
+                              blocks, total_blocks, &st);
+    return run_op(op, st, timeout_ms, NULL);
+}
+
+MF_EXPORT mf_status_t mf_lookup_async(mf_channel_t *ch, const char *model, uint32_t block_size,
+                                      const uint32_t *tokens, size_t n_tokens,
+                                      const uint32_t *layers, size_t n_layers,
+                                      uint32_t *blocks, uint32_t *total_blocks,
+                                      int64_t timeout_ms, mf_cq_t *cq, void *tag,
+                                      mf_call_t **call)
+{
+    if (!ch)
+        return MF_INVALID_ARGUMENT;
+    mf_status_t st;
+    mf__op_t *op = lookup_new(ch, model, block_size, tokens, n_tokens, layers, n_layers,
+                              blocks, total_blocks, &st);
+    async_args_t a = {cq, tag, call};
+    return run_op(op, st, timeout_ms, &a);
 }
 
 /* ==== get ============================================================================ */
 
-/* What each returned row must agree with (prefix mode: tokens; keys mode: the key). */
-typedef struct get_expect {
-    const char *model;
+enum get_single { GET_MANY = 0, GET_ONE_COPY, GET_ONE_LEASE };
+
+/* What each returned row must agree with, and where the outcome goes. */
+typedef struct get_arg {
+    mf_get_mode_t mode;
+    size_t expect_rows;
+    /* prefix mode (copies) */
+    char *model;
     uint32_t block_size;
-    const uint32_t *tokens;     /* prefix mode */
+    uint32_t *tokens;           /* also the request payload */
     size_t n_tokens;
-    const mf_key_t *keys;       /* keys mode */
-} get_expect_t;
+    /* keys mode (copies; model strings in key_models) */
+    mf_key_t *keys;
+    char *key_models;
+    /* outputs */
+    int single;
+    mf_get_result_t **out;
+    void *buf;                  /* GET_ONE_COPY */
+    size_t cap;
+    size_t *len;
+    mf_lease_t *lease;          /* GET_ONE_LEASE */
+} get_arg_t;
+
+static void get_arg_free(void *arg)
+{
+    get_arg_t *a = arg;
+    free(a->model);
+    free(a->tokens);
+    free(a->keys);
+    free(a->key_models);
+    free(a);
+}
 
 /* Decodes one returned row and checks it against the request: never hand out bytes
  * that are not what was asked for. */
-static mf_status_t verify_row(const get_expect_t *x, size_t i, mf_row_ref_t *r,
-                              const char **why)
+static mf_status_t verify_row(const get_arg_t *x, size_t i, mf_row_ref_t *r, const char **why)
 {
     mf_status_t st = mf_row_decode(r->data, r->length, 0, &r->view, why);
     if (st != MF_OK)
@@ -244,25 +469,27 @@ static mf_status_t verify_row(const get_expect_t *x, size_t i, mf_row_ref_t *r,
 }
 
 /* Turns a GetReply into an mf_get_result_t; the reply payload (copy mode) is copied into
- * 16-byte aligned memory the result owns. */
-static mf_status_t get_result_build(mf_channel_t *ch, const mf__reply_t *rep,
-                                    mf_get_mode_t mode, const get_expect_t *x,
-                                    size_t expect_rows, mf_get_result_t **out)
+ * 16-byte aligned memory the result owns. A row that fails verification becomes
+ * DATA_LOSS and its reason the op's message. */
+static mf_status_t get_result_build(mf__op_t *op, const mf__reply_t *rep, const get_arg_t *x,
+                                    mf_get_result_t **out)
 {
-    Mapflow__V1__GetReply *gr = rep->env->get_reply;
-    if (gr->n_rows != expect_rows)
-        return mf__chan_error(ch, MF_INTERNAL, "get reply has %zu rows, expected %zu",
-                              gr->n_rows, expect_rows);
+    const Mapflow__V1__GetReply *gr = rep->env->get_reply;
+    if (gr->n_rows != x->expect_rows)
+        return (mf_status_t)mf__op_error(op, MF_INTERNAL, "get reply has %zu rows, expected "
+                                         "%zu", gr->n_rows, x->expect_rows);
+    const mf__conn_t *c = mf__op_conn(op);
     mf_get_result_t *res = calloc(1, sizeof(*res));
     if (!res)
-        return mf__chan_error(ch, MF_RESOURCE_EXHAUSTED, "out of memory");
+        return (mf_status_t)mf__op_error(op, MF_RESOURCE_EXHAUSTED, "out of memory");
     res->rows = calloc(gr->n_rows ? gr->n_rows : 1, sizeof(mf_row_ref_t));
     uint8_t *copy = NULL;
-    if (mode == MF_GET_COPY && rep->payload_len)
+    int copy_mode = x->mode == MF_GET_COPY;
+    if (copy_mode && rep->payload_len)
         copy = res->priv_ = aligned_alloc(16, ((size_t)rep->payload_len + 15) & ~(size_t)15);
-    if (!res->rows || (mode == MF_GET_COPY && rep->payload_len && !copy)) {
+    if (!res->rows || (copy_mode && rep->payload_len && !copy)) {
         mf_get_result_free(res);
-        return mf__chan_error(ch, MF_RESOURCE_EXHAUSTED, "out of memory");
+        return (mf_status_t)mf__op_error(op, MF_RESOURCE_EXHAUSTED, "out of memory");
     }
     if (copy)
         memcpy(copy, rep->payload, rep->payload_len);
@@ -280,7 +507,7 @@ static mf_status_t get_result_build(mf_channel_t *ch, const mf__reply_t *rep,
             continue;
         r->length = rr->length;
         const char *why = "row outside the reply";
-        if (mode == MF_GET_COPY) {
+        if (copy_mode) {
             if (rr->payload_offset % 16 || rr->payload_offset > rep->payload_len ||
                 rr->length > rep->payload_len - rr->payload_offset) {
                 r->status = MF_DATA_LOSS;
@@ -288,17 +515,17 @@ static mf_status_t get_result_build(mf_channel_t *ch, const mf__reply_t *rep,
             }
             r->data = copy + rr->payload_offset;
         } else {
-            if (!ch->arena || rr->arena_offset % 16 || rr->arena_offset > ch->arena_bytes ||
-                rr->length > ch->arena_bytes - rr->arena_offset) {
+            if (!c->arena || rr->arena_offset % 16 || rr->arena_offset > c->arena_bytes ||
+                rr->length > c->arena_bytes - rr->arena_offset) {
                 r->status = MF_DATA_LOSS;
                 continue;
             }
-            r->data = ch->arena + rr->arena_offset;
+            r->data = c->arena + rr->arena_offset;
         }
         r->status = verify_row(x, i, r, &why);
         if (r->status != MF_OK) {
-            mf__chan_error(ch, MF_DATA_LOSS, "row %zu (layer %u block %u): %s", i, r->layer,
-                           r->block, why);
+            mf__op_error(op, MF_DATA_LOSS, "row %zu (layer %u block %u): %s", i, r->layer,
+                         r->block, why);
             r->data = NULL;
         }
     }
@@ -306,17 +533,105 @@ static mf_status_t get_result_build(mf_channel_t *ch, const mf__reply_t *rep,
     return MF_OK;
 }
 
-static mf_status_t check_mode(mf_channel_t *ch, mf_get_mode_t mode, mf_get_result_t **out)
+static mf_status_t take_get(mf__op_t *op, const mf__reply_t *rep, void *arg)
 {
-    if (!out)
-        return mf__chan_error(ch, MF_INVALID_ARGUMENT, "no result pointer");
-    *out = NULL;
+    get_arg_t *a = arg;
+    mf_get_result_t *res = NULL;
+    mf_status_t st = get_result_build(op, rep, a, &res);
+    if (st != MF_OK)
+        return st;
+    if (a->single == GET_MANY) {
+        *a->out = res;
+        return MF_OK;
+    }
+    /* One key, one row: the row's own status becomes the call's. */
+    mf_row_ref_t *r = &res->rows[0];
+    st = r->status;
+    if (st == MF_NOT_FOUND)
+        mf__op_error(op, st, "no such key");
+    else if (st != MF_OK && r->data == NULL && st != MF_DATA_LOSS)
+        mf__op_error(op, st, "row: %s", mf_strerror((int)st));
+    if (a->single == GET_ONE_COPY && st == MF_OK) {
+        *a->len = r->length;
+        if (a->cap < r->length || !a->buf)
+            st = (mf_status_t)mf__op_error(op, MF_RESOURCE_EXHAUSTED, "row is %zu bytes, "
+                                           "buffer %zu", r->length, a->cap);
+        else
+            memcpy(a->buf, r->data, r->length);
+    } else if (a->single == GET_ONE_LEASE) {
+        a->lease->lease_id = r->lease_id; /* set even on DATA_LOSS, so it can be released */
+        a->lease->ttl_ms = res->lease_ttl_ms;
+        if (st == MF_OK) {
+            a->lease->data = r->data;
+            a->lease->length = r->length;
+            a->lease->view = r->view;
+        }
+    }
+    mf_get_result_free(res);
+    return st;
+}
+
+static mf_status_t check_mode(mf_channel_t *ch, mf_get_mode_t mode)
+{
     if (mode != MF_GET_COPY && mode != MF_GET_LEASE)
         return mf__chan_error(ch, MF_INVALID_ARGUMENT, "unknown get mode %d", (int)mode);
-    if (mode == MF_GET_LEASE && !ch->arena)
+    if (mode == MF_GET_LEASE && !mf_channel_has_arena(ch))
         return mf__chan_error(ch, MF_FAILED_PRECONDITION, "leased gets need the host arena "
                               "(open the channel on a unix socket with want_arena)");
     return MF_OK;
+}
+
+static mf__op_t *get_prefix_new(mf_channel_t *ch, const char *model, uint32_t block_size,
+                                const uint32_t *tokens, size_t n_tokens,
+                                const uint32_t *layers, size_t n_layers, uint32_t first_block,
+                                uint32_t n_blocks, mf_get_mode_t mode, mf_get_result_t **out,
+                                mf_status_t *st)
+{
+    if (!out) {
+        *st = mf__chan_error(ch, MF_INVALID_ARGUMENT, "no result pointer");
+        return NULL;
+    }
+    *out = NULL;
+    if ((*st = check_mode(ch, mode)) != MF_OK || (*st = check_model(ch, model)) != MF_OK)
+        return NULL;
+    size_t have_blocks = block_size ? n_tokens / block_size : 0;
+    size_t end = n_blocks ? (size_t)first_block + n_blocks : have_blocks;
+    if (block_size == 0 || !tokens || !layers || n_layers == 0 || end > have_blocks ||
+        end <= first_block) {
+        *st = mf__chan_error(ch, MF_INVALID_ARGUMENT, "get needs layers and tokens covering "
+                             "blocks [%u, %zu) of %u tokens (have %zu full blocks)",
+                             first_block, end, block_size, have_blocks);
+        return NULL;
+    }
+    size_t nt = end * block_size;
+    get_arg_t *a = calloc(1, sizeof(*a));
+    if (a) {
+        a->model = dup_mem(model, strlen(model) + 1);
+        a->tokens = dup_mem(tokens, nt * 4);
+    }
+    if (!a || !a->model || !a->tokens) {
+        if (a)
+            get_arg_free(a);
+        *st = mf__chan_error(ch, MF_RESOURCE_EXHAUSTED, "out of memory");
+        return NULL;
+    }
+    a->mode = mode;
+    a->block_size = block_size;
+    a->n_tokens = nt;
+    a->expect_rows = n_layers * (end - first_block);
+    a->out = out;
+    Mapflow__V1__Get g = MAPFLOW__V1__GET__INIT;
+    g.model = (char *)model;
+    g.block_size = block_size;
+    g.n_layers = n_layers;
+    g.layers = (uint32_t *)layers;
+    g.first_block = first_block;
+    g.n_blocks = (uint32_t)(end - first_block);
+    g.mode = (Mapflow__V1__GetMode)mode;
+    ENV(req, GET, get) = &g;
+    *st = MF_RESOURCE_EXHAUSTED;
+    return mf__simple_new(ch, &req, a->tokens, nt * 4, MAPFLOW__V1__ENVELOPE__BODY_GET_REPLY,
+                          take_get, a, get_arg_free);
 }
 
 MF_EXPORT mf_status_t mf_get_prefix(mf_channel_t *ch, const char *model, uint32_t block_size,
@@ -328,96 +643,119 @@ MF_EXPORT mf_status_t mf_get_prefix(mf_channel_t *ch, const char *model, uint32_
 {
     if (!ch)
         return MF_INVALID_ARGUMENT;
-    mf__chan_lock(ch);
-    mf_status_t st = check_mode(ch, mode, out);
-    if (st == MF_OK)
-        st = check_model(ch, model);
-    if (st != MF_OK)
-        goto unlock;
-    size_t have_blocks = block_size ? n_tokens / block_size : 0;
-    size_t end = n_blocks ? (size_t)first_block + n_blocks : have_blocks;
-    if (block_size == 0 || !tokens || !layers || n_layers == 0 || end > have_blocks ||
-        end <= first_block) {
-        st = mf__chan_error(ch, MF_INVALID_ARGUMENT, "get needs layers and tokens covering "
-                            "blocks [%u, %zu) of %u tokens (have %zu full blocks)", first_block,
-                            end, block_size, have_blocks);
-        goto unlock;
-    }
-    Mapflow__V1__Get g = MAPFLOW__V1__GET__INIT;
-    g.model = (char *)model;
-    g.block_size = block_size;
-    g.n_layers = n_layers;
-    g.layers = (uint32_t *)layers;
-    g.first_block = first_block;
-    g.n_blocks = (uint32_t)(end - first_block);
-    g.mode = (Mapflow__V1__GetMode)mode;
-    ENV(req, GET, get) = &g;
-    mf__reply_t rep;
-    st = mf__chan_do_call(ch, &req, tokens, end * block_size * 4,
-                          MAPFLOW__V1__ENVELOPE__BODY_GET_REPLY, timeout_ms, &rep);
-    if (st != MF_OK)
-        goto unlock;
-    get_expect_t x = {.model = model, .block_size = block_size, .tokens = tokens,
-                      .n_tokens = end * block_size};
-    st = get_result_build(ch, &rep, mode, &x, n_layers * (end - first_block), out);
-    mf__reply_done(&rep);
-unlock:
-    mf__chan_unlock(ch);
-    return st;
+    mf_status_t st;
+    mf__op_t *op = get_prefix_new(ch, model, block_size, tokens, n_tokens, layers, n_layers,
+                                  first_block, n_blocks, mode, out, &st);
+    return run_op(op, st, timeout_ms, NULL);
 }
 
-/* mf_get_keys with the lock held. */
-static mf_status_t do_get_keys(mf_channel_t *ch, const mf_key_t *keys, size_t n_keys,
-                               mf_get_mode_t mode, mf_get_result_t **out, int64_t timeout_ms)
+MF_EXPORT mf_status_t mf_get_prefix_async(mf_channel_t *ch, const char *model,
+                                          uint32_t block_size, const uint32_t *tokens,
+                                          size_t n_tokens, const uint32_t *layers,
+                                          size_t n_layers, uint32_t first_block,
+                                          uint32_t n_blocks, mf_get_mode_t mode,
+                                          mf_get_result_t **out, int64_t timeout_ms,
+                                          mf_cq_t *cq, void *tag, mf_call_t **call)
 {
-    mf_status_t st = check_mode(ch, mode, out);
-    if (st != MF_OK)
-        return st;
-    if (!keys || n_keys == 0 || n_keys > (1u << 20))
-        return mf__chan_error(ch, MF_INVALID_ARGUMENT, "get needs 1..%u keys", 1u << 20);
+    if (!ch)
+        return MF_INVALID_ARGUMENT;
+    mf_status_t st;
+    mf__op_t *op = get_prefix_new(ch, model, block_size, tokens, n_tokens, layers, n_layers,
+                                  first_block, n_blocks, mode, out, &st);
+    async_args_t a = {cq, tag, call};
+    return run_op(op, st, timeout_ms, &a);
+}
+
+/* Get by keys; `single` picks the one-row forms (mf_get, mf_get_lease). */
+static mf__op_t *get_keys_new(mf_channel_t *ch, const mf_key_t *keys, size_t n_keys,
+                              mf_get_mode_t mode, get_arg_t *outs, mf_status_t *st)
+{
+    if ((*st = check_mode(ch, mode)) != MF_OK)
+        return NULL;
+    if (!keys || n_keys == 0 || n_keys > (1u << 20)) {
+        *st = mf__chan_error(ch, MF_INVALID_ARGUMENT, "get needs 1..%u keys", 1u << 20);
+        return NULL;
+    }
+    get_arg_t *a = calloc(1, sizeof(*a));
     Mapflow__V1__Key *kpb = malloc(n_keys * sizeof(*kpb));
     Mapflow__V1__Key **kp = malloc(n_keys * sizeof(*kp));
     uint8_t(*hb)[16] = malloc(n_keys * 16);
-    if (!kpb || !kp || !hb) {
-        st = mf__chan_error(ch, MF_RESOURCE_EXHAUSTED, "out of memory");
+    size_t models = 0;
+    mf__op_t *op = NULL;
+    *st = MF_RESOURCE_EXHAUSTED;
+    if (!a || !kpb || !kp || !hb)
         goto free_keys;
-    }
-    for (size_t i = 0; i < n_keys && st == MF_OK; i++) {
-        st = key_to_pb(ch, &keys[i], &kpb[i], hb[i]);
+    for (size_t i = 0; i < n_keys; i++) {
+        if ((*st = key_to_pb(ch, &keys[i], &kpb[i], hb[i])) != MF_OK)
+            goto free_keys;
         kp[i] = &kpb[i];
+        models += strlen(keys[i].model) + 1;
     }
-    if (st != MF_OK)
+    *st = MF_RESOURCE_EXHAUSTED;
+    a->keys = malloc(n_keys * sizeof(*a->keys));
+    a->key_models = malloc(models);
+    if (!a->keys || !a->key_models)
         goto free_keys;
+    for (size_t i = 0, o = 0; i < n_keys; i++) {
+        size_t l = strlen(keys[i].model) + 1;
+        memcpy(a->key_models + o, keys[i].model, l);
+        a->keys[i] = keys[i];
+        a->keys[i].model = a->key_models + o;
+        o += l;
+    }
+    a->mode = mode;
+    a->expect_rows = n_keys;
+    a->single = outs->single;
+    a->out = outs->out;
+    a->buf = outs->buf;
+    a->cap = outs->cap;
+    a->len = outs->len;
+    a->lease = outs->lease;
     Mapflow__V1__Get g = MAPFLOW__V1__GET__INIT;
     g.n_keys = n_keys;
     g.keys = kp;
     g.mode = (Mapflow__V1__GetMode)mode;
     ENV(req, GET, get) = &g;
-    mf__reply_t rep;
-    st = mf__chan_do_call(ch, &req, NULL, 0, MAPFLOW__V1__ENVELOPE__BODY_GET_REPLY, timeout_ms,
-                          &rep);
-    if (st == MF_OK) {
-        get_expect_t x = {.keys = keys};
-        st = get_result_build(ch, &rep, mode, &x, n_keys, out);
-        mf__reply_done(&rep);
-    }
+    op = mf__simple_new(ch, &req, NULL, 0, MAPFLOW__V1__ENVELOPE__BODY_GET_REPLY, take_get, a,
+                        get_arg_free);
+    a = NULL; /* the op owns it now (or freed it) */
 free_keys:
+    if (a)
+        get_arg_free(a);
+    if (!op && *st == MF_RESOURCE_EXHAUSTED)
+        mf__chan_error(ch, *st, "out of memory");
     free(hb);
     free(kp);
     free(kpb);
-    return st;
+    return op;
 }
 
 MF_EXPORT mf_status_t mf_get_keys(mf_channel_t *ch, const mf_key_t *keys, size_t n_keys,
                                   mf_get_mode_t mode, mf_get_result_t **out,
                                   int64_t timeout_ms)
 {
-    if (!ch)
+    if (!ch || !out)
         return MF_INVALID_ARGUMENT;
-    mf__chan_lock(ch);
-    mf_status_t st = do_get_keys(ch, keys, n_keys, mode, out, timeout_ms);
-    mf__chan_unlock(ch);
-    return st;
+    *out = NULL;
+    get_arg_t o = {.single = GET_MANY, .out = out};
+    mf_status_t st;
+    mf__op_t *op = get_keys_new(ch, keys, n_keys, mode, &o, &st);
+    return run_op(op, st, timeout_ms, NULL);
+}
+
+MF_EXPORT mf_status_t mf_get_keys_async(mf_channel_t *ch, const mf_key_t *keys,
+                                        size_t n_keys, mf_get_mode_t mode,
+                                        mf_get_result_t **out, int64_t timeout_ms,
+                                        mf_cq_t *cq, void *tag, mf_call_t **call)
+{
+    if (!ch || !out)
+        return MF_INVALID_ARGUMENT;
+    *out = NULL;
+    get_arg_t o = {.single = GET_MANY, .out = out};
+    mf_status_t st;
+    mf__op_t *op = get_keys_new(ch, keys, n_keys, mode, &o, &st);
+    async_args_t a = {cq, tag, call};
+    return run_op(op, st, timeout_ms, &a);
 }
 
 MF_EXPORT void mf_get_result_free(mf_get_result_t *r)
@@ -429,40 +767,28 @@ MF_EXPORT void mf_get_result_free(mf_get_result_t *r)
     free(r);
 }
 
-/* One key, one row: the row's own status becomes the call's. */
-static mf_status_t get_one(mf_channel_t *ch, const mf_key_t *key, mf_get_mode_t mode,
-                           mf_get_result_t **res, int64_t timeout_ms)
-{
-    mf_status_t st = do_get_keys(ch, key, 1, mode, res, timeout_ms);
-    if (st != MF_OK)
-        return st;
-    st = (*res)->rows[0].status;
-    if (st == MF_NOT_FOUND)
-        mf__chan_error(ch, st, "no such key");
-    else if (st != MF_OK && !ch->err[0])
-        mf__chan_error(ch, st, "row: %s", mf_strerror((int)st));
-    return st;
-}
-
 MF_EXPORT mf_status_t mf_get(mf_channel_t *ch, const mf_key_t *key, void *buf, size_t cap,
                              size_t *len, int64_t timeout_ms)
 {
     if (!ch || !len)
         return MF_INVALID_ARGUMENT;
-    mf__chan_lock(ch);
-    mf_get_result_t *res = NULL;
-    mf_status_t st = get_one(ch, key, MF_GET_COPY, &res, timeout_ms);
-    if (st == MF_OK) {
-        *len = res->rows[0].length;
-        if (cap < *len || !buf)
-            st = mf__chan_error(ch, MF_RESOURCE_EXHAUSTED, "row is %zu bytes, buffer %zu",
-                                *len, cap);
-        else
-            memcpy(buf, res->rows[0].data, *len);
-    }
-    mf_get_result_free(res);
-    mf__chan_unlock(ch);
-    return st;
+    get_arg_t o = {.single = GET_ONE_COPY, .buf = buf, .cap = cap, .len = len};
+    mf_status_t st;
+    mf__op_t *op = get_keys_new(ch, key, 1, MF_GET_COPY, &o, &st);
+    return run_op(op, st, timeout_ms, NULL);
+}
+
+MF_EXPORT mf_status_t mf_get_async(mf_channel_t *ch, const mf_key_t *key, void *buf,
+                                   size_t cap, size_t *len, int64_t timeout_ms, mf_cq_t *cq,
+                                   void *tag, mf_call_t **call)
+{
+    if (!ch || !len)
+        return MF_INVALID_ARGUMENT;
+    get_arg_t o = {.single = GET_ONE_COPY, .buf = buf, .cap = cap, .len = len};
+    mf_status_t st;
+    mf__op_t *op = get_keys_new(ch, key, 1, MF_GET_COPY, &o, &st);
+    async_args_t a = {cq, tag, call};
+    return run_op(op, st, timeout_ms, &a);
 }
 
 MF_EXPORT mf_status_t mf_get_lease(mf_channel_t *ch, const mf_key_t *key, mf_lease_t *out,
@@ -471,43 +797,32 @@ MF_EXPORT mf_status_t mf_get_lease(mf_channel_t *ch, const mf_key_t *key, mf_lea
     if (!ch || !out)
         return MF_INVALID_ARGUMENT;
     memset(out, 0, sizeof(*out));
-    mf__chan_lock(ch);
-    mf_get_result_t *res = NULL;
-    mf_status_t st = get_one(ch, key, MF_GET_LEASE, &res, timeout_ms);
-    if (res) {
-        mf_row_ref_t *r = &res->rows[0];
-        out->lease_id = r->lease_id; /* set even on DATA_LOSS, so the caller can release */
-        out->ttl_ms = res->lease_ttl_ms;
-        if (st == MF_OK) {
-            out->data = r->data;
-            out->length = r->length;
-            out->view = r->view;
-        }
-    }
-    mf_get_result_free(res);
-    mf__chan_unlock(ch);
-    return st;
+    get_arg_t o = {.single = GET_ONE_LEASE, .lease = out};
+    mf_status_t st;
+    mf__op_t *op = get_keys_new(ch, key, 1, MF_GET_LEASE, &o, &st);
+    return run_op(op, st, timeout_ms, NULL);
 }
 
 /* ==== release, delete ================================================================ */
 
-static mf_status_t do_release(mf_channel_t *ch, const uint64_t *ids, size_t n,
-                              uint32_t *released, int64_t timeout_ms)
+static mf_status_t take_release(mf__op_t *op, const mf__reply_t *rep, void *arg)
+{
+    (void)op;
+    if (arg)
+        *(uint32_t *)arg = rep->env->release_reply->released;
+    return MF_OK;
+}
+
+static mf__op_t *release_new(mf_channel_t *ch, const uint64_t *ids, size_t n,
+                             uint32_t *released, mf_status_t *st)
 {
     Mapflow__V1__Release rl = MAPFLOW__V1__RELEASE__INIT;
     rl.n_lease_ids = n;
     rl.lease_ids = (uint64_t *)ids;
     ENV(req, RELEASE, release) = &rl;
-    mf__reply_t rep;
-    mf_status_t st = mf__chan_do_call(ch, &req, NULL, 0,
-                                      MAPFLOW__V1__ENVELOPE__BODY_RELEASE_REPLY, timeout_ms,
-                                      &rep);
-    if (st != MF_OK)
-        return st;
-    if (released)
-        *released = rep.env->release_reply->released;
-    mf__reply_done(&rep);
-    return MF_OK;
+    *st = MF_RESOURCE_EXHAUSTED;
+    return mf__simple_new(ch, &req, NULL, 0, MAPFLOW__V1__ENVELOPE__BODY_RELEASE_REPLY,
+                          take_release, released, NULL);
 }
 
 MF_EXPORT mf_status_t mf_release(mf_channel_t *ch, const uint64_t *lease_ids, size_t n,
@@ -515,10 +830,21 @@ MF_EXPORT mf_status_t mf_release(mf_channel_t *ch, const uint64_t *lease_ids, si
 {
     if (!ch || (n && !lease_ids))
         return MF_INVALID_ARGUMENT;
-    mf__chan_lock(ch);
-    mf_status_t st = do_release(ch, lease_ids, n, released, timeout_ms);
-    mf__chan_unlock(ch);
-    return st;
+    mf_status_t st;
+    mf__op_t *op = release_new(ch, lease_ids, n, released, &st);
+    return run_op(op, st, timeout_ms, NULL);
+}
+
+MF_EXPORT mf_status_t mf_release_async(mf_channel_t *ch, const uint64_t *lease_ids, size_t n,
+                                       uint32_t *released, int64_t timeout_ms, mf_cq_t *cq,
+                                       void *tag, mf_call_t **call)
+{
+    if (!ch || (n && !lease_ids))
+        return MF_INVALID_ARGUMENT;
+    mf_status_t st;
+    mf__op_t *op = release_new(ch, lease_ids, n, released, &st);
+    async_args_t a = {cq, tag, call};
+    return run_op(op, st, timeout_ms, &a);
 }
 
 MF_EXPORT mf_status_t mf_release_result(mf_channel_t *ch, mf_get_result_t *r,
@@ -533,12 +859,7 @@ MF_EXPORT mf_status_t mf_release_result(mf_channel_t *ch, mf_get_result_t *r,
     for (size_t i = 0; i < r->n_rows; i++)
         if (r->rows[i].lease_id)
             ids[n++] = r->rows[i].lease_id;
-    mf_status_t st = MF_OK;
-    if (n) {
-        mf__chan_lock(ch);
-        st = do_release(ch, ids, n, NULL, timeout_ms);
-        mf__chan_unlock(ch);
-    }
+    mf_status_t st = n ? mf_release(ch, ids, n, NULL, timeout_ms) : MF_OK;
     if (st == MF_OK)
         for (size_t i = 0; i < r->n_rows; i++)
             r->rows[i].lease_id = 0;
@@ -546,20 +867,35 @@ MF_EXPORT mf_status_t mf_release_result(mf_channel_t *ch, mf_get_result_t *r,
     return st;
 }
 
-static mf_status_t do_delete(mf_channel_t *ch, Mapflow__V1__Delete *d, uint64_t *deleted,
-                             int64_t timeout_ms)
+static mf_status_t take_delete(mf__op_t *op, const mf__reply_t *rep, void *arg)
 {
-    ENV(req, DELETE, delete_) = d;
-    mf__reply_t rep;
-    mf_status_t st = mf__chan_do_call(ch, &req, NULL, 0,
-                                      MAPFLOW__V1__ENVELOPE__BODY_DELETE_REPLY, timeout_ms,
-                                      &rep);
-    if (st != MF_OK)
-        return st;
-    if (deleted)
-        *deleted = rep.env->delete_reply->deleted;
-    mf__reply_done(&rep);
+    (void)op;
+    if (arg)
+        *(uint64_t *)arg = rep->env->delete_reply->deleted;
     return MF_OK;
+}
+
+static mf__op_t *delete_new(mf_channel_t *ch, const mf_key_t *key, const char *model,
+                            int64_t layer, uint64_t *deleted, mf_status_t *st)
+{
+    uint8_t hb[16];
+    Mapflow__V1__Key kpb;
+    Mapflow__V1__Delete d = MAPFLOW__V1__DELETE__INIT;
+    if (key) {
+        if ((*st = key_to_pb(ch, key, &kpb, hb)) != MF_OK)
+            return NULL;
+        d.key = &kpb;
+    } else {
+        if ((*st = check_model(ch, model)) != MF_OK)
+            return NULL;
+        d.model = (char *)model;
+        d.has_layer = layer >= 0;
+        d.layer = layer >= 0 ? (uint32_t)layer : 0;
+    }
+    ENV(req, DELETE, delete_) = &d;
+    *st = MF_RESOURCE_EXHAUSTED;
+    return mf__simple_new(ch, &req, NULL, 0, MAPFLOW__V1__ENVELOPE__BODY_DELETE_REPLY,
+                          take_delete, deleted, NULL);
 }
 
 MF_EXPORT mf_status_t mf_delete(mf_channel_t *ch, const mf_key_t *key, uint64_t *deleted,
@@ -567,17 +903,21 @@ MF_EXPORT mf_status_t mf_delete(mf_channel_t *ch, const mf_key_t *key, uint64_t 
 {
     if (!ch)
         return MF_INVALID_ARGUMENT;
-    mf__chan_lock(ch);
-    uint8_t hb[16];
-    Mapflow__V1__Key kpb;
-    Mapflow__V1__Delete d = MAPFLOW__V1__DELETE__INIT;
-    mf_status_t st = key_to_pb(ch, key, &kpb, hb);
-    if (st == MF_OK) {
-        d.key = &kpb;
-        st = do_delete(ch, &d, deleted, timeout_ms);
-    }
-    mf__chan_unlock(ch);
-    return st;
+    mf_status_t st;
+    mf__op_t *op = delete_new(ch, key ? key : &(mf_key_t){0}, NULL, -1, deleted, &st);
+    return run_op(op, st, timeout_ms, NULL);
+}
+
+MF_EXPORT mf_status_t mf_delete_async(mf_channel_t *ch, const mf_key_t *key,
+                                      uint64_t *deleted, int64_t timeout_ms, mf_cq_t *cq,
+                                      void *tag, mf_call_t **call)
+{
+    if (!ch)
+        return MF_INVALID_ARGUMENT;
+    mf_status_t st;
+    mf__op_t *op = delete_new(ch, key ? key : &(mf_key_t){0}, NULL, -1, deleted, &st);
+    async_args_t a = {cq, tag, call};
+    return run_op(op, st, timeout_ms, &a);
 }
 
 MF_EXPORT mf_status_t mf_delete_model(mf_channel_t *ch, const char *model, int64_t layer,
@@ -585,15 +925,7 @@ MF_EXPORT mf_status_t mf_delete_model(mf_channel_t *ch, const char *model, int64
 {
     if (!ch)
         return MF_INVALID_ARGUMENT;
-    mf__chan_lock(ch);
-    Mapflow__V1__Delete d = MAPFLOW__V1__DELETE__INIT;
-    mf_status_t st = check_model(ch, model);
-    if (st == MF_OK) {
-        d.model = (char *)model;
-        d.has_layer = layer >= 0;
-        d.layer = layer >= 0 ? (uint32_t)layer : 0;
-        st = do_delete(ch, &d, deleted, timeout_ms);
-    }
-    mf__chan_unlock(ch);
-    return st;
+    mf_status_t st;
+    mf__op_t *op = delete_new(ch, NULL, model, layer, deleted, &st);
+    return run_op(op, st, timeout_ms, NULL);
 }

@@ -1,4 +1,4 @@
-/* channel — connect, Hello, arena mapping, frame I/O with deadlines (see channel.h). */
+/* channel — connections, the I/O thread and the operation engine (see channel.h). */
 #include "channel.h"
 
 #include <errno.h>
@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -18,7 +19,23 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cq.h"
+
 #define RECV_CHUNK (64u << 10)
+#define TABLE_SLOTS 4096u        /* id table buckets (power of two) */
+
+struct mf__outbuf {              /* bytes of frames the socket did not take at once */
+    mf__outbuf_t *next;
+    size_t len, off;
+    uint8_t data[];
+};
+
+struct mf__retired {             /* what an earlier connection left, freed at close */
+    mf__retired_t *next;
+    uint8_t *arena;              /* leased views may still point here */
+    size_t bytes;
+    char *daemon_version;        /* mf_channel_info handed it out */
+};
 
 /* ==== small helpers ================================================================== */
 
@@ -61,255 +78,34 @@ static int poll_ms(int64_t deadline)
     return left > 1000000 ? 1000000 : (int)left;
 }
 
-void mf__chan_lock(mf_channel_t *ch)
+static void errf(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void errf(char *err, const char *fmt, ...)
 {
-    pthread_mutex_lock(&ch->mu);
-}
-
-void mf__chan_unlock(mf_channel_t *ch)
-{
-    pthread_mutex_unlock(&ch->mu);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, MF__ERR_LEN, fmt, ap);
+    va_end(ap);
 }
 
 mf_status_t mf__chan_error(mf_channel_t *ch, mf_status_t st, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
+    pthread_mutex_lock(&ch->mu);
     vsnprintf(ch->err, sizeof(ch->err), fmt, ap);
+    pthread_mutex_unlock(&ch->mu);
     va_end(ap);
     return st;
 }
 
-/* The stream can no longer be trusted (partial frame sent, bad frame read, EOF). */
-static mf_status_t chan_break(mf_channel_t *ch, mf_status_t st, const char *fmt, const char *a)
+static void wake_io(mf_channel_t *ch)
 {
-    ch->broken = 1;
-    return mf__chan_error(ch, st, fmt, a);
+    uint64_t one = 1;
+    ssize_t w = write(ch->wake_fd, &one, sizeof(one));
+    (void)w; /* a full counter is still a pending wake-up */
 }
 
-/* Waits until fd is ready for events or the deadline passes. */
-static mf_status_t wait_fd(mf_channel_t *ch, short events, int64_t deadline)
-{
-    for (;;) {
-        struct pollfd p = {.fd = ch->fd, .events = events};
-        int ms = poll_ms(deadline);
-        if (ms == 0)
-            return mf__chan_error(ch, MF_DEADLINE_EXCEEDED, "deadline exceeded");
-        int r = poll(&p, 1, ms);
-        if (r > 0)
-            return MF_OK;
-        if (r == 0)
-            return mf__chan_error(ch, MF_DEADLINE_EXCEEDED, "deadline exceeded");
-        if (errno != EINTR)
-            return chan_break(ch, MF_UNAVAILABLE, "poll: %s", strerror(errno));
-    }
-}
-
-/* ==== frame I/O ====================================================================== */
-
-/* Sends all of iov; a deadline after a partial write breaks the channel (the peer holds
- * half a frame, so nothing later can be framed correctly). */
-static mf_status_t send_iov(mf_channel_t *ch, struct iovec *iov, int n, int64_t deadline)
-{
-    size_t sent_total = 0;
-    while (n > 0) {
-        struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)n};
-        ssize_t w = sendmsg(ch->fd, &m, MSG_NOSIGNAL);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                mf_status_t st = wait_fd(ch, POLLOUT, deadline);
-                if (st != MF_OK) {
-                    if (sent_total > 0)
-                        ch->broken = 1;
-                    return st;
-                }
-                continue;
-            }
-            return chan_break(ch, MF_UNAVAILABLE, "send: %s", strerror(errno));
-        }
-        sent_total += (size_t)w;
-        while (n > 0 && (size_t)w >= iov->iov_len) {
-            w -= (ssize_t)iov->iov_len;
-            iov++;
-            n--;
-        }
-        if (n > 0) {
-            iov->iov_base = (uint8_t *)iov->iov_base + w;
-            iov->iov_len -= (size_t)w;
-        }
-    }
-    return MF_OK;
-}
-
-static mf_status_t send_request(mf_channel_t *ch, mf_envelope_t *req, const void *payload,
-                                size_t payload_len, int64_t deadline)
-{
-    uint8_t *head;
-    size_t head_len;
-    uint32_t limit = ch->server_max_frame ? ch->server_max_frame : ch->max_frame;
-    mf_status_t st = mf_frame_encode_head(req, payload_len, limit, &head, &head_len);
-    if (st != MF_OK)
-        return mf__chan_error(ch, st, "request of %zu payload bytes exceeds max_frame %u",
-                              payload_len, limit);
-    struct iovec iov[2] = {{head, head_len}, {(void *)payload, payload_len}};
-    st = send_iov(ch, iov, payload_len ? 2 : 1, deadline);
-    free(head);
-    return st;
-}
-
-/* Reads more bytes into the frame reader; an fd that arrives with them (the host arena,
- * sent with HelloReply) is kept in *fd_out if wanted, else closed. */
-static mf_status_t recv_more(mf_channel_t *ch, int64_t deadline, int *fd_out)
-{
-    uint8_t *p;
-    size_t avail;
-    if (mf_frame_reader_space(&ch->rd, RECV_CHUNK, &p, &avail) != MF_OK)
-        return mf__chan_error(ch, MF_RESOURCE_EXHAUSTED, "out of memory for the reply");
-    for (;;) {
-        union {
-            struct cmsghdr h;
-            char buf[CMSG_SPACE(sizeof(int) * 4)];
-        } cm;
-        struct iovec iov = {p, avail};
-        struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
-        if (ch->is_unix) {
-            m.msg_control = cm.buf;
-            m.msg_controllen = sizeof(cm.buf);
-        }
-        ssize_t r = recvmsg(ch->fd, &m, MSG_CMSG_CLOEXEC);
-        if (r < 0) {
-            if (errno == EINTR)
-                continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                mf_status_t st = wait_fd(ch, POLLIN, deadline);
-                if (st != MF_OK)
-                    return st;
-                continue;
-            }
-            return chan_break(ch, MF_UNAVAILABLE, "recv: %s", strerror(errno));
-        }
-        for (struct cmsghdr *c = ch->is_unix ? CMSG_FIRSTHDR(&m) : NULL; c;
-             c = CMSG_NXTHDR(&m, c)) {
-            if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-                continue;
-            size_t nfd = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-            for (size_t i = 0; i < nfd; i++) {
-                int fd;
-                memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-                if (fd_out && *fd_out < 0)
-                    *fd_out = fd;
-                else
-                    close(fd);
-            }
-        }
-        if (r == 0)
-            return chan_break(ch, MF_UNAVAILABLE, "%s", "daemon closed the connection");
-        mf_frame_reader_commit(&ch->rd, (size_t)r);
-        return MF_OK;
-    }
-}
-
-/* The reply dispatcher: reads frames until the one answering request_id. */
-static mf_status_t recv_reply(mf_channel_t *ch, uint64_t request_id, int64_t deadline,
-                              int *fd_out, mf__reply_t *rep)
-{
-    for (;;) {
-        mf_frame_t f;
-        int have;
-        const char *why = NULL;
-        mf_status_t st = mf_frame_reader_next(&ch->rd, &f, &have, &why);
-        if (st != MF_OK)
-            return chan_break(ch, MF_INTERNAL, "bad reply frame from the daemon: %s", why);
-        if (!have) {
-            st = recv_more(ch, deadline, fd_out);
-            if (st != MF_OK)
-                return st;
-            continue;
-        }
-        mf_envelope_t *env = NULL;
-        st = mf_envelope_decode(&f, &env, &why);
-        if (st == MF_UNIMPLEMENTED)
-            continue; /* a reply type newer than us: not ours to interpret */
-        if (st != MF_OK)
-            return chan_break(ch, MF_INTERNAL, "undecodable reply from the daemon: %s", why);
-        if (env->request_id != request_id && env->request_id != 0) {
-            /* Reply to a call that already gave up at its deadline. */
-            mf_envelope_free(env);
-            continue;
-        }
-        rep->env = env;
-        rep->payload = f.payload;
-        rep->payload_len = f.payload_len;
-        return MF_OK;
-    }
-}
-
-void mf__reply_done(mf__reply_t *rep)
-{
-    mf_envelope_free(rep->env);
-    rep->env = NULL;
-}
-
-/* Turns an ErrorReply or a reply of the wrong type into a status. */
-static mf_status_t check_reply(mf_channel_t *ch, mf__reply_t *rep, int want_case)
-{
-    mf_envelope_t *env = rep->env;
-    if ((int)env->body_case == want_case)
-        return MF_OK;
-    mf_status_t st;
-    if (env->body_case == MAPFLOW__V1__ENVELOPE__BODY_ERROR) {
-        uint32_t code = env->error->code;
-        st = (code != 0 && mf_status_valid((int)code)) ? (mf_status_t)code : MF_UNKNOWN;
-        mf__chan_error(ch, st, "%s: %s", mf_status_name((int)st),
-                       env->error->message && env->error->message[0] ? env->error->message
-                                                                     : mf_strerror((int)st));
-    } else {
-        st = mf__chan_error(ch, MF_INTERNAL, "daemon answered %s where %s was expected",
-                            mf_envelope_body_name((int)env->body_case),
-                            mf_envelope_body_name(want_case));
-    }
-    mf__reply_done(rep);
-    return st;
-}
-
-static mf_status_t do_call(mf_channel_t *ch, mf_envelope_t *req, const void *payload,
-                           size_t payload_len, int want_case, int64_t timeout_ms,
-                           int *fd_out, mf__reply_t *rep)
-{
-    rep->env = NULL;
-    if (ch->fd < 0 || ch->broken)
-        return mf__chan_error(ch, MF_UNAVAILABLE, "channel is not connected%s%s",
-                              ch->err[0] ? ": " : "", ch->err[0] ? ch->err : "");
-    int64_t deadline = deadline_of(ch, timeout_ms);
-    req->request_id = ++ch->next_id;
-    ch->err[0] = '\0';
-    mf_status_t st = send_request(ch, req, payload, payload_len, deadline);
-    if (st != MF_OK)
-        return st;
-    st = recv_reply(ch, req->request_id, deadline, fd_out, rep);
-    if (st != MF_OK)
-        return st;
-    return check_reply(ch, rep, want_case);
-}
-
-mf_status_t mf__chan_do_call(mf_channel_t *ch, mf_envelope_t *req, const void *payload,
-                             size_t payload_len, int want_case, int64_t timeout_ms,
-                             mf__reply_t *rep)
-{
-    return do_call(ch, req, payload, payload_len, want_case, timeout_ms, NULL, rep);
-}
-
-mf_status_t mf__chan_do_send(mf_channel_t *ch, mf_envelope_t *req, int64_t timeout_ms)
-{
-    if (ch->fd < 0 || ch->broken)
-        return MF_UNAVAILABLE;
-    req->request_id = ++ch->next_id;
-    return send_request(ch, req, NULL, 0, deadline_of(ch, timeout_ms));
-}
-
-/* ==== connect ======================================================================== */
+/* ==== connection: connect, Hello, arena ============================================== */
 
 static int set_nonblock(int fd)
 {
@@ -317,54 +113,86 @@ static int set_nonblock(int fd)
     return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
 }
 
-/* Non-blocking connect bounded by the deadline. */
-static mf_status_t connect_fd(mf_channel_t *ch, int fd, const struct sockaddr *sa,
-                              socklen_t len, int64_t deadline, const char *what)
+/* Waits until fd is ready for events or the deadline passes. */
+static mf_status_t wait_fd(int fd, short events, int64_t deadline, char *err)
 {
-    ch->fd = fd;
-    if (set_nonblock(fd) < 0)
-        return mf__chan_error(ch, MF_INTERNAL, "fcntl: %s", strerror(errno));
-    if (connect(fd, sa, len) == 0)
-        return MF_OK;
-    if (errno != EINPROGRESS && errno != EAGAIN)
-        return mf__chan_error(ch, MF_UNAVAILABLE, "cannot connect to %s: %s", what,
-                              strerror(errno));
-    mf_status_t st = wait_fd(ch, POLLOUT, deadline);
-    if (st != MF_OK)
-        return st;
-    int err = 0;
-    socklen_t el = sizeof(err);
-    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) < 0)
-        err = errno;
-    if (err)
-        return mf__chan_error(ch, MF_UNAVAILABLE, "cannot connect to %s: %s", what,
-                              strerror(err));
-    return MF_OK;
+    for (;;) {
+        struct pollfd p = {.fd = fd, .events = events};
+        int ms = poll_ms(deadline);
+        int r = ms == 0 ? 0 : poll(&p, 1, ms);
+        if (r > 0)
+            return MF_OK;
+        if (r == 0) {
+            errf(err, "deadline exceeded");
+            return MF_DEADLINE_EXCEEDED;
+        }
+        if (errno != EINTR) {
+            errf(err, "poll: %s", strerror(errno));
+            return MF_UNAVAILABLE;
+        }
+    }
 }
 
-static mf_status_t connect_unix(mf_channel_t *ch, const char *path, int64_t deadline)
+/* Non-blocking connect bounded by the deadline; fd is closed on failure. */
+static mf_status_t connect_fd(int fd, const struct sockaddr *sa, socklen_t len,
+                              int64_t deadline, const char *what, char *err)
+{
+    mf_status_t st = MF_OK;
+    if (set_nonblock(fd) < 0) {
+        errf(err, "fcntl: %s", strerror(errno));
+        st = MF_INTERNAL;
+    } else if (connect(fd, sa, len) != 0) {
+        if (errno != EINPROGRESS && errno != EAGAIN) {
+            errf(err, "cannot connect to %s: %s", what, strerror(errno));
+            st = MF_UNAVAILABLE;
+        } else if ((st = wait_fd(fd, POLLOUT, deadline, err)) == MF_OK) {
+            int e = 0;
+            socklen_t el = sizeof(e);
+            if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &el) < 0)
+                e = errno;
+            if (e) {
+                errf(err, "cannot connect to %s: %s", what, strerror(e));
+                st = MF_UNAVAILABLE;
+            }
+        }
+    }
+    if (st != MF_OK)
+        close(fd);
+    return st;
+}
+
+static mf_status_t connect_unix(mf__conn_t *c, const char *path, int64_t deadline, char *err)
 {
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    if (!path[0] || strlen(path) >= sizeof(sa.sun_path))
-        return mf__chan_error(ch, MF_INVALID_ARGUMENT, "unix socket path is empty or longer "
-                              "than %zu bytes", sizeof(sa.sun_path) - 1);
+    if (!path[0] || strlen(path) >= sizeof(sa.sun_path)) {
+        errf(err, "unix socket path is empty or longer than %zu bytes", sizeof(sa.sun_path) - 1);
+        return MF_INVALID_ARGUMENT;
+    }
     memcpy(sa.sun_path, path, strlen(path) + 1);
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return mf__chan_error(ch, MF_UNAVAILABLE, "socket: %s", strerror(errno));
-    ch->is_unix = 1;
+    if (fd < 0) {
+        errf(err, "socket: %s", strerror(errno));
+        return MF_UNAVAILABLE;
+    }
     char what[sizeof(sa.sun_path) + 8];
     snprintf(what, sizeof(what), "unix:%s", path);
-    return connect_fd(ch, fd, (struct sockaddr *)&sa, sizeof(sa), deadline, what);
+    mf_status_t st = connect_fd(fd, (struct sockaddr *)&sa, sizeof(sa), deadline, what, err);
+    if (st == MF_OK) {
+        c->fd = fd;
+        c->is_unix = 1;
+    }
+    return st;
 }
 
-static mf_status_t connect_tcp(mf_channel_t *ch, const char *hostport, int64_t deadline)
+static mf_status_t connect_tcp(mf__conn_t *c, const char *hostport, int64_t deadline,
+                               char *err)
 {
     char host[256];
     const char *colon = strrchr(hostport, ':');
-    if (!colon || colon == hostport || !colon[1] || (size_t)(colon - hostport) >= sizeof(host))
-        return mf__chan_error(ch, MF_INVALID_ARGUMENT, "tcp target must be HOST:PORT, got "
-                              "'%s'", hostport);
+    if (!colon || colon == hostport || !colon[1] || (size_t)(colon - hostport) >= sizeof(host)) {
+        errf(err, "tcp target must be HOST:PORT, got '%s'", hostport);
+        return MF_INVALID_ARGUMENT;
+    }
     size_t hl = (size_t)(colon - hostport);
     const char *h = hostport;
     if (hl >= 2 && h[0] == '[' && h[hl - 1] == ']') { /* [v6]:port */
@@ -376,88 +204,1151 @@ static mf_status_t connect_tcp(mf_channel_t *ch, const char *hostport, int64_t d
     struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_family = AF_UNSPEC};
     struct addrinfo *res = NULL;
     int gai = getaddrinfo(host, colon + 1, &hints, &res);
-    if (gai != 0)
-        return mf__chan_error(ch, MF_UNAVAILABLE, "cannot resolve %s: %s", hostport,
-                              gai_strerror(gai));
+    if (gai != 0) {
+        errf(err, "cannot resolve %s: %s", hostport, gai_strerror(gai));
+        return MF_UNAVAILABLE;
+    }
     mf_status_t st = MF_UNAVAILABLE;
-    for (struct addrinfo *a = res; a; a = a->ai_next) {
+    errf(err, "no address for %s", hostport);
+    for (struct addrinfo *a = res; a && st != MF_OK; a = a->ai_next) {
         int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
         if (fd < 0)
             continue;
-        st = connect_fd(ch, fd, a->ai_addr, a->ai_addrlen, deadline, hostport);
-        if (st == MF_OK)
-            break;
-        close(fd);
-        ch->fd = -1;
+        st = connect_fd(fd, a->ai_addr, a->ai_addrlen, deadline, hostport, err);
+        if (st == MF_OK) {
+            int one = 1;
+            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+            c->fd = fd;
+        }
     }
     freeaddrinfo(res);
-    if (st == MF_OK) {
-        int one = 1;
-        setsockopt(ch->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    }
     return st;
 }
 
-/* ==== Hello ========================================================================== */
-
-static mf_status_t map_arena(mf_channel_t *ch, int fd, uint64_t bytes)
+/* Sends all of buf on a fresh connection (Hello only: nothing else is queued yet). */
+static mf_status_t send_all(int fd, const uint8_t *buf, size_t len, int64_t deadline,
+                            char *err)
 {
-    struct stat sb;
-    if (fstat(fd, &sb) < 0 || (uint64_t)sb.st_size < bytes || bytes == 0)
-        return mf__chan_error(ch, MF_INTERNAL, "host arena fd is smaller than the %llu bytes "
-                              "announced", (unsigned long long)bytes);
-    void *p = mmap(NULL, (size_t)bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED)
-        return mf__chan_error(ch, MF_RESOURCE_EXHAUSTED, "mmap of the host arena: %s",
-                              strerror(errno));
-    ch->arena = p;
-    ch->arena_bytes = (size_t)bytes;
+    while (len > 0) {
+        ssize_t w = send(fd, buf, len, MSG_NOSIGNAL);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                mf_status_t st = wait_fd(fd, POLLOUT, deadline, err);
+                if (st != MF_OK)
+                    return st;
+                continue;
+            }
+            errf(err, "send: %s", strerror(errno));
+            return MF_UNAVAILABLE;
+        }
+        buf += w;
+        len -= (size_t)w;
+    }
     return MF_OK;
 }
 
-static mf_status_t hello(mf_channel_t *ch, const mf_channel_params_t *p, int want_arena)
+/* Reads into the frame reader; an fd that arrives with the bytes (the host arena, sent
+ * with HelloReply) is kept in *fd_out if it is still -1, else closed. r = 0: EOF,
+ * r < 0 with errno EAGAIN: nothing now. */
+static ssize_t recv_some(int fd, int is_unix, mf_frame_reader_t *rd, int *fd_out)
 {
-    Mapflow__V1__Hello h = MAPFLOW__V1__HELLO__INIT;
-    mf_envelope_t req = MAPFLOW__V1__ENVELOPE__INIT;
-    h.protocol_version = MF_PROTOCOL_VERSION;
-    h.namespace_ = ch->ns;
-    h.token = (p && (p->field_mask & MF_CHANNEL_PARAM_TOKEN) && p->token) ? (char *)p->token
-                                                                          : "";
-    h.client_name = (p && (p->field_mask & MF_CHANNEL_PARAM_CLIENT_NAME) && p->client_name)
-                        ? (char *)p->client_name
-                        : "libmapflow";
-    h.want_host_arena = want_arena;
-    req.body_case = MAPFLOW__V1__ENVELOPE__BODY_HELLO;
-    req.hello = &h;
+    uint8_t *p;
+    size_t avail;
+    if (mf_frame_reader_space(rd, RECV_CHUNK, &p, &avail) != MF_OK) {
+        errno = ENOMEM;
+        return -1;
+    }
+    union {
+        struct cmsghdr h;
+        char buf[CMSG_SPACE(sizeof(int) * 4)];
+    } cm;
+    struct iovec iov = {p, avail};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (is_unix) {
+        m.msg_control = cm.buf;
+        m.msg_controllen = sizeof(cm.buf);
+    }
+    ssize_t r;
+    do
+        r = recvmsg(fd, &m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    while (r < 0 && errno == EINTR);
+    for (struct cmsghdr *c = is_unix && r >= 0 ? CMSG_FIRSTHDR(&m) : NULL; c;
+         c = CMSG_NXTHDR(&m, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t nfd = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < nfd; i++) {
+            int got;
+            memcpy(&got, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+            if (fd_out && *fd_out < 0)
+                *fd_out = got;
+            else
+                close(got);
+        }
+    }
+    if (r > 0)
+        mf_frame_reader_commit(rd, (size_t)r);
+    return r;
+}
 
-    int fd = -1;
-    mf__reply_t rep;
-    mf_status_t st = do_call(ch, &req, NULL, 0, MAPFLOW__V1__ENVELOPE__BODY_HELLO_REPLY,
-                             MF_TIMEOUT_DEFAULT, &fd, &rep);
-    if (st != MF_OK) {
-        if (fd >= 0)
-            close(fd);
-        /* The daemon closes after refusing a Hello; nothing more can go over it. */
-        ch->broken = 1;
+static mf_status_t map_arena(mf__conn_t *c, int fd, uint64_t bytes, char *err)
+{
+    struct stat sb;
+    if (fstat(fd, &sb) < 0 || (uint64_t)sb.st_size < bytes || bytes == 0) {
+        errf(err, "host arena fd is smaller than the %llu bytes announced",
+             (unsigned long long)bytes);
+        return MF_INTERNAL;
+    }
+    void *p = mmap(NULL, (size_t)bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        errf(err, "mmap of the host arena: %s", strerror(errno));
+        return MF_RESOURCE_EXHAUSTED;
+    }
+    c->arena = p;
+    c->arena_bytes = (size_t)bytes;
+    return MF_OK;
+}
+
+static void conn_release(mf__conn_t *c)
+{
+    if (c->fd >= 0)
+        close(c->fd);
+    c->fd = -1;
+    if (c->arena)
+        munmap(c->arena, c->arena_bytes);
+    c->arena = NULL;
+    free(c->daemon_version);
+    c->daemon_version = NULL;
+}
+
+/* Turns an ErrorReply or a reply of the wrong type into a status and message. */
+static mf_status_t reply_status(const mf_envelope_t *env, int want_case, char *err)
+{
+    if ((int)env->body_case == want_case)
+        return MF_OK;
+    if (env->body_case == MAPFLOW__V1__ENVELOPE__BODY_ERROR) {
+        uint32_t code = env->error->code;
+        mf_status_t st = (code != 0 && mf_status_valid((int)code)) ? (mf_status_t)code
+                                                                   : MF_UNKNOWN;
+        errf(err, "%s: %s", mf_status_name((int)st),
+             env->error->message && env->error->message[0] ? env->error->message
+                                                           : mf_strerror((int)st));
         return st;
     }
-    Mapflow__V1__HelloReply *hr = rep.env->hello_reply;
-    ch->daemon_version = mf__strdup(hr->daemon_version ? hr->daemon_version : "");
-    ch->session_id = hr->session_id;
-    ch->server_max_frame = hr->max_frame >= MF_FRAME_MIN_MAX && hr->max_frame < ch->max_frame
-                               ? hr->max_frame
-                               : ch->max_frame;
-    ch->max_batch = hr->max_batch;
-    ch->gpu_tier = hr->gpu_tier;
-    if (want_arena && hr->host_arena_fd && fd >= 0)
-        st = map_arena(ch, fd, hr->host_arena_bytes);
-    else if (want_arena && hr->host_arena_fd)
-        st = mf__chan_error(ch, MF_INTERNAL, "HelloReply announced an arena fd that did not "
-                            "arrive");
+    errf(err, "daemon answered %s where %s was expected",
+         mf_envelope_body_name((int)env->body_case), mf_envelope_body_name(want_case));
+    return MF_INTERNAL;
+}
+
+/* Hello on a connected socket: waits for HelloReply (and the arena fd). Uses ch->rd,
+ * which only the thread that (re)connects touches. */
+static mf_status_t hello(mf_channel_t *ch, mf__conn_t *c, uint64_t rid, int64_t deadline,
+                         char *err)
+{
+    Mapflow__V1__Hello h = MAPFLOW__V1__HELLO__INIT;
+    h.protocol_version = MF_PROTOCOL_VERSION;
+    h.namespace_ = ch->ns;
+    h.token = ch->token ? ch->token : "";
+    h.client_name = ch->client_name ? ch->client_name : "libmapflow";
+    h.want_host_arena = ch->want_arena;
+    ENV(req, HELLO, hello) = &h;
+    req.request_id = rid;
+    uint8_t *buf;
+    size_t len;
+    if (mf_frame_encode(&req, NULL, 0, ch->max_frame, &buf, &len) != MF_OK) {
+        errf(err, "cannot encode Hello");
+        return MF_INVALID_ARGUMENT;
+    }
+    mf_status_t st = send_all(c->fd, buf, len, deadline, err);
+    free(buf);
+    int fd = -1;
+    mf_envelope_t *env = NULL;
+    while (st == MF_OK && !env) {
+        mf_frame_t f;
+        int have;
+        const char *why = NULL;
+        if (mf_frame_reader_next(&ch->rd, &f, &have, &why) != MF_OK) {
+            errf(err, "bad reply frame from the daemon: %s", why);
+            st = MF_INTERNAL;
+        } else if (!have) {
+            ssize_t r = recv_some(c->fd, c->is_unix, &ch->rd, &fd);
+            if (r == 0) {
+                errf(err, "daemon closed the connection");
+                st = MF_UNAVAILABLE;
+            } else if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+                st = wait_fd(c->fd, POLLIN, deadline, err);
+            } else if (r < 0) {
+                errf(err, "recv: %s", strerror(errno));
+                st = MF_UNAVAILABLE;
+            }
+        } else if ((st = mf_envelope_decode(&f, &env, &why)) != MF_OK) {
+            errf(err, "undecodable reply from the daemon: %s", why);
+            st = MF_INTERNAL;
+        }
+    }
+    if (st == MF_OK)
+        st = reply_status(env, MAPFLOW__V1__ENVELOPE__BODY_HELLO_REPLY, err);
+    if (st == MF_OK) {
+        Mapflow__V1__HelloReply *hr = env->hello_reply;
+        c->daemon_version = mf__strdup(hr->daemon_version ? hr->daemon_version : "");
+        c->session_id = hr->session_id;
+        c->server_max_frame = hr->max_frame >= MF_FRAME_MIN_MAX && hr->max_frame < ch->max_frame
+                                  ? hr->max_frame
+                                  : ch->max_frame;
+        c->max_batch = hr->max_batch;
+        c->gpu_tier = hr->gpu_tier;
+        if (ch->want_arena && hr->host_arena_fd && fd >= 0)
+            st = map_arena(c, fd, hr->host_arena_bytes, err);
+        else if (ch->want_arena && hr->host_arena_fd) {
+            errf(err, "HelloReply announced an arena fd that did not arrive");
+            st = MF_INTERNAL;
+        }
+    }
     if (fd >= 0)
         close(fd); /* the mapping keeps the memory; the fd itself is not needed */
-    mf__reply_done(&rep);
+    if (env)
+        mf_envelope_free(env);
     return st;
+}
+
+/* Connects to ch->target and says Hello; on success *c is the new connection. */
+static mf_status_t conn_open(mf_channel_t *ch, mf__conn_t *c, uint64_t rid, int64_t deadline,
+                             char *err)
+{
+    memset(c, 0, sizeof(*c));
+    c->fd = -1;
+    const char *t = ch->target;
+    mf_status_t st;
+    if (strncmp(t, "unix:", 5) == 0)
+        st = connect_unix(c, t + 5, deadline, err);
+    else if (strncmp(t, "tcp:", 4) == 0)
+        st = connect_tcp(c, t + 4, deadline, err);
+    else if (strchr(t, '/') || !strchr(t, ':'))
+        st = connect_unix(c, t, deadline, err);
+    else {
+        errf(err, "target must be unix:PATH or tcp:HOST:PORT, got '%s'", t);
+        st = MF_INVALID_ARGUMENT;
+    }
+    if (st != MF_OK)
+        return st;
+    if (ch->want_arena && !c->is_unix) {
+        errf(err, "the host arena is only passed over a unix socket");
+        st = MF_INVALID_ARGUMENT;
+    }
+    mf_frame_reader_deinit(&ch->rd);
+    if (st == MF_OK && mf_frame_reader_init(&ch->rd, ch->max_frame) != MF_OK) {
+        errf(err, "out of memory");
+        st = MF_RESOURCE_EXHAUSTED;
+    }
+    if (st == MF_OK)
+        st = hello(ch, c, rid, deadline, err);
+    if (st != MF_OK)
+        conn_release(c);
+    return st;
+}
+
+/* ==== operations: table, list, completion ============================================ */
+
+mf__op_t *mf__op_new(mf_channel_t *ch, const mf__op_vt_t *vt, void *priv)
+{
+    mf__op_t *op = calloc(1, sizeof(*op));
+    if (!op)
+        return NULL;
+    op->ch = ch;
+    op->vt = vt;
+    op->priv = priv;
+    op->refs = 1;
+    op->deadline = INT64_MAX;
+    return op;
+}
+
+void mf__op_unref(mf__op_t *op)
+{
+    if (!op || __atomic_sub_fetch(&op->refs, 1, __ATOMIC_ACQ_REL) > 0)
+        return;
+    if (op->vt->destroy)
+        op->vt->destroy(op);
+    if (op->has_cv)
+        pthread_cond_destroy(&op->cv);
+    free(op->req);
+    free(op);
+}
+
+int mf__op_error(mf__op_t *op, mf_status_t st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(op->err, sizeof(op->err), fmt, ap);
+    va_end(ap);
+    return (int)st;
+}
+
+const mf__conn_t *mf__op_conn(const mf__op_t *op)
+{
+    return &op->ch->conn;
+}
+
+mf_status_t mf__op_pack(mf__op_t *op, const mf_envelope_t *env, const void *payload,
+                        size_t payload_len, int want_case)
+{
+    /* Packed once without request_id; every send appends field 1 (protobuf: the last
+     * occurrence of a scalar field wins), so a retry needs no re-encoding. */
+    mf_envelope_t e = *env;
+    e.request_id = 0;
+    size_t n = mapflow__v1__envelope__get_packed_size(&e);
+    uint8_t *b = malloc(n ? n : 1);
+    if (!b)
+        return (mf_status_t)mf__op_error(op, MF_RESOURCE_EXHAUSTED, "out of memory");
+    mapflow__v1__envelope__pack(&e, b);
+    free(op->req);
+    op->req = b;
+    op->req_len = n;
+    op->payload = payload;
+    op->payload_len = payload_len;
+    op->want_case = want_case;
+    return MF_OK;
+}
+
+static size_t table_slot(const mf_channel_t *ch, uint64_t rid)
+{
+    return (size_t)(rid * 0x9E3779B97F4A7C15ull >> 40) & ch->table_mask;
+}
+
+static void do_table_put(mf_channel_t *ch, mf__op_t *op)
+{
+    size_t s = table_slot(ch, op->rid);
+    op->hnext = ch->table[s];
+    ch->table[s] = op;
+}
+
+static mf__op_t *do_table_take(mf_channel_t *ch, uint64_t rid)
+{
+    mf__op_t **pp = &ch->table[table_slot(ch, rid)];
+    for (; *pp; pp = &(*pp)->hnext)
+        if ((*pp)->rid == rid) {
+            mf__op_t *op = *pp;
+            *pp = op->hnext;
+            op->hnext = NULL;
+            return op;
+        }
+    return NULL;
+}
+
+static void do_note_due(mf_channel_t *ch, int64_t t)
+{
+    if (t < ch->next_due)
+        ch->next_due = t;
+    if (t < ch->io_sleep_until)
+        wake_io(ch);
+}
+
+static void do_kid_done(mf_channel_t *ch, mf__op_t *kid);
+
+/* The op's final status is known: undo, unlink, tell its owner, drop the library ref. */
+static void do_complete(mf_channel_t *ch, mf__op_t *op, mf_status_t st)
+{
+    if (op->state == MF__OP_DONE)
+        return;
+    if (op->state == MF__OP_IN_FLIGHT)
+        do_table_take(ch, op->rid);
+    if (st != MF_OK && op->vt->undo)
+        op->vt->undo(op);
+    if (op->prev)
+        op->prev->next = op->next;
+    else
+        ch->ops = op->next;
+    if (op->next)
+        op->next->prev = op->prev;
+    op->prev = op->next = NULL;
+    ch->n_live--;
+    op->state = MF__OP_DONE;
+    op->status = st;
+    if (st == MF_OK)
+        op->err[0] = '\0';
+    else if (!op->err[0])
+        snprintf(op->err, sizeof(op->err), "%s", mf_strerror((int)st));
+    if (op->group)
+        do_kid_done(ch, op);
+    else
+        op->done(op);
+    mf__op_unref(op);
+}
+
+/* Backoff before retry n (0-based): initial × multiplier^n, capped, ± jitter. */
+static int64_t do_backoff(mf_channel_t *ch, uint32_t n)
+{
+    const mf_retry_policy_t *r = &ch->retry;
+    double d = r->initial_backoff_ms;
+    for (uint32_t i = 0; i < n && d < r->max_backoff_ms; i++)
+        d *= r->multiplier;
+    if (d > r->max_backoff_ms)
+        d = r->max_backoff_ms;
+    ch->rng ^= ch->rng << 13;
+    ch->rng ^= ch->rng >> 7;
+    ch->rng ^= ch->rng << 17;
+    double u = (double)(ch->rng >> 11) / (double)(1ull << 53); /* [0, 1) */
+    d *= 1.0 + r->jitter * (2.0 * u - 1.0);
+    return d < 1 ? 1 : (int64_t)d;
+}
+
+/* An attempt failed with st: retry it later when st is UNAVAILABLE and the policy and
+ * deadline allow, else complete the op with st. */
+static void do_attempt_failed(mf_channel_t *ch, mf__op_t *op, mf_status_t st, const char *why)
+{
+    if (op->state == MF__OP_IN_FLIGHT)
+        do_table_take(ch, op->rid);
+    if (why && why != op->err)
+        snprintf(op->err, sizeof(op->err), "%s", why);
+    if (st == MF_UNAVAILABLE && !op->cancel_req && op->attempts < ch->retry.max_retries &&
+        !ch->closing) {
+        int64_t at = now_ms() + do_backoff(ch, op->attempts);
+        if (at < op->deadline) {
+            if (op->vt->undo)
+                op->vt->undo(op);
+            op->attempts++;
+            op->state = MF__OP_WAIT_SEND;
+            op->retry_at = at;
+            do_note_due(ch, at);
+            return;
+        }
+    }
+    do_complete(ch, op, st);
+}
+
+/* ==== sending ======================================================================== */
+
+static void do_queue(mf_channel_t *ch, const struct iovec *iov, int n, size_t skip)
+{
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        total += iov[i].iov_len;
+    mf__outbuf_t *b = malloc(sizeof(*b) + total - skip);
+    if (!b) {
+        /* Part of a frame is on the wire and the rest cannot be kept: the stream is lost. */
+        ch->broken = 1;
+        wake_io(ch);
+        return;
+    }
+    b->next = NULL;
+    b->len = total - skip;
+    b->off = 0;
+    size_t o = 0;
+    for (int i = 0; i < n; i++) {
+        size_t l = iov[i].iov_len;
+        const uint8_t *p = iov[i].iov_base;
+        if (skip >= l) {
+            skip -= l;
+            continue;
+        }
+        memcpy(b->data + o, p + skip, l - skip);
+        o += l - skip;
+        skip = 0;
+    }
+    int was_empty = ch->outq == NULL;
+    if (ch->outq_tail)
+        ch->outq_tail->next = b;
+    else
+        ch->outq = b;
+    ch->outq_tail = b;
+    if (was_empty)
+        wake_io(ch); /* it must now poll for POLLOUT */
+}
+
+/* Writes a frame (head + payload) now if nothing is queued, queueing what the socket
+ * does not take; never blocks. */
+static void do_write_frame(mf_channel_t *ch, const uint8_t *head, size_t head_len,
+                           const void *payload, size_t payload_len)
+{
+    struct iovec iov[2] = {{(void *)head, head_len}, {(void *)payload, payload_len}};
+    int n = payload_len ? 2 : 1;
+    if (ch->outq || ch->broken) {
+        if (!ch->broken)
+            do_queue(ch, iov, n, 0);
+        return;
+    }
+    struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+    ssize_t w;
+    do
+        w = sendmsg(ch->conn.fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    while (w < 0 && errno == EINTR);
+    if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+        snprintf(ch->conn_err, sizeof(ch->conn_err), "send: %s", strerror(errno));
+        ch->broken = 1;
+        wake_io(ch);
+        return;
+    }
+    size_t sent = w < 0 ? 0 : (size_t)w;
+    if (sent < head_len + payload_len)
+        do_queue(ch, iov, n, sent);
+}
+
+/* Encodes the op's current request with a fresh id and writes it. Lock held, connected. */
+static void do_send(mf_channel_t *ch, mf__op_t *op)
+{
+    uint8_t idf[11];
+    size_t il = 0;
+    uint64_t rid = ++ch->next_id;
+    idf[il++] = 0x08; /* field 1, varint */
+    for (uint64_t v = rid; ; v >>= 7) {
+        idf[il++] = (uint8_t)((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
+        if (v <= 0x7f)
+            break;
+    }
+    size_t msg_len = op->req_len + il;
+    uint64_t frame_len = 4 + (uint64_t)msg_len + op->payload_len;
+    uint32_t limit = ch->conn.server_max_frame ? ch->conn.server_max_frame : ch->max_frame;
+    if (frame_len + 4 > limit) {
+        mf__op_error(op, MF_RESOURCE_EXHAUSTED, "request of %zu payload bytes exceeds "
+                     "max_frame %u", op->payload_len, limit);
+        do_complete(ch, op, MF_RESOURCE_EXHAUSTED);
+        return;
+    }
+    uint8_t stackbuf[512];
+    size_t head_len = 8 + msg_len;
+    uint8_t *head = head_len <= sizeof(stackbuf) ? stackbuf : malloc(head_len);
+    if (!head) {
+        mf__op_error(op, MF_RESOURCE_EXHAUSTED, "out of memory");
+        do_complete(ch, op, MF_RESOURCE_EXHAUSTED);
+        return;
+    }
+    uint32_t fl = (uint32_t)frame_len, ml = (uint32_t)msg_len;
+    for (int i = 0; i < 4; i++) {
+        head[i] = (uint8_t)(fl >> (8 * i));
+        head[4 + i] = (uint8_t)(ml >> (8 * i));
+    }
+    memcpy(head + 8, op->req, op->req_len);
+    memcpy(head + 8 + op->req_len, idf, il);
+    op->rid = rid;
+    op->gen = ch->gen;
+    op->state = MF__OP_IN_FLIGHT;
+    do_table_put(ch, op);
+    do_write_frame(ch, head, head_len, op->payload, op->payload_len);
+    if (head != stackbuf)
+        free(head);
+}
+
+void mf__do_send_oneway(mf_channel_t *ch, const mf_envelope_t *env)
+{
+    if (ch->state != MF__CONNECTED || ch->broken)
+        return;
+    mf_envelope_t e = *env;
+    e.request_id = ++ch->next_id;
+    uint8_t *buf;
+    size_t len;
+    uint32_t limit = ch->conn.server_max_frame ? ch->conn.server_max_frame : ch->max_frame;
+    if (mf_frame_encode(&e, NULL, 0, limit, &buf, &len) != MF_OK)
+        return;
+    do_write_frame(ch, buf, len, NULL, 0);
+    free(buf);
+}
+
+/* Begins an attempt: packs the first request and sends it, or waits for a connection. */
+static void do_begin_attempt(mf_channel_t *ch, mf__op_t *op)
+{
+    mf_status_t st = op->vt->start(op);
+    if (st != MF_OK) {
+        do_complete(ch, op, st);
+        return;
+    }
+    if (ch->state == MF__CONNECTED && !ch->broken) {
+        do_send(ch, op);
+        return;
+    }
+    op->state = MF__OP_WAIT_SEND;
+    op->retry_at = now_ms();
+    do_note_due(ch, op->retry_at);
+}
+
+/* ==== the I/O thread ================================================================= */
+
+static void do_flush_outq(mf_channel_t *ch)
+{
+    while (ch->outq && !ch->broken) {
+        mf__outbuf_t *b = ch->outq;
+        ssize_t w = send(ch->conn.fd, b->data + b->off, b->len - b->off,
+                         MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK) {
+                snprintf(ch->conn_err, sizeof(ch->conn_err), "send: %s", strerror(errno));
+                ch->broken = 1;
+            }
+            return;
+        }
+        b->off += (size_t)w;
+        if (b->off == b->len) {
+            ch->outq = b->next;
+            if (!ch->outq)
+                ch->outq_tail = NULL;
+            free(b);
+        }
+    }
+}
+
+/* The connection is gone: fail what was sent on it (st: UNAVAILABLE, or INTERNAL for a
+ * protocol violation, which a retry would not fix). The arena stays mapped (retired). */
+static void do_disconnect(mf_channel_t *ch, mf_status_t st, const char *why)
+{
+    if (ch->state != MF__CONNECTED)
+        return;
+    char msg[MF__ERR_LEN];
+    snprintf(msg, sizeof(msg), "%s", why);
+    snprintf(ch->conn_err, sizeof(ch->conn_err), "%s", why);
+    ch->state = MF__DISCONNECTED;
+    ch->broken = 0;
+    close(ch->conn.fd);
+    ch->conn.fd = -1;
+    mf__retired_t *r = malloc(sizeof(*r));
+    if (r) {
+        r->arena = ch->conn.arena;
+        r->bytes = ch->conn.arena_bytes;
+        r->daemon_version = ch->conn.daemon_version;
+        r->next = ch->retired;
+        ch->retired = r;
+    } /* else: leak them rather than pull memory from under a leased view */
+    ch->conn.arena = NULL;
+    ch->conn.arena_bytes = 0;
+    ch->conn.daemon_version = NULL;
+    while (ch->outq) {
+        mf__outbuf_t *b = ch->outq;
+        ch->outq = b->next;
+        free(b);
+    }
+    ch->outq_tail = NULL;
+    mf_frame_reader_deinit(&ch->rd);
+    mf_frame_reader_init(&ch->rd, ch->max_frame);
+    ch->connect_after = now_ms(); /* the next call may try at once */
+    mf__op_t *next;
+    for (mf__op_t *op = ch->ops; op; op = next) {
+        next = op->next;
+        if (op->state == MF__OP_IN_FLIGHT)
+            do_attempt_failed(ch, op, st, msg);
+    }
+}
+
+/* Reconnects (lock dropped meanwhile); on failure the due attempts fail. */
+static void do_reconnect(mf_channel_t *ch, int64_t deadline)
+{
+    ch->state = MF__CONNECTING;
+    mf__conn_t nc;
+    char err[MF__ERR_LEN] = "";
+    uint64_t rid = ++ch->next_id;
+    pthread_mutex_unlock(&ch->mu);
+    mf_status_t st = conn_open(ch, &nc, rid, deadline, err);
+    pthread_mutex_lock(&ch->mu);
+    int64_t now = now_ms();
+    if (st == MF_OK) {
+        ch->conn = nc; /* the old one's leftovers are on ch->retired */
+        ch->gen++;
+        ch->reconnects++;
+        ch->state = MF__CONNECTED;
+        ch->reconnect_delay = ch->retry.initial_backoff_ms;
+        ch->conn_err[0] = '\0';
+        return;
+    }
+    ch->state = MF__DISCONNECTED;
+    snprintf(ch->conn_err, sizeof(ch->conn_err), "reconnect: %s", err);
+    ch->connect_after = now + ch->reconnect_delay;
+    ch->reconnect_delay *= 2;
+    if (ch->reconnect_delay > ch->retry.max_backoff_ms)
+        ch->reconnect_delay = ch->retry.max_backoff_ms;
+    if (ch->reconnect_delay < 1)
+        ch->reconnect_delay = 1;
+    /* A refused Hello (token, namespace) is final; anything else may heal. */
+    mf_status_t fail = st == MF_DEADLINE_EXCEEDED ? MF_UNAVAILABLE : st;
+    mf__op_t *next;
+    for (mf__op_t *op = ch->ops; op; op = next) {
+        next = op->next;
+        if (op->state == MF__OP_WAIT_SEND && op->retry_at <= now)
+            do_attempt_failed(ch, op, fail, ch->conn_err);
+    }
+}
+
+/* Deadlines, cancellations, due (re)sends; recomputes next_due. */
+static void do_timers(mf_channel_t *ch)
+{
+    int64_t now = now_ms();
+    int cancels = ch->cancels;
+    ch->cancels = 0;
+    if (now < ch->next_due && !cancels)
+        return;
+    int64_t due = INT64_MAX, connect_by = INT64_MAX;
+    int want_send = 0;
+    mf__op_t *next;
+    for (mf__op_t *op = ch->ops; op; op = next) {
+        next = op->next;
+        if (op->state == MF__OP_IN_STEP)
+            continue;
+        if (op->cancel_req) {
+            mf__op_error(op, MF_CANCELLED, "cancelled");
+            do_complete(ch, op, MF_CANCELLED);
+            continue;
+        }
+        if (op->deadline <= now) {
+            mf__op_error(op, MF_DEADLINE_EXCEEDED, "deadline exceeded%s%s",
+                         op->attempts ? " after retries: " : "", op->attempts ? op->err : "");
+            do_complete(ch, op, MF_DEADLINE_EXCEEDED);
+            continue;
+        }
+        if (op->deadline < due)
+            due = op->deadline;
+        if (op->state == MF__OP_WAIT_SEND) {
+            if (op->retry_at <= now) {
+                want_send = 1;
+                if (op->deadline < connect_by)
+                    connect_by = op->deadline;
+            } else if (op->retry_at < due) {
+                due = op->retry_at;
+            }
+        }
+    }
+    ch->next_due = due;
+    if (!want_send)
+        return;
+    if (ch->state == MF__DISCONNECTED && now >= ch->connect_after) {
+        int64_t cap = now + (ch->timeout_ms >= 0 ? ch->timeout_ms : MF__DEFAULT_TIMEOUT_MS);
+        do_reconnect(ch, connect_by < cap ? connect_by : cap);
+        if (ch->closing)
+            return;
+    }
+    now = now_ms();
+    for (mf__op_t *op = ch->ops; op; op = next) {
+        next = op->next;
+        if (op->state != MF__OP_WAIT_SEND || op->retry_at > now)
+            continue;
+        if (ch->state == MF__CONNECTED && !ch->broken) {
+            op->state = MF__OP_NEW;
+            do_begin_attempt(ch, op);
+        } else if (ch->retry.max_retries > op->attempts && ch->connect_after < op->deadline) {
+            op->retry_at = ch->connect_after; /* wait for the next connect, not a retry */
+            do_note_due(ch, op->retry_at);
+        } else {
+            do_attempt_failed(ch, op, MF_UNAVAILABLE,
+                              ch->conn_err[0] ? ch->conn_err : "not connected");
+        }
+    }
+}
+
+/* Handles one reply frame. */
+static void do_dispatch(mf_channel_t *ch, const mf_frame_t *f)
+{
+    mf_envelope_t *env = NULL;
+    const char *why = NULL;
+    mf_status_t st = mf_envelope_decode(f, &env, &why);
+    if (st == MF_UNIMPLEMENTED)
+        return; /* a reply type newer than us: not ours to interpret */
+    if (st != MF_OK) {
+        char msg[MF__ERR_LEN];
+        snprintf(msg, sizeof(msg), "undecodable reply from the daemon: %s", why);
+        do_disconnect(ch, MF_INTERNAL, msg);
+        return;
+    }
+    mf__op_t *op = env->request_id ? do_table_take(ch, env->request_id) : NULL;
+    if (!op) { /* a reply to a call that gave up (deadline, cancel) or to a one-way */
+        mf_envelope_free(env);
+        return;
+    }
+    op->state = MF__OP_IN_STEP;
+    int r = reply_status(env, op->want_case, op->err);
+    if (r == MF_OK) {
+        mf__reply_t rep = {env, f->payload, f->payload_len};
+        pthread_mutex_unlock(&ch->mu);
+        r = op->vt->step(op, &rep);
+        pthread_mutex_lock(&ch->mu);
+    }
+    mf_envelope_free(env);
+    if (r == MF_OK)
+        do_complete(ch, op, MF_OK);
+    else if (op->cancel_req)
+        do_complete(ch, op, (mf_status_t)mf__op_error(op, MF_CANCELLED, "cancelled"));
+    else if (r == MF__CONTINUE && op->deadline <= now_ms())
+        do_complete(ch, op, (mf_status_t)mf__op_error(op, MF_DEADLINE_EXCEEDED,
+                                                      "deadline exceeded"));
+    else if (r == MF__CONTINUE)
+        do_send(ch, op);
+    else
+        do_attempt_failed(ch, op, (mf_status_t)r, NULL);
+}
+
+static void do_read(mf_channel_t *ch)
+{
+    for (int rounds = 0; rounds < 64 && ch->state == MF__CONNECTED; rounds++) {
+        ssize_t r = recv_some(ch->conn.fd, ch->conn.is_unix, &ch->rd, NULL);
+        if (r == 0) {
+            do_disconnect(ch, MF_UNAVAILABLE, "daemon closed the connection");
+            return;
+        }
+        if (r < 0) {
+            if (errno != EAGAIN && errno != EWOULDBLOCK) {
+                char msg[128];
+                snprintf(msg, sizeof(msg), "recv: %s", strerror(errno));
+                do_disconnect(ch, MF_UNAVAILABLE, msg);
+            }
+            return;
+        }
+        for (;;) {
+            mf_frame_t f;
+            int have;
+            const char *why = NULL;
+            if (mf_frame_reader_next(&ch->rd, &f, &have, &why) != MF_OK) {
+                char msg[MF__ERR_LEN];
+                snprintf(msg, sizeof(msg), "bad reply frame from the daemon: %s", why);
+                do_disconnect(ch, MF_INTERNAL, msg);
+                return;
+            }
+            if (!have)
+                break;
+            do_dispatch(ch, &f);
+            if (ch->state != MF__CONNECTED)
+                return;
+        }
+    }
+}
+
+static void *io_main(void *arg)
+{
+    mf_channel_t *ch = arg;
+    pthread_mutex_lock(&ch->mu);
+    while (!ch->closing) {
+        if (ch->broken && ch->state == MF__CONNECTED)
+            do_disconnect(ch, MF_UNAVAILABLE, ch->conn_err[0] ? ch->conn_err
+                                                              : "connection broken");
+        do_timers(ch);
+        if (ch->closing)
+            break;
+        if (ch->state == MF__CONNECTED)
+            do_flush_outq(ch);
+        if (ch->broken)
+            continue;
+        struct pollfd p[2] = {{.fd = ch->wake_fd, .events = POLLIN}, {.fd = -1}};
+        int n = 1;
+        if (ch->state == MF__CONNECTED) {
+            p[1].fd = ch->conn.fd;
+            p[1].events = POLLIN | (ch->outq ? POLLOUT : 0);
+            n = 2;
+        }
+        ch->io_sleep_until = ch->next_due;
+        pthread_mutex_unlock(&ch->mu);
+        int r = poll(p, (nfds_t)n, poll_ms(ch->io_sleep_until));
+        pthread_mutex_lock(&ch->mu);
+        ch->io_sleep_until = INT64_MIN;
+        if (r > 0 && (p[0].revents & POLLIN)) {
+            uint64_t v;
+            ssize_t rr = read(ch->wake_fd, &v, sizeof(v));
+            (void)rr;
+        }
+        if (r > 0 && n == 2 && ch->state == MF__CONNECTED && p[1].revents)
+            do_read(ch); /* POLLHUP / POLLERR show up as EOF or an error here */
+    }
+    /* Closing: every call still running ends now. */
+    mf__op_t *next;
+    for (mf__op_t *op = ch->ops; op; op = next) {
+        next = op->next;
+        mf__op_error(op, MF_CANCELLED, "channel closed");
+        do_complete(ch, op, MF_CANCELLED);
+    }
+    pthread_mutex_unlock(&ch->mu);
+    return NULL;
+}
+
+/* ==== starting and waiting =========================================================== */
+
+mf_status_t mf__op_start(mf__op_t *op, int64_t timeout_ms)
+{
+    mf_channel_t *ch = op->ch;
+    pthread_mutex_lock(&ch->mu);
+    if (ch->closing || !ch->io_started) {
+        pthread_mutex_unlock(&ch->mu);
+        return (mf_status_t)mf__op_error(op, MF_UNAVAILABLE, "channel is not connected%s%s",
+                                         ch->conn_err[0] ? ": " : "", ch->conn_err);
+    }
+    op->deadline = deadline_of(ch, timeout_ms);
+    __atomic_add_fetch(&op->refs, 1, __ATOMIC_ACQ_REL); /* the engine's, dropped at done */
+    op->next = ch->ops;
+    if (ch->ops)
+        ch->ops->prev = op;
+    ch->ops = op;
+    ch->n_live++;
+    if (op->deadline != INT64_MAX)
+        do_note_due(ch, op->deadline);
+    if (ch->state == MF__CONNECTED || ch->retry.max_retries > 0 || now_ms() >= ch->connect_after)
+        do_begin_attempt(ch, op);
+    else /* fail fast: no retries and a reconnect was just refused */
+        do_attempt_failed(ch, op, MF_UNAVAILABLE, ch->conn_err);
+    pthread_mutex_unlock(&ch->mu);
+    return MF_OK;
+}
+
+static void done_sync(mf__op_t *op)
+{
+    op->finished = 1;
+    pthread_cond_signal(&op->cv);
+}
+
+mf_status_t mf__op_run(mf__op_t *op, int64_t timeout_ms)
+{
+    mf_channel_t *ch = op->ch;
+    pthread_cond_init(&op->cv, NULL);
+    op->has_cv = 1;
+    op->done = done_sync;
+    mf_status_t st = mf__op_start(op, timeout_ms);
+    pthread_mutex_lock(&ch->mu);
+    if (st == MF_OK) {
+        while (!op->finished)
+            pthread_cond_wait(&op->cv, &ch->mu);
+        st = op->status;
+    }
+    snprintf(ch->err, sizeof(ch->err), "%s", st == MF_OK ? "" : op->err);
+    pthread_mutex_unlock(&ch->mu);
+    mf__op_unref(op);
+    return st;
+}
+
+static void done_cq(mf__op_t *op)
+{
+    mf__cq_post(op->cq, op->tag, op->status, op->err);
+}
+
+mf_status_t mf__op_run_async(mf__op_t *op, int64_t timeout_ms, mf_cq_t *cq, void *tag,
+                             mf_call_t **call)
+{
+    mf_channel_t *ch = op->ch;
+    if (call)
+        *call = NULL;
+    mf_status_t st = cq ? mf__cq_begin(cq) : MF_INVALID_ARGUMENT;
+    if (st != MF_OK) {
+        mf__chan_error(ch, st, cq ? "the completion queue is shut down" : "no completion queue");
+        mf__op_unref(op);
+        return st;
+    }
+    op->cq = cq;
+    op->tag = tag;
+    op->done = done_cq;
+    if (call) {
+        __atomic_add_fetch(&op->refs, 1, __ATOMIC_ACQ_REL);
+        *call = op;
+    }
+    st = mf__op_start(op, timeout_ms);
+    if (st != MF_OK) {
+        mf__cq_abandon(cq);
+        pthread_mutex_lock(&ch->mu);
+        snprintf(ch->err, sizeof(ch->err), "%s", op->err);
+        pthread_mutex_unlock(&ch->mu);
+        if (call) {
+            *call = NULL;
+            mf__op_unref(op);
+        }
+    }
+    mf__op_unref(op);
+    return st;
+}
+
+MF_EXPORT mf_status_t mf_call_cancel(mf_call_t *call)
+{
+    if (!call)
+        return MF_INVALID_ARGUMENT;
+    mf_channel_t *ch = call->ch;
+    pthread_mutex_lock(&ch->mu);
+    mf_status_t st = MF_OK;
+    if (call->state == MF__OP_DONE) {
+        st = MF_FAILED_PRECONDITION;
+    } else {
+        call->cancel_req = 1;
+        for (size_t i = 0; i < call->n_kids; i++)
+            call->kids[i]->cancel_req = 1;
+        ch->cancels = 1;
+        wake_io(ch);
+    }
+    pthread_mutex_unlock(&ch->mu);
+    return st;
+}
+
+MF_EXPORT void mf_call_free(mf_call_t *call)
+{
+    mf__op_unref(call);
+}
+
+/* ==== one-request operations ========================================================= */
+
+typedef struct simple {
+    mf__take_fn take;
+    void *arg;
+    void (*free_arg)(void *);
+} simple_t;
+
+static mf_status_t simple_start(mf__op_t *op)
+{
+    (void)op; /* packed once at creation; a retry sends the same bytes */
+    return MF_OK;
+}
+
+static int simple_step(mf__op_t *op, const mf__reply_t *rep)
+{
+    simple_t *s = op->priv;
+    return s->take ? (int)s->take(op, rep, s->arg) : MF_OK;
+}
+
+static void simple_destroy(mf__op_t *op)
+{
+    simple_t *s = op->priv;
+    if (s->free_arg)
+        s->free_arg(s->arg);
+    free(s);
+}
+
+static const mf__op_vt_t simple_vt = {simple_start, simple_step, NULL, simple_destroy};
+
+mf__op_t *mf__simple_new(mf_channel_t *ch, const mf_envelope_t *req, const void *payload,
+                         size_t payload_len, int want_case, mf__take_fn take, void *arg,
+                         void (*free_arg)(void *))
+{
+    simple_t *s = malloc(sizeof(*s));
+    mf__op_t *op = s ? mf__op_new(ch, &simple_vt, s) : NULL;
+    if (!op) {
+        free(s);
+        if (free_arg)
+            free_arg(arg);
+        mf__chan_error(ch, MF_RESOURCE_EXHAUSTED, "out of memory");
+        return NULL;
+    }
+    *s = (simple_t){take, arg, free_arg};
+    if (mf__op_pack(op, req, payload, payload_len, want_case) != MF_OK) {
+        mf__chan_error(ch, MF_RESOURCE_EXHAUSTED, "out of memory");
+        mf__op_unref(op);
+        return NULL;
+    }
+    return op;
+}
+
+/* ==== groups (batched calls) ========================================================= */
+
+static mf_status_t group_start(mf__op_t *op)
+{
+    (void)op;
+    return MF_INTERNAL; /* a group sends nothing itself */
+}
+
+static void group_destroy(mf__op_t *op)
+{
+    for (size_t i = 0; i < op->n_kids; i++)
+        mf__op_unref(op->kids[i]);
+    free(op->kids);
+    if (op->group_free)
+        op->group_free(op->priv);
+}
+
+static const mf__op_vt_t group_vt = {group_start, NULL, NULL, group_destroy};
+
+mf__op_t *mf__group_new(mf_channel_t *ch, size_t n, void *priv, void (*free_priv)(void *))
+{
+    mf__op_t *g = mf__op_new(ch, &group_vt, priv);
+    mf__op_t **kids = calloc(n ? n : 1, sizeof(*kids));
+    if (!g || !kids) {
+        free(g);
+        free(kids);
+        if (free_priv)
+            free_priv(priv);
+        mf__chan_error(ch, MF_RESOURCE_EXHAUSTED, "out of memory");
+        return NULL;
+    }
+    g->kids = kids;
+    g->group_free = free_priv;
+    return g;
+}
+
+void mf__group_add(mf__op_t *g, mf__op_t *kid)
+{
+    kid->group = g;
+    kid->done = NULL;
+    g->kids[g->n_kids++] = kid; /* the group's reference */
+}
+
+/* A kid finished (lock held): record it; the last one finishes the group. */
+static void do_kid_done(mf_channel_t *ch, mf__op_t *kid)
+{
+    mf__op_t *g = kid->group;
+    if (kid->status != MF_OK && (g->status == MF_OK || kid->group_index < g->fail_index)) {
+        g->status = kid->status;
+        g->fail_index = kid->group_index;
+        snprintf(g->err, sizeof(g->err), "item %zu: %.400s", kid->group_index, kid->err);
+    }
+    if (g->group_kid_done)
+        g->group_kid_done(kid);
+    if (--g->kids_left > 0)
+        return;
+    g->state = MF__OP_DONE;
+    (void)ch;
+    g->done(g);
+    mf__op_unref(g); /* the engine's reference */
+}
+
+/* Starts every kid; the group completes through g->done when the last one finishes. */
+static mf_status_t group_run(mf__op_t *g, int64_t timeout_ms)
+{
+    mf_channel_t *ch = g->ch;
+    pthread_mutex_lock(&ch->mu);
+    g->status = MF_OK;
+    g->fail_index = SIZE_MAX;
+    g->kids_left = g->n_kids;
+    g->state = MF__OP_IN_FLIGHT;
+    __atomic_add_fetch(&g->refs, 1, __ATOMIC_ACQ_REL); /* the engine's */
+    pthread_mutex_unlock(&ch->mu);
+    for (size_t i = 0; i < g->n_kids; i++) {
+        mf__op_t *k = g->kids[i];
+        k->group_index = i;
+        if (mf__op_start(k, timeout_ms) != MF_OK) { /* a closed channel: it never ran */
+            pthread_mutex_lock(&ch->mu);
+            k->state = MF__OP_DONE;
+            k->status = MF_UNAVAILABLE;
+            do_kid_done(ch, k);
+            pthread_mutex_unlock(&ch->mu);
+        }
+    }
+    return MF_OK;
+}
+
+mf_status_t mf__group_run(mf__op_t *g, int64_t timeout_ms)
+{
+    mf_channel_t *ch = g->ch;
+    pthread_cond_init(&g->cv, NULL);
+    g->has_cv = 1;
+    g->done = done_sync;
+    group_run(g, timeout_ms);
+    pthread_mutex_lock(&ch->mu);
+    while (!g->finished)
+        pthread_cond_wait(&g->cv, &ch->mu);
+    mf_status_t st = g->status;
+    snprintf(ch->err, sizeof(ch->err), "%s", st == MF_OK ? "" : g->err);
+    pthread_mutex_unlock(&ch->mu);
+    mf__op_unref(g);
+    return st;
+}
+
+mf_status_t mf__group_run_async(mf__op_t *g, int64_t timeout_ms, mf_cq_t *cq, void *tag,
+                                mf_call_t **call)
+{
+    if (call)
+        *call = NULL;
+    mf_status_t st = cq ? mf__cq_begin(cq) : MF_INVALID_ARGUMENT;
+    if (st != MF_OK) {
+        mf__chan_error(g->ch, st, cq ? "the completion queue is shut down"
+                                     : "no completion queue");
+        mf__op_unref(g);
+        return st;
+    }
+    g->cq = cq;
+    g->tag = tag;
+    g->done = done_cq;
+    if (call) {
+        __atomic_add_fetch(&g->refs, 1, __ATOMIC_ACQ_REL);
+        *call = g;
+    }
+    group_run(g, timeout_ms);
+    mf__op_unref(g);
+    return MF_OK;
 }
 
 /* ==== public channel API ============================================================= */
@@ -465,6 +1356,55 @@ static mf_status_t hello(mf_channel_t *ch, const mf_channel_params_t *p, int wan
 MF_EXPORT const char *mf_version(void)
 {
     return MF_VERSION_STRING;
+}
+
+MF_EXPORT void mf_retry_policy_default(mf_retry_policy_t *p)
+{
+    if (!p)
+        return;
+    p->max_retries = 5;
+    p->initial_backoff_ms = 20;
+    p->max_backoff_ms = 1000;
+    p->multiplier = 2.0f;
+    p->jitter = 0.2f;
+}
+
+static mf_status_t open_params(mf_channel_t *ch, const mf_channel_params_t *p)
+{
+    uint64_t m = p ? p->field_mask : 0;
+    if (m & MF_CHANNEL_PARAM_TIMEOUT_MS)
+        ch->timeout_ms = p->timeout_ms;
+    if ((m & MF_CHANNEL_PARAM_MAX_FRAME) && p->max_frame) {
+        if (p->max_frame < MF_FRAME_MIN_MAX)
+            return mf__chan_error(ch, MF_INVALID_ARGUMENT, "max_frame must be at least %u",
+                                  MF_FRAME_MIN_MAX);
+        ch->max_frame = p->max_frame;
+    }
+    if (m & MF_CHANNEL_PARAM_RETRY) {
+        const mf_retry_policy_t *r = &p->retry;
+        if (r->max_retries > 100 || r->initial_backoff_ms == 0 ||
+            r->max_backoff_ms < r->initial_backoff_ms || !(r->multiplier >= 1.0f) ||
+            r->multiplier > 10.0f || !(r->jitter >= 0.0f) || r->jitter > 1.0f)
+            return mf__chan_error(ch, MF_INVALID_ARGUMENT, "retry policy: max_retries <= 100, "
+                                  "0 < initial_backoff_ms <= max_backoff_ms, multiplier in "
+                                  "[1, 10], jitter in [0, 1]");
+        ch->retry = *r;
+    }
+    const char *ns = (m & MF_CHANNEL_PARAM_NS) && p->ns ? p->ns : "default";
+    size_t nl = strlen(ns);
+    if (nl == 0 || nl > MF__MAX_NS)
+        return mf__chan_error(ch, MF_INVALID_ARGUMENT, "namespace must be 1..%d bytes",
+                              MF__MAX_NS);
+    memcpy(ch->ns, ns, nl + 1);
+    ch->want_arena = (m & MF_CHANNEL_PARAM_WANT_ARENA) && p->want_arena;
+    const char *tok = (m & MF_CHANNEL_PARAM_TOKEN) && p->token ? p->token : "";
+    const char *cn = (m & MF_CHANNEL_PARAM_CLIENT_NAME) && p->client_name ? p->client_name
+                                                                         : "libmapflow";
+    ch->token = mf__strdup(tok);
+    ch->client_name = mf__strdup(cn);
+    if (!ch->token || !ch->client_name)
+        return mf__chan_error(ch, MF_RESOURCE_EXHAUSTED, "out of memory");
+    return MF_OK;
 }
 
 MF_EXPORT mf_status_t mf_channel_open(const char *target, const mf_channel_params_t *p,
@@ -477,65 +1417,74 @@ MF_EXPORT mf_status_t mf_channel_open(const char *target, const mf_channel_param
     if (!ch)
         return MF_RESOURCE_EXHAUSTED;
     pthread_mutex_init(&ch->mu, NULL);
-    ch->fd = -1;
+    ch->conn.fd = -1;
+    ch->wake_fd = -1;
     ch->timeout_ms = MF__DEFAULT_TIMEOUT_MS;
     ch->max_frame = MF_FRAME_DEFAULT_MAX;
+    mf_retry_policy_default(&ch->retry);
+    ch->next_due = INT64_MAX;
+    ch->io_sleep_until = INT64_MIN;
     *out = ch;
-    uint64_t m = p ? p->field_mask : 0;
-    if (m & MF_CHANNEL_PARAM_TIMEOUT_MS)
-        ch->timeout_ms = p->timeout_ms;
-    if ((m & MF_CHANNEL_PARAM_MAX_FRAME) && p->max_frame) {
-        if (p->max_frame < MF_FRAME_MIN_MAX)
-            return mf__chan_error(ch, MF_INVALID_ARGUMENT, "max_frame must be at least %u",
-                                  MF_FRAME_MIN_MAX);
-        ch->max_frame = p->max_frame;
-    }
-    const char *ns = (m & MF_CHANNEL_PARAM_NS) && p->ns ? p->ns : "default";
-    size_t nl = strlen(ns);
-    if (nl == 0 || nl > MF__MAX_NS)
-        return mf__chan_error(ch, MF_INVALID_ARGUMENT, "namespace must be 1..%d bytes",
-                              MF__MAX_NS);
-    memcpy(ch->ns, ns, nl + 1);
+    mf_status_t st = open_params(ch, p);
+    if (st != MF_OK)
+        return st;
+    ch->reconnect_delay = ch->retry.initial_backoff_ms;
+    ch->rng = (uint64_t)(uintptr_t)ch ^ (uint64_t)now_ms() ^ 0x9E3779B97F4A7C15ull;
     if (mf_frame_reader_init(&ch->rd, ch->max_frame) != MF_OK)
         return mf__chan_error(ch, MF_INVALID_ARGUMENT, "bad max_frame");
     if (!target || !target[0])
         return mf__chan_error(ch, MF_INVALID_ARGUMENT, "no target given");
+    ch->target = mf__strdup(target);
+    ch->table_mask = TABLE_SLOTS - 1;
+    ch->table = calloc(TABLE_SLOTS, sizeof(*ch->table));
+    ch->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (!ch->target || !ch->table || ch->wake_fd < 0)
+        return mf__chan_error(ch, MF_RESOURCE_EXHAUSTED, "out of memory or fds");
 
-    int64_t deadline = deadline_of(ch, MF_TIMEOUT_DEFAULT);
-    mf_status_t st;
-    if (strncmp(target, "unix:", 5) == 0)
-        st = connect_unix(ch, target + 5, deadline);
-    else if (strncmp(target, "tcp:", 4) == 0)
-        st = connect_tcp(ch, target + 4, deadline);
-    else if (strchr(target, '/') || !strchr(target, ':'))
-        st = connect_unix(ch, target, deadline);
-    else
-        st = mf__chan_error(ch, MF_INVALID_ARGUMENT, "target must be unix:PATH or "
-                            "tcp:HOST:PORT, got '%s'", target);
-    if (st != MF_OK) {
-        if (ch->fd >= 0) {
-            close(ch->fd);
-            ch->fd = -1;
-        }
+    st = conn_open(ch, &ch->conn, ++ch->next_id, deadline_of(ch, MF_TIMEOUT_DEFAULT), ch->err);
+    snprintf(ch->conn_err, sizeof(ch->conn_err), "%s", ch->err);
+    if (st != MF_OK)
         return st;
-    }
-    int want_arena = (m & MF_CHANNEL_PARAM_WANT_ARENA) && p->want_arena;
-    if (want_arena && !ch->is_unix)
-        return mf__chan_error(ch, MF_INVALID_ARGUMENT, "the host arena is only passed over "
-                              "a unix socket");
-    return hello(ch, p, want_arena);
+    ch->gen = 1;
+    ch->state = MF__CONNECTED;
+    if (pthread_create(&ch->io, NULL, io_main, ch) != 0)
+        return mf__chan_error(ch, MF_RESOURCE_EXHAUSTED, "cannot start the I/O thread");
+    ch->io_started = 1;
+    return MF_OK;
 }
 
 MF_EXPORT void mf_channel_close(mf_channel_t *ch)
 {
     if (!ch)
         return;
-    if (ch->fd >= 0)
-        close(ch->fd);
-    if (ch->arena)
-        munmap(ch->arena, ch->arena_bytes);
+    if (ch->io_started) {
+        pthread_mutex_lock(&ch->mu);
+        ch->closing = 1;
+        wake_io(ch);
+        pthread_mutex_unlock(&ch->mu);
+        pthread_join(ch->io, NULL);
+    }
+    conn_release(&ch->conn);
+    while (ch->retired) {
+        mf__retired_t *r = ch->retired;
+        ch->retired = r->next;
+        if (r->arena)
+            munmap(r->arena, r->bytes);
+        free(r->daemon_version);
+        free(r);
+    }
+    while (ch->outq) {
+        mf__outbuf_t *b = ch->outq;
+        ch->outq = b->next;
+        free(b);
+    }
+    if (ch->wake_fd >= 0)
+        close(ch->wake_fd);
     mf_frame_reader_deinit(&ch->rd);
-    free(ch->daemon_version);
+    free(ch->table);
+    free(ch->target);
+    free(ch->token);
+    free(ch->client_name);
     pthread_mutex_destroy(&ch->mu);
     free(ch);
 }
@@ -547,7 +1496,12 @@ MF_EXPORT const char *mf_channel_last_error(const mf_channel_t *ch)
 
 MF_EXPORT int mf_channel_has_arena(const mf_channel_t *ch)
 {
-    return ch && ch->arena != NULL;
+    if (!ch)
+        return 0;
+    pthread_mutex_lock((pthread_mutex_t *)&ch->mu);
+    int has = ch->conn.arena != NULL;
+    pthread_mutex_unlock((pthread_mutex_t *)&ch->mu);
+    return has;
 }
 
 MF_EXPORT void mf_channel_info(const mf_channel_t *ch, mf_server_info_t *out)
@@ -555,10 +1509,15 @@ MF_EXPORT void mf_channel_info(const mf_channel_t *ch, mf_server_info_t *out)
     memset(out, 0, sizeof(*out));
     if (!ch)
         return;
-    out->daemon_version = ch->daemon_version ? ch->daemon_version : "";
-    out->session_id = ch->session_id;
-    out->host_arena_bytes = ch->arena_bytes;
-    out->max_frame = ch->server_max_frame;
-    out->max_batch = ch->max_batch;
-    out->gpu_tier = ch->gpu_tier;
+    pthread_mutex_lock((pthread_mutex_t *)&ch->mu);
+    out->daemon_version = ch->conn.daemon_version ? ch->conn.daemon_version : "";
+    out->session_id = ch->conn.session_id;
+    out->host_arena_bytes = ch->conn.arena_bytes;
+    out->max_frame = ch->conn.server_max_frame;
+    out->max_batch = ch->conn.max_batch;
+    out->gpu_tier = ch->conn.gpu_tier;
+    out->connected = ch->state == MF__CONNECTED && !ch->broken;
+    out->reconnects = ch->reconnects;
+    out->in_flight = ch->n_live;
+    pthread_mutex_unlock((pthread_mutex_t *)&ch->mu);
 }

@@ -115,6 +115,13 @@ struct mf_call {
     int finished;               /* sync waiters */
     pthread_cond_t cv;
     int has_cv;
+    /* groups (a batch of kids completing as one call) */
+    mf__op_t *group;            /* a kid's group */
+    size_t group_index;         /* a kid's place in it */
+    mf__op_t **kids;            /* a group's kids (one reference each) */
+    size_t n_kids, kids_left, fail_index;
+    void (*group_free)(void *priv);
+    void (*group_kid_done)(mf__op_t *kid); /* lock held */
 };
 
 /* The connection a channel currently talks over (replaced by a reconnect). */
@@ -210,6 +217,31 @@ mf_status_t mf__op_run(mf__op_t *op, int64_t timeout_ms);
  * user reference. */
 mf_status_t mf__op_run_async(mf__op_t *op, int64_t timeout_ms, mf_cq_t *cq, void *tag,
                              mf_call_t **call);
+
+/* The reply handler of a one-request operation (runs on the I/O thread, no lock). */
+typedef mf_status_t (*mf__take_fn)(mf__op_t *op, const mf__reply_t *rep, void *arg);
+
+/*
+ * An operation of one request, packed now from req (+ payload, which must live as long
+ * as the op: keep it in arg), whose reply is handed to take(op, rep, arg) (NULL = just
+ * succeed). free_arg(arg) runs when the op is freed. NULL when memory runs out (the
+ * message is in the channel; arg is freed).
+ */
+mf__op_t *mf__simple_new(mf_channel_t *ch, const mf_envelope_t *req, const void *payload,
+                         size_t payload_len, int want_case, mf__take_fn take, void *arg,
+                         void (*free_arg)(void *));
+
+/*
+ * Groups: one call made of n kid operations (a batched put). mf__group_new makes the
+ * group (priv freed by free_priv with it); mf__group_add hands it a kid (and the kid's
+ * reference). Run it like an op: the group's status is OK or that of the first kid (by
+ * index) that failed; g->group_kid_done, if set, sees every kid finish (lock held).
+ */
+mf__op_t *mf__group_new(mf_channel_t *ch, size_t n, void *priv, void (*free_priv)(void *));
+void mf__group_add(mf__op_t *g, mf__op_t *kid);
+mf_status_t mf__group_run(mf__op_t *g, int64_t timeout_ms);
+mf_status_t mf__group_run_async(mf__op_t *g, int64_t timeout_ms, mf_cq_t *cq, void *tag,
+                                mf_call_t **call);
 
 /* Sends a request nobody waits for (PutAbort on an error path). Lock held. */
 void mf__do_send_oneway(mf_channel_t *ch, const mf_envelope_t *env);

@@ -1,29 +1,57 @@
 /*
- * mapflow.h — libmapflow, the C client of mapflowd (DESIGN §8). Synchronous half.
+ * mapflow.h — libmapflow, the C client of mapflowd (DESIGN §8).
  *
  * A channel is one connection to one daemon (`unix:PATH` or `tcp:HOST:PORT`), bound to
- * one namespace at open (keys of other namespaces are invisible). Every call sends one
- * request and waits for its reply until a per-call deadline; it returns an mf_status_t
- * (gRPC numbering, proto/mf_status.h) and, on failure, leaves a message readable with
- * mf_channel_last_error().
+ * one namespace at open (keys of other namespaces are invisible). Calls return an
+ * mf_status_t (gRPC numbering, proto/mf_status.h) and, on failure, leave a message
+ * readable with mf_channel_last_error() (sync calls) or in the completion event (async).
  *
- * Thread safety: an mf_channel_t may be shared by several threads. Each call holds the
- * channel's mutex for its whole exchange, so calls from different threads are serialised
- * (the async half will multiplex them by request id instead). mf_channel_close() must not
- * race with other calls on the same channel. mf_channel_last_error() returns the message
- * of the last failed call on the channel by any thread, so read it from the thread that
- * made the call before others use the channel, or copy it. Functions on result structs
- * (…_free) touch only the caller's memory.
+ * Sync and async. Every data call has a synchronous form (returns when the call is
+ * done) and most an `_async` form that returns at once and completes on a completion
+ * queue (mf_cq_t): mf_cq_next() hands out one event per call, carrying the caller's tag
+ * and the final status, as gRPC's C core does. Both forms run on the same engine: each
+ * request carries a request id and a per-channel I/O thread matches replies to calls, so
+ * any number of calls (from any number of threads) are in flight on one channel at once.
  *
- * Ownership: the caller owns every buffer it passes. Results returned through a pointer
- * to pointer (mf_get_result_t, mf_list_page_t, mf_stats_t, config items, profiles) are
- * allocated by the library and freed by the caller with the matching …_free function.
- * Leased row views point into the daemon's host arena, mapped MAP_SHARED into this
- * process; they stay valid until released (mf_release*), until the lease expires (the
- * GetReply's lease_ttl_ms) or until the channel closes — never write through them.
+ * Deadlines: every call takes timeout_ms (MF_TIMEOUT_DEFAULT = the channel's timeout_ms,
+ * MF_TIMEOUT_INFINITE, or milliseconds). A call still running at its deadline completes
+ * with DEADLINE_EXCEEDED; a reply that arrives later is dropped.
  *
- * Link with -lmapflow only; this header re-exports the proto/ headers users need
- * (status codes, prefix hash, map rows).
+ * Retries and reconnection: an attempt that fails with UNAVAILABLE (the connection broke,
+ * the daemon was not there, or it answered UNAVAILABLE while draining) is started again
+ * after an exponential backoff with jitter (mf_retry_policy_t; default 5 retries, 20 ms
+ * doubling to 1 s, ±20 %), as long as the deadline allows. The calls are idempotent at
+ * the key level (a put of an identical row is "replaced"), so a retry after a lost reply
+ * is harmless. When the connection breaks, the channel connects again by itself at the
+ * next attempt (Hello again, the new host arena mapped): the caller never rebuilds it.
+ * With max_retries = 0 calls fail fast with UNAVAILABLE while the daemon is away and
+ * succeed again once it is back. A reconnect starts a new daemon session: leases and
+ * put reservations of the old connection are gone (the daemon released them when the
+ * connection dropped); views into the old arena stay mapped, so they never fault, but the
+ * daemon no longer protects their bytes — get the rows again.
+ *
+ * Thread safety: an mf_channel_t may be shared by any number of threads; every call may
+ * run concurrently with every other, except mf_channel_close(), which must not race with
+ * calls on the same channel (it cancels the async calls still running: their events
+ * arrive with CANCELLED before it returns). mf_channel_last_error() is the message of the
+ * last sync call that finished on the channel, by any thread: read it from the thread that
+ * made the call before others use the channel, or copy it. Completion queues may be used
+ * from any thread. Functions on result structs (…_free) touch only the caller's memory.
+ *
+ * Ownership: the caller owns every buffer it passes. A sync call reads its inputs only
+ * while it runs. An async call copies its small inputs (keys, tokens, layers) at once,
+ * but the row buffers of mf_put_async / mf_put_batch_async and every output pointer
+ * (results, lengths, buffers) must stay valid until the call's event has been taken from
+ * the queue; the library writes the outputs before it posts the event. Results returned
+ * through a pointer to pointer (mf_get_result_t, mf_list_page_t, mf_stats_t, config
+ * items, profiles) are allocated by the library and freed by the caller with the matching
+ * …_free function. Leased row views point into the daemon's host arena, mapped
+ * MAP_SHARED into this process; they stay valid until released (mf_release*), until the
+ * lease expires (the GetReply's lease_ttl_ms), until a reconnect (see above) or until
+ * the channel closes — never write through them.
+ *
+ * Link with -lmapflow only (pkg-config --cflags --libs mapflow); this header re-exports
+ * the proto/ headers users need (status codes, prefix hash, map rows).
  */
 #ifndef MAPFLOW_H
 #define MAPFLOW_H
@@ -66,7 +94,22 @@ enum mf_channel_param_field {
     MF_CHANNEL_PARAM_WANT_ARENA  = 1u << 3, /* default 0 */
     MF_CHANNEL_PARAM_TIMEOUT_MS  = 1u << 4, /* default 30000 */
     MF_CHANNEL_PARAM_MAX_FRAME   = 1u << 5, /* default MF_FRAME_DEFAULT_MAX (64 MiB) */
+    MF_CHANNEL_PARAM_RETRY       = 1u << 6, /* default mf_retry_policy_default() */
 };
+
+/* Retries of attempts that fail with UNAVAILABLE: before retry n (0-based) the call
+ * waits min(initial_backoff_ms × multiplier^n, max_backoff_ms) × (1 ± jitter). Bounded
+ * by max_retries (≤ 100) and by the call's deadline. max_retries 0 = fail fast. */
+typedef struct mf_retry_policy {
+    uint32_t max_retries;
+    uint32_t initial_backoff_ms;  /* > 0 */
+    uint32_t max_backoff_ms;      /* ≥ initial_backoff_ms */
+    float multiplier;             /* 1..10 */
+    float jitter;                 /* 0..1 */
+} mf_retry_policy_t;
+
+/* Fills p with the defaults: 5 retries, 20 ms, 1000 ms, × 2, ± 0.2. Any thread. */
+MF_EXPORT void mf_retry_policy_default(mf_retry_policy_t *p);
 
 typedef struct mf_channel_params {
     uint64_t field_mask;
@@ -76,6 +119,7 @@ typedef struct mf_channel_params {
     int want_arena;          /* unix socket: receive and map the host arena (zero copy) */
     int64_t timeout_ms;      /* default deadline of each call, including open */
     uint32_t max_frame;      /* largest reply frame accepted */
+    mf_retry_policy_t retry; /* MF_CHANNEL_PARAM_RETRY */
 } mf_channel_params_t;
 
 /* Per-call deadline arguments (every call's last parameter, in milliseconds). */
@@ -83,22 +127,29 @@ typedef struct mf_channel_params {
 #define MF_TIMEOUT_INFINITE (-2)
 
 /*
- * Connects, sends Hello and waits for HelloReply. target: "unix:PATH", "tcp:HOST:PORT",
- * or a bare path (taken as a unix socket). On failure *out is still set when memory
- * allowed, so mf_channel_last_error() can say why; close it with mf_channel_close().
- * UNAVAILABLE: cannot connect; UNAUTHENTICATED: token refused; INVALID_ARGUMENT: bad
- * target or params. Any thread.
+ * Connects, sends Hello, waits for HelloReply and starts the channel's I/O thread.
+ * target: "unix:PATH", "tcp:HOST:PORT", or a bare path (taken as a unix socket). The
+ * first connection must succeed (later ones are made by the channel itself). On failure
+ * *out is still set when memory allowed, so mf_channel_last_error() can say why; close it
+ * with mf_channel_close() (calls on it fail with UNAVAILABLE). UNAVAILABLE: cannot
+ * connect; UNAUTHENTICATED: token refused; INVALID_ARGUMENT: bad target or params. The
+ * params (and their strings) are copied. Any thread.
  */
 MF_EXPORT mf_status_t mf_channel_open(const char *target, const mf_channel_params_t *params,
                                       mf_channel_t **out);
-/* Closes the connection and unmaps the arena (leased views die with it). NULL is a no-op. */
+/* Cancels the calls still running (their events arrive with CANCELLED), stops the I/O
+ * thread, closes the connection and unmaps every arena (leased views die with it).
+ * NULL is a no-op. Must not race with other calls on ch; call handles (mf_call_t) of
+ * this channel may only be freed afterwards, not cancelled. */
 MF_EXPORT void mf_channel_close(mf_channel_t *ch);
-/* Message of the last failed call ("" if none). Owned by the channel; valid until the next
- * call on it. */
+/* Message of the last sync call that finished ("" if it succeeded). Owned by the
+ * channel; valid until the next call on it. Any thread. */
 MF_EXPORT const char *mf_channel_last_error(const mf_channel_t *ch);
-/* 1 if the host arena is mapped (zero-copy put and leased gets are possible). */
+/* 1 if the host arena of the current connection is mapped (zero-copy put and leased
+ * gets are possible). Any thread. */
 MF_EXPORT int mf_channel_has_arena(const mf_channel_t *ch);
-/* What the daemon said in HelloReply. Strings are owned by the channel. */
+/* What the daemon said in its last HelloReply, and the channel's state. Strings are
+ * owned by the channel and valid until it closes. Any thread. */
 typedef struct mf_server_info {
     const char *daemon_version;
     uint64_t session_id;
@@ -106,6 +157,9 @@ typedef struct mf_server_info {
     uint32_t max_frame;
     uint32_t max_batch;
     int gpu_tier;
+    int connected;           /* a connection is up right now */
+    uint64_t reconnects;     /* successful reconnects since open */
+    size_t in_flight;        /* calls started and not yet finished */
 } mf_server_info_t;
 MF_EXPORT void mf_channel_info(const mf_channel_t *ch, mf_server_info_t *out);
 
@@ -128,6 +182,59 @@ typedef struct mf_key {
     mf_hash128_t hash;       /* prefix hash of the row's block */
 } mf_key_t;
 
+/* ==== completion queues and async calls ============================================== */
+
+typedef struct mf_cq mf_cq_t;
+/* Handle of one async call, for cancelling it (optional; see mf_call_cancel). */
+typedef struct mf_call mf_call_t;
+
+typedef enum mf_cq_event_type {
+    MF_CQ_CALL_DONE = 1,     /* a call finished: tag, status, message */
+    MF_CQ_TIMEOUT = 2,       /* nothing finished before the timeout */
+    MF_CQ_SHUTDOWN = 3,      /* shut down and every call started on it has been reported */
+} mf_cq_event_type_t;
+
+typedef struct mf_cq_event {
+    mf_cq_event_type_t type;
+    void *tag;               /* as given to the _async call */
+    mf_status_t status;      /* the call's final status */
+    char message[256];       /* why it failed ("" on OK) */
+} mf_cq_event_t;
+
+/* A new, empty queue. Any thread. */
+MF_EXPORT mf_status_t mf_cq_create(mf_cq_t **out);
+/*
+ * Waits up to timeout_ms (0 = poll, MF_TIMEOUT_INFINITE = until something happens) for
+ * the next finished call, in completion order. Returns the event type, also in ev->type.
+ * Every call started on the queue yields exactly one MF_CQ_CALL_DONE. Any number of
+ * threads may wait on one queue; each event goes to one of them.
+ */
+MF_EXPORT mf_cq_event_type_t mf_cq_next(mf_cq_t *cq, int64_t timeout_ms, mf_cq_event_t *ev);
+/* No new calls may start on cq (they fail with FAILED_PRECONDITION); mf_cq_next keeps
+ * handing out the events of calls already started, then returns MF_CQ_SHUTDOWN. */
+MF_EXPORT void mf_cq_shutdown(mf_cq_t *cq);
+/* Frees the queue: only after mf_cq_next returned MF_CQ_SHUTDOWN (or before any call was
+ * started on it), with no thread still waiting on it. */
+MF_EXPORT void mf_cq_destroy(mf_cq_t *cq);
+
+/*
+ * Asks a running call to stop: it completes with CANCELLED unless it finished first
+ * (its event says which). FAILED_PRECONDITION if it has already finished. A cancelled
+ * get may leave a lease the daemon holds until its TTL; a cancelled put's reservation is
+ * aborted. Any thread, while the call's channel is open.
+ */
+MF_EXPORT mf_status_t mf_call_cancel(mf_call_t *call);
+/* Drops the handle (the call itself runs on). Any thread, any time; NULL is a no-op. */
+MF_EXPORT void mf_call_free(mf_call_t *call);
+
+/*
+ * Every _async call takes, after the sync form's parameters, the completion queue, a tag
+ * for its event and an optional handle (call may be NULL; otherwise free it with
+ * mf_call_free). It returns MF_OK when the call started — exactly one event follows —
+ * or a failure with no event at all (bad arguments, a shut-down queue; message in
+ * mf_channel_last_error()). Outputs are written before the event is posted.
+ */
+
 /* ==== data calls ===================================================================== */
 
 #define MF_PUT_DURABLE 1u /* acknowledged only after a synced SSD write */
@@ -147,6 +254,36 @@ typedef struct mf_put_result {
  */
 MF_EXPORT mf_status_t mf_put(mf_channel_t *ch, const void *row, size_t len, unsigned flags,
                              mf_put_result_t *res, int64_t timeout_ms);
+/* mf_put as an async call; row (and res) must stay valid until the event. */
+MF_EXPORT mf_status_t mf_put_async(mf_channel_t *ch, const void *row, size_t len,
+                                   unsigned flags, mf_put_result_t *res, int64_t timeout_ms,
+                                   mf_cq_t *cq, void *tag, mf_call_t **call);
+
+/* One row of a batched put: row/len in, status/result out. */
+typedef struct mf_put_item {
+    const void *row;
+    size_t len;
+    mf_status_t status;      /* this row's outcome */
+    mf_put_result_t result;
+} mf_put_item_t;
+
+#define MF_PUT_BATCH_MAX 65536u
+
+/*
+ * Stores many rows without a round trip per row: every PutBegin is sent at once, each
+ * row is written (arena) or sent (payload) with its PutCommit as soon as its reservation
+ * arrives, so n rows take about two round trips. Every row is validated first (a bad row
+ * fails with INVALID_ARGUMENT / DATA_LOSS before anything is sent). Returns OK when every
+ * row was stored, else the status of the first row (in order) that was not; each item's
+ * status says what happened to it. 1 ≤ n ≤ MF_PUT_BATCH_MAX.
+ */
+MF_EXPORT mf_status_t mf_put_batch(mf_channel_t *ch, mf_put_item_t *items, size_t n,
+                                   unsigned flags, int64_t timeout_ms);
+/* mf_put_batch as one async call (one event for the whole batch); items and their rows
+ * must stay valid until the event. */
+MF_EXPORT mf_status_t mf_put_batch_async(mf_channel_t *ch, mf_put_item_t *items, size_t n,
+                                         unsigned flags, int64_t timeout_ms, mf_cq_t *cq,
+                                         void *tag, mf_call_t **call);
 
 /*
  * How many leading full blocks of tokens[0:n_tokens] are cached, per layer:
@@ -157,6 +294,14 @@ MF_EXPORT mf_status_t mf_lookup(mf_channel_t *ch, const char *model, uint32_t bl
                                 const uint32_t *tokens, size_t n_tokens,
                                 const uint32_t *layers, size_t n_layers, uint32_t *blocks,
                                 uint32_t *total_blocks, int64_t timeout_ms);
+/* mf_lookup as an async call (tokens and layers are copied; blocks and total_blocks must
+ * stay valid until the event). */
+MF_EXPORT mf_status_t mf_lookup_async(mf_channel_t *ch, const char *model, uint32_t block_size,
+                                      const uint32_t *tokens, size_t n_tokens,
+                                      const uint32_t *layers, size_t n_layers,
+                                      uint32_t *blocks, uint32_t *total_blocks,
+                                      int64_t timeout_ms, mf_cq_t *cq, void *tag,
+                                      mf_call_t **call);
 
 typedef enum mf_get_mode {
     MF_GET_COPY = 0,  /* row bytes copied into memory the result owns */
@@ -195,10 +340,22 @@ MF_EXPORT mf_status_t mf_get_prefix(mf_channel_t *ch, const char *model, uint32_
                                     uint32_t first_block, uint32_t n_blocks,
                                     mf_get_mode_t mode, mf_get_result_t **out,
                                     int64_t timeout_ms);
+/* mf_get_prefix as an async call; *out is set before the event (NULL on failure). */
+MF_EXPORT mf_status_t mf_get_prefix_async(mf_channel_t *ch, const char *model,
+                                          uint32_t block_size, const uint32_t *tokens,
+                                          size_t n_tokens, const uint32_t *layers,
+                                          size_t n_layers, uint32_t first_block,
+                                          uint32_t n_blocks, mf_get_mode_t mode,
+                                          mf_get_result_t **out, int64_t timeout_ms,
+                                          mf_cq_t *cq, void *tag, mf_call_t **call);
 /* Rows by explicit key (admin use; checksum-verified only), in key order. */
 MF_EXPORT mf_status_t mf_get_keys(mf_channel_t *ch, const mf_key_t *keys, size_t n_keys,
                                   mf_get_mode_t mode, mf_get_result_t **out,
                                   int64_t timeout_ms);
+MF_EXPORT mf_status_t mf_get_keys_async(mf_channel_t *ch, const mf_key_t *keys,
+                                        size_t n_keys, mf_get_mode_t mode,
+                                        mf_get_result_t **out, int64_t timeout_ms,
+                                        mf_cq_t *cq, void *tag, mf_call_t **call);
 /* Frees the result (does not release leases). NULL is a no-op. Any thread. */
 MF_EXPORT void mf_get_result_free(mf_get_result_t *r);
 /* Releases every lease of a result (and zeroes their lease_id). */
@@ -212,6 +369,10 @@ MF_EXPORT mf_status_t mf_release_result(mf_channel_t *ch, mf_get_result_t *r,
  */
 MF_EXPORT mf_status_t mf_get(mf_channel_t *ch, const mf_key_t *key, void *buf, size_t cap,
                              size_t *len, int64_t timeout_ms);
+/* mf_get as an async call; buf and len must stay valid until the event. */
+MF_EXPORT mf_status_t mf_get_async(mf_channel_t *ch, const mf_key_t *key, void *buf,
+                                   size_t cap, size_t *len, int64_t timeout_ms, mf_cq_t *cq,
+                                   void *tag, mf_call_t **call);
 
 typedef struct mf_lease {
     const void *data;        /* in the arena; read only */
@@ -227,15 +388,22 @@ MF_EXPORT mf_status_t mf_get_lease(mf_channel_t *ch, const mf_key_t *key, mf_lea
 /* Releases leases; *released (may be NULL) counts those the daemon still held. */
 MF_EXPORT mf_status_t mf_release(mf_channel_t *ch, const uint64_t *lease_ids, size_t n,
                                  uint32_t *released, int64_t timeout_ms);
+MF_EXPORT mf_status_t mf_release_async(mf_channel_t *ch, const uint64_t *lease_ids, size_t n,
+                                       uint32_t *released, int64_t timeout_ms, mf_cq_t *cq,
+                                       void *tag, mf_call_t **call);
 
 /* Deletes one key. *deleted (may be NULL) is 0 or 1. */
 MF_EXPORT mf_status_t mf_delete(mf_channel_t *ch, const mf_key_t *key, uint64_t *deleted,
                                 int64_t timeout_ms);
+MF_EXPORT mf_status_t mf_delete_async(mf_channel_t *ch, const mf_key_t *key,
+                                      uint64_t *deleted, int64_t timeout_ms, mf_cq_t *cq,
+                                      void *tag, mf_call_t **call);
 /* Deletes every key of model (layer < 0: all layers). */
 MF_EXPORT mf_status_t mf_delete_model(mf_channel_t *ch, const char *model, int64_t layer,
                                       uint64_t *deleted, int64_t timeout_ms);
 
 /* ==== admin calls ==================================================================== */
+/* Synchronous only; any thread; the same deadline and retry rules as the data calls. */
 
 typedef struct mf_entry_info {
     char model[256];
