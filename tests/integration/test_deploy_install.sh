@@ -57,4 +57,27 @@ if run_install "$d" /usr/local; then
   grep -q '^Type=notify$' "$d/usr/local/lib/systemd/system/mapflowd.service" || { echo "FAIL: unit not replaced"; fail=1; }
   echo "re-install: existing /etc/mapflowd.conf kept, unit replaced"
 else fail=1; fi
+
+# The whole `make install` as the image's build stage runs it (PREFIX=/usr, a staging
+# DESTDIR): the program the unit starts and the HEALTHCHECK's mapflowctl must be there,
+# or the image (COPY --from=build /staging/usr/) has no daemon. Nothing is rebuilt (-o).
+d="$tmp/staging"
+if env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make --no-print-directory -o build-all \
+     -o "$BUILD_DIR/bin/mapflowd" -o "$BUILD_DIR/bin/mapflowctl" \
+     BUILD="$BUILD_DIR" DESTDIR="$d" PREFIX=/usr install > "$tmp/make.log" 2>&1; then
+  exe=$(sed -n 's/^ExecStart=\([^ ]*\).*/\1/p' "$d/lib/systemd/system/mapflowd.service")
+  missing=""
+  for f in "$exe" /usr/bin/mapflowctl /etc/mapflowd.conf; do
+    [ -x "$d$f" ] || [ "$f" = /etc/mapflowd.conf -a -f "$d$f" ] || missing="$missing $f"
+  done
+  if [ -n "$missing" ]; then
+    echo "FAIL: make install PREFIX=/usr does not install:$missing (the unit's ExecStart and the"
+    echo "      image's HEALTHCHECK need them; the top-level install rule must install the programs)"
+    fail=1
+  else
+    echo "make install PREFIX=/usr DESTDIR=staging: $exe, /usr/bin/mapflowctl, /etc/mapflowd.conf present"
+  fi
+else
+  echo "FAIL: make install PREFIX=/usr DESTDIR=staging failed:"; tail -5 "$tmp/make.log"; fail=1
+fi
 [ $fail -eq 0 ]
