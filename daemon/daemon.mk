@@ -30,3 +30,10 @@ $(BIN)/mapflowd: $(OBJ)/daemon/main.o $(DAEMON_A) $(PROTO_A)
 	@mkdir -p $(dir $@)
 	@[ "$(V)" != 0 ] || echo "  LD    $@"
 	$(Q)$(CC) $(ALL_CFLAGS) $(LDFLAGS) $< -o $@ $(DAEMON_A) $(PROTO_A) $(DAEMON_LIBS) $(LDLIBS_BASE)
+
+# make install: the daemon binary (the unit and sample config come from deploy/).
+install-daemon: $(BIN)/mapflowd
+	install -d $(DESTDIR)$(PREFIX)/bin
+	install -m 0755 $(BIN)/mapflowd $(DESTDIR)$(PREFIX)/bin/mapflowd
+INSTALL_TARGETS += install-daemon
+.PHONY: install-daemon

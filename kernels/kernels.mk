@@ -28,3 +28,10 @@ $(KERNELS_TOOLS):
 # The tool tests run the real binaries (found through MF_BIN, or build/bin).
 $(BIN)/tests/test_calibrate_tool: $(BIN)/mapflow-calibrate
 $(BIN)/tests/test_kernels_synth: $(BIN)/mapflow-synth
+
+# make install: the calibration and synthetic-row tools.
+install-kernels-tools: $(KERNELS_TOOLS)
+	install -d $(DESTDIR)$(PREFIX)/bin
+	install -m 0755 $(KERNELS_TOOLS) $(DESTDIR)$(PREFIX)/bin/
+INSTALL_TARGETS += install-kernels-tools
+.PHONY: install-kernels-tools
