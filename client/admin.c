@@ -20,6 +20,16 @@ static mf_status_t call(mf_channel_t *ch, mf_envelope_t *req, int want_case,
     return op ? mf__op_run(op, timeout_ms) : MF_RESOURCE_EXHAUSTED;
 }
 
+static mf_status_t call_async(mf_channel_t *ch, mf_envelope_t *req, int want_case,
+                              int64_t timeout_ms, mf__take_fn take, void *arg, mf_cq_t *cq,
+                              void *tag, mf_call_t **call_out)
+{
+    if (!ch)
+        return MF_INVALID_ARGUMENT;
+    mf__op_t *op = mf__simple_new(ch, req, NULL, 0, want_case, take, arg, NULL);
+    return op ? mf__op_run_async(op, timeout_ms, cq, tag, call_out) : MF_RESOURCE_EXHAUSTED;
+}
+
 static mf_status_t oom(mf__op_t *op)
 {
     return (mf_status_t)mf__op_error(op, MF_RESOURCE_EXHAUSTED, "out of memory");
@@ -163,6 +173,18 @@ MF_EXPORT mf_status_t mf_stats(mf_channel_t *ch, mf_stats_t **out, int64_t timeo
     Mapflow__V1__Stats s = MAPFLOW__V1__STATS__INIT;
     ENV(req, STATS, stats) = &s;
     return call(ch, &req, MAPFLOW__V1__ENVELOPE__BODY_STATS_REPLY, timeout_ms, take_stats, out);
+}
+
+MF_EXPORT mf_status_t mf_stats_async(mf_channel_t *ch, mf_stats_t **out, int64_t timeout_ms,
+                                     mf_cq_t *cq, void *tag, mf_call_t **call)
+{
+    if (!out)
+        return MF_INVALID_ARGUMENT;
+    *out = NULL;
+    Mapflow__V1__Stats s = MAPFLOW__V1__STATS__INIT;
+    ENV(req, STATS, stats) = &s;
+    return call_async(ch, &req, MAPFLOW__V1__ENVELOPE__BODY_STATS_REPLY, timeout_ms,
+                      take_stats, out, cq, tag, call);
 }
 
 MF_EXPORT void mf_stats_free(mf_stats_t *s)
@@ -345,6 +367,18 @@ MF_EXPORT mf_status_t mf_health(mf_channel_t *ch, mf_health_t *out, int64_t time
     ENV(req, HEALTH, health) = &h;
     return call(ch, &req, MAPFLOW__V1__ENVELOPE__BODY_HEALTH_REPLY, timeout_ms, take_health,
                 out);
+}
+
+MF_EXPORT mf_status_t mf_health_async(mf_channel_t *ch, mf_health_t *out, int64_t timeout_ms,
+                                      mf_cq_t *cq, void *tag, mf_call_t **call)
+{
+    if (!out)
+        return MF_INVALID_ARGUMENT;
+    memset(out, 0, sizeof(*out));
+    Mapflow__V1__Health h = MAPFLOW__V1__HEALTH__INIT;
+    ENV(req, HEALTH, health) = &h;
+    return call_async(ch, &req, MAPFLOW__V1__ENVELOPE__BODY_HEALTH_REPLY, timeout_ms,
+                      take_health, out, cq, tag, call);
 }
 
 /* ==== profiles ======================================================================= */

@@ -403,7 +403,8 @@ MF_EXPORT mf_status_t mf_delete_model(mf_channel_t *ch, const char *model, int64
                                       uint64_t *deleted, int64_t timeout_ms);
 
 /* ==== admin calls ==================================================================== */
-/* Synchronous only; any thread; the same deadline and retry rules as the data calls. */
+/* Synchronous (health and stats also async); any thread; the same deadline and retry
+ * rules as the data calls. */
 
 typedef struct mf_entry_info {
     char model[256];
@@ -454,6 +455,9 @@ typedef struct mf_stats {
 } mf_stats_t;
 
 MF_EXPORT mf_status_t mf_stats(mf_channel_t *ch, mf_stats_t **out, int64_t timeout_ms);
+/* *out (valid until the event) receives the stats, NULL on failure. */
+MF_EXPORT mf_status_t mf_stats_async(mf_channel_t *ch, mf_stats_t **out, int64_t timeout_ms,
+                                     mf_cq_t *cq, void *tag, mf_call_t **call);
 MF_EXPORT void mf_stats_free(mf_stats_t *s);
 /* Value of a named counter in s, or 0 with *found = 0. found may be NULL. */
 MF_EXPORT uint64_t mf_stats_counter(const mf_stats_t *s, const char *name, int *found);
@@ -488,6 +492,9 @@ typedef struct mf_health {
     mf_tier_stats_t tiers[4];
 } mf_health_t;
 MF_EXPORT mf_status_t mf_health(mf_channel_t *ch, mf_health_t *out, int64_t timeout_ms);
+/* *out must stay valid until the event (a cheap call to probe or wait for the daemon). */
+MF_EXPORT mf_status_t mf_health_async(mf_channel_t *ch, mf_health_t *out, int64_t timeout_ms,
+                                      mf_cq_t *cq, void *tag, mf_call_t **call);
 
 /*
  * Mapping profiles travel as the protobuf encoding of mapflow.v1.MappingProfile
