@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define CALL_TIMEOUT_MS 60000 /* generous: 64 clients share 2 cores */
 
@@ -331,6 +332,47 @@ mf_status_t mfb_mapflow_evict_host(const char *target, uint64_t *evicted_bytes)
         fprintf(stderr, "bench: evict: %s: %s\n", mf_status_name(st), mf_channel_last_error(ch));
     mf_channel_close(ch);
     return st;
+}
+
+/* Host tier bytes in use, or -1 when stats fail. */
+static int64_t host_used(mf_channel_t *ch)
+{
+    mf_stats_t *s = NULL;
+    if (mf_stats(ch, &s, MF_TIMEOUT_DEFAULT) != MF_OK)
+        return -1;
+    int64_t used = -1;
+    for (size_t i = 0; i < s->n_tiers; i++)
+        if (s->tiers[i].tier == MF_TIER_HOST)
+            used = (int64_t)s->tiers[i].used_bytes;
+    mf_stats_free(s);
+    return used;
+}
+
+void mfb_mapflow_settle(const char *target, double max_s, const char *when)
+{
+    mf_channel_t *ch;
+    if (mfb_mapflow_open(target, &ch) != MF_OK)
+        return;
+    /* StatsReply carries counters, not the ssd_inflight gauge of /metrics (and
+     * ssd_writes_total counts submissions). A replaced row stays pinned in the arena
+     * until its queued SSD write completes, so the queue has drained once the host
+     * tier's used bytes stop moving for 300 ms. */
+    double t0 = mfb_now(), still_since = t0;
+    int64_t first = host_used(ch), last = first;
+    while (last >= 0 && mfb_now() - still_since < 0.3 && mfb_now() - t0 < max_s) {
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        int64_t u = host_used(ch);
+        if (u != last)
+            still_since = mfb_now();
+        last = u;
+    }
+    if (first >= 0 && last >= 0)
+        printf("INFO\t%s: host tier %.1f -> %.1f MB while waiting %.2f s for the "
+               "write-through queue\n", when, first / 1e6, last / 1e6,
+               mfb_now() - t0 - 0.3);
+    fflush(stdout);
+    mf_channel_close(ch);
 }
 
 void mfb_mapflow_print_stats(const char *target, const char *when)

@@ -58,6 +58,13 @@ mf_status_t mfb_mapflow_open(const char *target, mf_channel_t **out);
  */
 mf_status_t mfb_mapflow_evict_host(const char *target, uint64_t *evicted_bytes);
 
+/*
+ * Waits (at most max_s) until the daemon's SSD write-through queue has drained, so the
+ * next measurement does not pay for the previous one's backlog. Prints how long it took
+ * and how many writes completed meanwhile. Untimed helper.
+ */
+void mfb_mapflow_settle(const char *target, double max_s, const char *when);
+
 /* Prints "INFO\tdaemon ..." lines with tier usage from mf_stats. */
 void mfb_mapflow_print_stats(const char *target, const char *when);
 

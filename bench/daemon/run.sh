@@ -10,7 +10,8 @@
 # bench/results/daemon.md (the exact command, machine info, the table).
 # --quick: fewer rows and 0.5 s per point (< 2 min); default < 10 min.
 # --no-report: print the table but leave bench/results/daemon.md alone; --out FILE: write
-# the results there instead. --keep: leave the temp directory (logs, raw RESULT lines).
+# the results there instead. --keep: leave the temp directory (logs, raw RESULT lines);
+# --raw FILE: copy the raw RESULT/INFO lines there.
 # BENCH-ARGS go to mapflow-bench-daemon (e.g. -- --only lookup,get --clients 1,16).
 # Env: MF_BENCH_HOST_BYTES (default 2gb, 1gb with --quick); MF_BENCH_CPUS (e.g. 0,1: pin
 # the daemon, redis-server and the clients to those CPUs with taskset); MF_BENCH_BIN (a
@@ -29,6 +30,7 @@ while [ $# -gt 0 ]; do
     --no-report) report=0 ;;
     --keep) keep=1 ;;
     --out) out=$2; shift ;;
+    --raw) raw=$2; shift ;;
     --) shift; extra=("$@"); break ;;
     -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
@@ -108,6 +110,7 @@ if [ "$rc" -ne 0 ]; then
 fi
 kill -0 "$dpid" 2>/dev/null || { echo "run.sh: mapflowd died during the run" >&2; rc=1; }
 
+[ -n "$raw" ] && cp "$tmp/results.tsv" "$raw"
 out_args=()
 [ $report = 1 ] && out_args=(--out "${out:-$root/bench/results/daemon.md}")
 "$PYTHON" "$here/report.py" --results "$tmp/results.tsv" --command "$cmdline" \
