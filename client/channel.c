@@ -850,7 +850,7 @@ static void do_reconnect(mf_channel_t *ch, int64_t deadline)
         return;
     }
     ch->state = MF__DISCONNECTED;
-    snprintf(ch->conn_err, sizeof(ch->conn_err), "reconnect: %s", err);
+    snprintf(ch->conn_err, sizeof(ch->conn_err), "reconnect: %.480s", err);
     ch->connect_after = now + ch->reconnect_delay;
     ch->reconnect_delay *= 2;
     if (ch->reconnect_delay > ch->retry.max_backoff_ms)

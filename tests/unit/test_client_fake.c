@@ -2,7 +2,8 @@
  * libmapflow against a scripted fake daemon (a thread on a unix socket in a temp dir):
  * framing, Hello with the arena fd over SCM_RIGHTS, both put paths, token payloads,
  * copy and lease gets with client-side verification, ErrorReply → status + message,
- * deadlines with stale replies dropped, a malformed reply, and concurrent callers.
+ * deadlines with stale replies dropped, a malformed reply (then a reconnect), and
+ * concurrent callers.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -41,7 +42,7 @@ typedef struct fake {
     uint8_t *row;          /* last committed row */
     size_t row_len;
     uint64_t row_off;      /* where the committed row sits in the arena */
-    int put_begins, commits_ok;
+    int put_begins, commits_ok, accepted;
     uint32_t tokens[1024];
     size_t n_tokens;
     uint64_t released;
@@ -292,12 +293,9 @@ static int serve_one(fake_t *f, const mf_envelope_t *q, const mf_frame_t *fr,
     }
 }
 
-static void *fake_main(void *arg)
+/* Serves one connection until the client closes it. */
+static void fake_serve(fake_t *f)
 {
-    fake_t *f = arg;
-    f->cfd = accept(f->lfd, NULL, NULL);
-    if (f->cfd < 0)
-        return NULL;
     mf_frame_reader_t rd;
     mf_frame_reader_init(&rd, MF_FRAME_DEFAULT_MAX);
     uint64_t held = 0;
@@ -326,6 +324,16 @@ static void *fake_main(void *arg)
     }
     mf_frame_reader_deinit(&rd);
     close(f->cfd);
+}
+
+/* Connections one after another (a reconnect is a second one) until teardown. */
+static void *fake_main(void *arg)
+{
+    fake_t *f = arg;
+    while ((f->cfd = accept(f->lfd, NULL, NULL)) >= 0) {
+        f->accepted++;
+        fake_serve(f);
+    }
     return NULL;
 }
 
@@ -582,16 +590,26 @@ static void test_deadline_then_stale_reply_dropped(void **state)
     mf_channel_close(ch);
 }
 
-static void test_malformed_reply_breaks_channel(void **state)
+/* A malformed reply fails the call with INTERNAL (not retried: a retry would not fix
+ * it) and drops the connection; the next call reconnects on its own. */
+static void test_malformed_reply_reconnects(void **state)
 {
     fake_t *f = *state;
     f->garbage_on_stats = 1;
     mf_channel_t *ch = open_fake(f, 0, 5000);
     mf_stats_t *s = NULL;
     assert_int_equal(mf_stats(ch, &s, MF_TIMEOUT_DEFAULT), MF_INTERNAL);
+    assert_non_null(strstr(mf_channel_last_error(ch), "undecodable reply"));
     assert_null(s);
     mf_health_t h;
-    assert_int_equal(mf_health(ch, &h, MF_TIMEOUT_DEFAULT), MF_UNAVAILABLE);
+    assert_int_equal(mf_health(ch, &h, MF_TIMEOUT_DEFAULT), MF_OK);
+    assert_true(h.ok);
+    mf_server_info_t info;
+    mf_channel_info(ch, &info);
+    assert_int_equal(info.reconnects, 1);
+    assert_int_equal(f->accepted, 2);
+    assert_string_equal(f->ns, NS); /* the Hello of the reconnect carried the same params */
+    assert_string_equal(f->token, "tok-1");
     mf_channel_close(ch);
 }
 
@@ -647,7 +665,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_error_reply_and_stats, fake_setup, fake_teardown),
         cmocka_unit_test_setup_teardown(test_deadline_then_stale_reply_dropped, fake_setup,
                                         fake_teardown),
-        cmocka_unit_test_setup_teardown(test_malformed_reply_breaks_channel, fake_setup,
+        cmocka_unit_test_setup_teardown(test_malformed_reply_reconnects, fake_setup,
                                         fake_teardown),
         cmocka_unit_test_setup_teardown(test_threads_share_a_channel, fake_setup, fake_teardown),
     };
