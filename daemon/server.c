@@ -532,6 +532,10 @@ static void handle_lookup(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Lookup
 {
     mfd_server_t *s = c->srv;
     const char *why = NULL;
+    if (m->peer && m->peer[0]) {
+        mfd_conn_error(c, rid, MF_UNIMPLEMENTED, "Lookup: peer daemons (UCX) are not in this build");
+        return;
+    }
     if (check_model_block(m->model, m->block_size, &why) != MF_OK) {
         mfd_conn_error(c, rid, MF_INVALID_ARGUMENT, "Lookup: %s", why);
         return;
@@ -622,7 +626,8 @@ struct get_op {
 
 static void get_op_free(get_op_t *op)
 {
-    for (size_t i = 0; i < op->n_rows; i++)
+    /* rows is NULL when the request failed its bounds checks (n_rows may be huge). */
+    for (size_t i = 0; op->rows && i < op->n_rows; i++)
         if (op->rows[i].e)
             mfd_index_unpin(op->c->srv->store.ix, op->rows[i].e);
     free(op->rows);
@@ -793,6 +798,11 @@ static void handle_get(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Get *m,
     op->t0 = t0;
     op->lease_mode = m->mode == MAPFLOW__V1__GET_MODE__GET_LEASE;
     op->prefix_mode = m->n_keys == 0;
+    if (m->peer && m->peer[0]) {
+        /* Refused rather than silently answered from this daemon alone. */
+        mfd_conn_error(c, rid, MF_UNIMPLEMENTED, "Get: peer daemons (UCX) are not in this build");
+        goto fail;
+    }
     if (op->lease_mode && !c->has_arena) {
         mfd_conn_error(c, rid, MF_FAILED_PRECONDITION,
                        "Get: GET_LEASE needs the host arena (unix socket, Hello.want_host_arena)");

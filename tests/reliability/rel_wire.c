@@ -461,6 +461,8 @@ uint8_t *rel_row(const rel_row_spec_t *s, size_t *size)
 {
     mf_hash128_t parent, h;
     rel_block_hashes(s->ns, s->model, s->B, s->tokens, s->block, &parent, &h);
+    if (s->force_hash)
+        h = *s->force_hash;
     mf_row_spec_t spec = {s->model, s->layer, s->block, s->B, 2, s->codec, 0.9f, parent, h,
                           s->tokens + (size_t)s->block * s->B};
     uint32_t cols[2] = {0, s->block};

@@ -84,6 +84,7 @@ typedef struct rel_row_spec {
     uint32_t block;          /* i */
     mf_codec_t codec;        /* MASK: small rows; FP8_E4M3: B×B tiles (bulk) */
     unsigned seed;
+    const mf_hash128_t *force_hash;  /* non-NULL: header hash set to this (planted collision) */
 } rel_row_spec_t;
 
 /* A valid row for block i (2 heads, sink + diagonal), hashes as the daemon computes. */

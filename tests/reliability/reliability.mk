@@ -1,0 +1,41 @@
+# tests/reliability: the reliability driver (rel_tool), the libFuzzer targets' extra
+# sources, and `make soak` (long crash / load / fault runs, the TSan daemon).
+#
+#   make soak            crash 100 kills, load 256 clients × 60 s (+ ASan, TSan daemons),
+#                        every fault, security, fuzz 120 s per target. Bounded: < 10 min.
+#   make tsan-daemon     build-tsan/bin/mapflowd (SANITIZER=thread)
+#
+# rel_tool links only proto (no client/, no daemon archive): it speaks the wire protocol.
+
+REL_SRCS := tests/reliability/rel_tool.c tests/reliability/rel_wire.c \
+            tests/reliability/rel_crash.c tests/reliability/rel_load.c \
+            tests/reliability/rel_faults.c tests/reliability/rel_security.c
+REL_OBJS := $(REL_SRCS:%.c=$(OBJ)/%.o)
+REL_TOOL := $(BIN)/tests/rel_tool
+
+$(REL_TOOL): $(REL_OBJS) $(PROTO_A)
+	@mkdir -p $(dir $@)
+	@[ "$(V)" != 0 ] || echo "  LD    $@"
+	$(Q)$(CC) $(ALL_CFLAGS) $(LDFLAGS) $(REL_OBJS) -o $@ $(PROTO_A) $(LDLIBS_BASE)
+
+TESTS += $(REL_TOOL)
+test-build: $(REL_TOOL) $(BIN)/mapflowd
+
+# Fuzz targets that reach the daemon (config, stateful request handler) and profiles.
+FUZZ_EXTRA_SRCS += $(DAEMON_SRCS) kernels/mf_profile.c
+FUZZ_CFLAGS += -DMFD_VERSION='"fuzz"' -Ikernels
+
+TSAN_DAEMON := build-tsan/bin/mapflowd
+.PHONY: soak tsan-daemon
+tsan-daemon:
+	@$(MAKE) --no-print-directory BUILD=build-tsan SANITIZER=thread CUDA=0 OPT="-O1 -g" \
+	  build-tsan/bin/mapflowd
+
+SOAK_SCRIPTS := tests/integration/test_rel_crash.sh tests/integration/test_rel_load.sh \
+                tests/integration/test_rel_faults.sh tests/integration/test_rel_security.sh
+soak: deps
+	@$(MAKE) --no-print-directory $(REL_TOOL) $(BIN)/mapflowd asan-daemon tsan-daemon
+	@MF_SOAK=1 MF_BUILD=$(BUILD) MF_BIN=$(abspath $(BIN)) PYTHON=$(PYTHON) \
+	  MF_TSAN_DAEMON=$(abspath $(TSAN_DAEMON)) MF_TEST_TIMEOUT=600 \
+	  tests/run.sh $(SOAK_SCRIPTS)
+	@$(MAKE) --no-print-directory fuzz-run FUZZ_SECONDS=$${SOAK_FUZZ_SECONDS:-60}
