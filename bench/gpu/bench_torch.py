@@ -44,7 +44,7 @@ def structured_qk(n, hq, hkv, d):
     m = d // 4
     w = torch.logspace(0, -3, m, device="cuda")  # rad / token
     ang = r[:, None] * w[None, :]
-    pos = torch.cat([torch.cos(ang), torch.sin(ang)], dim=1) * 1.9  # [n, d/2]
+    pos = torch.cat([torch.cos(ang), torch.sin(ang)], dim=1) * 2.6  # [n, d/2]
     q = torch.cat([pos[:, None, :].expand(n, hq, d // 2),
                    0.5 * torch.randn(n, hq, d // 2, device="cuda")], dim=2)
     k = torch.cat([pos[:, None, :].expand(n, hkv, d // 2),
