@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <rocksdb/c.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,6 +35,10 @@ struct mfd_ssd {
     int efd;
     struct event *ev;
     size_t inflight;            /* loop thread only */
+    /* Set by the first failed write (e.g. ENOSPC): RocksDB then holds a background error
+     * and its WAL writer must not be used again (this librocksdb asserts on it), so the
+     * tier stays read-only until restart. */
+    atomic_int write_failed;
 };
 
 mfd_ssd_job_t *mfd_ssd_job_new(mfd_ssd_op_t op, const uint8_t *key, size_t klen)
@@ -93,6 +98,12 @@ static void run_job(mfd_ssd_t *s, mfd_ssd_job_t *j)
     }
     rocksdb_writeoptions_t *wo = j->sync ? s->wo_sync : s->wo_async;
     j->status = MF_OK;
+    int is_write = j->op == MFD_SSD_PUT_ROW || j->op == MFD_SSD_DEL_ROW ||
+                   j->op == MFD_SSD_PUT_RAW;
+    if (is_write && atomic_load(&s->write_failed)) {
+        j->status = MF_UNAVAILABLE;
+        return;
+    }
     switch (j->op) {
     case MFD_SSD_PUT_ROW: {
         uint8_t meta[16];
@@ -141,9 +152,10 @@ static void run_job(mfd_ssd_t *s, mfd_ssd_job_t *j)
     }
     }
     if (err) {
-        mfd_error("ssd: %s: %s", j->op == MFD_SSD_GET_ROW || j->op == MFD_SSD_GET_RAW ? "read"
-                                                                                       : "write",
-                  err);
+        if (is_write && !atomic_exchange(&s->write_failed, 1))
+            mfd_error("ssd: write: %s; the SSD tier is read-only until restart", err);
+        else if (!is_write)
+            mfd_error("ssd: read: %s", err);
         j->status = MF_UNAVAILABLE;
         rocksdb_free(err);
     }
@@ -236,6 +248,10 @@ mf_status_t mfd_ssd_open(const mfd_ssd_options_t *opt, mfd_ssd_t **out, char *er
     /* Map rows are dense quantised numbers: compression costs CPU and gains little. */
     rocksdb_options_set_compression(s->opts, rocksdb_no_compression);
     rocksdb_options_set_blob_compression_type(s->opts, rocksdb_no_compression);
+    /* RocksDB's LOG file sits on the data disk; when that disk is full, logging the
+     * write error fails and this librocksdb aborts on the failed log writer (assertion in
+     * WritableFileWriter). The daemon logs SSD errors itself: keep LOG to fatal lines. */
+    rocksdb_options_set_info_log_level(s->opts, 4 /* FATAL */);
     rocksdb_options_set_keep_log_file_num(s->opts, 3);
     rocksdb_options_set_max_log_file_size(s->opts, 4 << 20);
     s->db = rocksdb_open(s->opts, path, &rerr);

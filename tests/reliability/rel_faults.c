@@ -61,21 +61,26 @@ static int holder(const char *target, int wfd)
     rel_conn_t c;
     if (rel_open(&c, target, "holder", NULL, 1, 5000) != 0)
         return 1;
-    int held = 0, rc = 0;
+    int held = 0, rc = 0, leased = 1;
+    /* Leases first; once the watermark drops each new row at once (nothing else is
+     * unpinned), reservations take the rest: neither can be evicted. */
     for (uint64_t ctx = 1; ctx < 4096; ctx++) {
         uint32_t t[64], layer = 0;
         rel_tokens(t, 64, 777000 + ctx);
         rel_row_spec_t rs = {"holder", MODEL, 0, 64, t, 0, MF_CODEC_FP8_E4M3, (unsigned)ctx, NULL};
         size_t len;
+        uint64_t rid;
         uint8_t *row = rel_row(&rs, &len);
-        rc = row ? rel_put(&c, row, len, 0, NULL) : -1;
+        rc = !row ? -1 : leased ? rel_put(&c, row, len, 0, NULL) : rel_put_begin(&c, row, len, &rid);
         free(row);
         if (rc != 0)
             break;
+        if (!leased)
+            continue;
         mf_envelope_t *r = rel_get_prefix(&c, MODEL, 64, &layer, 1, t, 64, 0, 1, 1);
-        if (rel_status(r, MAPFLOW__V1__ENVELOPE__BODY_GET_REPLY, &c) == 0 &&
-            r->get_reply->n_rows == 1 && r->get_reply->rows[0]->status == MF_OK)
-            held++;
+        leased = rel_status(r, MAPFLOW__V1__ENVELOPE__BODY_GET_REPLY, &c) == 0 &&
+                 r->get_reply->n_rows == 1 && r->get_reply->rows[0]->status == MF_OK;
+        held += leased;
         if (r)
             mf_envelope_free(r);
     }
@@ -116,7 +121,12 @@ static int fault_arena(const char *target)
     }
     const char *cname = "errors_total{code=\"RESOURCE_EXHAUSTED\"}";
     uint64_t before = rel_counter(&c, cname);
-    int rc = bystander_op(&c, "bystander", 1);
+    uint32_t bt[64];
+    rel_tokens(bt, 64, 4711);
+    rel_row_spec_t brs = {"bystander", MODEL, 0, 64, bt, 0, MF_CODEC_FP8_E4M3, 9, NULL};
+    size_t blen;
+    uint8_t *brow = rel_row(&brs, &blen);
+    int rc = brow ? rel_put(&c, brow, blen, 0, NULL) : -1;
     REL_CHECK(rc == MF_RESOURCE_EXHAUSTED, "put into a full arena: %d (%s)", rc, c.err);
     char msg_seen[160];
     snprintf(msg_seen, sizeof(msg_seen), "%s", c.err);
@@ -132,21 +142,23 @@ static int fault_arena(const char *target)
     /* The holder's connection closes; its leases go; the next put can evict. */
     int polls = 0;
     for (rc = -1; rc != 0 && polls < 250; polls++) {
-        rc = bystander_op(&c, "bystander", 2);
+        rc = rel_put(&c, brow, blen, 0, NULL);
         if (rc != 0)
             usleep(20000);
     }
+    free(brow);
+    REL_CHECK(bystander_op(&c, "bystander", 2) == 0, "bystander put+get after the kill");
     REL_CHECK(rc == 0, "put still failing %d polls after the lease holder was killed: %d",
               polls, rc);
     rel_close(&c);
-    rel_result("arena", "host arena exhausted (every row leased)",
-               "host_bytes 1mb, ssd off; a client leases every row it puts until PutBegin "
-               "fails, then a bystander puts",
+    rel_result("arena", "host arena exhausted (leases + reservations)",
+               "host_bytes 1mb, ssd off; a client leases rows, then reserves until PutBegin "
+               "fails; then a bystander puts",
                "bystander PutBegin: RESOURCE_EXHAUSTED \"%s\"; %s +%llu; lookups still served",
                msg_seen, cname, (unsigned long long)(after - before));
     rel_result("lease-kill", "client killed while holding leases",
-               "SIGKILL the process whose leases pin the whole arena",
-               "its %d leases were released on disconnect; the bystander's put succeeded %s",
+               "SIGKILL the process whose leases and reservations pin the whole arena",
+               "its %d leases (and reservations) were released on disconnect; the bystander's put succeeded %s",
                msg[0], polls <= 1 ? "at once" : "after the close was noticed");
     return 0;
 }
@@ -181,7 +193,7 @@ static int fault_slow_reader(const char *target, int pid)
     env.body_case = MAPFLOW__V1__ENVELOPE__BODY_GET;
     env.get = &g;
     int sent = 0;
-    for (; sent < 20000; sent++) { /* 20000 × 16 KiB replies = 330 MB if nothing pushed back */
+    for (; sent < 20000; sent++) { /* 20000 × 8.6 KiB replies = 170 MB if nothing pushed back */
         env.request_id = (uint64_t)sent + 1;
         if (rel_send(&slow, &env, t, sizeof(t)) != 0)
             break;
@@ -200,7 +212,7 @@ static int fault_slow_reader(const char *target, int pid)
     rel_close(&w);
     rel_close(&by);
     rel_result("slow-reader", "client stops reading its replies",
-               "max_frame 1mb; one client sends 16 KiB Gets without reading; a bystander works",
+               "max_frame 1mb; one client sends 8 KiB Gets without reading; a bystander works",
                "daemon stopped reading it after %d requests (backlog > 2 × max_frame); RssAnon "
                "+%ld kB; bystander 60/60 ok",
                sent, grew);
@@ -297,7 +309,7 @@ static int fault_disk_full(const char *target)
     rel_close(&a);
     rel_close(&by);
     rel_result("disk-full", "SSD tier disk full (RocksDB write errors)",
-               "data_dir on a small tmpfs; 16 KiB durable puts until one fails; a bystander "
+               "data_dir on a small tmpfs; 8 KiB durable puts until one fails; a bystander "
                "keeps putting (non-durable) and getting",
                "durable put #%d answered UNAVAILABLE \"%s\"; ssd_errors_total +%llu; bystander "
                "20/20 ok; new connections accepted",
