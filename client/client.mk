@@ -54,3 +54,30 @@ $(ASAN_DAEMON): $(wildcard daemon/*.c daemon/*.h proto/*.c proto/*.h) daemon/dae
 	  OPT="-O1 -g" $@ >/dev/null
 TESTS += $(ASAN_DAEMON)
 endif
+
+# ---- install: headers (self-contained: mapflow.h and the proto/ headers it includes),
+# the shared library with its SONAME links, the static one, mapflow.pc, mapflowctl and
+# the Python binding. DESTDIR only prefixes paths here; no installed file contains it.
+BINDIR         ?= $(PREFIX)/bin
+LIBDIR         ?= $(PREFIX)/lib
+INCLUDEDIR     ?= $(PREFIX)/include
+PYTHON_SITEDIR ?= $(PREFIX)/lib/python3/dist-packages
+MAPFLOW_HEADERS := client/mapflow.h proto/mf_status.h proto/mf_hash.h proto/mf_row.h
+MAPFLOW_PY      := $(wildcard client/python/mapflow/*.py)
+
+.PHONY: install-client
+INSTALL_TARGETS += install-client
+install-client: $(MAPFLOW_SO) $(MAPFLOW_A) $(BIN)/mapflowctl
+	install -d $(DESTDIR)$(INCLUDEDIR)/mapflow $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(BINDIR)
+	install -m 0644 $(MAPFLOW_HEADERS) $(DESTDIR)$(INCLUDEDIR)/mapflow/
+	install -m 0755 $(MAPFLOW_SO_REAL) $(DESTDIR)$(LIBDIR)/
+	ln -sf $(notdir $(MAPFLOW_SO_REAL)) $(DESTDIR)$(LIBDIR)/libmapflow.so.$(MF_MAJOR)
+	ln -sf libmapflow.so.$(MF_MAJOR) $(DESTDIR)$(LIBDIR)/libmapflow.so
+	install -m 0644 $(MAPFLOW_A) $(DESTDIR)$(LIBDIR)/
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|' -e 's|@LIBDIR@|$(LIBDIR)|' \
+	  -e 's|@VERSION@|$(MF_MAJOR).$(MF_MINOR).$(MF_PATCH)|' client/mapflow.pc.in \
+	  > $(DESTDIR)$(LIBDIR)/pkgconfig/mapflow.pc
+	chmod 0644 $(DESTDIR)$(LIBDIR)/pkgconfig/mapflow.pc
+	install -m 0755 $(BIN)/mapflowctl $(DESTDIR)$(BINDIR)/
+	$(if $(MAPFLOW_PY),install -d $(DESTDIR)$(PYTHON_SITEDIR)/mapflow)
+	$(if $(MAPFLOW_PY),install -m 0644 $(MAPFLOW_PY) $(DESTDIR)$(PYTHON_SITEDIR)/mapflow/)

@@ -1,0 +1,309 @@
+"""The Python binding (client/python/mapflow) against a real mapflowd.
+
+Rows come from mapflow-synth (real encoded rows); the daemon runs on a unix socket in a
+temp dir and must exit 0 on SIGTERM. Covers: put_batch / put, lookup, get_prefix in copy
+and lease mode with memoryview and NumPy views byte-identical to the files, get / get by
+keys / get_lease, release, delete, list paging, stats / health / config / evict / flush,
+profiles, MapflowError codes, async calls on a CompletionQueue (each event exactly once),
+a deadline while the daemon is stopped, and reconnection after a daemon restart.
+Env: MF_BIN (build/bin), MF_BUILD (build dir, for libmapflow), MAPFLOW_LIB (overrides).
+"""
+import os
+import random
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+BUILD = os.path.join(ROOT, os.environ.get("MF_BUILD", "build"))
+MF_BIN = os.environ.get("MF_BIN", os.path.join(BUILD, "bin"))
+LIB = os.environ.setdefault("MAPFLOW_LIB", os.path.join(BUILD, "lib", "libmapflow.so.0"))
+
+
+def _preload_asan():
+    """A sanitized libmapflow (make asan) needs the ASan runtime loaded first."""
+    if os.environ.get("LD_PRELOAD") or not os.path.exists(LIB):
+        return
+    out = subprocess.run(["ldd", LIB], capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        if "libasan" in line and "=>" in line:
+            env = dict(os.environ, LD_PRELOAD=line.split("=>")[1].split()[0],
+                       ASAN_OPTIONS="detect_leaks=0")
+            os.execve(sys.executable, [sys.executable] + sys.argv, env)
+
+
+_preload_asan()
+sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+import mapflow  # noqa: E402
+
+try:
+    import numpy as np
+except ImportError:
+    np = None
+
+NS = "py-ns"
+MODEL = "py-src"
+B = 16
+
+
+class Daemon:
+    def __init__(self, tmp):
+        self.tmp = tmp
+        self.sock = os.path.join(tmp, "d.sock")
+        self.proc = None
+
+    def start(self):
+        self.log = open(os.path.join(self.tmp, "daemon.log"), "ab")
+        self.proc = subprocess.Popen(
+            [os.path.join(MF_BIN, "mapflowd"), "--socket", self.sock, "--data_dir",
+             os.path.join(self.tmp, "data"), "--http", "127.0.0.1:0", "--host_bytes", "64mb"],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        for _ in range(500):
+            if self.proc.poll() is not None:
+                raise RuntimeError("mapflowd exited during start: " + self.logtail())
+            try:
+                with mapflow.Channel("unix:" + self.sock, timeout_ms=1000) as ch:
+                    ch.health()
+                return
+            except mapflow.MapflowError:
+                time.sleep(0.02)
+        raise RuntimeError("mapflowd did not come up: " + self.logtail())
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        rc = self.proc.wait(timeout=20)
+        self.log.close()
+        if rc != 0:
+            raise AssertionError("mapflowd exited %d on SIGTERM: %s" % (rc, self.logtail()))
+
+    def logtail(self):
+        with open(os.path.join(self.tmp, "daemon.log"), "rb") as f:
+            return f.read()[-2000:].decode(errors="replace")
+
+
+class BindingTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="mfpy-")
+        rng = random.Random(8)
+        cls.nb = 6
+        cls.tokens = [rng.randrange(1, 50000) for _ in range(cls.nb * B + 5)]
+        tok = os.path.join(cls.tmp, "tok")
+        with open(tok, "wb") as f:
+            f.write(struct.pack("<%dI" % len(cls.tokens), *cls.tokens))
+        cls.rows = {}
+        for layer in (3, 4):
+            out = os.path.join(cls.tmp, "rows%d" % layer)
+            subprocess.run([os.path.join(MF_BIN, "mapflow-synth"), "--model", MODEL, "--layer",
+                            str(layer), "--block", str(B), "--heads", "4", "--tokens", tok,
+                            "--codec", "fp16", "--top-p", "0.9", "--seed", str(layer),
+                            "--out", out, "--ns", NS], check=True, stdout=subprocess.DEVNULL)
+            cls.rows[layer] = [open(os.path.join(out, "row-%d.bin" % i), "rb").read()
+                               for i in range(cls.nb)]
+        cls.hashes = mapflow.hash_prefix(NS, MODEL, B, cls.tokens)
+        cls.d = Daemon(cls.tmp)
+        cls.d.start()
+
+    @classmethod
+    def tearDownClass(cls):
+        try:
+            cls.d.stop()
+        finally:
+            shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def chan(self, **kw):
+        kw.setdefault("ns", NS)
+        return mapflow.Channel("unix:" + self.d.sock, **kw)
+
+    def setUp(self):
+        with self.chan() as ch:
+            ch.flush()
+
+    def put_all(self, ch):
+        res = ch.put_batch(self.rows[3] + self.rows[4])
+        self.assertEqual(len(res), 2 * self.nb)
+        self.assertTrue(all(r.status == mapflow.OK and r.tier == "host" for r in res))
+
+    def test_roundtrip_copy_and_lease(self):
+        self.assertEqual(len(self.hashes), self.nb)
+        with self.chan(want_arena=True) as ch:
+            self.assertTrue(ch.has_arena)
+            self.put_all(ch)
+            self.assertTrue(ch.put(self.rows[3][0]).replaced)
+            blocks, total = ch.lookup(MODEL, B, self.tokens, [3, 4, 5])
+            self.assertEqual((blocks, total), ([self.nb, self.nb, 0], self.nb))
+            for lease in (False, True):
+                with ch.get_prefix(MODEL, B, self.tokens, [3, 4], lease=lease) as g:
+                    self.assertEqual(len(g), 2 * self.nb)
+                    for i, row in enumerate(g):
+                        want = self.rows[3 + i // self.nb][i % self.nb]
+                        self.assertTrue(row.ok, row)
+                        self.assertEqual((row.layer, row.block), (3 + i // self.nb, i % self.nb))
+                        self.assertTrue(row.data.readonly)
+                        self.assertEqual(row.data.tobytes(), want)
+                        self.assertEqual(bool(row.lease_id), lease)
+                        self.assertEqual(row.hash, self.hashes[i % self.nb])
+                        self.assertEqual(row.model, MODEL)
+                        if np is not None:
+                            a = row.array()
+                            self.assertFalse(a.flags.writeable)
+                            self.assertEqual(a.tobytes(), want)
+                            blk = i % self.nb
+                            self.assertEqual(row.tokens.tolist(),
+                                             self.tokens[blk * B:(blk + 1) * B])
+            # Partial prefix: blocks 2..3 of layer 4 only.
+            with ch.get_prefix(MODEL, B, self.tokens, [4], first_block=2, n_blocks=2) as g:
+                self.assertEqual([r.block for r in g], [2, 3])
+            self.assertEqual(ch.get(MODEL, 4, self.hashes[5]), self.rows[4][5])
+            with ch.get_keys([(MODEL, 3, self.hashes[1]), (MODEL, 9, self.hashes[1])]) as g:
+                self.assertEqual(g[0].data.tobytes(), self.rows[3][1])
+                self.assertEqual(g[1].status, mapflow.NOT_FOUND)
+                self.assertIsNone(g[1].data)
+            lease = ch.get_lease(MODEL, 3, self.hashes[2])
+            self.assertEqual(lease.data.tobytes(), self.rows[3][2])
+            self.assertEqual(ch.release([lease.lease_id]), 1)
+            self.assertEqual(ch.delete(MODEL, 3, self.hashes[2]), 1)
+            self.assertEqual(ch.lookup(MODEL, B, self.tokens, [3])[0], [2])
+            self.assertEqual(ch.delete_model(MODEL, 4), self.nb)
+
+    def test_errors_carry_codes(self):
+        with self.chan() as ch:
+            with self.assertRaises(mapflow.MapflowError) as e:
+                ch.get(MODEL, 3, self.hashes[0])
+            self.assertEqual(e.exception.code, mapflow.NOT_FOUND)
+            self.assertEqual(e.exception.status, "NOT_FOUND")
+            with self.assertRaises(mapflow.MapflowError) as e:
+                ch.get_prefix(MODEL, B, self.tokens, [3], lease=True)
+            self.assertEqual(e.exception.code, mapflow.FAILED_PRECONDITION)
+            bad = bytearray(self.rows[3][0])
+            bad[-1] ^= 0x77
+            with self.assertRaises(mapflow.MapflowError) as e:
+                ch.put_batch([self.rows[3][1], bytes(bad)])
+            self.assertNotEqual(e.exception.code, mapflow.OK)
+            self.assertEqual(e.exception.results[1].status, e.exception.code)
+            self.assertEqual(list(ch.list()), [])  # nothing sent
+            with self.assertRaises(mapflow.MapflowError) as e:
+                ch.config_set("host_bytes", "1gb")  # not live
+            self.assertEqual(e.exception.code, mapflow.FAILED_PRECONDITION)
+        with self.assertRaises(mapflow.MapflowError) as e:
+            mapflow.Channel("unix:" + os.path.join(self.tmp, "nobody.sock"))
+        self.assertEqual(e.exception.code, mapflow.UNAVAILABLE)
+        self.assertIn("nobody.sock", e.exception.message)
+
+    def test_list_paging_and_admin(self):
+        with self.chan() as ch:
+            self.put_all(ch)
+            entries, tok = ch.list_page(page_size=5)
+            self.assertEqual(len(entries), 5)
+            self.assertIsNotNone(tok)
+            every = list(ch.list(page_size=5))
+            self.assertEqual(len(every), 2 * self.nb)
+            self.assertEqual({(e["layer"], e["hash"]) for e in every},
+                             {(l, h) for l in (3, 4) for h in self.hashes})
+            self.assertEqual(len(list(ch.list(layer=4))), self.nb)
+            s = ch.stats()
+            self.assertGreaterEqual(s["counters"]["puts_total"], 2 * self.nb)
+            self.assertTrue(any(t["tier"] == "host" and t["entries"] == 2 * self.nb
+                                for t in s["tiers"]))
+            h = ch.health()
+            self.assertTrue(h["ok"])
+            self.assertIn("lease_ttl", ch.config_get())
+            self.assertEqual(ch.config_set("lease_ttl", "15s"), ch.config_get("lease_ttl")
+                             ["lease_ttl"][0])
+            pb = b"\x0a\x03py1\x12\x03py2\x18\x10"  # MappingProfile{source, target, block 16}
+            ch.profile_put(pb)
+            self.assertEqual(ch.profile_get("py1", "py2"), pb)
+            with self.assertRaises(mapflow.MapflowError) as e:
+                ch.profile_get("py1", "nobody")
+            self.assertEqual(e.exception.code, mapflow.NOT_FOUND)
+            info = ch.info()
+            self.assertTrue(info["connected"])
+            self.assertEqual(info["in_flight"], 0)
+            self.assertEqual(ch.flush(), 2 * self.nb)
+
+    def test_async_each_event_once(self):
+        with self.chan(want_arena=True) as ch, mapflow.CompletionQueue() as cq:
+            self.put_all(ch)
+            n = 200
+            for i in range(n):
+                kind = i % 4
+                if kind == 0:
+                    ch.lookup_async(cq, MODEL, B, self.tokens, [3, 4], tag=("lk", i))
+                elif kind == 1:
+                    ch.get_prefix_async(cq, MODEL, B, self.tokens, [4], i % self.nb, 1,
+                                        lease=True, tag=("gp", i))
+                elif kind == 2:
+                    ch.get_async(cq, MODEL, 3, self.hashes[i % self.nb], tag=("g", i))
+                else:
+                    ch.put_async(cq, self.rows[3][i % self.nb], tag=("p", i))
+            seen = set()
+            for _ in range(n):
+                ev = cq.next(30000)
+                self.assertIsNotNone(ev, "no event within 30 s")
+                self.assertNotIn(ev.tag, seen)
+                seen.add(ev.tag)
+                kind, i = ev.tag
+                res = ev.check()
+                if kind == "lk":
+                    self.assertEqual(res, ([self.nb, self.nb], self.nb))
+                elif kind == "gp":
+                    self.assertEqual(res[0].data.tobytes(), self.rows[4][i % self.nb])
+                    res.release()
+                    res.close()
+                elif kind == "g":
+                    self.assertEqual(res, self.rows[3][i % self.nb])
+                else:
+                    self.assertTrue(res.replaced)
+            self.assertEqual(len(seen), n)
+            self.assertIsNone(cq.next(0))
+            self.assertEqual(len(cq), 0)
+
+    def test_deadline_and_cancel_while_stopped(self):
+        with self.chan(retry={"max_retries": 0}) as ch, mapflow.CompletionQueue() as cq:
+            os.kill(self.d.proc.pid, signal.SIGSTOP)
+            try:
+                with self.assertRaises(mapflow.MapflowError) as e:
+                    ch.health(timeout_ms=100)
+                self.assertEqual(e.exception.code, mapflow.DEADLINE_EXCEEDED)
+                call = ch.health_async(cq, tag="h", timeout_ms=mapflow.TIMEOUT_INFINITE)
+                self.assertTrue(call.cancel())
+                ev = cq.next(30000)
+                self.assertEqual((ev.tag, ev.status), ("h", mapflow.CANCELLED))
+                self.assertIsNone(ev.result)
+            finally:
+                os.kill(self.d.proc.pid, signal.SIGCONT)
+            self.assertTrue(ch.health()["ok"])
+
+    def test_reconnect_after_restart(self):
+        with self.chan(want_arena=True, retry={"max_retries": 0}) as ch:
+            self.put_all(ch)
+            self.d.stop()
+            try:
+                with self.assertRaises(mapflow.MapflowError) as e:
+                    ch.health()
+                self.assertEqual(e.exception.code, mapflow.UNAVAILABLE)
+            finally:
+                self.d.start()
+            for _ in range(500):
+                try:
+                    ch.health()
+                    break
+                except mapflow.MapflowError as err:
+                    self.assertEqual(err.code, mapflow.UNAVAILABLE)
+                    time.sleep(0.02)
+            info = ch.info()
+            self.assertTrue(info["connected"])
+            self.assertGreaterEqual(info["reconnects"], 1)
+            self.assertTrue(ch.has_arena)
+            ch.put(self.rows[3][0])
+            with ch.get_prefix(MODEL, B, self.tokens, [3], 0, 1, lease=True) as g:
+                self.assertEqual(g[0].data.tobytes(), self.rows[3][0])
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
