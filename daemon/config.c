@@ -55,8 +55,14 @@ static const cdef_t g_table[] = {
     {"tcp", CT_ADDR, OFF(tcp), "", 0, 0, 0,
      "TCP control listener (host:port, port 0 = any; empty = off); clients must send token",
      "127.0.0.1:9478"},
+    {"ucx", CT_ADDR, OFF(ucx), "", 0, 0, 0,
+     "UCX listener for peer daemons and remote clients (host:port, port 0 = any; empty = "
+     "off); non-loopback needs token",
+     "127.0.0.1:9479"},
     {"token", CT_STR, OFF(token), "", 0, 0, 1,
-     "shared secret TCP clients must present in Hello (empty = none)", "change-me"},
+     "shared secret TCP and UCX clients (and peer daemons) must present in Hello (empty = "
+     "none); also what this daemon presents to its peers",
+     "change-me"},
     {"host_bytes", CT_SIZE, OFF(host_bytes), "1gb", 1 * MB, 16 * TB, 0,
      "size of the shared-memory host arena (memfd)", NULL},
     {"ssd_bytes", CT_SIZE, OFF(ssd_bytes), "16gb", 0, 1024 * TB, 1,

@@ -31,6 +31,7 @@ typedef struct mfd_config {
     char *data_dir;            /* "" = auto (per-user data dir) until resolved */
     char *http;                /* host:port, "" = off */
     char *tcp;                 /* host:port, "" = off */
+    char *ucx;                 /* UCX listener host:port (peers, remote clients), "" = off */
     char *token;               /* shared secret required on TCP; "" = none */
     uint64_t host_bytes;
     uint64_t ssd_bytes;        /* 0 = SSD tier off */

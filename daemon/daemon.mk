@@ -3,10 +3,11 @@
 
 DAEMON_SRCS := daemon/log.c daemon/config.c daemon/arena.c daemon/index.c \
                daemon/tier_ssd.c daemon/lease.c daemon/store.c daemon/metrics.c \
-               daemon/http.c daemon/notify.c daemon/server.c daemon/admin.c daemon/tier.c
+               daemon/http.c daemon/notify.c daemon/server.c daemon/admin.c daemon/tier.c \
+               daemon/ucx.c daemon/peer.c
 DAEMON_OBJS := $(DAEMON_SRCS:%.c=$(OBJ)/%.o)
 DAEMON_A    := $(LIB)/libmfdaemon.a
-DAEMON_LIBS := $(call pkg_libs,libevent libevent_pthreads rocksdb libsystemd)
+DAEMON_LIBS := $(call pkg_libs,libevent libevent_pthreads rocksdb libsystemd ucx)
 
 LIBS         += $(DAEMON_A)
 BINS         += $(BIN)/mapflowd

@@ -1,6 +1,7 @@
 /* http — /metrics, /healthz, /readyz over evhttp (see http.h). */
 #include "http.h"
 #include "log.h"
+#include "peer.h"
 
 #include <event2/buffer.h>
 #include <event2/http.h>
@@ -33,12 +34,19 @@ static void on_metrics(struct evhttp_request *req, void *arg)
     mfd_server_gauges(s, &g);
     size_t len;
     char *text = mfd_metrics_render(&s->metrics, &g, &len);
-    if (!text) {
+    size_t plen = 0;
+    char *peers = text ? mfd_peers_metrics(s->peers, &plen) : NULL; /* UCX transfers */
+    char *all = peers ? realloc(text, len + plen + 1) : NULL;
+    if (!all) {
+        free(text);
+        free(peers);
         evhttp_send_error(req, 500, "out of memory");
         return;
     }
-    reply_text(req, 200, "OK", "text/plain; version=0.0.4; charset=utf-8", text, len);
-    free(text);
+    memcpy(all + len, peers, plen + 1);
+    free(peers);
+    reply_text(req, 200, "OK", "text/plain; version=0.0.4; charset=utf-8", all, len + plen);
+    free(all);
 }
 
 static void on_healthz(struct evhttp_request *req, void *arg)

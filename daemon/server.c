@@ -4,6 +4,7 @@
 #include "http.h"
 #include "log.h"
 #include "notify.h"
+#include "peer.h"
 
 #include <errno.h>
 #include <event2/thread.h>
@@ -257,12 +258,15 @@ static void handle_hello(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Hello *
     c->hello_done = 1;
     c->session_id = ++s->next_session;
     int pass_fd = h->want_host_arena && c->tp->can_pass_fds;
+    /* UCX: the arena is reached one-sided; RemoteArena hands out its rkey. */
+    int remote = h->want_host_arena && c->tp == &mfd_transport_ucx;
+    c->has_arena = remote;
 
     Mapflow__V1__HelloReply r = MAPFLOW__V1__HELLO_REPLY__INIT;
     r.protocol_version = MF_PROTOCOL_VERSION;
     r.daemon_version = (char *)MFD_VERSION_STR;
     r.session_id = c->session_id;
-    r.host_arena_bytes = pass_fd ? mfd_arena_capacity(s->store.arena) : 0;
+    r.host_arena_bytes = pass_fd || remote ? mfd_arena_capacity(s->store.arena) : 0;
     r.host_arena_fd = pass_fd;
     r.max_frame = (uint32_t)s->cfg.max_frame;
     r.max_batch = (uint32_t)s->cfg.max_batch;
@@ -527,15 +531,13 @@ static void handle_put_abort(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Put
 
 /* ==== Lookup ========================================================================== */
 
+/* peer_blocks: the peer's answer (resume); via_peer: ask m->peer first. */
 static void handle_lookup(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Lookup *m,
-                          const uint8_t *payload, size_t plen, double t0)
+                          const uint8_t *payload, size_t plen, double t0, int via_peer,
+                          const uint32_t *peer_blocks, size_t n_peer_blocks)
 {
     mfd_server_t *s = c->srv;
     const char *why = NULL;
-    if (m->peer && m->peer[0]) {
-        mfd_conn_error(c, rid, MF_UNIMPLEMENTED, "Lookup: peer daemons (UCX) are not in this build");
-        return;
-    }
     if (check_model_block(m->model, m->block_size, &why) != MF_OK) {
         mfd_conn_error(c, rid, MF_INVALID_ARGUMENT, "Lookup: %s", why);
         return;
@@ -543,6 +545,10 @@ static void handle_lookup(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Lookup
     if (m->n_layers < 1 || m->n_layers > s->cfg.max_batch) {
         mfd_conn_error(c, rid, MF_INVALID_ARGUMENT, "Lookup: %zu layers (want 1..%llu)",
                        m->n_layers, (unsigned long long)s->cfg.max_batch);
+        return;
+    }
+    if (via_peer && m->peer && m->peer[0]) {
+        mfd_peers_lookup(c, rid, m, payload, plen, t0);
         return;
     }
     uint32_t *tokens = NULL;
@@ -582,6 +588,8 @@ static void handle_lookup(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Lookup
             }
             n++;
         }
+        if (peer_blocks && l < n_peer_blocks && peer_blocks[l] > n)
+            n = peer_blocks[l] < nb ? peer_blocks[l] : (uint32_t)nb;
         blocks[l] = n;
         hit_blocks += n;
     }
@@ -783,8 +791,11 @@ static void resolve_row(get_op_t *op, get_row_t *r)
     mfd_store_read(&s->store, e, 1, on_get_read, r);
 }
 
+/* forced: NULL on a first pass (rows missing here may go to m->peer); on a resume, the
+ * peer's status of each row still missing. */
 static void handle_get(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Get *m,
-                       const uint8_t *payload, size_t plen, double t0)
+                       const uint8_t *payload, size_t plen, double t0,
+                       const mf_status_t *forced)
 {
     mfd_server_t *s = c->srv;
     const char *why = NULL;
@@ -798,11 +809,6 @@ static void handle_get(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Get *m,
     op->t0 = t0;
     op->lease_mode = m->mode == MAPFLOW__V1__GET_MODE__GET_LEASE;
     op->prefix_mode = m->n_keys == 0;
-    if (m->peer && m->peer[0]) {
-        /* Refused rather than silently answered from this daemon alone. */
-        mfd_conn_error(c, rid, MF_UNIMPLEMENTED, "Get: peer daemons (UCX) are not in this build");
-        goto fail;
-    }
     if (op->lease_mode && !c->has_arena) {
         mfd_conn_error(c, rid, MF_FAILED_PRECONDITION,
                        "Get: GET_LEASE needs the host arena (unix socket, Hello.want_host_arena)");
@@ -879,7 +885,7 @@ static void handle_get(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Get *m,
         }
         r->e = mfd_store_find(&s->store, &k);
         if (!r->e) {
-            r->ref.status = MF_NOT_FOUND;
+            r->ref.status = forced && forced[i] ? forced[i] : MF_NOT_FOUND;
             continue;
         }
         mfd_entry_pin(r->e);
@@ -895,6 +901,23 @@ static void handle_get(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Get *m,
                 r->ref.payload_offset = at;
                 off = at + r->e->size;
             }
+        }
+    }
+    if (!forced && m->peer && m->peer[0]) {
+        /* Read-through: the peer fills in what is missing, then this Get runs again. */
+        uint32_t *miss = malloc(op->n_rows * sizeof(*miss) + 1);
+        size_t n_miss = 0;
+        for (size_t i = 0; miss && i < op->n_rows; i++)
+            if (!op->rows[i].e && op->rows[i].ref.status == MF_NOT_FOUND)
+                miss[n_miss++] = (uint32_t)i;
+        if (!miss)
+            mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED, "Get: out of memory");
+        else if (n_miss)
+            mfd_peers_get(c, rid, m, payload, plen, t0, miss, n_miss);
+        free(miss);
+        if (!miss || n_miss) {
+            get_op_free(op);
+            return;
         }
     }
     if (!op->lease_mode && off) {
@@ -936,6 +959,22 @@ static void handle_release(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Relea
     REPLY(c, rid, RELEASE_REPLY, release_reply, &rep, NULL, 0);
 }
 
+void mfd_server_get_resume(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Get *m,
+                           const uint8_t *payload, size_t plen, double t0,
+                           const mf_status_t *forced)
+{
+    if (!c->dead)
+        handle_get(c, rid, m, payload, plen, t0, forced);
+}
+
+void mfd_server_lookup_resume(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Lookup *m,
+                              const uint8_t *payload, size_t plen, double t0,
+                              const uint32_t *peer_blocks, size_t n_peer_blocks)
+{
+    if (!c->dead)
+        handle_lookup(c, rid, m, payload, plen, t0, 0, peer_blocks, n_peer_blocks);
+}
+
 /* ==== dispatch ======================================================================== */
 
 void mfd_server_dispatch(mfd_conn_t *c, const mf_envelope_t *env, const uint8_t *payload,
@@ -957,9 +996,12 @@ void mfd_server_dispatch(mfd_conn_t *c, const mf_envelope_t *env, const uint8_t 
         break;
     case MAPFLOW__V1__ENVELOPE__BODY_PUT_ABORT: handle_put_abort(c, rid, env->put_abort); break;
     case MAPFLOW__V1__ENVELOPE__BODY_LOOKUP:
-        handle_lookup(c, rid, env->lookup, payload, plen, t0);
+        handle_lookup(c, rid, env->lookup, payload, plen, t0, 1, NULL, 0);
         break;
-    case MAPFLOW__V1__ENVELOPE__BODY_GET: handle_get(c, rid, env->get, payload, plen, t0); break;
+    case MAPFLOW__V1__ENVELOPE__BODY_GET:
+        handle_get(c, rid, env->get, payload, plen, t0, NULL);
+        break;
+    case MAPFLOW__V1__ENVELOPE__BODY_REMOTE_ARENA: mfd_peers_remote_arena(c, rid); break;
     case MAPFLOW__V1__ENVELOPE__BODY_RELEASE: handle_release(c, rid, env->release); break;
     case MAPFLOW__V1__ENVELOPE__BODY_DELETE: mfd_admin_delete(c, rid, env->delete_); break;
     case MAPFLOW__V1__ENVELOPE__BODY_LIST: mfd_admin_list(c, rid, env->list); break;
@@ -1042,25 +1084,20 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
     mfd_conn_unhold(c);
 }
 
-static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa,
-                      int socklen, void *arg)
+mf_status_t mfd_server_adopt(mfd_server_t *s, int fd, const mfd_transport_t *tp,
+                             const char *peer_name)
 {
-    (void)l;
-    (void)socklen;
-    mfd_server_t *s = arg;
-    const mfd_transport_t *tp = sa->sa_family == AF_UNIX ? &mfd_transport_unix
-                                                         : &mfd_transport_tcp;
     if (s->draining || s->n_conns >= s->cfg.max_connections) {
         mfd_count(&s->metrics, MFD_C_CONN_REJECTED, 1);
         mfd_warn("refusing a %s connection: %s", tp->name,
                  s->draining ? "draining" : "max_connections reached");
         close(fd);
-        return;
+        return MF_UNAVAILABLE;
     }
     mfd_conn_t *c = calloc(1, sizeof(*c));
     if (!c) {
         close(fd);
-        return;
+        return MF_RESOURCE_EXHAUSTED;
     }
     c->srv = s;
     c->tp = tp;
@@ -1076,18 +1113,9 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
             event_free(c->wev);
         close(fd);
         conn_free(c);
-        return;
+        return MF_RESOURCE_EXHAUSTED;
     }
-    if (sa->sa_family == AF_INET) {
-        struct sockaddr_in *in = (struct sockaddr_in *)sa;
-        char ip[INET_ADDRSTRLEN];
-        inet_ntop(AF_INET, &in->sin_addr, ip, sizeof(ip));
-        snprintf(c->peer, sizeof(c->peer), "tcp:%s:%u", ip, ntohs(in->sin_port));
-    } else if (sa->sa_family == AF_INET6) {
-        snprintf(c->peer, sizeof(c->peer), "tcp6:#%d", fd);
-    } else {
-        snprintf(c->peer, sizeof(c->peer), "unix:#%d", fd);
-    }
+    snprintf(c->peer, sizeof(c->peer), "%s", peer_name);
     c->next = s->conns;
     if (s->conns)
         s->conns->prev = c;
@@ -1095,6 +1123,29 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
     s->n_conns++;
     mfd_count(&s->metrics, MFD_C_CONN_ACCEPTED, 1);
     event_add(c->rev, NULL);
+    return MF_OK;
+}
+
+static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa,
+                      int socklen, void *arg)
+{
+    (void)l;
+    (void)socklen;
+    mfd_server_t *s = arg;
+    const mfd_transport_t *tp = sa->sa_family == AF_UNIX ? &mfd_transport_unix
+                                                         : &mfd_transport_tcp;
+    char peer[80];
+    if (sa->sa_family == AF_INET) {
+        struct sockaddr_in *in = (struct sockaddr_in *)sa;
+        char ip[INET_ADDRSTRLEN];
+        inet_ntop(AF_INET, &in->sin_addr, ip, sizeof(ip));
+        snprintf(peer, sizeof(peer), "tcp:%s:%u", ip, ntohs(in->sin_port));
+    } else if (sa->sa_family == AF_INET6) {
+        snprintf(peer, sizeof(peer), "tcp6:#%d", fd);
+    } else {
+        snprintf(peer, sizeof(peer), "unix:#%d", fd);
+    }
+    mfd_server_adopt(s, fd, tp, peer);
 }
 
 /* ==== listeners ======================================================================= */
@@ -1338,6 +1389,8 @@ mf_status_t mfd_server_create(mfd_config_t *cfg, const char *config_path,
         goto fail;
     if (s->cfg.tcp[0] && (st = listen_tcp(s, err, errlen)) != MF_OK)
         goto fail;
+    if ((st = mfd_peers_create(s, &s->peers, err, errlen)) != MF_OK)
+        goto fail;
     if (s->cfg.http[0] && (st = mfd_http_start(s, err, errlen)) != MF_OK)
         goto fail;
     s->sig_term = evsignal_new(s->base, SIGTERM, on_signal, s);
@@ -1381,6 +1434,7 @@ mf_status_t mfd_server_run(mfd_server_t *s)
         evconnlistener_free(s->tcp_l);
         s->tcp_l = NULL;
     }
+    mfd_peers_stop_listening(s->peers);
     if (s->store.ssd)
         mfd_ssd_drain(s->store.ssd);
     while (s->conns) {
@@ -1409,6 +1463,9 @@ void mfd_server_destroy(mfd_server_t *s)
     }
     if (s->tcp_l)
         evconnlistener_free(s->tcp_l);
+    /* Before the store: failing peer fetches unreserves their arena blocks. */
+    mfd_peers_destroy(s->peers);
+    s->peers = NULL;
     if (s->store.ix) {
         /* Closing the store runs pending SSD callbacks; they may still name connections. */
         mfd_store_close(&s->store);

@@ -77,6 +77,7 @@ struct mfd_server {
     int ready, draining;
     int gpu_on;
     const char *gpu_why;
+    struct mfd_peers *peers; /* UCX listener and peer links (peer.h) */
 };
 
 /*
@@ -115,6 +116,22 @@ void mfd_conn_unhold(mfd_conn_t *c);
 
 /* "host:port" a listening socket is bound to (the real port when 0 was asked for). */
 void mfd_format_bound(int fd, char *out, size_t n);
+
+/* ---- used by peer.c (loop thread) ----------------------------------------------------- */
+
+/* Serves an already connected byte stream (a bridged UCX endpoint) as transport tp; takes
+ * fd over, closing it when refused (draining, max_connections). */
+mf_status_t mfd_server_adopt(mfd_server_t *s, int fd, const mfd_transport_t *tp,
+                             const char *peer_name);
+/* A Get / Lookup naming a peer, run again locally once the peer has answered: forced[i]
+ * (non-zero) is row i's status when it is still missing here; peer_blocks[l] raises
+ * layer l's count (NULL: the peer did not answer). Neither goes to the peer again. */
+void mfd_server_get_resume(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Get *m,
+                           const uint8_t *payload, size_t plen, double t0,
+                           const mf_status_t *forced);
+void mfd_server_lookup_resume(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Lookup *m,
+                              const uint8_t *payload, size_t plen, double t0,
+                              const uint32_t *peer_blocks, size_t n_peer_blocks);
 
 /* Handles one decoded request (the dispatcher; exported for in-process tests). */
 void mfd_server_dispatch(mfd_conn_t *c, const mf_envelope_t *env, const uint8_t *payload,
