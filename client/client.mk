@@ -29,16 +29,20 @@ $(MAPFLOW_SO_REAL): $(CLIENT_LIB_OBJS) $(PROTO_A)
 	  -Wl,--no-undefined -o $@ $(CLIENT_LIB_OBJS) \
 	  -Wl,--whole-archive $(PROTO_A) -Wl,--no-whole-archive $(MAPFLOW_LDLIBS)
 
-$(MAPFLOW_SO): $(MAPFLOW_SO_REAL)
-	$(Q)ln -sf $(notdir $<) $(LIB)/libmapflow.so.$(MF_MAJOR)
-	$(Q)ln -sf libmapflow.so.$(MF_MAJOR) $@
+# The links are remade every time (make judges a link by its target's age, so a version
+# bump would otherwise leave them pointing at the old library).
+.PHONY: mf-client-links
+mf-client-links:
+$(MAPFLOW_SO): $(MAPFLOW_SO_REAL) mf-client-links
+	$(Q)ln -sfn $(notdir $<) $(LIB)/libmapflow.so.$(MF_MAJOR)
+	$(Q)ln -sfn libmapflow.so.$(MF_MAJOR) $@
 
 $(BIN)/mapflowctl: $(OBJ)/client/mapflowctl.o $(MAPFLOW_A)
 	@mkdir -p $(dir $@)
 	@[ "$(V)" != 0 ] || echo "  LD    $@"
 	$(Q)$(CC) $(ALL_CFLAGS) $(LDFLAGS) $< -o $@ $(MAPFLOW_A) $(LDLIBS_BASE)
 
-LIBS += $(MAPFLOW_A) $(MAPFLOW_SO)
+LIBS += $(MAPFLOW_A) $(MAPFLOW_SO_REAL) $(MAPFLOW_SO)
 BINS += $(BIN)/mapflowctl
 TEST_LINK_A := $(MAPFLOW_A) $(TEST_LINK_A)
 

@@ -68,9 +68,9 @@ extern "C" {
 #endif
 
 #define MF_VERSION_MAJOR 0
-#define MF_VERSION_MINOR 1
+#define MF_VERSION_MINOR 2
 #define MF_VERSION_PATCH 0
-#define MF_VERSION_STRING "0.1.0"
+#define MF_VERSION_STRING "0.2.0"
 
 #if defined(MF_BUILDING_LIBRARY)
 #define MF_EXPORT __attribute__((visibility("default")))
