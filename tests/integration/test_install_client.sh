@@ -77,8 +77,12 @@ cc -std=c11 -Wall -Werror "$MF_TMP/p.c" -o "$MF_TMP/p" $(pkg-config --cflags --l
 cc -std=c11 -Wall -Werror "$MF_TMP/p.c" -o "$MF_TMP/p-static" \
   $(pkg-config --cflags mapflow) $(pkg-config --static --libs mapflow | sed 's/-lmapflow/-l:libmapflow.a/') \
   || fail "cannot link the installed static library with pkg-config --static"
-LD_LIBRARY_PATH=$d/usr/local/lib ldd "$MF_TMP/p" | grep -q "libmapflow.so.$major => $d/usr/local/lib/" || fail "not linked to the installed .so: $(ldd "$MF_TMP/p")"
-if ldd "$MF_TMP/p-static" | grep -q libmapflow; then fail "static build still needs libmapflow.so"; fi
+# ldd's output is taken whole first: `ldd | grep -q` under pipefail fails when grep exits
+# before ldd has written everything (SIGPIPE).
+deps=$(LD_LIBRARY_PATH=$d/usr/local/lib ldd "$MF_TMP/p")
+grep -q "libmapflow.so.$major => $d/usr/local/lib/" <<<"$deps" || fail "not linked to the installed .so: $deps"
+deps=$(ldd "$MF_TMP/p-static")
+if grep -q libmapflow <<<"$deps"; then fail "static build still needs libmapflow.so"; fi
 
 mf_start
 out=$(LD_LIBRARY_PATH=$d/usr/local/lib "$MF_TMP/p" "$MF_SOCK") || fail "installed-library program: $out"
