@@ -272,6 +272,11 @@ static int mapflow_phases(phase_ctx_t *x)
         bad |= sweep(o, &job, "put", settle_put, x, NULL, NULL);
         mfb_mapflow_print_stats(o->target, "after put");
         mfb_mapflow_settle(o->target, 60, "after put");
+        /* The same puts with the SSD write-through off: what the host tier alone takes. */
+        if (mfb_mapflow_config(o->target, "write_through", "off") == MF_OK) {
+            bad |= sweep(o, &job, "put_wt_off", NULL, NULL, NULL, NULL);
+            bad |= mfb_mapflow_config(o->target, "write_through", "async") != MF_OK;
+        }
         /* Put bursts push the MASK rows down to the SSD tier: load them back so the
          * mixed workload starts from the same state as the read measurements. */
         if (phase_on(o, "mixed") && populate(x))

@@ -375,6 +375,20 @@ void mfb_mapflow_settle(const char *target, double max_s, const char *when)
     mf_channel_close(ch);
 }
 
+mf_status_t mfb_mapflow_config(const char *target, const char *key, const char *value)
+{
+    mf_channel_t *ch;
+    mf_status_t st = mfb_mapflow_open(target, &ch);
+    if (st != MF_OK)
+        return st;
+    st = mf_config_set(ch, key, value, NULL, MF_TIMEOUT_DEFAULT);
+    if (st != MF_OK)
+        fprintf(stderr, "bench: config set %s %s: %s: %s\n", key, value, mf_status_name(st),
+                mf_channel_last_error(ch));
+    mf_channel_close(ch);
+    return st;
+}
+
 void mfb_mapflow_print_stats(const char *target, const char *when)
 {
     mf_channel_t *ch;

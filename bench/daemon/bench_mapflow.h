@@ -65,6 +65,9 @@ mf_status_t mfb_mapflow_evict_host(const char *target, uint64_t *evicted_bytes);
  */
 void mfb_mapflow_settle(const char *target, double max_s, const char *when);
 
+/* Sets a live daemon config key (e.g. write_through); prints why on failure. */
+mf_status_t mfb_mapflow_config(const char *target, const char *key, const char *value);
+
 /* Prints "INFO\tdaemon ..." lines with tier usage from mf_stats. */
 void mfb_mapflow_print_stats(const char *target, const char *when);
 

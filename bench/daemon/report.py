@@ -111,6 +111,8 @@ def build_rows(res):
         lambda c: Row("get_lease", c, g("mapflow", "get_lease", c), "redis GET",
                       g("redis", "get_copy", c), goal=redis_goal(c)),
         lambda c: Row("put", c, g("mapflow", "put", c), "redis SET", g("redis", "put", c)),
+        lambda c: Row("put (write_through off)", c, g("mapflow", "put_wt_off", c), "redis SET",
+                      g("redis", "put", c)),
         lambda c: Row("ssd_get", c, g("mapflow", "ssd_get", c), "rocksdb get",
                       g("rocksdb", "ssd_get", c), goal=(">= 0.80", 0.80)),
     ]
