@@ -163,8 +163,9 @@ static void link_kill(link_t *l, mf_status_t st, const char *fmt, ...)
     l->state = L_DEAD;
     l->dead_st = st;
     l->stat->errors++;
-    mfd_warn("peer %s (namespace '%s'): %s: %s", l->addr, l->ns, mf_status_name(st), l->why);
     mfd_peers_t *ps = l->ps;
+    mfd_log(ps->destroying ? MFD_LOG_DEBUG : MFD_LOG_WARN, "peer %s (namespace '%s'): %s: %s",
+            l->addr, l->ns, mf_status_name(st), l->why);
     for (link_t **pp = &ps->links; *pp; pp = &(*pp)->next)
         if (*pp == l) {
             *pp = l->next;
@@ -613,6 +614,14 @@ static void on_lease_reply(void *arg, mf_status_t st, const char *why, const mf_
         f->ttl_ms = rep->lease_ttl_ms;
     if (f->batches_out)
         return;
+    uint64_t total = 0, leased = 0;
+    for (size_t i = 0; i < f->n; i++)
+        if (f->rows[i].st == MF_OK) {
+            leased++;
+            total += f->rows[i].len;
+        }
+    mfd_debug("peer %s: pulling %llu of %zu rows (%llu bytes) under leases", f->l->addr,
+              (unsigned long long)leased, f->n, (unsigned long long)total);
     if (f->ttl_ms && f->l->state == L_READY) {
         /* Leave a margin: a get finishing just as the lease lapses would race reuse. */
         uint64_t ms = f->ttl_ms - f->ttl_ms / 10;
