@@ -73,35 +73,9 @@ __device__ void attend(const app_params &p, uint8_t *sm, uint32_t i, uint32_t t,
     kv_loop<S, true>(
         ks, vs, static_cast<const T *>(p.k), static_cast<const T *>(p.v), p.n, p.hkv, kvh,
         count, jf, [&](const T *kt, const T *vt, uint32_t j, int) {
-            float s[S::B / 8][4];
-            qk<S>(s, qf, kt);
-#pragma unroll
-            for (int nt = 0; nt < S::B / 8; nt++)
-#pragma unroll
-                for (int c = 0; c < 4; c++) {
-                    int q = w * 16 + (lane >> 2) + (c >> 1) * 8,
-                        kk = nt * 8 + (lane & 3) * 2 + (c & 1);
-                    s[nt][c] = (j == i && kk > q) ? -INFINITY : s[nt][c] * p.scale_log2;
-                }
-            float alpha[2];
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                float mx = -INFINITY;
-#pragma unroll
-                for (int nt = 0; nt < S::B / 8; nt++)
-                    mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-                float mn = fmaxf(m[r], quad_max(mx));
-                float base = mn == -INFINITY ? 0.0f : mn, sum = 0.0f;
-#pragma unroll
-                for (int nt = 0; nt < S::B / 8; nt++) {
-                    s[nt][2 * r] = exp2f(s[nt][2 * r] - base);
-                    s[nt][2 * r + 1] = exp2f(s[nt][2 * r + 1] - base);
-                    sum += s[nt][2 * r] + s[nt][2 * r + 1];
-                }
-                alpha[r] = exp2f(m[r] - base);
-                l[r] = l[r] * alpha[r] + sum;
-                m[r] = mn;
-            }
+            float s[S::B / 8][4], alpha[2];
+            scores<S>(s, qf, kt, i, j, p.scale_log2);
+            softmax_step<S>(s, m, l, alpha);
 #pragma unroll
             for (int dt = 0; dt < S::D / 8; dt++) {
                 o[dt][0] *= alpha[0];

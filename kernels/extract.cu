@@ -50,23 +50,6 @@ __device__ __forceinline__ void block_of(const ext_params &p, uint32_t &i, uint3
     h = blockIdx.x % p.hq;
 }
 
-/* Scaled (log2) scores of this warp's rows in key block j, causally masked to −inf. */
-template <class S>
-__device__ __forceinline__ void scores(float s[][4], const uint32_t qf[][4],
-                                       const typename S::T *ks, uint32_t i, uint32_t j,
-                                       float sl2)
-{
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    qk<S>(s, qf, ks);
-#pragma unroll
-    for (int nt = 0; nt < S::B / 8; nt++)
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-            int q = w * 16 + (lane >> 2) + (c >> 1) * 8, kk = nt * 8 + (lane & 3) * 2 + (c & 1);
-            s[nt][c] = (j == i && kk > q) ? -INFINITY : s[nt][c] * sl2;
-        }
-}
-
 template <class S> __device__ __forceinline__ typename S::T *smem_tiles()
 {
     extern __shared__ __align__(16) uint8_t smem[];
@@ -96,22 +79,9 @@ template <class S> __global__ void __launch_bounds__(S::THREADS) lse_kernel(ext_
     kv_loop<S, false>(ks, nullptr, static_cast<const T *>(p.k), nullptr, p.n, p.hkv,
                       h / (p.hq / p.hkv), (int)i + 1, [](int x) { return (uint32_t)x; },
                       [&](const T *kt, const T *, uint32_t j, int) {
-                          float s[S::B / 8][4];
+                          float s[S::B / 8][4], alpha[2];
                           scores<S>(s, qf, kt, i, j, p.scale_log2);
-#pragma unroll
-                          for (int r = 0; r < 2; r++) {
-                              float mx = -INFINITY;
-#pragma unroll
-                              for (int nt = 0; nt < S::B / 8; nt++)
-                                  mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-                              float mn = fmaxf(m[r], quad_max(mx));
-                              float base = mn == -INFINITY ? 0.0f : mn, sum = 0.0f;
-#pragma unroll
-                              for (int nt = 0; nt < S::B / 8; nt++)
-                                  sum += exp2f(s[nt][2 * r] - base) + exp2f(s[nt][2 * r + 1] - base);
-                              l[r] = l[r] * exp2f(m[r] - base) + sum;
-                              m[r] = mn;
-                          }
+                          softmax_step<S>(s, m, l, alpha);
                       });
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
 #pragma unroll

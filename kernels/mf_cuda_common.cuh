@@ -224,6 +224,51 @@ __device__ __forceinline__ float quad_sum(float x)
     return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+/* Scaled (log2) scores of this warp's rows against the K tile of key block j, with the
+ * keys above the diagonal (j == i, key > row) at −inf. */
+template <class S>
+__device__ __forceinline__ void scores(float s[][4], const uint32_t qf[][4],
+                                       const typename S::T *ks, uint32_t i, uint32_t j,
+                                       float sl2)
+{
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    qk<S>(s, qf, ks);
+#pragma unroll
+    for (int nt = 0; nt < S::B / 8; nt++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            int q = w * 16 + (lane >> 2) + (c >> 1) * 8, kk = nt * 8 + (lane & 3) * 2 + (c & 1);
+            s[nt][c] = (j == i && kk > q) ? -INFINITY : s[nt][c] * sl2;
+        }
+}
+
+/* Online softmax over one key block: s becomes exp2(s − new max) in place; m, l (this
+ * thread's rows g, g + 8; l a per-thread partial sum) are updated; alpha rescales the
+ * earlier accumulators. */
+template <class S>
+__device__ __forceinline__ void softmax_step(float s[][4], float m[2], float l[2],
+                                             float alpha[2])
+{
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < S::B / 8; nt++)
+            mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+        float mn = fmaxf(m[r], quad_max(mx));
+        float base = mn == -INFINITY ? 0.0f : mn, sum = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < S::B / 8; nt++) {
+            s[nt][2 * r] = exp2f(s[nt][2 * r] - base);
+            s[nt][2 * r + 1] = exp2f(s[nt][2 * r + 1] - base);
+            sum += s[nt][2 * r] + s[nt][2 * r + 1];
+        }
+        alpha[r] = exp2f(m[r] - base);
+        l[r] = l[r] * alpha[r] + sum;
+        m[r] = mn;
+    }
+}
+
 /*
  * Top-P over candidates (mf_topp_select's rule): cm[x], cj[x] for x < n are the
  * candidates other than blocks 0 and i; acc0 the mass of {0, i}; target = top_p × total.
