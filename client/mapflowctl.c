@@ -8,13 +8,16 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "mapflow.h"
+#include "mapflow.pb-c.h"
 
 #define EXIT_DAEMON 1
 #define EXIT_USAGE 2
@@ -30,11 +33,17 @@ static const char usage_text[] =
     "\n"
     "COMMANDS\n"
     "    health                       daemon and tier health (exit 1 if not ok)\n"
-    "    stats                        tiers and counters\n"
-    "    ls [--model M] [--layer L] [--page-size N]\n"
-    "                                 list entries of the namespace (every page)\n"
+    "    stats [--interval S [--count N]]\n"
+    "                                 tiers and counters; with --interval, again every S\n"
+    "                                 seconds (watch-style) with per-second rates of the\n"
+    "                                 counters, N samples (default: until interrupted)\n"
+    "    ls [--model M] [--layer L] [--page-size N] [--pages P] [--page-token T]\n"
+    "                                 list entries of the namespace: every page, or P pages\n"
+    "                                 from token T (hex); the token of the page after them\n"
+    "                                 is printed (stderr; \"next_page_token\" with --json)\n"
     "    put --row FILE [--row FILE...] [--durable]\n"
-    "                                 store encoded rows; the key is read from the row\n"
+    "                                 store encoded rows (all in one batch); the key is\n"
+    "                                 read from the row\n"
     "    get --model M --layer L --hash HEX --out FILE\n"
     "                                 fetch one row by key into FILE\n"
     "    lookup --model M --block B --tokens FILE --layers LIST\n"
@@ -49,6 +58,8 @@ static const char usage_text[] =
     "    config set KEY VALUE         change a live key\n"
     "    profile put --file F         store a mapping profile (encoded MappingProfile)\n"
     "    profile get --source S --target T [--out F]\n"
+    "                                 fetch one (raw protobuf to F or a pipe; --json: its\n"
+    "                                 fields as JSON)\n"
     "    hash --model M --block B --tokens FILE [--ns NS]\n"
     "                                 print one prefix hash per full block (no daemon)\n"
     "\n"
@@ -59,7 +70,8 @@ static const char usage_text[] =
     "    --addr H:P      TCP instead of the unix socket (needs --token if the daemon has one)\n"
     "    --ns NS         namespace (default \"default\")\n"
     "    --token T       shared token (default: $MAPFLOW_TOKEN)\n"
-    "    --json          machine-readable output\n"
+    "    --json          machine-readable output (every command; errors as\n"
+    "                    {\"error\":{...}} on stdout)\n"
     "    --timeout MS    per-call deadline (default 30000)\n"
     "\n"
     "FILES\n"
@@ -133,6 +145,43 @@ static uint32_t parse_u32(const char *s, const char *what)
     if (v > UINT32_MAX)
         usage_fail("%s: %s is out of range", what, s);
     return (uint32_t)v;
+}
+
+/* Seconds, fractions allowed: 0.001 .. 86400. */
+static double parse_seconds(const char *s, const char *what)
+{
+    char *end;
+    errno = 0;
+    double v = s ? strtod(s, &end) : 0;
+    if (!s || !*s || errno || *end || !(v >= 0.001 && v <= 86400))
+        usage_fail("%s: '%s' is not a number of seconds in [0.001, 86400]", what, s ? s : "");
+    return v;
+}
+
+/* Hex text → bytes (page tokens); the caller frees *out. */
+static size_t parse_hex_bytes(const char *s, const char *what, uint8_t **out)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n % 2 || n > 4096)
+        usage_fail("%s: expected an even number of hex digits", what);
+    uint8_t *b = malloc(n / 2);
+    if (!b)
+        usage_fail("out of memory");
+    for (size_t i = 0; i < n / 2; i++) {
+        unsigned v;
+        if (sscanf(s + 2 * i, "%2x", &v) != 1 || !strchr("0123456789abcdefABCDEF", s[2 * i]) ||
+            !strchr("0123456789abcdefABCDEF", s[2 * i + 1]))
+            usage_fail("%s: '%s' is not hex", what, s);
+        b[i] = (uint8_t)v;
+    }
+    *out = b;
+    return n / 2;
+}
+
+static void print_hex(FILE *f, const uint8_t *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        fprintf(f, "%02x", b[i]);
 }
 
 /* "0,1,4-7" → layers; the caller frees *out. */
@@ -246,11 +295,13 @@ static void json_str(const char *s)
 /* Command-level options: getopt_long over argv after the command word. */
 typedef struct cmd_opts {
     const char *model, *hash, *out, *tokens, *layers, *tier, *file, *source, *target, *ns;
+    const char *page_token;
     const char *rows[64];
     int n_rows;
     int64_t layer;
-    uint32_t block, page_size;
+    uint32_t block, page_size, pages, count;
     uint64_t bytes;
+    double interval;
     int durable;
 } cmd_opts_t;
 
@@ -262,7 +313,8 @@ static void parse_cmd_opts(int argc, char **argv, cmd_opts_t *o)
         {"block", 1, 0, 'b'},  {"tier", 1, 0, 'T'},      {"bytes", 1, 0, 'B'},
         {"row", 1, 0, 'r'},    {"durable", 0, 0, 'd'},   {"file", 1, 0, 'f'},
         {"source", 1, 0, 's'}, {"target", 1, 0, 'g'},    {"page-size", 1, 0, 'p'},
-        {"ns", 1, 0, 'n'},     {0, 0, 0, 0}};
+        {"ns", 1, 0, 'n'},     {"pages", 1, 0, 'P'},     {"page-token", 1, 0, 'k'},
+        {"interval", 1, 0, 'i'}, {"count", 1, 0, 'c'},   {0, 0, 0, 0}};
     memset(o, 0, sizeof(*o));
     o->layer = -1;
     optind = 1;
@@ -289,6 +341,10 @@ static void parse_cmd_opts(int argc, char **argv, cmd_opts_t *o)
         case 'g': o->target = optarg; break;
         case 'p': o->page_size = parse_u32(optarg, "--page-size"); break;
         case 'n': o->ns = optarg; break;
+        case 'P': o->pages = parse_u32(optarg, "--pages"); break;
+        case 'k': o->page_token = optarg; break;
+        case 'i': o->interval = parse_seconds(optarg, "--interval"); break;
+        case 'c': o->count = parse_u32(optarg, "--count"); break;
         default: usage_fail("bad option for %s", argv[0]);
         }
     }
@@ -345,13 +401,9 @@ static int cmd_health(ctl_t *c)
     return h.ok ? 0 : EXIT_DAEMON;
 }
 
-static int cmd_stats(ctl_t *c)
+static void print_stats(const mf_stats_t *s, const mf_stats_t *prev, double dt, int json)
 {
-    mf_stats_t *s;
-    mf_status_t st = mf_stats(c->ch, &s, c->timeout_ms);
-    if (st != MF_OK)
-        return fail(c, "stats", st);
-    if (c->json) {
+    if (json) {
         printf("{\"uptime_ms\":%" PRIu64 ",\"connections\":%u,\"tiers\":[", s->uptime_ms,
                s->connections);
         print_tiers(s->tiers, s->n_tiers, 1);
@@ -361,33 +413,93 @@ static int cmd_stats(ctl_t *c)
             json_str(s->counters[i].name);
             printf(":%" PRIu64, s->counters[i].value);
         }
-        printf("}}\n");
+        printf("}");
     } else {
         printf("uptime %" PRIu64 " ms, %u connections\n", s->uptime_ms, s->connections);
         print_tiers(s->tiers, s->n_tiers, 0);
-        for (size_t i = 0; i < s->n_counters; i++)
-            printf("%s %" PRIu64 "\n", s->counters[i].name, s->counters[i].value);
     }
-    mf_stats_free(s);
-    return 0;
+    /* Rates: per second over the last interval; a counter that went down (a daemon
+     * restart) counts from zero. */
+    if (json && prev)
+        printf(",\"interval_s\":%.3f,\"rates\":{", dt);
+    for (size_t i = 0, k = 0; i < s->n_counters; i++) {
+        int found = 0;
+        uint64_t was = prev ? mf_stats_counter(prev, s->counters[i].name, &found) : 0;
+        uint64_t now = s->counters[i].value;
+        double rate = found && dt > 0 ? (double)(now >= was ? now - was : now) / dt : 0;
+        if (json && prev) {
+            printf("%s", k++ ? "," : "");
+            json_str(s->counters[i].name);
+            printf(":%.3f", rate);
+        } else if (!json && prev) {
+            printf("%-40s %16" PRIu64 " %12.1f/s\n", s->counters[i].name, now, rate);
+        } else if (!json) {
+            printf("%s %" PRIu64 "\n", s->counters[i].name, now);
+        }
+    }
+    if (json)
+        printf("%s}\n", prev ? "}" : "");
+    fflush(stdout);
+}
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static int cmd_stats(ctl_t *c, const cmd_opts_t *o)
+{
+    mf_stats_t *prev = NULL;
+    double t_prev = 0;
+    int rc = 0;
+    for (uint32_t n = 0;; n++) {
+        mf_stats_t *s;
+        mf_status_t st = mf_stats(c->ch, &s, c->timeout_ms);
+        if (st != MF_OK) {
+            rc = fail(c, "stats", st);
+            break;
+        }
+        double t = mono_s();
+        if (o->interval > 0 && !c->json && isatty(1))
+            printf("\033[H\033[2J"); /* watch-style: redraw in place */
+        print_stats(s, prev, t - t_prev, c->json);
+        mf_stats_free(prev);
+        prev = s;
+        t_prev = t;
+        if (o->interval <= 0 || (o->count && n + 1 >= o->count))
+            break;
+        struct timespec ts = {(time_t)o->interval,
+                              (long)((o->interval - (double)(time_t)o->interval) * 1e9)};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+            ;
+    }
+    mf_stats_free(prev);
+    return rc;
 }
 
 static int cmd_ls(ctl_t *c, const cmd_opts_t *o)
 {
     uint8_t *token = NULL;
     size_t token_len = 0, shown = 0;
-    int rc = 0;
+    if (o->page_token)
+        token_len = parse_hex_bytes(o->page_token, "--page-token", &token);
+    /* With --pages the JSON is an object carrying the token of the next page; without,
+     * the plain list of every entry (as before). */
+    int paged = o->pages > 0;
     if (c->json)
-        printf("[");
-    for (;;) {
+        printf(paged ? "{\"entries\":[" : "[");
+    for (uint32_t page = 0; !paged || page < o->pages; page++) {
         mf_list_page_t *p;
         mf_status_t st = mf_list(c->ch, o->model, o->layer, o->page_size, token, token_len, &p,
                                  c->timeout_ms);
         free(token);
         token = NULL;
+        token_len = 0;
         if (st != MF_OK) {
             if (c->json)
-                printf("]\n");
+                printf(paged ? "]}\n" : "]\n");
             return fail(c, "ls", st);
         }
         for (size_t i = 0; i < p->n_entries; i++, shown++) {
@@ -416,46 +528,71 @@ static int cmd_ls(ctl_t *c, const cmd_opts_t *o)
         if (!token)
             break;
     }
-    if (c->json)
+    if (c->json && paged) {
+        printf("],\"next_page_token\":");
+        if (token) {
+            putchar('"');
+            print_hex(stdout, token, token_len);
+            putchar('"');
+        } else {
+            printf("null");
+        }
+        printf("}\n");
+    } else if (c->json) {
         printf("]\n");
-    return rc;
+    } else if (token) {
+        fprintf(stderr, "next page: --page-token ");
+        print_hex(stderr, token, token_len);
+        fputc('\n', stderr);
+    }
+    free(token);
+    return 0;
 }
 
 static int cmd_put(ctl_t *c, const cmd_opts_t *o)
 {
     if (o->n_rows == 0)
         usage_fail("put needs --row FILE");
-    int rc = 0;
-    for (int i = 0; i < o->n_rows && rc == 0; i++) {
-        size_t len;
-        void *row = read_file(o->rows[i], &len);
-        if (!row) {
+    mf_put_item_t items[64];
+    for (int i = 0; i < o->n_rows; i++) {
+        items[i] = (mf_put_item_t){0};
+        items[i].row = read_file(o->rows[i], &items[i].len);
+        if (!items[i].row) {
             fprintf(stderr, "mapflowctl: %s: %s\n", o->rows[i], strerror(errno));
+            for (int k = 0; k < i; k++)
+                free((void *)items[k].row);
             return EXIT_USAGE;
         }
-        mf_put_result_t r;
-        mf_status_t st = mf_put(c->ch, row, len, o->durable ? MF_PUT_DURABLE : 0, &r,
-                                c->timeout_ms);
-        if (st != MF_OK) {
-            rc = fail(c, o->rows[i], st);
-        } else {
-            mf_row_view_t v;
-            mf_row_decode(row, len, MF_ROW_NO_CHECKSUM, &v, NULL); /* mf_put validated it */
-            char hex[MF_HASH_HEX_LEN + 1];
-            mf_hash_to_hex(v.hash, hex);
-            if (c->json)
-                printf("{\"file\":\"%s\",\"model\":\"%.*s\",\"layer\":%u,\"block\":%u,"
-                       "\"hash\":\"%s\",\"size\":%zu,\"tier\":\"%s\",\"durable\":%s,"
-                       "\"replaced\":%s}\n", o->rows[i], (int)v.model_len, v.model, v.layer,
-                       v.block_index, hex, len, mf_tier_name(r.tier),
-                       r.durable ? "true" : "false", r.replaced ? "true" : "false");
-            else
-                printf("put %.*s layer %u block %u %s (%zu bytes) -> %s%s%s\n",
-                       (int)v.model_len, v.model, v.layer, v.block_index, hex, len,
-                       mf_tier_name(r.tier), r.durable ? ", durable" : "",
-                       r.replaced ? ", replaced" : "");
+    }
+    /* One batch: every PutBegin goes out at once (a round trip for all, not per row). */
+    mf_status_t st = mf_put_batch(c->ch, items, (size_t)o->n_rows,
+                                  o->durable ? MF_PUT_DURABLE : 0, c->timeout_ms);
+    int rc = 0;
+    for (int i = 0; i < o->n_rows; i++) {
+        const mf_put_result_t *r = &items[i].result;
+        if (items[i].status != MF_OK) {
+            if (rc == 0)
+                rc = fail(c, o->rows[i], st);
+            free((void *)items[i].row);
+            continue;
         }
-        free(row);
+        mf_row_view_t v;
+        mf_row_decode(items[i].row, items[i].len, MF_ROW_NO_CHECKSUM, &v, NULL); /* validated */
+        char hex[MF_HASH_HEX_LEN + 1];
+        mf_hash_to_hex(v.hash, hex);
+        if (c->json) {
+            printf("{\"file\":");
+            json_str(o->rows[i]);
+            printf(",\"model\":\"%.*s\",\"layer\":%u,\"block\":%u,\"hash\":\"%s\",\"size\":%zu,"
+                   "\"tier\":\"%s\",\"durable\":%s,\"replaced\":%s}\n", (int)v.model_len,
+                   v.model, v.layer, v.block_index, hex, items[i].len, mf_tier_name(r->tier),
+                   r->durable ? "true" : "false", r->replaced ? "true" : "false");
+        } else {
+            printf("put %.*s layer %u block %u %s (%zu bytes) -> %s%s%s\n", (int)v.model_len,
+                   v.model, v.layer, v.block_index, hex, items[i].len, mf_tier_name(r->tier),
+                   r->durable ? ", durable" : "", r->replaced ? ", replaced" : "");
+        }
+        free((void *)items[i].row);
     }
     return rc;
 }
@@ -601,6 +738,67 @@ static int cmd_config(ctl_t *c, int argc, char **argv)
     return 0;
 }
 
+static void json_float(float f)
+{
+    if (isfinite(f))
+        printf("%.9g", (double)f);
+    else
+        printf("null");
+}
+
+/* A MappingProfile (proto/mapflow.proto) as JSON, field names as in the .proto. */
+static int print_profile_json(const void *pb, size_t len, const char *out)
+{
+    static const char *const modes[] = {"compute", "prob", "mask"};
+    Mapflow__V1__MappingProfile *p = mapflow__v1__mapping_profile__unpack(NULL, len, pb);
+    if (!p) {
+        fprintf(stderr, "mapflowctl: the daemon returned an undecodable profile\n");
+        return EXIT_DAEMON;
+    }
+    printf("{\"source_model\":");
+    json_str(p->source_model ? p->source_model : "");
+    printf(",\"target_model\":");
+    json_str(p->target_model ? p->target_model : "");
+    printf(",\"block_size\":%u,\"l0\":%u,\"target_layers\":%u,\"created_by\":", p->block_size,
+           p->l0, p->target_layers);
+    json_str(p->created_by ? p->created_by : "");
+    printf(",\"recompute\":{\"last_blocks\":%u,\"first_blocks\":%u}",
+           p->recompute ? p->recompute->last_blocks : 0,
+           p->recompute ? p->recompute->first_blocks : 0);
+    printf(",\"bytes\":%zu", len);
+    if (out) {
+        printf(",\"out\":");
+        json_str(out);
+    }
+    printf(",\"layers\":[");
+    for (size_t i = 0; i < p->n_layers; i++) {
+        const Mapflow__V1__LayerMap *l = p->layers[i];
+        printf("%s{\"target_layer\":%u,\"source_layer\":%u,\"target_heads\":%u,"
+               "\"source_heads\":%u,\"error\":", i ? "," : "", l->target_layer,
+               l->source_layer, l->target_heads, l->source_heads);
+        json_float(l->error);
+        printf(",\"w\":[");
+        for (size_t k = 0; k < l->n_w; k++) {
+            printf("%s", k ? "," : "");
+            json_float(l->w[k]);
+        }
+        printf("],\"heads\":[");
+        for (size_t k = 0; k < l->n_heads; k++) {
+            const Mapflow__V1__HeadProfile *h = l->heads[k];
+            printf("%s{\"mode\":\"%s\",\"error\":", k ? "," : "",
+                   (unsigned)h->mode < 3 ? modes[h->mode] : "unknown");
+            json_float(h->error);
+            printf(",\"top_p\":");
+            json_float(h->top_p);
+            printf("}");
+        }
+        printf("]}");
+    }
+    printf("]}\n");
+    mapflow__v1__mapping_profile__free_unpacked(p, NULL);
+    return 0;
+}
+
 static int cmd_profile(ctl_t *c, int argc, char **argv)
 {
     if (argc < 2)
@@ -635,6 +833,10 @@ static int cmd_profile(ctl_t *c, int argc, char **argv)
     int rc = 0;
     if (o.out)
         rc = write_file(o.out, pb, len);
+    if (c->json && rc == 0)
+        rc = print_profile_json(pb, len, o.out);
+    else if (o.out)
+        ;
     else if (isatty(1))
         printf("%zu bytes (use --out FILE)\n", len);
     else
@@ -661,11 +863,24 @@ static int cmd_hash(const ctl_t *c, const cmd_opts_t *o)
         free(tokens);
         return EXIT_USAGE;
     }
+    if (c->json)
+        printf("{\"ns\":");
+    if (c->json) {
+        json_str(ns);
+        printf(",\"model\":");
+        json_str(o->model);
+        printf(",\"block_size\":%u,\"tokens\":%zu,\"hashes\":[", o->block, nt);
+    }
     for (size_t i = 0; i < n; i++) {
         char hex[MF_HASH_HEX_LEN + 1];
         mf_hash_to_hex(h[i], hex);
-        puts(hex);
+        if (c->json)
+            printf("%s\"%s\"", i ? "," : "", hex);
+        else
+            puts(hex);
     }
+    if (c->json)
+        printf("]}\n");
     free(h);
     free(tokens);
     return 0;
@@ -697,7 +912,15 @@ static void check_required(const char *cmd, const cmd_opts_t *o)
         need(o->tier, "--tier host|ssd", cmd);
     } else if (!strcmp(cmd, "put") && o->n_rows == 0) {
         usage_fail("put needs --row FILE");
+    } else if (!strcmp(cmd, "ls") && o->page_token) {
+        uint8_t *t;
+        parse_hex_bytes(o->page_token, "--page-token", &t);
+        free(t);
     }
+    if (o->count && o->interval <= 0)
+        usage_fail("--count needs --interval");
+    if (o->interval > 0 && strcmp(cmd, "stats"))
+        usage_fail("--interval is an option of stats");
 }
 
 static const char *default_socket(char *buf, size_t cap)
@@ -789,7 +1012,7 @@ int main(int argc, char **argv)
     int rc = connect_ctl(&c);
     if (rc == 0) {
         if (!strcmp(cmd, "health")) rc = cmd_health(&c);
-        else if (!strcmp(cmd, "stats")) rc = cmd_stats(&c);
+        else if (!strcmp(cmd, "stats")) rc = cmd_stats(&c, &co);
         else if (!strcmp(cmd, "ls")) rc = cmd_ls(&c, &co);
         else if (!strcmp(cmd, "put")) rc = cmd_put(&c, &co);
         else if (!strcmp(cmd, "get")) rc = cmd_get(&c, &co);
