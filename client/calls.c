@@ -280,6 +280,7 @@ static mf__op_t *put_batch_new(mf_channel_t *ch, mf_put_item_t *items, size_t n,
             return NULL;
         }
         ((put_t *)k->priv)->status_out = &items[i].status;
+        k->weight = items[i].len;
         mf__group_add(g, k);
     }
     return g;

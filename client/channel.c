@@ -1056,16 +1056,13 @@ static void *io_main(void *arg)
 
 /* ==== starting and waiting =========================================================== */
 
-mf_status_t mf__op_start(mf__op_t *op, int64_t timeout_ms)
+/* Starts op with an absolute deadline. Lock held. */
+static mf_status_t do_op_start(mf_channel_t *ch, mf__op_t *op, int64_t deadline)
 {
-    mf_channel_t *ch = op->ch;
-    pthread_mutex_lock(&ch->mu);
-    if (ch->closing || !ch->io_started) {
-        pthread_mutex_unlock(&ch->mu);
+    if (ch->closing || !ch->io_started)
         return (mf_status_t)mf__op_error(op, MF_UNAVAILABLE, "channel is not connected%s%s",
                                          ch->conn_err[0] ? ": " : "", ch->conn_err);
-    }
-    op->deadline = deadline_of(ch, timeout_ms);
+    op->deadline = deadline;
     __atomic_add_fetch(&op->refs, 1, __ATOMIC_ACQ_REL); /* the engine's, dropped at done */
     op->next = ch->ops;
     if (ch->ops)
@@ -1078,8 +1075,16 @@ mf_status_t mf__op_start(mf__op_t *op, int64_t timeout_ms)
         do_begin_attempt(ch, op);
     else /* fail fast: no retries and a reconnect was just refused */
         do_attempt_failed(ch, op, MF_UNAVAILABLE, ch->conn_err);
-    pthread_mutex_unlock(&ch->mu);
     return MF_OK;
+}
+
+mf_status_t mf__op_start(mf__op_t *op, int64_t timeout_ms)
+{
+    mf_channel_t *ch = op->ch;
+    pthread_mutex_lock(&ch->mu);
+    mf_status_t st = do_op_start(ch, op, deadline_of(ch, timeout_ms));
+    pthread_mutex_unlock(&ch->mu);
+    return st;
 }
 
 static void done_sync(mf__op_t *op)
@@ -1266,10 +1271,13 @@ void mf__group_add(mf__op_t *g, mf__op_t *kid)
     g->kids[g->n_kids++] = kid; /* the group's reference */
 }
 
-/* A kid finished (lock held): record it; the last one finishes the group. */
+static void do_group_pump(mf_channel_t *ch, mf__op_t *g);
+
+/* A kid finished (lock held): record it, start more; the last one finishes the group. */
 static void do_kid_done(mf_channel_t *ch, mf__op_t *kid)
 {
     mf__op_t *g = kid->group;
+    g->window_bytes -= kid->weight;
     if (kid->status != MF_OK && (g->status == MF_OK || kid->group_index < g->fail_index)) {
         g->status = kid->status;
         g->fail_index = kid->group_index;
@@ -1277,15 +1285,40 @@ static void do_kid_done(mf_channel_t *ch, mf__op_t *kid)
     }
     if (g->group_kid_done)
         g->group_kid_done(kid);
-    if (--g->kids_left > 0)
+    if (--g->kids_left > 0) {
+        if (!g->pumping)
+            do_group_pump(ch, g);
         return;
+    }
     g->state = MF__OP_DONE;
-    (void)ch;
     g->done(g);
     mf__op_unref(g); /* the engine's reference */
 }
 
-/* Starts every kid; the group completes through g->done when the last one finishes. */
+/* Starts kids while their bytes fit the window (at least one runs): a batch pipelines
+ * as far as the daemon can hold the reservations at once, never all of a huge batch.
+ * Lock held. */
+static void do_group_pump(mf_channel_t *ch, mf__op_t *g)
+{
+    __atomic_add_fetch(&g->refs, 1, __ATOMIC_ACQ_REL); /* a failing start may finish g */
+    g->pumping = 1;
+    while (g->next_kid < g->n_kids) {
+        mf__op_t *k = g->kids[g->next_kid];
+        if (g->window_bytes > 0 && g->window_bytes + k->weight > g->window_budget)
+            break;
+        k->group_index = g->next_kid++;
+        g->window_bytes += k->weight;
+        if (do_op_start(ch, k, g->deadline) != MF_OK) { /* closing: it never ran */
+            k->state = MF__OP_DONE;
+            k->status = MF_UNAVAILABLE;
+            do_kid_done(ch, k);
+        }
+    }
+    g->pumping = 0;
+    mf__op_unref(g);
+}
+
+/* Starts the kids; the group completes through g->done when the last one finishes. */
 static mf_status_t group_run(mf__op_t *g, int64_t timeout_ms)
 {
     mf_channel_t *ch = g->ch;
@@ -1294,19 +1327,12 @@ static mf_status_t group_run(mf__op_t *g, int64_t timeout_ms)
     g->fail_index = SIZE_MAX;
     g->kids_left = g->n_kids;
     g->state = MF__OP_IN_FLIGHT;
+    g->deadline = deadline_of(ch, timeout_ms);
+    /* A quarter of the arena (the daemon's host tier); 16 MiB without one. */
+    g->window_budget = ch->conn.arena_bytes ? ch->conn.arena_bytes / 4 : (16u << 20);
     __atomic_add_fetch(&g->refs, 1, __ATOMIC_ACQ_REL); /* the engine's */
+    do_group_pump(ch, g);
     pthread_mutex_unlock(&ch->mu);
-    for (size_t i = 0; i < g->n_kids; i++) {
-        mf__op_t *k = g->kids[i];
-        k->group_index = i;
-        if (mf__op_start(k, timeout_ms) != MF_OK) { /* a closed channel: it never ran */
-            pthread_mutex_lock(&ch->mu);
-            k->state = MF__OP_DONE;
-            k->status = MF_UNAVAILABLE;
-            do_kid_done(ch, k);
-            pthread_mutex_unlock(&ch->mu);
-        }
-    }
     return MF_OK;
 }
 

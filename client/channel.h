@@ -119,7 +119,10 @@ struct mf_call {
     mf__op_t *group;            /* a kid's group */
     size_t group_index;         /* a kid's place in it */
     mf__op_t **kids;            /* a group's kids (one reference each) */
-    size_t n_kids, kids_left, fail_index;
+    size_t n_kids, kids_left, fail_index, next_kid;
+    size_t weight;              /* a kid's bytes (its share of the group's window) */
+    size_t window_bytes, window_budget;
+    int pumping;
     void (*group_free)(void *priv);
     void (*group_kid_done)(mf__op_t *kid); /* lock held */
 };

@@ -270,9 +270,12 @@ typedef struct mf_put_item {
 #define MF_PUT_BATCH_MAX 65536u
 
 /*
- * Stores many rows without a round trip per row: every PutBegin is sent at once, each
- * row is written (arena) or sent (payload) with its PutCommit as soon as its reservation
- * arrives, so n rows take about two round trips. Every row is validated first (a bad row
+ * Stores many rows without a round trip per row: the PutBegins are sent back to back,
+ * each row is written (arena) or sent (payload) with its PutCommit as soon as its
+ * reservation arrives, so n rows take about two round trips. At most about a quarter of
+ * the host arena (16 MiB without one) is reserved at a time: a batch larger than that
+ * flows through that window instead of failing for want of room. Every row is
+ * validated first (a bad row
  * fails with INVALID_ARGUMENT / DATA_LOSS before anything is sent). Returns OK when every
  * row was stored, else the status of the first row (in order) that was not; each item's
  * status says what happened to it. 1 ≤ n ≤ MF_PUT_BATCH_MAX.

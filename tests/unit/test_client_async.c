@@ -6,7 +6,8 @@
  * UNAVAILABLE (no retries) and then succeed on the same channel after it reconnects (new
  * session, new arena, zero-copy leases again); with retries a call started while the
  * daemon is down succeeds once it is back; batched puts of a 32k-token context (512
- * blocks × 2 layers in one call); completion-queue shutdown and channel close with calls
+ * blocks × 2 layers in one call) and larger than the daemon's arena; completion-queue
+ * shutdown and channel close with calls
  * running. No timed assertions: every wait is a bounded poll or an event.
  */
 #include <errno.h>
@@ -444,6 +445,46 @@ static void test_put_batch_long_context(void **state)
     daemon_stop(&d, 1);
 }
 
+/* A batch larger than the daemon's host arena: the library keeps only about a quarter
+ * of the arena reserved at once, so every row lands (the daemon demotes older ones to
+ * the SSD tier meanwhile) instead of reservations failing for want of room. */
+static void test_put_batch_bigger_than_arena(void **state)
+{
+    (void)state;
+    daemon_t d;
+    daemon_start(&d, 0, "--host_bytes", "2mb", NULL);
+    mf_channel_t *ch = chan_retry(&d, 1, 0);
+    mf_server_info_t info;
+    mf_channel_info(ch, &info);
+    enum { NR = 40, BB = 32 };
+    uint32_t tokens[NR * BB];
+    tc_tokens(tokens, NR * BB, 606);
+    mf_put_item_t it[NR];
+    size_t total = 0;
+    for (uint32_t b = 0; b < NR; b++) {
+        size_t len;
+        it[b] = (mf_put_item_t){.row = tc_make_row(NS, MODEL, 1, BB, 16, tokens, b,
+                                                   MF_CODEC_FP16, 700 + b, &len)};
+        assert_non_null(it[b].row);
+        it[b].len = len;
+        total += len;
+    }
+    assert_true(total > info.host_arena_bytes); /* more than the arena holds at once */
+    mf_status_t st = mf_put_batch(ch, it, NR, 0, MF_TIMEOUT_DEFAULT);
+    if (st != MF_OK)
+        fail_msg("put batch: %s: %s", mf_status_name(st), mf_channel_last_error(ch));
+    for (uint32_t b = 0; b < NR; b++)
+        assert_int_equal(it[b].status, MF_OK);
+    uint32_t layer = 1, blocks = 0;
+    assert_int_equal(mf_lookup(ch, MODEL, BB, tokens, NR * BB, &layer, 1, &blocks, NULL,
+                               MF_TIMEOUT_DEFAULT), MF_OK);
+    assert_int_equal(blocks, NR);
+    for (uint32_t b = 0; b < NR; b++)
+        free((void *)it[b].row);
+    mf_channel_close(ch);
+    daemon_stop(&d, 1);
+}
+
 /* ==== shutdown and close ============================================================= */
 
 static void test_cq_shutdown_and_close(void **state)
@@ -488,6 +529,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_restart_unavailable_then_reconnect),
         cmocka_unit_test(test_retry_rides_out_restart),
         cmocka_unit_test(test_put_batch_long_context),
+        cmocka_unit_test(test_put_batch_bigger_than_arena),
         cmocka_unit_test(test_cq_shutdown_and_close),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
