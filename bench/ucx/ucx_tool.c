@@ -251,8 +251,8 @@ static int connect_unix(const opts_t *o)
     return fd;
 }
 
-/* 1 (and prints it) when r is an ErrorReply. */
-static int is_error(const mf_envelope_t *r, const char *what)
+/* 1 (and prints it, and frees the reply) when r is an ErrorReply or missing. */
+static int is_error(mf_envelope_t *r, uint8_t *frame, const char *what)
 {
     if (!r) {
         printf("%s error=UNAVAILABLE message=connection lost\n", what);
@@ -262,6 +262,8 @@ static int is_error(const mf_envelope_t *r, const char *what)
         return 0;
     printf("%s error=%s message=%s\n", what, mf_status_name((int)r->error->code),
            r->error->message);
+    mf_envelope_free(r);
+    free(frame);
     return 1;
 }
 
@@ -293,7 +295,7 @@ static int cmd_put(const opts_t *o, const ctx_t *cx, int fd)
             uint8_t *fr;
             mf_frame_t f;
             mf_envelope_t *r = call(fd, &e, NULL, 0, &fr, &f);
-            if (is_error(r, "put")) {
+            if (is_error(r, fr, "put")) {
                 free(row);
                 return 1;
             }
@@ -305,7 +307,7 @@ static int cmd_put(const opts_t *o, const ctx_t *cx, int fd)
             e.put_commit = &pc;
             r = call(fd, &e, row, len, &fr, &f);
             free(row);
-            if (is_error(r, "put"))
+            if (is_error(r, fr, "put"))
                 return 1;
             mf_envelope_free(r);
             free(fr);
@@ -340,7 +342,7 @@ static int cmd_get(const opts_t *o, const ctx_t *cx, int fd)
     mf_envelope_t *r = call(fd, &e, cx->tokens, cx->n_blocks * B * 4, &fr, &f);
     double ms = (now_s() - t0) * 1e3;
     free(layers);
-    if (is_error(r, "get"))
+    if (is_error(r, fr, "get"))
         return 1;
     size_t cnt[MF_STATUS_COUNT] = {0}, identical = 0, host = 0, ssd = 0, bytes = 0;
     const Mapflow__V1__GetReply *rep = r->get_reply;
@@ -391,7 +393,7 @@ static int cmd_lookup(const opts_t *o, const ctx_t *cx, int fd)
     mf_frame_t f;
     mf_envelope_t *r = call(fd, &e, cx->tokens, cx->n_blocks * B * 4, &fr, &f);
     free(layers);
-    if (is_error(r, "lookup"))
+    if (is_error(r, fr, "lookup"))
         return 1;
     printf("lookup total=%u blocks=", r->lookup_reply->total_blocks);
     for (size_t i = 0; i < r->lookup_reply->n_blocks; i++)
@@ -411,7 +413,7 @@ static int cmd_flush(int fd)
     uint8_t *fr;
     mf_frame_t f;
     mf_envelope_t *r = call(fd, &e, NULL, 0, &fr, &f);
-    if (is_error(r, "flush"))
+    if (is_error(r, fr, "flush"))
         return 1;
     printf("flush entries=%llu\n", (unsigned long long)r->flush_reply->entries);
     mf_envelope_free(r);
