@@ -183,6 +183,7 @@ static int read_all(int fd, void *p, size_t n)
 }
 
 static uint64_t g_rid;
+static uint32_t g_layers[4096]; /* 0 .. layers-1: every command names layers from 0 */
 
 /* Sends env (+ payload); returns the reply envelope and its frame (caller frees both). */
 static mf_envelope_t *call(int fd, mf_envelope_t *env, const void *payload, size_t plen,
@@ -320,16 +321,11 @@ static int cmd_put(const opts_t *o, const ctx_t *cx, int fd)
 
 static int cmd_get(const opts_t *o, const ctx_t *cx, int fd)
 {
-    uint32_t *layers = malloc(o->layers * sizeof(*layers));
-    if (!layers)
-        return 1;
-    for (uint32_t l = 0; l < o->layers; l++)
-        layers[l] = l;
     Mapflow__V1__Get g = MAPFLOW__V1__GET__INIT;
     g.model = (char *)o->model;
     g.block_size = B;
     g.n_layers = o->layers;
-    g.layers = layers;
+    g.layers = g_layers;
     g.first_block = o->first_block;
     g.n_blocks = o->blocks;
     g.peer = (char *)(o->peer ? o->peer : "");
@@ -341,7 +337,6 @@ static int cmd_get(const opts_t *o, const ctx_t *cx, int fd)
     double t0 = now_s();
     mf_envelope_t *r = call(fd, &e, cx->tokens, cx->n_blocks * B * 4, &fr, &f);
     double ms = (now_s() - t0) * 1e3;
-    free(layers);
     if (is_error(r, fr, "get"))
         return 1;
     size_t cnt[MF_STATUS_COUNT] = {0}, identical = 0, host = 0, ssd = 0, bytes = 0;
@@ -375,16 +370,11 @@ static int cmd_get(const opts_t *o, const ctx_t *cx, int fd)
 
 static int cmd_lookup(const opts_t *o, const ctx_t *cx, int fd)
 {
-    uint32_t *layers = malloc(o->layers * sizeof(*layers));
-    if (!layers)
-        return 1;
-    for (uint32_t l = 0; l < o->layers; l++)
-        layers[l] = l;
     Mapflow__V1__Lookup lk = MAPFLOW__V1__LOOKUP__INIT;
     lk.model = (char *)o->model;
     lk.block_size = B;
     lk.n_layers = o->layers;
-    lk.layers = layers;
+    lk.layers = g_layers;
     lk.peer = (char *)(o->peer ? o->peer : "");
     mf_envelope_t e = MAPFLOW__V1__ENVELOPE__INIT;
     e.body_case = MAPFLOW__V1__ENVELOPE__BODY_LOOKUP;
@@ -392,7 +382,6 @@ static int cmd_lookup(const opts_t *o, const ctx_t *cx, int fd)
     uint8_t *fr;
     mf_frame_t f;
     mf_envelope_t *r = call(fd, &e, cx->tokens, cx->n_blocks * B * 4, &fr, &f);
-    free(layers);
     if (is_error(r, fr, "lookup"))
         return 1;
     printf("lookup total=%u blocks=", r->lookup_reply->total_blocks);
@@ -577,6 +566,8 @@ int main(int argc, char **argv)
     if (!o.layers || !o.blocks || o.layers > 4096 || o.blocks > 4096 || !o.size ||
         o.size > (1ull << 31) || !o.iters)
         return usage();
+    for (uint32_t l = 0; l < o.layers; l++)
+        g_layers[l] = l;
     ctx_t cx;
     if (ctx_init(&cx, &o) != 0)
         return 1;
