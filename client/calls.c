@@ -293,7 +293,7 @@ MF_EXPORT mf_status_t mf_put_batch(mf_channel_t *ch, mf_put_item_t *items, size_
         return MF_INVALID_ARGUMENT;
     mf_status_t st;
     mf__op_t *g = put_batch_new(ch, items, n, flags, &st);
-    return g ? mf__group_run(g, timeout_ms) : st;
+    return run_op(g, st, timeout_ms, NULL);
 }
 
 MF_EXPORT mf_status_t mf_put_batch_async(mf_channel_t *ch, mf_put_item_t *items, size_t n,
@@ -304,7 +304,8 @@ MF_EXPORT mf_status_t mf_put_batch_async(mf_channel_t *ch, mf_put_item_t *items,
         return MF_INVALID_ARGUMENT;
     mf_status_t st;
     mf__op_t *g = put_batch_new(ch, items, n, flags, &st);
-    return g ? mf__group_run_async(g, timeout_ms, cq, tag, call) : st;
+    async_args_t a = {cq, tag, call};
+    return run_op(g, st, timeout_ms, &a);
 }
 
 /* ==== lookup ========================================================================= */

@@ -1078,9 +1078,13 @@ static mf_status_t do_op_start(mf_channel_t *ch, mf__op_t *op, int64_t deadline)
     return MF_OK;
 }
 
+static mf_status_t group_run(mf__op_t *g, int64_t timeout_ms);
+
 mf_status_t mf__op_start(mf__op_t *op, int64_t timeout_ms)
 {
     mf_channel_t *ch = op->ch;
+    if (op->kids) /* a group: its kids are the operations */
+        return group_run(op, timeout_ms);
     pthread_mutex_lock(&ch->mu);
     mf_status_t st = do_op_start(ch, op, deadline_of(ch, timeout_ms));
     pthread_mutex_unlock(&ch->mu);
@@ -1333,47 +1337,6 @@ static mf_status_t group_run(mf__op_t *g, int64_t timeout_ms)
     __atomic_add_fetch(&g->refs, 1, __ATOMIC_ACQ_REL); /* the engine's */
     do_group_pump(ch, g);
     pthread_mutex_unlock(&ch->mu);
-    return MF_OK;
-}
-
-mf_status_t mf__group_run(mf__op_t *g, int64_t timeout_ms)
-{
-    mf_channel_t *ch = g->ch;
-    pthread_cond_init(&g->cv, NULL);
-    g->has_cv = 1;
-    g->done = done_sync;
-    group_run(g, timeout_ms);
-    pthread_mutex_lock(&ch->mu);
-    while (!g->finished)
-        pthread_cond_wait(&g->cv, &ch->mu);
-    mf_status_t st = g->status;
-    snprintf(ch->err, sizeof(ch->err), "%s", st == MF_OK ? "" : g->err);
-    pthread_mutex_unlock(&ch->mu);
-    mf__op_unref(g);
-    return st;
-}
-
-mf_status_t mf__group_run_async(mf__op_t *g, int64_t timeout_ms, mf_cq_t *cq, void *tag,
-                                mf_call_t **call)
-{
-    if (call)
-        *call = NULL;
-    mf_status_t st = cq ? mf__cq_begin(cq) : MF_INVALID_ARGUMENT;
-    if (st != MF_OK) {
-        mf__chan_error(g->ch, st, cq ? "the completion queue is shut down"
-                                     : "no completion queue");
-        mf__op_unref(g);
-        return st;
-    }
-    g->cq = cq;
-    g->tag = tag;
-    g->done = done_cq;
-    if (call) {
-        __atomic_add_fetch(&g->refs, 1, __ATOMIC_ACQ_REL);
-        *call = g;
-    }
-    group_run(g, timeout_ms);
-    mf__op_unref(g);
     return MF_OK;
 }
 

@@ -237,14 +237,12 @@ mf__op_t *mf__simple_new(mf_channel_t *ch, const mf_envelope_t *req, const void 
 /*
  * Groups: one call made of n kid operations (a batched put). mf__group_new makes the
  * group (priv freed by free_priv with it); mf__group_add hands it a kid (and the kid's
- * reference). Run it like an op: the group's status is OK or that of the first kid (by
- * index) that failed; g->group_kid_done, if set, sees every kid finish (lock held).
+ * reference). Run it like any op (mf__op_run / mf__op_run_async): the group's status is
+ * OK or that of the first kid (by index) that failed; g->group_kid_done, if set, sees
+ * every kid finish (lock held).
  */
 mf__op_t *mf__group_new(mf_channel_t *ch, size_t n, void *priv, void (*free_priv)(void *));
 void mf__group_add(mf__op_t *g, mf__op_t *kid);
-mf_status_t mf__group_run(mf__op_t *g, int64_t timeout_ms);
-mf_status_t mf__group_run_async(mf__op_t *g, int64_t timeout_ms, mf_cq_t *cq, void *tag,
-                                mf_call_t **call);
 
 /* Sends a request nobody waits for (PutAbort on an error path). Lock held. */
 void mf__do_send_oneway(mf_channel_t *ch, const mf_envelope_t *env);

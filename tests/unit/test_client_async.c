@@ -452,7 +452,7 @@ static void test_put_batch_bigger_than_arena(void **state)
 {
     (void)state;
     daemon_t d;
-    daemon_start(&d, 0, "--host_bytes", "2mb", NULL);
+    daemon_start(&d, 0, "--host_bytes", "2mb", "--write_through", "off", NULL);
     mf_channel_t *ch = chan_retry(&d, 1, 0);
     mf_server_info_t info;
     mf_channel_info(ch, &info);
