@@ -76,11 +76,8 @@ static int client_open(mfb_client_t *c, void *argp)
     if (!b)
         return -1;
     c->state = b;
-    b->cap = (a->w->fp8_max_len + 15) & ~(size_t)15;
-    b->buf = aligned_alloc(16, b->cap);
-    if (!b->buf)
+    if (!(b->buf = mfb_buffer_new(a->w->fp8_max_len, &b->cap)))
         return -1;
-    memset(b->buf, 0, b->cap); /* fault the pages in before the clock starts */
     if (a->op == MFB_BASE_REDIS_SET || a->op == MFB_BASE_REDIS_GET) {
 #ifdef MFB_HAVE_HIREDIS
         b->redis = redis_connect(a->redis_socket, c->err, sizeof(c->err));

@@ -221,60 +221,54 @@ static void settle_put(void *p)
     mfb_mapflow_settle(x->o->target, 60, "before put");
 }
 
+/* One mapflowd operation at every client count. */
+static int mf_sweep(phase_ctx_t *x, mfb_mf_op_t op, const char *name, double seconds,
+                    void (*reset)(void *), const char *(*extra)(void *))
+{
+    mfb_job_t job = {0};
+    x->mf.op = op;
+    mfb_mapflow_job(&job, &x->mf);
+    job.seconds = seconds;
+    return sweep(x->o, &job, name, reset, x, extra, x);
+}
+
 static int mapflow_phases(phase_ctx_t *x)
 {
     const options_t *o = x->o;
-    mfb_job_t job = {0};
     int bad = 0;
     char name[64];
     uint32_t nb = (uint32_t)x->w->mask_cx.n_blocks, nl = x->w->mask_layers;
     if (phase_on(o, "lookup")) {
-        x->mf.op = MFB_MF_LOOKUP;
-        mfb_mapflow_job(&job, &x->mf);
-        job.seconds = o->seconds;
         uint32_t lens[2] = {nb < 64 ? nb : 64, nb};
         for (int k = 0; k < 2; k++) {
             x->mf.lookup_blocks = lens[k];
             snprintf(name, sizeof(name), "lookup_%ux%u", lens[k], nl);
-            bad |= sweep(o, &job, name, NULL, NULL, NULL, NULL);
+            bad |= mf_sweep(x, MFB_MF_LOOKUP, name, o->seconds, NULL, NULL);
         }
     }
     if (phase_on(o, "get")) {
-        x->mf.op = MFB_MF_GET_COPY;
-        mfb_mapflow_job(&job, &x->mf);
-        job.seconds = o->seconds;
-        bad |= sweep(o, &job, "get_copy", NULL, NULL, NULL, NULL);
-        x->mf.op = MFB_MF_GET_LEASE;
-        mfb_mapflow_job(&job, &x->mf);
-        bad |= sweep(o, &job, "get_lease", NULL, NULL, NULL, NULL);
-        x->mf.op = MFB_MF_GET_LEASE_COPY;
-        mfb_mapflow_job(&job, &x->mf);
-        bad |= sweep(o, &job, "get_lease_copy", NULL, NULL, NULL, NULL);
+        bad |= mf_sweep(x, MFB_MF_GET_COPY, "get_copy", o->seconds, NULL, NULL);
+        bad |= mf_sweep(x, MFB_MF_GET_LEASE, "get_lease", o->seconds, NULL, NULL);
+        bad |= mf_sweep(x, MFB_MF_GET_LEASE_COPY, "get_lease_copy", o->seconds, NULL, NULL);
     }
     if (phase_on(o, "prefix")) {
         /* A whole 32k prefix of MASK rows, as many layers as one call may carry. */
         x->mf.prefix_layers = nl < 8 ? nl : 8;
         x->mf.prefix_blocks = nb;
-        mf_get_mode_t modes[2] = {MF_GET_COPY, MF_GET_LEASE};
         for (int k = 0; k < 2; k++) {
-            x->mf.op = modes[k] == MF_GET_COPY ? MFB_MF_PREFIX_COPY : MFB_MF_PREFIX_LEASE;
-            mfb_mapflow_job(&job, &x->mf);
-            job.seconds = o->seconds;
             snprintf(name, sizeof(name), "prefix_%s_%ux%u", k ? "lease" : "copy", nb,
                      x->mf.prefix_layers);
-            bad |= sweep(o, &job, name, NULL, NULL, NULL, NULL);
+            bad |= mf_sweep(x, k ? MFB_MF_PREFIX_LEASE : MFB_MF_PREFIX_COPY, name,
+                            o->seconds, NULL, NULL);
         }
     }
     if (phase_on(o, "put")) {
-        x->mf.op = MFB_MF_PUT;
-        mfb_mapflow_job(&job, &x->mf);
-        job.seconds = o->seconds;
-        bad |= sweep(o, &job, "put", settle_put, x, NULL, NULL);
+        bad |= mf_sweep(x, MFB_MF_PUT, "put", o->seconds, settle_put, NULL);
         mfb_mapflow_print_stats(o->target, "after put");
         mfb_mapflow_settle(o->target, 60, "after put");
         /* The same puts with the SSD write-through off: what the host tier alone takes. */
         if (mfb_mapflow_config(o->target, "write_through", "off") == MF_OK) {
-            bad |= sweep(o, &job, "put_wt_off", NULL, NULL, NULL, NULL);
+            bad |= mf_sweep(x, MFB_MF_PUT, "put_wt_off", o->seconds, NULL, NULL);
             bad |= mfb_mapflow_config(o->target, "write_through", "async") != MF_OK;
         }
         /* Put bursts push the MASK rows down to the SSD tier: load them back so the
@@ -283,17 +277,11 @@ static int mapflow_phases(phase_ctx_t *x)
             return 1;
         mfb_mapflow_settle(o->target, 60, "after the second populate");
     }
-    if (phase_on(o, "mixed")) {
-        x->mf.op = MFB_MF_MIXED;
-        mfb_mapflow_job(&job, &x->mf);
-        job.seconds = o->seconds;
-        bad |= sweep(o, &job, "mixed", NULL, NULL, NULL, NULL);
-    }
+    if (phase_on(o, "mixed"))
+        bad |= mf_sweep(x, MFB_MF_MIXED, "mixed", o->seconds, NULL, NULL);
     if (phase_on(o, "ssd")) {
-        x->mf.op = MFB_MF_SSD_GET;
-        mfb_mapflow_job(&job, &x->mf);
-        job.seconds = 120; /* a pass is bounded by the row count */
-        bad |= sweep(o, &job, "ssd_get", evict_before_pass, x, ssd_extra, x);
+        /* A pass is bounded by the row count, not by --seconds. */
+        bad |= mf_sweep(x, MFB_MF_SSD_GET, "ssd_get", 120, evict_before_pass, ssd_extra);
         mfb_mapflow_print_stats(o->target, "after ssd");
     }
     return bad;
@@ -304,28 +292,29 @@ static void reset_next(void *p)
     atomic_store(&((mfb_base_arg_t *)p)->next, 0);
 }
 
-static int memcpy_phase(phase_ctx_t *x)
+/* One baseline operation at every client count. */
+static int base_sweep(phase_ctx_t *x, mfb_base_op_t op, const char *name, double seconds,
+                      void (*reset)(void *))
 {
     mfb_job_t job = {0};
-    x->base.op = MFB_BASE_MEMCPY;
+    x->base.op = op;
     mfb_base_job(&job, &x->base);
-    job.seconds = x->o->seconds;
-    int bad = sweep(x->o, &job, "copy", NULL, NULL, NULL, NULL);
-    x->base.op = MFB_BASE_VERIFY;
-    mfb_base_job(&job, &x->base);
-    job.seconds = x->o->seconds;
-    return bad | sweep(x->o, &job, "verify", NULL, NULL, NULL, NULL);
+    job.seconds = seconds;
+    return sweep(x->o, &job, name, reset, &x->base, NULL, NULL);
+}
+
+static int memcpy_phase(phase_ctx_t *x)
+{
+    int bad = base_sweep(x, MFB_BASE_MEMCPY, "copy", x->o->seconds, NULL);
+    return bad | base_sweep(x, MFB_BASE_VERIFY, "verify", x->o->seconds, NULL);
 }
 
 static int rocksdb_phase(phase_ctx_t *x)
 {
     if (mfb_rocks_open(&x->base, x->o->rocks_dir) != 0)
         return 1;
-    mfb_job_t job = {0};
-    x->base.op = MFB_BASE_ROCKS_GET;
-    mfb_base_job(&job, &x->base);
-    job.seconds = 120; /* a pass is bounded by the row count */
-    int bad = sweep(x->o, &job, "ssd_get", reset_next, &x->base, NULL, NULL);
+    /* A pass is bounded by the row count, not by --seconds. */
+    int bad = base_sweep(x, MFB_BASE_ROCKS_GET, "ssd_get", 120, reset_next);
     mfb_rocks_close(&x->base);
     return bad;
 }
@@ -338,16 +327,8 @@ static int redis_phase(phase_ctx_t *x)
     }
     if (mfb_redis_load(&x->base) != 0)
         return 1;
-    mfb_job_t job = {0};
-    x->base.op = MFB_BASE_REDIS_SET;
-    mfb_base_job(&job, &x->base);
-    job.seconds = x->o->seconds;
-    int bad = sweep(x->o, &job, "put", NULL, NULL, NULL, NULL);
-    x->base.op = MFB_BASE_REDIS_GET;
-    mfb_base_job(&job, &x->base);
-    job.seconds = x->o->seconds;
-    bad |= sweep(x->o, &job, "get_copy", NULL, NULL, NULL, NULL);
-    return bad;
+    int bad = base_sweep(x, MFB_BASE_REDIS_SET, "put", x->o->seconds, NULL);
+    return bad | base_sweep(x, MFB_BASE_REDIS_GET, "get_copy", x->o->seconds, NULL);
 }
 
 int main(int argc, char **argv)

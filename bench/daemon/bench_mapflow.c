@@ -47,16 +47,13 @@ static int client_open(mfb_client_t *c, void *argp)
     if (!m)
         return -1;
     c->state = m;
-    m->cap = (a->w->fp8_max_len + 15) & ~(size_t)15;
-    m->buf = aligned_alloc(16, m->cap);
+    m->buf = mfb_buffer_new(a->w->fp8_max_len, &m->cap);
     m->layers = malloc(a->w->mask_layers * sizeof(uint32_t));
     m->blocks = malloc(a->w->mask_layers * sizeof(uint32_t));
     if (!m->buf || !m->layers || !m->blocks)
         return -1;
     for (uint32_t l = 0; l < a->w->mask_layers; l++)
         m->layers[l] = l;
-    /* Touch the buffer once so page faults are not part of the measured copies. */
-    memset(m->buf, 0, m->cap);
     return mfb_mapflow_open(a->target, &m->ch) == MF_OK ? 0 : -1;
 }
 

@@ -33,6 +33,15 @@ double mfb_rand01(uint64_t *state)
     return (double)(mfb_rand(state) >> 11) * (1.0 / 9007199254740992.0);
 }
 
+uint8_t *mfb_buffer_new(size_t len, size_t *cap)
+{
+    *cap = (len + 15) & ~(size_t)15;
+    uint8_t *b = aligned_alloc(16, *cap ? *cap : 16);
+    if (b)
+        memset(b, 0, *cap);
+    return b;
+}
+
 void mfb_client_error(mfb_client_t *c, const char *fmt, ...)
 {
     if (c->err[0])

@@ -82,6 +82,10 @@ void mfb_result_print(const mfb_job_t *job, const mfb_result_t *r, const char *e
 void mfb_client_error(mfb_client_t *c, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/* A client's own 16-byte aligned buffer of at least len bytes (*cap gets its size),
+ * with every page touched so page faults stay out of the measured copies. Free it. */
+uint8_t *mfb_buffer_new(size_t len, size_t *cap);
+
 /* splitmix64: small, seedable, good enough for workloads. */
 uint64_t mfb_rand(uint64_t *state);
 double mfb_rand01(uint64_t *state);

@@ -49,10 +49,6 @@ def machine():
     except (OSError, ValueError, IndexError):
         pass
     try:
-        load = open("/proc/loadavg", encoding="utf-8").read().split()[:3]
-    except OSError:
-        load = ["?"] * 3
-    try:
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                              text=True, check=False).stdout.strip()
     except OSError:
@@ -62,7 +58,6 @@ def machine():
         "cpu": cpu,
         "mem": mem,
         "kernel": platform.release(),
-        "load": " ".join(load),
         "commit": rev or "?",
     }
 
@@ -228,8 +223,8 @@ def main():
         "- date: %s, commit %s" % (when, m["commit"]),
         "- machine: %s CPUs (nproc), %s, %s RAM, kernel %s" % (m["nproc"], m["cpu"], m["mem"],
                                                             m["kernel"]),
-        "- pinned to CPUs: %s; load average at the end of the run: %s (1-min load above "
-        "the CPUs used means other jobs shared them)" % (a.cpus, m["load"]),
+        "- pinned to CPUs: %s (see the load-average line under Workload: a 1-min load above "
+        "the CPUs used means other jobs shared them)" % a.cpus,
         "- mapflowd: host tier %s, write_through async (default), unix socket; "
         "redis-server %s: unix socket, no persistence" % (a.host_bytes, a.redis_version),
         "- clients are threads of one process, each with its own connection; GB/s = 1e9 B/s",
@@ -240,6 +235,10 @@ def main():
     md += ["- " + i for i in info]
     md += ["", "## Goals", ""] + (goals(rows) or ["(none measured)"])
     md += ["", "## Table", "", md_table(rows), ""]
+    errs = ["- %s at %d clients: %s" % (r.label.strip(), r.clients, r.r["err"])
+            for r in rows if r.r.get("err")]
+    if errs:
+        md += ["Errors (first message of the first failing client):", ""] + errs + [""]
     notes = os.path.join(os.path.dirname(os.path.abspath(__file__)), "analysis.md")
     if os.path.exists(notes):
         md += ["", open(notes, encoding="utf-8").read().rstrip(), ""]

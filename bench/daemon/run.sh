@@ -22,7 +22,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 cmdline="bench/daemon/run.sh $*"
-quick=0 report=1 keep=0 out=
+quick=0 report=1 keep=0 out="" raw=""
 extra=()
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -98,12 +98,15 @@ else
 fi
 
 echo "== running (bounded at ${limit} s)" >&2
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 set +e
 timeout "$limit" "${pin[@]}" "$bin/mapflow-bench-daemon" --daemon "unix:$tmp/mapflowd.sock" \
     "${redis_args[@]}" --rocks-dir "$tmp/rocks-direct" "${qflag[@]}" "${extra[@]}" \
     | tee "$tmp/results.tsv" | grep --line-buffered '^INFO' >&2
 rc=${PIPESTATUS[0]}
 set -e
+printf 'INFO\tload average (1, 5, 15 min) before the run: %s, after: %s\n' "$load_before" \
+    "$(cut -d' ' -f1-3 /proc/loadavg)" >>"$tmp/results.tsv"
 if [ "$rc" -ne 0 ]; then
     echo "run.sh: mapflow-bench-daemon exited $rc (see the lines above)" >&2
     [ -s "$tmp/mapflowd.log" ] && { echo "-- mapflowd log (tail):" >&2; tail -20 "$tmp/mapflowd.log" >&2; }
