@@ -236,6 +236,8 @@ MF_EXPORT void mf_call_free(mf_call_t *call);
  */
 
 /* ==== data calls ===================================================================== */
+/* Every data call: any thread, concurrently with any other call on the same channel; the
+ * inputs are only read (see Ownership above for how long async calls read them). */
 
 #define MF_PUT_DURABLE 1u /* acknowledged only after a synced SSD write */
 
