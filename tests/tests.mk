@@ -60,8 +60,12 @@ fuzz-run: $(GEN)/mapflow.pb-c.h
 	    $(EXTRA_LDLIBS) $(LDLIBS_BASE); \
 	  mkdir -p build-fuzz/corpus-$$t; cp -n tests/fuzz/corpus/$$t/* build-fuzz/corpus-$$t/ 2>/dev/null || true; \
 	  ./build-fuzz/$$t -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
-	    build-fuzz/corpus-$$t tests/fuzz/corpus/$$t 2>&1 | grep -E 'stat::number_of_executed_units|cov:|ERROR|SUMMARY' | tail -4; \
+	    build-fuzz/corpus-$$t tests/fuzz/corpus/$$t >build-fuzz/$$t.log 2>&1 || true; \
+	  grep -E 'stat::number_of_executed_units|cov:|ERROR|SUMMARY' build-fuzz/$$t.log | tail -4; \
+	  if grep -q 'ERROR: \|SUMMARY: ' build-fuzz/$$t.log; then echo "FUZZ  $$t: crash (build-fuzz/$$t.log)"; exit 1; fi; \
 	done
+	@$(PYTHON) tests/reliability/record.py tests/RELIABILITY.md --fuzz $(FUZZ_SECONDS) \
+	  $(FUZZ_NAMES:%=build-fuzz/%.log)
 
 $(BIN)/tests/make_seeds: $(OBJ)/tests/fuzz/make_seeds.o $(PROTO_A)
 	@mkdir -p $(dir $@)

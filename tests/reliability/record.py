@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Updates the results table of tests/RELIABILITY.md from rel_tool's RESULT lines.
 
-    record.py RELIABILITY.md < output     (lines: RESULT|id|what|how|outcome)
+    record.py RELIABILITY.md [MODE] < output   (lines: RESULT|id|what|how|outcome)
+    record.py RELIABILITY.md --fuzz SECONDS build-fuzz/<target>.log ...
 
 Each id owns one table row (replaced in place, or appended); the date and the
 command that produced it are stamped in. Rows of other ids are left as they are.
 """
 import datetime
 import os
+import re
 import sys
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
@@ -15,8 +17,45 @@ HEAD = ["| id | fault or attack | how | what happened | run |",
         "|---|---|---|---|---|"]
 
 
+FBEGIN, FEND = "<!-- fuzz:begin -->", "<!-- fuzz:end -->"
+FHEAD = ["| target | seconds | executions | cov | features | corpus | run |",
+         "|---|---|---|---|---|---|---|"]
+
+
+def fuzz(path, seconds, logs):
+    """Rows of the fuzz table from libFuzzer logs (build-fuzz/<target>.log)."""
+    new = {}
+    for log in logs:
+        name = os.path.basename(log)[:-4]
+        execs = cov = ft = corp = None
+        for line in open(log, errors="replace"):
+            if line.startswith("stat::number_of_executed_units:"):
+                execs = int(line.split(":")[-1])
+            m = re.search(r"cov: (\d+) ft: (\d+) corp: (\d+)", line)
+            if m:
+                cov, ft, corp = m.groups()
+        if execs is not None:
+            new[name] = [name, seconds, str(execs), cov or "?", ft or "?", corp or "?",
+                         datetime.date.today().isoformat()]
+    text = open(path).read()
+    pre, rest = text.split(FBEGIN, 1)
+    body, post = rest.split(FEND, 1)
+    rows = {r.split("|")[1].strip(): r for r in body.strip().splitlines()
+            if r.startswith("| ") and r not in FHEAD}
+    for k, cells in new.items():
+        rows[k] = "| " + " | ".join(cells) + " |"
+    out = FHEAD + [rows[k] for k in sorted(rows)]
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(pre + FBEGIN + "\n" + "\n".join(out) + "\n" + FEND + post)
+    os.replace(tmp, path)
+    return 0
+
+
 def main():
     path = sys.argv[1]
+    if len(sys.argv) > 3 and sys.argv[2] == "--fuzz":
+        return fuzz(path, sys.argv[3], sys.argv[4:])
     mode = sys.argv[2] if len(sys.argv) > 2 else "make test"
     new = {}
     for line in sys.stdin:

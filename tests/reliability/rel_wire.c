@@ -138,33 +138,41 @@ mf_envelope_t *rel_recv(rel_conn_t *c, int *fd_out)
             c->payload_len = f.payload_len;
             return env;
         }
-        uint8_t *p;
-        size_t avail;
-        if (mf_frame_reader_space(&c->rd, 65536, &p, &avail) != MF_OK)
-            return NULL;
-        char cbuf[CMSG_SPACE(sizeof(int))];
-        struct iovec iov = {p, avail};
-        struct msghdr msg = {0};
-        msg.msg_iov = &iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = cbuf;
-        msg.msg_controllen = sizeof(cbuf);
-        ssize_t n = recvmsg(c->fd, &msg, MSG_CMSG_CLOEXEC);
+        ssize_t n = rel_recv_into(c->fd, &c->rd, 0, fd_out);
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0)
             return NULL;
-        struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
-        if (cm && cm->cmsg_type == SCM_RIGHTS) {
-            int fd;
-            memcpy(&fd, CMSG_DATA(cm), sizeof(int));
-            if (fd_out)
-                *fd_out = fd;
-            else
-                close(fd);
-        }
-        mf_frame_reader_commit(&c->rd, (size_t)n);
     }
+}
+
+ssize_t rel_recv_into(int fd, mf_frame_reader_t *rd, int flags, int *fd_out)
+{
+    uint8_t *p;
+    size_t avail;
+    if (mf_frame_reader_space(rd, 65536, &p, &avail) != MF_OK)
+        return -1;
+    char cbuf[CMSG_SPACE(sizeof(int))];
+    struct iovec iov = {p, avail};
+    struct msghdr msg = {0};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf;
+    msg.msg_controllen = sizeof(cbuf);
+    ssize_t n = recvmsg(fd, &msg, flags | MSG_CMSG_CLOEXEC);
+    if (n <= 0)
+        return n;
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+    if (cm && cm->cmsg_type == SCM_RIGHTS) {
+        int got;
+        memcpy(&got, CMSG_DATA(cm), sizeof(int));
+        if (fd_out)
+            *fd_out = got;
+        else
+            close(got);
+    }
+    mf_frame_reader_commit(rd, (size_t)n);
+    return n;
 }
 
 mf_envelope_t *rel_call(rel_conn_t *c, mf_envelope_t *req, const void *payload, size_t plen)

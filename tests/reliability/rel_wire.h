@@ -14,6 +14,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "mf_frame.h"
 #include "mf_hash.h"
@@ -43,6 +44,9 @@ int rel_open(rel_conn_t *c, const char *target, const char *ns, const char *toke
 
 int rel_send(rel_conn_t *c, mf_envelope_t *env, const void *payload, size_t plen);
 int rel_send_raw(rel_conn_t *c, const void *buf, size_t len);
+/* One recvmsg(flags) on fd into a frame reader; an fd passed with SCM_RIGHTS goes to
+ * *fd_out (closed when fd_out is NULL). Returns the bytes read, 0 on EOF, -1 on error. */
+ssize_t rel_recv_into(int fd, mf_frame_reader_t *rd, int flags, int *fd_out);
 /* Next reply (NULL: closed, timed out or malformed). Payload copied to c->payload. */
 mf_envelope_t *rel_recv(rel_conn_t *c, int *fd_out);
 /* One request, one reply with the same id. */

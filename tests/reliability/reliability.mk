@@ -18,12 +18,21 @@ $(REL_TOOL): $(REL_OBJS) $(PROTO_A)
 	@[ "$(V)" != 0 ] || echo "  LD    $@"
 	$(Q)$(CC) $(ALL_CFLAGS) $(LDFLAGS) $(REL_OBJS) -o $@ $(PROTO_A) $(LDLIBS_BASE)
 
+# The wire helpers also serve the stateful fuzz target (fuzz_daemon) and its replay.
+REL_A := $(LIB)/librelwire.a
+$(REL_A): $(OBJ)/tests/reliability/rel_wire.o
+	@mkdir -p $(dir $@)
+	$(Q)rm -f $@ && ar rcs $@ $^
+TEST_LINK_A := $(REL_A) $(TEST_LINK_A)
+$(UNIT_BINS) $(REPLAY_BINS): $(REL_A)
+$(OBJ)/tests/fuzz/fuzz_daemon.o: CPPFLAGS += -Itests/reliability
+
 TESTS += $(REL_TOOL)
 test-build: $(REL_TOOL) $(BIN)/mapflowd
 
 # Fuzz targets that reach the daemon (config, stateful request handler) and profiles.
-FUZZ_EXTRA_SRCS += $(DAEMON_SRCS) kernels/mf_profile.c
-FUZZ_CFLAGS += -DMFD_VERSION='"fuzz"' -Ikernels
+FUZZ_EXTRA_SRCS += $(DAEMON_SRCS) kernels/mf_profile.c tests/reliability/rel_wire.c
+FUZZ_CFLAGS += -DMFD_VERSION='"fuzz"' -Ikernels -Itests/reliability
 
 TSAN_DAEMON := build-tsan/bin/mapflowd
 .PHONY: soak tsan-daemon
