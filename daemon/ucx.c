@@ -427,7 +427,6 @@ static void on_bridge_readable(evutil_socket_t fd, short what, void *arg)
         e->eof = 1;
         if (e->sending == 0)
             ep_close_later(e, 0);
-        e->user_closed = 1;
         return;
     }
     mf_frame_reader_commit(&e->rd, (size_t)n);
@@ -825,7 +824,6 @@ void mfd_ucx_close(mfd_ucx_ep_t *e)
 mf_status_t mfd_ucx_set_remote(mfd_ucx_ep_t *e, uint64_t address, uint64_t bytes,
                                const void *rkey, size_t rkey_len)
 {
-    (void)rkey_len;
     if (e->failed || e->closing || !e->ep)
         return MF_UNAVAILABLE;
     if (e->rkey) {
@@ -851,7 +849,7 @@ static void on_rma_done(void *req, ucs_status_t st, void *user)
     if (req)
         ucp_request_free(req);
     e->ops--;
-    op->cb(op->arg, e->user_closed && st == UCS_OK ? MF_OK : from_ucs(st));
+    op->cb(op->arg, from_ucs(st));
     free(op);
     if (e->closing)
         event_active(e->u->reap_ev, EV_READ, 0);
