@@ -73,9 +73,10 @@ done
 ucxd_stop B
 ucxd_stop A
 
-"$PYTHON" - "$ROWS_CSV" "$RES" "$TLS" "$QUICK" "$(nproc)" "$(ucx_info -v | head -1)" <<'EOF'
+"$PYTHON" - "$ROWS_CSV" "$RES" "$TLS" "$QUICK" "$(nproc)" "$(ucx_info -v | head -1)" \
+  "$(cut -d' ' -f1-3 /proc/loadavg)" <<'EOF'
 import sys, datetime
-rows_csv, res, tls, quick, ncpu, ucxv = sys.argv[1:]
+rows_csv, res, tls, quick, ncpu, ucxv, load = sys.argv[1:]
 lines = []
 goal_ok = True
 for line in open(rows_csv):
@@ -99,7 +100,8 @@ with open(res, "w") as out:
     out.write("""# UCX remote get: mapflowd peer fetch vs ucx_perftest
 
 Command: `bench/ucx/run.sh%s` (`make bench-ucx`), UCX_TLS=%s, loopback (127.0.0.1),
-%s CPUs, %s, %s UTC.
+%s CPUs (load average at the end: %s), %s, %s UTC. Everything here is memory-copy
+bound on a shared VM: compare columns of one run, not runs.
 
 - **mapflow fetch**: `mapflow-ucx-tool fetch` against daemon A — the fetch engine of
   daemon/peer.c: one Get(GET_LEASE) for all rows of the round, then pipelined one-sided
@@ -118,7 +120,7 @@ Command: `bench/ucx/run.sh%s` (`make bench-ucx`), UCX_TLS=%s, loopback (127.0.0.
 | row size | rows/round | row bytes | fetch GB/s best | fetch GB/s mean | 1-row latency ms best / mean | ucx_perftest GB/s | ucx_perftest latency ms | mean / perftest | via B GB/s |
 |---|---|---|---|---|---|---|---|---|---|
 %s
-""" % (" --quick" if quick == "1" else "", tls, ncpu, ucxv.lstrip("# "),
+""" % (" --quick" if quick == "1" else "", tls, ncpu, load, ucxv.lstrip("# "),
        datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M"),
        "met" if goal_ok else "NOT met", "\n".join(lines)))
 print(open(res).read())
