@@ -21,7 +21,7 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
-cmdline="bench/daemon/run.sh $*"
+cmdline="bench/daemon/run.sh${*:+ $*}"
 quick=0 report=1 keep=0 out="" raw=""
 extra=()
 while [ $# -gt 0 ]; do
