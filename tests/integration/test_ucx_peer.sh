@@ -39,6 +39,8 @@ expect_eq "$(ucxd_metric B mapflowd_peer_fetch_duration_seconds_count)" 1 "one f
 expect_eq "$(ucxd_metric A mapflowd_leases)" 0 "A's leases released after the transfer"
 [ "$(ucxd_metric A mapflowd_leases_granted_total)" -ge 18 ] || fail "A granted no leases"
 
+"$PYTHON" -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=10).read().decode())' "$HTTP_B" >"$UT/metrics_b"
+"$PYTHON" "$(dirname "$0")/promcheck.py" "$UT/metrics_b" || fail "B's /metrics with peer series is not valid Prometheus text"
 reqs=$(ucxd_metric B "mapflowd_peer_requests_total{peer=\"$UCX_A\"}")
 out=$(tool get --socket "$SOCK_B" "${SHAPE[@]}" --peer "$UCX_A"); echo "B (again) $out"
 expect_eq "$(field "$out" identical)" 18 "second read"
