@@ -41,5 +41,6 @@ cc -std=c11 -Wall -Werror -I"$ROOT/client" -I"$ROOT/proto" "$TMP/p.c" -o "$TMP/p
   -L"$LIBDIR" -lmapflow || fail "cannot link with -lmapflow alone"
 out=$(LD_LIBRARY_PATH=$LIBDIR "$TMP/p") || fail "program failed: $out"
 echo "$out"
-ldd "$TMP/p" | grep -q "libmapflow.so.$major" || fail "not linked against the shared library"
+deps=$(ldd "$TMP/p")  # whole output first: grep -q under pipefail can SIGPIPE ldd
+printf "%s\n" "$deps" | grep -q "libmapflow.so.$major" || fail "not linked against the shared library"
 echo "test_libmapflow_abi: ok"
