@@ -28,7 +28,7 @@ MNT=$MF_TMP/full
 if [ "$(id -u)" != 0 ] || ! { mkdir -p "$MNT" && mount -t tmpfs -o size=4m mfrel "$MNT"; } 2>/dev/null; then
   echo "SKIP disk-full: needs root and 'mount -t tmpfs' (uid $(id -u))"
 else
-  trap 'umount "$MNT" 2>/dev/null; mf_cleanup' EXIT
+  trap 'umount "$MNT" 2>/dev/null || true; mf_cleanup' EXIT
   MF_DATA=$MNT mf_start --host_bytes 64mb
   rel_run "$MF_TMP/full.out" fault-disk-full --target "$MF_SOCK" || fail "disk full"
   v=$(rel_metric ssd_errors_total)
@@ -36,5 +36,6 @@ else
   grep -q "read-only until restart" "$MF_LOG" || fail "no log line for the SSD write failure"
   mf_stop
   umount "$MNT"
+  trap mf_cleanup EXIT
 fi
 echo "test_rel_faults: ok"
