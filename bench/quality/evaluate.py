@@ -1,0 +1,506 @@
+#!/usr/bin/env python3
+"""Calibrates and evaluates map reuse from the source model into the target (run.sh calls it).
+
+1. Calibration: dense attention maps of both models on CAL windows of the calibration split
+   (never trained on) → .npy [L, H, N, N] → build/bin/mapflow-calibrate → the fitted profile
+   (fit.pb) and the IAM-style argmax profile (iam.pb), read back here from the protobuf.
+2. Test (State of the Union 1991–2021 = "in", Moby-Dick = "out"; windows of CTX tokens):
+   per window the source runs once and its rows are extracted by our extract kernel; the
+   target runs once with every layer through our apply kernel's compute path (the reference,
+   "target alone") and once per variant with the mapped layers through our apply kernel
+   (prob / mask / compute per head). Metrics per variant and split: perplexity and its change,
+   KL(target ‖ reuse) per token, top-1 agreement, per-layer relative L1 error of the attention
+   output (against exact attention on the same inputs), density after the union over mixed
+   heads, row bytes per token per mapped layer, share of the target's attention FLOPs
+   (QKᵀ + PV pairs) skipped, share of heads in prob mode.
+Writes OUT/quality.json. --backend ref runs the C reference on the CPU (smoke test).
+"""
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import mfk  # noqa: E402
+import model as M  # noqa: E402
+
+T0 = time.time()
+MASK_MAX_ERROR = 0.9  # mapflow-calibrate's default --mask-max-error
+
+
+def log(*a):
+    print("[eval %6.1fs]" % (time.time() - T0), *a, flush=True)
+
+
+# ---- the profile file (Mapflow__V1__MappingProfile, proto/mapflow.proto) ----------------
+
+def _varint(b, i):
+    x = s = 0
+    while True:
+        c = b[i]
+        i += 1
+        x |= (c & 0x7f) << s
+        s += 7
+        if c < 0x80:
+            return x, i
+
+
+def _fields(b):
+    i, out = 0, []
+    while i < len(b):
+        key, i = _varint(b, i)
+        f, wt = key >> 3, key & 7
+        if wt == 0:
+            v, i = _varint(b, i)
+        elif wt == 1:
+            v, i = b[i:i + 8], i + 8
+        elif wt == 2:
+            n, i = _varint(b, i)
+            v, i = b[i:i + n], i + n
+        elif wt == 5:
+            v, i = b[i:i + 4], i + 4
+        else:
+            raise ValueError("profile: wire type %d" % wt)
+        out.append((f, wt, v))
+    return out
+
+
+def _f32(v):
+    return float(np.frombuffer(bytes(v), np.float32)[0])
+
+
+def read_profile(path):
+    """{l0, block, recompute_last, layers: {t: {source, w [Ht, Hs], mode [Ht], error [Ht]}}}."""
+    with open(path, "rb") as f:
+        buf = f.read()
+    prof = {"l0": 0, "block": 0, "recompute_last": 0, "layers": {}}
+    for f, wt, v in _fields(buf):
+        if f == 3:
+            prof["block"] = v
+        elif f == 4:
+            prof["l0"] = v
+        elif f == 7:
+            for g, _, x in _fields(v):
+                if g == 1:
+                    prof["recompute_last"] = x
+        elif f == 6:
+            lm = {"target": 0, "source": 0, "ht": 0, "hs": 0, "w": [], "heads": []}
+            for g, gwt, x in _fields(v):
+                if g in (1, 2, 3, 4):
+                    lm[{1: "target", 2: "source", 3: "ht", 4: "hs"}[g]] = x
+                elif g == 5:
+                    lm["w"].extend(np.frombuffer(bytes(x), np.float32).tolist() if gwt == 2
+                                   else [_f32(x)])
+                elif g == 7:
+                    hp = {"mode": 0, "error": 0.0, "top_p": 0.0}
+                    for h, _, y in _fields(x):
+                        if h == 1:
+                            hp["mode"] = y
+                        elif h == 2:
+                            hp["error"] = _f32(y)
+                        elif h == 3:
+                            hp["top_p"] = _f32(y)
+                    lm["heads"].append(hp)
+            prof["layers"][lm["target"]] = {
+                "source": lm["source"],
+                "w": np.asarray(lm["w"], np.float32).reshape(lm["ht"], lm["hs"]),
+                "mode": np.asarray([h["mode"] for h in lm["heads"]], np.uint8),
+                "error": np.asarray([h["error"] for h in lm["heads"]], np.float64)}
+    return prof
+
+
+# ---- calibration --------------------------------------------------------------------------
+
+@torch.no_grad()
+def dense_maps(m, idx):
+    """[L, H, N, N] softmax maps of one sequence (fp16, numpy)."""
+    maps = []
+
+    def hook(layer, q, k, v):
+        s = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(q.shape[-1])
+        n = q.shape[2]
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), -math.inf)
+        p = torch.softmax(s, -1)
+        maps.append(p[0].half().cpu().numpy())
+        return (p @ v.float()).to(q.dtype)
+    m(idx, attn=hook)
+    return np.stack(maps)
+
+
+def calibrate(args, src, tgt, dev):
+    cal = np.load(os.path.join(args.work, "tokens_calib.npy")).astype(np.int64)
+    n = args.cal_n
+    count = min(args.cal_windows, len(cal) // n)
+    if count < 1:
+        raise SystemExit("evaluate: calibration split too short")
+    stride = len(cal) // count
+    d = os.path.join(args.tmp, "calib")
+    shutil.rmtree(d, ignore_errors=True)
+    for side in ("source", "target"):
+        os.makedirs(os.path.join(d, side))
+    for w in range(count):
+        idx = torch.from_numpy(cal[w * stride:w * stride + n])[None].to(dev)
+        for side, m in (("source", src), ("target", tgt)):
+            np.save(os.path.join(d, side, "seq%03d.npy" % w), dense_maps(m, idx))
+    log("calibration maps: %d windows of %d tokens" % (count, n))
+    fit, iam = os.path.join(args.out, "fit.pb"), os.path.join(args.out, "iam.pb")
+    cmd = [args.calibrate, "--source", os.path.join(d, "source"), "--target",
+           os.path.join(d, "target"), "--out", fit, "--baseline-out", iam, "--json",
+           "--block", str(args.block), "--recompute-last", str(args.recompute_last),
+           "--mask-top-p", "0.95", "--source-model", "source", "--target-model", "target",
+           "--max-elems", str(1 << 30)]
+    t = time.time()
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sys.stderr.write(r.stderr)
+    if r.returncode != 0:
+        raise SystemExit("evaluate: mapflow-calibrate failed (%d)" % r.returncode)
+    log("mapflow-calibrate: %.1f s" % (time.time() - t))
+    shutil.rmtree(d, ignore_errors=True)
+    return json.loads(r.stdout), r.stderr, read_profile(fit), read_profile(iam)
+
+
+# ---- variants -----------------------------------------------------------------------------
+
+def variants(fit, lt):
+    v = [dict(name="prob-fp16-L0=1", group="prob per layer", kind="fit", l0=1, policy="prob",
+              codec="fp16", p=0.95)]
+    for codec in ("fp8", "u8log"):
+        v.append(dict(name="prob-%s-L0=1" % codec, group="prob per layer", kind="fit", l0=1,
+                      policy="prob", codec=codec, p=0.95))
+    for codec in ("fp16", "fp8", "u8log"):
+        v.append(dict(name="prob-%s-L0=2" % codec, group="prob per layer", kind="fit", l0=2,
+                      policy="prob", codec=codec, p=0.95))
+    v.append(dict(name="prob-fp8-last", group="prob per layer", kind="fit", l0=lt - 1,
+                  policy="prob", codec="fp8", p=0.95))
+    for l0 in (1, 2):
+        for p in (0.8, 0.9, 0.95, 0.99):
+            v.append(dict(name="mask-p%g-L0=%d" % (p, l0), group="mask per layer L0=%d" % l0,
+                          kind="fit", l0=l0, policy="mask", codec="mask", p=p))
+    for tau in (0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6):
+        v.append(dict(name="perhead-fp8-t%g" % tau, group="per-head (fp8, p 0.95)", kind="fit",
+                      l0=fit["l0"], policy="perhead", tau=tau, codec="fp8", p=0.95))
+    for tau in (0.2, 0.3, 0.4):
+        v.append(dict(name="perhead-fp8-p0.9-t%g" % tau, group="per-head (fp8, p 0.9)",
+                      kind="fit", l0=fit["l0"], policy="perhead", tau=tau, codec="fp8", p=0.9))
+    v.append(dict(name="perhead-u8log-t0.3", group="per-head (u8log)", kind="fit",
+                  l0=fit["l0"], policy="perhead", tau=0.3, codec="u8log", p=0.95))
+    for l0 in (1, 2):
+        v.append(dict(name="iam-prob-L0=%d" % l0, group="IAM-style", kind="iam", l0=l0,
+                      policy="prob", codec="fp8", p=0.95))
+    v.append(dict(name="iam-mask-p0.9-L0=1", group="IAM-style", kind="iam", l0=1,
+                  policy="mask", codec="mask", p=0.9))
+    v.append(dict(name="iam-perhead-t0.3", group="IAM-style", kind="iam", l0=fit["l0"],
+                  policy="perhead", tau=0.3, codec="fp8", p=0.95))
+    v.append(dict(name="random-prob-L0=1", group="control", kind="random", l0=1, policy="prob",
+                  codec="fp8", p=0.95))
+    v.append(dict(name="random-mask-p0.9-L0=1", group="control", kind="random", l0=1,
+                  policy="mask", codec="mask", p=0.9))
+    for l0 in (1, 2):
+        v.append(dict(name="uniform-L0=%d" % l0, group="control", kind="uniform", l0=l0,
+                      policy="uniform", codec="none", p=1.0))
+    for l0 in (1, 2):
+        for p in (0.8, 0.9, 0.95, 0.99):
+            v.append(dict(name="own-p%g-L0=%d" % (p, l0), group="own top-p L0=%d" % l0,
+                          kind="own", l0=l0, policy="own", codec="mask", p=p))
+    return v
+
+
+def layer_plans(var, fit, iam, ht, hs, lt, seed):
+    """{t: (source layer, W, mode, top_p)} for the mapped layers of a variant."""
+    prof = iam if var["kind"] == "iam" else fit
+    rng = np.random.default_rng(seed)
+    plans = {}
+    for t in range(lt):
+        if t < var["l0"]:
+            continue
+        if var["kind"] in ("own", "uniform"):
+            plans[t] = (t, np.eye(ht, dtype=np.float32), np.full(ht, mfk.MASK_MODE, np.uint8),
+                        np.ones(ht, np.float32))
+            continue
+        lm = prof["layers"].get(t)
+        if lm is None:
+            continue
+        w = lm["w"].copy()
+        if var["kind"] == "random":
+            w = rng.dirichlet(np.ones(hs), size=ht).astype(np.float32)
+        if var["policy"] == "prob":
+            mode = np.full(ht, mfk.PROB, np.uint8)
+        elif var["policy"] == "mask":
+            mode = np.full(ht, mfk.MASK_MODE, np.uint8)
+        else:  # per head: mapflow-calibrate's rule with --prob-max-error tau
+            if not lm["mode"].any():
+                continue  # the layer's fit was too poor: calibrate made it all compute
+            e = lm["error"]
+            mode = np.where(e < var["tau"], mfk.PROB,
+                            np.where(e < MASK_MAX_ERROR, mfk.MASK_MODE, mfk.COMPUTE)).astype(
+                np.uint8)
+        plans[t] = (lm["source"], w, mode, np.full(ht, var["p"], np.float32))
+    return plans
+
+
+# ---- evaluation ---------------------------------------------------------------------------
+
+class Acc:
+    def __init__(self, lt):
+        self.nll = self.kl = self.agree = self.tokens = 0.0
+        self.l1 = np.zeros((lt, 2))
+        self.work = np.zeros(4)        # qk, pv, attended, dense-of-mapped
+        self.dense = 0.0               # qk + pv of the whole target, dense
+        self.acct_windows = 0
+        self.row_bytes = self.row_tokens = 0.0
+        self.heads = np.zeros(2)       # prob heads, heads (all target layers)
+        self.windows = 0
+
+    def result(self, base):
+        r = {"windows": self.windows, "tokens": int(self.tokens),
+             "ppl": math.exp(self.nll / self.tokens) if self.tokens else float("nan")}
+        if base is not None and base.tokens:
+            r["dppl_pct"] = 100.0 * (r["ppl"] / base.result(None)["ppl"] - 1.0)
+            r["kl"] = self.kl / self.tokens
+            r["agree_pct"] = 100.0 * self.agree / self.tokens
+        r["layer_rel_l1"] = [float(a / b) if b else None for a, b in self.l1]
+        if self.acct_windows:
+            r["skipped_pct"] = 100.0 * (1.0 - (self.work[0] + self.work[1]) / self.dense)
+            r["density"] = float(self.work[2] / self.work[3]) if self.work[3] else None
+        r["row_bytes_per_token_layer"] = (self.row_bytes / self.row_tokens
+                                          if self.row_tokens else 0.0)
+        r["prob_head_share"] = float(self.heads[0] / self.heads[1]) if self.heads[1] else 0.0
+        return r
+
+
+class Window:
+    """Per test window: the source's Q, K per layer and the rows extracted from them."""
+
+    def __init__(self, be, src_qk, tokens, args):
+        self.be, self.src_qk, self.tokens, self.args = be, src_qk, tokens, args
+        self.rows, self.parsed = {}, {}
+
+    def rows_for(self, layer, codec, p):
+        key = (layer, codec, p)
+        if key not in self.rows:
+            q, k = self.src_qk[layer]
+            self.rows[key] = self.be.extract(q, k, p, mfk.CODECS[codec], layer, self.tokens,
+                                             ("src",) + key)
+        return self.rows[key]
+
+    def parsed_for(self, layer, p, hs, nb):
+        key = (layer, p)
+        if key not in self.parsed:
+            self.parsed[key] = mfk.parse_rows(self.rows_for(layer, "mask", p), hs, nb)
+        return self.parsed[key]
+
+
+def to_kernel(x):
+    """[1, H, N, d] → [N, H, d] fp16 contiguous."""
+    return x[0].transpose(0, 1).to(torch.float16).contiguous()
+
+
+def from_kernel(o, like):
+    return o.transpose(0, 1)[None].to(like.dtype)
+
+
+def compute(be, q, k, v, ht):
+    o, _ = be.apply(None, np.ones((ht, 1), np.float32), np.zeros(ht, np.uint8),
+                    np.ones(ht, np.float32), q, k, v, 0)
+    return o
+
+
+def run_target(tgt, idx, be, plans, var, win, acc, acct, ht, hs):
+    """The target on one window with the variant's plans; returns logits [N, V]."""
+    b = be.b
+
+    def hook(t, q, k, v):
+        qh, kh, vh = to_kernel(q), to_kernel(k), to_kernel(v)
+        n = qh.shape[0]
+        nb = n // b
+        plan = plans.get(t)
+        if plan is None:
+            if acct:
+                acc.work[0] += ht * mfk.pair_counts(nb, b).sum()
+                acc.work[1] += ht * mfk.pair_counts(nb, b).sum()
+            return from_kernel(compute(be, qh, kh, vh, ht), q)
+        src_l, w, mode, top_p = plan
+        exact = compute(be, qh, kh, vh, ht)
+        if var["policy"] == "uniform":
+            cnt = torch.arange(1, n + 1, device=vh.device, dtype=torch.float32)[:, None, None]
+            o = vh.float().cumsum(0) / cnt
+            stats_pairs = None
+        elif var["policy"] == "own":
+            rows = be.extract(qh, kh, var["p"], mfk.CODECS["mask"], t, win.tokens, ("own", t))
+            o, _ = be.apply(rows, w, mode, top_p, qh, kh, vh, args_r)
+            stats_pairs = mfk.parse_rows(rows, ht, nb) if acct else None
+        else:
+            any_prob = bool((mode == mfk.PROB).any())
+            codec = var["codec"] if any_prob else "mask"
+            rows = win.rows_for(src_l, codec, var["p"])
+            o, st = be.apply(rows, w, mode, top_p, qh, kh, vh, args_r)
+            acc.row_bytes += rows.total_bytes()
+            acc.row_tokens += n
+            stats_pairs = win.parsed_for(src_l, var["p"], hs, nb) if acct else None
+            if st is not None and acct:
+                check_stats(st, stats_pairs, w, mode, top_p, b, args_r, nb)
+        acc.heads += [(mode == mfk.PROB).sum(), 0]
+        acc.l1[t] += [float((o - exact).abs().sum()), float(exact.abs().sum())]
+        if acct:
+            if stats_pairs is None:  # uniform: QKᵀ skipped, PV over everything
+                d = mfk.pair_counts(nb, b).sum() * ht
+                acc.work += [0, d, d, d]
+            else:
+                acc.work += mfk.work(stats_pairs[0], stats_pairs[1], w, mode, top_p, b, args_r)
+        return from_kernel(o, q)
+
+    args_r = ARGS.recompute_last
+    acc.heads[1] += ht * tgt.cfg.n_layer
+    return tgt(idx, attn=hook)[0].float()
+
+
+def check_stats(st, parsed, w, mode, top_p, b, r, nb):
+    """Ref backend: mf_apply_ref's own counters must equal what work() derives from rows."""
+    keep, mass = parsed
+    sel = mfk.select_mask(keep, mass, w, top_p)
+    exact = np.arange(nb) >= nb - r
+    want = sum(int(sel[t][~exact].sum()) for t in range(w.shape[0]) if mode[t] == mfk.MASK_MODE)
+    if st.mask_blocks != want:
+        raise SystemExit("check: mask blocks %d (kernel) != %d (work())" % (st.mask_blocks, want))
+    union = np.einsum("ts,sij->tij", (w > 0).astype(float), keep.astype(float)) > 0
+    want = sum(int(union[t][~exact].sum()) for t in range(w.shape[0]) if mode[t] == mfk.PROB)
+    if st.prob_tiles != want:
+        raise SystemExit("check: prob tiles %d (kernel) != %d (work())" % (st.prob_tiles, want))
+    CHECKED[0] += 1
+
+
+CHECKED = [0]
+ARGS = None
+
+
+def main():
+    global ARGS
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--tmp", default="/tmp/mf-quality")
+    ap.add_argument("--backend", choices=("cuda", "ref"), default="cuda")
+    ap.add_argument("--calibrate", default=os.path.join(mfk.ROOT, "build", "bin",
+                                                        "mapflow-calibrate"))
+    ap.add_argument("--block", type=int, default=32)
+    ap.add_argument("--recompute-last", type=int, default=1)
+    ap.add_argument("--cal-windows", type=int, default=16)
+    ap.add_argument("--cal-n", type=int, default=1024)
+    ap.add_argument("--ctx", type=int, default=0, help="test window (default: training ctx)")
+    ap.add_argument("--windows", type=int, default=48, help="per split, at most")
+    ap.add_argument("--acct-windows", type=int, default=1000,
+                    help="per split, windows whose rows are parsed for density and FLOPs")
+    ap.add_argument("--deadline", type=float, default=1e9, help="seconds; then stop adding "
+                    "windows (every variant sees the same windows)")
+    ap.add_argument("--only", default="", help="comma-separated variant names (smoke test)")
+    args = ARGS = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    os.makedirs(args.tmp, exist_ok=True)
+    dev = torch.device("cuda" if args.backend == "cuda" else "cpu")
+    with open(os.path.join(args.work, "meta.json")) as f:
+        meta = json.load(f)
+    src = M.load_model(meta["source"], os.path.join(args.work, "source.safetensors"), dev)
+    tgt = M.load_model(meta["target"], os.path.join(args.work, "target.safetensors"), dev)
+    ctx = args.ctx or meta["ctx"]
+    lt, ht, hs = tgt.cfg.n_layer, tgt.cfg.n_head, src.cfg.n_head
+    be = mfk.Cuda(args.block) if args.backend == "cuda" else mfk.Ref(args.block)
+    cal_json, cal_summary, fit, iam = calibrate(args, src, tgt, dev)
+    vs = variants(fit, lt)
+    if args.only:
+        keep = set(args.only.split(","))
+        vs = [v for v in vs if v["name"] in keep]
+    plans = {v["name"]: layer_plans(v, fit, iam, ht, hs, lt, seed=7) for v in vs}
+    tests = {s: np.load(os.path.join(args.work, "tokens_%s.npy" % s)).astype(np.int64)
+             for s in ("in", "out")}
+    nwin = {s: min(args.windows, (len(a) - 1) // ctx) for s, a in tests.items()}
+    accs = {s: {v["name"]: Acc(lt) for v in vs} for s in tests}
+    base = {s: Acc(lt) for s in tests}
+    sdpa = {s: Acc(lt) for s in tests}
+    failed = {}
+    order = [(s, w) for w in range(max(nwin.values())) for s in ("in", "out") if w < nwin[s]]
+    log("test: %s windows of %d tokens, %d variants, backend %s, B %d" % (
+        nwin, ctx, len(vs), be.name, args.block))
+    with torch.no_grad():
+        for s, w in order:
+            if time.time() - T0 > args.deadline:
+                log("deadline: stopping at window %d of %s" % (w, s))
+                break
+            seq = torch.from_numpy(tests[s][w * ctx:(w + 1) * ctx + 1]).to(dev)
+            idx, tgt_ids = seq[None, :-1], seq[1:]
+            src_qk = {}
+
+            def grab(layer, q, k, v):
+                src_qk[layer] = (to_kernel(q), to_kernel(k))
+                return M.causal_attention(q, k, v)
+            src(idx, attn=grab)
+            win = Window(be, src_qk, tests[s][w * ctx:(w + 1) * ctx].astype(np.uint32), args)
+            acct = w < args.acct_windows
+            ba = base[s]
+            logits_b = run_target(tgt, idx, be, {}, {"policy": "compute"}, win, ba, acct, ht, hs)
+            lp_b = F.log_softmax(logits_b, -1)
+            top_b = lp_b.argmax(-1)
+            ba.nll += float(F.nll_loss(lp_b, tgt_ids, reduction="sum"))
+            ba.tokens += ctx
+            ba.windows += 1
+            ba.dense += 2 * ht * lt * mfk.pair_counts(ctx // args.block, args.block).sum() * acct
+            ba.acct_windows += acct
+            lp_s = F.log_softmax(tgt(idx)[0].float(), -1)
+            sdpa[s].nll += float(F.nll_loss(lp_s, tgt_ids, reduction="sum"))
+            sdpa[s].tokens += ctx
+            for v in vs:
+                a = accs[s][v["name"]]
+                if v["name"] in failed:
+                    continue
+                try:
+                    logits = run_target(tgt, idx, be, plans[v["name"]], v, win, a, acct, ht, hs)
+                except Exception as ex:  # noqa: BLE001  (one broken variant must not stop all)
+                    failed[v["name"]] = repr(ex)
+                    log("variant %s failed: %r" % (v["name"], ex))
+                    continue
+                lp = F.log_softmax(logits, -1)
+                a.nll += float(F.nll_loss(lp, tgt_ids, reduction="sum"))
+                a.kl += float((lp_b.exp() * (lp_b - lp)).sum())
+                a.agree += float((lp.argmax(-1) == top_b).sum())
+                a.tokens += ctx
+                a.windows += 1
+                if acct:
+                    a.dense += 2 * ht * lt * mfk.pair_counts(ctx // args.block,
+                                                             args.block).sum()
+                    a.acct_windows += 1
+            if w % 8 == 0:
+                log("window %d of %s done" % (w, s))
+    if be.check():
+        raise SystemExit("evaluate: the apply kernel refused %d rows" % be.check())
+    res = {"config": {"block": args.block, "recompute_last": args.recompute_last, "ctx": ctx,
+                      "cal_windows": args.cal_windows, "cal_n": args.cal_n,
+                      "backend": be.name, "source": meta["source"], "target": meta["target"],
+                      "acct_windows": args.acct_windows, "ref_checks": CHECKED[0]},
+           "calibration": cal_json, "calibration_summary": cal_summary,
+           "profile_l0": fit["l0"], "variants": [v for v in vs if v["name"] not in failed],
+           "failed": failed, "splits": {}}
+    for s in tests:
+        bres = base[s].result(None)
+        bres["ppl_sdpa"] = sdpa[s].result(None)["ppl"]
+        res["splits"][s] = {"base": bres,
+                            "variants": {n: a.result(base[s]) for n, a in accs[s].items()
+                                         if n not in failed}}
+    trp = os.path.join(args.work, "train.json")
+    if os.path.exists(trp):
+        with open(trp) as f:
+            res["train"] = json.load(f)
+    with open(os.path.join(args.out, "quality.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    log("wrote", os.path.join(args.out, "quality.json"), "ref checks:", CHECKED[0])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,320 @@
+"""MapFlow's extract and apply kernels for the quality evaluation, through ctypes.
+
+Two backends with one interface (torch tensors Q, K, V [N, H, d] fp16, contiguous):
+  Cuda: build/lib/libmfkernels_cuda.so, device pointers (torch data_ptr), torch's stream.
+  Ref:  build/lib/libmfkernels_ref.so (bench/quality/quality.mk): the C reference, host
+        tensors; slow, for the CPU smoke test, and it also returns mf_apply_stats_t, which
+        the smoke test compares with work() below.
+extract() → RowSet (one row per full query block); apply(rows or None, ...) → O [N, H, d]
+fp32 (rows None = every block computed densely by the kernel's compute path).
+parse_rows() reads rows back (kept blocks and 8-bit masses per head) and work() counts,
+with the kernels' rules (mapflow_kernels.h), the QKᵀ and PV pairs a layer computes.
+The ctypes structures come from bench/gpu/bench_gpu.py (the CUDA layouts).
+"""
+import ctypes as C
+import os
+import struct
+import sys
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "bench", "gpu"))
+import rows as R  # noqa: E402
+from bench_gpu import ApplyArgs, ExtractArgs, LayerMap, Qkv  # noqa: E402
+
+COMPUTE, PROB, MASK_MODE = 0, 1, 2
+CODECS = {"mask": R.MASK, "fp16": R.FP16, "bf16": R.BF16, "fp8": R.FP8, "u8log": R.U8LOG}
+F16 = 1
+MODEL = b"source"
+NS = b"quality"
+VIEW_BYTES = 512  # >= sizeof(mf_row_view_t)
+
+
+class RefExtractArgs(C.Structure):
+    _fields_ = [("src", Qkv), ("lse", C.c_void_p), ("block_size", C.c_uint32),
+                ("top_p", C.c_float), ("codec", C.c_int), ("i0", C.c_uint32),
+                ("i1", C.c_uint32), ("model", C.c_char_p), ("ns", C.c_char_p),
+                ("layer", C.c_uint32), ("tokens", C.c_void_p)]
+
+
+class RefApplyArgs(C.Structure):
+    _fields_ = [("rows", C.c_void_p), ("n_rows", C.c_uint32), ("map", C.POINTER(LayerMap)),
+                ("tgt", Qkv), ("block_size", C.c_uint32), ("exact", C.c_void_p),
+                ("exact_first", C.c_uint32), ("exact_last", C.c_uint32),
+                ("q0", C.c_uint32), ("q1", C.c_uint32), ("o", C.c_void_p)]
+
+
+class ApplyStats(C.Structure):
+    _fields_ = [("exact_blocks", C.c_uint64), ("prob_tiles", C.c_uint64),
+                ("mask_blocks", C.c_uint64), ("mask_candidates", C.c_uint64)]
+
+
+def row_caps(codec, b, heads, nb):
+    """Worst-case bytes of rows 0..nb−1 (every head keeps every block j ≤ i)."""
+    return [R.layout(codec, b, i + 1, heads * (i + 1), len(MODEL))["total"] for i in range(nb)]
+
+
+class RowSet:
+    """Rows 0..nb−1 of one (layer, codec, top-p) in one buffer at 16-aligned offsets."""
+
+    def __init__(self, buf, offs, sizes, base_ptr, codec):
+        self.buf, self.offs, self.sizes, self.base, self.codec = buf, offs, sizes, base_ptr, codec
+
+    def total_bytes(self):
+        return int(sum(self.sizes))
+
+    def host(self):
+        b = self.buf.cpu().numpy() if torch.is_tensor(self.buf) else self.buf
+        return [b[o:o + s] for o, s in zip(self.offs, self.sizes)]
+
+
+def _map(w, mode, top_p):
+    w = np.ascontiguousarray(w, dtype=np.float32)
+    mode = np.ascontiguousarray(mode, dtype=np.uint8)
+    top_p = np.ascontiguousarray(top_p, dtype=np.float32)
+    lm = LayerMap(w.shape[0], w.shape[1], w.ctypes.data, mode.ctypes.data, top_p.ctypes.data)
+    return lm, (w, mode, top_p)
+
+
+def _qkv(q, k, v):
+    n, h, d = q.shape
+    return Qkv(q.data_ptr(), k.data_ptr(), v.data_ptr() if v is not None else None, F16, n, h,
+               k.shape[1], d)
+
+
+class Cuda:
+    name = "cuda"
+
+    def __init__(self, block):
+        self.b = block
+        path = os.environ.get("MF_CUDA_LIB", os.path.join(ROOT, "build", "lib",
+                                                          "libmfkernels_cuda.so"))
+        lib = C.CDLL(path)
+        lib.mf_apply_cuda.restype = C.c_int
+        lib.mf_apply_cuda.argtypes = [C.POINTER(ApplyArgs), C.c_void_p, C.POINTER(C.c_char_p)]
+        lib.mf_extract_cuda.restype = C.c_int
+        lib.mf_extract_cuda.argtypes = [C.POINTER(ExtractArgs), C.c_void_p,
+                                        C.POINTER(C.c_char_p)]
+        self.lib = lib
+        self.pool = {}
+        self.bad = torch.zeros(1, dtype=torch.int32, device="cuda")
+
+    def _arena(self, key, caps):
+        offs, tot = [], 0
+        for c in caps:
+            offs.append(tot)
+            tot += R.align16(c)
+        a = self.pool.get(key)
+        if a is None or a.numel() < tot:
+            a = torch.empty(tot, dtype=torch.uint8, device="cuda")
+            self.pool[key] = a
+        return a, offs
+
+    def extract(self, q, k, top_p, codec, layer, tokens, slot):
+        n, h, _ = q.shape
+        nb = n // self.b
+        caps = row_caps(codec, self.b, h, nb)
+        buf, offs = self._arena(slot, caps)
+        sizes = torch.zeros(nb, dtype=torch.int64, device="cuda")
+        failed = torch.zeros(1, dtype=torch.int32, device="cuda")
+        ptrs = (C.c_void_p * nb)(*[buf.data_ptr() + o for o in offs])
+        capa = (C.c_size_t * nb)(*caps)
+        tok = np.ascontiguousarray(tokens, dtype=np.uint32)
+        a = ExtractArgs(_qkv(q, k, None), None, self.b, top_p, codec, 0, nb, MODEL, NS, layer,
+                        tok.ctypes.data, C.cast(ptrs, C.c_void_p), C.cast(capa, C.c_void_p),
+                        sizes.data_ptr(), failed.data_ptr(), None)
+        why = C.c_char_p()
+        st = self.lib.mf_extract_cuda(C.byref(a), torch.cuda.current_stream().cuda_stream,
+                                      C.byref(why))
+        if st != 0:
+            raise RuntimeError("mf_extract_cuda: status %d: %s" % (st, why.value))
+        if int(failed.item()) & 0xffffffff != 0xffffffff:
+            raise RuntimeError("mf_extract_cuda: row %d did not fit" % failed.item())
+        return RowSet(buf, offs, sizes.cpu().tolist(), buf.data_ptr(), codec)
+
+    def apply(self, rows, w, mode, top_p, q, k, v, exact_last):
+        n, h, d = q.shape
+        nb = n // self.b
+        lm, keep = _map(w, mode, top_p)
+        o = torch.empty(n, h, d, dtype=torch.float32, device="cuda")
+        ptrs = (C.c_void_p * max(1, nb))()
+        if rows is not None:
+            for i in range(nb):
+                ptrs[i] = rows.base + rows.offs[i]
+        a = ApplyArgs(C.cast(ptrs, C.c_void_p), nb if rows is not None else 0, C.pointer(lm),
+                      _qkv(q, k, v), self.b, None, 0, exact_last, o.data_ptr(),
+                      self.bad.data_ptr())
+        why = C.c_char_p()
+        st = self.lib.mf_apply_cuda(C.byref(a), torch.cuda.current_stream().cuda_stream,
+                                    C.byref(why))
+        del keep
+        if st != 0:
+            raise RuntimeError("mf_apply_cuda: status %d: %s" % (st, why.value))
+        return o, None
+
+    def check(self):
+        """Rows the kernel refused since the start (must stay 0)."""
+        return int(self.bad.item())
+
+
+class Ref:
+    name = "ref"
+
+    def __init__(self, block):
+        self.b = block
+        path = os.environ.get("MF_REF_LIB", os.path.join(ROOT, "build", "lib",
+                                                         "libmfkernels_ref.so"))
+        lib = C.CDLL(path)
+        lib.mf_extract_ref.restype = C.c_int
+        lib.mf_extract_ref.argtypes = [C.POINTER(RefExtractArgs), C.c_void_p, C.c_void_p,
+                                       C.c_void_p, C.c_void_p, C.POINTER(C.c_char_p)]
+        lib.mf_apply_ref.restype = C.c_int
+        lib.mf_apply_ref.argtypes = [C.POINTER(RefApplyArgs), C.POINTER(ApplyStats),
+                                     C.POINTER(C.c_char_p)]
+        lib.mf_row_decode.restype = C.c_int
+        lib.mf_row_decode.argtypes = [C.c_void_p, C.c_size_t, C.c_uint, C.c_void_p,
+                                      C.POINTER(C.c_char_p)]
+        self.lib = lib
+
+    def extract(self, q, k, top_p, codec, layer, tokens, slot):
+        n, h, _ = q.shape
+        nb = n // self.b
+        caps = row_caps(codec, self.b, h, nb)
+        offs, tot = [], 0
+        for c in caps:
+            offs.append(tot)
+            tot += R.align16(c)
+        raw = np.zeros(tot + 16, dtype=np.uint8)
+        pad = (-raw.ctypes.data) % 16
+        buf = raw[pad:pad + tot]
+        sizes = np.zeros(nb, dtype=np.uint64)
+        failed = np.zeros(1, dtype=np.uint32)
+        ptrs = (C.c_void_p * nb)(*[buf.ctypes.data + o for o in offs])
+        capa = (C.c_size_t * nb)(*caps)
+        tok = np.ascontiguousarray(tokens, dtype=np.uint32)
+        q, k = q.contiguous(), k.contiguous()
+        a = RefExtractArgs(_qkv(q, k, None), None, self.b, top_p, codec, 0, nb, MODEL, NS, layer,
+                           tok.ctypes.data)
+        why = C.c_char_p()
+        st = self.lib.mf_extract_ref(C.byref(a), ptrs, capa, sizes.ctypes.data,
+                                     failed.ctypes.data, C.byref(why))
+        if st != 0:
+            raise RuntimeError("mf_extract_ref: status %d: %s" % (st, why.value))
+        rs = RowSet(buf, offs, [int(s) for s in sizes], buf.ctypes.data, codec)
+        rs.keepalive = raw
+        return rs
+
+    def apply(self, rows, w, mode, top_p, q, k, v, exact_last):
+        n, h, d = q.shape
+        nb = n // self.b
+        lm, keep = _map(w, mode, top_p)
+        o = torch.zeros(n, h, d, dtype=torch.float32)
+        views = (C.c_uint8 * (VIEW_BYTES * max(1, nb)))()
+        ptrs = (C.c_void_p * max(1, nb))()
+        if rows is not None:
+            why = C.c_char_p()
+            for i in range(nb):
+                vp = C.addressof(views) + VIEW_BYTES * i
+                st = self.lib.mf_row_decode(rows.base + rows.offs[i], rows.sizes[i], 0, vp,
+                                            C.byref(why))
+                if st != 0:
+                    raise RuntimeError("mf_row_decode row %d: %d %s" % (i, st, why.value))
+                ptrs[i] = vp
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        a = RefApplyArgs(C.cast(ptrs, C.c_void_p), nb if rows is not None else 0, C.pointer(lm),
+                         _qkv(q, k, v), self.b, None, 0, exact_last, 0, 0, o.data_ptr())
+        stats = ApplyStats()
+        why = C.c_char_p()
+        st = self.lib.mf_apply_ref(C.byref(a), C.byref(stats), C.byref(why))
+        del keep
+        if st != 0:
+            raise RuntimeError("mf_apply_ref: status %d: %s" % (st, why.value))
+        return o, stats
+
+    def check(self):
+        return 0
+
+
+HDR = struct.Struct("<IHBBQIIIHHIIfI")
+
+
+def parse_rows(rows, heads, nb):
+    """keep [Hs, nb, nb] bool and mass [Hs, nb, nb] (decoded, 0 where not kept)."""
+    keep = np.zeros((heads, nb, nb), dtype=bool)
+    mass = np.zeros((heads, nb, nb), dtype=np.float64)
+    bits = np.uint64(1) << np.arange(heads, dtype=np.uint64)
+    for r in rows.host():
+        (magic, _, codec, mlen, _, total, _, i, b, h, ncols, ne, _, _) = HDR.unpack_from(
+            r.tobytes()[:HDR.size])
+        if magic != R.MAGIC or h != heads or total != len(r):
+            raise RuntimeError("parse_rows: bad row header (block %d)" % i)
+        lay = R.layout(codec, b, ncols, ne, mlen)
+        cols = np.frombuffer(r[lay["cols"]:lay["cols"] + 4 * ncols].tobytes(), np.uint32)
+        off = np.frombuffer(r[lay["col_off"]:lay["col_off"] + 4 * ncols].tobytes(), np.uint32)
+        hm = np.frombuffer(r[lay["head_mask"]:lay["head_mask"] + 8 * ncols].tobytes(), np.uint64)
+        q = r[lay["mass"]:lay["mass"] + ne].astype(np.float64)
+        present = (hm[:, None] & bits[None, :]) != 0               # [C, H]
+        rank = np.cumsum(present, axis=1) - 1                      # entry rank in column
+        ent = off[:, None].astype(np.int64) + rank                 # [C, H]
+        cc, hh = np.nonzero(present)
+        keep[hh, i, cols[cc]] = True
+        mass[hh, i, cols[cc]] = (q[ent[cc, hh]] / 255.0) ** 2
+    return keep, mass
+
+
+def pair_counts(nb, b):
+    """pairs[i, j]: causal (query, key) pairs of block (i, j)."""
+    i = np.arange(nb)[:, None]
+    j = np.arange(nb)[None, :]
+    return np.where(j < i, b * b, np.where(j == i, b * (b + 1) // 2, 0)).astype(np.float64)
+
+
+def select_mask(keep, mass, w, top_p):
+    """The mask-mode selection of mf_apply_ref for every target head: sel [Ht, nb, nb]."""
+    hs, nb, _ = keep.shape
+    ht = w.shape[0]
+    cand = np.einsum("ts,sij->tij", (w > 0).astype(np.float64), keep.astype(np.float64)) > 0
+    mix = np.einsum("ts,sij->tij", w.astype(np.float64), mass)
+    i = np.arange(nb)[:, None]
+    j = np.arange(nb)[None, :]
+    forced = np.broadcast_to((j == 0) | (j == i), (ht, nb, nb))
+    tot = np.where(cand, mix, 0).sum(-1, keepdims=True)
+    # forced blocks first, then candidates by mass (ties to lower j), others never
+    key = np.where(forced, 3.0, np.where(cand & (j < i), mix, -1.0))
+    order = np.argsort(-key, axis=-1, kind="stable")
+    m_sorted = np.take_along_axis(np.where(forced | cand, mix, 0), order, -1)
+    acc_before = np.cumsum(m_sorted, -1) - m_sorted
+    ok_sorted = np.take_along_axis(key, order, -1) > -1
+    tp = np.asarray(top_p, dtype=np.float64)[:, None, None]
+    take = ok_sorted & ((np.take_along_axis(forced, order, -1)) |
+                        (acc_before < tp * tot) | (tp >= 1.0))
+    sel = np.zeros_like(take)
+    np.put_along_axis(sel, order, take, -1)
+    return sel & (j <= i)
+
+
+def work(keep, mass, w, mode, top_p, b, exact_last):
+    """(qk_pairs, pv_pairs, attended_pairs, dense_pairs) of one layer over all target heads;
+    attended/dense over the mapped heads on reused (non-exact) query blocks only."""
+    hs, nb, _ = keep.shape
+    pairs = pair_counts(nb, b)
+    dense_row = pairs.sum(-1)
+    exact = np.arange(nb) >= nb - exact_last
+    union = np.einsum("ts,sij->tij", (w > 0).astype(np.float64), keep.astype(np.float64)) > 0
+    sel = select_mask(keep, mass, w, top_p)
+    qk = pv = att = den = 0.0
+    for t in range(w.shape[0]):
+        if mode[t] == COMPUTE:
+            qk += dense_row.sum()
+            pv += dense_row.sum()
+            continue
+        used = union[t] if mode[t] == PROB else sel[t]
+        rows_pairs = (used * pairs).sum(-1)
+        qk += dense_row[exact].sum() + (0 if mode[t] == PROB else rows_pairs[~exact].sum())
+        pv += dense_row[exact].sum() + rows_pairs[~exact].sum()
+        att += rows_pairs[~exact].sum()
+        den += dense_row[~exact].sum()
+    return qk, pv, att, den
