@@ -5,7 +5,25 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <stdio.h>
+
+#include "mapflow.h"
 #include "synth.h"
+
+struct mf_channel *demo_connect(const char *daemon, const char *ns, const char *role)
+{
+    mf_channel_params_t cp = { .field_mask = MF_CHANNEL_PARAM_NS | MF_CHANNEL_PARAM_CLIENT_NAME |
+                                             MF_CHANNEL_PARAM_WANT_ARENA,
+                               .ns = ns, .client_name = role, .want_arena = 1 };
+    mf_channel_t *ch = NULL;
+    mf_status_t st = mf_channel_open(daemon, &cp, &ch);
+    if (st == MF_OK)
+        return ch;
+    fprintf(stderr, "%s: cannot reach mapflowd at %s: %s (%s)\n", role, daemon,
+            mf_status_name(st), ch ? mf_channel_last_error(ch) : "");
+    mf_channel_close(ch);
+    return NULL;
+}
 
 void demo_tokens(const demo_shape_t *s, uint32_t *tokens)
 {

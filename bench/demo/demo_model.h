@@ -37,4 +37,9 @@ mf_status_t demo_target_qkv(const demo_shape_t *s, uint32_t layer, float *q, flo
 /* Which two source heads target head t of a layer averages (a == b: a single head). */
 void demo_target_pair(const demo_shape_t *s, uint32_t layer, uint32_t t, uint32_t *a, uint32_t *b);
 
+/* Opens a zero-copy (arena) channel to the daemon for worker `role`; on failure prints
+ * why and returns NULL. */
+struct mf_channel;
+struct mf_channel *demo_connect(const char *daemon, const char *ns, const char *role);
+
 #endif /* DEMO_MODEL_H */

@@ -68,17 +68,10 @@ int main(int argc, char **argv)
         usage();
         return 2;
     }
-    mf_channel_params_t cp = { .field_mask = MF_CHANNEL_PARAM_NS | MF_CHANNEL_PARAM_CLIENT_NAME |
-                                             MF_CHANNEL_PARAM_WANT_ARENA,
-                               .ns = ns, .client_name = "demo-target", .want_arena = 1 };
-    mf_channel_t *ch = NULL;
-    mf_status_t st = mf_channel_open(daemon, &cp, &ch);
-    if (st != MF_OK) {
-        fprintf(stderr, "target: cannot reach mapflowd at %s: %s (%s)\n", daemon,
-                mf_status_name(st), ch ? mf_channel_last_error(ch) : "");
-        mf_channel_close(ch);
+    mf_channel_t *ch = demo_connect(daemon, ns, "demo-target");
+    if (!ch)
         return 3;
-    }
+    mf_status_t st = MF_OK;
     int rc = 1;
     void *pb = NULL;
     size_t pb_len = 0;
