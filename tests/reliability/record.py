@@ -6,11 +6,30 @@
 
 Each id owns one table row (replaced in place, or appended); the date and the
 command that produced it are stamped in. Rows of other ids are left as they are.
+
+Where the table goes: only with MF_RECORD=1 is the given RELIABILITY.md rewritten.
+Otherwise (every plain `make test`) the rows go to $MF_BUILD/RELIABILITY-results.md
+(else build/RELIABILITY-results.md), seeded from the given file on first use, so a test
+run never leaves the tracked document modified.
 """
 import datetime
 import os
 import re
+import shutil
 import sys
+
+
+def target(path):
+    """The file to update: `path` itself when MF_RECORD=1, else the build copy."""
+    if os.environ.get("MF_RECORD") == "1":
+        return path
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out_dir = os.environ.get("MF_BUILD") or os.path.join(root, "build")
+    os.makedirs(out_dir, exist_ok=True)
+    out = os.path.join(out_dir, "RELIABILITY-results.md")
+    if not os.path.exists(out) and os.path.exists(path):
+        shutil.copyfile(path, out)
+    return out
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 HEAD = ["| id | fault or attack | how | what happened | run |",
@@ -53,7 +72,7 @@ def fuzz(path, seconds, logs):
 
 
 def main():
-    path = sys.argv[1]
+    path = target(sys.argv[1])
     if len(sys.argv) > 3 and sys.argv[2] == "--fuzz":
         return fuzz(path, sys.argv[3], sys.argv[4:])
     mode = sys.argv[2] if len(sys.argv) > 2 else "make test"
