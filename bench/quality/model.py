@@ -1,4 +1,4 @@
-"""The two small LMs of the quality evaluation and their data (bench/quality/README.md).
+"""The two small LMs of the quality evaluation and their data (see bench/quality/README.md).
 
 A pre-LN decoder-only transformer with RoPE, GELU MLP and tied embeddings. forward() takes an
 optional `attn(layer, q, k, v) -> o` hook (q, k after RoPE, [B, H, N, d]) so the evaluation
