@@ -52,9 +52,21 @@ class ApplyStats(C.Structure):
                 ("mask_blocks", C.c_uint64), ("mask_candidates", C.c_uint64)]
 
 
-def row_caps(codec, b, heads, nb):
-    """Worst-case bytes of rows 0..nb−1 (every head keeps every block j ≤ i)."""
-    return [R.layout(codec, b, i + 1, heads * (i + 1), len(MODEL))["total"] for i in range(nb)]
+def _cdll(env, name, sigs):
+    """The library at $env (default build/lib/name), every function in sigs returning int."""
+    lib = C.CDLL(os.environ.get(env, os.path.join(ROOT, "build", "lib", name)))
+    for fn, argtypes in sigs.items():
+        getattr(lib, fn).restype = C.c_int
+        getattr(lib, fn).argtypes = argtypes
+    return lib
+
+
+def row_slots(codec, b, heads, nb):
+    """Worst-case bytes of rows 0..nb−1 (every head keeps every block j ≤ i), their
+    16-aligned offsets in one buffer, and its size."""
+    caps = [R.layout(codec, b, i + 1, heads * (i + 1), len(MODEL))["total"] for i in range(nb)]
+    offs = np.concatenate([[0], np.cumsum([R.align16(c) for c in caps])]).astype(int).tolist()
+    return caps, offs[:-1], offs[-1]
 
 
 class RowSet:
@@ -90,34 +102,20 @@ class Cuda:
 
     def __init__(self, block):
         self.b = block
-        path = os.environ.get("MF_CUDA_LIB", os.path.join(ROOT, "build", "lib",
-                                                          "libmfkernels_cuda.so"))
-        lib = C.CDLL(path)
-        lib.mf_apply_cuda.restype = C.c_int
-        lib.mf_apply_cuda.argtypes = [C.POINTER(ApplyArgs), C.c_void_p, C.POINTER(C.c_char_p)]
-        lib.mf_extract_cuda.restype = C.c_int
-        lib.mf_extract_cuda.argtypes = [C.POINTER(ExtractArgs), C.c_void_p,
-                                        C.POINTER(C.c_char_p)]
-        self.lib = lib
+        why = C.POINTER(C.c_char_p)
+        self.lib = _cdll("MF_CUDA_LIB", "libmfkernels_cuda.so", {
+            "mf_apply_cuda": [C.POINTER(ApplyArgs), C.c_void_p, why],
+            "mf_extract_cuda": [C.POINTER(ExtractArgs), C.c_void_p, why]})
         self.pool = {}
         self.bad = torch.zeros(1, dtype=torch.int32, device="cuda")
-
-    def _arena(self, key, caps):
-        offs, tot = [], 0
-        for c in caps:
-            offs.append(tot)
-            tot += R.align16(c)
-        a = self.pool.get(key)
-        if a is None or a.numel() < tot:
-            a = torch.empty(tot, dtype=torch.uint8, device="cuda")
-            self.pool[key] = a
-        return a, offs
 
     def extract(self, q, k, top_p, codec, layer, tokens, slot):
         n, h, _ = q.shape
         nb = n // self.b
-        caps = row_caps(codec, self.b, h, nb)
-        buf, offs = self._arena(slot, caps)
+        caps, offs, tot = row_slots(codec, self.b, h, nb)
+        buf = self.pool.get(slot)  # one arena per slot, reused window after window
+        if buf is None or buf.numel() < tot:
+            buf = self.pool[slot] = torch.empty(tot, dtype=torch.uint8, device="cuda")
         sizes = torch.zeros(nb, dtype=torch.int64, device="cuda")
         failed = torch.zeros(1, dtype=torch.int32, device="cuda")
         ptrs = (C.c_void_p * nb)(*[buf.data_ptr() + o for o in offs])
@@ -165,28 +163,16 @@ class Ref:
 
     def __init__(self, block):
         self.b = block
-        path = os.environ.get("MF_REF_LIB", os.path.join(ROOT, "build", "lib",
-                                                         "libmfkernels_ref.so"))
-        lib = C.CDLL(path)
-        lib.mf_extract_ref.restype = C.c_int
-        lib.mf_extract_ref.argtypes = [C.POINTER(RefExtractArgs), C.c_void_p, C.c_void_p,
-                                       C.c_void_p, C.c_void_p, C.POINTER(C.c_char_p)]
-        lib.mf_apply_ref.restype = C.c_int
-        lib.mf_apply_ref.argtypes = [C.POINTER(RefApplyArgs), C.POINTER(ApplyStats),
-                                     C.POINTER(C.c_char_p)]
-        lib.mf_row_decode.restype = C.c_int
-        lib.mf_row_decode.argtypes = [C.c_void_p, C.c_size_t, C.c_uint, C.c_void_p,
-                                      C.POINTER(C.c_char_p)]
-        self.lib = lib
+        why, p = C.POINTER(C.c_char_p), C.c_void_p
+        self.lib = _cdll("MF_REF_LIB", "libmfkernels_ref.so", {
+            "mf_extract_ref": [C.POINTER(RefExtractArgs), p, p, p, p, why],
+            "mf_apply_ref": [C.POINTER(RefApplyArgs), C.POINTER(ApplyStats), why],
+            "mf_row_decode": [p, C.c_size_t, C.c_uint, p, why]})
 
     def extract(self, q, k, top_p, codec, layer, tokens, slot):
         n, h, _ = q.shape
         nb = n // self.b
-        caps = row_caps(codec, self.b, h, nb)
-        offs, tot = [], 0
-        for c in caps:
-            offs.append(tot)
-            tot += R.align16(c)
+        caps, offs, tot = row_slots(codec, self.b, h, nb)
         raw = np.zeros(tot + 16, dtype=np.uint8)
         pad = (-raw.ctypes.data) % 16
         buf = raw[pad:pad + tot]
