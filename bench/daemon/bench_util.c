@@ -241,7 +241,7 @@ int mfb_run(const mfb_job_t *job, mfb_result_t *out)
         if (c->t_end > t1)
             t1 = c->t_end;
         if (c->err[0] && !out->err[0])
-            snprintf(out->err, sizeof(out->err), "client %d: %s", i, c->err);
+            snprintf(out->err, sizeof(out->err), "client %d: %.160s", i, c->err);
     }
     out->wall_s = t1 - t0;
     if (sh.open_failed) {
