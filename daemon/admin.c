@@ -163,7 +163,7 @@ static void fill_tiers(mfd_server_t *s, Mapflow__V1__TierStats ts[3],
 void mfd_admin_stats(mfd_conn_t *c, uint64_t rid)
 {
     mfd_server_t *s = c->srv;
-    enum { CAP = MFD_C_COUNT + MF_STATUS_COUNT + MFD_H_COUNT + 4 };
+    enum { CAP = MFD_C_COUNT + MF_STATUS_COUNT + MFD_H_COUNT + 8 };
     counter_vec_t cv = {calloc(CAP, sizeof(Mapflow__V1__Counter)),
                         calloc(CAP, sizeof(Mapflow__V1__Counter *)), calloc(CAP, 160), 0, CAP};
     if (!cv.items || !cv.ptrs || !cv.names) {
@@ -171,6 +171,13 @@ void mfd_admin_stats(mfd_conn_t *c, uint64_t rid)
         goto done;
     }
     mfd_metrics_visit(&s->metrics, add_counter, &cv);
+    /* The gauges of /metrics too, so a client sees leases and the SSD backlog. */
+    mfd_gauges_t g;
+    mfd_server_gauges(s, &g);
+    add_counter("leases", g.leases, &cv);
+    add_counter("reservations", g.reservations, &cv);
+    add_counter("ssd_inflight", g.ssd_inflight, &cv);
+    add_counter("ssd_write_backlog_bytes", g.wt_backlog_bytes, &cv);
     Mapflow__V1__TierStats ts[3], *tp[3];
     fill_tiers(s, ts, tp);
     Mapflow__V1__StatsReply rep = MAPFLOW__V1__STATS_REPLY__INIT;

@@ -68,12 +68,16 @@ typedef struct mfd_entry {
     uint64_t last_access_ms;
     mfd_ablock_t *host;       /* resident on the host tier when non-NULL */
     uint8_t *wbuf;            /* private copy while a demotion write is in flight */
+    struct mfd_ssd_job *wjob; /* the SSD write in flight (store.c; cancelled on replace) */
+    struct mfd_entry *wt_prev, *wt_next; /* store.c's deferred write-through list */
     unsigned linked : 1;      /* reachable through the index */
     unsigned on_host_lru : 1;
     unsigned on_ssd_lru : 1;
     unsigned on_ssd : 1;      /* a completed SSD write holds these bytes */
     unsigned ssd_writing : 1; /* an SSD write is in flight */
     unsigned durable : 1;     /* written with sync = 1 */
+    unsigned wt_deferred : 1; /* on the deferred write-through list (backlog full) */
+    unsigned wt_arena : 1;    /* the write in flight reads the host block (async) */
     mfd_key_t key;
 } mfd_entry_t;
 

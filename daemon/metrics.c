@@ -131,6 +131,10 @@ char *mfd_metrics_render(const mfd_metrics_t *m, const mfd_gauges_t *g, size_t *
     sb_printf(&b, "mapflowd_reservations %llu\n", (unsigned long long)g->reservations);
     family(&b, "ssd_inflight", "gauge", "SSD tier operations queued or running");
     sb_printf(&b, "mapflowd_ssd_inflight %llu\n", (unsigned long long)g->ssd_inflight);
+    family(&b, "ssd_write_backlog_bytes", "gauge",
+           "row bytes of async write-throughs not yet on the SSD tier (queued or deferred)");
+    sb_printf(&b, "mapflowd_ssd_write_backlog_bytes %llu\n",
+              (unsigned long long)g->wt_backlog_bytes);
 
     tier_gauge(&b, g, "tier_enabled", "1 when the tier is on", (size_t)-1);
     tier_gauge(&b, g, "tier_used_bytes", "bytes held by the tier",

@@ -39,7 +39,11 @@
     X(EVICT_SSD, "evictions_total", "tier=\"ssd\"", "")                                     \
     X(DEMOTIONS, "demotions_total", "", "rows moved from the host to the SSD tier")         \
     X(PROMOTIONS, "promotions_total", "", "rows moved from the SSD to the host tier")       \
-    X(SSD_WRITES, "ssd_writes_total", "", "rows written to the SSD tier")                   \
+    X(SSD_WRITES, "ssd_writes_total", "", "rows submitted for writing to the SSD tier")     \
+    X(SSD_WRITES_DONE, "ssd_writes_completed_total", "",                                    \
+      "SSD tier writes that finished successfully")                                         \
+    X(SSD_WRITES_CANCELLED, "ssd_writes_cancelled_total", "",                               \
+      "queued write-throughs taken back because their row was replaced or removed first")   \
     X(SSD_WRITE_BYTES, "ssd_write_bytes_total", "", "bytes written to the SSD tier")        \
     X(SSD_READS, "ssd_reads_total", "", "rows read from the SSD tier")                      \
     X(SSD_READ_BYTES, "ssd_read_bytes_total", "", "bytes read from the SSD tier")           \
@@ -91,6 +95,7 @@ typedef struct mfd_tier_gauge {
 typedef struct mfd_gauges {
     mfd_tier_gauge_t tiers[3];
     uint64_t connections, leases, reservations, ssd_inflight;
+    uint64_t wt_backlog_bytes;  /* async write-through: queued + deferred row bytes */
     double uptime_s;
     int ready;
     const char *version;

@@ -31,11 +31,17 @@
 #define READ_CHUNK (64u << 10)
 #define TICK_MS 250
 
-/* A lease: a pin on an entry, owned by a connection. */
+/* A lease group: pins on the rows one Get leased, owned by a connection. Row k's
+ * lease id is (t.id << LEASE_ROW_BITS) | k, so every row keeps its own id (Release of
+ * one id releases that row) while a Get costs one ticket, not one per row. */
+#define LEASE_ROW_BITS 20    /* max_batch ≤ 2^20 rows */
 typedef struct lease {
     mfd_ticket_t t;          /* first: tickets are cast back to leases */
-    mfd_entry_t *e;
+    uint32_t n, live;        /* rows leased, rows not yet released */
+    mfd_entry_t *e[];        /* NULL once released */
 } lease_t;
+
+static void lease_drop_row(mfd_server_t *s, lease_t *l, uint32_t k);
 
 /* A put reservation: an arena block waiting for PutCommit. */
 typedef struct reservation {
@@ -69,8 +75,9 @@ static void release_ticket(mfd_ticket_t *t, void *arg)
     mfd_tickets_remove(s->tickets, t);
     if (t->kind == MFD_TICKET_LEASE) {
         lease_t *l = (lease_t *)t;
-        l->e->leases--;
-        mfd_index_unpin(s->store.ix, l->e);
+        for (uint32_t k = 0; k < l->n; k++)
+            if (l->e[k])
+                lease_drop_row(s, l, k);
         free(l);
     } else {
         reservation_t *r = (reservation_t *)t;
@@ -384,12 +391,28 @@ static mf_status_t prefix_hashes(const mfd_conn_t *c, const char *model, uint32_
     return MF_OK;
 }
 
-static void key_for_block(const mfd_conn_t *c, const char *model, uint32_t layer,
-                          mf_hash128_t h, mfd_key_t *k)
+/* The key of (namespace, model) built once; each probe patches layer and hash in. */
+typedef struct key_tmpl {
+    mfd_key_t k;
+    size_t at;               /* offset of the layer (then the hash) in k.b */
+} key_tmpl_t;
+
+static void key_tmpl_init(key_tmpl_t *t, const mfd_conn_t *c, const char *model)
 {
-    uint8_t le[16];
-    mf_hash_to_le(h, le);
-    mfd_key_make(k, c->ns, c->ns_len, model, strlen(model), layer, le);
+    static const uint8_t zero[16];
+    mfd_key_make(&t->k, c->ns, c->ns_len, model, strlen(model), 0, zero);
+    t->at = t->k.len - 20u;
+}
+
+static const mfd_key_t *key_tmpl_set(key_tmpl_t *t, uint32_t layer, mf_hash128_t h)
+{
+    uint8_t *p = t->k.b + t->at;
+    p[0] = (uint8_t)(layer >> 24);
+    p[1] = (uint8_t)(layer >> 16);
+    p[2] = (uint8_t)(layer >> 8);
+    p[3] = (uint8_t)layer;
+    mf_hash_to_le(h, p + 4);
+    return &t->k;
 }
 
 /* ==== Put ============================================================================= */
@@ -568,12 +591,12 @@ static void handle_lookup(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Lookup
         goto done;
     }
     uint64_t hit_blocks = 0;
+    key_tmpl_t kt;
+    key_tmpl_init(&kt, c, m->model);
     for (size_t l = 0; l < m->n_layers; l++) {
         uint32_t n = 0;
         for (size_t b = 0; b < nb; b++) {
-            mfd_key_t k;
-            key_for_block(c, m->model, m->layers[l], h[b + 1], &k);
-            mfd_entry_t *e = mfd_store_find(&s->store, &k);
+            mfd_entry_t *e = mfd_store_find(&s->store, key_tmpl_set(&kt, m->layers[l], h[b + 1]));
             if (!e)
                 break;
             const uint8_t *row = mfd_store_bytes(&s->store, e);
@@ -615,6 +638,8 @@ typedef struct get_row {
     get_op_t *op;
     mfd_entry_t *e;          /* pinned while the op holds it (NULL: not found) */
     uint32_t block_rel;      /* index into the op's hash / token arrays (prefix mode) */
+    const uint8_t *src;      /* copy mode, status OK: the verified bytes to send */
+    uint8_t *buf;            /* copy mode: bytes this row owns (SSD read, demotion copy) */
     Mapflow__V1__RowRef ref;
 } get_row_t;
 
@@ -627,35 +652,37 @@ struct get_op {
     mf_hash128_t *h;         /* h[0] = root, h[b + 1] = block b */
     size_t n_rows, outstanding;
     get_row_t *rows;
-    uint8_t *payload;
-    size_t payload_len;
     double t0;
 };
 
 static void get_op_free(get_op_t *op)
 {
     /* rows is NULL when the request failed its bounds checks (n_rows may be huge). */
-    for (size_t i = 0; op->rows && i < op->n_rows; i++)
+    for (size_t i = 0; op->rows && i < op->n_rows; i++) {
         if (op->rows[i].e)
             mfd_index_unpin(op->c->srv->store.ix, op->rows[i].e);
+        free(op->rows[i].buf);
+    }
     free(op->rows);
-    free(op->payload);
     free(op->tokens);
     free(op->h);
     free(op);
 }
 
-/* Checks one row's bytes against the request; the caller set ref.status = OK first. */
-static void verify_row(get_op_t *op, get_row_t *r, const uint8_t *bytes, int full)
+/* Checks one row's bytes against the request; the caller set ref.status = OK first.
+ * Every row here was validated in full when it was committed or read from the SSD
+ * tier, so this is the hit check (header, parent, hash, tokens), not a checksum: the
+ * client library checks the checksum of what it receives. */
+static void verify_row(get_op_t *op, get_row_t *r, const uint8_t *bytes)
 {
     const char *why = NULL;
     mf_status_t st;
     if (op->prefix_mode) {
         uint32_t b = r->block_rel;
-        st = mfd_row_verify(bytes, r->e->size, full, op->tokens + (size_t)b * op->B, op->B,
+        st = mfd_row_verify(bytes, r->e->size, 0, op->tokens + (size_t)b * op->B, op->B,
                             op->h[b], op->h[b + 1], &why);
     } else {
-        st = mfd_row_verify(bytes, r->e->size, full, NULL, 0, op->h ? op->h[0] : (mf_hash128_t){0, 0},
+        st = mfd_row_verify(bytes, r->e->size, 0, NULL, 0, (mf_hash128_t){0, 0},
                             (mf_hash128_t){0, 0}, &why);
     }
     if (st != MF_OK) {
@@ -667,28 +694,145 @@ static void verify_row(get_op_t *op, get_row_t *r, const uint8_t *bytes, int ful
     }
 }
 
-static void grant_lease(get_op_t *op, get_row_t *r)
+/* Drops leased row k of group l (release, expiry, disconnect). */
+static void lease_drop_row(mfd_server_t *s, lease_t *l, uint32_t k)
+{
+    mfd_entry_t *e = l->e[k];
+    l->e[k] = NULL;
+    l->live--;
+    s->leased_rows--;
+    e->leases--;
+    mfd_index_unpin(s->store.ix, e);
+}
+
+/* One lease group for every row of the Get that is OK (ids: group << LEASE_ROW_BITS | k). */
+static void grant_leases(get_op_t *op)
 {
     mfd_server_t *s = op->c->srv;
-    lease_t *l = calloc(1, sizeof(*l));
-    if (!l || op->c->dead) {
-        free(l);
-        r->ref.status = op->c->dead ? MF_CANCELLED : MF_RESOURCE_EXHAUSTED;
+    uint32_t n = 0;
+    for (size_t i = 0; i < op->n_rows; i++)
+        n += op->rows[i].ref.status == MF_OK;
+    if (!n)
         return;
+    lease_t *l = op->c->dead ? NULL : calloc(1, sizeof(*l) + n * sizeof(l->e[0]));
+    for (size_t i = 0; i < op->n_rows; i++) {
+        get_row_t *r = &op->rows[i];
+        if (r->ref.status != MF_OK)
+            continue;
+        if (!l) {
+            r->ref.status = op->c->dead ? MF_CANCELLED : MF_RESOURCE_EXHAUSTED;
+            continue;
+        }
+        uint32_t k = l->n++;
+        l->e[k] = r->e;
+        mfd_entry_pin(r->e);
+        r->e->leases++;
+        r->ref.arena_offset = mfd_ablock_offset(r->e->host);
     }
-    l->e = r->e;
-    mfd_entry_pin(r->e);
-    r->e->leases++;
+    if (!l)
+        return;
+    l->live = l->n;
+    s->leased_rows += l->n;
     mfd_tickets_add(s->tickets, &l->t, MFD_TICKET_LEASE, op->c,
                     mfd_now_ms() + s->cfg.lease_ttl_ms);
-    r->ref.lease_id = l->t.id;
-    r->ref.arena_offset = mfd_ablock_offset(r->e->host);
-    mfd_count(&s->metrics, MFD_C_LEASES_GRANTED, 1);
+    for (size_t i = 0, k = 0; i < op->n_rows; i++)
+        if (op->rows[i].ref.status == MF_OK)
+            op->rows[i].ref.lease_id = (l->t.id << LEASE_ROW_BITS) | k++;
+    mfd_count(&s->metrics, MFD_C_LEASES_GRANTED, l->n);
+}
+
+/* A row referenced by a reply buffer: its pin goes when libevent is done with it. */
+typedef struct row_pin {
+    mfd_store_t *st;
+    mfd_entry_t *e;
+} row_pin_t;
+
+static void on_row_sent(const void *data, size_t len, void *arg)
+{
+    (void)data;
+    (void)len;
+    row_pin_t *p = arg;
+    mfd_index_unpin(p->st->ix, p->e);
+    free(p);
+}
+
+static void on_buf_sent(const void *data, size_t len, void *arg)
+{
+    (void)len;
+    (void)arg;
+    free((void *)data);
+}
+
+/* Rows at least this large go out by reference (no copy into the evbuffer). */
+#define REF_MIN_BYTES (64u << 10)
+
+/* Appends a copy-mode row to the reply: a reference to the host block (the op's pin
+ * moves to the buffer) or to the row's own buffer, or a copy when small. */
+static int add_row_bytes(struct evbuffer *out, mfd_store_t *st, get_row_t *r)
+{
+    size_t len = r->ref.length;
+    if (len < REF_MIN_BYTES)
+        return evbuffer_add(out, r->src, len);
+    if (r->buf) {
+        if (evbuffer_add_reference(out, r->buf, len, on_buf_sent, NULL) != 0)
+            return -1;
+        r->buf = NULL;
+        return 0;
+    }
+    row_pin_t *p = malloc(sizeof(*p));
+    if (!p || evbuffer_add_reference(out, r->src, len, on_row_sent, p) != 0) {
+        free(p);
+        return evbuffer_add(out, r->src, len);
+    }
+    *p = (row_pin_t){st, r->e};
+    r->e = NULL;
+    return 0;
+}
+
+/* Sends a copy-mode GetReply: the OK rows packed 16-byte aligned, in row order. */
+static void reply_get_copy(get_op_t *op, mf_envelope_t *env, size_t plen)
+{
+    mfd_conn_t *c = op->c;
+    if (c->dead)
+        return;
+    uint8_t *head;
+    size_t hlen;
+    if (mf_frame_encode_head(env, plen, (uint32_t)c->srv->cfg.max_frame, &head, &hlen) != MF_OK) {
+        mfd_error("connection %s: get reply of %zu payload bytes does not fit max_frame",
+                  c->peer, plen);
+        mfd_conn_error(c, op->rid, MF_INTERNAL, "reply exceeds max_frame");
+        return;
+    }
+    /* Built aside, so a failure midway never leaves half a frame in c->out. */
+    struct evbuffer *f = evbuffer_new();
+    static const uint8_t zeros[MF_ROW_ALIGN];
+    int bad = !f || evbuffer_add(f, head, hlen) != 0;
+    free(head);
+    size_t off = 0;
+    for (size_t i = 0; !bad && i < op->n_rows; i++) {
+        get_row_t *r = &op->rows[i];
+        if (r->ref.status != MF_OK)
+            continue;
+        bad = evbuffer_add(f, zeros, r->ref.payload_offset - off) != 0 ||
+              add_row_bytes(f, &c->srv->store, r) != 0;
+        off = r->ref.payload_offset + r->ref.length;
+    }
+    if (bad) {
+        if (f)
+            evbuffer_free(f);
+        mfd_conn_error(c, op->rid, MF_RESOURCE_EXHAUSTED, "Get: out of memory");
+        return;
+    }
+    evbuffer_add_buffer(c->out, f);
+    evbuffer_free(f);
+    conn_flush(c);
 }
 
 static void finish_get(get_op_t *op)
 {
     mfd_server_t *s = op->c->srv;
+    if (op->lease_mode)
+        grant_leases(op);
     Mapflow__V1__RowRef **refs = malloc(op->n_rows * sizeof(*refs));
     size_t end = 0;
     uint64_t B = op->prefix_mode ? op->B : 0;
@@ -697,20 +841,20 @@ static void finish_get(get_op_t *op)
         if (refs)
             refs[i] = ref;
         if (ref->status == MF_OK) {
-            if (!op->lease_mode && ref->payload_offset + ref->length > end)
+            /* Copy mode: packed now, so failed rows leave no gap to zero. */
+            if (!op->lease_mode) {
+                ref->payload_offset = (end + MF_ROW_ALIGN - 1) & ~(size_t)(MF_ROW_ALIGN - 1);
                 end = ref->payload_offset + ref->length;
+            }
             mfd_count(&s->metrics,
                       ref->tier == MAPFLOW__V1__TIER__TIER_SSD ? MFD_C_GET_HIT_TOKENS_SSD
                                                                : MFD_C_GET_HIT_TOKENS_HOST,
                       B);
         } else {
+            ref->payload_offset = 0;
             if (ref->status != MF_NOT_FOUND)
                 mfd_metrics_error(&s->metrics, (mf_status_t)ref->status);
             mfd_count(&s->metrics, MFD_C_GET_MISS_TOKENS, B);
-            /* Never leave stale bytes where a failed row would have gone. */
-            if (!op->lease_mode && ref->length && ref->status != MF_OUT_OF_RANGE &&
-                ref->payload_offset + ref->length <= op->payload_len)
-                memset(op->payload + ref->payload_offset, 0, ref->length);
         }
     }
     mfd_count(&s->metrics, MFD_C_GET_REQ_TOKENS, B * op->n_rows);
@@ -722,7 +866,14 @@ static void finish_get(get_op_t *op)
         rep.rows = refs;
         rep.lease_ttl_ms = op->lease_mode ? s->cfg.lease_ttl_ms : 0;
         mfd_metrics_observe(&s->metrics, MFD_H_GET, now_s() - op->t0);
-        REPLY(op->c, op->rid, GET_REPLY, get_reply, &rep, op->payload, end);
+        mf_envelope_t env = MAPFLOW__V1__ENVELOPE__INIT;
+        env.request_id = op->rid;
+        env.body_case = MAPFLOW__V1__ENVELOPE__BODY_GET_REPLY;
+        env.get_reply = &rep;
+        if (op->lease_mode)
+            mfd_conn_reply(op->c, &env, NULL, 0);
+        else
+            reply_get_copy(op, &env, end);
     }
     free(refs);
     get_op_free(op);
@@ -732,26 +883,22 @@ static void on_get_read(void *arg, mfd_entry_t *e, mf_status_t st, uint8_t *buf,
 {
     get_row_t *r = arg;
     get_op_t *op = r->op;
+    const uint8_t *bytes = buf ? buf : e->host ? mfd_store_bytes(&op->c->srv->store, e) : NULL;
     if (st != MF_OK) {
         r->ref.status = st == MF_DATA_LOSS ? MF_DATA_LOSS : st == MF_NOT_FOUND ? MF_NOT_FOUND
                                                                               : MF_UNAVAILABLE;
-    } else if (op->lease_mode) {
-        if (!e->host || !e->linked) {
-            r->ref.status = MF_RESOURCE_EXHAUSTED; /* no room to promote it for a lease */
-        } else {
-            r->ref.tier = MAPFLOW__V1__TIER__TIER_SSD;
-            verify_row(op, r, mfd_store_bytes(&op->c->srv->store, e), 0);
-            if (r->ref.status == MF_OK)
-                grant_lease(op, r);
-        }
+    } else if (op->lease_mode && (!e->host || !e->linked)) {
+        r->ref.status = MF_RESOURCE_EXHAUSTED; /* no room to promote it for a lease */
+    } else if (!bytes || len != r->ref.length) {
+        r->ref.status = MF_DATA_LOSS;
     } else {
-        const uint8_t *src = buf ? buf : mfd_store_bytes(&op->c->srv->store, e);
-        if (!src || len != r->ref.length) {
-            r->ref.status = MF_DATA_LOSS;
-        } else {
-            memcpy(op->payload + r->ref.payload_offset, src, len);
-            r->ref.tier = MAPFLOW__V1__TIER__TIER_SSD;
-            verify_row(op, r, op->payload + r->ref.payload_offset, 1);
+        /* The store checked the checksum as it read the row. */
+        r->ref.tier = MAPFLOW__V1__TIER__TIER_SSD;
+        verify_row(op, r, bytes);
+        if (!op->lease_mode && r->ref.status == MF_OK) {
+            r->src = bytes;
+            r->buf = buf;
+            buf = NULL;
         }
     }
     free(buf);
@@ -771,22 +918,30 @@ static void resolve_row(get_op_t *op, get_row_t *r)
     const uint8_t *bytes = mfd_store_bytes(&s->store, e);
     if (op->lease_mode && e->host) {
         r->ref.tier = MAPFLOW__V1__TIER__TIER_HOST;
-        verify_row(op, r, bytes, 0);
-        if (r->ref.status == MF_OK)
-            grant_lease(op, r);
-        return;
-    }
-    if (!op->lease_mode && bytes) {
-        if (r->ref.status != MF_OK)
-            return; /* OUT_OF_RANGE: no room in this reply */
-        /* Copy first, then verify the copy: a client writing the arena cannot race it. */
-        memcpy(op->payload + r->ref.payload_offset, bytes, e->size);
-        r->ref.tier = e->host ? MAPFLOW__V1__TIER__TIER_HOST : MAPFLOW__V1__TIER__TIER_SSD;
-        verify_row(op, r, op->payload + r->ref.payload_offset, 1);
+        verify_row(op, r, bytes);
         return;
     }
     if (!op->lease_mode && r->ref.status != MF_OK)
+        return; /* OUT_OF_RANGE: no room in this reply */
+    if (!op->lease_mode && bytes) {
+        r->ref.tier = e->host ? MAPFLOW__V1__TIER__TIER_HOST : MAPFLOW__V1__TIER__TIER_SSD;
+        verify_row(op, r, bytes);
+        if (r->ref.status != MF_OK)
+            return;
+        if (e->host) {
+            r->src = bytes; /* the host block stays put while the row is pinned */
+            return;
+        }
+        /* A demotion copy is freed when its write completes, maybe before the reply. */
+        r->buf = malloc(e->size);
+        if (!r->buf) {
+            r->ref.status = MF_RESOURCE_EXHAUSTED;
+            return;
+        }
+        memcpy(r->buf, bytes, e->size);
+        r->src = r->buf;
         return;
+    }
     op->outstanding++;
     mfd_store_read(&s->store, e, 1, on_get_read, r);
 }
@@ -866,24 +1021,28 @@ static void handle_get(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Get *m,
     /* Pass 1: find entries, lay the copy payload out (bounded by max_frame). */
     size_t budget = s->cfg.max_frame - 4 - 256 - op->n_rows * 64;
     size_t off = 0;
+    key_tmpl_t kt;
+    if (op->prefix_mode)
+        key_tmpl_init(&kt, c, m->model);
     for (size_t i = 0; i < op->n_rows; i++) {
         get_row_t *r = &op->rows[i];
         mapflow__v1__row_ref__init(&r->ref);
         r->op = op;
         mfd_key_t k;
+        const mfd_key_t *kp = &k;
         if (op->prefix_mode) {
             size_t l = i / n_blocks, b = i % n_blocks;
             r->block_rel = (uint32_t)(m->first_block + b);
             r->ref.layer = m->layers[l];
             r->ref.block = r->block_rel;
-            key_for_block(c, m->model, m->layers[l], op->h[r->block_rel + 1], &k);
+            kp = key_tmpl_set(&kt, m->layers[l], op->h[r->block_rel + 1]);
         } else if (key_from_msg(c, m->keys[i], &k, &why) != MF_OK) {
             r->ref.status = MF_INVALID_ARGUMENT;
             continue;
         } else {
             r->ref.layer = m->keys[i]->layer;
         }
-        r->e = mfd_store_find(&s->store, &k);
+        r->e = mfd_store_find(&s->store, kp);
         if (!r->e) {
             r->ref.status = forced && forced[i] ? forced[i] : MF_NOT_FOUND;
             continue;
@@ -920,14 +1079,6 @@ static void handle_get(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Get *m,
             return;
         }
     }
-    if (!op->lease_mode && off) {
-        op->payload = calloc(1, off);
-        if (!op->payload) {
-            mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED, "Get: out of memory");
-            goto fail;
-        }
-        op->payload_len = off;
-    }
     /* Pass 2: copy / lease what is in memory, read the rest from the SSD tier. */
     op->outstanding = 1; /* held by this function until every row has started */
     mfd_conn_hold(c);
@@ -946,12 +1097,22 @@ fail:
 
 static void handle_release(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Release *m)
 {
+    mfd_server_t *s = c->srv;
     uint32_t n = 0;
+    lease_t *l = NULL; /* the last group found: a Get's ids come together */
     for (size_t i = 0; i < m->n_lease_ids; i++) {
-        mfd_ticket_t *t = mfd_tickets_find(c->srv->tickets, m->lease_ids[i], MFD_TICKET_LEASE, c);
-        if (t) {
-            release_ticket(t, c->srv);
-            n++;
+        uint64_t gid = m->lease_ids[i] >> LEASE_ROW_BITS;
+        uint64_t k = m->lease_ids[i] & ((1u << LEASE_ROW_BITS) - 1);
+        if (!l || l->t.id != gid)
+            l = (lease_t *)mfd_tickets_find(s->tickets, gid, MFD_TICKET_LEASE, c);
+        if (!l || k >= l->n || !l->e[k])
+            continue;
+        lease_drop_row(s, l, (uint32_t)k);
+        n++;
+        if (l->live == 0) {
+            mfd_tickets_remove(s->tickets, &l->t);
+            free(l);
+            l = NULL;
         }
     }
     Mapflow__V1__ReleaseReply rep = MAPFLOW__V1__RELEASE_REPLY__INIT;
@@ -1284,7 +1445,7 @@ static void expire_ticket(mfd_ticket_t *t, void *arg)
     mfd_server_t *s = arg;
     mfd_count(&s->metrics, t->kind == MFD_TICKET_LEASE ? MFD_C_LEASES_EXPIRED
                                                        : MFD_C_RESERVATIONS_EXPIRED,
-              1);
+              t->kind == MFD_TICKET_LEASE ? ((lease_t *)t)->live : 1);
     release_ticket(t, s);
 }
 
@@ -1435,8 +1596,7 @@ mf_status_t mfd_server_run(mfd_server_t *s)
         s->tcp_l = NULL;
     }
     mfd_peers_stop_listening(s->peers);
-    if (s->store.ssd)
-        mfd_ssd_drain(s->store.ssd);
+    mfd_store_drain(&s->store);
     while (s->conns) {
         mfd_conn_t *c = s->conns;
         if (evbuffer_get_length(c->out))
@@ -1578,9 +1738,10 @@ void mfd_server_gauges(mfd_server_t *s, mfd_gauges_t *g)
         g->tiers[i] = (mfd_tier_gauge_t){t[i].name, t[i].enabled, t[i].used_bytes,
                                          t[i].capacity_bytes, t[i].entries};
     g->connections = s->n_conns;
-    g->leases = mfd_tickets_count(s->tickets, MFD_TICKET_LEASE);
+    g->leases = s->leased_rows;
     g->reservations = mfd_tickets_count(s->tickets, MFD_TICKET_RESERVATION);
     g->ssd_inflight = s->store.ssd ? mfd_ssd_inflight(s->store.ssd) : 0;
+    g->wt_backlog_bytes = s->store.wt_bytes + s->store.wt_deferred_bytes;
     g->uptime_s = (double)(mfd_now_ms() - s->start_ms) / 1000.0;
     g->ready = s->ready;
     g->version = MFD_VERSION_STR;

@@ -65,6 +65,7 @@ struct mfd_server {
     mfd_store_t store;
     mfd_metrics_t metrics;
     mfd_tickets_t *tickets;
+    uint64_t leased_rows;    /* rows under a lease (a lease ticket covers a Get's rows) */
     struct evconnlistener *unix_l, *tcp_l;
     char unix_path[4096];
     char tcp_addr[128], http_addr[128];   /* as bound (actual port) */

@@ -22,9 +22,47 @@ typedef struct read_ctx {
     void *arg;
 } read_ctx_t;
 
+/* ---- deferred write-through (store.h) ------------------------------------------------- */
+
+static uint64_t wt_limit(const mfd_store_t *st)
+{
+    return mfd_arena_capacity(st->arena) / 8;
+}
+
+static void defer_add(mfd_store_t *st, mfd_entry_t *e)
+{
+    e->wt_next = NULL;
+    e->wt_prev = st->wt_tail;
+    if (st->wt_tail)
+        st->wt_tail->wt_next = e;
+    else
+        st->wt_head = e;
+    st->wt_tail = e;
+    e->wt_deferred = 1;
+    st->wt_deferred_bytes += e->size;
+}
+
+static void defer_remove(mfd_store_t *st, mfd_entry_t *e)
+{
+    if (!e->wt_deferred)
+        return;
+    if (e->wt_prev)
+        e->wt_prev->wt_next = e->wt_next;
+    else
+        st->wt_head = e->wt_next;
+    if (e->wt_next)
+        e->wt_next->wt_prev = e->wt_prev;
+    else
+        st->wt_tail = e->wt_prev;
+    e->wt_prev = e->wt_next = NULL;
+    e->wt_deferred = 0;
+    st->wt_deferred_bytes -= e->size;
+}
+
 static void on_entry_free(mfd_entry_t *e, void *ctx)
 {
     mfd_store_t *st = ctx;
+    defer_remove(st, e);
     if (e->host) {
         mfd_arena_free(st->arena, e->host);
         e->host = NULL;
@@ -103,10 +141,20 @@ mf_status_t mfd_store_attach(mfd_store_t *st, struct event_base *base)
     return st->ssd ? mfd_ssd_attach(st->ssd, base) : MF_OK;
 }
 
+static void wt_pump(mfd_store_t *st, int all);
+
+void mfd_store_drain(mfd_store_t *st)
+{
+    if (!st->ssd)
+        return;
+    wt_pump(st, 1);
+    mfd_ssd_drain(st->ssd);
+}
+
 void mfd_store_close(mfd_store_t *st)
 {
     if (st->ssd)
-        mfd_ssd_drain(st->ssd);
+        mfd_store_drain(st);
     /* Entries go before the arena: their free callback returns blocks to it. */
     mfd_index_destroy(st->ix);
     if (st->ssd)
@@ -125,6 +173,7 @@ static void drop_host(mfd_store_t *st, mfd_entry_t *e)
     mfd_lru_remove(st->ix, MFD_LRU_HOST, e);
 }
 
+/* Drops e's SSD record (queued write included) from the accounting and deletes it. */
 static void ssd_forget(mfd_store_t *st, mfd_entry_t *e)
 {
     mfd_ssd_job_t *j = mfd_ssd_job_new(MFD_SSD_DEL_ROW, e->key.b, e->key.len);
@@ -164,10 +213,14 @@ static void on_write_done(mfd_ssd_job_t *j)
     mfd_entry_t *e = w->e;
     int ok = j->status == MF_OK;
     e->ssd_writing = 0;
+    e->wjob = NULL;
+    if (e->wt_arena) {
+        e->wt_arena = 0;
+        st->wt_bytes -= e->size;
+    }
     free(e->wbuf);
     e->wbuf = NULL;
-    if (!ok)
-        mfd_count(st->metrics, MFD_C_SSD_ERRORS, 1);
+    mfd_count(st->metrics, ok ? MFD_C_SSD_WRITES_DONE : MFD_C_SSD_ERRORS, 1);
     if (e->linked) {
         if (ok) {
             e->on_ssd = 1;
@@ -185,11 +238,14 @@ static void on_write_done(mfd_ssd_job_t *j)
     free(w);
     mfd_ssd_job_free(j);
     mfd_index_unpin(st->ix, e);
+    wt_pump(st, 0);
 }
 
-/* Queues a write of e's bytes; 0 when the SSD tier is off, full or out of memory. */
+/* Queues a write of e's bytes; 0 when the SSD tier is off, full or out of memory.
+ * wt: an async write-through straight from the host block (counted in wt_bytes and
+ * cancellable until a worker starts it). */
 static int ssd_write(mfd_store_t *st, mfd_entry_t *e, const uint8_t *bytes, int sync,
-                     mfd_store_done_cb done, void *done_arg)
+                     mfd_store_done_cb done, void *done_arg, int wt)
 {
     if (!st->ssd || !ssd_room(st, e->size))
         return 0;
@@ -209,6 +265,11 @@ static int ssd_write(mfd_store_t *st, mfd_entry_t *e, const uint8_t *bytes, int 
     j->arg = w;
     mfd_entry_pin(e);
     e->ssd_writing = 1;
+    e->wjob = j;
+    if (wt) {
+        e->wt_arena = 1;
+        st->wt_bytes += e->size;
+    }
     st->ssd_used += e->size;
     st->ssd_entries++;
     mfd_lru_add(st->ix, MFD_LRU_SSD, e);
@@ -218,6 +279,59 @@ static int ssd_write(mfd_store_t *st, mfd_entry_t *e, const uint8_t *bytes, int 
     return 1;
 }
 
+/* Takes back e's async write-through if no worker started it (the row was replaced or
+ * removed first): 1 when cancelled, i.e. nothing of it reached the SSD tier. e must
+ * still be linked (the write's pin is dropped here). */
+static int cancel_write(mfd_store_t *st, mfd_entry_t *e)
+{
+    if (!e->ssd_writing || !e->wt_arena || !e->wjob || !mfd_ssd_cancel(st->ssd, e->wjob))
+        return 0;
+    mfd_ssd_job_t *j = e->wjob;
+    free(j->arg); /* write_ctx_t; async writes have no done callback */
+    mfd_ssd_job_free(j);
+    e->wjob = NULL;
+    e->ssd_writing = 0;
+    e->wt_arena = 0;
+    st->wt_bytes -= e->size;
+    st->ssd_used -= e->size;
+    st->ssd_entries--;
+    mfd_lru_remove(st->ix, MFD_LRU_SSD, e);
+    mfd_count(st->metrics, MFD_C_SSD_WRITES_CANCELLED, 1);
+    mfd_index_unpin(st->ix, e);
+    return 1;
+}
+
+/* Async write-through of a host row: now when the backlog allows, else deferred. */
+static void wt_start(mfd_store_t *st, mfd_entry_t *e)
+{
+    if (!st->ssd)
+        return;
+    if (st->wt_head || (st->wt_bytes && st->wt_bytes + e->size > wt_limit(st))) {
+        defer_add(st, e);
+        return;
+    }
+    ssd_write(st, e, mfd_store_bytes(st, e), 0, NULL, NULL, 1);
+}
+
+/* Starts deferred write-throughs while the backlog has room (all: every one). A row
+ * that left the host tier, reached the SSD otherwise or lost write_through is dropped
+ * from the list. */
+static void wt_pump(mfd_store_t *st, int all)
+{
+    if (st->wt_pumping)
+        return;
+    st->wt_pumping = 1;
+    while (st->wt_head &&
+           (all || !st->wt_bytes || st->wt_bytes + st->wt_head->size <= wt_limit(st))) {
+        mfd_entry_t *e = st->wt_head;
+        defer_remove(st, e);
+        if (e->linked && e->host && !e->on_ssd && !e->ssd_writing &&
+            st->cfg->write_through != MFD_WT_OFF)
+            ssd_write(st, e, mfd_store_bytes(st, e), 0, NULL, NULL, 1);
+    }
+    st->wt_pumping = 0;
+}
+
 /* ---- eviction ----------------------------------------------------------------------- */
 
 /* Moves an unpinned host row down a tier; returns the host bytes freed. */
@@ -225,6 +339,7 @@ static uint64_t demote(mfd_store_t *st, mfd_entry_t *e)
 {
     uint64_t freed = mfd_ablock_size(e->host);
     mfd_count(st->metrics, MFD_C_EVICT_HOST, 1);
+    defer_remove(st, e); /* its write goes now, from the copy below */
     if (e->on_ssd) {
         drop_host(st, e);
         return freed;
@@ -238,7 +353,7 @@ static uint64_t demote(mfd_store_t *st, mfd_entry_t *e)
     memcpy(copy, mfd_arena_base(st->arena) + mfd_ablock_offset(e->host), e->size);
     drop_host(st, e);
     e->wbuf = copy;
-    if (!ssd_write(st, e, copy, 0, NULL, NULL)) {
+    if (!ssd_write(st, e, copy, 0, NULL, NULL, 0)) {
         mfd_store_remove(st, e);
         return freed;
     }
@@ -251,14 +366,15 @@ static int has_prefix(const mfd_entry_t *e, const uint8_t *prefix, size_t plen)
     return !plen || (e->key.len >= plen && memcmp(e->key.b, prefix, plen) == 0);
 }
 
+/* keep: an entry never demoted here (the row a commit just acknowledged). */
 static void evict_host(mfd_store_t *st, uint64_t want, const uint8_t *prefix, size_t plen,
-                       uint64_t *bytes, uint64_t *entries)
+                       const mfd_entry_t *keep, uint64_t *bytes, uint64_t *entries)
 {
     uint64_t freed = 0, n = 0;
     mfd_entry_t *e = mfd_lru_coldest(st->ix, MFD_LRU_HOST);
     while (e && freed < want) {
         mfd_entry_t *next = mfd_lru_warmer(e, MFD_LRU_HOST);
-        if (!e->pins && e->host && has_prefix(e, prefix, plen)) {
+        if (!e->pins && e->host && e != keep && has_prefix(e, prefix, plen)) {
             freed += demote(st, e);
             n++;
         }
@@ -270,13 +386,14 @@ static void evict_host(mfd_store_t *st, uint64_t want, const uint8_t *prefix, si
         *entries += n;
 }
 
-static void balance(mfd_store_t *st)
+/* Demotes down to the low watermark once over the high one, never `keep`. */
+static void balance(mfd_store_t *st, const mfd_entry_t *keep)
 {
     uint64_t cap = mfd_arena_capacity(st->arena), used = mfd_arena_used(st->arena);
     if ((double)used <= st->cfg->high_watermark * (double)cap)
         return;
     uint64_t target = (uint64_t)(st->cfg->low_watermark * (double)cap);
-    evict_host(st, used - target, NULL, 0, NULL, NULL);
+    evict_host(st, used - target, NULL, 0, keep, NULL, NULL);
 }
 
 void mfd_store_evict(mfd_store_t *st, int tier, uint64_t bytes, const uint8_t *prefix,
@@ -288,7 +405,7 @@ void mfd_store_evict(mfd_store_t *st, int tier, uint64_t bytes, const uint8_t *p
         uint64_t low = (uint64_t)(st->cfg->low_watermark * (double)mfd_arena_capacity(st->arena));
         if (!bytes)
             bytes = used > low ? used - low : 0;
-        evict_host(st, bytes, prefix, plen, freed_bytes, freed_entries);
+        evict_host(st, bytes, prefix, plen, NULL, freed_bytes, freed_entries);
     } else if (tier == 3 && st->ssd) {
         uint64_t low = (uint64_t)(st->cfg->low_watermark * (double)st->cfg->ssd_bytes);
         if (!bytes)
@@ -318,7 +435,7 @@ mf_status_t mfd_store_reserve(mfd_store_t *st, uint64_t size, mfd_ablock_t **blk
     /* Free at least the size plus the watermark gap, so puts do not evict one by one. */
     uint64_t cap = mfd_arena_capacity(st->arena);
     uint64_t gap = (uint64_t)((st->cfg->high_watermark - st->cfg->low_watermark) * (double)cap);
-    evict_host(st, mfd_arena_round(size) + gap, NULL, 0, NULL, NULL);
+    evict_host(st, mfd_arena_round(size) + gap, NULL, 0, NULL, NULL, NULL);
     return mfd_arena_alloc(st->arena, size, blk);
 }
 
@@ -329,12 +446,45 @@ void mfd_store_unreserve(mfd_store_t *st, mfd_ablock_t *blk)
 
 /* ---- rows ------------------------------------------------------------------------- */
 
+/* The hit check of a row validated before: header fields read once each (a client
+ * may be writing the arena), tokens at their fixed offset, nothing read past len. */
+static mf_status_t row_verify_head(const uint8_t *row, size_t len, const uint32_t *tokens,
+                                   uint32_t block_size, mf_hash128_t parent,
+                                   mf_hash128_t hash, const char **why)
+{
+    const mf_row_header_t *h = (const mf_row_header_t *)row;
+    if (len < MF_ROW_HEADER || ((uintptr_t)row & (MF_ROW_ALIGN - 1)) ||
+        h->magic != MF_ROW_MAGIC || h->version != MF_ROW_VERSION || h->total_size != len) {
+        *why = "stored row's header is damaged";
+        return MF_DATA_LOSS;
+    }
+    if (!tokens)
+        return MF_OK;
+    size_t model_len = h->model_len;
+    size_t toff = (MF_ROW_HEADER + model_len + MF_ROW_ALIGN - 1) & ~(size_t)(MF_ROW_ALIGN - 1);
+    if (model_len < 1 || toff + (size_t)block_size * 4 > len) {
+        *why = "stored row's header is damaged";
+        return MF_DATA_LOSS;
+    }
+    uint8_t p[16], hh[16];
+    mf_hash_to_le(parent, p);
+    mf_hash_to_le(hash, hh);
+    if (h->block_size != block_size || memcmp(h->parent, p, 16) || memcmp(h->hash, hh, 16) ||
+        memcmp(row + toff, tokens, (size_t)block_size * sizeof(uint32_t))) {
+        *why = "stored row's tokens or parent hash differ from the request";
+        return MF_NOT_FOUND;
+    }
+    return MF_OK;
+}
+
 mf_status_t mfd_row_verify(const uint8_t *row, size_t len, int full_checksum,
                            const uint32_t *tokens, uint32_t block_size,
                            mf_hash128_t parent, mf_hash128_t hash, const char **why)
 {
+    if (!full_checksum)
+        return row_verify_head(row, len, tokens, block_size, parent, hash, why);
     mf_row_view_t v;
-    mf_status_t s = mf_row_decode(row, len, full_checksum ? 0 : MF_ROW_NO_CHECKSUM, &v, why);
+    mf_status_t s = mf_row_decode(row, len, 0, &v, why);
     if (s != MF_OK)
         return MF_DATA_LOSS;
     if (!tokens)
@@ -403,6 +553,7 @@ mf_status_t mfd_store_commit(mfd_store_t *st, const mfd_key_t *key, mfd_ablock_t
     st->host_entries++;
     mfd_entry_t *old = mfd_index_find(st->ix, key->b, key->len);
     if (old) {
+        /* Its queued write-through is cancelled (never written over the new row's). */
         *replaced = 1;
         mfd_count(st->metrics, MFD_C_PUT_REPLACED, 1);
         mfd_store_remove(st, old);
@@ -414,11 +565,13 @@ mf_status_t mfd_store_commit(mfd_store_t *st, const mfd_key_t *key, mfd_ablock_t
 
     int wt = st->cfg->write_through;
     int want_sync = durable || wt == MFD_WT_SYNC;
-    if (want_sync || wt == MFD_WT_ASYNC) {
-        int queued = ssd_write(st, e, row, want_sync, want_sync ? done : NULL, arg);
-        *pending = queued && want_sync;
-    }
-    balance(st);
+    if (want_sync)
+        *pending = ssd_write(st, e, row, 1, done, arg, 0);
+    else if (wt == MFD_WT_ASYNC)
+        wt_start(st, e);
+    /* Never the row just made visible: it is acknowledged, so it stays until later
+     * pressure demotes it like any other row. */
+    balance(st, e);
     return MF_OK;
 }
 
@@ -447,9 +600,13 @@ void mfd_store_remove(mfd_store_t *st, mfd_entry_t *e)
 {
     if (!e->linked)
         return;
+    defer_remove(st, e);
+    int cancelled = cancel_write(st, e);
     if (e->on_ssd || e->ssd_writing)
         ssd_forget(st, e);
     mfd_index_unlink(st->ix, e);
+    if (cancelled)
+        wt_pump(st, 0);
 }
 
 /* ---- SSD reads ---------------------------------------------------------------------- */
@@ -503,7 +660,7 @@ static void on_read_done(mfd_ssd_job_t *j)
     free(r);
     mfd_ssd_job_free(j);
     mfd_index_unpin(st->ix, e);
-    balance(st);
+    balance(st, NULL);
 }
 
 void mfd_store_read(mfd_store_t *st, mfd_entry_t *e, int promote, mfd_store_read_cb cb,

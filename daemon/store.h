@@ -5,6 +5,13 @@
  * the SSD tier already holds them or is off), keeps the SSD tier within ssd_bytes,
  * reads SSD rows back and promotes them, and removes rows (delete, flush, evict).
  *
+ * Async write-through hands RocksDB the host block itself (no copy), which pins the row
+ * until the write ran. At most an eighth of the arena is pinned that way; later rows
+ * wait unpinned on a FIFO (written as earlier writes finish, or when demoted), a row
+ * replaced or removed before RocksDB started its write has that write cancelled, and a
+ * commit never demotes the row it just made visible. So a put burst neither fills the
+ * arena with pinned rows nor loses an acknowledged row.
+ *
  * Tier seam: the host tier is the arena, the SSD tier is tier_ssd; a GPU tier slots
  * in above the host tier (tier.h reports it off in this build).
  *
@@ -32,11 +39,18 @@ typedef struct mfd_store {
     mfd_arena_t *arena;
     mfd_ssd_t *ssd;            /* NULL: SSD tier off */
     uint64_t ssd_used, ssd_entries, host_entries;
+    /* Async write-through: bytes of host blocks pinned by queued SSD writes (bounded by
+     * a fraction of the arena), and the rows waiting unpinned behind that bound. */
+    uint64_t wt_bytes, wt_deferred_bytes;
+    mfd_entry_t *wt_head, *wt_tail;
+    int wt_pumping;
 } mfd_store_t;
 
 mf_status_t mfd_store_open(mfd_store_t *st, const mfd_config_t *cfg, mfd_metrics_t *m,
                            char *err, size_t errlen);
 mf_status_t mfd_store_attach(mfd_store_t *st, struct event_base *base);
+/* Queues every deferred write-through and waits for all SSD work (drain, shutdown). */
+void mfd_store_drain(mfd_store_t *st);
 /* Finishes SSD work (shutdown) and frees everything. */
 void mfd_store_close(mfd_store_t *st);
 
@@ -83,7 +97,10 @@ void mfd_store_evict(mfd_store_t *st, int tier, uint64_t bytes, const uint8_t *p
 
 /* Token / parent-hash verification of a row against the request (DESIGN §4):
  * MF_DATA_LOSS when the row is malformed or fails its checksum, MF_NOT_FOUND when it is
- * sound but belongs to another context (tokens / parent differ: a hash collision). */
+ * sound but belongs to another context (tokens / parent differ: a hash collision).
+ * full_checksum 0 is for rows this daemon validated already (at commit or SSD read): it
+ * checks the header and compares parent, hash and tokens at their fixed offsets, never
+ * reading past len; 1 decodes the whole row and checks its checksum (rows from a peer). */
 mf_status_t mfd_row_verify(const uint8_t *row, size_t len, int full_checksum,
                            const uint32_t *tokens, uint32_t block_size,
                            mf_hash128_t parent, mf_hash128_t hash, const char **why);

@@ -187,8 +187,11 @@ static void *worker_main(void *arg)
             break;
         mfd_ssd_job_t *j = w->head;
         w->head = j->next;
-        if (!w->head)
+        if (w->head)
+            w->head->prev = NULL;
+        else
             w->tail = NULL;
+        j->queued = 0;
         w->busy = 1;
         pthread_mutex_unlock(&w->mu);
         run_job(w->s, j);
@@ -301,12 +304,19 @@ mf_status_t mfd_ssd_attach(mfd_ssd_t *s, struct event_base *base)
     return MF_OK;
 }
 
+static worker_t *worker_of(mfd_ssd_t *s, const mfd_ssd_job_t *j)
+{
+    return &s->workers[XXH3_64bits(j->key, j->klen) % s->n_workers];
+}
+
 void mfd_ssd_submit(mfd_ssd_t *s, mfd_ssd_job_t *j)
 {
-    worker_t *w = &s->workers[XXH3_64bits(j->key, j->klen) % s->n_workers];
+    worker_t *w = worker_of(s, j);
     j->next = NULL;
     s->inflight++;
     pthread_mutex_lock(&w->mu);
+    j->prev = w->tail;
+    j->queued = 1;
     if (w->tail)
         w->tail->next = j;
     else
@@ -314,6 +324,31 @@ void mfd_ssd_submit(mfd_ssd_t *s, mfd_ssd_job_t *j)
     w->tail = j;
     pthread_cond_signal(&w->cv);
     pthread_mutex_unlock(&w->mu);
+}
+
+int mfd_ssd_cancel(mfd_ssd_t *s, mfd_ssd_job_t *j)
+{
+    worker_t *w = worker_of(s, j);
+    pthread_mutex_lock(&w->mu);
+    int taken = j->queued;
+    if (taken) {
+        if (j->prev)
+            j->prev->next = j->next;
+        else
+            w->head = j->next;
+        if (j->next)
+            j->next->prev = j->prev;
+        else
+            w->tail = j->prev;
+        j->next = j->prev = NULL;
+        j->queued = 0;
+        if (!w->head && !w->busy)
+            pthread_cond_broadcast(&w->idle_cv);
+    }
+    pthread_mutex_unlock(&w->mu);
+    if (taken)
+        s->inflight--;
+    return taken;
 }
 
 size_t mfd_ssd_inflight(const mfd_ssd_t *s)

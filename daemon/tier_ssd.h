@@ -59,7 +59,8 @@ struct mfd_ssd_job {
     mf_status_t status;        /* MF_OK, MF_NOT_FOUND (GET), MF_INTERNAL / MF_UNAVAILABLE */
     uint8_t *out;              /* GET: malloc'd, 16-byte aligned, out_len bytes */
     size_t out_len;
-    mfd_ssd_job_t *next;
+    mfd_ssd_job_t *next, *prev; /* the worker's queue (its mutex) */
+    int queued;                 /* still in that queue, not started (its mutex) */
 };
 
 typedef struct mfd_ssd_options {
@@ -79,6 +80,9 @@ void mfd_ssd_close(mfd_ssd_t *s);
 mfd_ssd_job_t *mfd_ssd_job_new(mfd_ssd_op_t op, const uint8_t *key, size_t klen);
 void mfd_ssd_job_free(mfd_ssd_job_t *j);
 void mfd_ssd_submit(mfd_ssd_t *s, mfd_ssd_job_t *j);
+/* Takes a job back that no worker has started: 1 = done, its callback will never run
+ * and the caller owns (and frees) it; 0 = it already runs or ran (the callback comes). */
+int mfd_ssd_cancel(mfd_ssd_t *s, mfd_ssd_job_t *j);
 /* Jobs submitted whose callbacks have not run yet. */
 size_t mfd_ssd_inflight(const mfd_ssd_t *s);
 
