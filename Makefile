@@ -96,6 +96,7 @@ include proto/proto.mk
 -include kernels/cuda.mk
 -include daemon/daemon.mk
 -include client/client.mk
+-include $(wildcard client/*/*.mk)
 -include tests/tests.mk
 -include $(wildcard bench/*.mk bench/*/*.mk)
 -include deploy/deploy.mk
