@@ -5,8 +5,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mapflow_kernels.h"
 #include "mf_profile.h"
 #include "ref_util.h"
+
+/* Block masses are kept at this granularity; any profile block size (a power of two ≥ 8)
+ * is a union of these blocks. */
+#define BASE_BLOCK 8u
+
+/* Target Top-P values tried per mask head with per_head_top_p (ascending). */
+static const double topp_grid[] = { 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.925, 0.95,
+                                    0.975, 0.99, 1.0 };
+#define N_GRID (sizeof topp_grid / sizeof topp_grid[0])
 
 struct mf_calib {
     uint32_t ls, hs, lt, ht;
@@ -14,6 +24,12 @@ struct mf_calib {
     double *gram;      /* [ls][hs][hs]  Σ S_a·S_b */
     double *cross;     /* [lt][ls][ht][hs]  Σ T_h·S_s */
     double *tnorm;     /* [lt][ht]  Σ T_h² */
+    /* Block masses per sequence (mask recall): bm[q] = [(ls·hs + lt·ht)][tri(nb8[q])],
+     * source heads first; entry (a, b ≤ a) at a(a+1)/2 + b = Σ of the map over query
+     * block a × key block b (causal part). Grows with the sample count (≈ 1/128 of the maps). */
+    float **bm;
+    uint32_t *bm_nb;
+    uint64_t bm_cap;
     /* results */
     int fitted;
     uint32_t l0;
@@ -22,11 +38,15 @@ struct mf_calib {
     double *w;             /* [lt][ht][hs] */
     double *herr;          /* [lt][ht] */
     uint8_t *mode;         /* [lt][ht] */
+    double *recall;        /* [lt][ht] */
+    double *top_p;         /* [lt][ht] */
     double *src_err;       /* [lt][ls] */
     double *berr;          /* [lt] */
     double *bw;            /* [lt][ht][hs] */
     double *bherr;         /* [lt][ht] */
     uint8_t *bmode;        /* [lt][ht] */
+    double *brecall;       /* [lt][ht] */
+    double *btop_p;        /* [lt][ht] */
 };
 
 void mf_calib_destroy(mf_calib_t *c)
@@ -36,16 +56,24 @@ void mf_calib_destroy(mf_calib_t *c)
     free(c->gram);
     free(c->cross);
     free(c->tnorm);
+    for (uint64_t q = 0; q < c->n_seq && c->bm; q++)
+        free(c->bm[q]);
+    free(c->bm);
+    free(c->bm_nb);
     free(c->src_layer);
     free(c->err);
     free(c->w);
     free(c->herr);
     free(c->mode);
+    free(c->recall);
+    free(c->top_p);
     free(c->src_err);
     free(c->berr);
     free(c->bw);
     free(c->bherr);
     free(c->bmode);
+    free(c->brecall);
+    free(c->btop_p);
     free(c);
 }
 
@@ -71,13 +99,18 @@ mf_status_t mf_calib_create(uint32_t ls, uint32_t hs, uint32_t lt, uint32_t ht,
     c->w = calloc(whs, sizeof(double));
     c->herr = calloc((size_t)lt * ht, sizeof(double));
     c->mode = calloc((size_t)lt * ht, 1);
+    c->recall = calloc((size_t)lt * ht, sizeof(double));
+    c->top_p = calloc((size_t)lt * ht, sizeof(double));
+    c->brecall = calloc((size_t)lt * ht, sizeof(double));
+    c->btop_p = calloc((size_t)lt * ht, sizeof(double));
     c->src_err = calloc((size_t)lt * ls, sizeof(double));
     c->berr = calloc(lt, sizeof(double));
     c->bw = calloc(whs, sizeof(double));
     c->bherr = calloc((size_t)lt * ht, sizeof(double));
     c->bmode = calloc((size_t)lt * ht, 1);
     if (!c->gram || !c->cross || !c->tnorm || !c->src_layer || !c->err || !c->w || !c->herr ||
-        !c->mode || !c->src_err || !c->berr || !c->bw || !c->bherr || !c->bmode) {
+        !c->mode || !c->src_err || !c->berr || !c->bw || !c->bherr || !c->bmode ||
+        !c->recall || !c->top_p || !c->brecall || !c->btop_p) {
         mf_calib_destroy(c);
         return MF_RESOURCE_EXHAUSTED;
     }
@@ -94,10 +127,58 @@ static double causal_dot(const float *a, const float *b, uint32_t n)
     return s;
 }
 
+/* Σ of map m [n, n] over query block a × key block b ≤ a (BASE_BLOCK), causal part. */
+static float block_sum(const float *m, uint32_t n, uint32_t a, uint32_t b)
+{
+    double s = 0;
+    for (uint32_t q = a * BASE_BLOCK; q < (a + 1) * BASE_BLOCK; q++) {
+        uint32_t k1 = b == a ? q + 1 : (b + 1) * BASE_BLOCK;
+        for (uint32_t k = b * BASE_BLOCK; k < k1; k++)
+            s += m[(size_t)q * n + k];
+    }
+    return (float)s;
+}
+
+/* Keeps the block masses of one sequence (every source and target head). */
+static mf_status_t add_block_masses(mf_calib_t *c, const float *src, const float *tgt,
+                                    uint32_t n)
+{
+    if (c->n_seq == c->bm_cap) {
+        uint64_t cap = c->bm_cap ? 2 * c->bm_cap : 16;
+        float **bm = realloc(c->bm, cap * sizeof(*bm));
+        if (!bm)
+            return MF_RESOURCE_EXHAUSTED;
+        c->bm = bm;
+        uint32_t *nb = realloc(c->bm_nb, cap * sizeof(*nb));
+        if (!nb)
+            return MF_RESOURCE_EXHAUSTED;
+        c->bm_nb = nb;
+        c->bm_cap = cap;
+    }
+    uint32_t nb = n / BASE_BLOCK, heads = c->ls * c->hs + c->lt * c->ht;
+    size_t tri = (size_t)nb * (nb + 1) / 2, nn = (size_t)n * n;
+    float *bm = malloc((tri ? tri : 1) * heads * sizeof(float));
+    if (!bm)
+        return MF_RESOURCE_EXHAUSTED;
+    for (uint32_t x = 0; x < heads; x++) {
+        const float *m = x < c->ls * c->hs ? src + x * nn : tgt + (x - c->ls * c->hs) * nn;
+        float *dst = bm + x * tri;
+        for (uint32_t a = 0; a < nb; a++)
+            for (uint32_t b = 0; b <= a; b++)
+                dst[(size_t)a * (a + 1) / 2 + b] = block_sum(m, n, a, b);
+    }
+    c->bm[c->n_seq] = bm;
+    c->bm_nb[c->n_seq] = nb;
+    return MF_OK;
+}
+
 mf_status_t mf_calib_add(mf_calib_t *c, const float *src, const float *tgt, uint32_t n)
 {
     if (!c || !src || !tgt || n < 1)
         return MF_INVALID_ARGUMENT;
+    mf_status_t st = add_block_masses(c, src, tgt, n);
+    if (st != MF_OK)
+        return st;
     size_t nn = (size_t)n * n;
     for (uint32_t l = 0; l < c->ls; l++)
         for (uint32_t a = 0; a < c->hs; a++)
@@ -229,13 +310,127 @@ static double rel_error(double resid, double norm)
     return norm > 0 ? sqrt(resid > 0 ? resid / norm : 0.0) : 0.0;
 }
 
-static uint8_t head_mode(double err, const mf_calib_opts_t *o)
+/* Head x's block masses of sequence q at `block` into out [nb, nb] (0 above the
+ * diagonal); returns nb (full blocks only). */
+static uint32_t coarse_masses(const mf_calib_t *c, uint64_t q, uint32_t x, uint32_t block,
+                              double *out)
 {
-    if (err < o->prob_max_error)
-        return MF_HEAD_PROB;
-    if (err < o->mask_max_error)
-        return MF_HEAD_MASK;
-    return MF_HEAD_COMPUTE;
+    uint32_t k = block / BASE_BLOCK, nb8 = c->bm_nb[q], nb = nb8 / k;
+    const float *m = c->bm[q] + (size_t)x * ((size_t)nb8 * (nb8 + 1) / 2);
+    memset(out, 0, (size_t)nb * nb * sizeof(double));
+    for (uint32_t a = 0; a < nb * k; a++)
+        for (uint32_t b = 0; b <= a; b++)
+            out[(size_t)(a / k) * nb + b / k] += m[(size_t)a * (a + 1) / 2 + b];
+    return nb;
+}
+
+/*
+ * Mask-mode recall of every head of target layer t from source layer l with weights
+ * w [ht][hs]: rec[h·np + g] = the share of the target head's own attention mass inside
+ * the blocks that mask mode attends at target Top-P ps[g], over the full query blocks
+ * i ≥ 1 of every sequence (block 0 and i are always attended, so i = 0 says nothing).
+ * As in the apply kernel, the candidates are the blocks that some source head with
+ * w > 0 keeps at its own Top-P src_p (the row's columns), and the selection is
+ * mf_topp_select over the mixed source masses Σ_s w_s·mass_s.
+ */
+static mf_status_t mask_recall(const mf_calib_t *c, uint32_t t, uint32_t l, const double *w,
+                               uint32_t block, double src_p, const double *ps, uint32_t np,
+                               double *rec)
+{
+    uint32_t nbmax = 0, hs = c->hs, ht = c->ht;
+    for (uint64_t q = 0; q < c->n_seq; q++)
+        nbmax = c->bm_nb[q] / (block / BASE_BLOCK) > nbmax ? c->bm_nb[q] / (block / BASE_BLOCK)
+                                                           : nbmax;
+    size_t nn = (size_t)(nbmax ? nbmax : 1) * (nbmax ? nbmax : 1);
+    double *sm = malloc(hs * nn * sizeof(double)), *tm = malloc(nn * sizeof(double));
+    double *mix = malloc((nbmax + 1) * sizeof(double));
+    double *num = calloc((size_t)ht * np, sizeof(double)), *den = calloc(ht, sizeof(double));
+    uint8_t *ssel = malloc(hs * nn), *cand = malloc(nbmax + 1), *keep = malloc(nbmax + 1);
+    mf_status_t st = MF_RESOURCE_EXHAUSTED;
+    if (!sm || !tm || !mix || !num || !den || !ssel || !cand || !keep)
+        goto out_free;
+    st = MF_OK;
+    for (uint64_t q = 0; q < c->n_seq && st == MF_OK; q++) {
+        uint32_t nb = 0, kept;
+        for (uint32_t s = 0; s < hs; s++) {
+            nb = coarse_masses(c, q, l * hs + s, block, sm + s * nn);
+            for (uint32_t i = 0; i < nb && st == MF_OK; i++)
+                st = mf_topp_select(sm + s * nn + (size_t)i * nb, NULL, i + 1, src_p,
+                                    ssel + s * nn + (size_t)i * nb, &kept);
+        }
+        for (uint32_t h = 0; h < ht && st == MF_OK; h++) {
+            const double *wh = w + (size_t)h * hs;
+            coarse_masses(c, q, c->ls * hs + t * ht + h, block, tm);
+            for (uint32_t i = 1; i < nb && st == MF_OK; i++) {
+                const double *trow = tm + (size_t)i * nb;
+                for (uint32_t j = 0; j <= i; j++) {
+                    mix[j] = 0;
+                    cand[j] = 0;
+                    for (uint32_t s = 0; s < hs; s++)
+                        if (wh[s] > 0) {
+                            mix[j] += wh[s] * sm[s * nn + (size_t)i * nb + j];
+                            cand[j] |= ssel[s * nn + (size_t)i * nb + j];
+                        }
+                    den[h] += trow[j];
+                }
+                for (uint32_t g = 0; g < np && st == MF_OK; g++) {
+                    st = mf_topp_select(mix, cand, i + 1, ps[g], keep, &kept);
+                    for (uint32_t j = 0; j <= i; j++)
+                        num[(size_t)h * np + g] += keep[j] ? trow[j] : 0.0;
+                }
+            }
+        }
+    }
+    for (size_t x = 0; x < (size_t)ht * np; x++)
+        rec[x] = den[x / np] > 0 ? num[x] / den[x / np] : 0.0;
+out_free:
+    free(sm);
+    free(tm);
+    free(mix);
+    free(num);
+    free(den);
+    free(ssel);
+    free(cand);
+    free(keep);
+    return st;
+}
+
+/*
+ * Modes of target layer t's heads for weights w from source layer l: prob if the layer
+ * error ≤ max_error and the head error < prob_max_error; else mask if its mask recall
+ * reaches mask_min_recall (at mask_top_p, or at the smallest grid Top-P with
+ * per_head_top_p) and its error < mask_max_error; else compute.
+ */
+static mf_status_t assign_modes(const mf_calib_t *c, const mf_calib_opts_t *o, uint32_t t,
+                                uint32_t l, const double *w, const double *herr,
+                                double layer_err, uint8_t *mode, double *recall,
+                                double *top_p)
+{
+    const double *ps = o->per_head_top_p ? topp_grid : &o->mask_top_p;
+    uint32_t np = o->per_head_top_p ? (uint32_t)N_GRID : 1;
+    double *rec = malloc((size_t)c->ht * np * sizeof(double));
+    if (!rec)
+        return MF_RESOURCE_EXHAUSTED;
+    mf_status_t st = mask_recall(c, t, l, w, o->block_size, o->mask_top_p, ps, np, rec);
+    for (uint32_t h = 0; h < c->ht && st == MF_OK; h++) {
+        const double *r = rec + (size_t)h * np;
+        uint32_t g = 0;
+        while (g < np && r[g] < o->mask_min_recall)
+            g++;
+        mode[h] = MF_HEAD_COMPUTE;
+        /* not a mask head: report what mask mode could reach at the largest Top-P */
+        top_p[h] = ps[np - 1];
+        recall[h] = r[np - 1];
+        if (layer_err <= o->max_error && herr[h] < o->prob_max_error) {
+            mode[h] = MF_HEAD_PROB;
+        } else if (g < np && herr[h] < o->mask_max_error) {
+            mode[h] = MF_HEAD_MASK;
+            top_p[h] = ps[g];
+            recall[h] = r[g];
+        }
+    }
+    free(rec);
+    return st;
 }
 
 static void fill_defaults(const mf_calib_opts_t *in, mf_calib_opts_t *o)
@@ -246,7 +441,9 @@ static void fill_defaults(const mf_calib_opts_t *in, mf_calib_opts_t *o)
     if (!(o->prob_max_error > 0))
         o->prob_max_error = 0.2;
     if (!(o->mask_max_error > 0))
-        o->mask_max_error = 0.9;
+        o->mask_max_error = INFINITY;
+    if (!(o->mask_min_recall > 0) || o->mask_min_recall > 1)
+        o->mask_min_recall = 0.9;
     if (!(o->mask_top_p > 0) || o->mask_top_p > 1)
         o->mask_top_p = 0.95;
     if (!o->block_size)
@@ -308,13 +505,14 @@ mf_status_t mf_calib_fit(mf_calib_t *c, const mf_calib_opts_t *opts)
     if (!c->n_seq)
         return MF_FAILED_PRECONDITION;
     fill_defaults(opts, &o);
+    if (o.block_size < BASE_BLOCK || (o.block_size & (o.block_size - 1)))
+        return MF_INVALID_ARGUMENT;
     size_t hw = (size_t)c->ht * c->hs;
     double *w = malloc(hw * sizeof(double)), *herr = malloc(c->ht * sizeof(double));
-    if (!w || !herr) {
-        free(w);
-        free(herr);
-        return MF_RESOURCE_EXHAUSTED;
-    }
+    mf_status_t st = MF_RESOURCE_EXHAUSTED;
+    if (!w || !herr)
+        goto out_free;
+    st = MF_OK;
     c->l0 = c->lt;
     for (uint32_t t = 0; t < c->lt; t++) {
         double best = INFINITY;
@@ -331,20 +529,25 @@ mf_status_t mf_calib_fit(mf_calib_t *c, const mf_calib_opts_t *opts)
         }
         c->berr[t] = fit_baseline(c, t, c->src_layer[t], c->bw + (size_t)t * hw,
                                   c->bherr + (size_t)t * c->ht);
-        int layer_ok = c->err[t] <= o.max_error;
-        for (uint32_t h = 0; h < c->ht; h++) {
-            size_t k = (size_t)t * c->ht + h;
-            c->mode[k] = layer_ok ? head_mode(c->herr[k], &o) : MF_HEAD_COMPUTE;
-            c->bmode[k] = c->berr[t] <= o.max_error ? head_mode(c->bherr[k], &o)
-                                                    : MF_HEAD_COMPUTE;
-        }
-        if (layer_ok && t >= o.min_l0 && c->l0 == c->lt)
+        size_t k = (size_t)t * c->ht;
+        st = assign_modes(c, &o, t, c->src_layer[t], c->w + t * hw, c->herr + k, c->err[t],
+                          c->mode + k, c->recall + k, c->top_p + k);
+        if (st == MF_OK)
+            st = assign_modes(c, &o, t, c->src_layer[t], c->bw + t * hw, c->bherr + k,
+                              c->berr[t], c->bmode + k, c->brecall + k, c->btop_p + k);
+        if (st != MF_OK)
+            goto out_free;
+        int mapped = 0;
+        for (uint32_t h = 0; h < c->ht; h++)
+            mapped |= c->mode[k + h] != MF_HEAD_COMPUTE;
+        if (mapped && t >= o.min_l0 && c->l0 == c->lt)
             c->l0 = t;
     }
+    c->fitted = 1;
+out_free:
     free(w);
     free(herr);
-    c->fitted = 1;
-    return MF_OK;
+    return st;
 }
 
 uint32_t mf_calib_l0(const mf_calib_t *c)
@@ -365,11 +568,15 @@ mf_status_t mf_calib_layer(const mf_calib_t *c, uint32_t t, mf_calib_layer_t *ou
     out->w = c->w + t * hw;
     out->head_error = c->herr + (size_t)t * c->ht;
     out->mode = c->mode + (size_t)t * c->ht;
+    out->recall = c->recall + (size_t)t * c->ht;
+    out->top_p = c->top_p + (size_t)t * c->ht;
     out->source_errors = c->src_err + (size_t)t * c->ls;
     out->base_error = c->berr[t];
     out->base_w = c->bw + t * hw;
     out->base_head_error = c->bherr + (size_t)t * c->ht;
     out->base_mode = c->bmode + (size_t)t * c->ht;
+    out->base_recall = c->brecall + (size_t)t * c->ht;
+    out->base_top_p = c->btop_p + (size_t)t * c->ht;
     return MF_OK;
 }
 
@@ -415,6 +622,7 @@ mf_status_t mf_calib_profile(const mf_calib_t *c, const mf_calib_opts_t *opts, i
         const double *w = (baseline ? c->bw : c->w) + t * hw;
         const double *he = (baseline ? c->bherr : c->herr) + (size_t)t * c->ht;
         const uint8_t *md = (baseline ? c->bmode : c->mode) + (size_t)t * c->ht;
+        const double *tp = (baseline ? c->btop_p : c->top_p) + (size_t)t * c->ht;
         Mapflow__V1__LayerMap *lm = &lms[k];
         mapflow__v1__layer_map__init(lm);
         lm->target_layer = t;
@@ -433,7 +641,7 @@ mf_status_t mf_calib_profile(const mf_calib_t *c, const mf_calib_opts_t *opts, i
             mapflow__v1__head_profile__init(hp);
             hp->mode = (Mapflow__V1__HeadMode)md[h];
             hp->error = (float)he[h];
-            hp->top_p = (float)o.mask_top_p;
+            hp->top_p = (float)tp[h];
             lm->heads[h] = hp;
         }
         lmp[k] = lm;

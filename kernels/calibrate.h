@@ -11,9 +11,23 @@
  * The best source layer is the one with the lowest layer error. The IAM-style baseline
  * gives each target head its single most cosine-similar source head of the same layer.
  *
- * Modes (per target head): prob if error < prob_max_error, mask if < mask_max_error,
- * else compute. A layer whose error exceeds max_error is all compute. L0 = the first
- * layer ≥ min_l0 that is not all compute (every layer before it is computed).
+ * Modes (per target head): prob if the head error < prob_max_error and the layer error
+ * ≤ max_error (prob mode serves the mixed map itself, so it needs a close fit). Else mask
+ * if the head's mask recall ≥ mask_min_recall: mask mode only uses the mixed masses to
+ * pick blocks and then attends exactly with the target's own Q, K, V, so what matters is
+ * how much of the target head's own attention mass the picked blocks hold, not the L2
+ * error of the mixed map (round 1 of issue 8: the L2 rule sent heads to compute that mask
+ * mode served well). Recall = Σ target block mass inside the blocks mask mode attends /
+ * Σ target block mass, over the full query blocks i ≥ 1 (block size block_size) of every
+ * calibration sequence; candidates = blocks kept by a source head with w > 0 at its own
+ * Top-P mask_top_p (the rows' columns), selection = Top-P over Σ w_s·mass_s (the apply
+ * kernel's rule). With per_head_top_p each mask head gets the smallest target Top-P of a
+ * fixed grid (0.5 … 1.0) that reaches the recall; else every mask head uses mask_top_p.
+ * Otherwise compute. L0 = the first layer ≥ min_l0 with a head that is not computed
+ * (every layer before it is computed).
+ *
+ * Memory: Gram statistics are fixed-size; the block masses for the recall are kept per
+ * sequence at 8 × 8 blocks (≈ 1/128 of the maps' size each).
  *
  * Ownership: mf_calib_t is opaque, created/destroyed by the caller; results point into
  * it. Thread safety: one thread per mf_calib_t.
@@ -33,12 +47,15 @@ extern "C" {
 typedef struct mf_calib mf_calib_t;
 
 typedef struct mf_calib_opts {
-    double max_error;        /* layer error above this: the layer is computed (0: 0.9) */
+    double max_error;        /* layer error above this: no prob head in it (0: 0.9) */
     double prob_max_error;   /* head error below this: prob mode (0: 0.2) */
-    double mask_max_error;   /* head error below this: mask mode (0: 0.9) */
-    double mask_top_p;       /* target Top-P stored for mask heads (0: 0.95) */
+    double mask_max_error;   /* optional extra gate for mask mode (0: none) */
+    double mask_min_recall;  /* mask recall at least this: mask mode (0: 0.9) */
+    double mask_top_p;       /* source rows' Top-P; target Top-P of mask heads (0: 0.95) */
+    int per_head_top_p;      /* nonzero: per mask head the smallest grid Top-P reaching
+                                mask_min_recall */
     uint32_t min_l0;         /* layers below are never mapped */
-    uint32_t block_size;     /* profile block size (0: 64) */
+    uint32_t block_size;     /* profile block size, power of two ≥ 8 (0: 64) */
     uint32_t recompute_last, recompute_first;
     const char *source_model, *target_model;
     uint32_t max_iters;      /* projected-gradient iterations per fit (0: 5000) */
@@ -51,11 +68,16 @@ typedef struct mf_calib_layer {
     const double *w;
     const double *head_error;
     const uint8_t *mode;     /* mf_head_mode_t */
+    const double *recall;    /* [Ht] mask recall at top_p */
+    const double *top_p;     /* [Ht] target Top-P (mask heads: the chosen one; others:
+                                the largest tried) */
     const double *source_errors; /* [Ls] the fitted layer error for every source layer */
     double base_error;       /* IAM-style baseline, same source layer */
     const double *base_w;
     const double *base_head_error;
     const uint8_t *base_mode;
+    const double *base_recall;
+    const double *base_top_p;
 } mf_calib_layer_t;
 
 mf_status_t mf_calib_create(uint32_t src_layers, uint32_t src_heads, uint32_t tgt_layers,

@@ -3,6 +3,7 @@
  *
  *   mapflow-calibrate --source DIR --target DIR --out PROFILE [--baseline-out PROFILE]
  *       [--max-error E] [--prob-max-error E] [--mask-max-error E] [--json]
+ *       [--mask-min-recall R] [--per-head-top-p]
  *       [--mask-top-p P] [--min-l0 N] [--block B] [--recompute-last R]
  *       [--recompute-first F] [--source-model ID] [--target-model ID] [--max-elems N]
  *
@@ -29,11 +30,17 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: mapflow-calibrate --source DIR --target DIR --out PROFILE\n"
             "         [--baseline-out PROFILE] [--max-error E] [--prob-max-error E]\n"
-            "         [--mask-max-error E] [--json] [--mask-top-p P] [--min-l0 N]\n"
+            "         [--mask-max-error E] [--mask-min-recall R] [--per-head-top-p]\n"
+            "         [--json] [--mask-top-p P] [--min-l0 N]\n"
             "         [--block B] [--recompute-last R] [--recompute-first F]\n"
             "         [--source-model ID] [--target-model ID] [--max-elems N]\n"
             "  DIRs hold one .npy [L, H, N, N] (f4 or f2) per sequence, same names in both.\n"
-            "  defaults: --max-error 0.9 --prob-max-error 0.2 --mask-max-error 0.9\n"
+            "  modes: prob if head error < --prob-max-error (layer error <= --max-error);\n"
+            "  else mask if the mask recall (share of the target head's attention mass in\n"
+            "  the blocks mask mode attends) >= --mask-min-recall (and error <\n"
+            "  --mask-max-error if given); else compute. --per-head-top-p: each mask head\n"
+            "  gets the smallest target Top-P (grid 0.5..1) reaching the recall.\n"
+            "  defaults: --max-error 0.9 --prob-max-error 0.2 --mask-min-recall 0.9\n"
             "            --mask-top-p 0.95 --min-l0 1 --block 64 --recompute-last 1\n");
 }
 
@@ -134,8 +141,9 @@ static void print_json(const mf_calib_t *c, uint32_t lt, uint32_t ht, uint32_t h
         }
         printf("], \"heads\": [");
         for (uint32_t h = 0; h < ht; h++)
-            printf("%s{\"mode\": \"%s\", \"error\": %.6g}", h ? ", " : "",
-                   mode_name(r.mode[h]), r.head_error[h]);
+            printf("%s{\"mode\": \"%s\", \"error\": %.6g, \"recall\": %.6g, "
+                   "\"top_p\": %.6g}", h ? ", " : "", mode_name(r.mode[h]), r.head_error[h],
+                   r.recall[h], r.top_p[h]);
         printf("]}");
     }
     printf("]}\n");
@@ -147,8 +155,8 @@ static void print_summary(FILE *f, const mf_calib_t *c, size_t n_seq, uint32_t l
     uint32_t l0 = mf_calib_l0(c), counts[3] = { 0 };
     fprintf(f, "calibrated on %zu sequences; L0 = %u (target layers [0, %u) computed)\n",
             n_seq, l0, l0);
-    fprintf(f, "%-6s %-6s %-9s %-9s %s\n", "target", "source", "error", "iam-err",
-            "head modes (p = prob, m = mask, c = compute)");
+    fprintf(f, "%-6s %-6s %-9s %-9s %-7s %s\n", "target", "source", "error", "iam-err",
+            "modes", "per head: mask recall @ target Top-P (p = prob, m = mask, c = compute)");
     for (uint32_t t = 0; t < lt; t++) {
         mf_calib_layer_t r;
         mf_calib_layer(c, t, &r);
@@ -161,6 +169,9 @@ static void print_summary(FILE *f, const mf_calib_t *c, size_t n_seq, uint32_t l
             fputc("cpm"[r.mode[h]], f);
             counts[r.mode[h]]++;
         }
+        fprintf(f, "%*s", ht < 8 ? 8 - (int)ht : 1, "");
+        for (uint32_t h = 0; h < ht; h++)
+            fprintf(f, "%s%.3f@%.3g", h ? " " : "", r.recall[h], r.top_p[h]);
         fputc('\n', f);
     }
     fprintf(f, "heads in mapped layers: %u prob, %u mask, %u compute\n", counts[1], counts[2],
@@ -180,7 +191,8 @@ static int parse_double(const char *s, double lo, double hi, double *out)
 int main(int argc, char **argv)
 {
     enum { O_SOURCE = 1, O_TARGET, O_OUT, O_BASE, O_MAXE, O_PROBE, O_MASKE, O_JSON, O_TOPP,
-           O_MINL0, O_BLOCK, O_RLAST, O_RFIRST, O_SMODEL, O_TMODEL, O_MAXELEMS, O_HELP };
+           O_MINL0, O_BLOCK, O_RLAST, O_RFIRST, O_SMODEL, O_TMODEL, O_MAXELEMS, O_RECALL,
+           O_PERHEAD, O_HELP };
     static const struct option opts[] = {
         { "source", 1, 0, O_SOURCE }, { "target", 1, 0, O_TARGET }, { "out", 1, 0, O_OUT },
         { "baseline-out", 1, 0, O_BASE }, { "max-error", 1, 0, O_MAXE },
@@ -189,6 +201,7 @@ int main(int argc, char **argv)
         { "block", 1, 0, O_BLOCK }, { "recompute-last", 1, 0, O_RLAST },
         { "recompute-first", 1, 0, O_RFIRST }, { "source-model", 1, 0, O_SMODEL },
         { "target-model", 1, 0, O_TMODEL }, { "max-elems", 1, 0, O_MAXELEMS },
+        { "mask-min-recall", 1, 0, O_RECALL }, { "per-head-top-p", 0, 0, O_PERHEAD },
         { "help", 0, 0, O_HELP }, { 0, 0, 0, 0 },
     };
     const char *src_dir = NULL, *tgt_dir = NULL, *out = NULL, *base_out = NULL;
@@ -219,6 +232,8 @@ int main(int argc, char **argv)
         case O_SMODEL: o.source_model = optarg; break;
         case O_TMODEL: o.target_model = optarg; break;
         case O_MAXELEMS: ok = parse_double(optarg, 1, 1e12, &max_elems); break;
+        case O_RECALL: ok = parse_double(optarg, 1e-9, 1.0, &o.mask_min_recall); break;
+        case O_PERHEAD: o.per_head_top_p = 1; break;
         case O_HELP: usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

@@ -29,16 +29,18 @@ static void test_planted_mixing(void **state)
     assert_int_equal(mf_calib_create(TC_LS, TC_HS, TC_LT, TC_HT, &c), MF_OK);
     for (int q = 0; q < TC_SEQS; q++)
         assert_int_equal(mf_calib_add(c, pl.src[q], pl.tgt[q], TC_N), MF_OK);
-    mf_calib_opts_t o = { .max_error = 0.3, .min_l0 = 0, .block_size = 16 };
+    /* min_l0 = 1: with 3 blocks of 16 every block is forced (0 and the diagonal), so
+     * mask recall is 1 everywhere here; test_mask_by_recall covers the recall rule. */
+    mf_calib_opts_t o = { .max_error = 0.3, .min_l0 = 1, .block_size = 16 };
     assert_int_equal(mf_calib_fit(c, &o), MF_OK);
-    assert_int_equal(mf_calib_l0(c), 1); /* target layer 0 is unrelated noise */
+    assert_int_equal(mf_calib_l0(c), 1);
     for (uint32_t t = 0; t < TC_LT; t++) {
         mf_calib_layer_t r;
         assert_int_equal(mf_calib_layer(c, t, &r), MF_OK);
-        if (t == 0) {
+        if (t == 0) { /* target layer 0 is unrelated noise: never prob */
             assert_true(r.error > 0.3);
             for (uint32_t h = 0; h < TC_HT; h++)
-                assert_int_equal(r.mode[h], MF_HEAD_COMPUTE);
+                assert_int_not_equal(r.mode[h], MF_HEAD_PROB);
             continue;
         }
         assert_int_equal(r.source_layer, tc_planted_layer[t]);
@@ -99,7 +101,7 @@ static void test_mode_thresholds(void **state)
     for (int q = 0; q < TC_SEQS; q++)
         assert_int_equal(mf_calib_add(c, pl.src[q], pl.tgt[q], TC_N), MF_OK);
     mf_calib_layer_t l1;
-    mf_calib_opts_t o = { .max_error = 0.9, .min_l0 = 0 };
+    mf_calib_opts_t o = { .max_error = 0.9, .min_l0 = 0, .block_size = 16 };
     assert_int_equal(mf_calib_fit(c, &o), MF_OK);
     assert_int_equal(mf_calib_layer(c, 1, &l1), MF_OK);
     double noisy = l1.head_error[2], clean = l1.head_error[0];
@@ -116,6 +118,156 @@ static void test_mode_thresholds(void **state)
     assert_int_equal(l1.mode[2], MF_HEAD_COMPUTE);
     mf_calib_destroy(c);
     tc_planted_free(&pl);
+}
+
+/* ---- mask recall decides mask vs compute ------------------------------------------ */
+
+enum { RC_N = 512, RC_B = 16, RC_NB = RC_N / RC_B, RC_HS = 2, RC_LT = 2, RC_HT = 2,
+       RC_SEQS = 2 };
+
+/*
+ * Maps by block pattern: query block i attends to key blocks j ≤ i with (j − i − shift)
+ * mod 3 == cls. Source head s (one source layer) has class s, spread over the keys of
+ * its blocks with random weights. Target "sharp" heads have class 0 like source head 0
+ * but put each block's mass on one random key (so the dense-map L2 error of any mixing
+ * is large while the block masses match); "elsewhere" heads have class 2, which no
+ * source head covers. Target layer 0 = {elsewhere, elsewhere}, layer 1 = {sharp,
+ * elsewhere}.
+ */
+static void rc_map(mf_rng_t *r, float *m, uint32_t cls, uint32_t shift, int sharp)
+{
+    memset(m, 0, (size_t)RC_N * RC_N * sizeof(float));
+    for (uint32_t q = 0; q < RC_N; q++) {
+        uint32_t i = q / RC_B;
+        double sum = 0;
+        for (uint32_t j = 0; j <= i; j++) {
+            if ((j + 3 * RC_NB - i - shift) % 3 != cls)
+                continue;
+            uint32_t kend = j == i ? q + 1 : (j + 1) * RC_B;
+            if (sharp) {
+                uint32_t k = j * RC_B + (uint32_t)(mf_rng_u64(r) % (kend - j * RC_B));
+                sum += m[(size_t)q * RC_N + k] = (float)(0.5 + mf_rng_uniform(r));
+                continue;
+            }
+            for (uint32_t k = j * RC_B; k < kend; k++)
+                sum += m[(size_t)q * RC_N + k] = (float)(0.2 + mf_rng_uniform(r));
+        }
+        if (sum == 0) /* no key of this class yet: attend to the query itself */
+            sum = m[(size_t)q * RC_N + q] = 1.0f;
+        for (uint32_t k = 0; k <= q; k++)
+            m[(size_t)q * RC_N + k] = (float)(m[(size_t)q * RC_N + k] / sum);
+    }
+}
+
+static mf_calib_t *rc_calib(void)
+{
+    const size_t nn = (size_t)RC_N * RC_N;
+    float *src = malloc(RC_HS * nn * sizeof(float)), *tgt = malloc(RC_LT * RC_HT * nn * 4);
+    mf_calib_t *c;
+    mf_rng_t r;
+    mf_rng_seed(&r, 41);
+    assert_non_null(src);
+    assert_non_null(tgt);
+    assert_int_equal(mf_calib_create(1, RC_HS, RC_LT, RC_HT, &c), MF_OK);
+    for (int q = 0; q < RC_SEQS; q++) {
+        uint32_t shift = (uint32_t)(mf_rng_u64(&r) % 3);
+        for (uint32_t s = 0; s < RC_HS; s++)
+            rc_map(&r, src + s * nn, s, shift, 0);
+        rc_map(&r, tgt + 0 * nn, 2, shift, 0);
+        rc_map(&r, tgt + 1 * nn, 2, shift, 1);
+        rc_map(&r, tgt + 2 * nn, 0, shift, 1);
+        rc_map(&r, tgt + 3 * nn, 2, shift, 0);
+        assert_int_equal(mf_calib_add(c, src, tgt, RC_N), MF_OK);
+    }
+    free(src);
+    free(tgt);
+    return c;
+}
+
+static void test_mask_by_recall(void **state)
+{
+    (void)state;
+    mf_calib_t *c = rc_calib();
+    mf_calib_layer_t l0, l1;
+    mf_calib_opts_t o = { .min_l0 = 0, .block_size = RC_B, .mask_min_recall = 0.9 };
+    assert_int_equal(mf_calib_fit(c, &o), MF_OK);
+    assert_int_equal(mf_calib_layer(c, 0, &l0), MF_OK);
+    assert_int_equal(mf_calib_layer(c, 1, &l1), MF_OK);
+    /* The sharp head: L2 error far above round 1's mask limit (0.9), recall high. */
+    assert_true(l1.head_error[0] > 0.9);
+    assert_true(l1.w[0] > 0.9); /* mixed onto source head 0, the one with its blocks */
+    assert_true(l1.recall[0] >= 0.9);
+    assert_int_equal(l1.mode[0], MF_HEAD_MASK);
+    assert_true(l1.top_p[0] == 0.95);
+    /* Heads whose blocks no source head keeps: low recall → compute, so layer 0 is all
+     * compute and L0 = 1 even with min_l0 = 0. */
+    for (uint32_t h = 0; h < RC_HT; h++) {
+        assert_true(l0.recall[h] < 0.6);
+        assert_int_equal(l0.mode[h], MF_HEAD_COMPUTE);
+    }
+    assert_true(l1.recall[1] < 0.6);
+    assert_true(l1.head_error[1] < 0.9); /* round 1's L2 rule would have said mask */
+    assert_int_equal(l1.mode[1], MF_HEAD_COMPUTE);
+    assert_int_equal(mf_calib_l0(c), 1);
+    /* The profile stores the head's target Top-P and its mode. */
+    Mapflow__V1__MappingProfile *p;
+    assert_int_equal(mf_calib_profile(c, &o, 0, &p), MF_OK);
+    assert_int_equal(p->l0, 1);
+    const Mapflow__V1__LayerMap *lm = mf_profile_layer(p, 1);
+    assert_non_null(lm);
+    assert_int_equal(lm->heads[0]->mode, MAPFLOW__V1__HEAD_MODE__HEAD_MASK);
+    assert_true(fabsf(lm->heads[0]->top_p - 0.95f) < 1e-6f);
+    mf_profile_free(p);
+
+    /* A recall threshold above what the sharp head reaches sends it to compute too;
+     * then no layer is mapped (L0 = Lt). */
+    o.mask_min_recall = fmin(1.0, l1.recall[0] + 1e-3);
+    double reached = l1.recall[0];
+    assert_int_equal(mf_calib_fit(c, &o), MF_OK);
+    assert_int_equal(mf_calib_layer(c, 1, &l1), MF_OK);
+    if (reached < 0.999) {
+        assert_int_equal(l1.mode[0], MF_HEAD_COMPUTE);
+        assert_int_equal(mf_calib_l0(c), RC_LT);
+    }
+
+    /* Round 1's L2 gate, still available as an extra condition, rejects the sharp head. */
+    o.mask_min_recall = 0.9;
+    o.mask_max_error = 0.9;
+    assert_int_equal(mf_calib_fit(c, &o), MF_OK);
+    assert_int_equal(mf_calib_layer(c, 1, &l1), MF_OK);
+    assert_int_equal(l1.mode[0], MF_HEAD_COMPUTE);
+    mf_calib_destroy(c);
+}
+
+/* Per-head Top-P: the smallest grid value reaching the recall, monotone in the recall. */
+static void test_per_head_top_p(void **state)
+{
+    (void)state;
+    mf_calib_t *c = rc_calib();
+    mf_calib_layer_t l1;
+    double prev = 0;
+    const double want[] = { 0.5, 0.7, 0.9, 0.95 };
+    for (size_t k = 0; k < sizeof want / sizeof want[0]; k++) {
+        mf_calib_opts_t o = { .min_l0 = 0, .block_size = RC_B, .mask_min_recall = want[k],
+                              .per_head_top_p = 1 };
+        assert_int_equal(mf_calib_fit(c, &o), MF_OK);
+        assert_int_equal(mf_calib_layer(c, 1, &l1), MF_OK);
+        assert_int_equal(l1.mode[0], MF_HEAD_MASK);
+        assert_true(l1.recall[0] >= want[k]);
+        assert_true(l1.top_p[0] >= prev);
+        assert_true(l1.top_p[0] > 0 && l1.top_p[0] <= 1.0);
+        prev = l1.top_p[0];
+        /* the uncovered head stays compute even at Top-P 1 (all candidates) */
+        assert_int_equal(l1.mode[1], MF_HEAD_COMPUTE);
+        assert_true(l1.top_p[1] == 1.0);
+    }
+    assert_true(prev > 0.5); /* recall 0.95 needs more than the smallest grid value */
+    /* block sizes that are not a power of two ≥ 8 are refused */
+    mf_calib_opts_t bad = { .block_size = 12 };
+    assert_int_equal(mf_calib_fit(c, &bad), MF_INVALID_ARGUMENT);
+    bad.block_size = 4;
+    assert_int_equal(mf_calib_fit(c, &bad), MF_INVALID_ARGUMENT);
+    mf_calib_destroy(c);
 }
 
 static void test_simplex_projection(void **state)
@@ -356,6 +508,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_planted_mixing),  cmocka_unit_test(test_mode_thresholds),
+        cmocka_unit_test(test_mask_by_recall),  cmocka_unit_test(test_per_head_top_p),
         cmocka_unit_test(test_simplex_projection), cmocka_unit_test(test_npy_roundtrip),
         cmocka_unit_test(test_npy_malformed),   cmocka_unit_test(test_profile_roundtrip),
     };

@@ -64,7 +64,8 @@ static int calibrate(env_t *e, const char *src, const char *tgt)
 {
     char *argv[] = { e->tool, "--source", (char *)src, "--target", (char *)tgt, "--out",
                      e->prof, "--baseline-out", e->base, "--max-error", "0.3", "--min-l0",
-                     "0", "--block", "16", "--json", NULL };
+                     "1", "--block", "16", "--json", "--mask-min-recall", "0.9",
+                     "--per-head-top-p", NULL };
     return tk_run(argv, e->out, e->err);
 }
 
@@ -78,6 +79,7 @@ static void test_tool_recovers_planted(void **state)
                               "\"source_layer\": 2, ", 60) == 0);
     assert_non_null(strstr(json, "{\"target_layer\": 2, \"source_layer\": 0, "));
     assert_non_null(strstr(json, "\"heads\": [{\"mode\": \"prob\", \"error\": "));
+    assert_non_null(strstr(json, ", \"recall\": 1, \"top_p\": 1}"));
     assert_non_null(strstr(summary, "L0 = 1"));
     free(json);
     free(summary);
@@ -142,6 +144,12 @@ static void test_tool_bad_input(void **state)
     char *badnum[] = { e->tool, "--source", e->src, "--target", e->tgt, "--out", e->prof,
                        "--max-error", "abc", NULL };
     assert_int_equal(tk_run(badnum, e->out, e->err), 2);
+    char *badrec[] = { e->tool, "--source", e->src, "--target", e->tgt, "--out", e->prof,
+                       "--mask-min-recall", "1.5", NULL };
+    assert_int_equal(tk_run(badrec, e->out, e->err), 2);
+    msg = tk_slurp(e->err, NULL);
+    assert_non_null(strstr(msg, "bad value for --mask-min-recall: '1.5'"));
+    free(msg);
 }
 
 int main(void)
