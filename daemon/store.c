@@ -18,6 +18,7 @@ typedef struct read_ctx {
     mfd_store_t *st;
     mfd_entry_t *e;
     int promote;
+    mfd_ablock_t *blk;         /* reserved for the promotion; the worker reads into it */
     mfd_store_read_cb cb;
     void *arg;
 } read_ctx_t;
@@ -611,6 +612,20 @@ void mfd_store_remove(mfd_store_t *st, mfd_entry_t *e)
 
 /* ---- SSD reads ---------------------------------------------------------------------- */
 
+/* Worker thread: the full validation of a row read back (checksum, key agreement). */
+static mf_status_t check_read(const uint8_t *row, size_t len, const mfd_ssd_job_t *j,
+                              const char **why)
+{
+    mf_row_view_t v;
+    mfd_key_t k;
+    k.len = (uint16_t)j->klen;
+    memcpy(k.b, j->key, j->klen);
+    mf_status_t s = mf_row_decode(row, len, 0, &v, why);
+    if (s == MF_OK)
+        s = check_key(&v, &k, why);
+    return s == MF_OK ? MF_OK : MF_DATA_LOSS;
+}
+
 static void on_read_done(mfd_ssd_job_t *j)
 {
     read_ctx_t *r = j->arg;
@@ -620,26 +635,39 @@ static void on_read_done(mfd_ssd_job_t *j)
     uint8_t *buf = j->out;
     size_t len = j->out_len;
     j->out = NULL;
-    if (s == MF_OK) {
+    if (s == MF_OK || s == MF_DATA_LOSS) {
         mfd_count(st->metrics, MFD_C_SSD_READS, 1);
         mfd_count(st->metrics, MFD_C_SSD_READ_BYTES, len);
-        mf_row_view_t v;
-        const char *why = NULL;
-        if (len != e->size || mf_row_decode(buf, len, 0, &v, &why) != MF_OK ||
-            check_key(&v, &e->key, &why) != MF_OK) {
-            mfd_warn("ssd: row of %zu bytes fails validation (%s); dropping it", len,
-                     why ? why : "size differs from the index");
-            mfd_count(st->metrics, MFD_C_DATA_LOSS, 1);
-            mfd_store_remove(st, e);
-            s = MF_DATA_LOSS;
-        }
+    }
+    if (s == MF_DATA_LOSS) {
+        mfd_warn("ssd: row of %zu bytes fails validation (%s); dropping it", len,
+                 j->why ? j->why : "?");
+        mfd_count(st->metrics, MFD_C_DATA_LOSS, 1);
+        mfd_store_remove(st, e);
     } else if (s == MF_NOT_FOUND) {
         /* The index said it was there: the record vanished (e.g. deleted by hand). */
         mfd_store_remove(st, e);
-    } else {
+    } else if (s != MF_OK) {
         mfd_count(st->metrics, MFD_C_SSD_ERRORS, 1);
     }
-    if (s == MF_OK && r->promote && e->linked && !e->host) {
+    if (r->blk) {
+        /* The worker read straight into the reserved block: it becomes the host copy. */
+        if (s == MF_OK && e->linked && !e->host) {
+            e->host = r->blk;
+            st->host_entries++;
+            mfd_lru_add(st->ix, MFD_LRU_HOST, e);
+            mfd_count(st->metrics, MFD_C_PROMOTIONS, 1);
+        } else {
+            if (s == MF_OK && !e->host) { /* removed while it was read: hand out a copy */
+                buf = aligned_alloc(64, mfd_arena_round(len));
+                if (buf)
+                    memcpy(buf, mfd_arena_base(st->arena) + mfd_ablock_offset(r->blk), len);
+                else
+                    s = MF_RESOURCE_EXHAUSTED;
+            }
+            mfd_store_unreserve(st, r->blk);
+        }
+    } else if (s == MF_OK && r->promote && e->linked && !e->host) {
         mfd_ablock_t *blk;
         if (mfd_store_reserve(st, len, &blk) == MF_OK) {
             memcpy(mfd_arena_base(st->arena) + mfd_ablock_offset(blk), buf, len);
@@ -673,9 +701,13 @@ void mfd_store_read(mfd_store_t *st, mfd_entry_t *e, int promote, mfd_store_read
         cb(arg, e, st->ssd ? MF_RESOURCE_EXHAUSTED : MF_NOT_FOUND, NULL, 0);
         return;
     }
-    *r = (read_ctx_t){st, e, promote, cb, arg};
+    *r = (read_ctx_t){st, e, promote, NULL, cb, arg};
+    mfd_entry_pin(e); /* before the reservation, whose evictions skip pinned rows */
+    j->expect_len = e->size;
+    j->check = check_read;
+    if (promote && !e->host && mfd_store_reserve(st, e->size, &r->blk) == MF_OK)
+        j->dst = mfd_arena_base(st->arena) + mfd_ablock_offset(r->blk);
     j->cb = on_read_done;
     j->arg = r;
-    mfd_entry_pin(e);
     mfd_ssd_submit(st->ssd, j);
 }

@@ -133,21 +133,30 @@ static void run_job(mfd_ssd_t *s, mfd_ssd_job_t *j)
         size_t len = 0;
         const uint8_t *k = j->op == MFD_SSD_GET_ROW ? rk : j->key;
         size_t kl = j->op == MFD_SSD_GET_ROW ? j->klen + 1 : j->klen;
-        char *v = rocksdb_get(s->db, s->ro, (const char *)k, kl, &len, &err);
+        /* Pinned: the value is copied once, from RocksDB's buffer to where it goes. */
+        rocksdb_pinnableslice_t *ps = rocksdb_get_pinned(s->db, s->ro, (const char *)k, kl,
+                                                         &err);
+        const char *v = ps ? rocksdb_pinnableslice_value(ps, &len) : NULL;
         if (!err && !v) {
             j->status = MF_NOT_FOUND;
+        } else if (v && j->expect_len && len != j->expect_len) {
+            j->status = MF_DATA_LOSS;
+            j->why = "size differs from the index";
+            j->out_len = len;
         } else if (v) {
             /* Rows are decoded in place and need 16-byte alignment. */
-            uint8_t *buf = aligned_alloc(64, (len + 63) & ~(size_t)63);
+            uint8_t *buf = j->dst ? j->dst : aligned_alloc(64, (len + 63) & ~(size_t)63);
             if (!buf) {
                 j->status = MF_RESOURCE_EXHAUSTED;
             } else {
                 memcpy(buf, v, len);
-                j->out = buf;
+                j->out = j->dst ? NULL : buf;
                 j->out_len = len;
+                if (j->check)
+                    j->status = j->check(buf, len, j, &j->why);
             }
-            rocksdb_free(v);
         }
+        rocksdb_pinnableslice_destroy(ps);
         break;
     }
     }

@@ -52,12 +52,21 @@ struct mfd_ssd_job {
     size_t vlen;
     uint32_t block;            /* PUT_ROW meta */
     int sync;                  /* PUT / DEL: WriteOptions.sync */
+    /* GET_ROW options: expect_len (0 = any) is the only length accepted (else
+     * MF_DATA_LOSS); dst (expect_len bytes, 16-byte aligned, e.g. an arena block) takes
+     * the value instead of a malloc'd `out`; check runs on the worker over the bytes
+     * read (a non-OK result becomes the job's status, why its reason). */
+    size_t expect_len;
+    uint8_t *dst;
+    mf_status_t (*check)(const uint8_t *row, size_t len, const mfd_ssd_job_t *j,
+                         const char **why);
+    const char *why;
     mfd_ssd_cb cb;             /* NULL: fire and forget (the pool frees the job) */
     void *arg;
     void *arg2;
     /* results */
     mf_status_t status;        /* MF_OK, MF_NOT_FOUND (GET), MF_INTERNAL / MF_UNAVAILABLE */
-    uint8_t *out;              /* GET: malloc'd, 16-byte aligned, out_len bytes */
+    uint8_t *out;              /* GET: malloc'd, 16-byte aligned, out_len bytes (no dst) */
     size_t out_len;
     mfd_ssd_job_t *next, *prev; /* the worker's queue (its mutex) */
     int queued;                 /* still in that queue, not started (its mutex) */
