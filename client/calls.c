@@ -45,6 +45,15 @@ static mf_status_t check_model(mf_channel_t *ch, const char *model)
     return MF_OK;
 }
 
+/* A peer daemon's UCX listener for read-through (NULL or "" = none). */
+static mf_status_t check_peer(mf_channel_t *ch, const char *peer)
+{
+    if (peer && (strlen(peer) > 255 || (peer[0] && !strchr(peer, ':'))))
+        return mf__chan_error(ch, MF_INVALID_ARGUMENT, "peer must be HOST:PORT (at most 255 "
+                              "bytes)");
+    return MF_OK;
+}
+
 /* Fills a protobuf Key from an mf_key_t; hb holds the 16 hash bytes it points to. */
 static mf_status_t key_to_pb(mf_channel_t *ch, const mf_key_t *key, Mapflow__V1__Key *pb,
                              uint8_t hb[16])
@@ -162,11 +171,18 @@ static int put_step(mf__op_t *op, const mf__reply_t *rep)
     if (br->in_arena) {
         const mf__conn_t *c = mf__op_conn(op);
         uint64_t off = br->arena_offset;
-        if (!c->arena || off % MF_ROW_ALIGN || off > c->arena_bytes ||
-            p->len > c->arena_bytes - off)
+        uint64_t bytes = c->ucx ? c->remote_bytes : c->arena_bytes;
+        if ((!c->arena && !c->ucx) || off % MF_ROW_ALIGN || off > bytes || p->len > bytes - off)
             return mf__op_error(op, MF_INTERNAL, "daemon reserved arena bytes [%llu, +%zu) "
-                                "outside the mapped arena", (unsigned long long)off, p->len);
-        memcpy(c->arena + off, p->row, p->len);
+                                "outside its arena", (unsigned long long)off, p->len);
+        if (c->ucx) { /* one-sided write, flushed: the bytes are there before PutCommit */
+            mf__ucx_rma_t v = {off, (void *)p->row, p->len};
+            mf_status_t st = mf__ucx_put(c->ucx, &v, 1, op->deadline, op->err, sizeof(op->err));
+            if (st != MF_OK)
+                return (int)st;
+        } else {
+            memcpy(c->arena + off, p->row, p->len);
+        }
         payload = NULL;
         plen = 0;
     }
@@ -337,12 +353,12 @@ static mf_status_t take_lookup(mf__op_t *op, const mf__reply_t *rep, void *arg)
     return MF_OK;
 }
 
-static mf__op_t *lookup_new(mf_channel_t *ch, const char *model, uint32_t block_size,
-                            const uint32_t *tokens, size_t n_tokens, const uint32_t *layers,
-                            size_t n_layers, uint32_t *blocks, uint32_t *total_blocks,
-                            mf_status_t *st)
+static mf__op_t *lookup_new(mf_channel_t *ch, const char *peer, const char *model,
+                            uint32_t block_size, const uint32_t *tokens, size_t n_tokens,
+                            const uint32_t *layers, size_t n_layers, uint32_t *blocks,
+                            uint32_t *total_blocks, mf_status_t *st)
 {
-    if ((*st = check_model(ch, model)) != MF_OK)
+    if ((*st = check_model(ch, model)) != MF_OK || (*st = check_peer(ch, peer)) != MF_OK)
         return NULL;
     if (block_size == 0 || (n_tokens && !tokens) || n_layers == 0 || !layers || !blocks) {
         *st = mf__chan_error(ch, MF_INVALID_ARGUMENT, "lookup needs block_size > 0, tokens "
@@ -366,6 +382,7 @@ static mf__op_t *lookup_new(mf_channel_t *ch, const char *model, uint32_t block_
     lk.block_size = block_size;
     lk.n_layers = n_layers;
     lk.layers = (uint32_t *)layers;
+    lk.peer = (char *)(peer ? peer : "");
     ENV(req, LOOKUP, lookup) = &lk;
     *st = MF_RESOURCE_EXHAUSTED;
     return mf__simple_new(ch, &req, a->tokens, full * 4,
@@ -378,12 +395,8 @@ MF_EXPORT mf_status_t mf_lookup(mf_channel_t *ch, const char *model, uint32_t bl
                                 const uint32_t *layers, size_t n_layers, uint32_t *blocks,
                                 uint32_t *total_blocks, int64_t timeout_ms)
 {
-    if (!ch)
-        return MF_INVALID_ARGUMENT;
-    mf_status_t st;
-    mf__op_t *op = lookup_new(ch, model, block_size, tokens, n_tokens, layers, n_layers,
-                              blocks, total_blocks, &st);
-    return run_op(op, st, timeout_ms, NULL);
+    return mf_lookup_peer(ch, NULL, model, block_size, tokens, n_tokens, layers, n_layers,
+                          blocks, total_blocks, timeout_ms);
 }
 
 MF_EXPORT mf_status_t mf_lookup_async(mf_channel_t *ch, const char *model, uint32_t block_size,
@@ -396,10 +409,24 @@ MF_EXPORT mf_status_t mf_lookup_async(mf_channel_t *ch, const char *model, uint3
     if (!ch)
         return MF_INVALID_ARGUMENT;
     mf_status_t st;
-    mf__op_t *op = lookup_new(ch, model, block_size, tokens, n_tokens, layers, n_layers,
+    mf__op_t *op = lookup_new(ch, NULL, model, block_size, tokens, n_tokens, layers, n_layers,
                               blocks, total_blocks, &st);
     async_args_t a = {cq, tag, call};
     return run_op(op, st, timeout_ms, &a);
+}
+
+MF_EXPORT mf_status_t mf_lookup_peer(mf_channel_t *ch, const char *peer, const char *model,
+                                     uint32_t block_size, const uint32_t *tokens,
+                                     size_t n_tokens, const uint32_t *layers, size_t n_layers,
+                                     uint32_t *blocks, uint32_t *total_blocks,
+                                     int64_t timeout_ms)
+{
+    if (!ch)
+        return MF_INVALID_ARGUMENT;
+    mf_status_t st;
+    mf__op_t *op = lookup_new(ch, peer, model, block_size, tokens, n_tokens, layers, n_layers,
+                              blocks, total_blocks, &st);
+    return run_op(op, st, timeout_ms, NULL);
 }
 
 /* ==== get ============================================================================ */
@@ -470,9 +497,70 @@ static mf_status_t verify_row(const get_arg_t *x, size_t i, mf_row_ref_t *r, con
     return MF_OK;
 }
 
-/* Turns a GetReply into an mf_get_result_t; the reply payload (copy mode) is copied into
- * 16-byte aligned memory the result owns. A row that fails verification becomes
- * DATA_LOSS and its reason the op's message. */
+/* Gives back the leases of a GetReply (UCX: its rows are already copied here). Best
+ * effort and one-way: the daemon also drops them at their TTL or with the connection. */
+static void release_reply_leases(mf__op_t *op, const Mapflow__V1__GetReply *gr)
+{
+    uint64_t *ids = malloc((gr->n_rows ? gr->n_rows : 1) * sizeof(*ids));
+    size_t n = 0;
+    for (size_t i = 0; ids && i < gr->n_rows; i++)
+        if (gr->rows[i]->lease_id)
+            ids[n++] = gr->rows[i]->lease_id;
+    if (n) {
+        Mapflow__V1__Release rl = MAPFLOW__V1__RELEASE__INIT;
+        rl.n_lease_ids = n;
+        rl.lease_ids = ids;
+        ENV(req, RELEASE, release) = &rl;
+        mf__send_oneway(op->ch, &req);
+    }
+    free(ids);
+}
+
+/*
+ * UCX: the reply leased the rows where they sit in the daemon's arena; read them all
+ * one-sided into one 16-byte aligned buffer (*copy, owned by the caller from now on) and
+ * release the leases. off[i] is row i's place in it (SIZE_MAX: no bytes: not OK, or its
+ * range lies outside the arena, which makes it DATA_LOSS).
+ */
+static mf_status_t fetch_remote(mf__op_t *op, const Mapflow__V1__GetReply *gr, size_t *off,
+                                uint8_t **copy)
+{
+    const mf__conn_t *c = mf__op_conn(op);
+    size_t total = 0, n = 0;
+    for (size_t i = 0; i < gr->n_rows; i++) {
+        const Mapflow__V1__RowRef *rr = gr->rows[i];
+        off[i] = SIZE_MAX;
+        if (rr->status != MF_OK || rr->length > MF_ROW_MAX_BYTES ||
+            rr->arena_offset > c->remote_bytes || rr->length > c->remote_bytes - rr->arena_offset)
+            continue;
+        off[i] = total;
+        total += ((size_t)rr->length + 15) & ~(size_t)15;
+        n++;
+    }
+    mf__ucx_rma_t *v = malloc((n ? n : 1) * sizeof(*v));
+    *copy = aligned_alloc(16, total ? total : 16);
+    mf_status_t st = MF_OK;
+    if (!v || !*copy) {
+        st = (mf_status_t)mf__op_error(op, MF_RESOURCE_EXHAUSTED, "out of memory");
+    } else {
+        for (size_t i = 0, k = 0; i < gr->n_rows; i++)
+            if (off[i] != SIZE_MAX)
+                v[k++] = (mf__ucx_rma_t){gr->rows[i]->arena_offset, *copy + off[i],
+                                         gr->rows[i]->length};
+        st = mf__ucx_get(c->ucx, v, n, op->deadline, op->err, sizeof(op->err));
+    }
+    free(v);
+    release_reply_leases(op, gr);
+    if (st != MF_OK) {
+        free(*copy);
+        *copy = NULL;
+    }
+    return st;
+}
+
+/* Turns a GetReply into an mf_get_result_t; the rows of copy mode (reply payload) and of
+ * a UCX channel (read one-sided) are copied into 16-byte aligned memory the result owns.
+ * A row that fails verification becomes DATA_LOSS and its reason the op's message. */
 static mf_status_t get_result_build(mf__op_t *op, const mf__reply_t *rep, const get_arg_t *x,
                                     mf_get_result_t **out)
 {
@@ -485,16 +573,29 @@ static mf_status_t get_result_build(mf__op_t *op, const mf__reply_t *rep, const 
     if (!res)
         return (mf_status_t)mf__op_error(op, MF_RESOURCE_EXHAUSTED, "out of memory");
     res->rows = calloc(gr->n_rows ? gr->n_rows : 1, sizeof(mf_row_ref_t));
+    size_t *roff = c->ucx ? malloc((gr->n_rows ? gr->n_rows : 1) * sizeof(*roff)) : NULL;
     uint8_t *copy = NULL;
-    int copy_mode = x->mode == MF_GET_COPY;
+    int copy_mode = x->mode == MF_GET_COPY && !c->ucx;
     if (copy_mode && rep->payload_len)
         copy = res->priv_ = aligned_alloc(16, ((size_t)rep->payload_len + 15) & ~(size_t)15);
-    if (!res->rows || (copy_mode && rep->payload_len && !copy)) {
+    if (!res->rows || (copy_mode && rep->payload_len && !copy) || (c->ucx && !roff)) {
+        if (c->ucx)
+            release_reply_leases(op, gr);
+        free(roff);
         mf_get_result_free(res);
         return (mf_status_t)mf__op_error(op, MF_RESOURCE_EXHAUSTED, "out of memory");
     }
     if (copy)
         memcpy(copy, rep->payload, rep->payload_len);
+    if (c->ucx) {
+        mf_status_t st = fetch_remote(op, gr, roff, &copy);
+        if (st != MF_OK) {
+            free(roff);
+            mf_get_result_free(res);
+            return st;
+        }
+        res->priv_ = copy;
+    }
     res->n_rows = gr->n_rows;
     res->lease_ttl_ms = gr->lease_ttl_ms;
     for (size_t i = 0; i < gr->n_rows; i++) {
@@ -504,12 +605,18 @@ static mf_status_t get_result_build(mf__op_t *op, const mf__reply_t *rep, const 
         r->layer = rr->layer;
         r->block = rr->block;
         r->tier = (mf_tier_t)rr->tier;
-        r->lease_id = rr->lease_id;
+        r->lease_id = c->ucx ? 0 : rr->lease_id; /* UCX: released after the copy */
         if (r->status != MF_OK)
             continue;
         r->length = rr->length;
         const char *why = "row outside the reply";
-        if (copy_mode) {
+        if (c->ucx) {
+            if (roff[i] == SIZE_MAX) {
+                r->status = MF_DATA_LOSS;
+                continue;
+            }
+            r->data = copy + roff[i];
+        } else if (copy_mode) {
             if (rr->payload_offset % 16 || rr->payload_offset > rep->payload_len ||
                 rr->length > rep->payload_len - rr->payload_offset) {
                 r->status = MF_DATA_LOSS;
@@ -531,6 +638,7 @@ static mf_status_t get_result_build(mf__op_t *op, const mf__reply_t *rep, const 
             r->data = NULL;
         }
     }
+    free(roff);
     *out = res;
     return MF_OK;
 }
@@ -577,13 +685,15 @@ static mf_status_t check_mode(mf_channel_t *ch, mf_get_mode_t mode)
 {
     if (mode != MF_GET_COPY && mode != MF_GET_LEASE)
         return mf__chan_error(ch, MF_INVALID_ARGUMENT, "unknown get mode %d", (int)mode);
-    if (mode == MF_GET_LEASE && !mf_channel_has_arena(ch))
+    /* UCX: rows are leased, read one-sided into the result and released at once. */
+    if (mode == MF_GET_LEASE && !mf_channel_has_arena(ch) && !ch->remote)
         return mf__chan_error(ch, MF_FAILED_PRECONDITION, "leased gets need the host arena "
                               "(open the channel on a unix socket with want_arena)");
     return MF_OK;
 }
 
-static mf__op_t *get_prefix_new(mf_channel_t *ch, const char *model, uint32_t block_size,
+static mf__op_t *get_prefix_new(mf_channel_t *ch, const char *peer, const char *model,
+                                uint32_t block_size,
                                 const uint32_t *tokens, size_t n_tokens,
                                 const uint32_t *layers, size_t n_layers, uint32_t first_block,
                                 uint32_t n_blocks, mf_get_mode_t mode, mf_get_result_t **out,
@@ -594,7 +704,8 @@ static mf__op_t *get_prefix_new(mf_channel_t *ch, const char *model, uint32_t bl
         return NULL;
     }
     *out = NULL;
-    if ((*st = check_mode(ch, mode)) != MF_OK || (*st = check_model(ch, model)) != MF_OK)
+    if ((*st = check_mode(ch, mode)) != MF_OK || (*st = check_model(ch, model)) != MF_OK ||
+        (*st = check_peer(ch, peer)) != MF_OK)
         return NULL;
     size_t have_blocks = block_size ? n_tokens / block_size : 0;
     size_t end = n_blocks ? (size_t)first_block + n_blocks : have_blocks;
@@ -629,7 +740,8 @@ static mf__op_t *get_prefix_new(mf_channel_t *ch, const char *model, uint32_t bl
     g.layers = (uint32_t *)layers;
     g.first_block = first_block;
     g.n_blocks = (uint32_t)(end - first_block);
-    g.mode = (Mapflow__V1__GetMode)mode;
+    g.peer = (char *)(peer ? peer : "");
+    g.mode = ch->remote ? MAPFLOW__V1__GET_MODE__GET_LEASE : (Mapflow__V1__GetMode)mode;
     ENV(req, GET, get) = &g;
     *st = MF_RESOURCE_EXHAUSTED;
     return mf__simple_new(ch, &req, a->tokens, nt * 4, MAPFLOW__V1__ENVELOPE__BODY_GET_REPLY,
@@ -643,12 +755,8 @@ MF_EXPORT mf_status_t mf_get_prefix(mf_channel_t *ch, const char *model, uint32_
                                     mf_get_mode_t mode, mf_get_result_t **out,
                                     int64_t timeout_ms)
 {
-    if (!ch)
-        return MF_INVALID_ARGUMENT;
-    mf_status_t st;
-    mf__op_t *op = get_prefix_new(ch, model, block_size, tokens, n_tokens, layers, n_layers,
-                                  first_block, n_blocks, mode, out, &st);
-    return run_op(op, st, timeout_ms, NULL);
+    return mf_get_prefix_peer(ch, NULL, model, block_size, tokens, n_tokens, layers, n_layers,
+                              first_block, n_blocks, mode, out, timeout_ms);
 }
 
 MF_EXPORT mf_status_t mf_get_prefix_async(mf_channel_t *ch, const char *model,
@@ -662,18 +770,39 @@ MF_EXPORT mf_status_t mf_get_prefix_async(mf_channel_t *ch, const char *model,
     if (!ch)
         return MF_INVALID_ARGUMENT;
     mf_status_t st;
-    mf__op_t *op = get_prefix_new(ch, model, block_size, tokens, n_tokens, layers, n_layers,
-                                  first_block, n_blocks, mode, out, &st);
+    mf__op_t *op = get_prefix_new(ch, NULL, model, block_size, tokens, n_tokens, layers,
+                                  n_layers, first_block, n_blocks, mode, out, &st);
     async_args_t a = {cq, tag, call};
     return run_op(op, st, timeout_ms, &a);
 }
 
-/* Get by keys; `single` picks the one-row forms (mf_get, mf_get_lease). */
-static mf__op_t *get_keys_new(mf_channel_t *ch, const mf_key_t *keys, size_t n_keys,
-                              mf_get_mode_t mode, get_arg_t *outs, mf_status_t *st)
+MF_EXPORT mf_status_t mf_get_prefix_peer(mf_channel_t *ch, const char *peer, const char *model,
+                                         uint32_t block_size, const uint32_t *tokens,
+                                         size_t n_tokens, const uint32_t *layers,
+                                         size_t n_layers, uint32_t first_block,
+                                         uint32_t n_blocks, mf_get_mode_t mode,
+                                         mf_get_result_t **out, int64_t timeout_ms)
 {
-    if ((*st = check_mode(ch, mode)) != MF_OK)
+    if (!ch)
+        return MF_INVALID_ARGUMENT;
+    mf_status_t st;
+    mf__op_t *op = get_prefix_new(ch, peer, model, block_size, tokens, n_tokens, layers,
+                                  n_layers, first_block, n_blocks, mode, out, &st);
+    return run_op(op, st, timeout_ms, NULL);
+}
+
+/* Get by keys; `single` picks the one-row forms (mf_get, mf_get_lease). */
+static mf__op_t *get_keys_new(mf_channel_t *ch, const char *peer, const mf_key_t *keys,
+                              size_t n_keys, mf_get_mode_t mode, get_arg_t *outs,
+                              mf_status_t *st)
+{
+    if ((*st = check_mode(ch, mode)) != MF_OK || (*st = check_peer(ch, peer)) != MF_OK)
         return NULL;
+    if (outs->single == GET_ONE_LEASE && ch->remote) {
+        *st = mf__chan_error(ch, MF_FAILED_PRECONDITION, "a leased view needs the mapped "
+                             "host arena (unix socket); on ucx: use mf_get or mf_get_keys");
+        return NULL;
+    }
     if (!keys || n_keys == 0 || n_keys > (1u << 20)) {
         *st = mf__chan_error(ch, MF_INVALID_ARGUMENT, "get needs 1..%u keys", 1u << 20);
         return NULL;
@@ -716,7 +845,8 @@ static mf__op_t *get_keys_new(mf_channel_t *ch, const mf_key_t *keys, size_t n_k
     Mapflow__V1__Get g = MAPFLOW__V1__GET__INIT;
     g.n_keys = n_keys;
     g.keys = kp;
-    g.mode = (Mapflow__V1__GetMode)mode;
+    g.peer = (char *)(peer ? peer : "");
+    g.mode = ch->remote ? MAPFLOW__V1__GET_MODE__GET_LEASE : (Mapflow__V1__GetMode)mode;
     ENV(req, GET, get) = &g;
     op = mf__simple_new(ch, &req, NULL, 0, MAPFLOW__V1__ENVELOPE__BODY_GET_REPLY, take_get, a,
                         get_arg_free);
@@ -736,13 +866,7 @@ MF_EXPORT mf_status_t mf_get_keys(mf_channel_t *ch, const mf_key_t *keys, size_t
                                   mf_get_mode_t mode, mf_get_result_t **out,
                                   int64_t timeout_ms)
 {
-    if (!ch || !out)
-        return MF_INVALID_ARGUMENT;
-    *out = NULL;
-    get_arg_t o = {.single = GET_MANY, .out = out};
-    mf_status_t st;
-    mf__op_t *op = get_keys_new(ch, keys, n_keys, mode, &o, &st);
-    return run_op(op, st, timeout_ms, NULL);
+    return mf_get_keys_peer(ch, NULL, keys, n_keys, mode, out, timeout_ms);
 }
 
 MF_EXPORT mf_status_t mf_get_keys_async(mf_channel_t *ch, const mf_key_t *keys,
@@ -755,9 +879,22 @@ MF_EXPORT mf_status_t mf_get_keys_async(mf_channel_t *ch, const mf_key_t *keys,
     *out = NULL;
     get_arg_t o = {.single = GET_MANY, .out = out};
     mf_status_t st;
-    mf__op_t *op = get_keys_new(ch, keys, n_keys, mode, &o, &st);
+    mf__op_t *op = get_keys_new(ch, NULL, keys, n_keys, mode, &o, &st);
     async_args_t a = {cq, tag, call};
     return run_op(op, st, timeout_ms, &a);
+}
+
+MF_EXPORT mf_status_t mf_get_keys_peer(mf_channel_t *ch, const char *peer,
+                                       const mf_key_t *keys, size_t n_keys, mf_get_mode_t mode,
+                                       mf_get_result_t **out, int64_t timeout_ms)
+{
+    if (!ch || !out)
+        return MF_INVALID_ARGUMENT;
+    *out = NULL;
+    get_arg_t o = {.single = GET_MANY, .out = out};
+    mf_status_t st;
+    mf__op_t *op = get_keys_new(ch, peer, keys, n_keys, mode, &o, &st);
+    return run_op(op, st, timeout_ms, NULL);
 }
 
 MF_EXPORT void mf_get_result_free(mf_get_result_t *r)
@@ -776,7 +913,7 @@ MF_EXPORT mf_status_t mf_get(mf_channel_t *ch, const mf_key_t *key, void *buf, s
         return MF_INVALID_ARGUMENT;
     get_arg_t o = {.single = GET_ONE_COPY, .buf = buf, .cap = cap, .len = len};
     mf_status_t st;
-    mf__op_t *op = get_keys_new(ch, key, 1, MF_GET_COPY, &o, &st);
+    mf__op_t *op = get_keys_new(ch, NULL, key, 1, MF_GET_COPY, &o, &st);
     return run_op(op, st, timeout_ms, NULL);
 }
 
@@ -788,7 +925,7 @@ MF_EXPORT mf_status_t mf_get_async(mf_channel_t *ch, const mf_key_t *key, void *
         return MF_INVALID_ARGUMENT;
     get_arg_t o = {.single = GET_ONE_COPY, .buf = buf, .cap = cap, .len = len};
     mf_status_t st;
-    mf__op_t *op = get_keys_new(ch, key, 1, MF_GET_COPY, &o, &st);
+    mf__op_t *op = get_keys_new(ch, NULL, key, 1, MF_GET_COPY, &o, &st);
     async_args_t a = {cq, tag, call};
     return run_op(op, st, timeout_ms, &a);
 }
@@ -801,7 +938,7 @@ MF_EXPORT mf_status_t mf_get_lease(mf_channel_t *ch, const mf_key_t *key, mf_lea
     memset(out, 0, sizeof(*out));
     get_arg_t o = {.single = GET_ONE_LEASE, .lease = out};
     mf_status_t st;
-    mf__op_t *op = get_keys_new(ch, key, 1, MF_GET_LEASE, &o, &st);
+    mf__op_t *op = get_keys_new(ch, NULL, key, 1, MF_GET_LEASE, &o, &st);
     return run_op(op, st, timeout_ms, NULL);
 }
 

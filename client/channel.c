@@ -23,6 +23,7 @@
 
 #define RECV_CHUNK (64u << 10)
 #define TABLE_SLOTS 4096u        /* id table buckets (power of two) */
+#define UCX_WAKE_MS 200          /* longest sleep of the I/O thread on a UCX connection */
 
 struct mf__outbuf {              /* bytes of frames the socket did not take at once */
     mf__outbuf_t *next;
@@ -316,6 +317,8 @@ static void conn_release(mf__conn_t *c)
     if (c->fd >= 0)
         close(c->fd);
     c->fd = -1;
+    mf__ucx_close(c->ucx);
+    c->ucx = NULL;
     if (c->arena)
         munmap(c->arena, c->arena_bytes);
     c->arena = NULL;
@@ -342,28 +345,55 @@ static mf_status_t reply_status(const mf_envelope_t *env, int want_case, char *e
     return MF_INTERNAL;
 }
 
-/* Hello on a connected socket: waits for HelloReply (and the arena fd). Uses ch->rd,
- * which only the thread that (re)connects touches. */
-static mf_status_t hello(mf_channel_t *ch, mf__conn_t *c, uint64_t rid, int64_t deadline,
-                         char *err)
+/* ---- the connection's byte moves, whatever the transport --------------------------- */
+
+static mf_status_t conn_send(mf__conn_t *c, const uint8_t *buf, size_t len, int64_t deadline,
+                             char *err)
 {
-    Mapflow__V1__Hello h = MAPFLOW__V1__HELLO__INIT;
-    h.protocol_version = MF_PROTOCOL_VERSION;
-    h.namespace_ = ch->ns;
-    h.token = ch->token ? ch->token : "";
-    h.client_name = ch->client_name ? ch->client_name : "libmapflow";
-    h.want_host_arena = ch->want_arena;
-    ENV(req, HELLO, hello) = &h;
-    req.request_id = rid;
+    if (!c->ucx)
+        return send_all(c->fd, buf, len, deadline, err);
+    mf_status_t st = mf__ucx_send(c->ucx, buf, len);
+    if (st != MF_OK)
+        errf(err, "send: %s", st == MF_UNAVAILABLE ? mf__ucx_error(c->ucx) : "out of memory");
+    return st;
+}
+
+/* As recv_some (r = 0: the connection is gone). */
+static ssize_t conn_recv(mf__conn_t *c, mf_frame_reader_t *rd, int *fd_out)
+{
+    return c->ucx ? mf__ucx_recv(c->ucx, rd) : recv_some(c->fd, c->is_unix, rd, fd_out);
+}
+
+static const char *conn_gone_why(const mf__conn_t *c)
+{
+    return c->ucx ? mf__ucx_error(c->ucx) : "daemon closed the connection";
+}
+
+static mf_status_t conn_wait(mf__conn_t *c, int64_t deadline, char *err)
+{
+    if (!c->ucx)
+        return wait_fd(c->fd, POLLIN, deadline, err);
+    mf_status_t st = mf__ucx_wait(c->ucx, deadline);
+    if (st != MF_OK)
+        errf(err, "deadline exceeded");
+    return st;
+}
+
+/* One request and its reply on a connection the I/O thread does not serve yet (Hello,
+ * RemoteArena). Uses ch->rd, which only the thread that (re)connects touches. An fd that
+ * arrives with the reply is put in *fd (if fd is not NULL and *fd is -1). */
+static mf_status_t exchange(mf_channel_t *ch, mf__conn_t *c, mf_envelope_t *req, int want_case,
+                            int64_t deadline, int *fd, mf_envelope_t **reply, char *err)
+{
+    *reply = NULL;
     uint8_t *buf;
     size_t len;
-    if (mf_frame_encode(&req, NULL, 0, ch->max_frame, &buf, &len) != MF_OK) {
-        errf(err, "cannot encode Hello");
+    if (mf_frame_encode(req, NULL, 0, ch->max_frame, &buf, &len) != MF_OK) {
+        errf(err, "cannot encode %s", mf_envelope_body_name((int)req->body_case));
         return MF_INVALID_ARGUMENT;
     }
-    mf_status_t st = send_all(c->fd, buf, len, deadline, err);
+    mf_status_t st = conn_send(c, buf, len, deadline, err);
     free(buf);
-    int fd = -1;
     mf_envelope_t *env = NULL;
     while (st == MF_OK && !env) {
         mf_frame_t f;
@@ -373,12 +403,12 @@ static mf_status_t hello(mf_channel_t *ch, mf__conn_t *c, uint64_t rid, int64_t 
             errf(err, "bad reply frame from the daemon: %s", why);
             st = MF_INTERNAL;
         } else if (!have) {
-            ssize_t r = recv_some(c->fd, c->is_unix, &ch->rd, &fd);
+            ssize_t r = conn_recv(c, &ch->rd, fd);
             if (r == 0) {
-                errf(err, "daemon closed the connection");
+                errf(err, "%s", conn_gone_why(c));
                 st = MF_UNAVAILABLE;
             } else if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-                st = wait_fd(c->fd, POLLIN, deadline, err);
+                st = conn_wait(c, deadline, err);
             } else if (r < 0) {
                 errf(err, "recv: %s", strerror(errno));
                 st = MF_UNAVAILABLE;
@@ -389,7 +419,55 @@ static mf_status_t hello(mf_channel_t *ch, mf__conn_t *c, uint64_t rid, int64_t 
         }
     }
     if (st == MF_OK)
-        st = reply_status(env, MAPFLOW__V1__ENVELOPE__BODY_HELLO_REPLY, err);
+        st = reply_status(env, want_case, err);
+    if (st == MF_OK)
+        *reply = env;
+    else if (env)
+        mf_envelope_free(env);
+    return st;
+}
+
+/* UCX: where the daemon's arena is, for the RMA of puts and gets. */
+static mf_status_t remote_arena(mf_channel_t *ch, mf__conn_t *c, uint64_t rid, int64_t deadline,
+                                char *err)
+{
+    Mapflow__V1__RemoteArena ra = MAPFLOW__V1__REMOTE_ARENA__INIT;
+    ENV(req, REMOTE_ARENA, remote_arena) = &ra;
+    req.request_id = rid;
+    mf_envelope_t *env;
+    mf_status_t st = exchange(ch, c, &req, MAPFLOW__V1__ENVELOPE__BODY_REMOTE_ARENA_REPLY,
+                              deadline, NULL, &env, err);
+    if (st != MF_OK)
+        return st;
+    const Mapflow__V1__RemoteArenaReply *r = env->remote_arena_reply;
+    st = mf__ucx_set_remote(c->ucx, r->address, r->bytes, r->rkey.data, r->rkey.len);
+    if (st != MF_OK)
+        errf(err, "RemoteArenaReply: %s", st == MF_UNAVAILABLE ? mf__ucx_error(c->ucx)
+                                                               : "unusable address or rkey");
+    else
+        c->remote_bytes = r->bytes;
+    mf_envelope_free(env);
+    return st;
+}
+
+/* Hello on a new connection: waits for HelloReply (and the arena fd); on UCX then asks
+ * for the remote arena. */
+static mf_status_t hello(mf_channel_t *ch, mf__conn_t *c, uint64_t rid, int64_t deadline,
+                         char *err)
+{
+    Mapflow__V1__Hello h = MAPFLOW__V1__HELLO__INIT;
+    h.protocol_version = MF_PROTOCOL_VERSION;
+    h.namespace_ = ch->ns;
+    h.token = ch->token ? ch->token : "";
+    h.client_name = ch->client_name ? ch->client_name : "libmapflow";
+    /* On UCX the arena is never mapped here, but asking for it allows RMA on it. */
+    h.want_host_arena = ch->want_arena || c->ucx;
+    ENV(req, HELLO, hello) = &h;
+    req.request_id = rid;
+    int fd = -1;
+    mf_envelope_t *env = NULL;
+    mf_status_t st = exchange(ch, c, &req, MAPFLOW__V1__ENVELOPE__BODY_HELLO_REPLY, deadline,
+                              &fd, &env, err);
     if (st == MF_OK) {
         Mapflow__V1__HelloReply *hr = env->hello_reply;
         c->daemon_version = mf__strdup(hr->daemon_version ? hr->daemon_version : "");
@@ -399,7 +477,9 @@ static mf_status_t hello(mf_channel_t *ch, mf__conn_t *c, uint64_t rid, int64_t 
                                   : ch->max_frame;
         c->max_batch = hr->max_batch;
         c->gpu_tier = hr->gpu_tier;
-        if (ch->want_arena && hr->host_arena_fd && fd >= 0)
+        if (c->ucx)
+            st = remote_arena(ch, c, rid + 1, deadline, err);
+        else if (ch->want_arena && hr->host_arena_fd && fd >= 0)
             st = map_arena(c, fd, hr->host_arena_bytes, err);
         else if (ch->want_arena && hr->host_arena_fd) {
             errf(err, "HelloReply announced an arena fd that did not arrive");
@@ -425,15 +505,17 @@ static mf_status_t conn_open(mf_channel_t *ch, mf__conn_t *c, uint64_t rid, int6
         st = connect_unix(c, t + 5, deadline, err);
     else if (strncmp(t, "tcp:", 4) == 0)
         st = connect_tcp(c, t + 4, deadline, err);
+    else if (strncmp(t, "ucx:", 4) == 0)
+        st = mf__ucx_connect(t + 4, ch->max_frame, &c->ucx, err, MF__ERR_LEN);
     else if (strchr(t, '/') || !strchr(t, ':'))
         st = connect_unix(c, t, deadline, err);
     else {
-        errf(err, "target must be unix:PATH or tcp:HOST:PORT, got '%s'", t);
+        errf(err, "target must be unix:PATH, tcp:HOST:PORT or ucx:HOST:PORT, got '%s'", t);
         st = MF_INVALID_ARGUMENT;
     }
     if (st != MF_OK)
         return st;
-    if (ch->want_arena && !c->is_unix) {
+    if (ch->want_arena && !c->is_unix && !c->ucx) {
         errf(err, "the host arena is only passed over a unix socket");
         st = MF_INVALID_ARGUMENT;
     }
@@ -663,7 +745,8 @@ static void do_write_frame(mf_channel_t *ch, const uint8_t *head, size_t head_le
 {
     struct iovec iov[2] = {{(void *)head, head_len}, {(void *)payload, payload_len}};
     int n = payload_len ? 2 : 1;
-    if (ch->outq || ch->broken) {
+    /* UCX: the endpoint is the I/O thread's alone; each queued buffer is one frame. */
+    if (ch->outq || ch->broken || ch->conn.ucx) {
         if (!ch->broken)
             do_queue(ch, iov, n, 0);
         return;
@@ -729,6 +812,13 @@ static void do_send(mf_channel_t *ch, mf__op_t *op)
         free(head);
 }
 
+void mf__send_oneway(mf_channel_t *ch, const mf_envelope_t *env)
+{
+    pthread_mutex_lock(&ch->mu);
+    mf__do_send_oneway(ch, env);
+    pthread_mutex_unlock(&ch->mu);
+}
+
 void mf__do_send_oneway(mf_channel_t *ch, const mf_envelope_t *env)
 {
     if (ch->state != MF__CONNECTED || ch->broken)
@@ -763,22 +853,40 @@ static void do_begin_attempt(mf_channel_t *ch, mf__op_t *op)
 
 /* ==== the I/O thread ================================================================= */
 
+/* Hands one queued buffer (a whole frame) to the UCX endpoint: 0, or -1 = broken. */
+static int do_flush_ucx(mf_channel_t *ch, mf__outbuf_t *b)
+{
+    if (mf__ucx_send(ch->conn.ucx, b->data, b->len) == MF_OK) {
+        b->off = b->len;
+        return 0;
+    }
+    const char *why = mf__ucx_error(ch->conn.ucx);
+    snprintf(ch->conn_err, sizeof(ch->conn_err), "send: %s", why[0] ? why : "out of memory");
+    ch->broken = 1;
+    return -1;
+}
+
 static void do_flush_outq(mf_channel_t *ch)
 {
     while (ch->outq && !ch->broken) {
         mf__outbuf_t *b = ch->outq;
-        ssize_t w = send(ch->conn.fd, b->data + b->off, b->len - b->off,
-                         MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            if (errno != EAGAIN && errno != EWOULDBLOCK) {
-                snprintf(ch->conn_err, sizeof(ch->conn_err), "send: %s", strerror(errno));
-                ch->broken = 1;
+        if (ch->conn.ucx) {
+            if (do_flush_ucx(ch, b) < 0)
+                return;
+        } else {
+            ssize_t w = send(ch->conn.fd, b->data + b->off, b->len - b->off,
+                             MSG_NOSIGNAL | MSG_DONTWAIT);
+            if (w < 0) {
+                if (errno == EINTR)
+                    continue;
+                if (errno != EAGAIN && errno != EWOULDBLOCK) {
+                    snprintf(ch->conn_err, sizeof(ch->conn_err), "send: %s", strerror(errno));
+                    ch->broken = 1;
+                }
+                return;
             }
-            return;
+            b->off += (size_t)w;
         }
-        b->off += (size_t)w;
         if (b->off == b->len) {
             ch->outq = b->next;
             if (!ch->outq)
@@ -799,8 +907,12 @@ static void do_disconnect(mf_channel_t *ch, mf_status_t st, const char *why)
     snprintf(ch->conn_err, sizeof(ch->conn_err), "%s", why);
     ch->state = MF__DISCONNECTED;
     ch->broken = 0;
-    close(ch->conn.fd);
+    if (ch->conn.fd >= 0)
+        close(ch->conn.fd);
     ch->conn.fd = -1;
+    mf__ucx_close(ch->conn.ucx);
+    ch->conn.ucx = NULL;
+    ch->conn.remote_bytes = 0;
     mf__retired_t *r = malloc(sizeof(*r));
     if (r) {
         r->arena = ch->conn.arena;
@@ -976,9 +1088,9 @@ static void do_dispatch(mf_channel_t *ch, const mf_frame_t *f)
 static void do_read(mf_channel_t *ch)
 {
     for (int rounds = 0; rounds < 64 && ch->state == MF__CONNECTED; rounds++) {
-        ssize_t r = recv_some(ch->conn.fd, ch->conn.is_unix, &ch->rd, NULL);
+        ssize_t r = conn_recv(&ch->conn, &ch->rd, NULL);
         if (r == 0) {
-            do_disconnect(ch, MF_UNAVAILABLE, "daemon closed the connection");
+            do_disconnect(ch, MF_UNAVAILABLE, conn_gone_why(&ch->conn));
             return;
         }
         if (r < 0) {
@@ -1025,14 +1137,22 @@ static void *io_main(void *arg)
             continue;
         struct pollfd p[2] = {{.fd = ch->wake_fd, .events = POLLIN}, {.fd = -1}};
         int n = 1;
+        mf__ucx_t *ucx = ch->state == MF__CONNECTED ? ch->conn.ucx : NULL;
         if (ch->state == MF__CONNECTED) {
-            p[1].fd = ch->conn.fd;
-            p[1].events = POLLIN | (ch->outq ? POLLOUT : 0);
+            p[1].fd = ucx ? mf__ucx_efd(ucx) : ch->conn.fd;
+            p[1].events = POLLIN | (ch->outq && !ucx ? POLLOUT : 0);
             n = 2;
         }
         ch->io_sleep_until = ch->next_due;
+        int ms = poll_ms(ch->io_sleep_until);
+        /* UCX: sleep only on an armed worker, and wake now and then for the progress
+         * that its event fd does not announce (wire-up, keepalive). */
+        if (ucx && (ms < 0 || ms > UCX_WAKE_MS))
+            ms = UCX_WAKE_MS;
+        if (ucx && !mf__ucx_arm(ucx))
+            ms = 0;
         pthread_mutex_unlock(&ch->mu);
-        int r = poll(p, (nfds_t)n, poll_ms(ch->io_sleep_until));
+        int r = poll(p, (nfds_t)n, ms);
         pthread_mutex_lock(&ch->mu);
         ch->io_sleep_until = INT64_MIN;
         if (r > 0 && (p[0].revents & POLLIN)) {
@@ -1040,7 +1160,7 @@ static void *io_main(void *arg)
             ssize_t rr = read(ch->wake_fd, &v, sizeof(v));
             (void)rr;
         }
-        if (r > 0 && n == 2 && ch->state == MF__CONNECTED && p[1].revents)
+        if (r >= 0 && n == 2 && ch->state == MF__CONNECTED && (p[1].revents || ucx))
             do_read(ch); /* POLLHUP / POLLERR show up as EOF or an error here */
     }
     /* Closing: every call still running ends now. */
@@ -1333,7 +1453,8 @@ static mf_status_t group_run(mf__op_t *g, int64_t timeout_ms)
     g->state = MF__OP_IN_FLIGHT;
     g->deadline = deadline_of(ch, timeout_ms);
     /* A quarter of the arena (the daemon's host tier); 16 MiB without one. */
-    g->window_budget = ch->conn.arena_bytes ? ch->conn.arena_bytes / 4 : (16u << 20);
+    uint64_t arena = ch->conn.arena_bytes ? ch->conn.arena_bytes : ch->conn.remote_bytes;
+    g->window_budget = arena ? arena / 4 : (16u << 20);
     __atomic_add_fetch(&g->refs, 1, __ATOMIC_ACQ_REL); /* the engine's */
     do_group_pump(ch, g);
     pthread_mutex_unlock(&ch->mu);
@@ -1424,6 +1545,7 @@ MF_EXPORT mf_status_t mf_channel_open(const char *target, const mf_channel_param
     if (!target || !target[0])
         return mf__chan_error(ch, MF_INVALID_ARGUMENT, "no target given");
     ch->target = mf__strdup(target);
+    ch->remote = strncmp(target, "ucx:", 4) == 0;
     ch->table_mask = TABLE_SLOTS - 1;
     ch->table = calloc(TABLE_SLOTS, sizeof(*ch->table));
     ch->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -1501,7 +1623,7 @@ MF_EXPORT void mf_channel_info(const mf_channel_t *ch, mf_server_info_t *out)
     pthread_mutex_lock((pthread_mutex_t *)&ch->mu);
     out->daemon_version = ch->conn.daemon_version ? ch->conn.daemon_version : "";
     out->session_id = ch->conn.session_id;
-    out->host_arena_bytes = ch->conn.arena_bytes;
+    out->host_arena_bytes = ch->conn.arena_bytes ? ch->conn.arena_bytes : ch->conn.remote_bytes;
     out->max_frame = ch->conn.server_max_frame;
     out->max_batch = ch->conn.max_batch;
     out->gpu_tier = ch->conn.gpu_tier;

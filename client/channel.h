@@ -1,7 +1,12 @@
 /*
- * channel — libmapflow's connection internals: socket connect (unix / tcp), the Hello
- * exchange with the host arena fd (SCM_RIGHTS) and its mapping, the per-channel I/O
- * thread, and the operation engine every call (sync or async) runs on.
+ * channel — libmapflow's connection internals: socket connect (unix / tcp) or a UCX
+ * endpoint (ucx:, transport_ucx.h), the Hello exchange with the host arena fd (SCM_RIGHTS)
+ * and its mapping (or, on UCX, RemoteArena: the daemon's arena for one-sided RMA), the
+ * per-channel I/O thread, and the operation engine every call (sync or async) runs on.
+ *
+ * UCX: only the I/O thread touches the endpoint once the channel is open, so every
+ * request is queued (the out queue) and sent by it; steps that move rows by RMA (put
+ * into a reservation, get under a lease) run on it and wait for their transfer there.
  *
  * Structure. A call is an operation (mf__op_t, also the public mf_call_t): a small state
  * machine of request/reply steps described by a vtable (start packs the first request,
@@ -37,6 +42,7 @@
 
 #include "mapflow.h"
 #include "mf_frame.h"
+#include "transport_ucx.h"
 
 #define MF__ERR_LEN 512
 #define MF__DEFAULT_TIMEOUT_MS 30000
@@ -129,8 +135,10 @@ struct mf_call {
 
 /* The connection a channel currently talks over (replaced by a reconnect). */
 typedef struct mf__conn {
-    int fd;
+    int fd;                     /* -1 on a UCX connection */
     int is_unix;
+    mf__ucx_t *ucx;             /* ucx:HOST:PORT: frames as active messages, rows by RMA */
+    uint64_t remote_bytes;      /* UCX: the daemon's arena, reached one-sided */
     uint8_t *arena;
     size_t arena_bytes;
     char *daemon_version;
@@ -152,6 +160,7 @@ struct mf_channel {
     char *token;
     char *client_name;
     int want_arena;
+    int remote;                 /* a ucx: target: no mapped arena, rows move by RMA */
     char ns[MF__MAX_NS + 1];
     int64_t timeout_ms;
     uint32_t max_frame;         /* largest frame we accept and send */
@@ -246,6 +255,8 @@ void mf__group_add(mf__op_t *g, mf__op_t *kid);
 
 /* Sends a request nobody waits for (PutAbort on an error path). Lock held. */
 void mf__do_send_oneway(mf_channel_t *ch, const mf_envelope_t *env);
+/* The same from a step (I/O thread, lock not held): a Release after a UCX fetch. */
+void mf__send_oneway(mf_channel_t *ch, const mf_envelope_t *env);
 
 /* Copies a C string into a newly malloc'd one (NULL stays NULL). */
 char *mf__strdup(const char *s);

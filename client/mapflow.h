@@ -1,8 +1,9 @@
 /*
  * mapflow.h — libmapflow, the C client of mapflowd (DESIGN §8).
  *
- * A channel is one connection to one daemon (`unix:PATH` or `tcp:HOST:PORT`), bound to
- * one namespace at open (keys of other namespaces are invisible). Calls return an
+ * A channel is one connection to one daemon (`unix:PATH`, `tcp:HOST:PORT` or
+ * `ucx:HOST:PORT`), bound to one namespace at open (keys of other namespaces are
+ * invisible). Calls return an
  * mf_status_t (gRPC numbering, proto/mf_status.h) and, on failure, leave a message
  * readable with mf_channel_last_error() (sync calls) or in the completion event (async).
  *
@@ -50,6 +51,20 @@
  * lease expires (the GetReply's lease_ttl_ms), until a reconnect (see above) or until
  * the channel closes — never write through them.
  *
+ * Remote workers (`ucx:HOST:PORT`, the daemon's `ucx` listener). The same API over UCX:
+ * control messages travel as active messages on one endpoint, rows move one-sided on the
+ * daemon's host arena (RemoteArena after Hello, which always asks for it): a put writes
+ * its PutBegin reservation with ucp_put_nbx, flushes, then commits; a get (either mode)
+ * takes leases, reads the rows with ucp_get_nbx into memory the result owns and releases
+ * the leases at once — remote zero-copy views are impossible, so rows' lease_id is 0,
+ * mf_release_result is a no-op, mf_get_lease fails with FAILED_PRECONDITION, and
+ * mf_channel_has_arena() is 0 (want_arena is ignored). The token is required by the
+ * daemon as on TCP. Transfers run on the channel's I/O thread, bounded by the call's
+ * deadline; a dead daemon fails the calls in flight with UNAVAILABLE (then retries and
+ * reconnection as above). UCX (libucp.so.0) is loaded on the first ucx: open, so
+ * programs that never use it neither need it nor get its memory hooks; without it the
+ * open fails with FAILED_PRECONDITION. UCX reads its UCX_* environment (e.g. UCX_TLS).
+ *
  * Link with -lmapflow only (pkg-config --cflags --libs mapflow); this header re-exports
  * the proto/ headers users need (status codes, prefix hash, map rows).
  */
@@ -68,9 +83,9 @@ extern "C" {
 #endif
 
 #define MF_VERSION_MAJOR 0
-#define MF_VERSION_MINOR 2
+#define MF_VERSION_MINOR 3
 #define MF_VERSION_PATCH 0
-#define MF_VERSION_STRING "0.2.0"
+#define MF_VERSION_STRING "0.3.0"
 
 #if defined(MF_BUILDING_LIBRARY)
 #define MF_EXPORT __attribute__((visibility("default")))
@@ -128,7 +143,8 @@ typedef struct mf_channel_params {
 
 /*
  * Connects, sends Hello, waits for HelloReply and starts the channel's I/O thread.
- * target: "unix:PATH", "tcp:HOST:PORT", or a bare path (taken as a unix socket). The
+ * target: "unix:PATH", "tcp:HOST:PORT", "ucx:HOST:PORT" (see Remote workers above), or
+ * a bare path (taken as a unix socket). The
  * first connection must succeed (later ones are made by the channel itself). On failure
  * *out is still set when memory allowed, so mf_channel_last_error() can say why; close it
  * with mf_channel_close() (calls on it fail with UNAVAILABLE). UNAVAILABLE: cannot
@@ -299,6 +315,17 @@ MF_EXPORT mf_status_t mf_lookup(mf_channel_t *ch, const char *model, uint32_t bl
                                 const uint32_t *tokens, size_t n_tokens,
                                 const uint32_t *layers, size_t n_layers, uint32_t *blocks,
                                 uint32_t *total_blocks, int64_t timeout_ms);
+/*
+ * mf_lookup that also asks a peer daemon: peer is "HOST:PORT" of another daemon's UCX
+ * listener (the daemon this channel talks to connects to it with its own token); each
+ * layer's answer is the larger of the local and the peer's count, the local one alone if
+ * the peer fails. peer NULL or "" = mf_lookup.
+ */
+MF_EXPORT mf_status_t mf_lookup_peer(mf_channel_t *ch, const char *peer, const char *model,
+                                     uint32_t block_size, const uint32_t *tokens,
+                                     size_t n_tokens, const uint32_t *layers, size_t n_layers,
+                                     uint32_t *blocks, uint32_t *total_blocks,
+                                     int64_t timeout_ms);
 /* mf_lookup as an async call (tokens and layers are copied; blocks and total_blocks must
  * stay valid until the event). */
 MF_EXPORT mf_status_t mf_lookup_async(mf_channel_t *ch, const char *model, uint32_t block_size,
@@ -310,7 +337,8 @@ MF_EXPORT mf_status_t mf_lookup_async(mf_channel_t *ch, const char *model, uint3
 
 typedef enum mf_get_mode {
     MF_GET_COPY = 0,  /* row bytes copied into memory the result owns */
-    MF_GET_LEASE = 1, /* zero-copy views of the host arena; needs want_arena */
+    MF_GET_LEASE = 1, /* zero-copy views of the host arena; needs want_arena (on ucx:
+                         copies, leases already released: see Remote workers) */
 } mf_get_mode_t;
 
 typedef struct mf_row_ref {
@@ -353,6 +381,18 @@ MF_EXPORT mf_status_t mf_get_prefix_async(mf_channel_t *ch, const char *model,
                                           uint32_t n_blocks, mf_get_mode_t mode,
                                           mf_get_result_t **out, int64_t timeout_ms,
                                           mf_cq_t *cq, void *tag, mf_call_t **call);
+/*
+ * mf_get_prefix with read-through from a peer daemon ("HOST:PORT" of its UCX listener):
+ * rows missing at this channel's daemon are pulled from the peer, verified and cached
+ * there first, then served as usual. Rows the peer could not deliver carry its status
+ * (NOT_FOUND, UNAVAILABLE, UNAUTHENTICATED, DATA_LOSS). peer NULL or "" = mf_get_prefix.
+ */
+MF_EXPORT mf_status_t mf_get_prefix_peer(mf_channel_t *ch, const char *peer, const char *model,
+                                         uint32_t block_size, const uint32_t *tokens,
+                                         size_t n_tokens, const uint32_t *layers,
+                                         size_t n_layers, uint32_t first_block,
+                                         uint32_t n_blocks, mf_get_mode_t mode,
+                                         mf_get_result_t **out, int64_t timeout_ms);
 /* Rows by explicit key (admin use; checksum-verified only), in key order. */
 MF_EXPORT mf_status_t mf_get_keys(mf_channel_t *ch, const mf_key_t *keys, size_t n_keys,
                                   mf_get_mode_t mode, mf_get_result_t **out,
@@ -361,6 +401,10 @@ MF_EXPORT mf_status_t mf_get_keys_async(mf_channel_t *ch, const mf_key_t *keys,
                                         size_t n_keys, mf_get_mode_t mode,
                                         mf_get_result_t **out, int64_t timeout_ms,
                                         mf_cq_t *cq, void *tag, mf_call_t **call);
+/* mf_get_keys with read-through from a peer daemon, as mf_get_prefix_peer. */
+MF_EXPORT mf_status_t mf_get_keys_peer(mf_channel_t *ch, const char *peer,
+                                       const mf_key_t *keys, size_t n_keys, mf_get_mode_t mode,
+                                       mf_get_result_t **out, int64_t timeout_ms);
 /* Frees the result (does not release leases). NULL is a no-op. Any thread. */
 MF_EXPORT void mf_get_result_free(mf_get_result_t *r);
 /* Releases every lease of a result (and zeroes their lease_id). */

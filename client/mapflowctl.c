@@ -44,10 +44,14 @@ static const char usage_text[] =
     "    put --row FILE [--row FILE...] [--durable]\n"
     "                                 store encoded rows (all in one batch); the key is\n"
     "                                 read from the row\n"
-    "    get --model M --layer L --hash HEX --out FILE\n"
-    "                                 fetch one row by key into FILE\n"
-    "    lookup --model M --block B --tokens FILE --layers LIST\n"
-    "                                 cached leading blocks per layer (LIST: 0,1,4-7)\n"
+    "    get --model M --layer L --hash HEX --out FILE [--peer H:P]\n"
+    "                                 fetch one row by key into FILE; with --peer, a row\n"
+    "                                 missing here is read through from the daemon whose\n"
+    "                                 UCX listener is H:P (and cached here)\n"
+    "    lookup --model M --block B --tokens FILE --layers LIST [--peer H:P]\n"
+    "                                 cached leading blocks per layer (LIST: 0,1,4-7); with\n"
+    "                                 --peer, the larger of this daemon's and the peer's\n"
+    "                                 count\n"
     "    del --model M [--layer L] [--hash HEX]\n"
     "                                 delete one key (with --hash), a layer or a model\n"
     "    evict --tier host|ssd [--bytes N]\n"
@@ -67,7 +71,9 @@ static const char usage_text[] =
     "    --socket PATH   unix socket (default: $MAPFLOW_SOCKET, else\n"
     "                    $XDG_RUNTIME_DIR/mapflowd/mapflowd.sock, else\n"
     "                    /tmp/mapflowd-$UID/mapflowd.sock)\n"
-    "    --addr H:P      TCP instead of the unix socket (needs --token if the daemon has one)\n"
+    "    --addr H:P      TCP instead of the unix socket (needs --token if the daemon has one);\n"
+    "                    ucx:H:P: UCX to the daemon's ucx listener (rows move one-sided;\n"
+    "                    needs --token; UCX_* variables apply, e.g. UCX_TLS=tcp)\n"
     "    --ns NS         namespace (default \"default\")\n"
     "    --token T       shared token (default: $MAPFLOW_TOKEN)\n"
     "    --json          machine-readable output (every command; errors as\n"
@@ -303,6 +309,7 @@ typedef struct cmd_opts {
     uint64_t bytes;
     double interval;
     int durable;
+    const char *peer;
 } cmd_opts_t;
 
 static void parse_cmd_opts(int argc, char **argv, cmd_opts_t *o)
@@ -314,7 +321,8 @@ static void parse_cmd_opts(int argc, char **argv, cmd_opts_t *o)
         {"row", 1, 0, 'r'},    {"durable", 0, 0, 'd'},   {"file", 1, 0, 'f'},
         {"source", 1, 0, 's'}, {"target", 1, 0, 'g'},    {"page-size", 1, 0, 'p'},
         {"ns", 1, 0, 'n'},     {"pages", 1, 0, 'P'},     {"page-token", 1, 0, 'k'},
-        {"interval", 1, 0, 'i'}, {"count", 1, 0, 'c'},   {0, 0, 0, 0}};
+        {"interval", 1, 0, 'i'}, {"count", 1, 0, 'c'},   {"peer", 1, 0, 'e'},
+        {0, 0, 0, 0}};
     memset(o, 0, sizeof(*o));
     o->layer = -1;
     optind = 1;
@@ -345,6 +353,7 @@ static void parse_cmd_opts(int argc, char **argv, cmd_opts_t *o)
         case 'k': o->page_token = optarg; break;
         case 'i': o->interval = parse_seconds(optarg, "--interval"); break;
         case 'c': o->count = parse_u32(optarg, "--count"); break;
+        case 'e': o->peer = optarg; break;
         default: usage_fail("bad option for %s", argv[0]);
         }
     }
@@ -606,7 +615,7 @@ static int cmd_get(ctl_t *c, const cmd_opts_t *o)
         usage_fail("get needs --layer");
     mf_key_t k = {o->model, (uint32_t)o->layer, parse_hash(o->hash)};
     mf_get_result_t *r;
-    mf_status_t st = mf_get_keys(c->ch, &k, 1, MF_GET_COPY, &r, c->timeout_ms);
+    mf_status_t st = mf_get_keys_peer(c->ch, o->peer, &k, 1, MF_GET_COPY, &r, c->timeout_ms);
     if (st != MF_OK)
         return fail(c, "get", st);
     st = r->rows[0].status;
@@ -633,8 +642,8 @@ static int cmd_lookup(ctl_t *c, const cmd_opts_t *o)
     size_t nl = parse_layers(o->layers, &layers);
     uint32_t *blocks = calloc(nl, sizeof(*blocks));
     int rc = 0;
-    mf_status_t st = blocks ? mf_lookup(c->ch, o->model, o->block, tokens, nt, layers, nl,
-                                        blocks, &total, c->timeout_ms)
+    mf_status_t st = blocks ? mf_lookup_peer(c->ch, o->peer, o->model, o->block, tokens, nt,
+                                             layers, nl, blocks, &total, c->timeout_ms)
                             : MF_RESOURCE_EXHAUSTED;
     if (st != MF_OK) {
         rc = fail(c, "lookup", st);
@@ -921,6 +930,10 @@ static void check_required(const char *cmd, const cmd_opts_t *o)
         usage_fail("--count needs --interval");
     if (o->interval > 0 && strcmp(cmd, "stats"))
         usage_fail("--interval is an option of stats");
+    if (o->peer && strcmp(cmd, "get") && strcmp(cmd, "lookup"))
+        usage_fail("--peer is an option of get and lookup");
+    if (o->peer && !strchr(o->peer, ':'))
+        usage_fail("--peer: '%s' is not HOST:PORT", o->peer);
 }
 
 static const char *default_socket(char *buf, size_t cap)
@@ -939,7 +952,9 @@ static const char *default_socket(char *buf, size_t cap)
 static int connect_ctl(ctl_t *c)
 {
     char path[4096], target[4200];
-    if (c->addr)
+    if (c->addr && (!strncmp(c->addr, "ucx:", 4) || !strncmp(c->addr, "tcp:", 4)))
+        snprintf(target, sizeof(target), "%s", c->addr);
+    else if (c->addr)
         snprintf(target, sizeof(target), "tcp:%s", c->addr);
     else
         snprintf(target, sizeof(target), "unix:%s",
