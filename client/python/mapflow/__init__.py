@@ -190,6 +190,13 @@ _PROTOS = {
                                       C.POINTER(C.POINTER(_GetResult)), C.c_int64] + _ASYNC),
     "mf_get_keys": (C.c_int, [_P, C.POINTER(_Key), C.c_size_t, C.c_int,
                               C.POINTER(C.POINTER(_GetResult)), C.c_int64]),
+    "mf_lookup_peer": (C.c_int, [_P, C.c_char_p, C.c_char_p, C.c_uint32, _U32P, C.c_size_t,
+                                 _U32P, C.c_size_t, _U32P, _U32P, C.c_int64]),
+    "mf_get_prefix_peer": (C.c_int, [_P, C.c_char_p, C.c_char_p, C.c_uint32, _U32P,
+                                     C.c_size_t, _U32P, C.c_size_t, C.c_uint32, C.c_uint32,
+                                     C.c_int, C.POINTER(C.POINTER(_GetResult)), C.c_int64]),
+    "mf_get_keys_peer": (C.c_int, [_P, C.c_char_p, C.POINTER(_Key), C.c_size_t, C.c_int,
+                                   C.POINTER(C.POINTER(_GetResult)), C.c_int64]),
     "mf_get_result_free": (None, [C.POINTER(_GetResult)]),
     "mf_release_result": (C.c_int, [_P, C.POINTER(_GetResult), C.c_int64]),
     "mf_get": (C.c_int, [_P, C.POINTER(_Key), _P, C.c_size_t, C.POINTER(C.c_size_t),
@@ -559,7 +566,8 @@ _PARAM_NS, _PARAM_TOKEN, _PARAM_NAME, _PARAM_ARENA, _PARAM_TIMEOUT, _PARAM_FRAME
 
 
 class Channel:
-    """A connection to one mapflowd (target "unix:PATH" or "tcp:HOST:PORT") bound to one
+    """A connection to one mapflowd (target "unix:PATH", "tcp:HOST:PORT" or "ucx:HOST:PORT":
+    rows then move one-sided and come back as copies, see mapflow.h) bound to one
     namespace. retry: dict of mf_retry_policy_t fields (max_retries, initial_backoff_ms,
     max_backoff_ms, multiplier, jitter) overriding the defaults."""
 
@@ -674,14 +682,15 @@ class Channel:
             raise err
         return results
 
-    def lookup(self, model, block_size, tokens, layers, timeout_ms=None):
-        """Cached leading blocks per layer: (list of counts in layer order, total blocks)."""
+    def lookup(self, model, block_size, tokens, layers, timeout_ms=None, peer=None):
+        """Cached leading blocks per layer: (list of counts in layer order, total blocks).
+        peer: "HOST:PORT" of another daemon's UCX listener to ask too."""
         tok, nt = _u32(tokens)
         lay, nl = _u32(layers)
         blocks = (C.c_uint32 * max(nl, 1))()
         total = C.c_uint32()
-        self._check(_lib.mf_lookup(self._h, _b(model), block_size, tok, nt, lay, nl, blocks,
-                                   C.byref(total), _timeout(timeout_ms)))
+        self._check(_lib.mf_lookup_peer(self._h, _b(peer), _b(model), block_size, tok, nt,
+                                        lay, nl, blocks, C.byref(total), _timeout(timeout_ms)))
         return list(blocks[:nl]), total.value
 
     def lookup_async(self, cq, model, block_size, tokens, layers, tag=None, timeout_ms=None):
@@ -695,15 +704,16 @@ class Channel:
             (blocks, total))
 
     def get_prefix(self, model, block_size, tokens, layers, first_block=0, n_blocks=0,
-                   lease=False, timeout_ms=None):
+                   lease=False, timeout_ms=None, peer=None):
         """Rows of blocks [first_block, +n_blocks) (0 = every full block) of each layer in
-        one round trip, verified here. lease=True: zero-copy views of the arena."""
+        one round trip, verified here. lease=True: zero-copy views of the arena. peer:
+        "HOST:PORT" of a daemon's UCX listener to read missing rows through from."""
         tok, nt = _u32(tokens)
         lay, nl = _u32(layers)
         out = C.POINTER(_GetResult)()
-        self._check(_lib.mf_get_prefix(self._h, _b(model), block_size, tok, nt, lay, nl,
-                                       first_block, n_blocks, 1 if lease else 0, C.byref(out),
-                                       _timeout(timeout_ms)))
+        self._check(_lib.mf_get_prefix_peer(self._h, _b(peer), _b(model), block_size, tok, nt,
+                                            lay, nl, first_block, n_blocks, 1 if lease else 0,
+                                            C.byref(out), _timeout(timeout_ms)))
         return GetResult(self, out)
 
     def get_prefix_async(self, cq, model, block_size, tokens, layers, first_block=0,
@@ -716,12 +726,13 @@ class Channel:
             1 if lease else 0, C.byref(out), _timeout(timeout_ms), q, t, c),
             lambda: GetResult(self, out), (out,))
 
-    def get_keys(self, keys, lease=False, timeout_ms=None):
-        """Rows by explicit key: keys is a list of (model, layer, hash) triples."""
+    def get_keys(self, keys, lease=False, timeout_ms=None, peer=None):
+        """Rows by explicit key: keys is a list of (model, layer, hash) triples. peer: as
+        in get_prefix."""
         ks = (_Key * max(len(keys), 1))(*[_key(*k) for k in keys])
         out = C.POINTER(_GetResult)()
-        self._check(_lib.mf_get_keys(self._h, ks, len(keys), 1 if lease else 0, C.byref(out),
-                                     _timeout(timeout_ms)))
+        self._check(_lib.mf_get_keys_peer(self._h, _b(peer), ks, len(keys), 1 if lease else 0,
+                                          C.byref(out), _timeout(timeout_ms)))
         return GetResult(self, out)
 
     def get(self, model, layer, hash, max_bytes=64 << 20, timeout_ms=None):
