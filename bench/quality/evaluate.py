@@ -2,8 +2,11 @@
 """Calibrates and evaluates map reuse from the source model into the target (run.sh calls it).
 
 1. Calibration: dense attention maps of both models on CAL windows of the calibration split
-   (never trained on) → .npy [L, H, N, N] → build/bin/mapflow-calibrate → the fitted profile
-   (fit.pb) and the IAM-style argmax profile (iam.pb), read back here from the protobuf.
+   (never trained on) go once into the calibration library (kernels/calibrate.c through
+   libmfkernels_ref.so: the code of mapflow-calibrate, without writing GBs of .npy); then
+   one fit per rule setting (CONFIGS: mask recall threshold, per-head target Top-P, prob
+   error limit) writes OUT/profiles/<name>.pb (and the IAM-style argmax profile), read back
+   here from the protobuf and applied as they are (modes, W, per-head Top-P).
 2. Test (State of the Union 1991–2021 = "in", Moby-Dick = "out"; windows of CTX tokens):
    per window the source runs once and its rows are extracted by our extract kernel; the
    target runs once with every layer through our apply kernel's compute path (the reference,
@@ -19,8 +22,6 @@ import argparse
 import json
 import math
 import os
-import shutil
-import subprocess
 import sys
 import time
 
@@ -33,7 +34,22 @@ import mfk  # noqa: E402
 import model as M  # noqa: E402
 
 T0 = time.time()
-MASK_MAX_ERROR = 0.9  # mapflow-calibrate's default --mask-max-error
+
+# Calibration rule settings (mf_calib_opts_t fields on top of COMMON below); the first
+# one's fit gives W and the source layer of every target layer to the per-layer variants.
+CONFIGS = [
+    ("r0.9", {}),  # the defaults: mask if recall ≥ 0.9 at Top-P 0.95, prob if error < 0.2
+    ("r0.9-minl0=1", dict(min_l0=1)),
+    ("r0.95", dict(mask_min_recall=0.95)),
+    ("r0.85-php", dict(mask_min_recall=0.85, per_head_top_p=1)),
+    ("r0.9-php", dict(mask_min_recall=0.9, per_head_top_p=1)),
+    ("r0.95-php", dict(mask_min_recall=0.95, per_head_top_p=1)),
+    ("r0.97-php", dict(mask_min_recall=0.97, per_head_top_p=1)),
+    ("r0.9-php-prob0.3", dict(mask_min_recall=0.9, per_head_top_p=1, prob_max_error=0.3)),
+    ("r0.9-php-prob0.5", dict(mask_min_recall=0.9, per_head_top_p=1, prob_max_error=0.5)),
+]
+IAM_CONFIG = "r0.9-php"  # its IAM-style argmax profile is evaluated too
+ROW_TOP_P = 0.95         # the source rows' Top-P for calibrated profiles (= mask_top_p)
 
 
 def log(*a):
@@ -113,7 +129,8 @@ def read_profile(path):
                 "source": lm["source"],
                 "w": np.asarray(lm["w"], np.float32).reshape(lm["ht"], lm["hs"]),
                 "mode": np.asarray([h["mode"] for h in lm["heads"]], np.uint8),
-                "error": np.asarray([h["error"] for h in lm["heads"]], np.float64)}
+                "error": np.asarray([h["error"] for h in lm["heads"]], np.float64),
+                "top_p": np.asarray([h["top_p"] for h in lm["heads"]], np.float32)}
     return prof
 
 
@@ -121,7 +138,7 @@ def read_profile(path):
 
 @torch.no_grad()
 def dense_maps(m, idx):
-    """[L, H, N, N] softmax maps of one sequence (fp16, numpy)."""
+    """[L, H, N, N] softmax maps of one sequence (float32, numpy)."""
     maps = []
 
     def hook(layer, q, k, v):
@@ -129,119 +146,138 @@ def dense_maps(m, idx):
         n = q.shape[2]
         s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), -math.inf)
         p = torch.softmax(s, -1)
-        maps.append(p[0].half().cpu().numpy())
+        maps.append(p[0].cpu().numpy())
         return (p @ v.float()).to(q.dtype)
     m(idx, attn=hook)
     return np.stack(maps)
 
 
+def summary_text(name, kw, fit, count):
+    """mapflow-calibrate's summary for one rule setting."""
+    lines = ["[%s] %s: calibrated on %d sequences; L0 = %d" % (
+        name, " ".join("%s=%g" % x for x in kw.items()) or "defaults", count, fit["l0"]),
+        "%-6s %-6s %-7s %-7s %-7s %s" % ("target", "source", "error", "iam-err", "modes",
+                                         "per head: mask recall @ target Top-P")]
+    counts = [0, 0, 0]
+    for lm in fit["layers"]:
+        t = lm["target"]
+        head = "%-6d %-6d %-7.4f %-7.4f " % (t, lm["source"], lm["error"], lm["base_error"])
+        if t < fit["l0"]:
+            lines.append(head + "(below L0: computed)")
+            continue
+        for md in lm["mode"]:
+            counts[md] += 1
+        lines.append(head + "%-7s " % "".join("cpm"[md] for md in lm["mode"]) + " ".join(
+            "%.3f@%.3g" % (r, p) for r, p in zip(lm["recall"], lm["top_p"])))
+    lines.append("heads in mapped layers: %d prob, %d mask, %d compute" % (
+        counts[1], counts[2], counts[0]))
+    return "\n".join(lines) + "\n"
+
+
+def jsonable(fit):
+    return {"l0": fit["l0"], "layers": [
+        {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in lm.items()}
+        for lm in fit["layers"]]}
+
+
 def calibrate(args, src, tgt, dev):
+    """{config: {"fit": all target layers, "profile": read back from its .pb}}, the IAM
+    profile, the JSON of every fit and the summary text."""
     cal = np.load(os.path.join(args.work, "tokens_calib.npy")).astype(np.int64)
     n = args.cal_n
     count = min(args.cal_windows, len(cal) // n)
     if count < 1:
         raise SystemExit("evaluate: calibration split too short")
     stride = len(cal) // count
-    d = os.path.join(args.tmp, "calib")
-    shutil.rmtree(d, ignore_errors=True)
-    for side in ("source", "target"):
-        os.makedirs(os.path.join(d, side))
+    t = time.time()
+    cb = mfk.Calib(src.cfg.n_layer, src.cfg.n_head, tgt.cfg.n_layer, tgt.cfg.n_head)
     for w in range(count):
         idx = torch.from_numpy(cal[w * stride:w * stride + n])[None].to(dev)
-        for side, m in (("source", src), ("target", tgt)):
-            np.save(os.path.join(d, side, "seq%03d.npy" % w), dense_maps(m, idx))
-    log("calibration maps: %d windows of %d tokens" % (count, n))
-    fit, iam = os.path.join(args.out, "fit.pb"), os.path.join(args.out, "iam.pb")
-    cmd = [args.calibrate, "--source", os.path.join(d, "source"), "--target",
-           os.path.join(d, "target"), "--out", fit, "--baseline-out", iam, "--json",
-           "--block", str(args.block), "--recompute-last", str(args.recompute_last),
-           "--mask-top-p", "0.95", "--source-model", "source", "--target-model", "target",
-           "--max-elems", str(1 << 30)]
+        cb.add(dense_maps(src, idx), dense_maps(tgt, idx))
+    log("calibration maps: %d windows of %d tokens, added in %.1f s" % (count, n,
+                                                                       time.time() - t))
+    common = dict(min_l0=0, block_size=args.block, recompute_last=args.recompute_last,
+                  mask_top_p=ROW_TOP_P, source_model=b"source", target_model=b"target")
+    pdir = os.path.join(args.out, "profiles")
+    os.makedirs(pdir, exist_ok=True)
+    out, js, text, iam = {}, {}, [], None
     t = time.time()
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    sys.stderr.write(r.stderr)
-    if r.returncode != 0:
-        raise SystemExit("evaluate: mapflow-calibrate failed (%d)" % r.returncode)
-    log("mapflow-calibrate: %.1f s" % (time.time() - t))
-    shutil.rmtree(d, ignore_errors=True)
-    return json.loads(r.stdout), r.stderr, read_profile(fit), read_profile(iam)
+    for name, kw in CONFIGS:
+        fit = cb.fit(**dict(common, **kw))
+        path = os.path.join(pdir, name + ".pb")
+        cb.save_profile(path)
+        out[name] = {"fit": fit, "profile": read_profile(path)}
+        if name == IAM_CONFIG:
+            cb.save_profile(os.path.join(pdir, "iam-" + name + ".pb"), baseline=1)
+            iam = read_profile(os.path.join(pdir, "iam-" + name + ".pb"))
+        js[name] = dict(jsonable(fit), opts=kw)
+        text.append(summary_text(name, kw, fit, count))
+    cb.close()
+    log("calibration fits: %d settings in %.1f s" % (len(CONFIGS), time.time() - t))
+    return out, iam, js, "\n".join(text)
 
 
 # ---- variants -----------------------------------------------------------------------------
 
-def variants(fit, lt):
-    v = [dict(name="prob-fp16-L0=1", group="prob per layer", kind="fit", l0=1, policy="prob",
-              codec="fp16", p=0.95)]
+def variants(cal, lt):
+    v = []
     for codec in ("fp8", "u8log"):
         v.append(dict(name="prob-%s-L0=1" % codec, group="prob per layer", kind="fit", l0=1,
                       policy="prob", codec=codec, p=0.95))
-    for codec in ("fp16", "fp8", "u8log"):
-        v.append(dict(name="prob-%s-L0=2" % codec, group="prob per layer", kind="fit", l0=2,
-                      policy="prob", codec=codec, p=0.95))
     v.append(dict(name="prob-fp8-last", group="prob per layer", kind="fit", l0=lt - 1,
                   policy="prob", codec="fp8", p=0.95))
-    for l0 in (1, 2):
-        for p in (0.8, 0.9, 0.95, 0.99):
+    for l0, ps in ((0, (0.8, 0.9, 0.95, 0.99)), (1, (0.9, 0.95, 0.99))):
+        for p in ps:
             v.append(dict(name="mask-p%g-L0=%d" % (p, l0), group="mask per layer L0=%d" % l0,
                           kind="fit", l0=l0, policy="mask", codec="mask", p=p))
-    for tau in (0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6):
-        v.append(dict(name="perhead-fp8-t%g" % tau, group="per-head (fp8, p 0.95)", kind="fit",
-                      l0=fit["l0"], policy="perhead", tau=tau, codec="fp8", p=0.95))
-    for tau in (0.2, 0.3, 0.4):
-        v.append(dict(name="perhead-fp8-p0.9-t%g" % tau, group="per-head (fp8, p 0.9)",
-                      kind="fit", l0=fit["l0"], policy="perhead", tau=tau, codec="fp8", p=0.9))
-    v.append(dict(name="perhead-u8log-t0.3", group="per-head (u8log)", kind="fit",
-                  l0=fit["l0"], policy="perhead", tau=0.3, codec="u8log", p=0.95))
-    for l0 in (1, 2):
-        v.append(dict(name="iam-prob-L0=%d" % l0, group="IAM-style", kind="iam", l0=l0,
-                      policy="prob", codec="fp8", p=0.95))
-    v.append(dict(name="iam-mask-p0.9-L0=1", group="IAM-style", kind="iam", l0=1,
+    for name, kw in CONFIGS:
+        php = kw.get("per_head_top_p", 0)
+        group = ("calibrated, per-head Top-P" if php else "calibrated, Top-P 0.95") + \
+            (" + prob" if "prob_max_error" in kw else "")
+        v.append(dict(name="cal-" + name, group=group, kind="calib", cfg=name,
+                      l0=cal[name]["profile"]["l0"], policy="profile", codec="fp8",
+                      p=ROW_TOP_P))
+    v.append(dict(name="iam-prob-L0=1", group="IAM-style", kind="iam", l0=1, policy="prob",
+                  codec="fp8", p=0.95))
+    v.append(dict(name="iam-mask-p0.9-L0=0", group="IAM-style", kind="iam", l0=0,
                   policy="mask", codec="mask", p=0.9))
-    v.append(dict(name="iam-perhead-t0.3", group="IAM-style", kind="iam", l0=fit["l0"],
-                  policy="perhead", tau=0.3, codec="fp8", p=0.95))
+    v.append(dict(name="iam-cal-" + IAM_CONFIG, group="IAM-style", kind="iam-calib",
+                  cfg=IAM_CONFIG, l0=0, policy="profile", codec="fp8", p=ROW_TOP_P))
     v.append(dict(name="random-prob-L0=1", group="control", kind="random", l0=1, policy="prob",
                   codec="fp8", p=0.95))
-    v.append(dict(name="random-mask-p0.9-L0=1", group="control", kind="random", l0=1,
-                  policy="mask", codec="mask", p=0.9))
-    for l0 in (1, 2):
-        v.append(dict(name="uniform-L0=%d" % l0, group="control", kind="uniform", l0=l0,
-                      policy="uniform", codec="none", p=1.0))
-    for l0 in (1, 2):
-        for p in (0.8, 0.9, 0.95, 0.99):
+    for p in (0.9, 0.95):
+        v.append(dict(name="random-mask-p%g-L0=0" % p, group="control", kind="random", l0=0,
+                      policy="mask", codec="mask", p=p))
+    v.append(dict(name="uniform-L0=1", group="control", kind="uniform", l0=1,
+                  policy="uniform", codec="none", p=1.0))
+    for l0, ps in ((0, (0.8, 0.9, 0.95, 0.99)), (1, (0.9, 0.95))):
+        for p in ps:
             v.append(dict(name="own-p%g-L0=%d" % (p, l0), group="own top-p L0=%d" % l0,
                           kind="own", l0=l0, policy="own", codec="mask", p=p))
     return v
 
 
-def layer_plans(var, fit, iam, ht, hs, lt, seed):
+def layer_plans(var, cal, iam, ht, hs, lt, seed):
     """{t: (source layer, W, mode, top_p)} for the mapped layers of a variant."""
-    prof = iam if var["kind"] == "iam" else fit
     rng = np.random.default_rng(seed)
     plans = {}
-    for t in range(lt):
-        if t < var["l0"]:
-            continue
+    if var["kind"] in ("calib", "iam-calib"):  # the profile as calibrated
+        prof = iam if var["kind"] == "iam-calib" else cal[var["cfg"]]["profile"]
+        for t, lm in prof["layers"].items():
+            if (lm["mode"] != mfk.COMPUTE).any():
+                plans[t] = (lm["source"], lm["w"], lm["mode"], lm["top_p"])
+        return plans
+    fit = cal[CONFIGS[0][0]]["fit"]["layers"]  # every target layer's W and source layer
+    for t in range(var["l0"], lt):
         if var["kind"] in ("own", "uniform"):
             plans[t] = (t, np.eye(ht, dtype=np.float32), np.full(ht, mfk.MASK_MODE, np.uint8),
                         np.ones(ht, np.float32))
             continue
-        lm = prof["layers"].get(t)
-        if lm is None:
-            continue
-        w = lm["w"].copy()
+        lm = fit[t]
+        w = (lm["base_w"] if var["kind"] == "iam" else lm["w"]).copy()
         if var["kind"] == "random":
             w = rng.dirichlet(np.ones(hs), size=ht).astype(np.float32)
-        if var["policy"] == "prob":
-            mode = np.full(ht, mfk.PROB, np.uint8)
-        elif var["policy"] == "mask":
-            mode = np.full(ht, mfk.MASK_MODE, np.uint8)
-        else:  # per head: mapflow-calibrate's rule with --prob-max-error tau
-            if not lm["mode"].any():
-                continue  # the layer's fit was too poor: calibrate made it all compute
-            e = lm["error"]
-            mode = np.where(e < var["tau"], mfk.PROB,
-                            np.where(e < MASK_MAX_ERROR, mfk.MASK_MODE, mfk.COMPUTE)).astype(
-                np.uint8)
+        mode = np.full(ht, mfk.PROB if var["policy"] == "prob" else mfk.MASK_MODE, np.uint8)
         plans[t] = (lm["source"], w, mode, np.full(ht, var["p"], np.float32))
     return plans
 
@@ -386,10 +422,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--work", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--tmp", default="/tmp/mf-quality")
     ap.add_argument("--backend", choices=("cuda", "ref"), default="cuda")
-    ap.add_argument("--calibrate", default=os.path.join(mfk.ROOT, "build", "bin",
-                                                        "mapflow-calibrate"))
     ap.add_argument("--block", type=int, default=32)
     ap.add_argument("--recompute-last", type=int, default=1)
     ap.add_argument("--cal-windows", type=int, default=16)
@@ -403,7 +436,6 @@ def main():
     ap.add_argument("--only", default="", help="comma-separated variant names (smoke test)")
     args = ARGS = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    os.makedirs(args.tmp, exist_ok=True)
     dev = torch.device("cuda" if args.backend == "cuda" else "cpu")
     with open(os.path.join(args.work, "meta.json")) as f:
         meta = json.load(f)
@@ -412,12 +444,12 @@ def main():
     ctx = args.ctx or meta["ctx"]
     lt, ht, hs = tgt.cfg.n_layer, tgt.cfg.n_head, src.cfg.n_head
     be = mfk.Cuda(args.block) if args.backend == "cuda" else mfk.Ref(args.block)
-    cal_json, cal_summary, fit, iam = calibrate(args, src, tgt, dev)
-    vs = variants(fit, lt)
+    cal, iam, cal_json, cal_summary = calibrate(args, src, tgt, dev)
+    vs = variants(cal, lt)
     if args.only:
         keep = set(args.only.split(","))
         vs = [v for v in vs if v["name"] in keep]
-    plans = {v["name"]: layer_plans(v, fit, iam, ht, hs, lt, seed=7) for v in vs}
+    plans = {v["name"]: layer_plans(v, cal, iam, ht, hs, lt, seed=7) for v in vs}
     tests = {s: np.load(os.path.join(args.work, "tokens_%s.npy" % s)).astype(np.int64)
              for s in ("in", "out")}
     nwin = {s: min(args.windows, (len(a) - 1) // ctx) for s, a in tests.items()}
@@ -484,7 +516,8 @@ def main():
                       "backend": be.name, "source": meta["source"], "target": meta["target"],
                       "acct_windows": args.acct_windows, "ref_checks": CHECKED[0]},
            "calibration": cal_json, "calibration_summary": cal_summary,
-           "profile_l0": fit["l0"], "variants": [v for v in vs if v["name"] not in failed],
+           "profile_l0": {n: c["profile"]["l0"] for n, c in cal.items()},
+           "variants": [v for v in vs if v["name"] not in failed],
            "failed": failed, "splits": {}}
     for s in tests:
         bres = base[s].result(None)

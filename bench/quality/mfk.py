@@ -224,6 +224,103 @@ class Ref:
         return 0
 
 
+class CalibOpts(C.Structure):
+    """mf_calib_opts_t (kernels/calibrate.h)."""
+    _fields_ = [("max_error", C.c_double), ("prob_max_error", C.c_double),
+                ("mask_max_error", C.c_double), ("mask_min_recall", C.c_double),
+                ("mask_top_p", C.c_double), ("per_head_top_p", C.c_int),
+                ("min_l0", C.c_uint32), ("block_size", C.c_uint32),
+                ("recompute_last", C.c_uint32), ("recompute_first", C.c_uint32),
+                ("source_model", C.c_char_p), ("target_model", C.c_char_p),
+                ("max_iters", C.c_uint32)]
+
+
+class CalibLayer(C.Structure):
+    """mf_calib_layer_t (kernels/calibrate.h)."""
+    _D, _U8 = C.POINTER(C.c_double), C.POINTER(C.c_uint8)
+    _fields_ = [("target_layer", C.c_uint32), ("source_layer", C.c_uint32),
+                ("error", C.c_double), ("w", _D), ("head_error", _D), ("mode", _U8),
+                ("recall", _D), ("top_p", _D), ("source_errors", _D),
+                ("base_error", C.c_double), ("base_w", _D), ("base_head_error", _D),
+                ("base_mode", _U8), ("base_recall", _D), ("base_top_p", _D)]
+
+
+class Calib:
+    """The calibration library (calibrate.h) through libmfkernels_ref.so: the maps are
+    added once, then fit() runs the mode rule with any options (mapflow-calibrate runs the
+    same code on .npy files, one option set per run)."""
+
+    def __init__(self, ls, hs, lt, ht):
+        p = C.c_void_p
+        self.lib = _cdll("MF_REF_LIB", "libmfkernels_ref.so", {
+            "mf_calib_create": [C.c_uint32] * 4 + [C.POINTER(p)],
+            "mf_calib_add": [p, p, p, C.c_uint32],
+            "mf_calib_fit": [p, C.POINTER(CalibOpts)],
+            "mf_calib_layer": [p, C.c_uint32, C.POINTER(CalibLayer)],
+            "mf_calib_profile": [p, C.POINTER(CalibOpts), C.c_int, C.POINTER(p)],
+            "mf_profile_save": [C.c_char_p, p]})
+        self.lib.mf_calib_l0.restype = C.c_uint32
+        self.lib.mf_calib_l0.argtypes = [p]
+        self.lib.mf_calib_destroy.argtypes = [p]
+        self.lib.mf_profile_free.argtypes = [p]
+        self.shape = (ls, hs, lt, ht)
+        self.c = p()
+        self._ok(self.lib.mf_calib_create(ls, hs, lt, ht, C.byref(self.c)), "create")
+
+    @staticmethod
+    def _ok(st, what):
+        if st != 0:
+            raise RuntimeError("mf_calib_%s: status %d" % (what, st))
+
+    def add(self, src, tgt):
+        """src [Ls, Hs, N, N], tgt [Lt, Ht, N, N] float32 numpy (C order)."""
+        src = np.ascontiguousarray(src, dtype=np.float32)
+        tgt = np.ascontiguousarray(tgt, dtype=np.float32)
+        if src.shape[:2] != self.shape[:2] or tgt.shape[:2] != self.shape[2:]:
+            raise ValueError("calib add: shapes %s %s" % (src.shape, tgt.shape))
+        self._ok(self.lib.mf_calib_add(self.c, src.ctypes.data, tgt.ctypes.data,
+                                       src.shape[-1]), "add")
+
+    def fit(self, **kw):
+        """Fits with the given mf_calib_opts_t fields; returns {l0, layers: [...]}, every
+        target layer (modes of layers below L0 are what the rule gave them)."""
+        o = CalibOpts(**kw)
+        self._ok(self.lib.mf_calib_fit(self.c, C.byref(o)), "fit")
+        ls, hs, lt, ht = self.shape
+        out = {"l0": int(self.lib.mf_calib_l0(self.c)), "layers": []}
+        for t in range(lt):
+            r = CalibLayer()
+            self._ok(self.lib.mf_calib_layer(self.c, t, C.byref(r)), "layer")
+
+            def arr(ptr, n, dt=np.float64):
+                return np.ctypeslib.as_array(ptr, shape=(n,)).astype(dt).copy()
+            out["layers"].append({
+                "target": t, "source": int(r.source_layer), "error": r.error,
+                "w": arr(r.w, ht * hs, np.float32).reshape(ht, hs),
+                "head_error": arr(r.head_error, ht), "mode": arr(r.mode, ht, np.uint8),
+                "recall": arr(r.recall, ht), "top_p": arr(r.top_p, ht),
+                "base_error": r.base_error,
+                "base_w": arr(r.base_w, ht * hs, np.float32).reshape(ht, hs),
+                "base_head_error": arr(r.base_head_error, ht),
+                "base_mode": arr(r.base_mode, ht, np.uint8)})
+        self._opts = o
+        return out
+
+    def save_profile(self, path, baseline=0):
+        """The last fit's profile (layers ≥ L0) to path (mf_profile_save)."""
+        prof = C.c_void_p()
+        self._ok(self.lib.mf_calib_profile(self.c, C.byref(self._opts), baseline,
+                                           C.byref(prof)), "profile")
+        st = self.lib.mf_profile_save(path.encode(), prof)
+        self.lib.mf_profile_free(prof)
+        self._ok(st, "profile save")
+
+    def close(self):
+        if self.c:
+            self.lib.mf_calib_destroy(self.c)
+            self.c = C.c_void_p()
+
+
 HDR = struct.Struct("<IHBBQIIIHHIIfI")
 
 

@@ -49,7 +49,7 @@ def merged(res):
 def goals(res):
     m = merged(res)
     out = []
-    ok = [(n, v) for n, v in m.items() if v["spec"]["kind"] == "fit" and
+    ok = [(n, v) for n, v in m.items() if v["spec"]["kind"] in ("fit", "calib") and
           v["in"].get("skipped_pct", 0) >= 50 and worst(v, "dppl_pct") <= 1.0 and
           worst(v, "agree_pct", min) >= 97.0]
     if ok:
@@ -60,7 +60,7 @@ def goals(res):
                                     v["out"]["dppl_pct"], v["in"]["agree_pct"],
                                     v["out"]["agree_pct"]))
     else:
-        q = [(n, v) for n, v in m.items() if v["spec"]["kind"] == "fit" and
+        q = [(n, v) for n, v in m.items() if v["spec"]["kind"] in ("fit", "calib") and
              worst(v, "dppl_pct") <= 1.0 and worst(v, "agree_pct", min) >= 97.0 and
              v["in"].get("skipped_pct") is not None]
         best = max(q, key=lambda x: x[1]["in"]["skipped_pct"]) if q else None
@@ -73,7 +73,7 @@ def goals(res):
             n, v = max(own, key=lambda x: x[1]["in"]["skipped_pct"])
             out.append("  The upper bound (the target's own exact Top-P masses) reaches only "
                        "%.1f %% within the same bounds (`%s`)." % (v["in"]["skipped_pct"], n))
-    q = [(n, v) for n, v in m.items() if v["spec"]["kind"] == "fit" and
+    q = [(n, v) for n, v in m.items() if v["spec"]["kind"] in ("fit", "calib") and
          worst(v, "dppl_pct") <= 2.0]
     if q:
         n, v = max(q, key=lambda x: (x[1]["in"]["prob_head_share"],
@@ -104,7 +104,7 @@ def plot(res, path):
     fig, ax = plt.subplots(1, 2, figsize=(13, 5))
     for g, vs in sorted(groups.items()):
         # sweeps (one knob varied) are lines; groups of unrelated variants are points
-        sweep = vs[0]["spec"]["policy"] in ("mask", "own", "perhead") and \
+        sweep = vs[0]["spec"]["policy"] in ("mask", "own") and \
             vs[0]["spec"]["kind"] in ("fit", "own")
         vs = sorted(vs, key=lambda v: v["in"]["skipped_pct"])
         x = [v["in"]["skipped_pct"] for v in vs]

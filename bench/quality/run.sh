@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Quality evaluation of MapFlow reuse on a real model pair (bench/quality/README.md), in one
 # call: builds what is missing, fetches the texts (get-data.sh), trains the source and
-# target models or loads them (train.py), calibrates with mapflow-calibrate and evaluates
+# target models or loads them (train.py), calibrates (kernels/calibrate.c, the code of
+# mapflow-calibrate, through libmfkernels_ref.so) with several rule settings and evaluates
 # every variant through our CUDA kernels (evaluate.py), then prints the table (report.py).
 #   bench/quality/run.sh [--smoke]
 # Env: OUT (results; default bench/results/tmp/quality), WORK (models, tokens; default
@@ -21,12 +22,12 @@ budget=${BUDGET:-400}
 smoke=0
 [ "${1:-}" = "--smoke" ] && smoke=1
 mkdir -p "$out" "$work"
+exec > >(tee "$out/run.log") 2>&1   # the log travels with the results
 [ -d "$root/.gpu-libs" ] && export LD_LIBRARY_PATH="$root/.gpu-libs/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
 backend=${BACKEND:-$($py -c 'import torch; print("cuda" if torch.cuda.is_available() else "ref")')}
 [ $smoke = 1 ] && backend=ref
-need="build/bin/mapflow-calibrate"
-if [ "$backend" = cuda ]; then need="$need build/lib/libmfkernels_cuda.so"
-else need="$need build/lib/libmfkernels_ref.so"; fi
+need="build/lib/libmfkernels_ref.so"   # calibration (and the kernels with --backend ref)
+[ "$backend" = cuda ] && need="$need build/lib/libmfkernels_cuda.so"
 for f in $need; do [ -e "$f" ] || make "$f"; done
 "$here/get-data.sh" "$here/data"
 if [ $smoke = 1 ]; then
