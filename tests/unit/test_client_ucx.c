@@ -117,7 +117,6 @@ static void test_peer_argument_checked(void **state)
 int main(void)
 {
     setenv("UCX_TLS", "tcp", 1);
-    setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 1);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_targets),
         cmocka_unit_test(test_nobody_listening),
