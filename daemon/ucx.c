@@ -606,6 +606,9 @@ mf_status_t mfd_ucx_create(const mfd_ucx_params_t *p, mfd_ucx_t **out, char *err
                                                                          : MF_FRAME_DEFAULT_MAX;
     mf_status_t ret = MF_UNAVAILABLE;
     ucp_config_t *cfg = NULL;
+    /* A restarted daemon must rebind its port at once (UCX defaults this to n); an
+     * operator's own UCX_TCP_CM_REUSEADDR still wins. */
+    setenv("UCX_TCP_CM_REUSEADDR", "y", 0);
     ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
     if (st != UCS_OK) {
         snprintf(err, errlen, "ucx: config: %s", ucs_status_string(st));
