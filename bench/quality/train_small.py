@@ -1,0 +1,334 @@
+#!/usr/bin/env python3
+"""Trains the small model pair committed under bench/models/ (for mapflow-worker, make demo).
+
+Same model and training loop as the quality evaluation (model.py, train.py's train_one),
+sized for a CPU: one byte-level BPE (its own small trainer below: the `tokenizers` package
+is missing on Debian 12), a source and a target with head dim 64, each trained for a
+wall-clock budget. Writes to OUT:
+
+  tokenizer.txt          "mapflow-bpe 1", merge count, then one merge "A B" (token ids) per
+                         line in rank order; token 256 + r is merge r, 0..255 are bytes
+  source.safetensors     fp16 weights, config in __metadata__ (vocab, n_layer, n_head,
+  target.safetensors     d_model, ctx); names as model.GPT's state_dict
+  passage.txt            a held-out passage (State of the Union 1991-2021, the "in" test split)
+  fixture/               tokens.npy [n] and {source,target}_logits.npy [n, vocab] (float32),
+                         PyTorch's logits of the fp16 weights; tok_text.txt + tok_ids.npy
+  models.json            shapes, steps, tokens, seconds, test perplexity (in / out)
+and, with --calibrate BIN (mapflow-calibrate), sample maps [L, H, N, N] of both models on
+the calibration split into WORK/cal/{src,tgt} and the profile OUT/profile.pb.
+
+  train_small.py --data bench/quality/data --out bench/models --work DIR
+                 [--src-seconds 540] [--tgt-seconds 420] [--calibrate build/bin/mapflow-calibrate]
+
+Debian's torch uses the reference BLAS (about 3 GFLOPS here); run it with OpenBLAS from
+`apt-get download libopenblas0-pthread` unpacked and put first on LD_LIBRARY_PATH (20x).
+"""
+import argparse
+import heapq
+import json
+import math
+import os
+import re
+import struct
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import model as M  # noqa: E402
+import train as T  # noqa: E402
+
+# Pre-tokenizer (mapflow-worker's tokenizer.c implements the same rule): classes
+# L = ASCII letters and bytes >= 0x80, D = digits, S = whitespace, P = the rest; a chunk is
+# an optional space and a run of one class, or whitespace that leaves its last byte to a
+# following word.
+_S = rb" \t\n\r\x0b\x0c"
+PRETOK = re.compile(rb" ?[A-Za-z\x80-\xff]+| ?[0-9]+| ?[^A-Za-z0-9\x80-\xff" + _S + rb"]+|["
+                    + _S + rb"]+(?![^" + _S + rb"])|[" + _S + rb"]+")
+
+
+def log(*a):
+    print("[train_small %6.1fs]" % (time.time() - T0), *a, flush=True)
+
+
+T0 = time.time()
+
+
+def bpe_train(text_bytes, vocab):
+    """Merges (a, b) in rank order, by pair frequency over the pre-tokenized chunks."""
+    counts = Counter(PRETOK.findall(text_bytes))
+    words = [list(w) for w in counts]
+    freq = list(counts.values())
+    pairs, where = Counter(), {}
+    for wi, w in enumerate(words):
+        for p in zip(w, w[1:]):
+            pairs[p] += freq[wi]
+            where.setdefault(p, set()).add(wi)
+    heap = [(-c, p) for p, c in pairs.items()]
+    heapq.heapify(heap)
+    merges = []
+    while len(merges) < vocab - 256 and heap:
+        c, p = heapq.heappop(heap)
+        if pairs.get(p, 0) != -c or c == 0:
+            continue
+        new = 256 + len(merges)
+        merges.append(p)
+        touched = Counter()
+        for wi in where.pop(p, ()):
+            w, f = words[wi], freq[wi]
+            for q in zip(w, w[1:]):
+                pairs[q] -= f
+                touched[q] += 1
+            out, i = [], 0
+            while i < len(w):
+                if i + 1 < len(w) and (w[i], w[i + 1]) == p:
+                    out.append(new)
+                    i += 2
+                else:
+                    out.append(w[i])
+                    i += 1
+            words[wi] = out
+            for q in zip(out, out[1:]):
+                pairs[q] += f
+                touched[q] += 1
+                where.setdefault(q, set()).add(wi)
+        pairs.pop(p, None)
+        for q in touched:
+            if q != p and pairs.get(q, 0) > 0:
+                heapq.heappush(heap, (-pairs[q], q))
+    return merges
+
+
+class Bpe:
+    def __init__(self, merges):
+        self.rank = {p: r for r, p in enumerate(merges)}
+        self.cache = {}
+        self.bytes = [bytes([i]) for i in range(256)] + [b""] * len(merges)
+        for r, (a, b) in enumerate(merges):
+            self.bytes[256 + r] = self.bytes[a] + self.bytes[b]
+
+    def chunk(self, c):
+        """Lowest-rank pair first, every occurrence left to right, until none is left."""
+        w = list(c)
+        while len(w) > 1:
+            best = min(((self.rank.get(p, 1 << 30), p) for p in zip(w, w[1:])))
+            if best[0] == 1 << 30:
+                break
+            p, new, out, i = best[1], 256 + best[0], [], 0
+            while i < len(w):
+                if i + 1 < len(w) and (w[i], w[i + 1]) == p:
+                    out.append(new)
+                    i += 2
+                else:
+                    out.append(w[i])
+                    i += 1
+            w = out
+        return w
+
+    def encode(self, text):
+        out = []
+        for c in PRETOK.findall(text.encode("utf-8", "replace")):
+            ids = self.cache.get(c)
+            if ids is None:
+                ids = self.cache[c] = self.chunk(c)
+            out.extend(ids)
+        return np.asarray(out, dtype=np.int32)
+
+    def decode(self, ids):
+        return b"".join(self.bytes[i] for i in ids).decode("utf-8", "replace")
+
+
+def save_tokenizer(merges, path):
+    with open(path, "w") as f:
+        f.write("mapflow-bpe 1\n%d\n" % len(merges))
+        f.writelines("%d %d\n" % p for p in merges)
+
+
+def save_safetensors_f16(m, path, meta):
+    """safetensors by hand (the package is missing): u64 header length, JSON, raw data."""
+    sd = {k: v.detach().to(torch.float16).contiguous().cpu().numpy() for k, v in
+          m.state_dict().items()}
+    header, off = {"__metadata__": {k: str(v) for k, v in meta.items()}}, 0
+    for k, a in sd.items():
+        header[k] = {"dtype": "F16", "shape": list(a.shape), "data_offsets": [off, off + a.nbytes]}
+        off += a.nbytes
+    hj = json.dumps(header, separators=(",", ":")).encode()
+    hj += b" " * (-len(hj) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(hj)) + hj)
+        for a in sd.values():
+            f.write(a.tobytes())
+
+
+def load_f16_into(m, path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    sd = {}
+    for k, v in header.items():
+        if k == "__metadata__":
+            continue
+        a, b = v["data_offsets"]
+        sd[k] = torch.from_numpy(np.frombuffer(data[a:b], dtype=np.float16).astype(np.float32)
+                                 .reshape(v["shape"]))
+    m.load_state_dict(sd)
+    return m.eval()
+
+
+def train_budget(cfg, data, seconds, seed, batch, lr):
+    """train.py's recipe (AdamW, clip 1, cosine to 10 %) for a CPU: a few hundred steps at
+    most, so the warm-up is a tenth of them; the step count comes from the first steps' speed."""
+    torch.manual_seed(seed)
+    g = torch.Generator().manual_seed(seed)
+    m = M.GPT(cfg)
+    decay = [p for p in m.parameters() if p.dim() >= 2]
+    other = [p for p in m.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                             {"params": other, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95))
+    span = torch.arange(cfg.ctx + 1)
+    t0, total, step, loss = time.time(), None, 0, None
+    while total is None or step < total:
+        if step == 3 and total is None:
+            total = max(10, int(seconds / ((time.time() - t0) / 3)))
+            log("  %.1f s/step: %d steps" % ((time.time() - t0) / 3, total))
+        warm = max(3, (total or 30) // 10)
+        c = 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, step / (total or 30))))
+        for grp in opt.param_groups:
+            grp["lr"] = lr * min(1.0, (step + 1) / warm) * c
+        off = torch.randint(0, len(data) - cfg.ctx - 1, (batch,), generator=g)
+        xy = data[off[:, None] + span[None, :]].long()
+        loss = F.cross_entropy(m(xy[:, :-1]).view(-1, cfg.vocab), xy[:, 1:].reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if step % 20 == 0:
+            log("  step %d loss %.3f" % (step, loss.item()))
+        step += 1
+    return m.eval(), {"steps": step, "tokens": step * batch * cfg.ctx,
+                      "seconds": time.time() - t0, "final_loss": float(loss.item())}
+
+
+@torch.no_grad()
+def attention_maps(m, idx):
+    """[L, H, N, N] softmax probabilities of one sequence, through the model's attn hook."""
+    maps = []
+
+    def hook(layer, q, k, v):
+        s = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(q.shape[-1])
+        n = q.shape[2]
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), -math.inf)
+        p = torch.softmax(s, -1)
+        maps.append(p[0])
+        return p @ v.float()
+    m(idx[None, :], attn=hook)
+    return torch.stack(maps).numpy().astype(np.float16)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--vocab", type=int, default=4096)
+    ap.add_argument("--chars", type=int, default=1_500_000, help="per training source")
+    ap.add_argument("--bpe-chars", type=int, default=3_000_000)
+    ap.add_argument("--ctx", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--src", default="4,4,256")
+    ap.add_argument("--tgt", default="3,3,192")
+    ap.add_argument("--src-seconds", type=float, default=540)
+    ap.add_argument("--tgt-seconds", type=float, default=420)
+    ap.add_argument("--test-windows", type=int, default=24)
+    ap.add_argument("--calibrate", default="")
+    ap.add_argument("--cal-n", type=int, default=512)
+    ap.add_argument("--cal-samples", type=int, default=6)
+    ap.add_argument("--block", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    os.makedirs(os.path.join(args.out, "fixture"), exist_ok=True)
+    os.makedirs(args.work, exist_ok=True)
+    names = M.TRAIN_SOURCES + list(M.TEST_SOURCES.values())
+    texts = M.read_texts(args.data, names, args.chars)
+    train, calib = [], []
+    for n in M.TRAIN_SOURCES:
+        t = texts[n]
+        cut = int(len(t) * (1 - M.CALIB_SHARE))
+        cut = t.rfind("\n", 0, cut) + 1 or cut
+        train.append(t[:cut])
+        calib.append(t[cut:])
+    per = args.bpe_chars // len(train)
+    merges = bpe_train("".join(t[:per] for t in train).encode("utf-8", "replace"), args.vocab)
+    save_tokenizer(merges, os.path.join(args.out, "tokenizer.txt"))
+    tok = Bpe(merges)
+    vocab = 256 + len(merges)
+    log("BPE: %d merges" % len(merges))
+    data = torch.from_numpy(np.concatenate([tok.encode(t) for t in train]))
+    test = {k: tok.encode(texts[v]) for k, v in M.TEST_SOURCES.items()}
+    cal = tok.encode("".join(calib))
+    log("tokens: train %d, test in %d out %d, calib %d" % (len(data), len(test["in"]),
+                                                          len(test["out"]), len(cal)))
+    # The held-out passage: a stretch of the "in" test text starting at a paragraph.
+    tin = texts[M.TEST_SOURCES["in"]]
+    start = tin.find("\n\n", len(tin) // 2) + 2
+    with open(os.path.join(args.out, "passage.txt"), "w") as f:
+        f.write(tin[start:start + 6000])
+    sample = "Hello, world!  The 3 models\n\tsaid: \"caf\u00e9 \u2014 ok?\" 2024-01-01  \n"
+    with open(os.path.join(args.out, "fixture", "tok_text.txt"), "w") as f:
+        f.write(sample)
+    np.save(os.path.join(args.out, "fixture", "tok_ids.npy"), tok.encode(sample).astype(np.float32))
+    fx = test["in"][1000:1024]
+    np.save(os.path.join(args.out, "fixture", "tokens.npy"), fx.astype(np.float32))
+
+    report = {"vocab": vocab, "ctx": args.ctx, "block": args.block}
+    dev = torch.device("cpu")
+    for name, shape, secs, seed, lr in (("source", args.src, args.src_seconds, 1, 2e-3),
+                                        ("target", args.tgt, args.tgt_seconds, 2, 2.5e-3)):
+        nl, nh, dm = (int(x) for x in shape.split(","))
+        cfg = M.Cfg(vocab, nl, nh, dm, args.ctx)
+        log("training %s %s for %.0f s" % (name, shape, secs))
+        m, st = train_budget(cfg, data, secs, seed, args.batch, lr)
+        path = os.path.join(args.out, name + ".safetensors")
+        save_safetensors_f16(m, path, cfg.as_dict())
+        m = load_f16_into(M.GPT(cfg), path)  # evaluate exactly what is committed
+        st["params"] = sum(p.numel() for p in m.parameters())
+        for split in ("in", "out"):
+            st["ppl_" + split], st["windows_" + split] = T.test_ppl(
+                m, test[split], args.ctx, args.test_windows, dev)
+        with torch.no_grad():
+            logits = m(torch.from_numpy(fx.astype(np.int64))[None, :])[0].float().numpy()
+        np.save(os.path.join(args.out, "fixture", name + "_logits.npy"), logits)
+        log("%s: %d params, %d tokens, ppl in %.2f out %.2f" % (
+            name, st["params"], st["tokens"], st["ppl_in"], st["ppl_out"]))
+        st.pop("losses", None)
+        report[name] = dict(st, shape=cfg.as_dict())
+        if args.calibrate:
+            d = os.path.join(args.work, "cal", name)
+            os.makedirs(d, exist_ok=True)
+            for s in range(args.cal_samples):
+                w = cal[s * args.cal_n:(s + 1) * args.cal_n]
+                np.save(os.path.join(d, "seq-%03d.npy" % s),
+                        attention_maps(m, torch.from_numpy(w.astype(np.int64))))
+    with open(os.path.join(args.out, "models.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    if args.calibrate:
+        cmd = [args.calibrate, "--source", os.path.join(args.work, "cal", "source"),
+               "--target", os.path.join(args.work, "cal", "target"),
+               "--out", os.path.join(args.out, "profile.pb"), "--block", str(args.block),
+               "--source-model", "mapflow-small-src", "--target-model", "mapflow-small-tgt",
+               "--recompute-last", "1"]
+        log(" ".join(cmd))
+        subprocess.run(cmd, check=True)
+    log("done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+/* handoff — see handoff.h. */
+#include "handoff.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "mf_profile.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void free_layer(mfw_extract_t *e, uint32_t l)
+{
+    for (uint32_t i = 0; e->rows[l] && i < e->n_blocks; i++)
+        free(e->rows[l][i]);
+    free(e->rows[l]);
+    free(e->sizes[l]);
+    e->rows[l] = NULL;
+    e->sizes[l] = NULL;
+}
+
+void mfw_extract_release(mfw_extract_t *e)
+{
+    for (uint32_t l = 0; l < MFW_MAX_LAYERS; l++)
+        free_layer(e, l);
+}
+
+mf_status_t mfw_extract_hook(void *ctx, const mfw_attn_args_t *a)
+{
+    mfw_extract_t *e = ctx;
+    mf_status_t st = mfw_attention(a);
+    if (st != MF_OK || a->pos0 != 0 || a->layer >= MFW_MAX_LAYERS || !e->want[a->layer] ||
+        a->n < e->block_size)
+        return st;
+    uint32_t nb = a->n / e->block_size, l = a->layer;
+    free_layer(e, l);
+    e->n_blocks = nb;
+    e->rows[l] = calloc(nb, sizeof(void *));
+    e->sizes[l] = calloc(nb, sizeof(size_t));
+    size_t *caps = calloc(nb, sizeof(size_t));
+    if (!e->rows[l] || !e->sizes[l] || !caps) {
+        free(caps);
+        return MF_RESOURCE_EXHAUSTED;
+    }
+    size_t mlen = strlen(e->model);
+    for (uint32_t i = 0; i < nb; i++) {
+        caps[i] = mf_extract_row_bound(e->codec, e->block_size, a->n_heads, i, mlen);
+        st = !caps[i] ? MF_INVALID_ARGUMENT : MF_RESOURCE_EXHAUSTED;
+        if (!caps[i] || !(e->rows[l][i] = aligned_alloc(16, (caps[i] + 15) & ~(size_t)15))) {
+            free(caps);
+            return st;
+        }
+    }
+    mf_extract_args_t ea = { .src = { a->q, a->k, NULL, MF_DTYPE_F32, a->n, a->n_heads,
+                                      a->n_heads, a->head_dim },
+                             .block_size = e->block_size, .top_p = e->top_p, .codec = e->codec,
+                             .i0 = 0, .i1 = nb, .model = e->model, .ns = e->ns, .layer = l,
+                             .tokens = e->tokens };
+    uint32_t failed = 0;
+    double t0 = now_s();
+    st = mf_extract_ref(&ea, e->rows[l], caps, e->sizes[l], &failed, &e->why);
+    e->seconds += now_s() - t0;
+    free(caps);
+    return st;
+}
+
+uint32_t mfw_profile_source_layers(const Mapflow__V1__MappingProfile *p, uint32_t *layers,
+                                   uint32_t max)
+{
+    uint32_t n = 0;
+    for (size_t i = 0; i < p->n_layers; i++) {
+        uint32_t s = p->layers[i]->source_layer, k = 0;
+        while (k < n && layers[k] < s)
+            k++;
+        if ((k < n && layers[k] == s) || n == max)
+            continue;
+        memmove(layers + k + 1, layers + k, sizeof(uint32_t) * (n - k));
+        layers[k] = s;
+        n++;
+    }
+    return n;
+}
+
+mf_status_t mfw_reuse_hook(void *ctx, const mfw_attn_args_t *a)
+{
+    mfw_reuse_t *r = ctx;
+    const Mapflow__V1__LayerMap *lm = a->pos0 == 0 && r->n_rows
+                                          ? mf_profile_layer(r->profile, a->layer) : NULL;
+    if (!lm || lm->source_layer >= MFW_MAX_LAYERS || !r->rows[lm->source_layer])
+        return mfw_attention(a);
+    uint8_t modes[64];
+    float tops[64];
+    mf_layer_map_t map;
+    mf_status_t st = mf_layer_map_from_proto(lm, &map, modes, tops);
+    if (st != MF_OK || map.n_target_heads != a->n_heads) {
+        r->why = "profile layer does not fit the target's heads";
+        return st != MF_OK ? st : MF_FAILED_PRECONDITION;
+    }
+    const Mapflow__V1__RecomputePolicy *rp = r->profile->recompute;
+    mf_apply_args_t aa = { .rows = r->rows[lm->source_layer], .n_rows = r->n_rows, .map = &map,
+                           .tgt = { a->q, a->k, a->v, MF_DTYPE_F32, a->n, a->n_heads,
+                                    a->n_heads, a->head_dim },
+                           .block_size = r->profile->block_size,
+                           .exact_first = rp ? rp->first_blocks : 0,
+                           .exact_last = rp ? rp->last_blocks : 0, .o = a->o };
+    mf_apply_stats_t s = { 0 };
+    double t0 = now_s();
+    st = mf_apply_ref(&aa, &s, &r->why);
+    r->seconds += now_s() - t0;
+    r->stats.exact_blocks += s.exact_blocks;
+    r->stats.prob_tiles += s.prob_tiles;
+    r->stats.mask_blocks += s.mask_blocks;
+    r->stats.mask_candidates += s.mask_candidates;
+    r->layers_mapped += st == MF_OK;
+    return st;
+}
