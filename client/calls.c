@@ -436,6 +436,7 @@ enum get_single { GET_MANY = 0, GET_ONE_COPY, GET_ONE_LEASE };
 /* What each returned row must agree with, and where the outcome goes. */
 typedef struct get_arg {
     mf_get_mode_t mode;
+    int arena_copy;             /* copy mode sent as a lease: memcpy from the arena, release */
     size_t expect_rows;
     /* prefix mode (copies) */
     char *model;
@@ -466,9 +467,10 @@ static void get_arg_free(void *arg)
 
 /* Decodes one returned row and checks it against the request: never hand out bytes
  * that are not what was asked for. */
-static mf_status_t verify_row(const get_arg_t *x, size_t i, mf_row_ref_t *r, const char **why)
+static mf_status_t verify_row(const get_arg_t *x, size_t i, mf_row_ref_t *r, unsigned flags,
+                              const char **why)
 {
-    mf_status_t st = mf_row_decode(r->data, r->length, 0, &r->view, why);
+    mf_status_t st = mf_row_decode(r->data, r->length, flags, &r->view, why);
     if (st != MF_OK)
         return MF_DATA_LOSS;
     const mf_row_view_t *v = &r->view;
@@ -516,27 +518,59 @@ static void release_reply_leases(mf__op_t *op, const Mapflow__V1__GetReply *gr)
     free(ids);
 }
 
-/*
- * UCX: the reply leased the rows where they sit in the daemon's arena; read them all
- * one-sided into one 16-byte aligned buffer (*copy, owned by the caller from now on) and
- * release the leases. off[i] is row i's place in it (SIZE_MAX: no bytes: not OK, or its
- * range lies outside the arena, which makes it DATA_LOSS).
- */
-static mf_status_t fetch_remote(mf__op_t *op, const Mapflow__V1__GetReply *gr, size_t *off,
-                                uint8_t **copy)
+/* Lays out the leased rows of a reply in one 16-byte aligned buffer: off[i] is row i's
+ * place (SIZE_MAX: no bytes: not OK, or its range lies outside the arena of `bytes`,
+ * which makes it DATA_LOSS); returns the buffer's size and the count of rows in *n. */
+static size_t plan_leased_rows(const Mapflow__V1__GetReply *gr, uint64_t bytes, size_t *off,
+                               size_t *n)
 {
-    const mf__conn_t *c = mf__op_conn(op);
-    size_t total = 0, n = 0;
+    size_t total = 0;
+    *n = 0;
     for (size_t i = 0; i < gr->n_rows; i++) {
         const Mapflow__V1__RowRef *rr = gr->rows[i];
         off[i] = SIZE_MAX;
         if (rr->status != MF_OK || rr->length > MF_ROW_MAX_BYTES ||
-            rr->arena_offset > c->remote_bytes || rr->length > c->remote_bytes - rr->arena_offset)
+            rr->arena_offset > bytes || rr->length > bytes - rr->arena_offset)
             continue;
         off[i] = total;
         total += ((size_t)rr->length + 15) & ~(size_t)15;
-        n++;
+        (*n)++;
     }
+    return total;
+}
+
+/*
+ * Copy gets on a channel with the mapped arena: the reply leased the rows where they
+ * sit; copy them into one aligned buffer (*copy, the caller's from now on) and release
+ * the leases. One memcpy per row instead of the daemon writing them into the socket and
+ * this side reading and copying them again.
+ */
+static mf_status_t copy_from_arena(mf__op_t *op, const Mapflow__V1__GetReply *gr, size_t *off,
+                                   uint8_t **copy)
+{
+    const mf__conn_t *c = mf__op_conn(op);
+    size_t n;
+    size_t total = plan_leased_rows(gr, c->arena ? c->arena_bytes : 0, off, &n);
+    *copy = aligned_alloc(16, total ? total : 16);
+    if (*copy)
+        for (size_t i = 0; i < gr->n_rows; i++)
+            if (off[i] != SIZE_MAX)
+                memcpy(*copy + off[i], c->arena + gr->rows[i]->arena_offset,
+                       gr->rows[i]->length);
+    release_reply_leases(op, gr);
+    if (!*copy)
+        return (mf_status_t)mf__op_error(op, MF_RESOURCE_EXHAUSTED, "out of memory");
+    return MF_OK;
+}
+
+/* UCX: the reply leased the rows where they sit in the daemon's arena; read them all
+ * one-sided into one aligned buffer (*copy, the caller's from now on), release the leases. */
+static mf_status_t fetch_remote(mf__op_t *op, const Mapflow__V1__GetReply *gr, size_t *off,
+                                uint8_t **copy)
+{
+    const mf__conn_t *c = mf__op_conn(op);
+    size_t n;
+    size_t total = plan_leased_rows(gr, c->remote_bytes, off, &n);
     mf__ucx_rma_t *v = malloc((n ? n : 1) * sizeof(*v));
     *copy = aligned_alloc(16, total ? total : 16);
     mf_status_t st = MF_OK;
@@ -558,8 +592,10 @@ static mf_status_t fetch_remote(mf__op_t *op, const Mapflow__V1__GetReply *gr, s
     return st;
 }
 
-/* Turns a GetReply into an mf_get_result_t; the rows of copy mode (reply payload) and of
- * a UCX channel (read one-sided) are copied into 16-byte aligned memory the result owns.
+/* Turns a GetReply into an mf_get_result_t; the rows of copy mode (reply payload, or the
+ * arena for a batch on an arena channel) and of a UCX channel (read one-sided) are copied
+ * into 16-byte aligned memory the result owns. A single-row arena copy (mf_get) keeps
+ * pointing into the arena: take_get copies it into the caller's buffer and releases.
  * A row that fails verification becomes DATA_LOSS and its reason the op's message. */
 static mf_status_t get_result_build(mf__op_t *op, const mf__reply_t *rep, const get_arg_t *x,
                                     mf_get_result_t **out)
@@ -573,13 +609,18 @@ static mf_status_t get_result_build(mf__op_t *op, const mf__reply_t *rep, const 
     if (!res)
         return (mf_status_t)mf__op_error(op, MF_RESOURCE_EXHAUSTED, "out of memory");
     res->rows = calloc(gr->n_rows ? gr->n_rows : 1, sizeof(mf_row_ref_t));
-    size_t *roff = c->ucx ? malloc((gr->n_rows ? gr->n_rows : 1) * sizeof(*roff)) : NULL;
+    /* rows laid out in one buffer after a one-sided read or a copy out of the arena */
+    int gathered = c->ucx || (x->arena_copy && x->single == GET_MANY);
+    size_t *roff = gathered ? malloc((gr->n_rows ? gr->n_rows : 1) * sizeof(*roff)) : NULL;
     uint8_t *copy = NULL;
-    int copy_mode = x->mode == MF_GET_COPY && !c->ucx;
+    int copy_mode = x->mode == MF_GET_COPY && !c->ucx && !x->arena_copy;
+    /* The daemon checksummed every row at commit; HEADER skips doing it again here. */
+    unsigned flags = !c->ucx && !copy_mode && op->ch->verify == MF_VERIFY_HEADER
+                         ? MF_ROW_NO_CHECKSUM : 0;
     if (copy_mode && rep->payload_len)
         copy = res->priv_ = aligned_alloc(16, ((size_t)rep->payload_len + 15) & ~(size_t)15);
-    if (!res->rows || (copy_mode && rep->payload_len && !copy) || (c->ucx && !roff)) {
-        if (c->ucx)
+    if (!res->rows || (copy_mode && rep->payload_len && !copy) || (gathered && !roff)) {
+        if (gathered)
             release_reply_leases(op, gr);
         free(roff);
         mf_get_result_free(res);
@@ -587,8 +628,9 @@ static mf_status_t get_result_build(mf__op_t *op, const mf__reply_t *rep, const 
     }
     if (copy)
         memcpy(copy, rep->payload, rep->payload_len);
-    if (c->ucx) {
-        mf_status_t st = fetch_remote(op, gr, roff, &copy);
+    if (gathered) {
+        mf_status_t st = c->ucx ? fetch_remote(op, gr, roff, &copy)
+                                : copy_from_arena(op, gr, roff, &copy);
         if (st != MF_OK) {
             free(roff);
             mf_get_result_free(res);
@@ -605,12 +647,13 @@ static mf_status_t get_result_build(mf__op_t *op, const mf__reply_t *rep, const 
         r->layer = rr->layer;
         r->block = rr->block;
         r->tier = (mf_tier_t)rr->tier;
-        r->lease_id = c->ucx ? 0 : rr->lease_id; /* UCX: released after the copy */
+        /* UCX and arena copies: released after the copy */
+        r->lease_id = c->ucx || x->arena_copy ? 0 : rr->lease_id;
         if (r->status != MF_OK)
             continue;
         r->length = rr->length;
         const char *why = "row outside the reply";
-        if (c->ucx) {
+        if (gathered) {
             if (roff[i] == SIZE_MAX) {
                 r->status = MF_DATA_LOSS;
                 continue;
@@ -631,7 +674,7 @@ static mf_status_t get_result_build(mf__op_t *op, const mf__reply_t *rep, const 
             }
             r->data = c->arena + rr->arena_offset;
         }
-        r->status = verify_row(x, i, r, &why);
+        r->status = verify_row(x, i, r, flags, &why);
         if (r->status != MF_OK) {
             mf__op_error(op, MF_DATA_LOSS, "row %zu (layer %u block %u): %s", i, r->layer,
                          r->block, why);
@@ -648,8 +691,11 @@ static mf_status_t take_get(mf__op_t *op, const mf__reply_t *rep, void *arg)
     get_arg_t *a = arg;
     mf_get_result_t *res = NULL;
     mf_status_t st = get_result_build(op, rep, a, &res);
-    if (st != MF_OK)
+    if (st != MF_OK) {
+        if (a->arena_copy && a->single != GET_MANY)
+            release_reply_leases(op, rep->env->get_reply);
         return st;
+    }
     if (a->single == GET_MANY) {
         *a->out = res;
         return MF_OK;
@@ -668,6 +714,9 @@ static mf_status_t take_get(mf__op_t *op, const mf__reply_t *rep, void *arg)
                                            "buffer %zu", r->length, a->cap);
         else
             memcpy(a->buf, r->data, r->length);
+    }
+    if (a->arena_copy && a->single == GET_ONE_COPY) {
+        release_reply_leases(op, rep->env->get_reply);
     } else if (a->single == GET_ONE_LEASE) {
         a->lease->lease_id = r->lease_id; /* set even on DATA_LOSS, so it can be released */
         a->lease->ttl_ms = res->lease_ttl_ms;
@@ -690,6 +739,13 @@ static mf_status_t check_mode(mf_channel_t *ch, mf_get_mode_t mode)
         return mf__chan_error(ch, MF_FAILED_PRECONDITION, "leased gets need the host arena "
                               "(open the channel on a unix socket with want_arena)");
     return MF_OK;
+}
+
+/* Copy gets on a unix channel with the mapped arena lease the rows and copy them out of
+ * it (one memcpy, no payload through the socket), then release the leases one-way. */
+static int arena_copy_ok(mf_channel_t *ch, mf_get_mode_t mode)
+{
+    return mode == MF_GET_COPY && !ch->remote && mf_channel_has_arena(ch);
 }
 
 static mf__op_t *get_prefix_new(mf_channel_t *ch, const char *peer, const char *model,
@@ -729,6 +785,7 @@ static mf__op_t *get_prefix_new(mf_channel_t *ch, const char *peer, const char *
         return NULL;
     }
     a->mode = mode;
+    a->arena_copy = arena_copy_ok(ch, mode);
     a->block_size = block_size;
     a->n_tokens = nt;
     a->expect_rows = n_layers * (end - first_block);
@@ -741,7 +798,8 @@ static mf__op_t *get_prefix_new(mf_channel_t *ch, const char *peer, const char *
     g.first_block = first_block;
     g.n_blocks = (uint32_t)(end - first_block);
     g.peer = (char *)(peer ? peer : "");
-    g.mode = ch->remote ? MAPFLOW__V1__GET_MODE__GET_LEASE : (Mapflow__V1__GetMode)mode;
+    g.mode = ch->remote || a->arena_copy ? MAPFLOW__V1__GET_MODE__GET_LEASE
+                                         : (Mapflow__V1__GetMode)mode;
     ENV(req, GET, get) = &g;
     *st = MF_RESOURCE_EXHAUSTED;
     return mf__simple_new(ch, &req, a->tokens, nt * 4, MAPFLOW__V1__ENVELOPE__BODY_GET_REPLY,
@@ -835,6 +893,7 @@ static mf__op_t *get_keys_new(mf_channel_t *ch, const char *peer, const mf_key_t
         o += l;
     }
     a->mode = mode;
+    a->arena_copy = arena_copy_ok(ch, mode);
     a->expect_rows = n_keys;
     a->single = outs->single;
     a->out = outs->out;
@@ -846,7 +905,8 @@ static mf__op_t *get_keys_new(mf_channel_t *ch, const char *peer, const mf_key_t
     g.n_keys = n_keys;
     g.keys = kp;
     g.peer = (char *)(peer ? peer : "");
-    g.mode = ch->remote ? MAPFLOW__V1__GET_MODE__GET_LEASE : (Mapflow__V1__GetMode)mode;
+    g.mode = ch->remote || a->arena_copy ? MAPFLOW__V1__GET_MODE__GET_LEASE
+                                         : (Mapflow__V1__GetMode)mode;
     ENV(req, GET, get) = &g;
     op = mf__simple_new(ch, &req, NULL, 0, MAPFLOW__V1__ENVELOPE__BODY_GET_REPLY, take_get, a,
                         get_arg_free);

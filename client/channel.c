@@ -1500,6 +1500,12 @@ static mf_status_t open_params(mf_channel_t *ch, const mf_channel_params_t *p)
                                   "[1, 10], jitter in [0, 1]");
         ch->retry = *r;
     }
+    if (m & MF_CHANNEL_PARAM_VERIFY) {
+        if (p->verify != MF_VERIFY_FULL && p->verify != MF_VERIFY_HEADER)
+            return mf__chan_error(ch, MF_INVALID_ARGUMENT, "verify must be MF_VERIFY_FULL or "
+                                  "MF_VERIFY_HEADER");
+        ch->verify = p->verify;
+    }
     const char *ns = (m & MF_CHANNEL_PARAM_NS) && p->ns ? p->ns : "default";
     size_t nl = strlen(ns);
     if (nl == 0 || nl > MF__MAX_NS)

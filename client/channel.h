@@ -165,6 +165,7 @@ struct mf_channel {
     int64_t timeout_ms;
     uint32_t max_frame;         /* largest frame we accept and send */
     mf_retry_policy_t retry;
+    mf_verify_t verify;         /* checks on rows read from the arena; fixed at open */
     uint64_t rng;               /* jitter */
     /* connection */
     int state;

@@ -110,7 +110,22 @@ enum mf_channel_param_field {
     MF_CHANNEL_PARAM_TIMEOUT_MS  = 1u << 4, /* default 30000 */
     MF_CHANNEL_PARAM_MAX_FRAME   = 1u << 5, /* default MF_FRAME_DEFAULT_MAX (64 MiB) */
     MF_CHANNEL_PARAM_RETRY       = 1u << 6, /* default mf_retry_policy_default() */
+    MF_CHANNEL_PARAM_VERIFY      = 1u << 7, /* default MF_VERIFY_FULL */
 };
+
+/*
+ * How much of a row read straight from the mapped host arena (leased gets, and copy gets
+ * on an arena channel, which lease, copy and release) the client checks. The daemon
+ * validated every row, checksum included, when it was committed.
+ * FULL: header, key/tokens and the whole-row checksum (reads every byte once more).
+ * HEADER: header and key/tokens only. Faster for large rows, but the arena is shared
+ * memory: a same-node process that can write it could alter a row after its commit, and
+ * only FULL catches that. Rows that travel in a reply payload or by RMA are always FULL.
+ */
+typedef enum mf_verify {
+    MF_VERIFY_FULL = 0,
+    MF_VERIFY_HEADER = 1,
+} mf_verify_t;
 
 /* Retries of attempts that fail with UNAVAILABLE: before retry n (0-based) the call
  * waits min(initial_backoff_ms × multiplier^n, max_backoff_ms) × (1 ± jitter). Bounded
@@ -135,6 +150,7 @@ typedef struct mf_channel_params {
     int64_t timeout_ms;      /* default deadline of each call, including open */
     uint32_t max_frame;      /* largest reply frame accepted */
     mf_retry_policy_t retry; /* MF_CHANNEL_PARAM_RETRY */
+    mf_verify_t verify;      /* MF_CHANNEL_PARAM_VERIFY: checks on arena rows */
 } mf_channel_params_t;
 
 /* Per-call deadline arguments (every call's last parameter, in milliseconds). */
