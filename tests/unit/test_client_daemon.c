@@ -8,7 +8,8 @@
  * prefixes, demotion under a small host budget and promotion on a hit, leased entries
  * never evicted, reservations reclaimed at their TTL and on disconnect, a killed client's
  * leases released, durable entries surviving SIGKILL + restart, namespace isolation, the
- * TCP token, and malformed frames answered with an error while others are served.
+ * TCP token, malformed frames answered with an error while others are served, and copy
+ * gets on an arena channel (lease + copy + release) with both verify levels.
  * Waits are bounded polls (no timed assertions).
  */
 #include <errno.h>
@@ -284,6 +285,92 @@ static void test_leased_entry_never_evicted(void **state)
                      MF_OK);
     assert_int_not_equal(listed_tier(ch, &r, 0, NULL), MF_TIER_HOST);
     mf_channel_close(other);
+    mf_channel_close(ch);
+    free_rows(&r);
+    daemon_stop(&d, 1);
+}
+
+/* A unix channel with the arena and the given verify level (INVALID_ARGUMENT → NULL). */
+static mf_channel_t *chan_verify(const daemon_t *d, const char *ns, int verify, mf_status_t *st)
+{
+    char target[160];
+    snprintf(target, sizeof(target), "unix:%s", d->sock);
+    mf_channel_params_t p = {.field_mask = MF_CHANNEL_PARAM_NS | MF_CHANNEL_PARAM_WANT_ARENA |
+                                           MF_CHANNEL_PARAM_VERIFY,
+                             .ns = ns, .want_arena = 1, .verify = (mf_verify_t)verify};
+    mf_channel_t *ch = NULL;
+    *st = mf_channel_open(target, &p, &ch);
+    if (*st != MF_OK) {
+        mf_channel_close(ch);
+        return NULL;
+    }
+    return ch;
+}
+
+/* Copy gets on an arena channel lease, copy and release: bytes identical, no lease left
+ * in the result, every pin gone afterwards. A byte altered in the shared arena after
+ * commit: FULL (the default) reports DATA_LOSS, HEADER hands the bytes out. */
+static void test_arena_copy_and_verify(void **state)
+{
+    (void)state;
+    daemon_t d;
+    daemon_start(&d, 0, "--host_bytes", "16mb", NULL);
+    mf_channel_t *ch = chan(&d, "ns-v", 1);
+    assert_true(mf_channel_has_arena(ch));
+    uint32_t tokens[4 * B];
+    tc_tokens(tokens, 4 * B, 77);
+    rows_t r = {0};
+    make_rows(&r, "ns-v", 3, tokens, 4, 900);
+    for (size_t i = 0; i < r.n; i++)
+        put_ok(ch, r.row[i], r.len[i], 0);
+    wait_unpinned(ch);
+
+    mf_key_t keys[4];
+    for (size_t i = 0; i < r.n; i++) {
+        keys[i] = (mf_key_t){MODEL, 3, r.hash[i]};
+        get_key_equal(ch, &r, i);
+    }
+    mf_get_result_t *g = NULL;
+    assert_int_equal(mf_get_keys(ch, keys, 4, MF_GET_COPY, &g, MF_TIMEOUT_DEFAULT), MF_OK);
+    for (size_t i = 0; i < 4; i++) {
+        assert_int_equal(g->rows[i].status, MF_OK);
+        assert_int_equal(g->rows[i].lease_id, 0);
+        assert_int_equal(g->rows[i].length, r.len[i]);
+        assert_memory_equal(g->rows[i].data, r.row[i], r.len[i]);
+        assert_int_equal((uintptr_t)g->rows[i].data % 16, 0);
+    }
+    mf_get_result_free(g);
+    /* A too small buffer: RESOURCE_EXHAUSTED with the size, and the lease still released. */
+    uint8_t small[64];
+    size_t len = 0;
+    assert_int_equal(mf_get(ch, &keys[1], small, sizeof(small), &len, MF_TIMEOUT_DEFAULT),
+                     MF_RESOURCE_EXHAUSTED);
+    assert_int_equal(len, r.len[1]);
+    wait_unpinned(ch); /* fails after 10 s if a copy get left its lease behind */
+
+    mf_status_t st;
+    assert_null(chan_verify(&d, "ns-v", 7, &st));
+    assert_int_equal(st, MF_INVALID_ARGUMENT);
+    mf_channel_t *hdr = chan_verify(&d, "ns-v", MF_VERIFY_HEADER, &st);
+    assert_non_null(hdr);
+    mf_lease_t l;
+    assert_int_equal(mf_get_lease(ch, &keys[2], &l, MF_TIMEOUT_DEFAULT), MF_OK);
+    uint8_t *p = (uint8_t *)(uintptr_t)l.data + l.length - 1;
+    *p ^= 0x5a; /* the tail of the last tile: inside the checksum, outside the header */
+    uint8_t *buf = aligned_alloc(16, (r.len[2] + 15) & ~(size_t)15);
+    assert_int_equal(mf_get(ch, &keys[2], buf, r.len[2], &len, MF_TIMEOUT_DEFAULT),
+                     MF_DATA_LOSS);
+    assert_int_equal(mf_get(hdr, &keys[2], buf, r.len[2], &len, MF_TIMEOUT_DEFAULT), MF_OK);
+    assert_int_equal(len, r.len[2]);
+    assert_int_equal(buf[len - 1], r.row[2][len - 1] ^ 0x5a);
+    assert_memory_equal(buf, r.row[2], len - 1);
+    *p ^= 0x5a;
+    assert_int_equal(mf_get(ch, &keys[2], buf, r.len[2], &len, MF_TIMEOUT_DEFAULT), MF_OK);
+    assert_memory_equal(buf, r.row[2], len);
+    free(buf);
+    assert_int_equal(mf_release(ch, &l.lease_id, 1, NULL, MF_TIMEOUT_DEFAULT), MF_OK);
+    wait_unpinned(ch);
+    mf_channel_close(hdr);
     mf_channel_close(ch);
     free_rows(&r);
     daemon_stop(&d, 1);
@@ -656,6 +743,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_roundtrip_and_lookup),
         cmocka_unit_test(test_small_budget_demotes_and_promotes),
         cmocka_unit_test(test_leased_entry_never_evicted),
+        cmocka_unit_test(test_arena_copy_and_verify),
         cmocka_unit_test(test_reservations_reclaimed),
         cmocka_unit_test(test_killed_client_leases_released),
         cmocka_unit_test(test_restart_keeps_durable),
