@@ -18,7 +18,7 @@ and, with --calibrate BIN (mapflow-calibrate), sample maps [L, H, N, N] of both 
 the calibration split into WORK/cal/{src,tgt} and the profile OUT/profile.pb.
 
   train_small.py --data bench/quality/data --out bench/models --work DIR
-                 [--src-seconds 540] [--tgt-seconds 420] [--calibrate build/bin/mapflow-calibrate]
+                 [--src-seconds 570] [--tgt-seconds 570] [--calibrate build/bin/mapflow-calibrate]
 
 Debian's torch uses the reference BLAS (about 3 GFLOPS here); run it with OpenBLAS from
 `apt-get download libopenblas0-pthread` unpacked and put first on LD_LIBRARY_PATH (20x).
@@ -59,6 +59,19 @@ def log(*a):
 T0 = time.time()
 
 
+def merge_pair(w, p, new):
+    """w with every occurrence of the pair p, left to right, replaced by new."""
+    out, i = [], 0
+    while i < len(w):
+        if i + 1 < len(w) and (w[i], w[i + 1]) == p:
+            out.append(new)
+            i += 2
+        else:
+            out.append(w[i])
+            i += 1
+    return out
+
+
 def bpe_train(text_bytes, vocab):
     """Merges (a, b) in rank order, by pair frequency over the pre-tokenized chunks."""
     counts = Counter(PRETOK.findall(text_bytes))
@@ -84,15 +97,7 @@ def bpe_train(text_bytes, vocab):
             for q in zip(w, w[1:]):
                 pairs[q] -= f
                 touched[q] += 1
-            out, i = [], 0
-            while i < len(w):
-                if i + 1 < len(w) and (w[i], w[i + 1]) == p:
-                    out.append(new)
-                    i += 2
-                else:
-                    out.append(w[i])
-                    i += 1
-            words[wi] = out
+            out = words[wi] = merge_pair(w, p, new)
             for q in zip(out, out[1:]):
                 pairs[q] += f
                 touched[q] += 1
@@ -119,15 +124,7 @@ class Bpe:
             best = min(((self.rank.get(p, 1 << 30), p) for p in zip(w, w[1:])))
             if best[0] == 1 << 30:
                 break
-            p, new, out, i = best[1], 256 + best[0], [], 0
-            while i < len(w):
-                if i + 1 < len(w) and (w[i], w[i + 1]) == p:
-                    out.append(new)
-                    i += 2
-                else:
-                    out.append(w[i])
-                    i += 1
-            w = out
+            w = merge_pair(w, best[1], 256 + best[0])
         return w
 
     def encode(self, text):
@@ -182,8 +179,9 @@ def load_f16_into(m, path):
 
 
 def train_budget(cfg, data, seconds, seed, batch, lr):
-    """train.py's recipe (AdamW, clip 1, cosine to 10 %) for a CPU: a few hundred steps at
-    most, so the warm-up is a tenth of them; the step count comes from the first steps' speed."""
+    """train.py's recipe (AdamW, clip 1, warm-up, cosine to 10 %) on a clock instead of a
+    step count: the schedule follows elapsed / seconds, so a machine whose load changes
+    during the run still ends on time with a finished schedule."""
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed)
     m = M.GPT(cfg)
@@ -192,15 +190,14 @@ def train_budget(cfg, data, seconds, seed, batch, lr):
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
                              {"params": other, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95))
     span = torch.arange(cfg.ctx + 1)
-    t0, total, step, loss = time.time(), None, 0, None
-    while total is None or step < total:
-        if step == 3 and total is None:
-            total = max(10, int(seconds / ((time.time() - t0) / 3)))
-            log("  %.1f s/step: %d steps" % ((time.time() - t0) / 3, total))
-        warm = max(3, (total or 30) // 10)
-        c = 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, step / (total or 30))))
+    t0, step, loss = time.time(), 0, None
+    while True:
+        frac = (time.time() - t0) / seconds
+        if frac >= 1:
+            break
+        c = 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac))
         for grp in opt.param_groups:
-            grp["lr"] = lr * min(1.0, (step + 1) / warm) * c
+            grp["lr"] = lr * min(1.0, frac / 0.05 + 0.01) * c
         off = torch.randint(0, len(data) - cfg.ctx - 1, (batch,), generator=g)
         xy = data[off[:, None] + span[None, :]].long()
         loss = F.cross_entropy(m(xy[:, :-1]).view(-1, cfg.vocab), xy[:, 1:].reshape(-1))
@@ -208,7 +205,7 @@ def train_budget(cfg, data, seconds, seed, batch, lr):
         torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        if step % 20 == 0:
+        if step % 50 == 0:
             log("  step %d loss %.3f" % (step, loss.item()))
         step += 1
     return m.eval(), {"steps": step, "tokens": step * batch * cfg.ctx,
@@ -239,13 +236,13 @@ def main():
     ap.add_argument("--vocab", type=int, default=4096)
     ap.add_argument("--chars", type=int, default=1_500_000, help="per training source")
     ap.add_argument("--bpe-chars", type=int, default=3_000_000)
-    ap.add_argument("--ctx", type=int, default=256)
-    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--ctx", type=int, default=512)
+    ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--src", default="4,4,256")
     ap.add_argument("--tgt", default="3,3,192")
-    ap.add_argument("--src-seconds", type=float, default=540)
-    ap.add_argument("--tgt-seconds", type=float, default=420)
-    ap.add_argument("--test-windows", type=int, default=24)
+    ap.add_argument("--src-seconds", type=float, default=570)
+    ap.add_argument("--tgt-seconds", type=float, default=570)
+    ap.add_argument("--test-windows", type=int, default=6)
     ap.add_argument("--calibrate", default="")
     ap.add_argument("--cal-n", type=int, default=512)
     ap.add_argument("--cal-samples", type=int, default=6)
@@ -289,8 +286,8 @@ def main():
 
     report = {"vocab": vocab, "ctx": args.ctx, "block": args.block}
     dev = torch.device("cpu")
-    for name, shape, secs, seed, lr in (("source", args.src, args.src_seconds, 1, 2e-3),
-                                        ("target", args.tgt, args.tgt_seconds, 2, 2.5e-3)):
+    for name, shape, secs, seed, lr in (("source", args.src, args.src_seconds, 1, 3e-3),
+                                        ("target", args.tgt, args.tgt_seconds, 2, 3.5e-3)):
         nl, nh, dm = (int(x) for x in shape.split(","))
         cfg = M.Cfg(vocab, nl, nh, dm, args.ctx)
         log("training %s %s for %.0f s" % (name, shape, secs))

@@ -7,7 +7,7 @@
 
 #include "mf_profile.h"
 
-static double now_s(void)
+double mfw_now_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -62,9 +62,9 @@ mf_status_t mfw_extract_hook(void *ctx, const mfw_attn_args_t *a)
                              .i0 = 0, .i1 = nb, .model = e->model, .ns = e->ns, .layer = l,
                              .tokens = e->tokens };
     uint32_t failed = 0;
-    double t0 = now_s();
+    double t0 = mfw_now_s();
     st = mf_extract_ref(&ea, e->rows[l], caps, e->sizes[l], &failed, &e->why);
-    e->seconds += now_s() - t0;
+    e->seconds += mfw_now_s() - t0;
     free(caps);
     return st;
 }
@@ -109,9 +109,9 @@ mf_status_t mfw_reuse_hook(void *ctx, const mfw_attn_args_t *a)
                            .exact_first = rp ? rp->first_blocks : 0,
                            .exact_last = rp ? rp->last_blocks : 0, .o = a->o };
     mf_apply_stats_t s = { 0 };
-    double t0 = now_s();
+    double t0 = mfw_now_s();
     st = mf_apply_ref(&aa, &s, &r->why);
-    r->seconds += now_s() - t0;
+    r->seconds += mfw_now_s() - t0;
     r->stats.exact_blocks += s.exact_blocks;
     r->stats.prob_tiles += s.prob_tiles;
     r->stats.mask_blocks += s.mask_blocks;

@@ -61,4 +61,7 @@ typedef struct mfw_reuse {
  * else mfw_attention. ctx is a mfw_reuse_t. */
 mf_status_t mfw_reuse_hook(void *ctx, const mfw_attn_args_t *a);
 
+/* Monotonic clock in seconds (for the workers' timings). */
+double mfw_now_s(void);
+
 #endif /* MFW_HANDOFF_H */

@@ -16,7 +16,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "gpt.h"
 #include "handoff.h"
@@ -32,13 +31,6 @@ typedef struct opts {
     int no_reuse, compare;
     double agree_min;
 } opts_t;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void usage(void)
 {
@@ -159,9 +151,9 @@ static int run_source(const opts_t *o, const mfw_gpt_t *m, const uint32_t *token
     e->tokens = tokens;
     if ((st = mfw_run_create(m, n, &run)) != MF_OK)
         goto out;
-    double t0 = now_s();
+    double t0 = mfw_now_s();
     st = mfw_gpt_forward(m, run, tokens, n, mfw_extract_hook, e, n, NULL);
-    double t_prefill = now_s() - t0;
+    double t_prefill = mfw_now_s() - t0;
     if (st != MF_OK) {
         fprintf(stderr, "source: prefill: %s %s\n", mf_status_name(st), e->why ? e->why : "");
         goto out;
@@ -180,9 +172,9 @@ static int run_source(const opts_t *o, const mfw_gpt_t *m, const uint32_t *token
             items[n_items++].len = e->sizes[layers[i]][b];
             bytes += e->sizes[layers[i]][b];
         }
-    t0 = now_s();
+    t0 = mfw_now_s();
     st = n_items ? mf_put_batch(ch, items, n_items, 0, MF_TIMEOUT_DEFAULT) : MF_OK;
-    double t_put = now_s() - t0;
+    double t_put = mfw_now_s() - t0;
     if (st != MF_OK) {
         fprintf(stderr, "source: put: %s %s\n", mf_status_name(st), mf_channel_last_error(ch));
         goto out;
@@ -243,9 +235,9 @@ static mf_status_t target_pass(const mfw_gpt_t *m, const uint32_t *tokens, uint3
                                                          : mfw_run_create(m, total + gen, &run);
     if (st != MF_OK)
         goto out;
-    double t0 = now_s();
+    double t0 = mfw_now_s();
     st = mfw_gpt_forward(m, run, tokens, total, hook, ctx, n - 1, logits);
-    res->prefill_s = now_s() - t0;
+    res->prefill_s = mfw_now_s() - t0;
     res->nll = 0;
     for (uint32_t i = 0; st == MF_OK && i <= M; i++) {
         const float *l = logits + (size_t)i * V;
@@ -297,11 +289,11 @@ static int run_target(const opts_t *o, const mfw_gpt_t *m, const mfw_tok_t *tok,
         }
         void *pb = NULL;
         size_t pb_len = 0;
-        double t0 = now_s();
+        double t0 = mfw_now_s();
         st = mf_profile_get(ch, o->source_id, o->target_id, &pb, &pb_len, MF_TIMEOUT_DEFAULT);
         if (st != MF_OK || (st = mf_profile_decode(pb, pb_len, &prof, &why)) != MF_OK) {
-            fprintf(stderr, "target: no usable profile %s -> %s: %s %s%s\n", o->source_id,
-                    o->target_id, mf_status_name(st), mf_channel_last_error(ch), why);
+            fprintf(stderr, "target: no usable profile %s -> %s: %s\n", o->source_id,
+                    o->target_id, *why ? why : mf_channel_last_error(ch));
             free(pb);
             goto out;
         }
@@ -317,7 +309,7 @@ static int run_target(const opts_t *o, const mfw_gpt_t *m, const mfw_tok_t *tok,
             st = mf_get_prefix(ch, o->source_id, prof->block_size, tokens,
                                (size_t)hit * prof->block_size, layers, nl, 0, hit, MF_GET_LEASE,
                                &got, MF_TIMEOUT_DEFAULT);
-        t_fetch = now_s() - t0;
+        t_fetch = mfw_now_s() - t0;
         if (st != MF_OK) {
             fprintf(stderr, "target: lookup/get: %s %s\n", mf_status_name(st), mf_channel_last_error(ch));
             goto out;
