@@ -1,6 +1,8 @@
 /* channel — connections, the I/O thread and the operation engine (see channel.h). */
 #include "channel.h"
 
+#include "mf_addr.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -188,23 +190,18 @@ static mf_status_t connect_unix(mf__conn_t *c, const char *path, int64_t deadlin
 static mf_status_t connect_tcp(mf__conn_t *c, const char *hostport, int64_t deadline,
                                char *err)
 {
-    char host[256];
-    const char *colon = strrchr(hostport, ':');
-    if (!colon || colon == hostport || !colon[1] || (size_t)(colon - hostport) >= sizeof(host)) {
+    char host[256], port_s[8];
+    uint16_t port;
+    if (mf_addr_split(hostport, host, sizeof(host), &port, 0) != MF_OK) {
         errf(err, "tcp target must be HOST:PORT, got '%s'", hostport);
         return MF_INVALID_ARGUMENT;
     }
-    size_t hl = (size_t)(colon - hostport);
-    const char *h = hostport;
-    if (hl >= 2 && h[0] == '[' && h[hl - 1] == ']') { /* [v6]:port */
-        h++;
-        hl -= 2;
-    }
-    memcpy(host, h, hl);
-    host[hl] = '\0';
-    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_family = AF_UNSPEC};
+    snprintf(port_s, sizeof(port_s), "%u", (unsigned)port);
+    /* Every address of the name is tried in turn, so this resolves here, not in mf_addr. */
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_family = AF_UNSPEC,
+                             .ai_flags = AI_NUMERICSERV};
     struct addrinfo *res = NULL;
-    int gai = getaddrinfo(host, colon + 1, &hints, &res);
+    int gai = getaddrinfo(host, port_s, &hints, &res);
     if (gai != 0) {
         errf(err, "cannot resolve %s: %s", hostport, gai_strerror(gai));
         return MF_UNAVAILABLE;

@@ -1,6 +1,8 @@
 /* transport_ucx — UCX context, worker, endpoint, frames and arena RMA (see transport_ucx.h). */
 #include "transport_ucx.h"
 
+#include "mf_addr.h"
+
 #include <dlfcn.h>
 #include <errno.h>
 #include <netdb.h>
@@ -443,44 +445,13 @@ mf_status_t mf__ucx_put(mf__ucx_t *u, const mf__ucx_rma_t *v, size_t n, int64_t 
 
 /* ==== connect / close =================================================================== */
 
-static mf_status_t parse_addr(const char *spec, struct sockaddr_storage *ss, socklen_t *len)
-{
-    char host[256];
-    const char *colon = spec ? strrchr(spec, ':') : NULL;
-    size_t hl = colon ? (size_t)(colon - spec) : 0;
-    if (!colon || hl == 0 || hl >= sizeof(host) || !colon[1] || strlen(colon + 1) > 5)
-        return MF_INVALID_ARGUMENT;
-    for (const char *p = colon + 1; *p; p++)
-        if (*p < '0' || *p > '9')
-            return MF_INVALID_ARGUMENT;
-    if (atoi(colon + 1) > 65535 || atoi(colon + 1) == 0)
-        return MF_INVALID_ARGUMENT;
-    memcpy(host, spec, hl);
-    host[hl] = '\0';
-    if (host[0] == '[' && hl > 2 && host[hl - 1] == ']') {
-        memmove(host, host + 1, hl - 2);
-        host[hl - 2] = '\0';
-    }
-    struct addrinfo hints = {0}, *res = NULL;
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_NUMERICSERV;
-    if (getaddrinfo(host, colon + 1, &hints, &res) != 0 || !res)
-        return MF_UNAVAILABLE;
-    memset(ss, 0, sizeof(*ss));
-    memcpy(ss, res->ai_addr, res->ai_addrlen);
-    *len = res->ai_addrlen;
-    freeaddrinfo(res);
-    return MF_OK;
-}
-
 mf_status_t mf__ucx_connect(const char *hostport, uint32_t max_frame, mf__ucx_t **out,
                             char *err, size_t errlen)
 {
     *out = NULL;
     struct sockaddr_storage ss;
     socklen_t sl;
-    mf_status_t ret = parse_addr(hostport, &ss, &sl);
+    mf_status_t ret = mf_addr_resolve(hostport, 0, &ss, &sl);
     if (ret != MF_OK) {
         snprintf(err, errlen, ret == MF_INVALID_ARGUMENT
                                   ? "ucx target must be ucx:HOST:PORT, got 'ucx:%s'"

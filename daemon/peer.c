@@ -1,6 +1,7 @@
 /* peer — UCX serving hooks, links to peer daemons, read-through fetches (see peer.h). */
 #include "peer.h"
 #include "log.h"
+#include "mf_addr.h"
 #include "server.h"
 
 #include <stdarg.h>
@@ -1093,10 +1094,10 @@ mf_status_t mfd_peers_create(mfd_server_t *s, mfd_peers_t **out, char *err, size
         struct sockaddr_storage ss;
         socklen_t sl;
         mf_status_t st = MF_OK;
-        if (mfd_ucx_parse_addr(s->cfg.ucx, &ss, &sl) != MF_OK) {
+        if (mf_addr_resolve(s->cfg.ucx, 1, &ss, &sl) != MF_OK) {
             snprintf(err, errlen, "ucx: cannot parse '%s' as host:port", s->cfg.ucx);
             st = MF_INVALID_ARGUMENT;
-        } else if (!mfd_ucx_is_loopback(&ss) && !s->cfg.token[0]) {
+        } else if (!mf_addr_is_loopback(&ss) && !s->cfg.token[0]) {
             snprintf(err, errlen,
                      "ucx: refusing to listen on non-loopback %s without a token (set `token`)",
                      s->cfg.ucx);

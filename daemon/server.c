@@ -3,6 +3,7 @@
 #include "admin.h"
 #include "http.h"
 #include "log.h"
+#include "mf_addr.h"
 #include "notify.h"
 #include "peer.h"
 
@@ -1357,41 +1358,6 @@ static mf_status_t listen_unix(mfd_server_t *s, char *err, size_t errlen)
     return MF_OK;
 }
 
-/* Parses host:port (port 0 = any; [v6]:port; names resolved once at start). */
-static mf_status_t parse_addr(const char *spec, struct sockaddr_storage *ss, int *len)
-{
-    char host[256];
-    const char *colon = strrchr(spec, ':');
-    size_t hl = colon ? (size_t)(colon - spec) : 0;
-    if (!colon || hl == 0 || hl >= sizeof(host))
-        return MF_INVALID_ARGUMENT;
-    memcpy(host, spec, hl);
-    host[hl] = 0;
-    if (host[0] == '[' && hl > 2 && host[hl - 1] == ']') {
-        memmove(host, host + 1, hl - 2);
-        host[hl - 2] = 0;
-    }
-    struct addrinfo hints = {0}, *res = NULL;
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-    if (getaddrinfo(host, colon + 1, &hints, &res) != 0 || !res)
-        return MF_INVALID_ARGUMENT;
-    memcpy(ss, res->ai_addr, res->ai_addrlen);
-    *len = (int)res->ai_addrlen;
-    freeaddrinfo(res);
-    return MF_OK;
-}
-
-static int is_loopback(const struct sockaddr_storage *ss)
-{
-    if (ss->ss_family == AF_INET)
-        return (ntohl(((const struct sockaddr_in *)ss)->sin_addr.s_addr) >> 24) == 127;
-    if (ss->ss_family == AF_INET6)
-        return IN6_IS_ADDR_LOOPBACK(&((const struct sockaddr_in6 *)ss)->sin6_addr);
-    return 0;
-}
-
 /* host:port as bound, with the real port when 0 was asked for. */
 void mfd_format_bound(int fd, char *out, size_t n)
 {
@@ -1414,12 +1380,12 @@ void mfd_format_bound(int fd, char *out, size_t n)
 static mf_status_t listen_tcp(mfd_server_t *s, char *err, size_t errlen)
 {
     struct sockaddr_storage ss;
-    int len;
-    if (parse_addr(s->cfg.tcp, &ss, &len) != MF_OK) {
+    socklen_t len;
+    if (mf_addr_resolve(s->cfg.tcp, 1, &ss, &len) != MF_OK) {
         snprintf(err, errlen, "tcp: cannot parse '%s' as host:port", s->cfg.tcp);
         return MF_INVALID_ARGUMENT;
     }
-    if (!is_loopback(&ss) && !s->cfg.token[0]) {
+    if (!mf_addr_is_loopback(&ss) && !s->cfg.token[0]) {
         snprintf(err, errlen,
                  "tcp: refusing to listen on non-loopback %s without a token (set `token`)",
                  s->cfg.tcp);
@@ -1428,7 +1394,7 @@ static mf_status_t listen_tcp(mfd_server_t *s, char *err, size_t errlen)
     s->tcp_l = evconnlistener_new_bind(s->base, on_accept, s,
                                        LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE |
                                            LEV_OPT_CLOSE_ON_EXEC,
-                                       128, (struct sockaddr *)&ss, len);
+                                       128, (struct sockaddr *)&ss, (int)len);
     if (!s->tcp_l) {
         snprintf(err, errlen, "tcp: cannot listen on %s: %s", s->cfg.tcp, strerror(errno));
         return MF_UNAVAILABLE;

@@ -1,6 +1,7 @@
 /* ucx — UCX context, worker on the loop, listener, endpoints, arena RMA (see ucx.h). */
 #include "ucx.h"
 #include "log.h"
+#include "mf_addr.h"
 #include "mf_frame.h"
 
 #include <arpa/inet.h>
@@ -522,45 +523,6 @@ static void on_conn_request(ucp_conn_request_h req, void *arg)
 
 /* ==== addresses ======================================================================== */
 
-mf_status_t mfd_ucx_parse_addr(const char *spec, struct sockaddr_storage *ss, socklen_t *len)
-{
-    char host[256];
-    const char *colon = spec ? strrchr(spec, ':') : NULL;
-    size_t hl = colon ? (size_t)(colon - spec) : 0;
-    if (!colon || hl == 0 || hl >= sizeof(host) || !colon[1])
-        return MF_INVALID_ARGUMENT;
-    for (const char *p = colon + 1; *p; p++)
-        if (*p < '0' || *p > '9')
-            return MF_INVALID_ARGUMENT;
-    if (atoi(colon + 1) > 65535)
-        return MF_INVALID_ARGUMENT;
-    memcpy(host, spec, hl);
-    host[hl] = 0;
-    if (host[0] == '[' && hl > 2 && host[hl - 1] == ']') {
-        memmove(host, host + 1, hl - 2);
-        host[hl - 2] = 0;
-    }
-    struct addrinfo hints = {0}, *res = NULL;
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_NUMERICSERV;
-    if (getaddrinfo(host, colon + 1, &hints, &res) != 0 || !res)
-        return MF_INVALID_ARGUMENT;
-    memset(ss, 0, sizeof(*ss));
-    memcpy(ss, res->ai_addr, res->ai_addrlen);
-    *len = res->ai_addrlen;
-    freeaddrinfo(res);
-    return MF_OK;
-}
-
-int mfd_ucx_is_loopback(const struct sockaddr_storage *ss)
-{
-    if (ss->ss_family == AF_INET)
-        return (ntohl(((const struct sockaddr_in *)ss)->sin_addr.s_addr) >> 24) == 127;
-    if (ss->ss_family == AF_INET6)
-        return IN6_IS_ADDR_LOOPBACK(&((const struct sockaddr_in6 *)ss)->sin6_addr);
-    return 0;
-}
 
 /* ==== context ========================================================================== */
 
@@ -568,7 +530,7 @@ static mf_status_t start_listener(mfd_ucx_t *u, const char *spec, char *err, siz
 {
     struct sockaddr_storage ss;
     socklen_t sl;
-    if (mfd_ucx_parse_addr(spec, &ss, &sl) != MF_OK) {
+    if (mf_addr_resolve(spec, 1, &ss, &sl) != MF_OK) {
         snprintf(err, errlen, "ucx: cannot parse '%s' as host:port", spec);
         return MF_INVALID_ARGUMENT;
     }
@@ -783,7 +745,7 @@ mf_status_t mfd_ucx_connect(mfd_ucx_t *u, const char *addr, const mfd_ucx_ep_cbs
 {
     struct sockaddr_storage ss;
     socklen_t sl;
-    if (mfd_ucx_parse_addr(addr, &ss, &sl) != MF_OK) {
+    if (mf_addr_resolve(addr, 0, &ss, &sl) != MF_OK) {
         snprintf(err, errlen, "ucx: cannot parse '%s' as host:port", addr ? addr : "");
         return MF_INVALID_ARGUMENT;
     }

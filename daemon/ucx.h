@@ -76,9 +76,7 @@ mf_status_t mfd_ucx_arena_key(const mfd_ucx_t *u, uint64_t *address, uint64_t *b
 /* Endpoints open now (bridged + client), for gauges and tests. */
 size_t mfd_ucx_endpoints(const mfd_ucx_t *u);
 
-/* Parses "host:port" / "[v6]:port" (names resolved now, on the calling thread). */
-mf_status_t mfd_ucx_parse_addr(const char *spec, struct sockaddr_storage *ss, socklen_t *len);
-int mfd_ucx_is_loopback(const struct sockaddr_storage *ss);
+/* Addresses ("host:port", "[v6]:port") are parsed by proto/mf_addr.h. */
 
 /* ---- client endpoints ---------------------------------------------------------------- */
 

@@ -264,27 +264,9 @@ static void test_server_close_is_an_error(void **state)
     assert_int_equal(f->last_err, MF_UNAVAILABLE);
 }
 
-static void test_parse_addr(void **state)
-{
-    (void)state;
-    struct sockaddr_storage ss;
-    socklen_t sl;
-    assert_int_equal(mfd_ucx_parse_addr("127.0.0.1:9479", &ss, &sl), MF_OK);
-    assert_true(mfd_ucx_is_loopback(&ss));
-    assert_int_equal(mfd_ucx_parse_addr("[::1]:1", &ss, &sl), MF_OK);
-    assert_true(mfd_ucx_is_loopback(&ss));
-    assert_int_equal(mfd_ucx_parse_addr("10.1.2.3:0", &ss, &sl), MF_OK);
-    assert_false(mfd_ucx_is_loopback(&ss));
-    const char *bad[] = {"", "host", ":80", "1.2.3.4:", "1.2.3.4:x", "1.2.3.4:99999",
-                         "1.2.3.4:-1", NULL};
-    for (int i = 0; bad[i]; i++)
-        assert_int_equal(mfd_ucx_parse_addr(bad[i], &ss, &sl), MF_INVALID_ARGUMENT);
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_parse_addr),
         cmocka_unit_test_setup_teardown(test_frames_both_ways, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rma_get_put, setup, teardown),
         cmocka_unit_test_setup_teardown(test_not_a_frame_fails_endpoint, setup, teardown),
