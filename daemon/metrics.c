@@ -44,7 +44,11 @@ double mfd_hist_bound(int i)
 
 void mfd_metrics_observe(mfd_metrics_t *m, mfd_hist_id_t h, double seconds)
 {
-    mfd_hist_t *x = &m->hist[h];
+    mfd_hist_observe(&m->hist[h], seconds);
+}
+
+void mfd_hist_observe(mfd_hist_t *x, double seconds)
+{
     int i = 0;
     while (i < MFD_HIST_BUCKETS && seconds > mfd_hist_bound(i))
         i++;

@@ -109,6 +109,8 @@ static inline void mfd_count(mfd_metrics_t *m, mfd_counter_t c, uint64_t n)
 void mfd_metrics_error(mfd_metrics_t *m, mf_status_t st);
 void mfd_metrics_request(mfd_metrics_t *m, int body_case);
 void mfd_metrics_observe(mfd_metrics_t *m, mfd_hist_id_t h, double seconds);
+/* One observation into any histogram with the standard buckets (e.g. a peer's own). */
+void mfd_hist_observe(mfd_hist_t *x, double seconds);
 
 /* Upper bound of bucket i, in seconds. */
 double mfd_hist_bound(int i);

@@ -82,17 +82,6 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static void hist_observe(mfd_hist_t *x, double seconds)
-{
-    int i = 0;
-    while (i < MFD_HIST_BUCKETS && seconds > mfd_hist_bound(i))
-        i++;
-    if (i < MFD_HIST_BUCKETS)
-        x->bucket[i]++;
-    x->count++;
-    x->sum += seconds;
-}
-
 static peer_stat_t *stat_for(mfd_peers_t *ps, const char *addr)
 {
     for (size_t i = 0; i < ps->n_stats; i++)
@@ -505,7 +494,7 @@ static void fetch_check_done(fetch_t *f)
     if (f->unfinished || f->batches_out || f->inflight)
         return;
     fetch_release(f);
-    hist_observe(&f->ps->hist, now_s() - f->t0);
+    mfd_hist_observe(&f->ps->hist, now_s() - f->t0);
     if (f->timer)
         event_free(f->timer);
     f->sink->all_done(f);
