@@ -1,19 +1,27 @@
 #!/usr/bin/env bash
-# make demo: a real source → mapflowd → target hand-off on the CPU.
+# make demo: a real hand-off between two small trained GPTs (bench/models, see its README)
+# on the CPU, through mapflowd:
 #   1. start mapflowd with its built-in defaults (socket and data under a temp dir);
-#   2. calibrate a mapping profile from sample maps of both models (mapflow-calibrate);
-#   3. the source worker prefills, extracts rows and puts them (and the profile);
-#   4. the target worker looks up, gets the rows zero-copy, applies them, reports;
-#   5. stop the daemon (SIGTERM, must exit 0).
-# MF_DEMO_SHORT=1 runs a smaller context (used by make test).
+#   2. the source worker prefills a held-out passage, extracts map rows for the source
+#      layers the mapping profile needs and puts them (and the profile) to the daemon;
+#   3. the target worker takes the same context plus the passage's next tokens, looks up
+#      and gets the rows (leased, zero-copy), prefills with reuse and without, and prints
+#      both side by side: generated text, top-1 agreement over the continuation,
+#      perplexity of the passage's next tokens, prefill time;
+#   4. what the daemon stored; stop it (SIGTERM, must exit 0).
+# (The synthetic-model workers mapflow-demo-source / -target of the earlier demo are still
+# built by demo.mk but no longer run here.)
+# MF_DEMO_SHORT=1 runs a shorter context (used by make test). MF_DEMO_AGREE_MIN: the
+# lowest top-1 agreement accepted (the target exits 1 below it).
 set -euo pipefail
-BIN=${MF_BIN:-$(cd "$(dirname "$0")/../.." && pwd)/build/bin}
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+BIN=${MF_BIN:-$ROOT/build/bin}
+M=${MFW_MODELS:-$ROOT/bench/models}
 if [ "${MF_DEMO_SHORT:-0}" = 1 ]; then
-  N=512; LAYERS=3; CAL_N=256; SAMPLES=2
+  N=192; CONT=32; GEN=8
 else
-  N=2048; LAYERS=3; CAL_N=256; SAMPLES=3
+  N=448; CONT=64; GEN=24
 fi
-SHAPE=(--layers "$LAYERS" --dim 64 --block 64)
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/mapflow-demo.XXXXXX")
 pid=""
 cleanup() {
@@ -22,6 +30,8 @@ cleanup() {
 }
 trap cleanup EXIT
 sock="$tmp/mapflowd.sock"
+W=("$BIN/mapflow-worker" --tokenizer "$M/tokenizer.txt" --text "$M/passage.txt" --ns demo
+   --daemon "unix:$sock" --tokens "$N")
 
 echo "== mapflowd (defaults; socket and data directory in $tmp)"
 "$BIN/mapflowd" --socket "$sock" --data_dir "$tmp/data" --http 127.0.0.1:0 >"$tmp/mapflowd.log" 2>&1 &
@@ -30,18 +40,12 @@ for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
 [ -S "$sock" ] || { echo "mapflowd did not start:"; cat "$tmp/mapflowd.log"; exit 1; }
 grep -E "listening|tier|http" "$tmp/mapflowd.log" | sed 's/^/  /' | head -6
 
-echo "== calibration: dense sample maps of both models (N=$CAL_N, $SAMPLES contexts) -> profile"
-mkdir -p "$tmp/cal/src" "$tmp/cal/tgt"
-"$BIN/mapflow-demo-source" --dump-maps "$tmp/cal/src" --samples "$SAMPLES" --n "$CAL_N" "${SHAPE[@]}" --seed 100
-"$BIN/mapflow-demo-source" --dump-maps "$tmp/cal/tgt" --samples "$SAMPLES" --n "$CAL_N" "${SHAPE[@]}" --seed 100 --target-maps
-"$BIN/mapflow-calibrate" --source "$tmp/cal/src" --target "$tmp/cal/tgt" --out "$tmp/profile.pb" \
-  --source-model demo-src-8h --target-model demo-tgt-6h --block 64 --recompute-last 1 --prob-max-error 0.12 | sed 's/^/  /'
+echo "== source worker: $N tokens of a held-out passage ($M/passage.txt)"
+"${W[@]}" --role source --model "$M/source.safetensors" --profile "$M/profile.pb" --codec fp16
 
-echo "== source worker"
-"$BIN/mapflow-demo-source" --daemon "unix:$sock" --profile "$tmp/profile.pb" --n "$N" "${SHAPE[@]}" --codec u8log
-
-echo "== target worker"
-"$BIN/mapflow-demo-target" --daemon "unix:$sock" --n "$N" "${SHAPE[@]}" --max-error 0.25
+echo "== target worker: the same $N tokens + the passage's next $CONT, then $GEN generated; with and without reuse"
+"${W[@]}" --role target --model "$M/target.safetensors" --continue "$CONT" --generate "$GEN" \
+  --compare ${MF_DEMO_AGREE_MIN:+--agree-min "$MF_DEMO_AGREE_MIN"}
 
 echo "== daemon"
 "$BIN/mapflowctl" --socket "$sock" --ns demo stats 2>/dev/null | grep -E "host|ssd|hit|put" | head -8 | sed 's/^/  /' || true
