@@ -1,4 +1,5 @@
-# bench/demo: the two workers of `make demo` and the script that runs the hand-off.
+# bench/demo: the synthetic-pair workers of `make demo` (its kernel-level part) and the script
+# that runs the hand-off (its first part uses client/worker/mapflow-worker on bench/models).
 DEMO_BINS := $(BIN)/mapflow-demo-source $(BIN)/mapflow-demo-target
 BINS += $(DEMO_BINS)
 DEMO_LINK = $(OBJ)/bench/demo/demo_model.o $(MAPFLOW_A) $(KERNELS_A) $(PROTO_A)

@@ -12,7 +12,7 @@ out=$(MF_DEMO_SHORT=1 MF_DEMO_AGREE_MIN=$AGREE_MIN MF_BIN="${MF_BIN:-$PWD/build/
 printf '%s\n' "$out"
 fail() { echo "FAIL: $*"; exit 1; }
 [ $rc -eq 0 ] || fail "demo exited $rc"
-hit=$(printf '%s\n' "$out" | sed -n 's/.*leased get: \([0-9]*\) of \([0-9]*\) blocks hit.*/\1 \2/p')
+hit=$(printf '%s\n' "$out" | sed -n 's/.*leased get: \([0-9]*\) of \([0-9]*\) blocks hit on [0-9]* source layers.*/\1 \2/p')
 [ -n "$hit" ] || fail "no hit line"
 set -- $hit
 # the source saw 192 tokens = 6 blocks of 32; the target's context is 7 blocks
@@ -25,5 +25,16 @@ awk -v a="$1" -v b="$2" 'BEGIN { exit !(a > 1 && b > 1 && a < 1.05 * b && b < 1.
 agree=$(printf '%s\n' "$out" | sed -n 's/.*agreement over the continuation: \([0-9.]*\)%.*/\1/p')
 awk -v a="$agree" -v m="$AGREE_MIN" 'BEGIN { exit !(a >= 100 * m) }' || fail "agreement '$agree'% below $AGREE_MIN"
 printf '%s\n' "$out" | grep -q 'generated (reuse): "[^"]' || fail "nothing generated"
+P1=$1 P2=$2
+# The kernel-level view: blocks hit, every codec compresses, bounded error, work skipped.
+shit=$(printf '%s\n' "$out" | sed -n 's/^target  lookup + leased get: \([0-9]*\) of \([0-9]*\) blocks hit on each.*/\1/p')
+[ -n "$shit" ] && [ "$shit" -gt 0 ] || fail "synthetic part: no blocks hit"
+ratios=$(printf '%s\n' "$out" | sed -n 's/.*MiB *\([0-9.]*\)x smaller.*/\1/p')
+[ "$(printf '%s\n' "$ratios" | wc -l)" -eq 5 ] || fail "expected 5 codec lines"
+for r in $ratios; do awk -v r="$r" 'BEGIN { exit !(r > 1.0) }' || fail "ratio $r not > 1"; done
+err=$(printf '%s\n' "$out" | sed -n 's/.*worst layer output error.*: \([0-9.e+-]*\) .*/\1/p')
+awk -v e="$err" 'BEGIN { exit !(e >= 0 && e < 0.25) }' || fail "error '$err' not in [0, 0.25)"
+work=$(printf '%s\n' "$out" | sed -n 's/.*attention work.*: \([0-9.]*\)% of.*/\1/p')
+awk -v w="$work" 'BEGIN { exit !(w > 0 && w < 100) }' || fail "work share '$work' not in (0, 100)"
 printf '%s\n' "$out" | grep -q "mapflowd stopped (exit 0)" || fail "daemon did not exit 0"
-echo "PASS: hits 6/7, perplexity $1 (reuse) vs $2 (full), agreement $agree%"
+echo "PASS: hits 6/7, perplexity $P1 (reuse) vs $P2 (full), agreement $agree%; synthetic: $shit blocks hit, ratios $(echo $ratios | tr '\n' ' '), error $err, work $work%"
