@@ -51,6 +51,11 @@ MODEL = "py-src"
 B = 16
 
 
+
+def read_bytes(path):
+    with open(path, "rb") as f:
+        return f.read()
+
 class Daemon:
     def __init__(self, tmp):
         self.tmp = tmp
@@ -103,7 +108,7 @@ class BindingTest(unittest.TestCase):
                             str(layer), "--block", str(B), "--heads", "4", "--tokens", tok,
                             "--codec", "fp16", "--top-p", "0.9", "--seed", str(layer),
                             "--out", out, "--ns", NS], check=True, stdout=subprocess.DEVNULL)
-            cls.rows[layer] = [open(os.path.join(out, "row-%d.bin" % i), "rb").read()
+            cls.rows[layer] = [read_bytes(os.path.join(out, "row-%d.bin" % i))
                                for i in range(cls.nb)]
         cls.hashes = mapflow.hash_prefix(NS, MODEL, B, cls.tokens)
         cls.d = Daemon(cls.tmp)
