@@ -253,11 +253,7 @@ static void check_copy(const td_cli_t *c, const Mapflow__V1__RowRef *ref, const 
 {
     size_t size;
     uint8_t *want = big_row(ns, ref->layer, tokens, ref->block, version, &size);
-    assert_int_equal(ref->status, MF_OK);
-    assert_int_equal(ref->length, size);
-    assert_int_equal(ref->payload_offset % 16, 0);
-    assert_true(ref->payload_offset + size <= c->payload_len);
-    assert_memory_equal(c->payload + ref->payload_offset, want, size);
+    td_assert_copy(c, ref, want, size);
     free(want);
 }
 

@@ -158,11 +158,7 @@ static void check_copy_row(const td_cli_t *c, const Mapflow__V1__RowRef *ref, co
     unsigned s = seed_at_put;
     size_t size;
     uint8_t *want = td_row(ns, MODEL, ref->layer, B, tokens, ref->block, &size, &s);
-    assert_int_equal(ref->status, MF_OK);
-    assert_int_equal(ref->length, size);
-    assert_int_equal(ref->payload_offset % 16, 0);
-    assert_true(ref->payload_offset + size <= c->payload_len);
-    assert_memory_equal(c->payload + ref->payload_offset, want, size);
+    td_assert_copy(c, ref, want, size);
     free(want);
 }
 

@@ -259,4 +259,16 @@ static mf_hash128_t td_block_hash(const char *ns, const char *model, uint32_t B,
     return h;
 }
 
+/* A GET_COPY row of a reply is OK, 16-byte aligned, inside the payload and equal to want.
+ * (Callers include cmocka before this header.) */
+static void td_assert_copy(const td_cli_t *c, const Mapflow__V1__RowRef *ref,
+                           const uint8_t *want, size_t size)
+{
+    assert_int_equal(ref->status, MF_OK);
+    assert_int_equal(ref->length, size);
+    assert_int_equal(ref->payload_offset % 16, 0);
+    assert_true(ref->payload_offset + size <= c->payload_len);
+    assert_memory_equal(c->payload + ref->payload_offset, want, size);
+}
+
 #endif /* TEST_DAEMON_UTIL_H */
