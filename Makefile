@@ -100,7 +100,7 @@ include proto/proto.mk
 -include tests/tests.mk
 -include $(wildcard bench/*.mk bench/*/*.mk)
 -include deploy/deploy.mk
--include tests/reliability/reliability.mk
+-include $(wildcard tests/*/*.mk)
 
 build-all: $(LIBS) $(BINS)
 
