@@ -875,14 +875,12 @@ static mf_status_t check_mode(mf_channel_t *ch, mf_get_mode_t mode)
 {
     if (mode != MF_GET_COPY && mode != MF_GET_LEASE)
         return mf__chan_error(ch, MF_INVALID_ARGUMENT, "unknown get mode %d", (int)mode);
-    /* UCX: rows are leased, read one-sided into the result and released at once. A
-     * channel with mapped GPU arenas may lease without the host arena: its GPU rows come
-     * back as device views (others fail FAILED_PRECONDITION per row, daemon-side). */
-    if (mode == MF_GET_LEASE && !mf_channel_has_arena(ch) && !ch->remote &&
-        !mf__chan_gpu_mapped(ch))
+    /* UCX: rows are leased, read one-sided into the result and released at once. The
+     * daemon leases only to holders of the host arena, GPU rows included (it stages rows
+     * of arenas we did not map there). */
+    if (mode == MF_GET_LEASE && !mf_channel_has_arena(ch) && !ch->remote)
         return mf__chan_error(ch, MF_FAILED_PRECONDITION, "leased gets need the host arena "
-                              "(open the channel on a unix socket with want_arena) or a "
-                              "mapped GPU arena (gpu_device)");
+                              "(open the channel on a unix socket with want_arena)");
     return MF_OK;
 }
 
