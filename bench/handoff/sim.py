@@ -7,10 +7,12 @@ after the previous one's first token. One GPU serves both models' prefills one a
 first come first served (both models resident, as in the benchmark). A request's TTFT =
 queueing + its prefill (service) time, taken from the measurements:
   without MapFlow: source turns src_full[N], target turns tgt_full[N];
-  with MapFlow:    source turns src_mf[N] (prefill + extract + put: the source exports its
-                   maps on every turn), target turns tgt_mf[N] (get + reuse prefill)
-                   when the previous turn was the source's on the same prefix (always
-                   here), else tgt_full[N].
+  with MapFlow:    source turns src_mf[N] (prefill with the extracts inline: the source
+                   exports its maps on every turn; the puts that finish after its prefill,
+                   src_tail[N], run on the CPU and the daemon, not the GPU, and hold back
+                   the next turn only when longer than the think time), target turns
+                   tgt_mf[N] (get + reuse prefill; the previous turn is always the
+                   source's on the same prefix here).
 No KV prefix caching across turns (each turn prefills its whole context; a model's own
 KV cache from two turns ago would shrink both arms alike). Throughput = requests / time
 of the trace at the largest arrival rate whose P90 TTFT stays within the limit (bisection
@@ -25,9 +27,10 @@ def trace(n_conv, turns, lengths, seed=1):
     return [(rng.expovariate(1.0), rng.choice(lengths)) for _ in range(n_conv)]
 
 
-def simulate(conv, rate, turns, think, svc):
-    """conv: [(unit inter-arrival gap, N)]; svc(turn_index, N) → seconds. Returns
-    (sorted TTFTs, makespan)."""
+def simulate(conv, rate, turns, think, svc, tail=None):
+    """conv: [(unit inter-arrival gap, N)]; svc(turn_index, N) → seconds; tail(turn, N) →
+    seconds after the service before the next turn's inputs exist. Returns (sorted
+    TTFTs, makespan)."""
     t = 0.0
     ev = []  # (ready time, seq, conv id, turn)
     seq = 0
@@ -43,7 +46,8 @@ def simulate(conv, rate, turns, think, svc):
         free = start + svc(k, conv[c][1])
         ttft.append(free - arr)
         if k + 1 < turns:
-            heapq.heappush(ev, (free + think, seq, c, k + 1))
+            wait = max(think, tail(k, conv[c][1]) if tail else 0.0)
+            heapq.heappush(ev, (free + wait, seq, c, k + 1))
             seq += 1
     ttft.sort()
     return ttft, free
@@ -53,26 +57,27 @@ def p90(xs):
     return xs[min(len(xs) - 1, int(0.9 * len(xs)))]
 
 
-def max_rate(conv, turns, think, svc, limit, iters=40):
+def max_rate(conv, turns, think, svc, limit, iters=40, tail=None):
     """Largest conversation arrival rate (per s) whose P90 TTFT ≤ limit, and the trace's
     throughput (requests / s) and P90 there; throughput 0 if even an idle system misses
     the limit."""
     lo, hi = 1e-6, 1e3
-    idle = p90(simulate(conv, lo, turns, think, svc)[0])
+    idle = p90(simulate(conv, lo, turns, think, svc, tail)[0])
     if idle > limit:
         return {"rate": 0.0, "throughput": 0.0, "p90": idle}
     for _ in range(iters):
         mid = (lo * hi) ** 0.5
-        if p90(simulate(conv, mid, turns, think, svc)[0]) <= limit:
+        if p90(simulate(conv, mid, turns, think, svc, tail)[0]) <= limit:
             lo = mid
         else:
             hi = mid
-    tt, span = simulate(conv, lo, turns, think, svc)
+    tt, span = simulate(conv, lo, turns, think, svc, tail)
     return {"rate": lo, "throughput": len(tt) / span, "p90": p90(tt)}
 
 
 def run(times, n_conv=200, turns=4, think=5.0, limit=None, seed=1):
-    """times: {N: {src_full, src_mf, tgt_full, tgt_mf}} in seconds (Ns with all four)."""
+    """times: {N: {src_full, src_mf, tgt_full, tgt_mf, src_tail (optional)}} in seconds
+    (Ns with the first four)."""
     ns = sorted(n for n, v in times.items()
                 if all(v.get(k) for k in ("src_full", "src_mf", "tgt_full", "tgt_mf")))
     if not ns:
@@ -84,12 +89,15 @@ def run(times, n_conv=200, turns=4, think=5.0, limit=None, seed=1):
 
     def mf(k, n):
         return times[n]["src_mf" if k % 2 == 0 else "tgt_mf"]
+
+    def tail(k, n):
+        return times[n].get("src_tail", 0.0) if k % 2 == 0 else 0.0
     if limit is None:  # 2.5 × the mean service time without MapFlow over this mix
         mean = sum(base(k, n) for _, n in conv for k in range(turns)) / (len(conv) * turns)
         limit = 2.5 * mean
     out = {"lengths": ns, "conversations": n_conv, "turns": turns, "think_s": think,
            "p90_limit_s": limit, "without": max_rate(conv, turns, think, base, limit),
-           "with": max_rate(conv, turns, think, mf, limit)}
+           "with": max_rate(conv, turns, think, mf, limit, tail=tail)}
     if out["without"]["throughput"] > 0:
         out["gain"] = out["with"]["throughput"] / out["without"]["throughput"] - 1.0
     return out
