@@ -8,6 +8,10 @@
  * for a client that did not map the arena, eviction gpu → host → ssd keeping every
  * acknowledged row readable and exact while leased GPU rows stay put, two devices without
  * peer access, and the tier off (gpu_bytes 0, no driver) with its reason in Stats/Health.
+ *
+ * MF_GPU_REAL=1 runs the same tests on the real libcuda (an H200: the daemon's arenas are
+ * device memory, this process opens them through CUDA IPC); the fake-only test (two
+ * devices without peer access) is skipped then.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -27,6 +31,7 @@
 #define NS "gpu-ns"
 
 static const mf_cudrv_t *cu;
+static int g_real; /* MF_GPU_REAL: the real driver */
 
 /* ---- a real mapflowd ----------------------------------------------------------------- */
 
@@ -637,6 +642,8 @@ static void test_write_through_restart(void **state)
 static void test_two_devices_no_peer(void **state)
 {
     (void)state;
+    if (g_real)
+        skip(); /* needs the fake's FAKECUDA_NO_PEER */
     setenv("FAKECUDA_DEVICES", "2", 1);
     setenv("FAKECUDA_NO_PEER", "1", 1);
     assert_int_equal(cu->cuInit(0), 0); /* the fake re-reads its environment */
@@ -739,7 +746,9 @@ static void test_tier_off(void **state)
 static int setup(void **state)
 {
     (void)state;
-    if (fakecuda_use(1, 0) != 0) {
+    const char *real = getenv("MF_GPU_REAL");
+    g_real = real && *real && strcmp(real, "0") != 0;
+    if (!g_real && fakecuda_use(1, 0) != 0) {
         fprintf(stderr, "libfakecuda.so not found (make build/lib/tests/libfakecuda.so)\n");
         return -1;
     }
