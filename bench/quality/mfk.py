@@ -433,3 +433,46 @@ def work(keep, mass, w, mode, top_p, b, exact_last):
         att += rows_pairs[~exact].sum()
         den += dense_row[~exact].sum()
     return qk, pv, att, den
+
+
+# ---- the kernels' rules in PyTorch (block sizes the CUDA kernels do not take) -------------
+
+def emu_extract(q, k, b, top_p):
+    """What the extract kernel's mask rows hold, as parse_rows gives it: (keep, mass) [H, nb,
+    nb] from Q, K [N, H, d] (torch, any device). Block mass = the exact softmax summed over
+    the block, / B; Top-P per (head, query block) with the first and diagonal blocks forced
+    (mf_topp_select, via select_mask with W = I); masses through the 8-bit row code."""
+    n, h, d = q.shape
+    nb = n // b
+    qf = q[:nb * b].permute(1, 0, 2).float()
+    kf = k[:nb * b].permute(1, 0, 2).float()
+    s = (qf @ kf.transpose(1, 2)) / float(np.sqrt(d))
+    s = s.masked_fill(torch.ones(nb * b, nb * b, dtype=torch.bool, device=q.device).triu(1),
+                      float("-inf"))
+    p = torch.softmax(s, -1)
+    mass = (p.view(h, nb, b, nb, b).sum((2, 4)).double() / b).cpu().numpy()
+    lower = np.broadcast_to(np.tril(np.ones((nb, nb), dtype=bool)), (h, nb, nb))
+    keep = select_mask(lower, mass, np.eye(h, dtype=np.float32), np.full(h, top_p))
+    q8 = np.rint(np.sqrt(np.clip(mass, 0.0, 1.0)) * 255.0) / 255.0
+    return keep, np.where(keep, q8 * q8, 0.0)
+
+
+def emu_apply(keep, mass, w, mode, top_p, q, k, v, b, exact_last):
+    """The apply kernel's mask and compute modes (prob is not emulated): each mask head
+    attends, with the target's Q, K, V, over the blocks select_mask picks from the mixed
+    masses; compute heads and the last exact_last query blocks attend to everything
+    (causal). Q, K, V [N, Ht, d] → O [N, Ht, d] fp32."""
+    if (np.asarray(mode) == PROB).any():
+        raise NotImplementedError("emu_apply: prob mode is not emulated")
+    n, ht, d = q.shape
+    nb = n // b
+    sel = select_mask(keep, mass, w, top_p).copy()
+    if exact_last > 0:
+        sel[:, nb - exact_last:, :] = True
+    sel[np.asarray(mode) != MASK_MODE] = True
+    allowed = torch.from_numpy(np.repeat(np.repeat(sel, b, 1), b, 2)).to(q.device)
+    allowed &= torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+    qf, kf, vf = (x.permute(1, 0, 2).float() for x in (q, k, v))
+    s = (qf @ kf.transpose(1, 2)) / float(np.sqrt(d))
+    o = torch.softmax(s.masked_fill(~allowed, float("-inf")), -1) @ vf
+    return o.permute(1, 0, 2).contiguous()
