@@ -637,6 +637,61 @@ static void test_write_through_restart(void **state)
     gd_stop(&d);
 }
 
+/* want_tier HOST keeps a put on the host tier; with gpu_promote on, a hit copies the row to
+ * the GPU tier and later leases are device views of the same bytes; off, nothing moves. */
+static void test_promote_on_hit(void **state)
+{
+    (void)state;
+    gd_t d = {0};
+    const char *args[] = {"--gpu_bytes", "1mb", "--gpu_promote", "off", NULL};
+    gd_start(&d, NULL, args);
+    td_cli_t c;
+    gview_t gv;
+    assert_int_equal(hello_gpu(&c, d.sock, 0, &gv), 0);
+    uint64_t mask = mapped_mask(&gv);
+    rowset_t rs;
+    rows_make(&rs, 64, 5, 1, 2024);
+    for (uint32_t i = 0; i < rs.nb; i++) {
+        put_res_t p = put_row(&c, &gv, 0, rows_hash(&rs, i), rs.row[i], rs.size[i], mask,
+                              MAPFLOW__V1__TIER__TIER_HOST, 0);
+        assert_int_equal(p.status, 0);
+        assert_int_equal(p.commit_tier, MAPFLOW__V1__TIER__TIER_HOST);
+    }
+    uint32_t l0 = 0;
+    size_t ntok = (size_t)rs.nb * rs.B;
+    for (int round = 0; round < 3; round++) {
+        if (round == 1) {
+            Mapflow__V1__ConfigSet cs = MAPFLOW__V1__CONFIG_SET__INIT;
+            cs.key = "gpu_promote";
+            cs.value = "on";
+            mf_envelope_t env = MAPFLOW__V1__ENVELOPE__INIT;
+            env.body_case = MAPFLOW__V1__ENVELOPE__BODY_CONFIG_SET;
+            env.config_set = &cs;
+            mf_envelope_t *r = td_call(&c, &env, NULL, 0);
+            assert_int_equal(r->body_case, MAPFLOW__V1__ENVELOPE__BODY_CONFIG_SET_REPLY);
+            mf_envelope_free(r);
+        }
+        /* Round 0: off, host views; round 1: the hit promotes; round 2: device views. */
+        mf_envelope_t *r = get_prefix(&c, rs.B, rs.tokens, ntok, &l0, 1, 1, mask);
+        for (uint32_t i = 0; i < rs.nb; i++) {
+            assert_int_equal(r->get_reply->rows[i]->tier, round == 2
+                                                              ? MAPFLOW__V1__TIER__TIER_GPU
+                                                              : MAPFLOW__V1__TIER__TIER_HOST);
+            assert_lease_bytes(&c, &gv, r->get_reply->rows[i], rs.row[i], rs.size[i]);
+        }
+        release_all(&c, r->get_reply);
+        mf_envelope_free(r);
+        r = stats(&c);
+        assert_int_equal(counter(r, "gpu_promotions_total"), round == 0 ? 0 : rs.nb);
+        assert_int_equal(r->stats_reply->tiers[0]->entries, round == 0 ? 0 : rs.nb);
+        mf_envelope_free(r);
+    }
+    gview_close(&gv);
+    td_close(&c);
+    rows_free(&rs);
+    gd_stop(&d);
+}
+
 /* Two devices, no peer access: the client on device 1 opens only arena 1. Rows in arena 0
  * come back staged through host memory, rows in arena 1 as device views. */
 static void test_two_devices_no_peer(void **state)
@@ -766,6 +821,7 @@ int main(void)
         cmocka_unit_test(test_put_lease_copy_stage),
         cmocka_unit_test(test_eviction_keeps_rows_and_leases),
         cmocka_unit_test(test_write_through_restart),
+        cmocka_unit_test(test_promote_on_hit),
         cmocka_unit_test(test_two_devices_no_peer),
         cmocka_unit_test(test_tier_off),
     };
