@@ -402,7 +402,7 @@ static void test_put_lease_copy_stage(void **state)
 {
     (void)state;
     gd_t d = {0};
-    const char *args[] = {"--gpu_bytes", "4mb", "--host_bytes", "8mb", NULL};
+    const char *args[] = {"--gpu_bytes", "4mb", "--host_bytes", "8mb", "--gpu_devices", "0", NULL};
     gd_start(&d, NULL, args);
     td_cli_t c;
     gview_t gv;
@@ -492,7 +492,7 @@ static void test_eviction_keeps_rows_and_leases(void **state)
     /* write_through off: demotion must carry GPU rows down (with it on, a GPU row already on
      * the SSD tier is simply dropped from the GPU; test_write_through covers that). */
     const char *args[] = {"--gpu_bytes", "192kb", "--host_bytes", "1mb", "--write_through",
-                          "off", NULL};
+                          "off", "--gpu_devices", "0", NULL};
     gd_start(&d, NULL, args);
     td_cli_t c;
     gview_t gv;
@@ -575,7 +575,7 @@ static void test_write_through_restart(void **state)
 {
     (void)state;
     gd_t d = {0};
-    const char *args[] = {"--gpu_bytes", "1mb", "--write_through", "async", NULL};
+    const char *args[] = {"--gpu_bytes", "1mb", "--write_through", "async", "--gpu_devices", "0", NULL};
     gd_start(&d, NULL, args);
     td_cli_t c;
     gview_t gv;
@@ -643,7 +643,7 @@ static void test_promote_on_hit(void **state)
 {
     (void)state;
     gd_t d = {0};
-    const char *args[] = {"--gpu_bytes", "1mb", "--gpu_promote", "off", NULL};
+    const char *args[] = {"--gpu_bytes", "1mb", "--gpu_promote", "off", "--gpu_devices", "0", NULL};
     gd_start(&d, NULL, args);
     td_cli_t c;
     gview_t gv;
@@ -809,7 +809,7 @@ static int setup(void **state)
     }
     const char *why = NULL;
     if (mf_cudrv_get(&cu, &why) != MF_OK) {
-        fprintf(stderr, "fake driver: %s\n", why);
+        fprintf(stderr, "CUDA driver: %s\n", why);
         return -1;
     }
     return 0;
