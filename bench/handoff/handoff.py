@@ -81,6 +81,10 @@ def parse_args(argv=None):
                     help="seconds for this script; later steps are skipped past it")
     ap.add_argument("--path", default=os.environ.get("HANDOFF_PATH", "auto"),
                     choices=["auto", "gpu", "host"])
+    ap.add_argument("--row-bytes", dest="row_bytes", type=float,
+                    default=float(os.environ.get("HANDOFF_ROW_BYTES", "0")),
+                    help="memory for one variant's rows in the daemon (0: no limit); "
+                    "prob mode is used on as many layers as fit, mask on the rest")
     ap.add_argument("--dry", action="store_true", help="tiny shapes, CPU, C reference kernels")
     a = ap.parse_args(argv)
     if a.ns is None:
@@ -194,7 +198,7 @@ class Store:
 
     def __init__(self, mapflow, sock, path, dry, torch):
         self.mf, self.t, self.dry = mapflow, torch, dry
-        self.path, self.why = None, ""
+        self.path, self.why, self.gpu_info = None, "", {}
         self.ch = None
         want_gpu = path == "gpu" or (path == "auto" and not dry)
         if want_gpu:
@@ -206,7 +210,11 @@ class Store:
                     raise TypeError("binding has no put_device")
                 self.path = "gpu"
                 info = getattr(self.ch, "gpu_info", None)
-                self.why = str(info()) if callable(info) else "gpu_info() not in binding"
+                gi = info() if callable(info) else {}
+                self.why = ("driver %s, arenas mapped %s of %s, peer %s %s" % (
+                    gi.get("driver"), gi.get("mapped"), gi.get("announced"), gi.get("peer"),
+                    gi.get("why", ""))).strip() if gi else "gpu_info() not in binding"
+                self.gpu_info = gi
             except TypeError as e:  # the binding before the GPU tier: no gpu_device argument
                 self.why = "binding without GPU tier API (%s)" % e
                 if self.ch is not None:
@@ -476,7 +484,7 @@ class Bench:
                     "mapped_layers": len(self.map), "exported_source_layers":
                     len(self.src_layers), "block": B, "density_goal": a.density,
                     "variants": a.variants, "reps": a.reps, "torch": torch.__version__,
-                    "rows": []}
+                    "gpu_info": self.store.gpu_info, "rows": []}
 
     def left(self):
         return self.a.budget - (time.time() - T0)
@@ -550,14 +558,15 @@ class Bench:
             else:
                 lo = p
         p, st, rows = best
+        st["entries_measured"] = st.pop("entries")
         entries = [min(hs * (i + 1), int(1.3 * e) + 2 * hs + 8)
-                   for i, e in enumerate(st.pop("entries"))]
+                   for i, e in enumerate(st["entries_measured"])]
         log("N=%d: source Top-P %.4f → per-head density %.3f, target effective %.3f "
             "(goal %.3f), row columns %.3f" % (n, p, st["per_head"], st["eff"], goal,
                                                st["cols"]))
         return p, st, entries
 
-    def source_handoff(self, n, tok, tok32, codec, top_p, entries, model):
+    def source_handoff(self, n, tok, tok32, codecs, top_p, entries, model):
         """Source prefill with extract + put of every exported layer. Returns (wall ms,
         extract ms (CUDA events), put seconds in the put thread, row bytes, put tail ms
         after the prefill)."""
@@ -577,7 +586,7 @@ class Bench:
                     s, e = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
                     s.record()
                 tt = time.perf_counter()
-                rows = self.extract(q, kk, top_p, codec, i, tok32, ("src", slot), lse, entries,
+                rows = self.extract(q, kk, top_p, codecs[i], i, tok32, ("src", slot), lse, entries,
                                     model)
                 if self.cuda:
                     e.record()
@@ -601,18 +610,22 @@ class Bench:
                 "lse": "flash" if lse_used[1] == 0 else
                 ("computed by extract" if lse_used[0] == 0 else "mixed")}, t1
 
-    def target_reuse_attn(self, n, rowsets, mode_name):
+    def target_reuse_attn(self, n, rowsets, modes):
+        """modes: {target layer: "prob" | "mask"} (every head of a layer alike)."""
         mfk = self.mfk
         ht = self.tgt.s.heads
-        mode = np.full(ht, mfk.PROB if mode_name == "prob" else mfk.MASK_MODE, np.uint8)
+        mode = {"prob": np.full(ht, mfk.PROB, np.uint8),
+                "mask": np.full(ht, mfk.MASK_MODE, np.uint8)}
         top_p = np.ones(ht, dtype=np.float32)
         exact_last = 1
 
         def attn(i, xn, m):
             if i not in rowsets:
                 return self.dense(i, xn, m)
-            q, k, v = m.qkv(i, xn, q_rows=B * exact_last if mode_name == "prob" else None)
-            o, _ = self.be.apply(rowsets[i], self.w, mode, top_p, q, k, v, exact_last)
+            prob = modes[i] == "prob"
+            q, k, v = m.qkv(i, xn, q_rows=B * exact_last if prob else None)
+            o, _ = self.be.apply(rowsets[i], self.w, mode[modes[i]], top_p, q, k, v,
+                                 exact_last)
             return o.view(n, -1).to(q.dtype)
         return attn
 
@@ -681,6 +694,16 @@ class Bench:
         self.be.pool.pop("cal", None) if hasattr(self.be, "pool") else None
         rec.update(source_top_p=top_p, density_per_head=st["per_head"],
                    density_eff=st["eff"], row_columns=st["cols"])
+        # prob rows of one layer (FP8 and U8_LOG tiles are 1 byte): how many layers fit
+        per_layer = sum(self.R.align16(self.R.layout(self.R.FP8, B, i + 1, e, 16)["total"])
+                        for i, e in enumerate(st["entries_measured"]))
+        n_prob = len(self.src_layers)
+        if self.a.row_bytes and per_layer * n_prob > self.a.row_bytes:
+            n_prob = int(self.a.row_bytes // per_layer)
+            log("N=%d: prob rows ≈ %.2f GB per layer: %d of %d mapped layers in prob mode "
+                "(the rest mask), to fit %.1f GB of row memory"
+                % (n, per_layer / 1e9, n_prob, len(self.src_layers), self.a.row_bytes / 1e9))
+        rec.update(prob_row_bytes_per_layer_est=per_layer, prob_layers=n_prob)
         # 3. variants
         need = 25.0  # seconds a variant takes, updated with the last one at this N
         for var in a.variants:
@@ -690,11 +713,16 @@ class Bench:
                 continue
             tv = time.perf_counter()
             codec_name, mode_name = VARIANTS[var]
-            codec = self.mfk.CODECS[codec_name]
             model = "src-%s-%d" % (codec_name, n)
+            # prob rows on the first n_prob exported layers (what fits), mask rows elsewhere
+            codecs = {sl: self.mfk.CODECS[codec_name if mode_name == "mask" or
+                                          k < n_prob else "mask"]
+                      for k, sl in enumerate(self.src_layers)}
+            modes = {tl: "mask" if codecs[sl] == self.R.MASK else "prob"
+                     for tl, sl in self.map.items()}
             self.store.counts = {}
             try:
-                srec, t_src_done = self.source_handoff(n, tok, tok32, codec, top_p, entries,
+                srec, t_src_done = self.source_handoff(n, tok, tok32, codecs, top_p, entries,
                                                        model.encode())
                 gpu_used = self.store.gpu_used()
                 t_get0 = time.perf_counter()
@@ -702,9 +730,9 @@ class Bench:
                 got, results, staged = self.store.get_layers(model, tok32,
                                                              sorted(set(layers.values())), nb)
                 get_ms = (time.perf_counter() - t_get0) * 1e3
-                rowsets = {tl: self.mfk.RowSet.at(got[sl][0], got[sl][1], codec)
+                rowsets = {tl: self.mfk.RowSet.at(got[sl][0], got[sl][1], codecs[sl])
                            for tl, sl in layers.items()}
-                attn = self.target_reuse_attn(n, rowsets, mode_name)
+                attn = self.target_reuse_attn(n, rowsets, modes)
                 first = self.tgt.prefill(tok, attn)
                 int(first[0])  # the first token is on the host: hand-off done
                 t_first = time.perf_counter()
@@ -718,7 +746,8 @@ class Bench:
                          prefill_ms=ms, ttft_ms=ms + get_ms,
                          gain=1.0 - ms / rec["target_full_ms"],
                          daemon_gpu_bytes=gpu_used, staged_gpu_bytes=staged_b,
-                         bad_rows=bad, counts=dict(self.store.counts))
+                         bad_rows=bad, counts=dict(self.store.counts),
+                         prob_layers=sum(1 for x in modes.values() if x == "prob"))
                 v["source_extra_ms"] = srec["wall_ms"] - rec["source_full_ms"]
                 v["handoff_overhead"] = (srec["extract_ms"] + srec["put_tail_ms"] + get_ms) / \
                     rec["source_full_ms"]
@@ -848,10 +877,10 @@ def table(res):
     if "without" in ro:
         lines.append("")
         lines.append("routing (%d conversations × %d turns, P90 TTFT ≤ %.2f s): without "
-                     "MapFlow %.3f req/s, with %.3f req/s (%+.1f%%)"
+                     "MapFlow %.3f req/s, with %.3f req/s %s"
                      % (ro["conversations"], ro["turns"], ro["p90_limit_s"],
                         ro["without"]["throughput"], ro["with"]["throughput"],
-                        100 * ro.get("gain", float("nan"))))
+                        "(%+.1f%%)" % (100 * ro["gain"]) if "gain" in ro else ""))
     lines.append("path: %s (%s)" % (res["path"], res["path_why"]))
     return "\n".join(lines)
 
@@ -880,7 +909,7 @@ def plot(res, path):
             ax.plot([p[0] for p in pts], [p[1] / 1e3 for p in pts], marker="o", label=name)
     ax.set_xscale("log", base=2)
     ax.set_xticks(ns)
-    ax.set_xticklabels(["%dk" % (n // 1024) for n in ns])
+    ax.set_xticklabels(["%dk" % (n // 1024) if n >= 1024 else str(n) for n in ns])
     ax.set_xlabel("context N (tokens)")
     ax.set_ylabel("TTFT (s)")
     ax.set_title("Hand-off TTFT, %s → %s (path %s)" % (res["source"]["name"],

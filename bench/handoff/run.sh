@@ -9,7 +9,7 @@
 # Env: HANDOFF_NS (N list, default 32768,16384,8192), HANDOFF_REPS (3), HANDOFF_DENSITY
 # (0.10), HANDOFF_L0 (2), HANDOFF_VARIANTS (prob_fp8,prob_u8log,mask), HANDOFF_FLEX (1),
 # HANDOFF_PATH (auto|gpu|host), BUDGET (seconds for the whole run, default 290),
-# HANDOFF_GPU_BYTES / HANDOFF_HOST_BYTES (daemon tiers), PYTHON, MAPFLOWD,
+# HANDOFF_GPU_MB / HANDOFF_HOST_MB (daemon tiers), PYTHON, MAPFLOWD,
 # HANDOFF_FAKECUDA (--dry only: a fake CUDA driver .so, e.g. build/lib/tests/libfakecuda.so,
 # to run the GPU-tier path on the CPU).
 set -euo pipefail
@@ -41,20 +41,28 @@ path=${HANDOFF_PATH:-auto}
 if [ $dry = 1 ]; then
     if [ -n "${HANDOFF_FAKECUDA:-}" ] && [ "$gpu_api" = 1 ]; then
         export MF_CUDA_DRIVER=$HANDOFF_FAKECUDA
-        gpu_bytes=${HANDOFF_GPU_BYTES:-256mb}; path=gpu
+        gpu_mb=${HANDOFF_GPU_MB:-256}; path=gpu
     else
-        gpu_bytes=0; path=host
+        gpu_mb=0; path=host
     fi
-    host_bytes=${HANDOFF_HOST_BYTES:-1gb}
+    host_mb=${HANDOFF_HOST_MB:-1024}
+    if [ $path = gpu ]; then row_mb=$((gpu_mb * 8 / 10)); else row_mb=$((host_mb * 8 / 10)); fi
 elif [ "$path" = host ] || [ "$gpu_api" = 0 ]; then
-    # host tier: rows of one variant at 32k (≈ 34 GB at 10 %) live in the host arena
-    gpu_bytes=${HANDOFF_GPU_BYTES:-0}; host_bytes=${HANDOFF_HOST_BYTES:-48gb}
+    # host tier: rows of one variant at 32k (≈ 34 GB at 10 %) in the host arena, and
+    # copied to the GPU by the target
+    path=host
+    gpu_mb=${HANDOFF_GPU_MB:-0}; host_mb=${HANDOFF_HOST_MB:-49152}
+    row_mb=$((host_mb * 8 / 10))
 else
-    # GPU arena: one variant's rows at 32k (≈ 34 GB) + slack; models ≈ 46 GB, activations
-    # and source scratch ≈ 15 GB: ≈ 117 GB of the H200's 141.
-    gpu_bytes=${HANDOFF_GPU_BYTES:-56gb}; host_bytes=${HANDOFF_HOST_BYTES:-8gb}
+    # GPU arena: one variant's rows (≈ 34 GB at 32k, 10 %) + slack; models ≈ 46 GB,
+    # activations and the source's row scratch ≈ 15 GB: ≈ 117 GB of the H200's 141.
+    # Eviction starts at the daemon's 0.9 high watermark: rows get 80 % of the arena
+    # (prob mode on as many layers as fit, mask on the rest).
+    gpu_mb=${HANDOFF_GPU_MB:-57344}; host_mb=${HANDOFF_HOST_MB:-8192}
+    row_mb=$((gpu_mb * 8 / 10))
 fi
-echo "== handoff: binding GPU API $gpu_api, path $path, daemon gpu_bytes $gpu_bytes host_bytes $host_bytes, python $py"
+export HANDOFF_ROW_BYTES=$((row_mb * 1048576))
+echo "== handoff: binding GPU API $gpu_api, path $path, daemon gpu ${gpu_mb} MiB, host ${host_mb} MiB, rows ≤ ${row_mb} MiB, python $py"
 
 tmp=$(mktemp -d /tmp/mfhandoff-XXXXXX)
 sock=$tmp/d.sock
@@ -70,7 +78,7 @@ cleanup() {
 }
 trap cleanup EXIT
 "$mapflowd" --socket "$sock" --data_dir "$tmp/data" --http 127.0.0.1:0 \
-    --gpu_bytes "$gpu_bytes" --host_bytes "$host_bytes" --ssd_bytes 1gb \
+    --gpu_bytes "${gpu_mb}mb" --host_bytes "${host_mb}mb" --ssd_bytes 1gb \
     --write_through off --max_batch 65536 --lease_ttl 120s --reservation_ttl 120s \
     >"$out/daemon.log" 2>&1 &
 dpid=$!
