@@ -444,6 +444,16 @@ static void evict_host(mfd_store_t *st, uint64_t want, const uint8_t *prefix, si
         *entries += n;
 }
 
+/* Demotes down to the low watermark once over the high one, never `keep`. */
+static void balance(mfd_store_t *st, const mfd_entry_t *keep)
+{
+    uint64_t cap = mfd_arena_capacity(st->arena), used = mfd_arena_used(st->arena);
+    if ((double)used <= st->cfg->high_watermark * (double)cap)
+        return;
+    uint64_t target = (uint64_t)(st->cfg->low_watermark * (double)cap);
+    evict_host(st, used - target, NULL, 0, keep, NULL, NULL);
+}
+
 /* Moves an unpinned GPU row down: drops the GPU copy when another copy exists, else
  * copies it into a host block (DtoH), else (host arena full of pinned rows) straight to
  * the SSD tier. Returns the GPU bytes freed. */
@@ -518,19 +528,12 @@ static void balance_gpu(mfd_store_t *st, uint32_t arena, const mfd_entry_t *keep
     uint64_t cap = a->bytes, used = mfd_oalloc_used(a->alloc);
     if ((double)used <= st->cfg->high_watermark * (double)cap)
         return;
-    uint64_t target = (uint64_t)(st->cfg->low_watermark * (double)cap);
-    evict_gpu(st, (int)arena, used - target, NULL, 0, keep, NULL, NULL);
+    uint64_t target = (uint64_t)(st->cfg->low_watermark * (double)cap), n = 0;
+    evict_gpu(st, (int)arena, used - target, NULL, 0, keep, NULL, &n);
+    if (n)
+        balance(st, NULL); /* the demoted rows may have pushed the host over its mark */
 }
 
-/* Demotes down to the low watermark once over the high one, never `keep`. */
-static void balance(mfd_store_t *st, const mfd_entry_t *keep)
-{
-    uint64_t cap = mfd_arena_capacity(st->arena), used = mfd_arena_used(st->arena);
-    if ((double)used <= st->cfg->high_watermark * (double)cap)
-        return;
-    uint64_t target = (uint64_t)(st->cfg->low_watermark * (double)cap);
-    evict_host(st, used - target, NULL, 0, keep, NULL, NULL);
-}
 
 void mfd_store_evict(mfd_store_t *st, int tier, uint64_t bytes, const uint8_t *prefix,
                      size_t plen, uint64_t *freed_bytes, uint64_t *freed_entries)
