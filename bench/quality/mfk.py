@@ -25,7 +25,9 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
-sys.path.insert(0, os.path.join(ROOT, "bench", "gpu"))
+# MF_GPU_PY: a copy of bench/gpu's rows.py and bench_gpu.py from the commit the kernel
+# libraries were built from (their ctypes layouts must match those libraries)
+sys.path.insert(0, os.environ.get("MF_GPU_PY", os.path.join(ROOT, "bench", "gpu")))
 import rows as R  # noqa: E402
 from bench_gpu import ApplyArgs, ExtractArgs, LayerMap, Qkv  # noqa: E402
 

@@ -2,7 +2,7 @@
 # Quality evaluation of MapFlow reuse on a real model pair (bench/quality/README.md), in one
 # call: builds what is missing, fetches the texts (get-data.sh), trains the source and
 # target models (train.py; two processes sharing the GPU) and, beside them, the small demo
-# pair of bench/models (train_small.py, two more processes), calibrates
+# pair of bench/models (train_small.py, a third process), calibrates
 # (kernels/calibrate.c, the code of mapflow-calibrate, through libmfkernels_ref.so) with
 # several rule settings and evaluates every variant through our CUDA kernels
 # (evaluate.py), then prints the table (report.py).
@@ -11,10 +11,10 @@
 # bench/quality/data/work, work-smoke with --smoke), PYTHON (python3), BUDGET (seconds for
 # the whole run, default 540: the evaluation stops adding test windows in time),
 # SRC_SECONDS / TGT_SECONDS (wall clock per model, default 240 each, both at once),
-# SMALL_SECONDS (the small pair, default 200; 0: no small pair), CTX (2048), BACKEND
-# (cuda | ref; default cuda when torch sees a GPU), MF_CUDA_LIB / MF_REF_LIB (the kernel
-# libraries; default build/lib/...), TRAIN_ARGS / SMALL_ARGS / EVAL_ARGS (more options for
-# train.py / train_small.py / evaluate.py: a CPU dry run of this whole path uses them).
+# SMALL_SECONDS (the small pair, both models in turn, default 200; 0: none), CTX (2048),
+# BACKEND (cuda | ref; default cuda when torch sees a GPU), MF_CUDA_LIB / MF_REF_LIB (the
+# kernel libraries; default build/lib/...), TRAIN_ARGS / SMALL_ARGS / EVAL_ARGS (more
+# options for train.py / train_small.py / evaluate.py: a CPU dry run of this path uses them).
 # --smoke: tiny models, data and windows, C reference kernels, one process at a time, for
 # a machine without a GPU (about a minute on 2 cores once the smoke models exist).
 # Results in OUT: run.log, quality.{json,md,png}, train.json, extras.tar (the profiles)
@@ -65,8 +65,8 @@ else
        --src-seconds "${SRC_SECONDS:-240}" --tgt-seconds "${TGT_SECONDS:-240}" ${TRAIN_ARGS:-})
     S=("$py" "$here/train_small.py" --data "$here/data" --work "$sw" --device "$small_dev"
        --tokenizer "$root/bench/models/tokenizer.txt" --chars 0 --jobs 8 --batch 64
-       --src-lr 2e-3 --tgt-lr 2.5e-3 --src-seconds "$small_s" --tgt-seconds "$small_s"
-       ${SMALL_ARGS:-})
+       --src-lr 2e-3 --tgt-lr 2.5e-3 --src-seconds "$((small_s * 11 / 20))"
+       --tgt-seconds "$((small_s * 9 / 20))" ${SMALL_ARGS:-})
     # 1. tokens of both pairs (CPU), at once
     tagged prep "${T[@]}" --stage prepare; p1=$bg
     p2=""
@@ -74,16 +74,15 @@ else
     wait $p1
     small_ok=1
     [ -n "$p2" ] && { wait $p2 || small_ok=0; }
-    # 2. four training processes on the one GPU (each model is far too small to fill it)
+    # 2. three training processes on the one GPU (each model is far too small to fill it):
+    # the source, the target, and the small pair (its source, then its target)
     pids=()
     for m in source target; do
         tagged "$m" "${T[@]}" --stage "$m"; pids+=($bg)
     done
     spids=()
     if [ "$small_s" != 0 ] && [ $small_ok = 1 ]; then
-        for m in source target; do
-            tagged "small-$m" "${S[@]}" --stage "$m"; spids+=($bg)
-        done
+        tagged small "${S[@]}" --stage train; spids+=($bg)
     fi
     for p in "${pids[@]}"; do wait "$p"; done
     "${T[@]}" --stage meta

@@ -365,10 +365,10 @@ def main():
     ap.add_argument("--data", required=True)
     ap.add_argument("--out", default="")
     ap.add_argument("--work", required=True)
-    ap.add_argument("--stage", default="all", choices=("all", "prepare", "source", "target",
-                                                        "finish"),
-                    help="all = each in turn on this machine; on a GPU: prepare, source and "
-                    "target (two processes), then finish on the CPU")
+    ap.add_argument("--stage", default="all", choices=("all", "prepare", "train", "source",
+                                                        "target", "finish"),
+                    help="all = each in turn on this machine; train = source then target; "
+                    "on a GPU: prepare and train there, then finish on the CPU")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--tokenizer", default="", help="an existing tokenizer.txt (no BPE "
                     "training; the committed one keeps the fixture's token ids)")
@@ -404,7 +404,7 @@ def main():
     if args.stage in ("all", "prepare"):
         prepare(args)
     for name in ("source", "target"):
-        if args.stage in ("all", name):
+        if args.stage in ("all", "train", name):
             train_model(args, name, dev)
     if args.stage in ("all", "finish"):
         finish(args)
