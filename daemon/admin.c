@@ -166,7 +166,7 @@ static void fill_tiers(mfd_server_t *s, Mapflow__V1__TierStats ts[3],
 void mfd_admin_stats(mfd_conn_t *c, uint64_t rid)
 {
     mfd_server_t *s = c->srv;
-    enum { CAP = MFD_C_COUNT + MF_STATUS_COUNT + MFD_H_COUNT + 8 + 16 };
+    enum { CAP = MFD_C_COUNT + MF_STATUS_COUNT + MFD_H_COUNT + 8 + 2 * MFD_GAUGE_GPU_ARENAS };
     counter_vec_t cv = {calloc(CAP, sizeof(Mapflow__V1__Counter)),
                         calloc(CAP, sizeof(Mapflow__V1__Counter *)), calloc(CAP, 160), 0, CAP};
     if (!cv.items || !cv.ptrs || !cv.names) {
@@ -181,16 +181,15 @@ void mfd_admin_stats(mfd_conn_t *c, uint64_t rid)
     add_counter("reservations", g.reservations, &cv);
     add_counter("ssd_inflight", g.ssd_inflight, &cv);
     add_counter("ssd_write_backlog_bytes", g.wt_backlog_bytes, &cv);
-    /* Per GPU arena: device ordinal, used bytes, rows (a few lines; at most 8 shown). */
-    for (size_t i = 0; s->store.gpu && i < s->store.gpu->n && i < 8; i++) {
-        const mfd_gpu_arena_t *a = &s->store.gpu->a[i];
+    /* Per GPU arena (the /metrics gauges of the same names). */
+    for (size_t i = 0; i < g.n_gpu; i++) {
         char name[64];
         snprintf(name, sizeof(name), "gpu_arena_used_bytes{arena=\"%zu\",device=\"%d\"}", i,
-                 a->ordinal);
-        add_counter(name, mfd_oalloc_used(a->alloc), &cv);
+                 g.gpu[i].device);
+        add_counter(name, g.gpu[i].used, &cv);
         snprintf(name, sizeof(name), "gpu_arena_entries{arena=\"%zu\",device=\"%d\"}", i,
-                 a->ordinal);
-        add_counter(name, a->entries, &cv);
+                 g.gpu[i].device);
+        add_counter(name, g.gpu[i].entries, &cv);
     }
     Mapflow__V1__TierStats ts[3], *tp[3];
     fill_tiers(s, ts, tp);

@@ -100,8 +100,17 @@ typedef struct mfd_tier_gauge {
     uint64_t used, capacity, entries;
 } mfd_tier_gauge_t;
 
+/* One GPU arena (the gpu tier's rows per device). */
+#define MFD_GAUGE_GPU_ARENAS 16 /* arenas shown; more are summed in tiers[0] only */
+typedef struct mfd_gpu_gauge {
+    int device;              /* the daemon's CUDA ordinal */
+    uint64_t used, capacity, entries;
+} mfd_gpu_gauge_t;
+
 typedef struct mfd_gauges {
     mfd_tier_gauge_t tiers[3];
+    size_t n_gpu;
+    mfd_gpu_gauge_t gpu[MFD_GAUGE_GPU_ARENAS];
     uint64_t connections, leases, reservations, ssd_inflight;
     uint64_t wt_backlog_bytes;  /* async write-through: queued + deferred row bytes */
     double uptime_s;

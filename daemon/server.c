@@ -1805,6 +1805,11 @@ void mfd_server_gauges(mfd_server_t *s, mfd_gauges_t *g)
     for (int i = 0; i < 3; i++)
         g->tiers[i] = (mfd_tier_gauge_t){t[i].name, t[i].enabled, t[i].used_bytes,
                                          t[i].capacity_bytes, t[i].entries};
+    for (size_t i = 0; s->store.gpu && i < s->store.gpu->n && i < MFD_GAUGE_GPU_ARENAS; i++) {
+        const mfd_gpu_arena_t *a = &s->store.gpu->a[i];
+        g->gpu[g->n_gpu++] = (mfd_gpu_gauge_t){a->ordinal, mfd_oalloc_used(a->alloc), a->bytes,
+                                               a->entries};
+    }
     g->connections = s->n_conns;
     g->leases = s->leased_rows;
     g->reservations = mfd_tickets_count(s->tickets, MFD_TICKET_RESERVATION);

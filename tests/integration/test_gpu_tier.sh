@@ -59,8 +59,14 @@ assert sum(v for k, v in c.items() if k.startswith("gpu_arena_entries")) == 10, 
 PY
 ctl health | grep -q 'gpu on (2 arenas' || fail "health does not show the gpu tier on"
 mf_http /metrics >"$MF_TMP/metrics" || fail "/metrics"
+"$PYTHON" "$(dirname "$0")/promcheck.py" "$MF_TMP/metrics" || fail "/metrics with the gpu tier is not valid Prometheus text"
 grep -q '^mapflowd_tier_enabled{tier="gpu"} 1$' "$MF_TMP/metrics" || fail "metrics: gpu tier not enabled"
 grep -q '^mapflowd_tier_entries{tier="gpu"} 10$' "$MF_TMP/metrics" || fail "metrics: gpu entries"
+n0=$(sed -n 's/^mapflowd_gpu_arena_entries{arena="0",device="0"} //p' "$MF_TMP/metrics")
+n1=$(sed -n 's/^mapflowd_gpu_arena_entries{arena="1",device="1"} //p' "$MF_TMP/metrics")
+expect_eq "$((n0 + n1))" 10 "metrics: rows over the two gpu arenas ($n0 + $n1)"
+grep -q '^mapflowd_gpu_arena_capacity_bytes{arena="1",device="1"} 2097152$' "$MF_TMP/metrics" \
+  || fail "metrics: gpu arena capacity"
 
 ctl config set gpu_promote on >/dev/null || fail "gpu_promote is not a live key"
 ctl config get gpu_devices | grep -q all || fail "gpu_devices default"
