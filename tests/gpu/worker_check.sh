@@ -63,7 +63,7 @@ start_daemon() {
     "$BIN/mapflowd" --socket "$tmp/$name.sock" --data_dir "$tmp/$name" --http 127.0.0.1:0 "$@" \
         >"$tmp/$name.log" 2>&1 &
     pids+=($!)
-    for _ in $(seq 200); do [ -S "$tmp/$name.sock" ] && break; sleep 0.05; done
+    for _ in $(seq 600); do [ -S "$tmp/$name.sock" ] && break; sleep 0.05; done
     if [ ! -S "$tmp/$name.sock" ]; then
         echo "FAIL: mapflowd $name did not start:"; cat "$tmp/$name.log"; return 1
     fi
