@@ -91,6 +91,24 @@ typedef struct mf_apply_cuda_args {
 mf_status_t mf_apply_cuda(const mf_apply_cuda_args_t *a, mf_cuda_stream_t stream,
                           const char **why);
 
+/*
+ * Which apply kernel runs. v2: one CTA per (query block, target head). v3: one CTA per
+ * (query block, pack), a pack being up to 4 target heads (2 at B = 128) that share a KV
+ * head and a mode, so each K / V tile is read once for all of them (GQA). Both compute
+ * the same function (gpu_check runs both). DEFAULT: the environment's MF_APPLY_IMPL
+ * (v2 | v3) when set, else MF_APPLY_IMPL_BUILTIN.
+ */
+typedef enum mf_apply_impl {
+    MF_APPLY_IMPL_DEFAULT = 0,
+    MF_APPLY_IMPL_V2 = 2,
+    MF_APPLY_IMPL_V3 = 3,
+} mf_apply_impl_t;
+#define MF_APPLY_IMPL_BUILTIN MF_APPLY_IMPL_V2
+
+/* mf_apply_cuda with an explicit implementation (mf_apply_cuda = DEFAULT). */
+mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_apply_impl_t impl,
+                               mf_cuda_stream_t stream, const char **why);
+
 #ifdef __cplusplus
 }
 #endif
