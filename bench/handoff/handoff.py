@@ -191,6 +191,28 @@ def row_stats(R, rows, hs, w, nb, take):
             "cols": len(hm) / causal, "entries": ents}
 
 
+def flexprefill_keep(t, q, k, density, bf=128):
+    """FlexPrefill's query-aware selection at a fixed budget: softmax(pooled Q · pooled
+    Kᵀ / √d) over 128-token blocks, per head the sink, the diagonal and the top-scoring
+    others of query block i, ⌈density·(i+1)⌉ blocks in all (as MapFlow's density counts
+    its forced blocks too). q [N, Hq, d], k [N, Hkv, d] → keep [Hq, nb, nb] bool
+    (causal)."""
+    n, hq, d = q.shape
+    hkv, nbf = k.shape[1], n // bf
+    ii = t.arange(nbf, device=q.device)
+    causal_b = ii[None, :] <= ii[:, None]
+    budget = t.clamp(t.ceil(density * (ii + 1).float()) - 2, min=0).long()
+    qp = q.view(nbf, bf, hq, d).mean(1, dtype=t.float32).transpose(0, 1)  # [H, nbf, d]
+    kp = k.view(nbf, bf, hkv, d).mean(1, dtype=t.float32).transpose(0, 1)
+    kp = kp.repeat_interleave(hq // hkv, dim=0)
+    sc = (qp @ kp.transpose(1, 2)) / math.sqrt(d)
+    forced = (ii[None, :] == 0) | (ii[None, :] == ii[:, None])
+    sc = sc.masked_fill(~causal_b | forced, float("-inf")).softmax(-1)
+    rank = sc.argsort(-1, descending=True).argsort(-1)
+    keep = (rank < budget[None, :, None]) & causal_b & ~forced
+    return keep | forced[None]
+
+
 # ==== put / get ===========================================================================
 
 class Store:
@@ -630,14 +652,12 @@ class Bench:
         return attn
 
     def flex_attn(self, n, density):
-        """FlexPrefill-like: per layer ≥ L0, blocks of 128 from softmax(pooled Q · pooled
-        Kᵀ), the top ⌈density·(i+1)⌉ per (head, query block) plus sink and diagonal."""
+        """FlexPrefill-like attention for layers ≥ L0 (flexprefill_keep → BlockMask →
+        compiled flex_attention, GQA)."""
         t = self.t
         bf = 128
         nbf = n // bf
         ii = t.arange(nbf, device=self.dev)
-        causal_b = ii[None, :] <= ii[:, None]
-        budget = t.clamp(t.ceil(density * (ii + 1).float()), min=1).long()
         bm_cls = self.BlockMask
 
         def causal(b, h, qi, ki):
@@ -647,16 +667,10 @@ class Bench:
             q, k, v = m.qkv(i, xn)
             if i < self.l0:
                 return m.native_attention(q, k, v)[0]
-            hq, hkv, d = q.shape[1], k.shape[1], q.shape[2]
-            qp = q.view(nbf, bf, hq, d).float().mean(1).transpose(0, 1)      # [H, nbf, d]
-            kp = k.view(nbf, bf, hkv, d).float().mean(1).transpose(0, 1)
-            kp = kp.repeat_interleave(hq // hkv, dim=0)
-            sc = (qp @ kp.transpose(1, 2)) / math.sqrt(d)
-            sc = sc.masked_fill(~causal_b, float("-inf")).softmax(-1)
-            rank = sc.argsort(-1, descending=True).argsort(-1)
-            keep = (rank < budget[None, :, None]) & causal_b
-            keep[:, :, 0] = True
-            keep = keep | t.eye(nbf, dtype=t.bool, device=self.dev)[None]
+            hq, d = q.shape[1], q.shape[2]
+            keep = flexprefill_keep(t, q, k, density, bf)
+            if i == self.l0:
+                self.flex_density = float(keep.sum()) / (hq * nbf * (nbf + 1) / 2)
             full = keep & (ii[None, None, :] < ii[None, :, None])
             full_n = full.sum(-1).to(t.int32)[None]
             full_i = t.argsort((~full).to(t.int8), dim=-1, stable=True).to(t.int32)[None]
@@ -776,6 +790,7 @@ class Bench:
                 rec["flex_ms"], _ = self.clock.time(lambda: self.tgt.prefill(tok, fa), reps,
                                                     warm=0)
                 rec["flex_gain"] = 1.0 - rec["flex_ms"] / rec["target_full_ms"]
+                rec["flex_keep_density"] = self.flex_density
                 log("N=%d: FlexPrefill-like %.1f ms (%.1f%% vs full; compile %.0f s)"
                     % (n, rec["flex_ms"], -100 * rec["flex_gain"], rec["flex_compile_s"]))
             except Exception as e:  # noqa: BLE001
@@ -783,6 +798,15 @@ class Bench:
                 log("N=%d: flex: %s" % (n, rec["flex_error"]))
         elif self.flex is not None:
             log("N=%d: FlexPrefill-like skipped (time budget)" % n)
+        if not self.cuda:  # --dry: no flex_attention on old CPU torch; check the selection
+            g = t.Generator().manual_seed(n)
+            qx = t.randn(n, self.tgt.s.heads, 32, generator=g).to(t.bfloat16)
+            kx = t.randn(n, self.tgt.s.kv_heads, 32, generator=g).to(t.bfloat16)
+            keep = flexprefill_keep(t, qx, kx, rec["density_eff"])
+            nbf = n // 128
+            rec["flex_keep_density"] = float(keep.sum()) / (keep.shape[0] * nbf * (nbf + 1) / 2)
+            log("N=%d: FlexPrefill-like selection (no flex_attention here): density %.3f"
+                % (n, rec["flex_keep_density"]))
         return rec
 
     def run(self):
