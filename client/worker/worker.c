@@ -1,5 +1,5 @@
 /*
- * mapflow-worker — a small GPT (gpt.h) on the CPU that hands its attention maps over
+ * mapflow-worker — a small GPT (gpt.h; gpt_cuda.h on a GPU) that hands its attention maps over
  * through mapflowd (DESIGN §1).
  *
  *   --role source: prefill the first N tokens of a text, extract rows for the source layers
