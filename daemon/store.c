@@ -60,6 +60,18 @@ static void defer_remove(mfd_store_t *st, mfd_entry_t *e)
     st->wt_deferred_bytes -= e->size;
 }
 
+/* Releases e's GPU copy (block, head copy, LRU place). */
+static void drop_gpu(mfd_store_t *st, mfd_entry_t *e)
+{
+    mfd_gpu_free(st->gpu, e->gpu_arena, e->gpu);
+    e->gpu = NULL;
+    st->gpu_entries--;
+    st->gpu->a[e->gpu_arena].entries--;
+    free(e->ghead);
+    e->ghead = NULL;
+    mfd_lru_remove(st->ix, MFD_LRU_GPU, e);
+}
+
 static void on_entry_free(mfd_entry_t *e, void *ctx)
 {
     mfd_store_t *st = ctx;
@@ -69,14 +81,8 @@ static void on_entry_free(mfd_entry_t *e, void *ctx)
         e->host = NULL;
         st->host_entries--;
     }
-    if (e->gpu) {
-        mfd_gpu_free(st->gpu, e->gpu_arena, e->gpu);
-        e->gpu = NULL;
-        st->gpu_entries--;
-        st->gpu->a[e->gpu_arena].entries--;
-    }
-    free(e->ghead);
-    e->ghead = NULL;
+    if (e->gpu)
+        drop_gpu(st, e);
     free(e->wbuf);
     e->wbuf = NULL;
 }
@@ -189,17 +195,6 @@ static void drop_host(mfd_store_t *st, mfd_entry_t *e)
     e->host = NULL;
     st->host_entries--;
     mfd_lru_remove(st->ix, MFD_LRU_HOST, e);
-}
-
-static void drop_gpu(mfd_store_t *st, mfd_entry_t *e)
-{
-    mfd_gpu_free(st->gpu, e->gpu_arena, e->gpu);
-    e->gpu = NULL;
-    st->gpu_entries--;
-    st->gpu->a[e->gpu_arena].entries--;
-    free(e->ghead);
-    e->ghead = NULL;
-    mfd_lru_remove(st->ix, MFD_LRU_GPU, e);
 }
 
 /* A 64-aligned host buffer with a GPU row's bytes (DtoH), or NULL. */
