@@ -246,6 +246,7 @@ class Store:
             self.ch = mapflow.Channel("unix:" + sock, ns=NS, want_arena=True,
                                       client_name="handoff", timeout_ms=120000)
             self.path = "host"
+            self.why = self.why or ("requested" if path == "host" else "--dry")
         self.pinned = None
         self.counts = {}
         self.batch_ok = True
