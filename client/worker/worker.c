@@ -170,7 +170,8 @@ static int run_source(const opts_t *o, mfw_backend_t *be, const mfw_gpt_t *m,
                 e->why && *e->why ? e->why : mfw_brun_error(run));
         goto out;
     }
-    /* Rows extracted on the device are put from there, unless the channel has no GPU. */
+    /* Rows extracted on the device are put from there, unless the channel has no GPU or
+     * that put fails for a reason a host put would not share. */
     int from_dev = mfw_backend_is_cuda(be);
     mf_gpu_info_t gi = { 0 };
     if (from_dev) {
@@ -199,6 +200,17 @@ static int run_source(const opts_t *o, mfw_backend_t *be, const mfw_gpt_t *m,
     st = !n_items ? MF_OK
          : from_dev ? mf_put_device_batch(ch, items, n_items, 0, MF_TIMEOUT_DEFAULT)
                     : mf_put_batch(ch, items, n_items, 0, MF_TIMEOUT_DEFAULT);
+    if (st != MF_OK && from_dev && st != MF_UNAVAILABLE && st != MF_DEADLINE_EXCEEDED) {
+        fprintf(stderr, "source: put from device memory: %s %s; again through host memory\n",
+                mf_status_name(st), mf_channel_last_error(ch));
+        st = mfw_backend_extract_to_host(be, e);
+        for (size_t i = 0, k = 0; st == MF_OK && i < nl; i++) /* the same order as above */
+            for (uint32_t b = 0, l = layers[i]; e->sizes[l] && b < e->n_blocks; b++)
+                items[k++].row = e->rows[l][b];
+        from_dev = 0;
+        if (st == MF_OK)
+            st = mf_put_batch(ch, items, n_items, 0, MF_TIMEOUT_DEFAULT);
+    }
     double t_put = mfw_now_s() - t0;
     if (st != MF_OK) {
         fprintf(stderr, "source: put: %s %s\n", mf_status_name(st), mf_channel_last_error(ch));
