@@ -60,8 +60,9 @@ static void defer_remove(mfd_store_t *st, mfd_entry_t *e)
     st->wt_deferred_bytes -= e->size;
 }
 
-/* Releases e's GPU copy (block, head copy, LRU place). */
-static void drop_gpu(mfd_store_t *st, mfd_entry_t *e)
+/* Releases e's GPU copy (block, head copy). Never touches the LRU: the index frees
+ * entries still on their lists when it is destroyed. */
+static void gpu_release(mfd_store_t *st, mfd_entry_t *e)
 {
     mfd_gpu_free(st->gpu, e->gpu_arena, e->gpu);
     e->gpu = NULL;
@@ -69,6 +70,11 @@ static void drop_gpu(mfd_store_t *st, mfd_entry_t *e)
     st->gpu->a[e->gpu_arena].entries--;
     free(e->ghead);
     e->ghead = NULL;
+}
+
+static void drop_gpu(mfd_store_t *st, mfd_entry_t *e)
+{
+    gpu_release(st, e);
     mfd_lru_remove(st->ix, MFD_LRU_GPU, e);
 }
 
@@ -82,7 +88,7 @@ static void on_entry_free(mfd_entry_t *e, void *ctx)
         st->host_entries--;
     }
     if (e->gpu)
-        drop_gpu(st, e);
+        gpu_release(st, e);
     free(e->wbuf);
     e->wbuf = NULL;
 }
