@@ -21,6 +21,10 @@ fail() { echo "FAIL $*"; fails=$((fails + 1)); }
 ctl() { "$bin/mapflowctl" --socket "$tmp/d.sock" "$@"; }
 
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=index,name,pci.bus_id,memory.total --format=csv,noheader
+# Libraries the binaries need and this machine lacks (carry them, e.g. in .gpu-libs).
+missing=$(for b in mapflowd mapflowctl mapflow-synth tests/test_daemon_gpu; do
+  ldd "$bin/$b" 2>&1 | sed -n "s|^\s*\(\S*\) => not found|\1 ($b)|p"; done | sort -u)
+if [ -n "$missing" ]; then echo "FAIL missing libraries: $missing"; exit 2; fi
 # MF_CUDA_DRIVER, when set, picks the driver (the fake one, to try this script on CPU).
 "$bin/mapflowd" --socket "$tmp/d.sock" --data_dir "$tmp/data" --http "" --gpu_bytes "$gpu_bytes" \
   --gpu_devices 0 >"$tmp/daemon.log" 2>&1 &
