@@ -32,7 +32,9 @@ template <class S, int HP_> struct v3 {
     static constexpr int HP = HP_;
     static constexpr int GT = S::WARPS * 32; /* threads per head group */
     static constexpr int NT = HP * GT;       /* threads per CTA */
-    static constexpr int KVST = S::B >= 128 ? 2 : 3; /* K/V ring depth (attention) */
+    /* K/V ring depth (attention): 2 where 3 would cost occupancy (B = 128; one head a
+     * CTA, which fits 2 CTAs an SM with 2) */
+    static constexpr int KVST = S::B >= 128 || HP_ == 1 ? 2 : 3;
     static constexpr int PST = S::B >= 128 ? 2 : 3;  /* V + tile ring depth (prob) */
     static constexpr size_t TILEB = (size_t)S::TILE * sizeof(T);
     /* prob staging: 64 bytes per thread per stage (4 units of 16 bytes); a narrow tile
@@ -479,6 +481,7 @@ __global__ void __launch_bounds__(v3<S, HP>::NT, 1) apply_v3_kernel(app_params p
             }
             cnt += __popc(bal);
         }
+        __syncwarp(); /* the lanes' list entries before lane 0 moves them */
         if (lane == 0) {
             if (row.cols[0] != 0) { /* not in the row: prepend (the list stays ascending) */
                 for (int x = cnt; x > 0; x--) {
@@ -521,9 +524,11 @@ template <typename T> mf_status_t launch3_t(const app_params &p, uint32_t b, uin
     case 32128: return launch3<shape<32, 128, T>, 4>(p, st);
     case 64064: return launch3<shape<64, 64, T>, 4>(p, st);
     case 64128:
-        if (apply_v3_heads_per_cta(b) == 2)
-            return launch3<shape<64, 128, T>, 2>(p, st);
-        return launch3<shape<64, 128, T>, 4>(p, st);
+        switch (apply_v3_heads_per_cta(b)) {
+        case 1: return launch3<shape<64, 128, T>, 1>(p, st);
+        case 2: return launch3<shape<64, 128, T>, 2>(p, st);
+        default: return launch3<shape<64, 128, T>, 4>(p, st);
+        }
     case 128064: return launch3<shape<128, 64, T>, 2>(p, st);
     case 128128: return launch3<shape<128, 128, T>, 2>(p, st);
     default: return MF_UNIMPLEMENTED;
@@ -532,15 +537,20 @@ template <typename T> mf_status_t launch3_t(const app_params &p, uint32_t b, uin
 
 } /* namespace */
 
-/* Must match launch3_t's HP per block size. MF_V3_HP=2 picks the 256-thread variant at
- * B = 64 (255 registers a thread, no spills, K / V shared by 2 heads) instead of the
- * 512-thread one (128 registers, 4 heads): a measurement switch, read per call. */
+/* Must match launch3_t's HP per block size. At B = 64 (d = 128 has all three kernels;
+ * other d take any pack size ≤ 4) MF_V3_HP=1|2|4 picks the heads a CTA: 4 (512 threads,
+ * 128 registers a thread, K / V shared by 4 heads), 2 (256 threads, no spills) or 1 (128
+ * threads, 2 CTAs an SM: v2's shape with v3's deeper ring): a measurement switch, read
+ * per call; unset → MF_V3_HP_DEFAULT. */
+#define MF_V3_HP_DEFAULT 4
 uint32_t mfc::apply_v3_heads_per_cta(uint32_t b)
 {
     if (b >= 128)
         return 2;
     const char *e = b == 64 ? getenv("MF_V3_HP") : NULL;
-    return e && !strcmp(e, "2") ? 2 : 4;
+    if (e && (!strcmp(e, "1") || !strcmp(e, "2") || !strcmp(e, "4")))
+        return (uint32_t)atoi(e);
+    return b == 64 ? MF_V3_HP_DEFAULT : 4;
 }
 
 mf_status_t mfc::apply_v3_launch(const app_params &p, uint32_t b, uint32_t d, mf_dtype_t dtype,

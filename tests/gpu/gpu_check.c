@@ -7,7 +7,7 @@
  *            of float64; kept sets equal to the reference's, or a valid Top-P set within
  *            the 1e-3 mass tolerance; tiles within twice the codec bound; mass bytes ±1.
  *   apply:   ‖O − O_ref‖ / ‖O_ref‖ ≤ 2e-3 per head mode, every element written; each case
- *            runs every implementation (v2, v3, and v3 with 2 heads a CTA at B64 d128),
+ *            runs every implementation (v2, v3, and at B64 d128 v3 with 1, 2 and 4 heads a CTA),
  *            with head modes mixed inside a KV group or uniform per group.
  * One line per case, a summary table last; exit status 1 on any failure.
  * Usage: gpu_check [--small] [--seed S]   (--small: one tiny case each, for
@@ -503,11 +503,13 @@ static int check_apply(const app_case_t *c, uint64_t seed)
         { "v2", MF_APPLY_IMPL_V2, NULL },
         { "v3", MF_APPLY_IMPL_V3, NULL },
         { "v3hp2", MF_APPLY_IMPL_V3, "2" },
+        { "v3hp1", MF_APPLY_IMPL_V3, "1" },
+        { "v3hp4", MF_APPLY_IMPL_V3, "4" },
     };
     int pass = 1;
     for (size_t v = 0; v < sizeof(impls) / sizeof(impls[0]); v++) {
         if (impls[v].hp && !(c->b == 64 && c->d == 128))
-            continue; /* the 2-heads variant exists at B64 d128 only */
+            continue; /* the pack-size variants exist at B64 d128 only */
         char label[128];
         snprintf(label, sizeof(label), "apply %s %s", impls[v].label, base);
         name = label;
