@@ -18,7 +18,12 @@
  *
  * Prints one PASS/FAIL line per check and "ipc_check: PASS|FAIL"; exit status 1 on any
  * failure, 2 on setup errors.
- * Usage: ipc_check --socket PATH [--peer-device N] [--seed S] [--tokens N] [--iters K]
+ * Usage: ipc_check --socket PATH [--peer-device N] [--target-visible LIST] [--seed S]
+ *                  [--tokens N] [--iters K]
+ * --peer-device N: the target uses device N (issue 14: peer access through NVLink, or the
+ * staged fallback where peer access is missing). --target-visible LIST: the target runs
+ * with CUDA_VISIBLE_DEVICES=LIST (the source's device hidden from it: staged views, or an
+ * IPC open of a device it cannot see).
  * Single-threaded tool; owns everything it allocates.
  */
 #include <cuda_runtime_api.h>
@@ -57,6 +62,8 @@
 typedef struct opts {
     const char *socket;
     int target, device, peer_device;
+    const char *target_visible; /* CUDA_VISIBLE_DEVICES of the target */
+    int cross;                  /* target: the source's device may be another one */
     uint64_t seed;
     uint32_t n;
     int iters;
@@ -222,11 +229,14 @@ static int run_source(const opts_t *o, char **argv)
     fflush(stdout);
     pid_t pid = fork();
     if (pid == 0) {
+        if (o->target_visible)
+            setenv("CUDA_VISIBLE_DEVICES", o->target_visible, 1);
         dup2(pfd[0], 0);
         close(pfd[0]);
         close(pfd[1]);
         execl("/proc/self/exe", argv[0], "--target", "--socket", o->socket, "--device", dev,
-              "--seed", seed, "--tokens", ntok, "--iters", iters, (char *)NULL);
+              "--seed", seed, "--tokens", ntok, "--iters", iters,
+              o->target_visible ? "--cross" : NULL, (char *)NULL);
         _exit(127);
     }
     close(pfd[0]);
@@ -343,7 +353,7 @@ static int run_target(const opts_t *o)
         same_bytes += memcmp(chk + off[k], host + off[k], len[k]) == 0;
     }
     check("target: every row OK", ok == nb, "%u of %u", ok, nb);
-    int cross = o->peer_device > 0 || o->device != 0;
+    int cross = o->cross || o->device != 0;
     check(cross ? "target: device views or staged host views" : "target: every row on_device",
           cross ? on_dev + host_views == nb : on_dev == nb,
           "%u device views, %u staged host views", on_dev, host_views);
@@ -478,6 +488,10 @@ int main(int argc, char **argv)
             o.device = atoi(argv[++i]);
         else if (!strcmp(a, "--peer-device") && v)
             o.peer_device = atoi(argv[++i]);
+        else if (!strcmp(a, "--target-visible") && v)
+            o.target_visible = argv[++i];
+        else if (!strcmp(a, "--cross"))
+            o.cross = 1;
         else if (!strcmp(a, "--seed") && v)
             o.seed = strtoull(argv[++i], NULL, 0);
         else if (!strcmp(a, "--tokens") && v)
@@ -485,8 +499,9 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--iters") && v)
             o.iters = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: ipc_check --socket PATH [--peer-device N] [--seed S] "
-                            "[--tokens N (multiple of %u)] [--iters K]\n", B);
+            fprintf(stderr, "usage: ipc_check --socket PATH [--peer-device N] "
+                            "[--target-visible LIST] [--seed S] [--tokens N (multiple of "
+                            "%u)] [--iters K]\n", B);
             return 2;
         }
     }
@@ -495,8 +510,6 @@ int main(int argc, char **argv)
                         ">= %u\n", B, 4 * B);
         return 2;
     }
-    if (o.target)
-        o.peer_device = o.device;
     setvbuf(stdout, NULL, _IOLBF, 0);
     return o.target ? run_target(&o) : run_source(&o, argv);
 }
