@@ -49,7 +49,8 @@
  * …_free function. Leased row views point into the daemon's host arena, mapped
  * MAP_SHARED into this process; they stay valid until released (mf_release*), until the
  * lease expires (the GetReply's lease_ttl_ms), until a reconnect (see above) or until
- * the channel closes — never write through them.
+ * the channel closes — never write through them. Device views (on_device, see GPU
+ * arenas) follow the same rules in the daemon's GPU arenas.
  *
  * Remote workers (`ucx:HOST:PORT`, the daemon's `ucx` listener). The same API over UCX:
  * control messages travel as active messages on one endpoint, rows move one-sided on the
@@ -414,7 +415,8 @@ MF_EXPORT mf_status_t mf_lookup_async(mf_channel_t *ch, const char *model, uint3
 typedef enum mf_get_mode {
     MF_GET_COPY = 0,  /* row bytes copied into memory the result owns */
     MF_GET_LEASE = 1, /* zero-copy views of the host arena; needs want_arena (on ucx:
-                         copies, leases already released: see Remote workers) */
+                         copies, leases already released: see Remote workers); rows of
+                         a mapped GPU arena come back as device views (on_device) */
 } mf_get_mode_t;
 
 typedef struct mf_row_ref {
