@@ -24,7 +24,8 @@
  *
  * Ownership: the channel owns its socket, reader buffer, arena mappings (the current
  * one and those retired by reconnects, unmapped at close so old leased views never
- * fault), the out queue and the operations until they complete. An operation owns its
+ * fault; the daemon's GPU arenas likewise, gpu.h), its CUDA device (primary context
+ * retained while it is open), the out queue and the operations until they complete. An operation owns its
  * packed requests and private data; the caller's result storage is written by the step
  * that completes it. A reply (mf__reply_t) owns its decoded envelope; its payload points
  * into the reader buffer and is valid only during the step it is passed to.
