@@ -8,12 +8,12 @@
  * back on_device views whose bytes are the rows; host puts through a GPU-mapped channel;
  * copies of GPU rows (payload, and staged through the host arena); a channel without
  * the GPU parameter gets host views and copies only; a daemon restart remaps the new
- * session's arenas; bad device rows and arguments answered with a status. With two fake
+ * session's arenas; a gpu tier smaller than the rows (device puts staged into the host
+ * tier); bad device rows and arguments answered with a status. With two fake
  * devices and no peer access (a re-exec of this binary with --no-peer): the arena on the
  * other device stays unmapped with its reason and its rows come back as staged host
  * views with the right bytes, the own device's as device views. Malformed GPU fields
- * from the wire (HelloReply arenas, RowRefs, PutBeginReplies) come from a scripted fake
- * daemon in a child process: answered with a status, no crash.
+ * from the wire: test_client_gpu_wire.c.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -404,6 +404,46 @@ static void test_bad_device_rows(void **state)
     daemon_stop(&d, 1);
 }
 
+/* A gpu tier smaller than most rows: device puts land on the host tier (staged through
+ * host memory, DtoH into the host arena) and every row still reads back right. */
+static void test_full_gpu_tier_stages_to_host(void **state)
+{
+    (void)state;
+    daemon_t d;
+    daemon_start(&d, 0, "--gpu_bytes", "24kb", "--host_bytes", "16mb", NULL);
+    rows_t r;
+    make_rows(&r, 8, 61);
+    mf_channel_t *ch = gchan(&d, 1, 0);
+    int tiers[4] = {0};
+    for (int b = 0; b < NB; b++) {
+        void *dv = dev_copy(0, r.row[b], r.len[b]);
+        mf_put_result_t pr;
+        mf_status_t st = mf_put_device(ch, dv, r.len[b], 0, &pr, MF_TIMEOUT_DEFAULT);
+        if (st != MF_OK)
+            fail_msg("put_device: %s: %s", mf_status_name(st), mf_channel_last_error(ch));
+        assert_true(pr.tier == MF_TIER_GPU || pr.tier == MF_TIER_HOST);
+        tiers[pr.tier]++;
+        dev_free(dv);
+    }
+    assert_true(tiers[MF_TIER_HOST] > 0);
+    assert_true(tiers[MF_TIER_GPU] > 0); /* block 0 (one column) fits */
+    mf_get_result_t *res = get_layer(ch, &r, 8, MF_GET_LEASE);
+    int dev_views = 0;
+    for (int b = 0; b < NB; b++) {
+        const mf_row_ref_t *x = &res->rows[b];
+        assert_int_equal(x->status, MF_OK);
+        assert_int_equal(x->on_device, x->tier == MF_TIER_GPU);
+        dev_views += x->on_device;
+        assert_memory_equal(x->data, r.row[b], r.len[b]);
+    }
+    assert_true(dev_views > 0 && dev_views < NB);
+    assert_int_equal(mf_release_result(ch, res, MF_TIMEOUT_DEFAULT), MF_OK);
+    mf_get_result_free(res);
+    mf_channel_close(ch);
+    free_rows(&r);
+    daemon_stop(&d, 1);
+}
+
 /* --no-peer: two devices, no peer access (driver state is per process: a re-exec). */
 static void test_no_peer_staged(void **state)
 {
@@ -495,6 +535,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_no_gpu_param_host_only),
         cmocka_unit_test(test_reconnect_remaps),
         cmocka_unit_test(test_bad_device_rows),
+        cmocka_unit_test(test_full_gpu_tier_stages_to_host),
         cmocka_unit_test(test_no_peer_reexec),
     };
     return cmocka_run_group_tests_name("client_gpu", tests, NULL, NULL);
