@@ -533,7 +533,8 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
         ((float *)(host + o_tp))[t] = a->map->top_p ? a->map->top_p[t] : 1.0f;
     memcpy(host + o_mode, a->map->mode, ht);
     uint32_t n_packs = build_packs((apply_pack *)(host + o_pk), a->map->mode, ht,
-                                   a->tgt.n_kv_heads, apply_v3_heads_per_cta(b));
+                                   a->tgt.n_kv_heads,
+                                   apply_v3_heads_per_cta(b, a->tgt.head_dim));
     cudaStream_t s = stream;
     st = cuda_status(cudaMallocAsync((void **)&sc.base, sc.used, s), why);
     if (st == MF_OK) {

@@ -37,8 +37,9 @@ struct app_params {
 #define SEL_BYTES (MF_CUDA_MAX_BLOCKS * (2 * sizeof(double) + sizeof(uint32_t)))
 static constexpr size_t cmax(size_t a, size_t b) { return a > b ? a : b; }
 
-/* v3 (apply_v3.cu): heads per CTA for block size b (the pack size the host builds). */
-uint32_t apply_v3_heads_per_cta(uint32_t b);
+/* v3 (apply_v3.cu): heads per CTA for block size b, head dim d (the pack size the host
+ * builds). */
+uint32_t apply_v3_heads_per_cta(uint32_t b, uint32_t d);
 /* v3 launch; p.packs / p.n_packs set. MF_UNIMPLEMENTED for an unknown shape,
  * MF_INTERNAL when the shared-memory limit cannot be raised. */
 mf_status_t apply_v3_launch(const app_params &p, uint32_t b, uint32_t d, mf_dtype_t dtype,

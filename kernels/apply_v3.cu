@@ -16,7 +16,11 @@
  *    then the CTA walks the union of the kept sets; each head attends only its own.
  *  - compute (or exact block, or a bad row): attention over every j ≤ i for all heads.
  * Q stays in shared memory and is re-read per column (registers: 512 threads at most,
- * so 128 a thread). */
+ * so 128 a thread).
+ * Measured (bench/gpu/NOTES.md): not faster than v2. The prob and mask loops are bound by
+ * the SM's L1 / shared-memory pipe (ldmatrix of V: each m16 warp reads the whole V tile
+ * per column), not by the L2 traffic that packing removes; and a pack walks the union
+ * of its heads' columns in lock step. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -524,7 +528,7 @@ template <typename T> mf_status_t launch3_t(const app_params &p, uint32_t b, uin
     case 32128: return launch3<shape<32, 128, T>, 4>(p, st);
     case 64064: return launch3<shape<64, 64, T>, 4>(p, st);
     case 64128:
-        switch (apply_v3_heads_per_cta(b)) {
+        switch (apply_v3_heads_per_cta(b, d)) {
         case 1: return launch3<shape<64, 128, T>, 1>(p, st);
         case 2: return launch3<shape<64, 128, T>, 2>(p, st);
         default: return launch3<shape<64, 128, T>, 4>(p, st);
@@ -537,20 +541,21 @@ template <typename T> mf_status_t launch3_t(const app_params &p, uint32_t b, uin
 
 } /* namespace */
 
-/* Must match launch3_t's HP per block size. At B = 64 (d = 128 has all three kernels;
- * other d take any pack size ≤ 4) MF_V3_HP=1|2|4 picks the heads a CTA: 4 (512 threads,
- * 128 registers a thread, K / V shared by 4 heads), 2 (256 threads, no spills) or 1 (128
- * threads, 2 CTAs an SM: v2's shape with v3's deeper ring): a measurement switch, read
- * per call; unset → MF_V3_HP_DEFAULT. */
-#define MF_V3_HP_DEFAULT 4
-uint32_t mfc::apply_v3_heads_per_cta(uint32_t b)
+/* Must match launch3_t's HP per shape: B = 128 → 2; B = 64, d = 128 → MF_V3_HP=1|2|4
+ * (a measurement switch, read per call) or MF_V3_HP_DEFAULT: 1 (128 threads, 2 CTAs an
+ * SM: v2's shape with v3's deeper ring), 2 (256 threads) or 4 (512 threads, 128
+ * registers a thread, spills); else 4. */
+#define MF_V3_HP_DEFAULT 1 /* run 2: the fastest pack size at B64 d128 (bench/gpu/NOTES.md) */
+uint32_t mfc::apply_v3_heads_per_cta(uint32_t b, uint32_t d)
 {
     if (b >= 128)
         return 2;
-    const char *e = b == 64 ? getenv("MF_V3_HP") : NULL;
+    if (b != 64 || d != 128)
+        return 4;
+    const char *e = getenv("MF_V3_HP");
     if (e && (!strcmp(e, "1") || !strcmp(e, "2") || !strcmp(e, "4")))
         return (uint32_t)atoi(e);
-    return b == 64 ? MF_V3_HP_DEFAULT : 4;
+    return MF_V3_HP_DEFAULT;
 }
 
 mf_status_t mfc::apply_v3_launch(const app_params &p, uint32_t b, uint32_t d, mf_dtype_t dtype,
