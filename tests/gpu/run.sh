@@ -4,10 +4,16 @@
 # ipc_check: the daemon's GPU tier through CUDA IPC between two processes (a mapflowd with
 # gpu_bytes=2gb on a unix socket in a temp dir, started and stopped here).
 # Usage: tests/gpu/run.sh [gpu_check args]   (MF_BIN: build/bin by default;
-#   IPC_CHECK_ARGS: extra ipc_check args, e.g. "--peer-device 1" on a 2-GPU machine)
+#   IPC_CHECK_ARGS: extra ipc_check args, e.g. "--peer-device 1" on a 2-GPU machine;
+#   IPC_ONLY=1: the ipc_check section alone)
 # Exit status: non-zero if any step fails.
 set -u
 bin=${MF_BIN:-build/bin}
+rc=0
+src=0
+if [ "${IPC_ONLY:-0}" = 1 ]; then
+    echo "IPC_ONLY=1: gpu_check and memcheck skipped"
+else
 "$bin/tests/gpu_check" "$@"
 rc=$?
 san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
@@ -21,6 +27,7 @@ else
     src=0
 fi
 echo "gpu_check exit $rc, memcheck exit $src"
+fi
 
 # ---- ipc_check: GPU tier + CUDA IPC (source process -> mapflowd -> target process) ----
 tmp=$(mktemp -d /tmp/mf-ipc-XXXXXX)
