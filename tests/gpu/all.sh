@@ -23,9 +23,9 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 
 # name | seconds | command
 steps=(
-  "kernels-check|150|bash tests/gpu/run.sh"
+  "kernels-check|100|bash tests/gpu/run.sh"
   "tier-smoke|60|bash tests/gpu/tier_smoke.sh 1g"
-  "worker-check|90|bash tests/gpu/worker_check.sh"
+  "worker-check|80|bash tests/gpu/worker_check.sh"
   "kernels-bench|150|bash bench/gpu/run.sh"
   "handoff|330|bash bench/handoff/run.sh"
 )
