@@ -9,7 +9,8 @@
  * copies of GPU rows (payload, and staged through the host arena); a channel without
  * the GPU parameter gets host views and copies only; a daemon restart remaps the new
  * session's arenas; a gpu tier smaller than the rows (device puts staged into the host
- * tier); bad device rows and arguments answered with a status. With two fake
+ * tier) and a daemon without one (device rows staged into the host arena or sent as the
+ * payload); bad device rows and arguments answered with a status. With two fake
  * devices and no peer access (a re-exec of this binary with --no-peer): the arena on the
  * other device stays unmapped with its reason and its rows come back as staged host
  * views with the right bytes, the own device's as device views. Malformed GPU fields
@@ -444,6 +445,41 @@ static void test_full_gpu_tier_stages_to_host(void **state)
     daemon_stop(&d, 1);
 }
 
+/* A daemon without a gpu tier: device rows are staged through host memory, into the host
+ * arena (DtoH straight into it) or as the PutCommit payload. */
+static void test_daemon_without_gpu_tier(void **state)
+{
+    (void)state;
+    daemon_t d;
+    daemon_start(&d, 0, "--host_bytes", "16mb", NULL);
+    rows_t r;
+    make_rows(&r, 9, 71);
+    mf_channel_t *arena = gchan(&d, 1, 0), *bare = gchan(&d, 0, 0);
+    mf_gpu_info_t gi;
+    gpu_info(arena, &gi);
+    assert_true(gi.driver);
+    assert_int_equal(gi.n_announced, 0);
+    for (int b = 0; b < NB; b++) {
+        void *dv = dev_copy(0, r.row[b], r.len[b]);
+        mf_put_result_t pr;
+        mf_status_t st = mf_put_device(b % 2 ? arena : bare, dv, r.len[b], 0, &pr,
+                                       MF_TIMEOUT_DEFAULT);
+        if (st != MF_OK)
+            fail_msg("put_device: %s: %s", mf_status_name(st),
+                     mf_channel_last_error(b % 2 ? arena : bare));
+        assert_int_equal(pr.tier, MF_TIER_HOST);
+        dev_free(dv);
+    }
+    mf_get_result_t *res = get_layer(arena, &r, 9, MF_GET_LEASE);
+    check_rows(res, &r, 0);
+    assert_int_equal(mf_release_result(arena, res, MF_TIMEOUT_DEFAULT), MF_OK);
+    mf_get_result_free(res);
+    mf_channel_close(bare);
+    mf_channel_close(arena);
+    free_rows(&r);
+    daemon_stop(&d, 1);
+}
+
 /* --no-peer: two devices, no peer access (driver state is per process: a re-exec). */
 static void test_no_peer_staged(void **state)
 {
@@ -536,6 +572,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_reconnect_remaps),
         cmocka_unit_test(test_bad_device_rows),
         cmocka_unit_test(test_full_gpu_tier_stages_to_host),
+        cmocka_unit_test(test_daemon_without_gpu_tier),
         cmocka_unit_test(test_no_peer_reexec),
     };
     return cmocka_run_group_tests_name("client_gpu", tests, NULL, NULL);
