@@ -251,6 +251,14 @@ static int mapflow_phases(phase_ctx_t *x)
     }
     if (phase_on(o, "get")) {
         bad |= mf_sweep(x, MFB_MF_GET_COPY, "get_copy", o->seconds, NULL, NULL);
+        /* What the client's checksum of arena rows costs, and a channel without the
+         * arena (rows come over the socket: what a TCP client gets). */
+        x->mf.verify_header = 1;
+        bad |= mf_sweep(x, MFB_MF_GET_COPY, "get_copy_hdr", o->seconds, NULL, NULL);
+        x->mf.verify_header = 0;
+        x->mf.no_arena = 1;
+        bad |= mf_sweep(x, MFB_MF_GET_COPY, "get_copy_sock", o->seconds, NULL, NULL);
+        x->mf.no_arena = 0;
         bad |= mf_sweep(x, MFB_MF_GET_LEASE, "get_lease", o->seconds, NULL, NULL);
         bad |= mf_sweep(x, MFB_MF_GET_LEASE_COPY, "get_lease_copy", o->seconds, NULL, NULL);
     }
@@ -285,6 +293,9 @@ static int mapflow_phases(phase_ctx_t *x)
     if (phase_on(o, "ssd")) {
         /* A pass is bounded by the row count, not by --seconds. */
         bad |= mf_sweep(x, MFB_MF_SSD_GET, "ssd_get", 120, evict_before_pass, ssd_extra);
+        x->mf.verify_header = 1;
+        bad |= mf_sweep(x, MFB_MF_SSD_GET, "ssd_get_hdr", 120, evict_before_pass, ssd_extra);
+        x->mf.verify_header = 0;
         mfb_mapflow_print_stats(o->target, "after ssd");
     }
     return bad;

@@ -21,13 +21,21 @@ typedef struct mf_client {
 
 mf_status_t mfb_mapflow_open(const char *target, mf_channel_t **out)
 {
+    return mfb_mapflow_open_with(target, 1, MF_VERIFY_FULL, out);
+}
+
+mf_status_t mfb_mapflow_open_with(const char *target, int want_arena, mf_verify_t verify,
+                                  mf_channel_t **out)
+{
     mf_channel_params_t p = {
         .field_mask = MF_CHANNEL_PARAM_NS | MF_CHANNEL_PARAM_CLIENT_NAME |
-                      MF_CHANNEL_PARAM_WANT_ARENA | MF_CHANNEL_PARAM_TIMEOUT_MS,
+                      MF_CHANNEL_PARAM_WANT_ARENA | MF_CHANNEL_PARAM_TIMEOUT_MS |
+                      MF_CHANNEL_PARAM_VERIFY,
         .ns = MFB_NS,
         .client_name = "mapflow-bench-daemon",
-        .want_arena = 1,
+        .want_arena = want_arena,
         .timeout_ms = CALL_TIMEOUT_MS,
+        .verify = verify,
     };
     *out = NULL;
     mf_status_t st = mf_channel_open(target, &p, out);
@@ -54,7 +62,11 @@ static int client_open(mfb_client_t *c, void *argp)
         return -1;
     for (uint32_t l = 0; l < a->w->mask_layers; l++)
         m->layers[l] = l;
-    return mfb_mapflow_open(a->target, &m->ch) == MF_OK ? 0 : -1;
+    return mfb_mapflow_open_with(a->target, !a->no_arena,
+                                 a->verify_header ? MF_VERIFY_HEADER : MF_VERIFY_FULL,
+                                 &m->ch) == MF_OK
+               ? 0
+               : -1;
 }
 
 static void client_close(mfb_client_t *c, void *argp)
@@ -195,8 +207,9 @@ static mfb_op_rc_t do_prefix(mfb_client_t *c, mf_client_t *m, const mfb_workload
     return MFB_OP_OK;
 }
 
-/* SSD pass: each FP8 row exactly once over all clients, by key, copied into the client's
- * buffer (what mf_get does), recording which tier served it. */
+/* SSD pass: each FP8 row exactly once over all clients, by key, into a buffer the call
+ * returns (one copy, as rocksdb_get's value is: the caller's to keep, so no second copy
+ * into the client's buffer), recording which tier served it. */
 static mfb_op_rc_t do_ssd_get(mfb_client_t *c, mf_client_t *m, mfb_mf_arg_t *a,
                               uint64_t *bytes)
 {
@@ -214,15 +227,14 @@ static mfb_op_rc_t do_ssd_get(mfb_client_t *c, mf_client_t *m, mfb_mf_arg_t *a,
         return fail(c, m, "ssd get", st);
     }
     const mf_row_ref_t *rr = &res->rows[0];
-    int ok = rr->length == r->len;
+    int ok = rr->length == r->len && (c->ops || !memcmp(rr->data, r->data, r->len));
     if (ok) {
-        memcpy(m->buf, rr->data, rr->length);
         if (rr->tier == MF_TIER_SSD)
             atomic_fetch_add(&a->ssd_rows, 1);
     }
     mf_get_result_free(res);
     if (!ok) {
-        mfb_client_error(c, "ssd get: wrong length");
+        mfb_client_error(c, "ssd get: wrong length or bytes");
         return MFB_OP_ERR;
     }
     *bytes = r->len;

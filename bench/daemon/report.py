@@ -96,6 +96,10 @@ def build_rows(res):
                       g("memcpy", "copy", c)),
         lambda c: Row("get_copy", c, g("mapflow", "get_copy", c), "memcpy",
                       g("memcpy", "copy", c), goal=copy_goal),
+        lambda c: Row("get_copy (verify header)", c, g("mapflow", "get_copy_hdr", c), "memcpy",
+                      g("memcpy", "copy", c), goal=copy_goal),
+        lambda c: Row("get_copy (no arena: socket)", c, g("mapflow", "get_copy_sock", c),
+                      "memcpy", g("memcpy", "copy", c)),
         lambda c: Row("get_lease", c, g("mapflow", "get_lease", c), "memcpy",
                       g("memcpy", "copy", c)),
         lambda c: Row("get_lease_copy", c, g("mapflow", "get_lease_copy", c), "memcpy",
@@ -103,6 +107,8 @@ def build_rows(res):
         lambda c: Row("redis GET", c, g("redis", "get_copy", c)),
         lambda c: Row("get_copy", c, g("mapflow", "get_copy", c), "redis GET",
                       g("redis", "get_copy", c), goal=redis_goal(c)),
+        lambda c: Row("get_copy (no arena: socket)", c, g("mapflow", "get_copy_sock", c),
+                      "redis GET", g("redis", "get_copy", c)),
         lambda c: Row("get_lease", c, g("mapflow", "get_lease", c), "redis GET",
                       g("redis", "get_copy", c), goal=redis_goal(c)),
         lambda c: Row("put", c, g("mapflow", "put", c), "redis SET", g("redis", "put", c)),
@@ -110,6 +116,8 @@ def build_rows(res):
                       g("redis", "put", c)),
         lambda c: Row("ssd_get", c, g("mapflow", "ssd_get", c), "rocksdb get",
                       g("rocksdb", "ssd_get", c), goal=(">= 0.80", 0.80)),
+        lambda c: Row("ssd_get (verify header)", c, g("mapflow", "ssd_get_hdr", c),
+                      "rocksdb get", g("rocksdb", "ssd_get", c), goal=(">= 0.80", 0.80)),
     ]
     for o in lookups:
         blocks.append(lambda c, o=o: Row(o, c, g("mapflow", o, c), metric="p99",
