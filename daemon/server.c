@@ -620,18 +620,19 @@ static void handle_lookup(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Lookup
     key_tmpl_init(&kt, c, m->model);
     /* Blocks outer, layers inner: one block-index probe and one token compare per block;
      * a layer leaves `alive` at its first miss (only leading blocks count). */
-    uint8_t bk[MFD_BKEY_MAX];
+    uint8_t bk[MFD_BKEY_MAX], parent[16];
     memcpy(bk, kt.k.b, kt.at);
+    mf_hash_to_le(h[0], parent);
     size_t n_alive = m->n_layers;
     for (size_t l = 0; l < n_alive; l++)
         alive[l] = (uint32_t)l;
     for (size_t b = 0; b < nb && n_alive; b++) {
+        if (b)
+            memcpy(parent, bk + kt.at, 16); /* block b's parent is block b - 1's hash */
         mf_hash_to_le(h[b + 1], bk + kt.at);
         const mfd_block_t *blk = mfd_index_block_find(s->store.ix, bk, kt.at + 16);
         if (!blk)
             break;
-        uint8_t parent[16];
-        mf_hash_to_le(h[b], parent);
         const uint32_t *tok = tokens + b * B;
         int match = mfd_block_matches(blk, B, parent, tok);
         size_t keep = 0;
