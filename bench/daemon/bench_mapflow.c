@@ -48,28 +48,44 @@ mf_status_t mfb_mapflow_open_with(const char *target, int want_arena, mf_verify_
     return st;
 }
 
-/*
- * Untimed: leases each FP8 row once and reads one byte of every page of it, so this
- * channel's mapping of the arena has its page-table entries before the timed loop. A
- * channel maps the arena on its own, and its first touch of each 4 KiB page is a page
- * fault (tens of us on a VM): a start-up cost of each channel, not of each get, which a
- * 0.5 s point would otherwise mostly measure.
- */
-static int warm_arena(mf_client_t *m, const mfb_workload_t *w)
+/* Row of the FP8 set this client uses for its n-th op: clients start spread out. */
+static const mfb_row_t *fp8_pick(const mfb_mf_arg_t *a, const mfb_client_t *c, uint64_t n)
 {
+    return &a->w->fp8[(c->id + n * (uint64_t)c->n_clients) % a->w->n_fp8];
+}
+
+/*
+ * Untimed: leases once each FP8 row this client's ops will pick (fp8_pick) and reads one
+ * byte of every page of it, so this channel's mapping of the arena has its page-table
+ * entries before the timed loop. A channel maps the arena on its own, and its first
+ * touch of each 4 KiB page is a page fault (tens of us on a VM): a start-up cost of each
+ * channel, not of each get, which a 0.5 s point would otherwise mostly measure.
+ */
+static int warm_arena(mfb_client_t *c, mf_client_t *m, const mfb_mf_arg_t *a)
+{
+    const mfb_workload_t *w = a->w;
+    uint8_t *seen = calloc(w->n_fp8, 1);
+    if (!seen)
+        return -1;
     volatile uint8_t sink = 0;
-    for (size_t i = 0; i < w->n_fp8; i++) {
-        mf_key_t key = {w->fp8_cx.model, w->fp8[i].layer, w->fp8[i].hash};
+    int rc = 0;
+    for (uint64_t n = 0; n < w->n_fp8 && rc == 0; n++) {
+        const mfb_row_t *r = fp8_pick(a, c, n);
+        if (seen[r - w->fp8]++)
+            continue;
+        mf_key_t key = {w->fp8_cx.model, r->layer, r->hash};
         mf_lease_t l;
-        if (mf_get_lease(m->ch, &key, &l, MF_TIMEOUT_DEFAULT) != MF_OK)
-            return -1;
+        if (mf_get_lease(m->ch, &key, &l, MF_TIMEOUT_DEFAULT) != MF_OK) {
+            rc = -1;
+            break;
+        }
         for (size_t off = 0; off < l.length; off += 4096)
             sink ^= ((const uint8_t *)l.data)[off];
-        if (mf_release(m->ch, &l.lease_id, 1, NULL, MF_TIMEOUT_DEFAULT) != MF_OK)
-            return -1;
+        rc = mf_release(m->ch, &l.lease_id, 1, NULL, MF_TIMEOUT_DEFAULT) == MF_OK ? 0 : -1;
     }
     (void)sink;
-    return 0;
+    free(seen);
+    return rc;
 }
 
 static int client_open(mfb_client_t *c, void *argp)
@@ -92,7 +108,7 @@ static int client_open(mfb_client_t *c, void *argp)
         return -1;
     int reads_host = a->op == MFB_MF_GET_COPY || a->op == MFB_MF_GET_LEASE ||
                      a->op == MFB_MF_GET_LEASE_COPY || a->op == MFB_MF_MIXED;
-    return reads_host && !a->no_arena ? warm_arena(m, a->w) : 0;
+    return reads_host && !a->no_arena ? warm_arena(c, m, a) : 0;
 }
 
 static void client_close(mfb_client_t *c, void *argp)
@@ -107,12 +123,6 @@ static void client_close(mfb_client_t *c, void *argp)
     free(m->blocks);
     free(m);
     c->state = NULL;
-}
-
-/* Row of the FP8 set this client uses for its n-th op: clients start spread out. */
-static const mfb_row_t *fp8_pick(const mfb_mf_arg_t *a, const mfb_client_t *c, uint64_t n)
-{
-    return &a->w->fp8[(c->id + n * (uint64_t)c->n_clients) % a->w->n_fp8];
 }
 
 static mfb_op_rc_t fail(mfb_client_t *c, mf_client_t *m, const char *what, mf_status_t st)
