@@ -81,15 +81,19 @@ static void *dup_mem(const void *p, size_t n)
 /* ==== put ============================================================================ */
 
 typedef struct put {
-    const void *row;            /* caller's; valid until completion */
+    const void *row;            /* caller's; valid until completion (device memory when
+                                 * on_device) */
     size_t len;
+    int on_device;              /* mf_put_device: row is a device address */
+    uint8_t head[MF_ROW_HEADER]; /* the row's first bytes (checked after a GPU write) */
+    uint8_t *stage;             /* on_device: the row copied to host memory, when needed */
     char model[MF_ROW_MAX_MODEL + 1];
     uint32_t layer;
     mf_hash128_t hash;
     int durable;
     mf_put_result_t *res;       /* may be NULL */
     mf_status_t *status_out;    /* batch item status */
-    int stage;                  /* 0: PutBegin sent, 1: PutCommit sent */
+    int stage_n;                /* 0: PutBegin sent, 1: PutCommit sent */
     uint64_t reservation;       /* held on connection res_gen */
     uint32_t res_gen;
 } put_t;
@@ -127,10 +131,69 @@ static mf_status_t put_key_of(const void *row, size_t len, put_t *p, char *err, 
     return st;
 }
 
+/*
+ * Reads the header and model of a row in device memory and checks what can be checked
+ * without the rest (magic, version, size, model length); the daemon validates the whole
+ * row, checksum included, at commit.
+ */
+static mf_status_t put_key_of_device(mf_channel_t *ch, const void *row, size_t len, put_t *p,
+                                     char *err, size_t errlen)
+{
+    if (!row || len < MF_ROW_HEADER || len > MF_ROW_MAX_BYTES || (uintptr_t)row % MF_ROW_ALIGN) {
+        snprintf(err, errlen, "device row: NULL, not 16-byte aligned, shorter than its header "
+                 "or oversized");
+        return MF_INVALID_ARGUMENT;
+    }
+    uint8_t buf[MF_ROW_HEADER + MF_ROW_MAX_MODEL];
+    size_t n = len < sizeof(buf) ? len : sizeof(buf);
+    mf_status_t st = mf__gpu_copy(ch->gpu, MF__DTOH, (uintptr_t)buf, (uintptr_t)row, n, err,
+                                  errlen);
+    if (st != MF_OK)
+        return st;
+    mf_row_header_t h;
+    memcpy(&h, buf, sizeof(h));
+    if (h.magic != MF_ROW_MAGIC || h.version != MF_ROW_VERSION || h.total_size != len ||
+        h.model_len == 0 || MF_ROW_HEADER + (size_t)h.model_len > n) {
+        snprintf(err, errlen, "device row rejected before sending: bad magic, version, size "
+                 "(header says %u, given %zu) or model length", h.total_size, len);
+        return MF_INVALID_ARGUMENT;
+    }
+    memcpy(p->head, buf, MF_ROW_HEADER);
+    memcpy(p->model, buf + MF_ROW_HEADER, h.model_len);
+    p->model[h.model_len] = '\0';
+    p->layer = h.layer;
+    p->hash = mf_hash_from_le(h.hash);
+    return MF_OK;
+}
+
+/* The row in host memory: the caller's, or (device rows) a copy made once. */
+static mf_status_t put_host_row(mf__op_t *op, const void **out)
+{
+    put_t *p = op->priv;
+    if (!p->on_device) {
+        *out = p->row;
+        return MF_OK;
+    }
+    if (!p->stage) {
+        p->stage = aligned_alloc(MF_ROW_ALIGN, (p->len + 15) & ~(size_t)15);
+        if (!p->stage)
+            return (mf_status_t)mf__op_error(op, MF_RESOURCE_EXHAUSTED, "out of memory");
+        mf_status_t st = mf__gpu_copy(op->ch->gpu, MF__DTOH, (uintptr_t)p->stage,
+                                      (uintptr_t)p->row, p->len, op->err, sizeof(op->err));
+        if (st != MF_OK) {
+            free(p->stage);
+            p->stage = NULL;
+            return st;
+        }
+    }
+    *out = p->stage;
+    return MF_OK;
+}
+
 static mf_status_t put_start(mf__op_t *op)
 {
     put_t *p = op->priv;
-    p->stage = 0;
+    p->stage_n = 0;
     p->reservation = 0;
     uint8_t hb[16];
     Mapflow__V1__Key kpb = MAPFLOW__V1__KEY__INIT;
@@ -143,6 +206,10 @@ static mf_status_t put_start(mf__op_t *op)
     pb.key = &kpb;
     pb.size = p->len;
     pb.durable = p->durable;
+    /* Rows on the device ask for the gpu tier; host rows take the daemon's placement. We
+     * copy into the GPU arenas we mapped ourselves; the daemon copies into the others. */
+    pb.want_tier = p->on_device ? MAPFLOW__V1__TIER__TIER_GPU : MAPFLOW__V1__TIER__TIER_NONE;
+    mf__do_gpu_want(op->ch, &pb.gpu_mapped, &pb.gpu_arena);
     ENV(req, PUT_BEGIN, put_begin) = &pb;
     return mf__op_pack(op, &req, NULL, 0, MAPFLOW__V1__ENVELOPE__BODY_PUT_BEGIN_REPLY);
 }
@@ -150,7 +217,7 @@ static mf_status_t put_start(mf__op_t *op)
 static int put_step(mf__op_t *op, const mf__reply_t *rep)
 {
     put_t *p = op->priv;
-    if (p->stage == 1) {
+    if (p->stage_n == 1) {
         p->reservation = 0; /* committed: nothing to abort */
         if (p->res) {
             p->res->tier = (mf_tier_t)rep->env->put_commit_reply->tier;
@@ -162,32 +229,48 @@ static int put_step(mf__op_t *op, const mf__reply_t *rep)
     const Mapflow__V1__PutBeginReply *br = rep->env->put_begin_reply;
     p->reservation = br->reservation_id;
     p->res_gen = op->gen;
-    p->stage = 1;
+    p->stage_n = 1;
     Mapflow__V1__PutCommit pc = MAPFLOW__V1__PUT_COMMIT__INIT;
     pc.reservation_id = br->reservation_id;
     ENV(creq, PUT_COMMIT, put_commit) = &pc;
-    const void *payload = p->row;
-    size_t plen = p->len;
-    if (br->in_arena) {
-        const mf__conn_t *c = mf__op_conn(op);
-        uint64_t off = br->arena_offset;
+    const void *payload = NULL;
+    size_t plen = 0;
+    const mf__conn_t *c = mf__op_conn(op);
+    uint64_t off = br->arena_offset;
+    mf_status_t st = MF_OK;
+    if (br->in_arena && br->tier == MAPFLOW__V1__TIER__TIER_GPU) {
+        /* Only arenas we named in gpu_mapped come back in_arena on the gpu tier. */
+        const mf__gpu_arena_t *a = mf__gpu_find(&c->gpu, br->gpu_arena);
+        if (!a || off % MF_ROW_ALIGN || off > a->bytes || p->len > a->bytes - off)
+            return mf__op_error(op, MF_INTERNAL, "daemon reserved bytes [%llu, +%zu) of GPU "
+                                "arena %u, %s", (unsigned long long)off, p->len, br->gpu_arena,
+                                a ? "outside it" : "which this process did not map");
+        st = mf__gpu_write_row(op->ch->gpu, a->base + off, p->row, p->on_device, p->len,
+                               p->head, sizeof(p->head), op->err, sizeof(op->err));
+    } else if (br->in_arena) {
         uint64_t bytes = c->ucx ? c->remote_bytes : c->arena_bytes;
         if ((!c->arena && !c->ucx) || off % MF_ROW_ALIGN || off > bytes || p->len > bytes - off)
             return mf__op_error(op, MF_INTERNAL, "daemon reserved arena bytes [%llu, +%zu) "
                                 "outside its arena", (unsigned long long)off, p->len);
+        const void *row = NULL;
         if (c->ucx) { /* one-sided write, flushed: the bytes are there before PutCommit */
-            mf__ucx_rma_t v = {off, (void *)p->row, p->len};
-            mf_status_t st = mf__ucx_put(c->ucx, &v, 1, op->deadline, op->err, sizeof(op->err));
-            if (st != MF_OK)
-                return (int)st;
+            if ((st = put_host_row(op, &row)) == MF_OK) {
+                mf__ucx_rma_t v = {off, (void *)row, p->len};
+                st = mf__ucx_put(c->ucx, &v, 1, op->deadline, op->err, sizeof(op->err));
+            }
+        } else if (p->on_device) { /* straight from the device into the host arena */
+            st = mf__gpu_copy(op->ch->gpu, MF__DTOH, (uintptr_t)(c->arena + off),
+                              (uintptr_t)p->row, p->len, op->err, sizeof(op->err));
         } else {
             memcpy(c->arena + off, p->row, p->len);
         }
-        payload = NULL;
-        plen = 0;
+    } else {
+        st = put_host_row(op, &payload);
+        plen = p->len;
     }
-    mf_status_t st = mf__op_pack(op, &creq, payload, plen,
-                                 MAPFLOW__V1__ENVELOPE__BODY_PUT_COMMIT_REPLY);
+    if (st != MF_OK)
+        return (int)st;
+    st = mf__op_pack(op, &creq, payload, plen, MAPFLOW__V1__ENVELOPE__BODY_PUT_COMMIT_REPLY);
     return st == MF_OK ? MF__CONTINUE : (int)st;
 }
 
@@ -207,13 +290,15 @@ static void put_undo(mf__op_t *op)
 
 static void put_destroy(mf__op_t *op)
 {
-    free(op->priv);
+    put_t *p = op->priv;
+    free(p->stage);
+    free(p);
 }
 
 static const mf__op_vt_t put_vt = {put_start, put_step, put_undo, put_destroy};
 
 static mf__op_t *put_new(mf_channel_t *ch, const void *row, size_t len, unsigned flags,
-                         mf_put_result_t *res, mf_status_t *st)
+                         int on_device, mf_put_result_t *res, mf_status_t *st)
 {
     char err[MF__ERR_LEN];
     put_t *p = calloc(1, sizeof(*p));
@@ -221,7 +306,18 @@ static mf__op_t *put_new(mf_channel_t *ch, const void *row, size_t len, unsigned
         *st = mf__chan_error(ch, MF_RESOURCE_EXHAUSTED, "out of memory");
         return NULL;
     }
-    if ((*st = put_key_of(row, len, p, err, sizeof(err))) != MF_OK) {
+    if (on_device && !mf__gpu_usable(ch->gpu)) {
+        *st = mf__chan_error(ch, MF_FAILED_PRECONDITION, "device rows need a channel opened "
+                             "with a usable gpu_device: %s",
+                             ch->gpu ? ch->gpu->why : "none given");
+        free(p);
+        return NULL;
+    }
+    *st = on_device ? put_key_of_device(ch, row, len, p, err, sizeof(err))
+                    : put_key_of(row, len, p, err, sizeof(err));
+    if (*st == MF_OK && !on_device)
+        memcpy(p->head, row, MF_ROW_HEADER); /* decoded: at least a header long */
+    if (*st != MF_OK) {
         mf__chan_error(ch, *st, "%s", err);
         free(p);
         return NULL;
@@ -234,6 +330,7 @@ static mf__op_t *put_new(mf_channel_t *ch, const void *row, size_t len, unsigned
     }
     p->row = row;
     p->len = len;
+    p->on_device = on_device;
     p->durable = (flags & MF_PUT_DURABLE) != 0;
     p->res = res;
     return op;
@@ -245,7 +342,7 @@ MF_EXPORT mf_status_t mf_put(mf_channel_t *ch, const void *row, size_t len, unsi
     if (!ch)
         return MF_INVALID_ARGUMENT;
     mf_status_t st;
-    mf__op_t *op = put_new(ch, row, len, flags, res, &st);
+    mf__op_t *op = put_new(ch, row, len, flags, 0, res, &st);
     return run_op(op, st, timeout_ms, NULL);
 }
 
@@ -256,7 +353,7 @@ MF_EXPORT mf_status_t mf_put_async(mf_channel_t *ch, const void *row, size_t len
     if (!ch)
         return MF_INVALID_ARGUMENT;
     mf_status_t st;
-    mf__op_t *op = put_new(ch, row, len, flags, res, &st);
+    mf__op_t *op = put_new(ch, row, len, flags, 0, res, &st);
     async_args_t a = {cq, tag, call};
     return run_op(op, st, timeout_ms, &a);
 }
@@ -269,7 +366,7 @@ static void put_kid_done(mf__op_t *kid)
 
 /* A group of one put per item; every row validated before anything is sent. */
 static mf__op_t *put_batch_new(mf_channel_t *ch, mf_put_item_t *items, size_t n,
-                               unsigned flags, mf_status_t *st)
+                               unsigned flags, int on_device, mf_status_t *st)
 {
     if (!items || n == 0 || n > MF_PUT_BATCH_MAX) {
         *st = mf__chan_error(ch, MF_INVALID_ARGUMENT, "put batch needs 1..%u items",
@@ -286,7 +383,8 @@ static mf__op_t *put_batch_new(mf_channel_t *ch, mf_put_item_t *items, size_t n,
     g->group_kid_done = put_kid_done;
     for (size_t i = 0; i < n; i++) {
         memset(&items[i].result, 0, sizeof(items[i].result));
-        mf__op_t *k = put_new(ch, items[i].row, items[i].len, flags, &items[i].result, st);
+        mf__op_t *k = put_new(ch, items[i].row, items[i].len, flags, on_device,
+                              &items[i].result, st);
         if (!k) {
             items[i].status = *st;
             char msg[MF__ERR_LEN];
@@ -308,7 +406,7 @@ MF_EXPORT mf_status_t mf_put_batch(mf_channel_t *ch, mf_put_item_t *items, size_
     if (!ch)
         return MF_INVALID_ARGUMENT;
     mf_status_t st;
-    mf__op_t *g = put_batch_new(ch, items, n, flags, &st);
+    mf__op_t *g = put_batch_new(ch, items, n, flags, 0, &st);
     return run_op(g, st, timeout_ms, NULL);
 }
 
@@ -319,9 +417,29 @@ MF_EXPORT mf_status_t mf_put_batch_async(mf_channel_t *ch, mf_put_item_t *items,
     if (!ch)
         return MF_INVALID_ARGUMENT;
     mf_status_t st;
-    mf__op_t *g = put_batch_new(ch, items, n, flags, &st);
+    mf__op_t *g = put_batch_new(ch, items, n, flags, 0, &st);
     async_args_t a = {cq, tag, call};
     return run_op(g, st, timeout_ms, &a);
+}
+
+MF_EXPORT mf_status_t mf_put_device(mf_channel_t *ch, const void *dev_row, size_t len,
+                                    unsigned flags, mf_put_result_t *res, int64_t timeout_ms)
+{
+    if (!ch)
+        return MF_INVALID_ARGUMENT;
+    mf_status_t st;
+    mf__op_t *op = put_new(ch, dev_row, len, flags, 1, res, &st);
+    return run_op(op, st, timeout_ms, NULL);
+}
+
+MF_EXPORT mf_status_t mf_put_device_batch(mf_channel_t *ch, mf_put_item_t *items, size_t n,
+                                          unsigned flags, int64_t timeout_ms)
+{
+    if (!ch)
+        return MF_INVALID_ARGUMENT;
+    mf_status_t st;
+    mf__op_t *g = put_batch_new(ch, items, n, flags, 1, &st);
+    return run_op(g, st, timeout_ms, NULL);
 }
 
 /* ==== lookup ========================================================================= */
@@ -529,7 +647,9 @@ static size_t plan_leased_rows(const Mapflow__V1__GetReply *gr, uint64_t bytes, 
     for (size_t i = 0; i < gr->n_rows; i++) {
         const Mapflow__V1__RowRef *rr = gr->rows[i];
         off[i] = SIZE_MAX;
+        /* gpu_mapped was 0 on these requests: a GPU-tier lease here is the daemon's error */
         if (rr->status != MF_OK || rr->length > MF_ROW_MAX_BYTES ||
+            rr->tier == MAPFLOW__V1__TIER__TIER_GPU ||
             rr->arena_offset > bytes || rr->length > bytes - rr->arena_offset)
             continue;
         off[i] = total;
@@ -653,6 +773,23 @@ static mf_status_t get_result_build(mf__op_t *op, const mf__reply_t *rep, const 
             continue;
         r->length = rr->length;
         const char *why = "row outside the reply";
+        if (!gathered && !copy_mode && rr->tier == MAPFLOW__V1__TIER__TIER_GPU) {
+            /* A device view: never read here (the GPU kernels check the header). */
+            const mf__gpu_arena_t *a = mf__gpu_find(&c->gpu, rr->gpu_arena);
+            uint64_t off = rr->arena_offset;
+            if (!a || off % 16 || off > a->bytes || rr->length > a->bytes - off ||
+                rr->length > MF_ROW_MAX_BYTES) {
+                r->status = a ? MF_DATA_LOSS : MF_FAILED_PRECONDITION;
+                mf__op_error(op, r->status, "row %zu (layer %u block %u): %s GPU arena %u", i,
+                             r->layer, r->block, a ? "lies outside" : "is in the unmapped",
+                             rr->gpu_arena);
+                continue;
+            }
+            r->data = (const void *)(uintptr_t)(a->base + off);
+            r->on_device = 1;
+            r->gpu_arena = rr->gpu_arena;
+            continue;
+        }
         if (gathered) {
             if (roff[i] == SIZE_MAX) {
                 r->status = MF_DATA_LOSS;
@@ -707,7 +844,9 @@ static mf_status_t take_get(mf__op_t *op, const mf__reply_t *rep, void *arg)
         mf__op_error(op, st, "no such key");
     else if (st != MF_OK && r->data == NULL && st != MF_DATA_LOSS)
         mf__op_error(op, st, "row: %s", mf_strerror((int)st));
-    if (a->single == GET_ONE_COPY && st == MF_OK) {
+    if (a->single == GET_ONE_COPY && st == MF_OK && r->on_device) {
+        st = (mf_status_t)mf__op_error(op, MF_INTERNAL, "a copy came back as a device view");
+    } else if (a->single == GET_ONE_COPY && st == MF_OK) {
         *a->len = r->length;
         if (a->cap < r->length || !a->buf)
             st = (mf_status_t)mf__op_error(op, MF_RESOURCE_EXHAUSTED, "row is %zu bytes, "
@@ -724,6 +863,8 @@ static mf_status_t take_get(mf__op_t *op, const mf__reply_t *rep, void *arg)
             a->lease->data = r->data;
             a->lease->length = r->length;
             a->lease->view = r->view;
+            a->lease->on_device = r->on_device;
+            a->lease->gpu_arena = r->gpu_arena;
         }
     }
     mf_get_result_free(res);
@@ -734,7 +875,9 @@ static mf_status_t check_mode(mf_channel_t *ch, mf_get_mode_t mode)
 {
     if (mode != MF_GET_COPY && mode != MF_GET_LEASE)
         return mf__chan_error(ch, MF_INVALID_ARGUMENT, "unknown get mode %d", (int)mode);
-    /* UCX: rows are leased, read one-sided into the result and released at once. */
+    /* UCX: rows are leased, read one-sided into the result and released at once. The
+     * daemon leases only to holders of the host arena, GPU rows included (it stages rows
+     * of arenas we did not map there). */
     if (mode == MF_GET_LEASE && !mf_channel_has_arena(ch) && !ch->remote)
         return mf__chan_error(ch, MF_FAILED_PRECONDITION, "leased gets need the host arena "
                               "(open the channel on a unix socket with want_arena)");
@@ -746,6 +889,15 @@ static mf_status_t check_mode(mf_channel_t *ch, mf_get_mode_t mode)
 static int arena_copy_ok(mf_channel_t *ch, mf_get_mode_t mode)
 {
     return mode == MF_GET_COPY && !ch->remote && mf_channel_has_arena(ch);
+}
+
+/* Get.gpu_mapped: device views only for leases the caller asked for; copies through the
+ * host arena have the daemon stage GPU rows there (no device reads on our I/O thread).
+ * Fixed when the request is packed: after a reconnect that mapped other arenas, rows of
+ * those come back FAILED_PRECONDITION (ask again). */
+static uint64_t get_gpu_mapped(mf_channel_t *ch, const get_arg_t *a)
+{
+    return a->mode == MF_GET_LEASE && !ch->remote ? mf__chan_gpu_mapped(ch) : 0;
 }
 
 static mf__op_t *get_prefix_new(mf_channel_t *ch, const char *peer, const char *model,
@@ -800,6 +952,7 @@ static mf__op_t *get_prefix_new(mf_channel_t *ch, const char *peer, const char *
     g.peer = (char *)(peer ? peer : "");
     g.mode = ch->remote || a->arena_copy ? MAPFLOW__V1__GET_MODE__GET_LEASE
                                          : (Mapflow__V1__GetMode)mode;
+    g.gpu_mapped = get_gpu_mapped(ch, a);
     ENV(req, GET, get) = &g;
     *st = MF_RESOURCE_EXHAUSTED;
     return mf__simple_new(ch, &req, a->tokens, nt * 4, MAPFLOW__V1__ENVELOPE__BODY_GET_REPLY,
@@ -907,6 +1060,7 @@ static mf__op_t *get_keys_new(mf_channel_t *ch, const char *peer, const mf_key_t
     g.peer = (char *)(peer ? peer : "");
     g.mode = ch->remote || a->arena_copy ? MAPFLOW__V1__GET_MODE__GET_LEASE
                                          : (Mapflow__V1__GetMode)mode;
+    g.gpu_mapped = get_gpu_mapped(ch, a);
     ENV(req, GET, get) = &g;
     op = mf__simple_new(ch, &req, NULL, 0, MAPFLOW__V1__ENVELOPE__BODY_GET_REPLY, take_get, a,
                         get_arg_free);

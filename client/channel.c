@@ -37,6 +37,7 @@ struct mf__retired {             /* what an earlier connection left, freed at cl
     mf__retired_t *next;
     uint8_t *arena;              /* leased views may still point here */
     size_t bytes;
+    mf__gpu_set_t gpu;           /* GPU arenas likewise (or taken over by a reconnect) */
     char *daemon_version;        /* mf_channel_info handed it out */
 };
 
@@ -309,8 +310,9 @@ static mf_status_t map_arena(mf__conn_t *c, int fd, uint64_t bytes, char *err)
     return MF_OK;
 }
 
-static void conn_release(mf__conn_t *c)
+static void conn_release(mf_channel_t *ch, mf__conn_t *c)
 {
+    mf__gpu_set_free(ch->gpu, &c->gpu);
     if (c->fd >= 0)
         close(c->fd);
     c->fd = -1;
@@ -447,6 +449,23 @@ static mf_status_t remote_arena(mf_channel_t *ch, mf__conn_t *c, uint64_t rid, i
     return st;
 }
 
+/* Opens the GPU arenas a HelloReply announced; mappings retired by earlier connections
+ * of the same daemon are taken over. Runs on the thread that (re)connects: ch->retired
+ * changes only there (and at close). */
+static void map_gpu_arenas(mf_channel_t *ch, mf__conn_t *c)
+{
+    size_t n = 0;
+    for (mf__retired_t *r = ch->retired; r; r = r->next)
+        n += r->gpu.n > 0;
+    mf__gpu_set_t **pool = n ? malloc(n * sizeof(*pool)) : NULL;
+    size_t k = 0;
+    for (mf__retired_t *r = ch->retired; pool && r; r = r->next)
+        if (r->gpu.n)
+            pool[k++] = &r->gpu;
+    mf__gpu_set_map(ch->gpu, &c->gpu, pool, k);
+    free(pool);
+}
+
 /* Hello on a new connection: waits for HelloReply (and the arena fd); on UCX then asks
  * for the remote arena. */
 static mf_status_t hello(mf_channel_t *ch, mf__conn_t *c, uint64_t rid, int64_t deadline,
@@ -459,6 +478,9 @@ static mf_status_t hello(mf_channel_t *ch, mf__conn_t *c, uint64_t rid, int64_t 
     h.client_name = ch->client_name ? ch->client_name : "libmapflow";
     /* On UCX the arena is never mapped here, but asking for it allows RMA on it. */
     h.want_host_arena = ch->want_arena || c->ucx;
+    /* Without a usable device nothing could be opened: the daemon then stages our GPU rows
+     * through host memory, as for any client that did not ask. */
+    h.want_gpu_arena = c->is_unix && mf__gpu_usable(ch->gpu);
     ENV(req, HELLO, hello) = &h;
     req.request_id = rid;
     int fd = -1;
@@ -481,6 +503,14 @@ static mf_status_t hello(mf_channel_t *ch, mf__conn_t *c, uint64_t rid, int64_t 
         else if (ch->want_arena && hr->host_arena_fd) {
             errf(err, "HelloReply announced an arena fd that did not arrive");
             st = MF_INTERNAL;
+        }
+        if (st == MF_OK && h.want_gpu_arena && hr->n_gpu_arenas) {
+            if (mf__gpu_set_parse(&c->gpu, hr) != MF_OK) {
+                errf(err, "out of memory");
+                st = MF_RESOURCE_EXHAUSTED;
+            } else {
+                map_gpu_arenas(ch, c);
+            }
         }
     }
     if (fd >= 0)
@@ -524,7 +554,7 @@ static mf_status_t conn_open(mf_channel_t *ch, mf__conn_t *c, uint64_t rid, int6
     if (st == MF_OK)
         st = hello(ch, c, rid, deadline, err);
     if (st != MF_OK)
-        conn_release(c);
+        conn_release(ch, c);
     return st;
 }
 
@@ -915,9 +945,11 @@ static void do_disconnect(mf_channel_t *ch, mf_status_t st, const char *why)
         r->arena = ch->conn.arena;
         r->bytes = ch->conn.arena_bytes;
         r->daemon_version = ch->conn.daemon_version;
+        r->gpu = ch->conn.gpu;
         r->next = ch->retired;
         ch->retired = r;
     } /* else: leak them rather than pull memory from under a leased view */
+    memset(&ch->conn.gpu, 0, sizeof(ch->conn.gpu));
     ch->conn.arena = NULL;
     ch->conn.arena_bytes = 0;
     ch->conn.daemon_version = NULL;
@@ -1510,6 +1542,12 @@ static mf_status_t open_params(mf_channel_t *ch, const mf_channel_params_t *p)
                               MF__MAX_NS);
     memcpy(ch->ns, ns, nl + 1);
     ch->want_arena = (m & MF_CHANNEL_PARAM_WANT_ARENA) && p->want_arena;
+    ch->gpu_device = (m & MF_CHANNEL_PARAM_GPU) ? p->gpu_device : -1;
+    if (ch->gpu_device < -1)
+        return mf__chan_error(ch, MF_INVALID_ARGUMENT, "gpu_device must be a CUDA ordinal "
+                              "or -1, got %d", ch->gpu_device);
+    if (ch->gpu_device >= 0 && !(ch->gpu = mf__gpu_open(ch->gpu_device)))
+        return mf__chan_error(ch, MF_RESOURCE_EXHAUSTED, "out of memory");
     const char *tok = (m & MF_CHANNEL_PARAM_TOKEN) && p->token ? p->token : "";
     const char *cn = (m & MF_CHANNEL_PARAM_CLIENT_NAME) && p->client_name ? p->client_name
                                                                          : "libmapflow";
@@ -1532,6 +1570,7 @@ MF_EXPORT mf_status_t mf_channel_open(const char *target, const mf_channel_param
     pthread_mutex_init(&ch->mu, NULL);
     ch->conn.fd = -1;
     ch->wake_fd = -1;
+    ch->gpu_device = -1;
     ch->timeout_ms = MF__DEFAULT_TIMEOUT_MS;
     ch->max_frame = MF_FRAME_DEFAULT_MAX;
     mf_retry_policy_default(&ch->retry);
@@ -1578,12 +1617,13 @@ MF_EXPORT void mf_channel_close(mf_channel_t *ch)
         pthread_mutex_unlock(&ch->mu);
         pthread_join(ch->io, NULL);
     }
-    conn_release(&ch->conn);
+    conn_release(ch, &ch->conn);
     while (ch->retired) {
         mf__retired_t *r = ch->retired;
         ch->retired = r->next;
         if (r->arena)
             munmap(r->arena, r->bytes);
+        mf__gpu_set_free(ch->gpu, &r->gpu);
         free(r->daemon_version);
         free(r);
     }
@@ -1592,6 +1632,7 @@ MF_EXPORT void mf_channel_close(mf_channel_t *ch)
         ch->outq = b->next;
         free(b);
     }
+    mf__gpu_close(ch->gpu);
     if (ch->wake_fd >= 0)
         close(ch->wake_fd);
     mf_frame_reader_deinit(&ch->rd);
@@ -1633,5 +1674,35 @@ MF_EXPORT void mf_channel_info(const mf_channel_t *ch, mf_server_info_t *out)
     out->connected = ch->state == MF__CONNECTED && !ch->broken;
     out->reconnects = ch->reconnects;
     out->in_flight = ch->n_live;
+    pthread_mutex_unlock((pthread_mutex_t *)&ch->mu);
+}
+
+void mf__do_gpu_want(mf_channel_t *ch, uint64_t *mapped, uint32_t *preferred)
+{
+    *mapped = ch->state == MF__CONNECTED ? mf__gpu_mask(&ch->conn.gpu) : 0;
+    *preferred = *mapped ? mf__gpu_preferred(ch->gpu, &ch->conn.gpu) : 0;
+}
+
+uint64_t mf__chan_gpu_mapped(mf_channel_t *ch)
+{
+    uint64_t m;
+    uint32_t pref;
+    pthread_mutex_lock(&ch->mu);
+    mf__do_gpu_want(ch, &m, &pref);
+    pthread_mutex_unlock(&ch->mu);
+    return m;
+}
+
+MF_EXPORT void mf_channel_gpu_info(const mf_channel_t *ch, mf_gpu_info_t *out)
+{
+    if (!out)
+        return;
+    if (!ch) {
+        memset(out, 0, sizeof(*out));
+        out->gpu_device = -1;
+        return;
+    }
+    pthread_mutex_lock((pthread_mutex_t *)&ch->mu);
+    mf__gpu_info(ch->gpu, ch->gpu_device, &ch->conn.gpu, out);
     pthread_mutex_unlock((pthread_mutex_t *)&ch->mu);
 }

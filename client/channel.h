@@ -24,7 +24,8 @@
  *
  * Ownership: the channel owns its socket, reader buffer, arena mappings (the current
  * one and those retired by reconnects, unmapped at close so old leased views never
- * fault), the out queue and the operations until they complete. An operation owns its
+ * fault; the daemon's GPU arenas likewise, gpu.h), its CUDA device (primary context
+ * retained while it is open), the out queue and the operations until they complete. An operation owns its
  * packed requests and private data; the caller's result storage is written by the step
  * that completes it. A reply (mf__reply_t) owns its decoded envelope; its payload points
  * into the reader buffer and is valid only during the step it is passed to.
@@ -40,6 +41,7 @@
 #include <stdarg.h>
 #include <stdint.h>
 
+#include "gpu.h"
 #include "mapflow.h"
 #include "mf_frame.h"
 #include "transport_ucx.h"
@@ -146,6 +148,7 @@ typedef struct mf__conn {
     uint32_t server_max_frame;
     uint32_t max_batch;
     int gpu_tier;
+    mf__gpu_set_t gpu;          /* the daemon's GPU arenas (mapped or with their why) */
 } mf__conn_t;
 
 typedef struct mf__outbuf mf__outbuf_t;
@@ -166,6 +169,8 @@ struct mf_channel {
     uint32_t max_frame;         /* largest frame we accept and send */
     mf_retry_policy_t retry;
     mf_verify_t verify;         /* checks on rows read from the arena; fixed at open */
+    int gpu_device;             /* -1 = no GPU mapping */
+    mf__gpu_t *gpu;             /* that device (NULL when -1); read-only after open */
     uint64_t rng;               /* jitter */
     /* connection */
     int state;
@@ -212,7 +217,8 @@ int mf__op_error(mf__op_t *op, mf_status_t st, const char *fmt, ...)
 /* Packs env (its request_id is set per send) as the op's current request. */
 mf_status_t mf__op_pack(mf__op_t *op, const mf_envelope_t *env, const void *payload,
                         size_t payload_len, int want_case);
-/* The connection the op's reply arrived on (arena pointer and bytes): steps use it. */
+/* The connection the op's reply arrived on (arena pointer and bytes, GPU arenas): steps
+ * use it. */
 const mf__conn_t *mf__op_conn(const mf__op_t *op);
 
 /*
@@ -258,6 +264,11 @@ void mf__group_add(mf__op_t *g, mf__op_t *kid);
 void mf__do_send_oneway(mf_channel_t *ch, const mf_envelope_t *env);
 /* The same from a step (I/O thread, lock not held): a Release after a UCX fetch. */
 void mf__send_oneway(mf_channel_t *ch, const mf_envelope_t *env);
+
+/* The GPU arenas the current connection mapped, as Get / PutBegin.gpu_mapped, and the
+ * preferred one (PutBegin.gpu_arena). Takes the lock; mf__do_* expect it held. */
+uint64_t mf__chan_gpu_mapped(mf_channel_t *ch);
+void mf__do_gpu_want(mf_channel_t *ch, uint64_t *mapped, uint32_t *preferred);
 
 /* Copies a C string into a newly malloc'd one (NULL stays NULL). */
 char *mf__strdup(const char *s);

@@ -49,7 +49,8 @@
  * …_free function. Leased row views point into the daemon's host arena, mapped
  * MAP_SHARED into this process; they stay valid until released (mf_release*), until the
  * lease expires (the GetReply's lease_ttl_ms), until a reconnect (see above) or until
- * the channel closes — never write through them.
+ * the channel closes — never write through them. Device views (on_device, see GPU
+ * arenas) follow the same rules in the daemon's GPU arenas.
  *
  * Remote workers (`ucx:HOST:PORT`, the daemon's `ucx` listener). The same API over UCX:
  * control messages travel as active messages on one endpoint, rows move one-sided on the
@@ -83,9 +84,9 @@ extern "C" {
 #endif
 
 #define MF_VERSION_MAJOR 0
-#define MF_VERSION_MINOR 3
+#define MF_VERSION_MINOR 4
 #define MF_VERSION_PATCH 0
-#define MF_VERSION_STRING "0.3.0"
+#define MF_VERSION_STRING "0.4.0"
 
 #if defined(MF_BUILDING_LIBRARY)
 #define MF_EXPORT __attribute__((visibility("default")))
@@ -111,6 +112,7 @@ enum mf_channel_param_field {
     MF_CHANNEL_PARAM_MAX_FRAME   = 1u << 5, /* default MF_FRAME_DEFAULT_MAX (64 MiB) */
     MF_CHANNEL_PARAM_RETRY       = 1u << 6, /* default mf_retry_policy_default() */
     MF_CHANNEL_PARAM_VERIFY      = 1u << 7, /* default MF_VERIFY_FULL */
+    MF_CHANNEL_PARAM_GPU         = 1u << 8, /* default -1: no GPU mapping */
 };
 
 /*
@@ -151,6 +153,7 @@ typedef struct mf_channel_params {
     uint32_t max_frame;      /* largest reply frame accepted */
     mf_retry_policy_t retry; /* MF_CHANNEL_PARAM_RETRY */
     mf_verify_t verify;      /* MF_CHANNEL_PARAM_VERIFY: checks on arena rows */
+    int gpu_device;          /* MF_CHANNEL_PARAM_GPU: see GPU arenas below; -1 = none */
 } mf_channel_params_t;
 
 /* Per-call deadline arguments (every call's last parameter, in milliseconds). */
@@ -194,6 +197,48 @@ typedef struct mf_server_info {
     size_t in_flight;        /* calls started and not yet finished */
 } mf_server_info_t;
 MF_EXPORT void mf_channel_info(const mf_channel_t *ch, mf_server_info_t *out);
+
+/*
+ * GPU arenas (the daemon's gpu tier, DESIGN §7). With MF_CHANNEL_PARAM_GPU and
+ * gpu_device ≥ 0 (this process's CUDA ordinal, as CUDA_VISIBLE_DEVICES numbers it) on a
+ * unix socket, the channel asks for the daemon's GPU arenas in Hello, matches each to a
+ * device of this process by PCI bus id / UUID and opens it with cuIpcOpenMemHandle (lazy
+ * peer access) in the primary context of gpu_device. The CUDA driver is loaded with
+ * dlopen ($MF_CUDA_DRIVER, else libcuda.so.1): no link-time CUDA dependency. Without a
+ * driver or device the channel still opens and works through host memory
+ * (mf_channel_gpu_info says why). An arena that cannot be opened (no peer access, the
+ * device is hidden) stays unmapped; the daemon then hands this client its rows staged
+ * in the host arena (or copied). Leased rows of a mapped arena come back with on_device
+ * = 1: `data` is a device address valid in gpu_device's context, `view` is zeroed (the
+ * host never reads device memory; the GPU kernels check the header). A reconnect maps
+ * the new session's arenas; the old mappings stay open until close, as host arenas do.
+ * Copies between host and device run on the library's threads with gpu_device's primary
+ * context made current for the copy only (the caller's current context is restored).
+ */
+#define MF_GPU_MAX_ARENAS 16
+
+typedef struct mf_gpu_arena_info {
+    uint32_t index;          /* the daemon's arena index */
+    uint64_t bytes;
+    int mapped;              /* opened in this process */
+    int device;              /* this process's ordinal of the arena's GPU; -1 = not visible */
+    int peer;                /* mapped from another device than gpu_device (peer access) */
+    char pci_bus_id[32];
+    char why[256];           /* why it is not mapped ("" when mapped) */
+} mf_gpu_arena_info_t;
+
+typedef struct mf_gpu_info {
+    int gpu_device;          /* as given at open; -1 = none */
+    int driver;              /* the CUDA driver loaded and gpu_device usable */
+    char why[256];           /* why not (driver, device), "" otherwise */
+    uint32_t n_announced;    /* arenas in the current session's HelloReply */
+    uint32_t n_mapped;
+    uint32_t n_peer;         /* mapped through peer access */
+    mf_gpu_arena_info_t arenas[MF_GPU_MAX_ARENAS]; /* the first n_announced (≤ max) */
+} mf_gpu_info_t;
+
+/* The GPU arenas of the current connection. Any thread. */
+MF_EXPORT void mf_channel_gpu_info(const mf_channel_t *ch, mf_gpu_info_t *out);
 
 /* ==== keys and rows ================================================================== */
 
@@ -323,6 +368,22 @@ MF_EXPORT mf_status_t mf_put_batch_async(mf_channel_t *ch, mf_put_item_t *items,
                                          void *tag, mf_call_t **call);
 
 /*
+ * Stores one encoded row that sits in device memory (dev_row: a device address valid in
+ * the channel's gpu_device context; the work that wrote it must be finished, e.g. the
+ * stream synchronized). Its header is read here (DtoH) and checked, the daemon reserves
+ * room (the gpu tier when it is on and has room, else the host tier), the row is copied
+ * device to device into the mapped GPU arena (or staged through host memory when the
+ * reservation is on the host tier, the arena is not mapped, or the channel has no GPU),
+ * then committed; the daemon validates the whole row (checksum) before it is visible.
+ * FAILED_PRECONDITION when the channel has no usable CUDA device (see mf_channel_gpu_info).
+ */
+MF_EXPORT mf_status_t mf_put_device(mf_channel_t *ch, const void *dev_row, size_t len,
+                                    unsigned flags, mf_put_result_t *res, int64_t timeout_ms);
+/* mf_put_batch for rows in device memory (items[i].row are device addresses). */
+MF_EXPORT mf_status_t mf_put_device_batch(mf_channel_t *ch, mf_put_item_t *items, size_t n,
+                                          unsigned flags, int64_t timeout_ms);
+
+/*
  * How many leading full blocks of tokens[0:n_tokens] are cached, per layer:
  * blocks[i] for layers[i] (caller's array of n_layers). *total_blocks (may be NULL)
  * receives n_tokens / block_size.
@@ -354,7 +415,8 @@ MF_EXPORT mf_status_t mf_lookup_async(mf_channel_t *ch, const char *model, uint3
 typedef enum mf_get_mode {
     MF_GET_COPY = 0,  /* row bytes copied into memory the result owns */
     MF_GET_LEASE = 1, /* zero-copy views of the host arena; needs want_arena (on ucx:
-                         copies, leases already released: see Remote workers) */
+                         copies, leases already released: see Remote workers); rows of
+                         a mapped GPU arena come back as device views (on_device) */
 } mf_get_mode_t;
 
 typedef struct mf_row_ref {
@@ -365,7 +427,9 @@ typedef struct mf_row_ref {
     const void *data;        /* the row (status OK): in the result or in the arena */
     size_t length;
     uint64_t lease_id;       /* MF_GET_LEASE: nonzero while leased */
-    mf_row_view_t view;      /* decoded and verified here (status OK) */
+    mf_row_view_t view;      /* decoded and verified here (status OK); zeroed on device */
+    int on_device;           /* 1: data is a device address in a mapped GPU arena (leases) */
+    uint32_t gpu_arena;      /* that arena's index (tier GPU) */
 } mf_row_ref_t;
 
 typedef struct mf_get_result {
@@ -443,8 +507,10 @@ typedef struct mf_lease {
     const void *data;        /* in the arena; read only */
     size_t length;
     uint64_t lease_id;
-    mf_row_view_t view;
+    mf_row_view_t view;      /* zeroed when on_device */
     uint64_t ttl_ms;
+    int on_device;           /* as mf_row_ref_t */
+    uint32_t gpu_arena;
 } mf_lease_t;
 /* One row by key as a leased zero-copy view; release with mf_release(ch, &id, 1, ...). */
 MF_EXPORT mf_status_t mf_get_lease(mf_channel_t *ch, const mf_key_t *key, mf_lease_t *out,

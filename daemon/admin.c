@@ -96,7 +96,9 @@ void mfd_admin_list(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__List *m)
         it->key.hash.len = 16;
         it->info.key = &it->key;
         it->info.size = e->size;
-        it->info.tier = e->host ? MAPFLOW__V1__TIER__TIER_HOST : MAPFLOW__V1__TIER__TIER_SSD;
+        it->info.tier = e->gpu    ? MAPFLOW__V1__TIER__TIER_GPU
+                        : e->host ? MAPFLOW__V1__TIER__TIER_HOST
+                                  : MAPFLOW__V1__TIER__TIER_SSD;
         it->info.on_ssd = e->on_ssd;
         it->info.pins = e->pins;
         it->info.block = e->block;
@@ -156,6 +158,7 @@ static void fill_tiers(mfd_server_t *s, Mapflow__V1__TierStats ts[3],
         ts[i].used_bytes = t[i].used_bytes;
         ts[i].capacity_bytes = t[i].capacity_bytes;
         ts[i].entries = t[i].entries;
+        ts[i].why_off = t[i].enabled || !t[i].why_off ? NULL : (char *)t[i].why_off;
         ptrs[i] = &ts[i];
     }
 }
@@ -163,7 +166,7 @@ static void fill_tiers(mfd_server_t *s, Mapflow__V1__TierStats ts[3],
 void mfd_admin_stats(mfd_conn_t *c, uint64_t rid)
 {
     mfd_server_t *s = c->srv;
-    enum { CAP = MFD_C_COUNT + MF_STATUS_COUNT + MFD_H_COUNT + 8 };
+    enum { CAP = MFD_C_COUNT + MF_STATUS_COUNT + MFD_H_COUNT + 8 + 2 * MFD_GAUGE_GPU_ARENAS };
     counter_vec_t cv = {calloc(CAP, sizeof(Mapflow__V1__Counter)),
                         calloc(CAP, sizeof(Mapflow__V1__Counter *)), calloc(CAP, 160), 0, CAP};
     if (!cv.items || !cv.ptrs || !cv.names) {
@@ -178,6 +181,16 @@ void mfd_admin_stats(mfd_conn_t *c, uint64_t rid)
     add_counter("reservations", g.reservations, &cv);
     add_counter("ssd_inflight", g.ssd_inflight, &cv);
     add_counter("ssd_write_backlog_bytes", g.wt_backlog_bytes, &cv);
+    /* Per GPU arena (the /metrics gauges of the same names). */
+    for (size_t i = 0; i < g.n_gpu; i++) {
+        char name[64];
+        snprintf(name, sizeof(name), "gpu_arena_used_bytes{arena=\"%zu\",device=\"%d\"}", i,
+                 g.gpu[i].device);
+        add_counter(name, g.gpu[i].used, &cv);
+        snprintf(name, sizeof(name), "gpu_arena_entries{arena=\"%zu\",device=\"%d\"}", i,
+                 g.gpu[i].device);
+        add_counter(name, g.gpu[i].entries, &cv);
+    }
     Mapflow__V1__TierStats ts[3], *tp[3];
     fill_tiers(s, ts, tp);
     Mapflow__V1__StatsReply rep = MAPFLOW__V1__STATS_REPLY__INIT;
@@ -199,11 +212,16 @@ void mfd_admin_health(mfd_conn_t *c, uint64_t rid)
     mfd_server_t *s = c->srv;
     Mapflow__V1__TierStats ts[3], *tp[3];
     fill_tiers(s, ts, tp);
-    char status[256];
-    snprintf(status, sizeof(status), "%s; host %llu/%llu bytes; ssd %s; gpu off (%s)",
+    char status[512], gpu[320];
+    if (s->store.gpu)
+        snprintf(gpu, sizeof(gpu), "gpu on (%zu arena%s, %llu/%llu bytes)", s->store.gpu->n,
+                 s->store.gpu->n == 1 ? "" : "s", (unsigned long long)ts[0].used_bytes,
+                 (unsigned long long)ts[0].capacity_bytes);
+    else
+        snprintf(gpu, sizeof(gpu), "gpu off (%s)", s->store.gpu_why);
+    snprintf(status, sizeof(status), "%s; host %llu/%llu bytes; ssd %s; %s",
              s->ready ? "serving" : "not ready", (unsigned long long)ts[1].used_bytes,
-             (unsigned long long)ts[1].capacity_bytes, s->store.ssd ? "on" : "off",
-             s->gpu_why ? s->gpu_why : "");
+             (unsigned long long)ts[1].capacity_bytes, s->store.ssd ? "on" : "off", gpu);
     Mapflow__V1__HealthReply rep = MAPFLOW__V1__HEALTH_REPLY__INIT;
     rep.ok = 1;
     rep.ready = s->ready;
@@ -217,10 +235,14 @@ void mfd_admin_health(mfd_conn_t *c, uint64_t rid)
 
 void mfd_admin_evict(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Evict *m)
 {
-    if (m->tier != MAPFLOW__V1__TIER__TIER_HOST && m->tier != MAPFLOW__V1__TIER__TIER_SSD) {
-        mfd_conn_error(c, rid, m->tier == MAPFLOW__V1__TIER__TIER_GPU ? MF_FAILED_PRECONDITION
-                                                                      : MF_INVALID_ARGUMENT,
-                       "Evict: tier must be TIER_HOST or TIER_SSD (gpu tier is off)");
+    if (m->tier != MAPFLOW__V1__TIER__TIER_HOST && m->tier != MAPFLOW__V1__TIER__TIER_SSD &&
+        m->tier != MAPFLOW__V1__TIER__TIER_GPU) {
+        mfd_conn_error(c, rid, MF_INVALID_ARGUMENT, "Evict: tier must be TIER_GPU, TIER_HOST or TIER_SSD");
+        return;
+    }
+    if (m->tier == MAPFLOW__V1__TIER__TIER_GPU && !c->srv->store.gpu) {
+        mfd_conn_error(c, rid, MF_FAILED_PRECONDITION, "Evict: the GPU tier is off (%s)",
+                       c->srv->store.gpu_why);
         return;
     }
     if (m->tier == MAPFLOW__V1__TIER__TIER_SSD && !c->srv->store.ssd) {

@@ -1,4 +1,4 @@
-/* arena — memfd region + TLSF-style offset allocator (see arena.h). */
+/* arena — memfd region + the offset allocator (see arena.h). */
 #include "arena.h"
 #include "log.h"
 
@@ -9,59 +9,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#define N_BINS 64
-#define BIN_SCAN 16   /* nodes looked at in the exact bin before moving up */
-
-struct mfd_ablock {
-    uint64_t off, size;
-    mfd_ablock_t *prev, *next;     /* address order, every block */
-    mfd_ablock_t *fprev, *fnext;   /* bin list, free blocks only */
-    int free;
-};
-
 struct mfd_arena {
     int fd;
     uint8_t *base;
-    uint64_t cap, used;
-    size_t n_free;
-    uint64_t bitmap;               /* bit b set = bin b non-empty */
-    mfd_ablock_t *bins[N_BINS];
-    mfd_ablock_t *head;
+    mfd_oalloc_t *alloc;
 };
-
-static int bin_of(uint64_t size)
-{
-    return 63 - __builtin_clzll(size);
-}
-
-static void bin_insert(mfd_arena_t *a, mfd_ablock_t *b)
-{
-    int i = bin_of(b->size);
-    b->free = 1;
-    b->fprev = NULL;
-    b->fnext = a->bins[i];
-    if (b->fnext)
-        b->fnext->fprev = b;
-    a->bins[i] = b;
-    a->bitmap |= 1ull << i;
-    a->n_free++;
-}
-
-static void bin_remove(mfd_arena_t *a, mfd_ablock_t *b)
-{
-    int i = bin_of(b->size);
-    if (b->fprev)
-        b->fprev->fnext = b->fnext;
-    else
-        a->bins[i] = b->fnext;
-    if (b->fnext)
-        b->fnext->fprev = b->fprev;
-    if (!a->bins[i])
-        a->bitmap &= ~(1ull << i);
-    b->free = 0;
-    b->fprev = b->fnext = NULL;
-    a->n_free--;
-}
 
 mf_status_t mfd_arena_create(uint64_t bytes, mfd_arena_t **out)
 {
@@ -69,8 +21,7 @@ mf_status_t mfd_arena_create(uint64_t bytes, mfd_arena_t **out)
     if (bytes == 0)
         return MF_INVALID_ARGUMENT;
     mfd_arena_t *a = calloc(1, sizeof(*a));
-    mfd_ablock_t *b = calloc(1, sizeof(*b));
-    if (!a || !b)
+    if (!a || mfd_oalloc_create(bytes, &a->alloc) != MF_OK)
         goto fail_alloc;
     a->fd = memfd_create("mapflowd-host-arena", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (a->fd < 0) {
@@ -89,18 +40,14 @@ mf_status_t mfd_arena_create(uint64_t bytes, mfd_arena_t **out)
         mfd_error("arena: mmap %llu: %s", (unsigned long long)bytes, strerror(errno));
         goto fail_fd;
     }
-    a->cap = bytes;
-    b->off = 0;
-    b->size = bytes;
-    a->head = b;
-    bin_insert(a, b);
     *out = a;
     return MF_OK;
 
 fail_fd:
     close(a->fd);
 fail_alloc:
-    free(b);
+    if (a)
+        mfd_oalloc_destroy(a->alloc);
     free(a);
     return MF_RESOURCE_EXHAUSTED;
 }
@@ -109,111 +56,25 @@ void mfd_arena_destroy(mfd_arena_t *a)
 {
     if (!a)
         return;
-    for (mfd_ablock_t *b = a->head, *n; b; b = n) {
-        n = b->next;
-        free(b);
-    }
-    munmap(a->base, a->cap);
+    munmap(a->base, mfd_oalloc_capacity(a->alloc));
+    mfd_oalloc_destroy(a->alloc);
     close(a->fd);
     free(a);
 }
 
-static mfd_ablock_t *find_fit(mfd_arena_t *a, uint64_t size)
-{
-    int i = bin_of(size);
-    int scanned = 0;
-    for (mfd_ablock_t *b = a->bins[i]; b && scanned < BIN_SCAN; b = b->fnext, scanned++)
-        if (b->size >= size)
-            return b;
-    /* Any block of a higher bin is at least 2^(i+1) > size. */
-    uint64_t higher = i + 1 < N_BINS ? a->bitmap & (~0ull << (i + 1)) : 0;
-    if (higher)
-        return a->bins[__builtin_ctzll(higher)];
-    /* Exact bin beyond the scan limit: finish the scan rather than fail. */
-    for (mfd_ablock_t *b = a->bins[i]; b; b = b->fnext)
-        if (b->size >= size)
-            return b;
-    return NULL;
-}
-
 mf_status_t mfd_arena_alloc(mfd_arena_t *a, uint64_t size, mfd_ablock_t **blk)
 {
-    if (size == 0 || size > a->cap)
-        return size ? MF_RESOURCE_EXHAUSTED : MF_INVALID_ARGUMENT;
-    size = mfd_arena_round(size);
-    mfd_ablock_t *b = find_fit(a, size);
-    if (!b)
-        return MF_RESOURCE_EXHAUSTED;
-    if (b->size > size) {
-        mfd_ablock_t *rest = calloc(1, sizeof(*rest));
-        if (!rest)
-            return MF_RESOURCE_EXHAUSTED;
-        bin_remove(a, b);
-        rest->off = b->off + size;
-        rest->size = b->size - size;
-        rest->prev = b;
-        rest->next = b->next;
-        if (b->next)
-            b->next->prev = rest;
-        b->next = rest;
-        b->size = size;
-        bin_insert(a, rest);
-    } else {
-        bin_remove(a, b);
-    }
-    a->used += b->size;
-    *blk = b;
-    return MF_OK;
+    return mfd_oalloc_alloc(a->alloc, size, blk);
 }
 
-/* Absorbs `n` (free, right after `b`) into `b`. */
-static void merge_next(mfd_arena_t *a, mfd_ablock_t *b, mfd_ablock_t *n)
+void mfd_arena_free(mfd_arena_t *a, mfd_ablock_t *blk)
 {
-    bin_remove(a, n);
-    b->size += n->size;
-    b->next = n->next;
-    if (n->next)
-        n->next->prev = b;
-    free(n);
+    mfd_oalloc_free(a->alloc, blk);
 }
 
-void mfd_arena_free(mfd_arena_t *a, mfd_ablock_t *b)
-{
-    if (!b)
-        return;
-    a->used -= b->size;
-    if (b->next && b->next->free)
-        merge_next(a, b, b->next);
-    if (b->prev && b->prev->free) {
-        mfd_ablock_t *p = b->prev;
-        bin_remove(a, p);
-        /* p absorbs b: b is not in a bin, so unlink it by hand. */
-        p->size += b->size;
-        p->next = b->next;
-        if (b->next)
-            b->next->prev = p;
-        free(b);
-        b = p;
-    }
-    bin_insert(a, b);
-}
-
-uint64_t mfd_ablock_offset(const mfd_ablock_t *b) { return b->off; }
-uint64_t mfd_ablock_size(const mfd_ablock_t *b) { return b->size; }
 uint8_t *mfd_arena_base(const mfd_arena_t *a) { return a->base; }
 int mfd_arena_fd(const mfd_arena_t *a) { return a->fd; }
-uint64_t mfd_arena_capacity(const mfd_arena_t *a) { return a->cap; }
-uint64_t mfd_arena_used(const mfd_arena_t *a) { return a->used; }
-size_t mfd_arena_free_blocks(const mfd_arena_t *a) { return a->n_free; }
-
-uint64_t mfd_arena_largest_free(const mfd_arena_t *a)
-{
-    if (!a->bitmap)
-        return 0;
-    int top = 63 - __builtin_clzll(a->bitmap);
-    uint64_t best = 0;
-    for (mfd_ablock_t *b = a->bins[top]; b; b = b->fnext)
-        if (b->size > best)
-            best = b->size;
-    return best;
-}
+uint64_t mfd_arena_capacity(const mfd_arena_t *a) { return mfd_oalloc_capacity(a->alloc); }
+uint64_t mfd_arena_used(const mfd_arena_t *a) { return mfd_oalloc_used(a->alloc); }
+uint64_t mfd_arena_largest_free(const mfd_arena_t *a) { return mfd_oalloc_largest_free(a->alloc); }
+size_t mfd_arena_free_blocks(const mfd_arena_t *a) { return mfd_oalloc_free_blocks(a->alloc); }

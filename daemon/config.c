@@ -21,6 +21,7 @@ typedef enum ctype {
     CT_DURATION, /* milliseconds with units */
     CT_WT,       /* off | async | sync */
     CT_LEVEL,    /* error | warn | info | debug */
+    CT_ONOFF,    /* on | off (also true/false, yes/no, 1/0) */
 } ctype_t;
 
 typedef struct cdef {
@@ -68,7 +69,13 @@ static const cdef_t g_table[] = {
     {"ssd_bytes", CT_SIZE, OFF(ssd_bytes), "16gb", 0, 1024 * TB, 1,
      "budget of the SSD tier (0 = SSD tier off)", NULL},
     {"gpu_bytes", CT_SIZE, OFF(gpu_bytes), "0", 0, 1024 * GB, 0,
-     "size of the GPU arena per device (0 = GPU tier off; needs a CUDA build)", NULL},
+     "size of the GPU arena per device (0 = GPU tier off; needs the CUDA driver and a GPU)",
+     NULL},
+    {"gpu_devices", CT_STR, OFF(gpu_devices), "all", 0, 0, 0,
+     "GPUs that get an arena: all, or a comma list of this daemon's CUDA ordinals", NULL},
+    {"gpu_promote", CT_ONOFF, OFF(gpu_promote), "off", 0, 0, 1,
+     "copy a host-tier row to the GPU tier when it is hit (on costs PCIe traffic per hit)",
+     NULL},
     {"high_watermark", CT_RATIO, OFF(high_watermark), "0.9", 0, 0, 1,
      "host tier fill ratio that starts demotion to the SSD tier", NULL},
     {"low_watermark", CT_RATIO, OFF(low_watermark), "0.8", 0, 0, 1,
@@ -312,6 +319,17 @@ static mf_status_t store_value(mfd_config_t *cfg, const cdef_t *d, const char *v
         }
         set_err(err, errlen, "%s: '%s' is not one of off, async, sync", d->name, value);
         return MF_INVALID_ARGUMENT;
+    case CT_ONOFF: {
+        static const char *const on[] = {"on", "true", "yes", "1"}, *const off[] = {"off", "false", "no", "0"};
+        for (int i = 0; i < 4; i++) {
+            if (strcasecmp(value, on[i]) == 0 || strcasecmp(value, off[i]) == 0) {
+                *(int *)field = strcasecmp(value, on[i]) == 0;
+                return MF_OK;
+            }
+        }
+        set_err(err, errlen, "%s: '%s' is not on or off", d->name, value);
+        return MF_INVALID_ARGUMENT;
+    }
     case CT_LEVEL: {
         mfd_log_level_t lv;
         if (mfd_log_parse_level(value, &lv) != MF_OK) {
@@ -412,6 +430,9 @@ static void format_value(const mfd_config_t *cfg, const cdef_t *d, int redact, c
         break;
     case CT_LEVEL:
         snprintf(out, n, "%s", mfd_log_level_name((mfd_log_level_t) * (const int *)field));
+        break;
+    case CT_ONOFF:
+        snprintf(out, n, "%s", *(const int *)field ? "on" : "off");
         break;
     }
 }
@@ -636,6 +657,7 @@ static const char *type_hint(ctype_t t)
     case CT_ADDR: return "HOST:PORT";
     case CT_WT: return "off|async|sync";
     case CT_LEVEL: return "LEVEL";
+    case CT_ONOFF: return "on|off";
     default: return "TEXT";
     }
 }

@@ -35,7 +35,9 @@ typedef struct mfd_config {
     char *token;               /* shared secret required on TCP; "" = none */
     uint64_t host_bytes;
     uint64_t ssd_bytes;        /* 0 = SSD tier off */
-    uint64_t gpu_bytes;
+    uint64_t gpu_bytes;        /* per device; 0 = GPU tier off */
+    char *gpu_devices;         /* "all" or a comma list of CUDA ordinals */
+    int gpu_promote;           /* copy host-tier hits to the GPU tier */
     double high_watermark;
     double low_watermark;
     int write_through;         /* mfd_write_through_t */

@@ -1,10 +1,10 @@
 # daemon/: mapflowd — config, event loop, index, host arena, SSD tier, admin, metrics.
 # Everything except main.c goes into libmfdaemon.a so unit tests link the real modules.
 
-DAEMON_SRCS := daemon/log.c daemon/config.c daemon/arena.c daemon/index.c \
+DAEMON_SRCS := daemon/log.c daemon/config.c daemon/oalloc.c daemon/arena.c daemon/index.c \
                daemon/tier_ssd.c daemon/lease.c daemon/store.c daemon/metrics.c \
                daemon/http.c daemon/notify.c daemon/server.c daemon/admin.c daemon/tier.c \
-               daemon/ucx.c daemon/peer.c
+               daemon/ucx.c daemon/peer.c daemon/tier_gpu.c
 DAEMON_OBJS := $(DAEMON_SRCS:%.c=$(OBJ)/%.o)
 DAEMON_A    := $(LIB)/libmfdaemon.a
 DAEMON_LIBS := $(call pkg_libs,libevent libevent_pthreads rocksdb libsystemd ucx)

@@ -22,7 +22,7 @@ struct mfd_index {
     size_t n_buckets, count;
     mfd_block_t **bbuckets;
     size_t n_bbuckets, bcount;
-    mfd_entry_t *lru_head[2], *lru_tail[2];   /* head = MRU, tail = coldest */
+    mfd_entry_t *lru_head[3], *lru_tail[3];   /* head = MRU, tail = coldest */
     mfd_entry_free_cb on_free;
     void *ctx;
 };
@@ -214,6 +214,7 @@ void mfd_index_unlink(mfd_index_t *ix, mfd_entry_t *e)
     block_detach(ix, e);
     mfd_lru_remove(ix, MFD_LRU_HOST, e);
     mfd_lru_remove(ix, MFD_LRU_SSD, e);
+    mfd_lru_remove(ix, MFD_LRU_GPU, e);
     e->linked = 0;
     if (e->pins == 0)
         entry_free(ix, e);
@@ -241,18 +242,21 @@ size_t mfd_index_count(const mfd_index_t *ix)
 
 static mfd_lru_link_t *link_of(mfd_entry_t *e, int list)
 {
-    return list == MFD_LRU_HOST ? &e->host_lru : &e->ssd_lru;
+    return list == MFD_LRU_HOST ? &e->host_lru : list == MFD_LRU_GPU ? &e->gpu_lru : &e->ssd_lru;
 }
 
 static unsigned on_list(const mfd_entry_t *e, int list)
 {
-    return list == MFD_LRU_HOST ? e->on_host_lru : e->on_ssd_lru;
+    return list == MFD_LRU_HOST ? e->on_host_lru : list == MFD_LRU_GPU ? e->on_gpu_lru
+                                                                       : e->on_ssd_lru;
 }
 
 static void set_on_list(mfd_entry_t *e, int list, unsigned v)
 {
     if (list == MFD_LRU_HOST)
         e->on_host_lru = v;
+    else if (list == MFD_LRU_GPU)
+        e->on_gpu_lru = v;
     else
         e->on_ssd_lru = v;
 }
@@ -304,7 +308,9 @@ mfd_entry_t *mfd_lru_coldest(mfd_index_t *ix, int list)
 
 mfd_entry_t *mfd_lru_warmer(const mfd_entry_t *e, int list)
 {
-    return list == MFD_LRU_HOST ? e->host_lru.prev : e->ssd_lru.prev;
+    return list == MFD_LRU_HOST ? e->host_lru.prev
+           : list == MFD_LRU_GPU ? e->gpu_lru.prev
+                                 : e->ssd_lru.prev;
 }
 
 /* ---- blocks ----------------------------------------------------------------------- */

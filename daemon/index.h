@@ -14,8 +14,8 @@
  * once; its memory (and arena block, through the free callback) goes when the last
  * pin goes. (memcached's item_get / item_remove.)
  *
- * LRU: two lists, entries resident on the host tier and entries present on the SSD
- * tier; the head is the most recently used.
+ * LRU: three lists, entries resident on the host tier, on the GPU tier and present on
+ * the SSD tier; the head is the most recently used.
  *
  * Blocks: a second table, one node per (namespace, model, prefix hash) — the entry key
  * without its layer — counting the linked entries of that block and holding, once, the
@@ -68,7 +68,7 @@ typedef struct mfd_lru_link {
 
 typedef struct mfd_entry {
     struct mfd_entry *hnext;
-    mfd_lru_link_t host_lru, ssd_lru;
+    mfd_lru_link_t host_lru, ssd_lru, gpu_lru;
     uint64_t khash;
     uint64_t size;            /* row bytes */
     uint32_t layer, block;    /* block = the row's block_index */
@@ -76,6 +76,10 @@ typedef struct mfd_entry {
     uint32_t leases;          /* the pins held by client leases (Flush skips these) */
     uint64_t last_access_ms;
     mfd_ablock_t *host;       /* resident on the host tier when non-NULL */
+    mfd_ablock_t *gpu;        /* resident on the GPU tier (arena gpu_arena) when non-NULL */
+    uint8_t *ghead;           /* GPU rows: host copy of the header, model and tokens (the
+                               * hit check reads it, never device memory) */
+    uint32_t gpu_arena;
     uint8_t *wbuf;            /* private copy while a demotion write is in flight */
     struct mfd_ssd_job *wjob; /* the SSD write in flight (store.c; cancelled on replace) */
     struct mfd_entry *wt_prev, *wt_next; /* store.c's deferred write-through list */
@@ -83,6 +87,7 @@ typedef struct mfd_entry {
     unsigned linked : 1;      /* reachable through the index */
     unsigned on_host_lru : 1;
     unsigned on_ssd_lru : 1;
+    unsigned on_gpu_lru : 1;
     unsigned on_ssd : 1;      /* a completed SSD write holds these bytes */
     unsigned ssd_writing : 1; /* an SSD write is in flight */
     unsigned durable : 1;     /* written with sync = 1 */
@@ -116,8 +121,8 @@ void mfd_index_unpin(mfd_index_t *ix, mfd_entry_t *e);
 
 size_t mfd_index_count(const mfd_index_t *ix);
 
-/* LRU maintenance (lists: 0 = host, 1 = ssd). */
-enum { MFD_LRU_HOST = 0, MFD_LRU_SSD = 1 };
+/* LRU maintenance (lists: 0 = host, 1 = ssd, 2 = gpu). */
+enum { MFD_LRU_HOST = 0, MFD_LRU_SSD = 1, MFD_LRU_GPU = 2 };
 void mfd_lru_add(mfd_index_t *ix, int list, mfd_entry_t *e);     /* at the MRU end */
 void mfd_lru_remove(mfd_index_t *ix, int list, mfd_entry_t *e);
 void mfd_lru_touch(mfd_index_t *ix, int list, mfd_entry_t *e);   /* to the MRU end */

@@ -147,6 +147,21 @@ char *mfd_metrics_render(const mfd_metrics_t *m, const mfd_gauges_t *g, size_t *
                offsetof(mfd_tier_gauge_t, capacity));
     tier_gauge(&b, g, "tier_entries", "rows held by the tier",
                offsetof(mfd_tier_gauge_t, entries));
+    if (g->n_gpu) {
+        static const char *const fam[3][2] = {
+            {"gpu_arena_used_bytes", "bytes held in one GPU arena"},
+            {"gpu_arena_capacity_bytes", "size of one GPU arena"},
+            {"gpu_arena_entries", "rows held in one GPU arena"}};
+        for (int f = 0; f < 3; f++) {
+            family(&b, fam[f][0], "gauge", fam[f][1]);
+            for (size_t i = 0; i < g->n_gpu; i++) {
+                const mfd_gpu_gauge_t *x = &g->gpu[i];
+                uint64_t v = f == 0 ? x->used : f == 1 ? x->capacity : x->entries;
+                sb_printf(&b, "mapflowd_%s{arena=\"%zu\",device=\"%d\"} %llu\n", fam[f][0], i,
+                          x->device, (unsigned long long)v);
+            }
+        }
+    }
 
     for (int i = 0; i < MFD_C_COUNT; i++) {
         const cdesc_t *d = &g_counters[i];

@@ -29,6 +29,7 @@
     X(GET_HIT_TOKENS_HOST, "get_hit_tokens_total", "tier=\"host\"",                         \
       "tokens served by Get, by the tier the row came from")                                \
     X(GET_HIT_TOKENS_SSD, "get_hit_tokens_total", "tier=\"ssd\"", "")                       \
+    X(GET_HIT_TOKENS_GPU, "get_hit_tokens_total", "tier=\"gpu\"", "")                       \
     X(GET_MISS_TOKENS, "get_miss_tokens_total", "", "tokens requested by Get and not served") \
     X(PUTS, "puts_total", "", "rows committed")                                             \
     X(PUT_BYTES, "put_bytes_total", "", "bytes of rows committed")                          \
@@ -37,8 +38,15 @@
     X(EVICT_HOST, "evictions_total", "tier=\"host\"",                                       \
       "entries that left a tier (watermark, Evict or budget)")                              \
     X(EVICT_SSD, "evictions_total", "tier=\"ssd\"", "")                                     \
+    X(EVICT_GPU, "evictions_total", "tier=\"gpu\"", "")                                     \
     X(DEMOTIONS, "demotions_total", "", "rows moved from the host to the SSD tier")         \
     X(PROMOTIONS, "promotions_total", "", "rows moved from the SSD to the host tier")       \
+    X(GPU_DEMOTIONS, "gpu_demotions_total", "",                                             \
+      "GPU-tier rows copied down (DtoH) to the host tier, or the SSD tier when host is full") \
+    X(GPU_PROMOTIONS, "gpu_promotions_total", "",                                           \
+      "host-tier rows copied to the GPU tier on a hit (gpu_promote on)")                    \
+    X(GPU_STAGED, "gpu_staged_total", "",                                                   \
+      "GPU rows copied to host memory for a client that did not map their arena")           \
     X(SSD_WRITES, "ssd_writes_total", "", "rows submitted for writing to the SSD tier")     \
     X(SSD_WRITES_DONE, "ssd_writes_completed_total", "",                                    \
       "SSD tier writes that finished successfully")                                         \
@@ -92,8 +100,17 @@ typedef struct mfd_tier_gauge {
     uint64_t used, capacity, entries;
 } mfd_tier_gauge_t;
 
+/* One GPU arena (the gpu tier's rows per device). */
+#define MFD_GAUGE_GPU_ARENAS 16 /* arenas shown; more are summed in tiers[0] only */
+typedef struct mfd_gpu_gauge {
+    int device;              /* the daemon's CUDA ordinal */
+    uint64_t used, capacity, entries;
+} mfd_gpu_gauge_t;
+
 typedef struct mfd_gauges {
     mfd_tier_gauge_t tiers[3];
+    size_t n_gpu;
+    mfd_gpu_gauge_t gpu[MFD_GAUGE_GPU_ARENAS];
     uint64_t connections, leases, reservations, ssd_inflight;
     uint64_t wt_backlog_bytes;  /* async write-through: queued + deferred row bytes */
     double uptime_s;

@@ -44,14 +44,33 @@ typedef struct lease {
 
 static void lease_drop_row(mfd_server_t *s, lease_t *l, uint32_t k);
 
-/* A put reservation: an arena block waiting for PutCommit. */
+/* A put reservation: an arena block (host, or GPU arena `arena`) waiting for PutCommit. */
 typedef struct reservation {
     mfd_ticket_t t;
     mfd_key_t key;
     uint64_t size;
     int durable;
+    int gpu;                 /* blk is in GPU arena `arena` */
+    int in_arena;            /* the client writes the row itself (no payload) */
+    uint32_t arena;
     mfd_ablock_t *blk;
 } reservation_t;
+
+static void reservation_free(mfd_server_t *s, reservation_t *r)
+{
+    if (r->gpu)
+        mfd_store_unreserve_gpu(&s->store, r->arena, r->blk);
+    else
+        mfd_store_unreserve(&s->store, r->blk);
+    free(r);
+}
+
+/* Arenas of this connection's GPU mask: only announced ones, only on the unix socket. */
+static uint64_t gpu_mask(const mfd_conn_t *c, uint64_t asked)
+{
+    size_t n = c->gpu_arenas;
+    return n ? asked & (n >= 64 ? ~0ull : (1ull << n) - 1) : 0;
+}
 
 static double now_s(void)
 {
@@ -81,9 +100,7 @@ static void release_ticket(mfd_ticket_t *t, void *arg)
                 lease_drop_row(s, l, k);
         free(l);
     } else {
-        reservation_t *r = (reservation_t *)t;
-        mfd_store_unreserve(&s->store, r->blk);
-        free(r);
+        reservation_free(s, (reservation_t *)t);
     }
 }
 
@@ -278,9 +295,28 @@ static void handle_hello(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Hello *
     r.host_arena_fd = pass_fd;
     r.max_frame = (uint32_t)s->cfg.max_frame;
     r.max_batch = (uint32_t)s->cfg.max_batch;
-    r.gpu_tier = s->gpu_on;
-    mfd_info("connection %s: hello from '%s', namespace '%s'%s", c->peer, c->name, c->ns,
-             pass_fd ? ", host arena passed" : "");
+    r.gpu_tier = s->store.gpu != NULL;
+    /* GPU arenas: CUDA IPC works between processes of one node only, so unix clients. */
+    Mapflow__V1__GpuArena ga[MFD_GPU_MAX_ARENAS], *gp[MFD_GPU_MAX_ARENAS];
+    mfd_gpu_t *g = s->store.gpu;
+    if (h->want_gpu_arena && g && c->tp == &mfd_transport_unix) {
+        for (size_t i = 0; i < g->n; i++) {
+            mapflow__v1__gpu_arena__init(&ga[i]);
+            ga[i].index = g->a[i].index;
+            ga[i].ipc_handle.data = (uint8_t *)g->a[i].ipc.reserved;
+            ga[i].ipc_handle.len = MF_CU_IPC_HANDLE_SIZE;
+            ga[i].bytes = g->a[i].bytes;
+            ga[i].pci_bus_id = g->a[i].pci;
+            ga[i].uuid.data = g->a[i].uuid;
+            ga[i].uuid.len = 16;
+            gp[i] = &ga[i];
+        }
+        r.n_gpu_arenas = g->n;
+        r.gpu_arenas = gp;
+        c->gpu_arenas = g->n;
+    }
+    mfd_info("connection %s: hello from '%s', namespace '%s'%s%s", c->peer, c->name, c->ns,
+             pass_fd ? ", host arena passed" : "", c->gpu_arenas ? ", gpu arenas announced" : "");
     if (!pass_fd) {
         REPLY(c, rid, HELLO_REPLY, hello_reply, &r, NULL, 0);
         return;
@@ -441,24 +477,39 @@ static void handle_put_begin(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Put
         mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED, "PutBegin: out of memory");
         return;
     }
-    mf_status_t st = mfd_store_reserve(&s->store, m->size, &r->blk);
+    /* Placement: the GPU tier when on (unless the client asked for host), else host; each
+     * falls back to the other when it has no room. */
+    mf_status_t st = MF_UNAVAILABLE;
+    int pref = m->gpu_arena ? (int)m->gpu_arena - 1 : -1;
+    if (s->store.gpu && m->want_tier != MAPFLOW__V1__TIER__TIER_HOST)
+        st = mfd_store_reserve_gpu(&s->store, m->size, pref, &r->arena, &r->blk);
+    r->gpu = st == MF_OK;
+    if (st != MF_OK)
+        st = mfd_store_reserve(&s->store, m->size, &r->blk);
+    if (st != MF_OK && s->store.gpu && m->want_tier == MAPFLOW__V1__TIER__TIER_HOST) {
+        st = mfd_store_reserve_gpu(&s->store, m->size, pref, &r->arena, &r->blk);
+        r->gpu = st == MF_OK;
+    }
     if (st != MF_OK) {
         free(r);
         mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED,
-                       "PutBegin: no room for %llu bytes in the host arena (pinned or reserved)",
-                       (unsigned long long)m->size);
+                       "PutBegin: no room for %llu bytes in the %s arena (pinned or reserved)",
+                       (unsigned long long)m->size, s->store.gpu ? "GPU or host" : "host");
         return;
     }
     r->key = key;
     r->size = m->size;
     r->durable = m->durable;
+    r->in_arena = r->gpu ? (int)((gpu_mask(c, m->gpu_mapped) >> r->arena) & 1) : c->has_arena;
     mfd_tickets_add(s->tickets, &r->t, MFD_TICKET_RESERVATION, c,
                     mfd_now_ms() + s->cfg.reservation_ttl_ms);
     Mapflow__V1__PutBeginReply rep = MAPFLOW__V1__PUT_BEGIN_REPLY__INIT;
     rep.reservation_id = r->t.id;
-    rep.in_arena = c->has_arena;
-    rep.arena_offset = c->has_arena ? mfd_ablock_offset(r->blk) : 0;
+    rep.in_arena = r->in_arena;
+    rep.arena_offset = r->in_arena ? mfd_ablock_offset(r->blk) : 0;
     rep.ttl_ms = s->cfg.reservation_ttl_ms;
+    rep.tier = r->gpu ? MAPFLOW__V1__TIER__TIER_GPU : MAPFLOW__V1__TIER__TIER_HOST;
+    rep.gpu_arena = r->gpu ? r->arena : 0;
     REPLY(c, rid, PUT_BEGIN_REPLY, put_begin_reply, &rep, NULL, 0);
 }
 
@@ -466,13 +517,15 @@ typedef struct commit_op {
     mfd_conn_t *c;
     uint64_t rid;
     int replaced;
+    int gpu;
     double t0;
 } commit_op_t;
 
-static void reply_commit(mfd_conn_t *c, uint64_t rid, int durable, int replaced, double t0)
+static void reply_commit(mfd_conn_t *c, uint64_t rid, int gpu, int durable, int replaced,
+                         double t0)
 {
     Mapflow__V1__PutCommitReply rep = MAPFLOW__V1__PUT_COMMIT_REPLY__INIT;
-    rep.tier = MAPFLOW__V1__TIER__TIER_HOST;
+    rep.tier = gpu ? MAPFLOW__V1__TIER__TIER_GPU : MAPFLOW__V1__TIER__TIER_HOST;
     rep.durable = durable;
     rep.replaced = replaced;
     mfd_metrics_observe(&c->srv->metrics, MFD_H_PUT, now_s() - t0);
@@ -486,7 +539,7 @@ static void on_commit_synced(void *arg, mf_status_t st, int durable)
         mfd_conn_error(op->c, op->rid, MF_UNAVAILABLE,
                        "row is visible but its synced SSD write failed: %s", mf_strerror(st));
     else
-        reply_commit(op->c, op->rid, durable, op->replaced, op->t0);
+        reply_commit(op->c, op->rid, op->gpu, durable, op->replaced, op->t0);
     mfd_conn_unhold(op->c);
     free(op);
 }
@@ -502,28 +555,37 @@ static void handle_put_commit(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Pu
         return;
     }
     reservation_t *r = (reservation_t *)t;
-    if ((plen || !c->has_arena) && plen != r->size) {
+    if ((plen || !r->in_arena) && plen != r->size) {
         mfd_conn_error(c, rid, MF_INVALID_ARGUMENT,
                        "PutCommit: payload of %zu bytes, reservation is %llu", plen,
                        (unsigned long long)r->size);
         release_ticket(t, s);
         return;
     }
-    if (plen)
+    if (plen && r->gpu &&
+        mfd_gpu_write(s->store.gpu, r->arena, r->blk, payload, plen) != MF_OK) {
+        mfd_conn_error(c, rid, MF_INTERNAL, "PutCommit: copy into the GPU arena failed");
+        release_ticket(t, s);
+        return;
+    }
+    if (plen && !r->gpu)
         memcpy(mfd_arena_base(s->store.arena) + mfd_ablock_offset(r->blk), payload, plen);
     mfd_tickets_remove(s->tickets, t);
     commit_op_t *op = calloc(1, sizeof(*op));
     if (!op) {
-        mfd_store_unreserve(&s->store, r->blk);
-        free(r);
+        reservation_free(s, r);
         mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED, "PutCommit: out of memory");
         return;
     }
-    *op = (commit_op_t){c, rid, 0, t0};
+    *op = (commit_op_t){c, rid, 0, r->gpu, t0};
     int pending, durable, replaced;
     const char *why = "invalid row";
-    mf_status_t st = mfd_store_commit(&s->store, &r->key, r->blk, r->size, r->durable,
-                                      on_commit_synced, op, &pending, &durable, &replaced, &why);
+    mf_status_t st =
+        r->gpu ? mfd_store_commit_gpu(&s->store, &r->key, r->arena, r->blk, r->size, r->durable,
+                                      on_commit_synced, op, &pending, &durable, &replaced, &why)
+               : mfd_store_commit(&s->store, &r->key, r->blk, r->size, r->durable,
+                                  on_commit_synced, op, &pending, &durable, &replaced, &why);
+    int gpu = r->gpu;
     free(r);
     if (st != MF_OK) {
         free(op);
@@ -536,7 +598,7 @@ static void handle_put_commit(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Pu
         return;
     }
     free(op);
-    reply_commit(c, rid, durable, replaced, t0);
+    reply_commit(c, rid, gpu, durable, replaced, t0);
 }
 
 static void handle_put_abort(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__PutAbort *m)
@@ -565,7 +627,7 @@ static int lookup_row_hit(mfd_server_t *s, key_tmpl_t *kt, uint32_t layer,
     mfd_entry_t *e = mfd_store_find(&s->store, key_tmpl_set(kt, layer, h[b + 1]));
     if (!e)
         return 0;
-    const uint8_t *row = mfd_store_bytes(&s->store, e);
+    const uint8_t *row = mfd_store_head(&s->store, e); /* a GPU-only row: its head copy */
     if (!row)
         return 1;
     const char *why = NULL;
@@ -690,6 +752,7 @@ struct get_op {
     mfd_conn_t *c;
     uint64_t rid;
     int lease_mode, prefix_mode;
+    uint64_t gpu_mapped;     /* GPU arenas the client opened (leases may point into them) */
     uint32_t B;
     uint32_t *tokens;        /* prefix mode: all tokens */
     mf_hash128_t *h;         /* h[0] = root, h[b + 1] = block b */
@@ -770,7 +833,8 @@ static void grant_leases(get_op_t *op)
         l->e[k] = r->e;
         mfd_entry_pin(r->e);
         r->e->leases++;
-        r->ref.arena_offset = mfd_ablock_offset(r->e->host);
+        r->ref.arena_offset = mfd_ablock_offset(
+            r->ref.tier == MAPFLOW__V1__TIER__TIER_GPU ? r->e->gpu : r->e->host);
     }
     if (!l)
         return;
@@ -890,8 +954,9 @@ static void finish_get(get_op_t *op)
                 end = ref->payload_offset + ref->length;
             }
             mfd_count(&s->metrics,
-                      ref->tier == MAPFLOW__V1__TIER__TIER_SSD ? MFD_C_GET_HIT_TOKENS_SSD
-                                                               : MFD_C_GET_HIT_TOKENS_HOST,
+                      ref->tier == MAPFLOW__V1__TIER__TIER_SSD   ? MFD_C_GET_HIT_TOKENS_SSD
+                      : ref->tier == MAPFLOW__V1__TIER__TIER_GPU ? MFD_C_GET_HIT_TOKENS_GPU
+                                                                 : MFD_C_GET_HIT_TOKENS_HOST,
                       B);
         } else {
             ref->payload_offset = 0;
@@ -958,14 +1023,41 @@ static void resolve_row(get_op_t *op, get_row_t *r)
     mfd_server_t *s = op->c->srv;
     mfd_entry_t *e = r->e;
     mfd_store_touch(&s->store, e);
+    if (op->lease_mode && e->gpu && ((op->gpu_mapped >> e->gpu_arena) & 1)) {
+        /* A device view: the client mapped this arena. The hit check reads the head copy. */
+        r->ref.tier = MAPFLOW__V1__TIER__TIER_GPU;
+        r->ref.gpu_arena = e->gpu_arena;
+        verify_row(op, r, mfd_store_head(&s->store, e));
+        return;
+    }
+    /* A client that cannot reach the row's GPU arena gets it staged in the host arena
+     * (the entry keeps that copy; the lease pins it like any host row). */
+    if (op->lease_mode && !e->host && e->gpu &&
+        mfd_store_stage_host(&s->store, e) != MF_OK) {
+        r->ref.status = MF_RESOURCE_EXHAUSTED;
+        return;
+    }
     const uint8_t *bytes = mfd_store_bytes(&s->store, e);
     if (op->lease_mode && e->host) {
         r->ref.tier = MAPFLOW__V1__TIER__TIER_HOST;
         verify_row(op, r, bytes);
+        mfd_store_promote_gpu(&s->store, e);
         return;
     }
     if (!op->lease_mode && r->ref.status != MF_OK)
         return; /* OUT_OF_RANGE: no room in this reply */
+    if (!op->lease_mode && !e->host && e->gpu) {
+        /* GET_COPY of a GPU row: DtoH into a buffer the reply sends. */
+        r->buf = aligned_alloc(64, mfd_arena_round(e->size));
+        if (!r->buf || mfd_store_gpu_read(&s->store, e, r->buf) != MF_OK) {
+            r->ref.status = r->buf ? MF_INTERNAL : MF_RESOURCE_EXHAUSTED;
+            return;
+        }
+        r->ref.tier = MAPFLOW__V1__TIER__TIER_GPU;
+        verify_row(op, r, r->buf);
+        r->src = r->buf;
+        return;
+    }
     if (!op->lease_mode && bytes) {
         r->ref.tier = e->host ? MAPFLOW__V1__TIER__TIER_HOST : MAPFLOW__V1__TIER__TIER_SSD;
         verify_row(op, r, bytes);
@@ -973,6 +1065,7 @@ static void resolve_row(get_op_t *op, get_row_t *r)
             return;
         if (e->host) {
             r->src = bytes; /* the host block stays put while the row is pinned */
+            mfd_store_promote_gpu(&s->store, e);
             return;
         }
         /* A demotion copy is freed when its write completes, maybe before the reply. */
@@ -1007,6 +1100,7 @@ static void handle_get(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Get *m,
     op->t0 = t0;
     op->lease_mode = m->mode == MAPFLOW__V1__GET_MODE__GET_LEASE;
     op->prefix_mode = m->n_keys == 0;
+    op->gpu_mapped = gpu_mask(c, m->gpu_mapped);
     if (op->lease_mode && !c->has_arena) {
         mfd_conn_error(c, rid, MF_FAILED_PRECONDITION,
                        "Get: GET_LEASE needs the host arena (unix socket, Hello.want_host_arena)");
@@ -1531,14 +1625,19 @@ mf_status_t mfd_server_create(mfd_config_t *cfg, const char *config_path,
         st = MF_INTERNAL;
         goto fail;
     }
-    s->gpu_on = mfd_tier_gpu_probe(s->cfg.gpu_bytes, &s->gpu_why);
     mfd_info("mapflowd %s starting: socket %s, data_dir %s", MFD_VERSION_STR, s->cfg.socket,
              s->cfg.data_dir);
-    if (!s->gpu_on)
-        mfd_info("gpu tier off: %s", s->gpu_why);
     if ((st = mfd_store_open(&s->store, &s->cfg, &s->metrics, err, errlen)) != MF_OK)
         goto fail;
     s->store.cfg = &s->cfg;
+    mfd_gpu_t *g = s->store.gpu;
+    if (!g)
+        mfd_info("gpu tier off: %s", s->store.gpu_why);
+    for (size_t i = 0; g && i < g->n; i++)
+        mfd_info("gpu tier: arena %zu on device %d (%s), %llu bytes, watermarks %.2f/%.2f%s", i,
+                 g->a[i].ordinal, g->a[i].pci, (unsigned long long)g->a[i].bytes,
+                 s->cfg.high_watermark, s->cfg.low_watermark,
+                 s->cfg.gpu_promote ? ", gpu_promote on" : "");
     mfd_info("host tier: %llu bytes (memfd), watermarks %.2f/%.2f",
              (unsigned long long)mfd_arena_capacity(s->store.arena), s->cfg.high_watermark,
              s->cfg.low_watermark);
@@ -1728,7 +1827,10 @@ mf_status_t mfd_server_reload(mfd_server_t *s, char *err, size_t errlen)
 void mfd_server_tiers(mfd_server_t *s, mfd_tier_info_t out[3])
 {
     memset(out, 0, 3 * sizeof(*out));
-    out[0] = (mfd_tier_info_t){MAPFLOW__V1__TIER__TIER_GPU, "gpu", s->gpu_on, 0, 0, 0, s->gpu_why};
+    mfd_gpu_t *g = s->store.gpu;
+    out[0] = (mfd_tier_info_t){MAPFLOW__V1__TIER__TIER_GPU, "gpu", g != NULL, mfd_gpu_used(g),
+                               mfd_gpu_capacity(g), s->store.gpu_entries,
+                               g ? NULL : s->store.gpu_why};
     out[1] = (mfd_tier_info_t){MAPFLOW__V1__TIER__TIER_HOST, "host", 1,
                                mfd_arena_used(s->store.arena),
                                mfd_arena_capacity(s->store.arena), s->store.host_entries, NULL};
@@ -1745,6 +1847,11 @@ void mfd_server_gauges(mfd_server_t *s, mfd_gauges_t *g)
     for (int i = 0; i < 3; i++)
         g->tiers[i] = (mfd_tier_gauge_t){t[i].name, t[i].enabled, t[i].used_bytes,
                                          t[i].capacity_bytes, t[i].entries};
+    for (size_t i = 0; s->store.gpu && i < s->store.gpu->n && i < MFD_GAUGE_GPU_ARENAS; i++) {
+        const mfd_gpu_arena_t *a = &s->store.gpu->a[i];
+        g->gpu[g->n_gpu++] = (mfd_gpu_gauge_t){a->ordinal, mfd_oalloc_used(a->alloc), a->bytes,
+                                               a->entries};
+    }
     g->connections = s->n_conns;
     g->leases = s->leased_rows;
     g->reservations = mfd_tickets_count(s->tickets, MFD_TICKET_RESERVATION);

@@ -44,6 +44,7 @@ typedef struct mfd_conn {
     struct evbuffer *out;
     mf_frame_reader_t rd;
     int hello_done, has_arena;
+    size_t gpu_arenas;       /* GPU arenas announced in HelloReply (want_gpu_arena, unix) */
     int closing;             /* flush the output, then close (after a fatal error) */
     int dead;                /* closed; freed when `pending` reaches 0 */
     int read_paused;         /* output backlog too large */
@@ -76,8 +77,6 @@ struct mfd_server {
     uint64_t next_session;
     uint64_t start_ms;
     int ready, draining;
-    int gpu_on;
-    const char *gpu_why;
     struct mfd_peers *peers; /* UCX listener and peer links (peer.h) */
 };
 

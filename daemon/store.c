@@ -60,6 +60,24 @@ static void defer_remove(mfd_store_t *st, mfd_entry_t *e)
     st->wt_deferred_bytes -= e->size;
 }
 
+/* Releases e's GPU copy (block, head copy). Never touches the LRU: the index frees
+ * entries still on their lists when it is destroyed. */
+static void gpu_release(mfd_store_t *st, mfd_entry_t *e)
+{
+    mfd_gpu_free(st->gpu, e->gpu_arena, e->gpu);
+    e->gpu = NULL;
+    st->gpu_entries--;
+    st->gpu->a[e->gpu_arena].entries--;
+    free(e->ghead);
+    e->ghead = NULL;
+}
+
+static void drop_gpu(mfd_store_t *st, mfd_entry_t *e)
+{
+    gpu_release(st, e);
+    mfd_lru_remove(st->ix, MFD_LRU_GPU, e);
+}
+
 static void on_entry_free(mfd_entry_t *e, void *ctx)
 {
     mfd_store_t *st = ctx;
@@ -69,6 +87,8 @@ static void on_entry_free(mfd_entry_t *e, void *ctx)
         e->host = NULL;
         st->host_entries--;
     }
+    if (e->gpu)
+        gpu_release(st, e);
     free(e->wbuf);
     e->wbuf = NULL;
 }
@@ -111,6 +131,13 @@ mf_status_t mfd_store_open(mfd_store_t *st, const mfd_config_t *cfg, mfd_metrics
                  (unsigned long long)cfg->host_bytes);
         goto fail_index;
     }
+    s = mfd_gpu_open(cfg->gpu_bytes, cfg->gpu_devices, &st->gpu, st->gpu_why,
+                     sizeof(st->gpu_why));
+    if (s == MF_INVALID_ARGUMENT) {
+        snprintf(err, errlen, "%s", st->gpu_why);
+        goto fail_arena;
+    }
+    s = MF_OK; /* anything else leaves the tier off, with its why */
     if (cfg->ssd_bytes > 0) {
         mfd_ssd_options_t so = {cfg->data_dir, (unsigned)cfg->io_threads};
         s = mfd_ssd_open(&so, &st->ssd, err, errlen);
@@ -131,6 +158,7 @@ mf_status_t mfd_store_open(mfd_store_t *st, const mfd_config_t *cfg, mfd_metrics
 fail_ssd:
     mfd_ssd_close(st->ssd);
 fail_arena:
+    mfd_gpu_close(st->gpu);
     mfd_arena_destroy(st->arena);
 fail_index:
     mfd_index_destroy(st->ix);
@@ -160,6 +188,7 @@ void mfd_store_close(mfd_store_t *st)
     mfd_index_destroy(st->ix);
     if (st->ssd)
         mfd_ssd_close(st->ssd);
+    mfd_gpu_close(st->gpu);
     mfd_arena_destroy(st->arena);
     memset(st, 0, sizeof(*st));
 }
@@ -172,6 +201,17 @@ static void drop_host(mfd_store_t *st, mfd_entry_t *e)
     e->host = NULL;
     st->host_entries--;
     mfd_lru_remove(st->ix, MFD_LRU_HOST, e);
+}
+
+/* A 64-aligned host buffer with a GPU row's bytes (DtoH), or NULL. */
+static uint8_t *gpu_copy_out(mfd_store_t *st, const mfd_entry_t *e)
+{
+    uint8_t *b = aligned_alloc(64, mfd_arena_round(e->size));
+    if (b && mfd_gpu_read(st->gpu, e->gpu_arena, e->gpu, b, e->size) != MF_OK) {
+        free(b);
+        b = NULL;
+    }
+    return b;
 }
 
 /* Drops e's SSD record (queued write included) from the accounting and deletes it. */
@@ -197,8 +237,8 @@ static int ssd_room(mfd_store_t *st, uint64_t size)
         mfd_entry_t *next = mfd_lru_warmer(e, MFD_LRU_SSD);
         if (!e->pins && !e->ssd_writing && e->on_ssd) {
             mfd_count(st->metrics, MFD_C_EVICT_SSD, 1);
-            if (e->host)
-                ssd_forget(st, e);       /* the host copy stays */
+            if (e->host || e->gpu)
+                ssd_forget(st, e);       /* the memory copy stays */
             else
                 mfd_store_remove(st, e); /* no copy left anywhere */
         }
@@ -230,7 +270,7 @@ static void on_write_done(mfd_ssd_job_t *j)
             st->ssd_used -= e->size;
             st->ssd_entries--;
             mfd_lru_remove(st->ix, MFD_LRU_SSD, e);
-            if (!e->host) /* a failed demotion: the bytes are gone */
+            if (!e->host && !e->gpu) /* a failed demotion: the bytes are gone */
                 mfd_index_unlink(st->ix, e);
         }
     }
@@ -302,6 +342,20 @@ static int cancel_write(mfd_store_t *st, mfd_entry_t *e)
     return 1;
 }
 
+/* Starts the async write-through of a row in memory: from its host block, else (a GPU row)
+ * from a DtoH copy held in wbuf until the write completes. Counted in wt_bytes either way,
+ * so GPU rows' copies are bounded like the host blocks pinned for writing. */
+static void wt_write(mfd_store_t *st, mfd_entry_t *e)
+{
+    const uint8_t *b = mfd_store_bytes(st, e); /* host block, or a copy already made */
+    if (!b && e->gpu)
+        b = e->wbuf = gpu_copy_out(st, e);
+    if (b && !ssd_write(st, e, b, 0, NULL, NULL, 1) && !e->host) {
+        free(e->wbuf);
+        e->wbuf = NULL;
+    }
+}
+
 /* Async write-through of a host row: now when the backlog allows, else deferred. */
 static void wt_start(mfd_store_t *st, mfd_entry_t *e)
 {
@@ -311,7 +365,7 @@ static void wt_start(mfd_store_t *st, mfd_entry_t *e)
         defer_add(st, e);
         return;
     }
-    ssd_write(st, e, mfd_store_bytes(st, e), 0, NULL, NULL, 1);
+    wt_write(st, e);
 }
 
 /* Starts deferred write-throughs while the backlog has room (all: every one). A row
@@ -326,9 +380,9 @@ static void wt_pump(mfd_store_t *st, int all)
            (all || !st->wt_bytes || st->wt_bytes + st->wt_head->size <= wt_limit(st))) {
         mfd_entry_t *e = st->wt_head;
         defer_remove(st, e);
-        if (e->linked && e->host && !e->on_ssd && !e->ssd_writing &&
+        if (e->linked && (e->host || e->gpu) && !e->on_ssd && !e->ssd_writing &&
             st->cfg->write_through != MFD_WT_OFF)
-            ssd_write(st, e, mfd_store_bytes(st, e), 0, NULL, NULL, 1);
+            wt_write(st, e);
     }
     st->wt_pumping = 0;
 }
@@ -340,6 +394,10 @@ static uint64_t demote(mfd_store_t *st, mfd_entry_t *e)
 {
     uint64_t freed = mfd_ablock_size(e->host);
     mfd_count(st->metrics, MFD_C_EVICT_HOST, 1);
+    if (e->gpu) { /* the GPU copy holds the row (a deferred write-through stays queued) */
+        drop_host(st, e);
+        return freed;
+    }
     defer_remove(st, e); /* its write goes now, from the copy below */
     if (e->on_ssd) {
         drop_host(st, e);
@@ -397,11 +455,98 @@ static void balance(mfd_store_t *st, const mfd_entry_t *keep)
     evict_host(st, used - target, NULL, 0, keep, NULL, NULL);
 }
 
+/* Moves an unpinned GPU row down: drops the GPU copy when another copy exists, else
+ * copies it into a host block (DtoH), else (host arena full of pinned rows) straight to
+ * the SSD tier. Returns the GPU bytes freed. */
+static uint64_t demote_gpu(mfd_store_t *st, mfd_entry_t *e)
+{
+    uint64_t freed = mfd_ablock_size(e->gpu);
+    mfd_count(st->metrics, MFD_C_EVICT_GPU, 1);
+    if (e->host || e->on_ssd) {
+        drop_gpu(st, e);
+        return freed;
+    }
+    mfd_count(st->metrics, MFD_C_GPU_DEMOTIONS, 1);
+    mfd_entry_pin(e); /* the host reservation below evicts only unpinned rows */
+    mfd_ablock_t *hb;
+    if (mfd_store_reserve(st, e->size, &hb) == MF_OK) {
+        if (mfd_gpu_read(st->gpu, e->gpu_arena, e->gpu,
+                         mfd_arena_base(st->arena) + mfd_ablock_offset(hb), e->size) != MF_OK) {
+            mfd_arena_free(st->arena, hb);
+            mfd_store_remove(st, e);
+        } else {
+            drop_gpu(st, e);
+            e->host = hb;
+            st->host_entries++;
+            mfd_lru_add(st->ix, MFD_LRU_HOST, e);
+        }
+        mfd_index_unpin(st->ix, e);
+        return freed;
+    }
+    /* No host room: the row goes to the SSD tier from a copy (or is dropped). */
+    uint8_t *copy = st->ssd && !e->ssd_writing ? gpu_copy_out(st, e) : NULL;
+    if (e->ssd_writing) { /* its write-through holds a copy and will land on the SSD */
+        drop_gpu(st, e);
+    } else if (!copy) {
+        mfd_store_remove(st, e);
+    } else {
+        defer_remove(st, e);
+        drop_gpu(st, e);
+        free(e->wbuf);
+        e->wbuf = copy;
+        if (!ssd_write(st, e, copy, 0, NULL, NULL, 0))
+            mfd_store_remove(st, e);
+    }
+    mfd_index_unpin(st->ix, e);
+    return freed;
+}
+
+/* arena < 0: every arena. keep: never demoted (the row a commit just acknowledged). */
+static void evict_gpu(mfd_store_t *st, int arena, uint64_t want, const uint8_t *prefix,
+                      size_t plen, const mfd_entry_t *keep, uint64_t *bytes, uint64_t *entries)
+{
+    uint64_t freed = 0, n = 0;
+    mfd_entry_t *e = mfd_lru_coldest(st->ix, MFD_LRU_GPU);
+    while (e && freed < want) {
+        mfd_entry_t *next = mfd_lru_warmer(e, MFD_LRU_GPU);
+        if (!e->pins && e->gpu && e != keep && (arena < 0 || e->gpu_arena == (uint32_t)arena) &&
+            has_prefix(e, prefix, plen)) {
+            freed += demote_gpu(st, e);
+            n++;
+        }
+        e = next;
+    }
+    if (bytes)
+        *bytes += freed;
+    if (entries)
+        *entries += n;
+}
+
+/* A GPU arena over its high watermark demotes down to the low one, never `keep`. */
+static void balance_gpu(mfd_store_t *st, uint32_t arena, const mfd_entry_t *keep)
+{
+    const mfd_gpu_arena_t *a = &st->gpu->a[arena];
+    uint64_t cap = a->bytes, used = mfd_oalloc_used(a->alloc);
+    if ((double)used <= st->cfg->high_watermark * (double)cap)
+        return;
+    uint64_t target = (uint64_t)(st->cfg->low_watermark * (double)cap), n = 0;
+    evict_gpu(st, (int)arena, used - target, NULL, 0, keep, NULL, &n);
+    if (n)
+        balance(st, NULL); /* the demoted rows may have pushed the host over its mark */
+}
+
+
 void mfd_store_evict(mfd_store_t *st, int tier, uint64_t bytes, const uint8_t *prefix,
                      size_t plen, uint64_t *freed_bytes, uint64_t *freed_entries)
 {
     *freed_bytes = *freed_entries = 0;
-    if (tier == 2) { /* host */
+    if (tier == 1 && st->gpu) {
+        uint64_t used = mfd_gpu_used(st->gpu);
+        uint64_t low = (uint64_t)(st->cfg->low_watermark * (double)mfd_gpu_capacity(st->gpu));
+        if (!bytes)
+            bytes = used > low ? used - low : 0;
+        evict_gpu(st, -1, bytes, prefix, plen, NULL, freed_bytes, freed_entries);
+    } else if (tier == 2) { /* host */
         uint64_t used = mfd_arena_used(st->arena);
         uint64_t low = (uint64_t)(st->cfg->low_watermark * (double)mfd_arena_capacity(st->arena));
         if (!bytes)
@@ -418,7 +563,7 @@ void mfd_store_evict(mfd_store_t *st, int tier, uint64_t bytes, const uint8_t *p
                 *freed_bytes += e->size;
                 (*freed_entries)++;
                 mfd_count(st->metrics, MFD_C_EVICT_SSD, 1);
-                if (e->host)
+                if (e->host || e->gpu)
                     ssd_forget(st, e);
                 else
                     mfd_store_remove(st, e);
@@ -443,6 +588,46 @@ mf_status_t mfd_store_reserve(mfd_store_t *st, uint64_t size, mfd_ablock_t **blk
 void mfd_store_unreserve(mfd_store_t *st, mfd_ablock_t *blk)
 {
     mfd_arena_free(st->arena, blk);
+}
+
+mf_status_t mfd_store_reserve_gpu(mfd_store_t *st, uint64_t size, int pref, uint32_t *arena,
+                                  mfd_ablock_t **blk)
+{
+    mfd_gpu_t *g = st->gpu;
+    if (!g)
+        return MF_UNAVAILABLE;
+    uint32_t first = 0;
+    if (pref >= 0 && (size_t)pref < g->n) {
+        first = (uint32_t)pref;
+    } else {
+        uint64_t best = 0;
+        for (uint32_t i = 0; i < g->n; i++) {
+            uint64_t f = mfd_oalloc_largest_free(g->a[i].alloc);
+            if (f > best) {
+                best = f;
+                first = i;
+            }
+        }
+    }
+    mf_status_t s = mfd_gpu_alloc(g, first, size, blk);
+    if (s == MF_RESOURCE_EXHAUSTED && size <= g->a[first].bytes) {
+        /* Free the size plus the watermark gap, so puts do not demote one by one. */
+        uint64_t gap = (uint64_t)((st->cfg->high_watermark - st->cfg->low_watermark) *
+                                  (double)g->a[first].bytes);
+        evict_gpu(st, (int)first, mfd_arena_round(size) + gap, NULL, 0, NULL, NULL, NULL);
+        s = mfd_gpu_alloc(g, first, size, blk);
+    }
+    for (uint32_t i = 0; s == MF_RESOURCE_EXHAUSTED && i < g->n; i++)
+        if (i != first && (s = mfd_gpu_alloc(g, i, size, blk)) == MF_OK)
+            first = i;
+    if (s == MF_OK)
+        *arena = first;
+    return s;
+}
+
+void mfd_store_unreserve_gpu(mfd_store_t *st, uint32_t arena, mfd_ablock_t *blk)
+{
+    mfd_gpu_free(st->gpu, arena, blk);
 }
 
 /* ---- rows ------------------------------------------------------------------------- */
@@ -538,33 +723,42 @@ static mf_status_t check_key(const mf_row_view_t *v, const mfd_key_t *key, const
     return MF_OK;
 }
 
-mf_status_t mfd_store_commit(mfd_store_t *st, const mfd_key_t *key, mfd_ablock_t *blk,
-                             uint64_t size, int durable, mfd_store_done_cb done, void *arg,
-                             int *pending, int *is_durable, int *replaced, const char **why)
+/* A host copy of a validated row's head: header, model and its block's tokens (what the
+ * hit check reads), 64-aligned. */
+static uint8_t *head_copy(const uint8_t *row, size_t size)
 {
-    *pending = *is_durable = *replaced = 0;
-    const uint8_t *row = mfd_arena_base(st->arena) + mfd_ablock_offset(blk);
-    mf_row_view_t v;
-    mf_status_t s = mf_row_decode(row, size, 0, &v, why);
+    const mf_row_header_t *h = (const mf_row_header_t *)row;
+    size_t toff = (MF_ROW_HEADER + (size_t)h->model_len + MF_ROW_ALIGN - 1) &
+                  ~(size_t)(MF_ROW_ALIGN - 1);
+    size_t n = toff + (size_t)h->block_size * sizeof(uint32_t);
+    if (n > size)
+        n = size;
+    uint8_t *c = aligned_alloc(64, mfd_arena_round(n));
+    if (c)
+        memcpy(c, row, n);
+    return c;
+}
+
+/* Validates a row (full decode + checksum, key agreement); counts a rejection. */
+static mf_status_t validate(mfd_store_t *st, const mfd_key_t *key, const uint8_t *row,
+                            uint64_t size, mf_row_view_t *v, const char **why)
+{
+    mf_status_t s = mf_row_decode(row, size, 0, v, why);
     if (s == MF_OK)
-        s = check_key(&v, key, why);
-    if (s != MF_OK) {
+        s = check_key(v, key, why);
+    if (s != MF_OK)
         mfd_count(st->metrics, MFD_C_PUT_REJECTED, 1);
-        mfd_arena_free(st->arena, blk);
-        return s == MF_UNIMPLEMENTED ? MF_INVALID_ARGUMENT : s;
-    }
-    mfd_entry_t *e = mfd_entry_new(key);
-    if (!e) {
-        mfd_arena_free(st->arena, blk);
-        *why = "out of memory";
-        return MF_RESOURCE_EXHAUSTED;
-    }
+    return s == MF_UNIMPLEMENTED ? MF_INVALID_ARGUMENT : s;
+}
+
+/* Makes e (its tier fields set) visible under key, replacing any old entry. */
+static void link_entry(mfd_store_t *st, const mfd_key_t *key, mfd_entry_t *e,
+                       const mf_row_view_t *v, uint64_t size, int *replaced)
+{
     e->size = size;
-    e->layer = v.layer;
-    e->block = v.block_index;
-    e->host = blk;
+    e->layer = v->layer;
+    e->block = v->block_index;
     e->last_access_ms = mfd_now_ms();
-    st->host_entries++;
     mfd_entry_t *old = mfd_index_find(st->ix, key->b, key->len);
     if (old) {
         /* Its queued write-through is cancelled (never written over the new row's). */
@@ -574,11 +768,33 @@ mf_status_t mfd_store_commit(mfd_store_t *st, const mfd_key_t *key, mfd_ablock_t
     }
     mfd_index_insert(st->ix, e, NULL);
     uint8_t parent[16];
-    mf_hash_to_le(v.parent, parent);
-    mfd_index_block_note(st->ix, e, v.block_size, parent, v.tokens);
-    mfd_lru_add(st->ix, MFD_LRU_HOST, e);
+    mf_hash_to_le(v->parent, parent);
+    mfd_index_block_note(st->ix, e, v->block_size, parent, v->tokens);
     mfd_count(st->metrics, MFD_C_PUTS, 1);
     mfd_count(st->metrics, MFD_C_PUT_BYTES, size);
+}
+
+mf_status_t mfd_store_commit(mfd_store_t *st, const mfd_key_t *key, mfd_ablock_t *blk,
+                             uint64_t size, int durable, mfd_store_done_cb done, void *arg,
+                             int *pending, int *is_durable, int *replaced, const char **why)
+{
+    *pending = *is_durable = *replaced = 0;
+    const uint8_t *row = mfd_arena_base(st->arena) + mfd_ablock_offset(blk);
+    mf_row_view_t v;
+    mf_status_t s = validate(st, key, row, size, &v, why);
+    mfd_entry_t *e = s == MF_OK ? mfd_entry_new(key) : NULL;
+    if (s == MF_OK && !e) {
+        *why = "out of memory";
+        s = MF_RESOURCE_EXHAUSTED;
+    }
+    if (s != MF_OK) {
+        mfd_arena_free(st->arena, blk);
+        return s;
+    }
+    e->host = blk;
+    st->host_entries++;
+    link_entry(st, key, e, &v, size, replaced);
+    mfd_lru_add(st->ix, MFD_LRU_HOST, e);
 
     int wt = st->cfg->write_through;
     int want_sync = durable || wt == MFD_WT_SYNC;
@@ -589,6 +805,67 @@ mf_status_t mfd_store_commit(mfd_store_t *st, const mfd_key_t *key, mfd_ablock_t
     /* Never the row just made visible: it is acknowledged, so it stays until later
      * pressure demotes it like any other row. */
     balance(st, e);
+    return MF_OK;
+}
+
+mf_status_t mfd_store_commit_gpu(mfd_store_t *st, const mfd_key_t *key, uint32_t arena,
+                                 mfd_ablock_t *blk, uint64_t size, int durable,
+                                 mfd_store_done_cb done, void *arg, int *pending,
+                                 int *is_durable, int *replaced, const char **why)
+{
+    *pending = *is_durable = *replaced = 0;
+    /* The daemon never reads device memory in place: validate a staging copy. */
+    uint8_t *stg = aligned_alloc(64, mfd_arena_round(size));
+    mf_row_view_t v;
+    mf_status_t s = MF_RESOURCE_EXHAUSTED;
+    *why = "out of memory";
+    if (stg && (s = mfd_gpu_read(st->gpu, arena, blk, stg, size)) != MF_OK)
+        *why = "cannot copy the row out of the GPU arena";
+    if (s == MF_OK)
+        s = validate(st, key, stg, size, &v, why);
+    mfd_entry_t *e = s == MF_OK ? mfd_entry_new(key) : NULL;
+    uint8_t *head = e ? head_copy(stg, size) : NULL;
+    if (s == MF_OK && (!e || !head)) {
+        *why = "out of memory";
+        s = MF_RESOURCE_EXHAUSTED;
+        if (e)
+            mfd_index_discard(st->ix, e);
+    }
+    if (s != MF_OK) {
+        free(head);
+        free(stg);
+        mfd_gpu_free(st->gpu, arena, blk);
+        return s;
+    }
+    e->gpu = blk;
+    e->gpu_arena = arena;
+    e->ghead = head;
+    st->gpu_entries++;
+    st->gpu->a[arena].entries++;
+    link_entry(st, key, e, &v, size, replaced);
+    mfd_lru_add(st->ix, MFD_LRU_GPU, e);
+
+    /* Write-through from the staging copy (the entry's wbuf until the write is done). */
+    int wt = st->cfg->write_through;
+    if (durable || wt == MFD_WT_SYNC) {
+        e->wbuf = stg;
+        stg = NULL;
+        *pending = ssd_write(st, e, e->wbuf, 1, done, arg, 0);
+        if (!*pending) {
+            free(e->wbuf);
+            e->wbuf = NULL;
+        }
+    } else if (wt == MFD_WT_ASYNC && st->ssd) {
+        if (st->wt_head || (st->wt_bytes && st->wt_bytes + size > wt_limit(st))) {
+            defer_add(st, e); /* copied out again when its turn comes */
+        } else {
+            e->wbuf = stg;
+            stg = NULL;
+            wt_write(st, e);
+        }
+    }
+    free(stg);
+    balance_gpu(st, arena, e);
     return MF_OK;
 }
 
@@ -604,9 +881,71 @@ const uint8_t *mfd_store_bytes(const mfd_store_t *st, const mfd_entry_t *e)
     return e->wbuf;
 }
 
+const uint8_t *mfd_store_head(const mfd_store_t *st, const mfd_entry_t *e)
+{
+    const uint8_t *b = mfd_store_bytes(st, e);
+    return b ? b : e->ghead;
+}
+
+mf_status_t mfd_store_gpu_read(mfd_store_t *st, const mfd_entry_t *e, uint8_t *dst)
+{
+    return e->gpu ? mfd_gpu_read(st->gpu, e->gpu_arena, e->gpu, dst, e->size) : MF_NOT_FOUND;
+}
+
+mf_status_t mfd_store_stage_host(mfd_store_t *st, mfd_entry_t *e)
+{
+    if (e->host)
+        return MF_OK;
+    if (!e->gpu)
+        return MF_NOT_FOUND;
+    mfd_ablock_t *hb;
+    mf_status_t s = mfd_store_reserve(st, e->size, &hb);
+    if (s != MF_OK)
+        return s;
+    s = mfd_gpu_read(st->gpu, e->gpu_arena, e->gpu,
+                     mfd_arena_base(st->arena) + mfd_ablock_offset(hb), e->size);
+    if (s != MF_OK) {
+        mfd_arena_free(st->arena, hb);
+        return s;
+    }
+    e->host = hb;
+    st->host_entries++;
+    mfd_lru_add(st->ix, MFD_LRU_HOST, e);
+    mfd_count(st->metrics, MFD_C_GPU_STAGED, 1);
+    return MF_OK;
+}
+
+void mfd_store_promote_gpu(mfd_store_t *st, mfd_entry_t *e)
+{
+    if (!st->gpu || !st->cfg->gpu_promote || e->gpu || !e->host || !e->linked)
+        return;
+    const uint8_t *row = mfd_store_bytes(st, e);
+    uint32_t arena;
+    mfd_ablock_t *blk;
+    uint8_t *head = head_copy(row, e->size);
+    if (!head || mfd_store_reserve_gpu(st, e->size, -1, &arena, &blk) != MF_OK) {
+        free(head);
+        return;
+    }
+    if (mfd_gpu_write(st->gpu, arena, blk, row, e->size) != MF_OK) {
+        mfd_gpu_free(st->gpu, arena, blk);
+        free(head);
+        return;
+    }
+    e->gpu = blk;
+    e->gpu_arena = arena;
+    e->ghead = head;
+    st->gpu_entries++;
+    st->gpu->a[arena].entries++;
+    mfd_lru_add(st->ix, MFD_LRU_GPU, e);
+    mfd_count(st->metrics, MFD_C_GPU_PROMOTIONS, 1);
+}
+
 void mfd_store_touch(mfd_store_t *st, mfd_entry_t *e)
 {
     e->last_access_ms = mfd_now_ms();
+    if (e->gpu)
+        mfd_lru_touch(st->ix, MFD_LRU_GPU, e);
     if (e->host)
         mfd_lru_touch(st->ix, MFD_LRU_HOST, e);
     if (e->on_ssd)

@@ -1,6 +1,6 @@
 /*
- * store — placement over the tiers (DESIGN §7): admits committed rows to the host
- * tier, writes them through to the SSD tier (off | async | sync), demotes cold
+ * store — placement over the tiers (DESIGN §7): admits committed rows to the GPU tier
+ * (when on and the put was placed there) or the host tier, writes them through to the SSD tier (off | async | sync), demotes cold
  * unpinned rows host → SSD between the high and low watermarks (or drops them when
  * the SSD tier already holds them or is off), keeps the SSD tier within ssd_bytes,
  * reads SSD rows back and promotes them, and removes rows (delete, flush, evict).
@@ -12,8 +12,14 @@
  * commit never demotes the row it just made visible. So a put burst neither fills the
  * arena with pinned rows nor loses an acknowledged row.
  *
- * Tier seam: the host tier is the arena, the SSD tier is tier_ssd; a GPU tier slots
- * in above the host tier (tier.h reports it off in this build).
+ * GPU tier (tier_gpu.h): a GPU row is validated at commit from a DtoH staging copy, keeps
+ * a host copy of its head (header, model, tokens) for hit checks, is written through to
+ * the SSD tier from a host copy (DtoH, bounded like the host rows' write-through), and
+ * demotes GPU → host (DtoH into a host block; straight to the SSD tier when the host
+ * arena has no room) between the same high/low watermarks, per arena. A row may sit on
+ * both the GPU and the host tier (a staged copy for a client that cannot map the GPU
+ * arena, or gpu_promote); either copy then goes without any copying when evicted.
+ * Pinned rows (leases, SSD operations) are never evicted from any tier.
  *
  * Ownership: the store owns the index, the arena and the SSD tier. Entries it hands
  * out are owned by the index; pin them (mfd_entry_pin) to keep them past the current
@@ -30,6 +36,7 @@
 #include "index.h"
 #include "metrics.h"
 #include "mf_row.h"
+#include "tier_gpu.h"
 #include "tier_ssd.h"
 
 typedef struct mfd_store {
@@ -38,7 +45,9 @@ typedef struct mfd_store {
     mfd_index_t *ix;
     mfd_arena_t *arena;
     mfd_ssd_t *ssd;            /* NULL: SSD tier off */
-    uint64_t ssd_used, ssd_entries, host_entries;
+    mfd_gpu_t *gpu;            /* NULL: GPU tier off (gpu_why says why) */
+    char gpu_why[256];
+    uint64_t ssd_used, ssd_entries, host_entries, gpu_entries;
     /* Async write-through: bytes of host blocks pinned by queued SSD writes (bounded by
      * a fraction of the arena), and the rows waiting unpinned behind that bound. */
     uint64_t wt_bytes, wt_deferred_bytes;
@@ -69,7 +78,31 @@ mf_status_t mfd_store_commit(mfd_store_t *st, const mfd_key_t *key, mfd_ablock_t
                              uint64_t size, int durable, mfd_store_done_cb done, void *arg,
                              int *pending, int *is_durable, int *replaced, const char **why);
 
+/* The GPU-tier counterparts of reserve / unreserve / commit. reserve_gpu: a block in
+ * arena `pref` (-1: the arena with the most room, else any other), evicting unpinned GPU
+ * rows of that arena (GPU → host) to make room; MF_UNAVAILABLE when the tier is off.
+ * commit_gpu copies the row out (DtoH) to validate it exactly as mfd_store_commit does,
+ * and takes blk over. */
+mf_status_t mfd_store_reserve_gpu(mfd_store_t *st, uint64_t size, int pref, uint32_t *arena,
+                                  mfd_ablock_t **blk);
+void mfd_store_unreserve_gpu(mfd_store_t *st, uint32_t arena, mfd_ablock_t *blk);
+mf_status_t mfd_store_commit_gpu(mfd_store_t *st, const mfd_key_t *key, uint32_t arena,
+                                 mfd_ablock_t *blk, uint64_t size, int durable,
+                                 mfd_store_done_cb done, void *arg, int *pending,
+                                 int *is_durable, int *replaced, const char **why);
+
 mfd_entry_t *mfd_store_find(mfd_store_t *st, const mfd_key_t *key);
+/* Bytes for the hit check (mfd_row_verify with full_checksum 0: header and tokens only):
+ * the row in memory (mfd_store_bytes) or, for a GPU-only row, its head copy. NULL when the
+ * row is only on the SSD tier. */
+const uint8_t *mfd_store_head(const mfd_store_t *st, const mfd_entry_t *e);
+/* A GPU row's bytes copied out (DtoH) into dst (e->size bytes). */
+mf_status_t mfd_store_gpu_read(mfd_store_t *st, const mfd_entry_t *e, uint8_t *dst);
+/* Gives a GPU row a host-tier copy (DtoH into a host block) if it has none: the staging of
+ * a lease for a client that did not map the row's GPU arena. e must be pinned. */
+mf_status_t mfd_store_stage_host(mfd_store_t *st, mfd_entry_t *e);
+/* gpu_promote: gives a host row a GPU-tier copy (HtoD) when there is room; e pinned. */
+void mfd_store_promote_gpu(mfd_store_t *st, mfd_entry_t *e);
 /* Row bytes held in memory (host block or a demotion copy), or NULL (SSD only). */
 const uint8_t *mfd_store_bytes(const mfd_store_t *st, const mfd_entry_t *e);
 /* Marks a hit for the LRUs. */
@@ -89,7 +122,7 @@ void mfd_store_read(mfd_store_t *st, mfd_entry_t *e, int promote, mfd_store_read
 /* Unlinks e and deletes its SSD record. */
 void mfd_store_remove(mfd_store_t *st, mfd_entry_t *e);
 
-/* Demotes/drops unpinned rows of `tier` (MF tier numbers: 2 host, 3 ssd) until `bytes`
+/* Demotes/drops unpinned rows of `tier` (MF tier numbers: 1 gpu, 2 host, 3 ssd) until `bytes`
  * are freed (0 = down to the low watermark). Only keys starting with `prefix` (a
  * namespace, so a client never evicts another namespace's rows; plen 0 = all). */
 void mfd_store_evict(mfd_store_t *st, int tier, uint64_t bytes, const uint8_t *prefix,

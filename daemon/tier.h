@@ -1,11 +1,10 @@
 /*
  * tier — the seam where tiers and transports plug in (DESIGN §7).
  *
- * A tier reports mfd_tier_info_t (the Stats / Health / metrics view). The host tier
- * (arena.h) and SSD tier (tier_ssd.h) are built in; the GPU tier (a cudaMalloc arena
- * per device, exported as CUDA IPC handles) comes with its own issue and is probed
- * here: in this build mfd_tier_gpu_probe reports it off and why, and the daemon logs
- * that at start. A transport (unix socket and TCP today; UCX later) is a listener
+ * A tier reports mfd_tier_info_t (the Stats / Health / metrics view): the host tier
+ * (arena.h), the SSD tier (tier_ssd.h) and the GPU tier (tier_gpu.h: a cuMemAlloc arena
+ * per device, exported as CUDA IPC handles; off, with why, without a driver or GPU).
+ * A transport (unix socket and TCP today; UCX later) is a listener
  * that hands accepted byte streams to the server: mfd_transport_t below is what a UCX
  * listener will implement.
  *
@@ -24,9 +23,6 @@ typedef struct mfd_tier_info {
     uint64_t used_bytes, capacity_bytes, entries;
     const char *why_off;       /* when !enabled */
 } mfd_tier_info_t;
-
-/* GPU tier availability: 0 with *why when off. */
-int mfd_tier_gpu_probe(uint64_t gpu_bytes, const char **why);
 
 /* A control-plane transport: starts listening and reports its bound address. */
 typedef struct mfd_transport {

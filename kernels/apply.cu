@@ -13,34 +13,17 @@
  *  - compute: the same attention loop over every block j ≤ i.
  * Rows whose header disagrees are counted in bad_rows and computed exactly. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
-#include <type_traits>
-
-#include "mf_cuda_common.cuh"
+#include "apply_internal.cuh"
 
 using namespace mfc;
 
 namespace {
 
-struct app_params {
-    const void *q, *k, *v;
-    float *o;
-    const uint8_t *const *rows; /* [n_rows] */
-    const float *w;        /* [Ht][Hs] */
-    const float *top_p;    /* [Ht] */
-    const uint8_t *mode;   /* [Ht] */
-    const uint8_t *exact;  /* [nb_all] */
-    uint32_t *bad;
-    uint32_t n, ht, hkv, hs, n_rows, nb_all;
-    float scale_log2;
-};
-
-#define SEL_BYTES (MF_CUDA_MAX_BLOCKS * (2 * sizeof(double) + sizeof(uint32_t)))
-
 /* Shared memory: Q tile | work area (K, V stages, or the selection arrays) | lists. */
 #define META_BYTES (MF_CUDA_MAX_BLOCKS * (sizeof(uint64_t) + sizeof(uint32_t)))
-static constexpr size_t cmax(size_t a, size_t b) { return a > b ? a : b; }
 template <class S> struct smem_plan {
     static constexpr size_t tiles = 4 * S::TILE * sizeof(typename S::T);
     /* prob: 2 V stages + per-column metadata; mask: selection arrays; attention: 4 tiles */
@@ -109,8 +92,8 @@ __device__ void attend(const app_params &p, uint8_t *sm, uint32_t i, uint32_t t,
 
 /* One source tile's slice for this thread: rows g and g + 8, keys 32·kp + 8u .. + 7. */
 template <int CODEC, int B> struct tile_regs {
-    static constexpr bool WIDE = CODEC == MF_CODEC_FP16 || CODEC == MF_CODEC_BF16;
-    typedef typename std::conditional<WIDE, uint4, uint2>::type raw_t;
+    static constexpr bool WIDE = tile_piece<CODEC>::WIDE;
+    typedef typename tile_piece<CODEC>::raw_t raw_t;
     raw_t r[B / 32][2];
     float w, scale;
 
@@ -132,44 +115,8 @@ template <int CODEC, int B> struct tile_regs {
 #pragma unroll
         for (int kp = 0; kp < B / 32; kp++)
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                if (WIDE) {
-                    const uint4 &q4 = reinterpret_cast<const uint4 &>(r[kp][h]);
-                    const uint32_t wd[4] = { q4.x, q4.y, q4.z, q4.w };
-#pragma unroll
-                    for (int x = 0; x < 4; x++) {
-                        float2 f;
-                        if (CODEC == MF_CODEC_FP16)
-                            f = __half22float2(*reinterpret_cast<const __half2 *>(&wd[x]));
-                        else
-                            f = __bfloat1622float2(
-                                *reinterpret_cast<const __nv_bfloat162 *>(&wd[x]));
-                        m[kp][h][2 * x] += w * f.x;
-                        m[kp][h][2 * x + 1] += w * f.y;
-                    }
-                } else {
-                    const uint2 &q2 = reinterpret_cast<const uint2 &>(r[kp][h]);
-                    const uint32_t wd[2] = { q2.x, q2.y };
-                    if (CODEC == MF_CODEC_FP8_E4M3) {
-                        float c = w * (scale / 448.0f);
-#pragma unroll
-                        for (int x = 0; x < 4; x++) {
-                            __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(
-                                (__nv_fp8x2_storage_t)(wd[x >> 1] >> (16 * (x & 1))), __NV_E4M3);
-                            float2 f = __half22float2(*reinterpret_cast<__half2 *>(&hr));
-                            m[kp][h][2 * x] += c * f.x;
-                            m[kp][h][2 * x + 1] += c * f.y;
-                        }
-                    } else { /* U8_LOG: m·2^((q−255)/16), q = 0 → 0; W folded in */
-                        float c = log2f(w * scale) - 255.0f / 16.0f;
-#pragma unroll
-                        for (int x = 0; x < 8; x++) {
-                            uint32_t q = (wd[x >> 2] >> (8 * (x & 3))) & 0xffu;
-                            m[kp][h][x] += q ? exp2f(fmaf((float)q, 1.0f / 16.0f, c)) : 0.0f;
-                        }
-                    }
-                }
-            }
+            for (int h = 0; h < 2; h++)
+                tile_piece<CODEC>::mix(m[kp][h], r[kp][h], w, scale);
     }
 };
 
@@ -278,37 +225,6 @@ __device__ void prob_path(const app_params &p, uint8_t *sm, const row_dev &row, 
             *reinterpret_cast<float2 *>(dst + dt * 8) =
                 make_float2(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
     }
-}
-
-/* Warp 0 lists the columns c < n_cols with pred(c), in order: s_col[x] = c, s_j[x] = j. */
-template <class PRED>
-__device__ __forceinline__ void list_columns(const row_dev &row, uint16_t *s_col,
-                                             uint16_t *s_j, int *s_cnt, PRED pred,
-                                             unsigned long long *s_hm = nullptr,
-                                             uint32_t *s_coff = nullptr)
-{
-    int lane = threadIdx.x & 31;
-    if (threadIdx.x < 32) {
-        int cnt = 0;
-        for (uint32_t base = 0; base < row.n_cols; base += 32) {
-            uint32_t c = base + lane;
-            bool ok = c < row.n_cols && pred(c);
-            uint32_t bal = __ballot_sync(0xffffffffu, ok);
-            if (ok) {
-                int at = cnt + __popc(bal & ((1u << lane) - 1));
-                s_col[at] = (uint16_t)c;
-                s_j[at] = (uint16_t)row.cols[c];
-                if (s_hm) {
-                    s_hm[at] = row.head_mask[c];
-                    s_coff[at] = row.col_off[c];
-                }
-            }
-            cnt += __popc(bal);
-        }
-        if (lane == 0)
-            *s_cnt = cnt;
-    }
-    __syncthreads();
 }
 
 template <class S> __global__ void __launch_bounds__(S::THREADS) apply_kernel(app_params p)
@@ -504,15 +420,79 @@ mf_status_t check_map(const mf_layer_map_t *m, uint32_t ht, const char **why)
     return MF_OK;
 }
 
+/* Packs for v3: per KV head, its target heads grouped by mode, in pieces of hp. */
+uint32_t build_packs(apply_pack *pk, const uint8_t *mode, uint32_t ht, uint32_t hkv,
+                     uint32_t hp)
+{
+    uint32_t g = ht / hkv, n = 0;
+    for (uint32_t kv = 0; kv < hkv; kv++)
+        for (uint8_t m = 0; m <= MF_HEAD_MASK; m++) {
+            apply_pack cur;
+            memset(&cur, 0, sizeof(cur));
+            for (uint32_t t = kv * g; t < (kv + 1) * g; t++) {
+                if (mode[t] != m)
+                    continue;
+                cur.t[cur.n++] = (uint16_t)t;
+                if (cur.n == hp) {
+                    cur.kvh = (uint16_t)kv;
+                    cur.mode = m;
+                    pk[n++] = cur;
+                    memset(&cur, 0, sizeof(cur));
+                }
+            }
+            if (cur.n) {
+                cur.kvh = (uint16_t)kv;
+                cur.mode = m;
+                pk[n++] = cur;
+            }
+        }
+    return n;
+}
+
+/* DEFAULT → MF_APPLY_IMPL (v2 | v3) from the environment, else the built-in default. */
+mf_status_t resolve_impl(mf_apply_impl_t *impl, const char **why)
+{
+    if (*impl == MF_APPLY_IMPL_V2 || *impl == MF_APPLY_IMPL_V3)
+        return MF_OK;
+    if (*impl != MF_APPLY_IMPL_DEFAULT) {
+        *why = "unknown apply implementation";
+        return MF_INVALID_ARGUMENT;
+    }
+    const char *e = getenv("MF_APPLY_IMPL");
+    if (!e || !*e) {
+        *impl = MF_APPLY_IMPL_BUILTIN;
+        return MF_OK;
+    }
+    if (!strcmp(e, "v2")) {
+        *impl = MF_APPLY_IMPL_V2;
+        return MF_OK;
+    }
+    if (!strcmp(e, "v3")) {
+        *impl = MF_APPLY_IMPL_V3;
+        return MF_OK;
+    }
+    *why = "MF_APPLY_IMPL must be v2 or v3";
+    return MF_INVALID_ARGUMENT;
+}
+
 } /* namespace */
 
 extern "C" mf_status_t mf_apply_cuda(const mf_apply_cuda_args_t *a, mf_cuda_stream_t stream,
                                      const char **why)
 {
+    return mf_apply_cuda_impl(a, MF_APPLY_IMPL_DEFAULT, stream, why);
+}
+
+extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_apply_impl_t impl,
+                                          mf_cuda_stream_t stream, const char **why)
+{
     const char *dummy;
     if (!why)
         why = &dummy;
     *why = "";
+    mf_status_t st0 = resolve_impl(&impl, why);
+    if (st0 != MF_OK)
+        return st0;
     if (!a || !a->o) {
         *why = "arguments and output O are required";
         return MF_INVALID_ARGUMENT;
@@ -535,7 +515,8 @@ extern "C" mf_status_t mf_apply_cuda(const mf_apply_cuda_args_t *a, mf_cuda_stre
     }
     scratch sc;
     size_t o_rows = sc.take(all * sizeof(void *)), o_w = sc.take((size_t)ht * hs * 4),
-           o_tp = sc.take(ht * 4), o_mode = sc.take(ht), o_ex = sc.take(all);
+           o_tp = sc.take(ht * 4), o_mode = sc.take(ht), o_ex = sc.take(all),
+           o_pk = sc.take((size_t)ht * sizeof(apply_pack));
     uint8_t *host = (uint8_t *)calloc(1, sc.used);
     if (!host) {
         *why = "out of host memory for apply constants";
@@ -551,6 +532,9 @@ extern "C" mf_status_t mf_apply_cuda(const mf_apply_cuda_args_t *a, mf_cuda_stre
     for (uint32_t t = 0; t < ht; t++)
         ((float *)(host + o_tp))[t] = a->map->top_p ? a->map->top_p[t] : 1.0f;
     memcpy(host + o_mode, a->map->mode, ht);
+    uint32_t n_packs = build_packs((apply_pack *)(host + o_pk), a->map->mode, ht,
+                                   a->tgt.n_kv_heads,
+                                   apply_v3_heads_per_cta(b, a->tgt.head_dim));
     cudaStream_t s = stream;
     st = cuda_status(cudaMallocAsync((void **)&sc.base, sc.used, s), why);
     if (st == MF_OK) {
@@ -567,6 +551,8 @@ extern "C" mf_status_t mf_apply_cuda(const mf_apply_cuda_args_t *a, mf_cuda_stre
             p.top_p = (const float *)(sc.base + o_tp);
             p.mode = sc.base + o_mode;
             p.exact = sc.base + o_ex;
+            p.packs = (const apply_pack *)(sc.base + o_pk);
+            p.n_packs = n_packs;
             p.bad = a->bad_rows;
             p.n = n;
             p.ht = ht;
@@ -575,8 +561,12 @@ extern "C" mf_status_t mf_apply_cuda(const mf_apply_cuda_args_t *a, mf_cuda_stre
             p.n_rows = a->n_rows;
             p.nb_all = all;
             p.scale_log2 = MF_LOG2E / sqrtf((float)a->tgt.head_dim);
-            st = a->tgt.dtype == MF_DTYPE_F16 ? launch_t<__half>(p, b, a->tgt.head_dim, s)
-                                              : launch_t<__nv_bfloat16>(p, b, a->tgt.head_dim, s);
+            if (impl == MF_APPLY_IMPL_V3)
+                st = apply_v3_launch(p, b, a->tgt.head_dim, a->tgt.dtype, s);
+            else if (a->tgt.dtype == MF_DTYPE_F16)
+                st = launch_t<__half>(p, b, a->tgt.head_dim, s);
+            else
+                st = launch_t<__nv_bfloat16>(p, b, a->tgt.head_dim, s);
             if (st == MF_INTERNAL)
                 *why = "could not raise the kernel's shared-memory limit";
             if (st == MF_OK)

@@ -1,11 +1,11 @@
-# kernels/cuda.mk: the CUDA kernels (extract.cu, apply.cu; API in mapflow_kernels_cuda.h)
+# kernels/cuda.mk: the CUDA kernels (extract.cu, apply.cu, apply_v3.cu; API in mapflow_kernels_cuda.h)
 # as build/lib/libmfkernels_cuda.a and a self-contained build/lib/libmfkernels_cuda.so
 # (for ctypes from PyTorch scripts), and the GPU checker build/bin/tests/gpu_check.
 # Everything is guarded by USE_CUDA (set by the top Makefile from CUDA=auto|0|1); CI has
 # nvcc but no GPU, so it compiles all of this warning-free and runs none of it.
 ifeq ($(USE_CUDA),1)
 
-CUDA_SRCS := kernels/extract.cu kernels/apply.cu
+CUDA_SRCS := kernels/extract.cu kernels/apply.cu kernels/apply_v3.cu
 CUDA_OBJS := $(CUDA_SRCS:%.cu=$(OBJ)/%.cu.o)
 KERNELS_CUDA_A  := $(LIB)/libmfkernels_cuda.a
 KERNELS_CUDA_SO := $(LIB)/libmfkernels_cuda.so
@@ -20,7 +20,8 @@ KERNELS_REF_OBJS := $(addprefix $(OBJ)/kernels/,attention_ref.o extract_ref.o ap
 LIBS += $(KERNELS_CUDA_A) $(KERNELS_CUDA_SO)
 BINS += $(BIN)/tests/gpu_check
 
-$(OBJ)/kernels/%.cu.o: kernels/%.cu kernels/mf_cuda_common.cuh kernels/mapflow_kernels_cuda.h \
+$(OBJ)/kernels/%.cu.o: kernels/%.cu kernels/mf_cuda_common.cuh kernels/apply_internal.cuh \
+		kernels/mapflow_kernels_cuda.h \
 		kernels/mapflow_kernels.h proto/mf_row.h
 	@mkdir -p $(dir $@)
 	@[ "$(V)" != 0 ] || echo "  NVCC  $<"

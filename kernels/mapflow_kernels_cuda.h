@@ -91,6 +91,26 @@ typedef struct mf_apply_cuda_args {
 mf_status_t mf_apply_cuda(const mf_apply_cuda_args_t *a, mf_cuda_stream_t stream,
                           const char **why);
 
+/*
+ * Which apply kernel runs. v2: one CTA per (query block, target head). v3: one CTA per
+ * (query block, pack), a pack being target heads that share a KV head and a mode (up to
+ * 4; 2 at B = 128; at B = 64, d = 128 the environment's MF_V3_HP = 1 | 2 | 4, default 1),
+ * each K / V tile read once for the pack, with a 3-deep V / tile ring. Both compute the
+ * same function (gpu_check runs both); v3 is not faster yet (bench/gpu/NOTES.md), so the
+ * built-in default stays v2. DEFAULT: the environment's MF_APPLY_IMPL (v2 | v3) when set,
+ * else MF_APPLY_IMPL_BUILTIN.
+ */
+typedef enum mf_apply_impl {
+    MF_APPLY_IMPL_DEFAULT = 0,
+    MF_APPLY_IMPL_V2 = 2,
+    MF_APPLY_IMPL_V3 = 3,
+} mf_apply_impl_t;
+#define MF_APPLY_IMPL_BUILTIN MF_APPLY_IMPL_V2
+
+/* mf_apply_cuda with an explicit implementation (mf_apply_cuda = DEFAULT). */
+mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_apply_impl_t impl,
+                               mf_cuda_stream_t stream, const char **why);
+
 #ifdef __cplusplus
 }
 #endif

@@ -87,6 +87,15 @@ __device__ __forceinline__ void cp16(void *dst, const void *src, int src_bytes)
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)),
                  "l"(src), "r"(src_bytes));
 }
+/* 8- and 4-byte async copies (through L1; .cg takes 16 bytes only). */
+__device__ __forceinline__ void cp8(void *dst, const void *src)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_addr(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp4(void *dst, const void *src)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(dst)), "l"(src));
+}
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_wait()
 {
@@ -102,14 +111,15 @@ template <int B_, int D_, typename T_> struct shape {
 };
 
 /* Global [N][H][D] tensor: B rows from row0 (head h) into a shared [B][LD] tile. Rows
- * ≥ n are zero-filled. Called by every thread of the CTA; caller commits. */
+ * ≥ n are zero-filled. Called by the nthr threads tid = 0..nthr−1 (default: the whole
+ * CTA of S::THREADS); caller commits. */
 template <class S>
 __device__ __forceinline__ void load_tile(typename S::T *dst, const typename S::T *src,
                                           uint32_t row0, uint32_t n, uint32_t heads,
-                                          uint32_t h)
+                                          uint32_t h, int tid = -1, int nthr = S::THREADS)
 {
     constexpr int CH = S::D / 8; /* 16-byte chunks per row */
-    for (int x = threadIdx.x; x < S::B * CH; x += S::THREADS) {
+    for (int x = tid < 0 ? (int)threadIdx.x : tid; x < S::B * CH; x += nthr) {
         int r = x / CH, c = x % CH;
         uint32_t gr = row0 + r;
         bool ok = gr < n;
@@ -154,29 +164,33 @@ __device__ __forceinline__ void qk(float s[][4], const uint32_t qf[][4],
 /* o[dt][4] += P·V: p[kk][4] A fragments over the B keys (k-step kk), V from the shared
  * tile. perm: key order of the prob path (see apply.cu), else natural. */
 template <class S, bool PERM>
-__device__ __forceinline__ void pv(float o[][4], const uint32_t p[][4],
-                                   const typename S::T *vs)
+__device__ __forceinline__ void pv_kstep(float o[][4], const uint32_t p[4],
+                                         const typename S::T *vs, int kk)
 {
     int lane = threadIdx.x & 31;
     int pos = (lane & 7) + ((lane >> 3) & 1) * 8; /* position within the k-step */
-#pragma unroll
-    for (int kk = 0; kk < S::B / 16; kk++) {
-        int key;
-        if (PERM) {
-            /* position p of k-step kk ↔ key 32·(kk/2) + 8·((p%8)/2) + 4·(kk%2) + 2·(p/8) + p%2 */
-            key = 32 * (kk >> 1) + 8 * ((pos & 7) >> 1) + 4 * (kk & 1) + 2 * (pos >> 3) +
-                  (pos & 1);
-        } else {
-            key = kk * 16 + pos;
-        }
-#pragma unroll
-        for (int dt = 0; dt < S::D / 8; dt += 2) {
-            uint32_t r[4];
-            ldsm_x4_t(r, vs + key * S::LD + dt * 8 + (lane >> 4) * 8);
-            mma<typename S::T>(o[dt], p[kk], r[0], r[1]);
-            mma<typename S::T>(o[dt + 1], p[kk], r[2], r[3]);
-        }
+    int key;
+    if (PERM) {
+        /* position p of k-step kk ↔ key 32·(kk/2) + 8·((p%8)/2) + 4·(kk%2) + 2·(p/8) + p%2 */
+        key = 32 * (kk >> 1) + 8 * ((pos & 7) >> 1) + 4 * (kk & 1) + 2 * (pos >> 3) + (pos & 1);
+    } else {
+        key = kk * 16 + pos;
     }
+#pragma unroll
+    for (int dt = 0; dt < S::D / 8; dt += 2) {
+        uint32_t r[4];
+        ldsm_x4_t(r, vs + key * S::LD + dt * 8 + (lane >> 4) * 8);
+        mma<typename S::T>(o[dt], p, r[0], r[1]);
+        mma<typename S::T>(o[dt + 1], p, r[2], r[3]);
+    }
+}
+template <class S, bool PERM>
+__device__ __forceinline__ void pv(float o[][4], const uint32_t p[][4],
+                                   const typename S::T *vs)
+{
+#pragma unroll
+    for (int kk = 0; kk < S::B / 16; kk++)
+        pv_kstep<S, PERM>(o, p[kk], vs, kk);
 }
 
 /* Streams the K (and V) tiles of `count` key blocks jf(0..count−1) through two shared
@@ -269,26 +283,41 @@ __device__ __forceinline__ void softmax_step(float s[][4], float m[2], float l[2
     }
 }
 
+/* Barrier over a group of nthr threads: named barrier bar (1..15), or the CTA (bar 0). */
+__device__ __forceinline__ void group_sync(int bar, int nthr)
+{
+    if (bar == 0)
+        __syncthreads();
+    else
+        asm volatile("bar.sync %0, %1;\n" ::"r"(bar), "r"(nthr) : "memory");
+}
+
 /*
  * Top-P over candidates (mf_topp_select's rule): cm[x], cj[x] for x < n are the
  * candidates other than blocks 0 and i; acc0 the mass of {0, i}; target = top_p × total.
  * Sorts them (largest mass first, ties to the lower j) and returns how many of the sorted
- * items are kept. cm / cj hold ≥ pow2(n) slots. Every thread calls; result to all.
+ * items are kept. cm / cj hold ≥ pow2(n) slots. Every thread of the group calls (default:
+ * the whole CTA; else threads tid = 0..nthr−1 that share named barrier bar); result to all.
  */
 __device__ __forceinline__ int topp_sorted(double *cm, uint32_t *cj, int n, double acc0,
-                                           double target, int *result)
+                                           double target, int *result, int tid = -1,
+                                           int nthr = -1, int bar = 0)
 {
+    if (tid < 0) {
+        tid = threadIdx.x;
+        nthr = blockDim.x;
+    }
     int p2 = 1;
     while (p2 < n)
         p2 <<= 1;
-    for (int x = n + threadIdx.x; x < p2; x += blockDim.x) {
+    for (int x = n + tid; x < p2; x += nthr) {
         cm[x] = -1.0;
         cj[x] = 0xffffffffu;
     }
-    __syncthreads();
+    group_sync(bar, nthr);
     for (int k = 2; k <= p2; k <<= 1)
         for (int jj = k >> 1; jj > 0; jj >>= 1) {
-            for (int x = threadIdx.x; x < p2; x += blockDim.x) {
+            for (int x = tid; x < p2; x += nthr) {
                 int y = x ^ jj;
                 if (y <= x)
                     continue;
@@ -303,16 +332,16 @@ __device__ __forceinline__ int topp_sorted(double *cm, uint32_t *cj, int n, doub
                     cj[y] = jx;
                 }
             }
-            __syncthreads();
+            group_sync(bar, nthr);
         }
-    if (threadIdx.x == 0) {
+    if (tid == 0) {
         int kept = 0;
         double acc = acc0;
         while (kept < n && acc < target)
             acc += cm[kept++];
         *result = kept;
     }
-    __syncthreads();
+    group_sync(bar, nthr);
     return *result;
 }
 

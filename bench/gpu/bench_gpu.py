@@ -8,7 +8,8 @@ with torch tensors' data_ptr, on torch's current stream. Times: CUDA events, med
 REPS after warm-up. Rows are built here (bench/gpu/rows.py) from synthetic "real-looking"
 block patterns: sink + local window + a few per-head stripes, tiles random.
 
-  python3 bench/gpu/bench_gpu.py [--ns 4096,16384] [--densities 0.05,0.1] [--self-test]
+  python3 bench/gpu/bench_gpu.py [--ns 4096,16384] [--densities 0.05,0.1] [--no-extract]
+                                 [--self-test]
 
 --self-test needs no GPU or torch: it builds rows with rows.py and decodes them with the
 library's mf_row_decode (structure and checksum), so the bench's rows are valid rows.
@@ -61,6 +62,9 @@ def load_lib():
     lib = C.CDLL(LIB)
     lib.mf_apply_cuda.restype = C.c_int
     lib.mf_apply_cuda.argtypes = [C.POINTER(ApplyArgs), C.c_void_p, C.POINTER(C.c_char_p)]
+    lib.mf_apply_cuda_impl.restype = C.c_int
+    lib.mf_apply_cuda_impl.argtypes = [C.POINTER(ApplyArgs), C.c_int, C.c_void_p,
+                                       C.POINTER(C.c_char_p)]
     lib.mf_extract_cuda.restype = C.c_int
     lib.mf_extract_cuda.argtypes = [C.POINTER(ExtractArgs), C.c_void_p, C.POINTER(C.c_char_p)]
     lib.mf_row_decode.restype = C.c_int
@@ -105,6 +109,7 @@ def main():
     ap.add_argument("--ns", default="4096,16384,32768,65536")
     ap.add_argument("--densities", default="0.05,0.1,0.2")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--no-extract", action="store_true", help="skip the extract timing")
     ap.add_argument("--self-test", action="store_true")
     args = ap.parse_args()
     if args.self_test:

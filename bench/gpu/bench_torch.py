@@ -1,6 +1,10 @@
-"""The torch half of bench_gpu.py (needs torch and a GPU): times, bytes, FLOPs, table."""
+"""The torch half of bench_gpu.py (needs torch and a GPU): times, bytes, FLOPs, table.
+
+Every apply variant runs through each implementation in the same process (IMPLS: v2, v3,
+and v3 with 2 heads a CTA); v3's outputs are compared with v2's on the same inputs."""
 import ctypes as C
 import json
+import os
 import statistics
 
 import numpy as np
@@ -36,6 +40,13 @@ def ceilings(g):
     b = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
     t = timeit(lambda: a @ b, g["REPS"], g["WARM"])
     return bw, 2 * 8192 ** 3 / (t * 1e-3) / 1e12
+
+
+# (label, mf_apply_impl_t, MF_V3_HP)
+IMPLS = (("v2", 2, None), ("v3", 3, None), ("v3hp1", 3, "1"), ("v3hp2", 3, "2"),
+         ("v3hp4", 3, "4"))
+OPS = (("prob_fp8", "prob fp8"), ("prob_u8log", "prob u8log"), ("mask", "mask"),
+       ("mask_tp95", "mask tp.95"))
 
 
 def structured_qk(n, hq, hkv, d):
@@ -167,10 +178,11 @@ def run(lib, args, g):
         del ks, vs
         dense_flops = 2.0 * n * n * d * hq  # causal QKᵀ + PV
         ext = {}
-        try:
-            ext = run_extract(lib, g, n, stream, log)
-        except Exception as ex:  # noqa: BLE001
-            log(f"extract N={n}: {ex}")
+        if not args.no_extract:
+            try:
+                ext = run_extract(lib, g, n, stream, log)
+            except Exception as ex:  # noqa: BLE001
+                log(f"extract N={n}: {ex}")
         torch.cuda.empty_cache()
         o = torch.empty(n, hq, d, dtype=torch.float32, device="cuda")
         for dens in [float(x) for x in args.densities.split(",")]:
@@ -197,14 +209,6 @@ def run(lib, args, g):
                                    qkv_struct(g, q, k, v, n, hq, hkv, d), b, None, 0, 0,
                                    o.data_ptr(), None)
                 why = C.c_char_p()
-
-                def call():
-                    st = lib.mf_apply_cuda(C.byref(a), stream, C.byref(why))
-                    if st != 0:
-                        raise RuntimeError(f"mf_apply_cuda {st} {why.value}")
-                t = timeit(call, g["REPS"], g["WARM"])
-                if not torch.isfinite(o).all():
-                    log(f"{label}: non-finite output")
                 blocks = float(tgt.sum())
                 if mode == 1:
                     byts = tot + v.numel() * 2 + o.numel() * 4
@@ -212,9 +216,37 @@ def run(lib, args, g):
                 else:
                     byts = tot + (q.numel() + 2 * k.numel()) * 2 + o.numel() * 4
                     flops = blocks * 4 * b * b * d
-                rec[label] = {"ms": t, "bytes": byts, "GBps": byts / (t * 1e-3) / 1e9,
-                              "TFLOPs": flops / (t * 1e-3) / 1e12,
-                              "floor_ms": max(byts / (bw * 1e12), flops / (mm * 1e12)) * 1e3}
+                rec[label] = {}
+                o_v2 = None
+                for iname, impl, hp in IMPLS:
+                    if hp:
+                        os.environ["MF_V3_HP"] = hp
+                    else:
+                        os.environ.pop("MF_V3_HP", None)
+
+                    def call():
+                        st = lib.mf_apply_cuda_impl(C.byref(a), impl, stream, C.byref(why))
+                        if st != 0:
+                            raise RuntimeError(f"mf_apply_cuda {iname} {st} {why.value}")
+                    o.fill_(float("nan"))
+                    call()
+                    torch.cuda.synchronize()
+                    finite = bool(torch.isfinite(o).all())
+                    if not finite:
+                        log(f"{label} {iname}: non-finite output")
+                    if o_v2 is None:
+                        o_v2 = o.clone()
+                        rel = 0.0
+                    else:
+                        rel = float((o - o_v2).norm() / o_v2.norm())
+                    t = timeit(call, g["REPS"], g["WARM"])
+                    rec[label][iname] = {
+                        "ms": t, "bytes": byts, "GBps": byts / (t * 1e-3) / 1e9,
+                        "TFLOPs": flops / (t * 1e-3) / 1e12, "rel_vs_v2": rel,
+                        "finite": finite,
+                        "floor_ms": max(byts / (bw * 1e12), flops / (mm * 1e12)) * 1e3}
+                os.environ.pop("MF_V3_HP", None)
+                del o_v2
                 del buf
             if flex is not None:
                 try:
@@ -257,21 +289,35 @@ def run(lib, args, g):
 def print_table(res, log):
     log("")
     log(f"copy ceiling {res['copy_TBps']:.2f} TB/s, bf16 matmul {res['matmul_TFLOPs']:.0f} TFLOP/s")
-    log("| N | dens | eff | SDPA ms | prob fp8 ms (x SDPA, GB/s, %copy) | prob u8log ms (x) "
-        "| mask ms (x flex) | mask tp.95 ms | flex ms | extract ms (% SDPA, dens) |")
-    log("|---|---|---|---|---|---|---|---|---|---|")
-    bw = res["copy_TBps"] * 1e3
+    log("| N | dens | eff | SDPA ms | flex ms | extract ms (% SDPA) |")
+    log("|---|---|---|---|---|---|")
     for r in res["rows"]:
-        def ms(key):
-            x = r.get(key)
-            return x["ms"] if isinstance(x, dict) else x
-        p8, pu, mk, mk95, fx, sd = (ms("prob_fp8"), ms("prob_u8log"), ms("mask"),
-                                    ms("mask_tp95"), r.get("flex_ms"), r["sdpa_ms"])
         ex = r["extract"].get("computed") or r["extract"].get("given") or {}
-        exs = "-" if not ex else f"{ex['ms']:.2f} ({100 * ex['ms'] / sd:.0f}%, {ex['density']:.3f})"
-        fxs = "-" if fx is None else f"{fx:.3f}"
-        mkx = "-" if fx is None else f"{fx / mk:.2f}"
-        log(f"| {r['N']} | {r['density']:.3f} | {r['eff_density']:.3f} | {sd:.3f} | "
-            f"{p8:.3f} ({sd / p8:.1f}x, {r['prob_fp8']['GBps']:.0f}, "
-            f"{100 * r['prob_fp8']['GBps'] / bw:.0f}%) | {pu:.3f} ({sd / pu:.1f}x) | "
-            f"{mk:.3f} ({mkx}) | {mk95:.3f} | {fxs} | {exs} |")
+        exs = "-" if not ex else f"{ex['ms']:.2f} ({100 * ex['ms'] / r['sdpa_ms']:.0f}%)"
+        fx = r.get("flex_ms")
+        log(f"| {r['N']} | {r['density']:.3f} | {r['eff_density']:.3f} | {r['sdpa_ms']:.3f} | "
+            f"{'-' if fx is None else f'{fx:.3f}'} | {exs} |")
+    names = [x[0] for x in IMPLS]
+    for key, title in OPS:
+        ref = "flex" if key.startswith("mask") else "SDPA"
+        log("")
+        log(f"{title}: ms (x {ref}, GB/s, TFLOP/s); v3 rel = ‖O_v3 − O_v2‖ / ‖O_v2‖")
+        log("| N | dens | " + " | ".join(names) + " | v2/v3 | max rel vs v2 |")
+        log("|---|---|" + "---|" * len(names) + "---|---|")
+        for r in res["rows"]:
+            d = r.get(key)
+            if not d:
+                continue
+            base = r.get("flex_ms") if ref == "flex" else r["sdpa_ms"]
+            cells = []
+            for nm in names:
+                x = d.get(nm)
+                if not x:
+                    cells.append("-")
+                    continue
+                xs = "-" if not base else f"{base / x['ms']:.2f}"
+                cells.append(f"{x['ms']:.3f} ({xs}, {x['GBps']:.0f}, {x['TFLOPs']:.0f})")
+            sp = d["v2"]["ms"] / d["v3"]["ms"] if "v3" in d and "v2" in d else float("nan")
+            rels = f"{max(d[nm]['rel_vs_v2'] for nm in names[1:] if nm in d):.1e}"
+            log(f"| {r['N']} | {r['density']:.3f} | " + " | ".join(cells) +
+                f" | {sp:.2f} | {rels} |")

@@ -37,6 +37,7 @@ T0 = time.time()
 
 # Calibration rule settings (mf_calib_opts_t fields on top of COMMON below); the first
 # one's fit gives W and the source layer of every target layer to the per-layer variants.
+NO_PROB = dict(prob_max_error=1e-9)  # prob mode is not emulated
 CONFIGS = [
     ("r0.9", {}),  # the defaults: mask if recall ≥ 0.9 at Top-P 0.95, prob if error < 0.2
     ("r0.9-minl0=1", dict(min_l0=1)),
@@ -45,8 +46,19 @@ CONFIGS = [
     ("r0.9-php", dict(mask_min_recall=0.9, per_head_top_p=1)),
     ("r0.95-php", dict(mask_min_recall=0.95, per_head_top_p=1)),
     ("r0.97-php", dict(mask_min_recall=0.97, per_head_top_p=1)),
+    ("r0.98-php", dict(mask_min_recall=0.98, per_head_top_p=1)),
+    ("r0.99-php", dict(mask_min_recall=0.99, per_head_top_p=1)),
+    ("r0.97-php-minl0=1", dict(mask_min_recall=0.97, per_head_top_p=1, min_l0=1)),
+    ("r0.97-php-minl0=2", dict(mask_min_recall=0.97, per_head_top_p=1, min_l0=2)),
+    ("r0.97-php-noprob", dict(mask_min_recall=0.97, per_head_top_p=1, **NO_PROB)),
     ("r0.9-php-prob0.3", dict(mask_min_recall=0.9, per_head_top_p=1, prob_max_error=0.3)),
     ("r0.9-php-prob0.5", dict(mask_min_recall=0.9, per_head_top_p=1, prob_max_error=0.5)),
+    # 16-token blocks: the CUDA kernels take B ≥ 32, so these profiles are applied by the
+    # PyTorch emulation of the kernels' rules (emulate_*; checked against mf_apply_ref)
+    ("r0.95-php-B16", dict(mask_min_recall=0.95, per_head_top_p=1, block_size=16, **NO_PROB)),
+    ("r0.97-php-B16", dict(mask_min_recall=0.97, per_head_top_p=1, block_size=16, **NO_PROB)),
+    ("r0.98-php-B16", dict(mask_min_recall=0.98, per_head_top_p=1, block_size=16, **NO_PROB)),
+    ("r0.99-php-B16", dict(mask_min_recall=0.99, per_head_top_p=1, block_size=16, **NO_PROB)),
 ]
 IAM_CONFIG = "r0.9-php"  # its IAM-style argmax profile is evaluated too
 ROW_TOP_P = 0.95         # the source rows' Top-P for calibrated profiles (= mask_top_p)
@@ -185,6 +197,8 @@ def calibrate(args, src, tgt, dev):
     profile, the JSON of every fit and the summary text."""
     cal = np.load(os.path.join(args.work, "tokens_calib.npy")).astype(np.int64)
     n = args.cal_n
+    if n * args.cal_windows > len(cal):
+        n = args.cal_n = max(args.block, len(cal) // max(1, args.cal_windows))
     count = min(args.cal_windows, len(cal) // n)
     if count < 1:
         raise SystemExit("evaluate: calibration split too short")
@@ -234,9 +248,19 @@ def variants(cal, lt):
         php = kw.get("per_head_top_p", 0)
         group = ("calibrated, per-head Top-P" if php else "calibrated, Top-P 0.95") + \
             (" + prob" if "prob_max_error" in kw else "")
+        b = kw.get("block_size", 0)
+        if b and b < 32:  # below the CUDA kernels' smallest block: emulated
+            v.append(dict(name="emu-cal-" + name, group="emulated B=%d, calibrated" % b,
+                          kind="calib", cfg=name, l0=cal[name]["profile"]["l0"],
+                          policy="profile", codec="mask", p=ROW_TOP_P, emu=True, block=b))
+            continue
         v.append(dict(name="cal-" + name, group=group, kind="calib", cfg=name,
                       l0=cal[name]["profile"]["l0"], policy="profile", codec="fp8",
                       p=ROW_TOP_P))
+    for r in (0, 4):  # recompute the last R query blocks exactly (the profile says 1)
+        v.append(dict(name="cal-r0.97-php-R%d" % r, group="recompute last R", kind="calib",
+                      cfg="r0.97-php", l0=cal["r0.97-php"]["profile"]["l0"],
+                      policy="profile", codec="fp8", p=ROW_TOP_P, recompute=r))
     v.append(dict(name="iam-prob-L0=1", group="IAM-style", kind="iam", l0=1, policy="prob",
                   codec="fp8", p=0.95))
     v.append(dict(name="iam-mask-p0.9-L0=0", group="IAM-style", kind="iam", l0=0,
@@ -254,6 +278,20 @@ def variants(cal, lt):
         for p in ps:
             v.append(dict(name="own-p%g-L0=%d" % (p, l0), group="own top-p L0=%d" % l0,
                           kind="own", l0=l0, policy="own", codec="mask", p=p))
+    # The emulation at B = 32 next to the kernels' own numbers (the same rules: the pairs
+    # must agree), then at B = 16: the target's own Top-P bound and the fitted W.
+    v.append(dict(name="emu-cal-r0.97-php-noprob", group="emulated B=32 (check)",
+                  kind="calib", cfg="r0.97-php-noprob",
+                  l0=cal["r0.97-php-noprob"]["profile"]["l0"], policy="profile",
+                  codec="mask", p=ROW_TOP_P, emu=True, block=32))
+    v.append(dict(name="emu-own-p0.95-L0=0", group="emulated B=32 (check)", kind="own", l0=0,
+                  policy="own", codec="mask", p=0.95, emu=True, block=32))
+    for p in (0.9, 0.95, 0.97):
+        v.append(dict(name="emu-own-p%g-L0=0-B16" % p, group="emulated B=16, own top-p",
+                      kind="own", l0=0, policy="own", codec="mask", p=p, emu=True, block=16))
+    for p in (0.9, 0.95):
+        v.append(dict(name="emu-mask-p%g-L0=0-B16" % p, group="emulated B=16, mask per layer",
+                      kind="fit", l0=0, policy="mask", codec="mask", p=p, emu=True, block=16))
     return v
 
 
@@ -333,6 +371,14 @@ class Window:
             self.parsed[key] = mfk.parse_rows(self.rows_for(layer, "mask", p), hs, nb)
         return self.parsed[key]
 
+    def emu_rows(self, layer, b, p):
+        """(keep, mass) of the source's mask rows at block b (emulated extraction)."""
+        key = ("emu", layer, b, p)
+        if key not in self.parsed:
+            q, k = self.src_qk[layer]
+            self.parsed[key] = mfk.emu_extract(q, k, b, p)
+        return self.parsed[key]
+
 
 def to_kernel(x):
     """[1, H, N, d] → [N, H, d] fp16 contiguous."""
@@ -351,7 +397,8 @@ def compute(be, q, k, v, ht):
 
 def run_target(tgt, idx, be, plans, var, win, acc, acct, ht, hs):
     """The target on one window with the variant's plans; returns logits [N, V]."""
-    b = be.b
+    b = var.get("block", be.b)
+    emu = var.get("emu", False)
 
     def hook(t, q, k, v):
         qh, kh, vh = to_kernel(q), to_kernel(k), to_kernel(v)
@@ -369,6 +416,13 @@ def run_target(tgt, idx, be, plans, var, win, acc, acct, ht, hs):
             cnt = torch.arange(1, n + 1, device=vh.device, dtype=torch.float32)[:, None, None]
             o = vh.float().cumsum(0) / cnt
             stats_pairs = None
+        elif emu:  # the kernels' rules in PyTorch (block sizes the CUDA kernels lack)
+            if var["policy"] == "own":
+                stats_pairs = mfk.emu_extract(qh, kh, b, var["p"])
+            else:
+                stats_pairs = win.emu_rows(src_l, b, var["p"])
+            o = mfk.emu_apply(stats_pairs[0], stats_pairs[1], w, mode, top_p, qh, kh, vh, b,
+                              args_r)
         elif var["policy"] == "own":
             rows = be.extract(qh, kh, var["p"], mfk.CODECS["mask"], t, win.tokens, ("own", t))
             o, _ = be.apply(rows, w, mode, top_p, qh, kh, vh, args_r)
@@ -393,7 +447,7 @@ def run_target(tgt, idx, be, plans, var, win, acc, acct, ht, hs):
                 acc.work += mfk.work(stats_pairs[0], stats_pairs[1], w, mode, top_p, b, args_r)
         return from_kernel(o, q)
 
-    args_r = ARGS.recompute_last
+    args_r = var.get("recompute", ARGS.recompute_last)
     acc.heads[1] += ht * tgt.cfg.n_layer
     return tgt(idx, attn=hook)[0].float()
 
@@ -417,6 +471,46 @@ CHECKED = [0]
 ARGS = None
 
 
+@torch.no_grad()
+def emu_check(src, tgt, tokens, plan, b, p, r, dev):
+    """The PyTorch emulation (mfk.emu_*) against the C reference kernels (mf_extract_ref,
+    mf_apply_ref) at block b on one real window, for one target layer of a profile: the
+    rows' kept blocks, the blocks the apply kernel attends, and the output."""
+    t, (src_l, w, mode, top_p) = plan
+    idx = torch.from_numpy(tokens.astype(np.int64))[None].to(dev)
+    got = {}
+
+    def grab(name, layer):
+        def hook(i, q, k, v):
+            if i == layer:
+                got[name] = (to_kernel(q), to_kernel(k), to_kernel(v))
+            return M.causal_attention(q, k, v)
+        return hook
+    src(idx, attn=grab("src", src_l))
+    tgt(idx, attn=grab("tgt", t))
+    (qs, ks, _), (qt, kt, vt) = got["src"], got["tgt"]
+    n = qs.shape[0]
+    ref = mfk.Ref(b)
+    rows = ref.extract(qs.cpu(), ks.cpu(), p, mfk.CODECS["mask"], src_l,
+                       tokens.astype(np.uint32), None)
+    o_ref, st = ref.apply(rows, w, mode, top_p, qt.cpu(), kt.cpu(), vt.cpu(), r)
+    keep_ref, mass_ref = mfk.parse_rows(rows, qs.shape[1], n // b)
+    keep, mass = mfk.emu_extract(qs, ks, b, p)
+    o = mfk.emu_apply(keep, mass, w, mode, top_p, qt, kt, vt, b, r).cpu()
+    sel = mfk.select_mask(keep, mass, w, top_p)
+    exact = np.arange(n // b) >= n // b - r
+    emu_blocks = sum(int(sel[h][~exact].sum()) for h in range(w.shape[0])
+                     if mode[h] == mfk.MASK_MODE)
+    out = {"block": b, "tokens": int(n), "target_layer": int(t), "source_layer": int(src_l),
+           "row_top_p": p, "kept_blocks_ref": int(keep_ref.sum()),
+           "kept_blocks_differ": int((keep_ref != keep).sum()),
+           "mass_max_diff": float(np.abs(mass_ref - mass).max()),
+           "mask_blocks_ref": int(st.mask_blocks), "mask_blocks_emu": emu_blocks,
+           "out_rel_l1": float((o - o_ref).abs().sum() / o_ref.abs().sum())}
+    log("emulation vs mf_apply_ref:", out)
+    return out
+
+
 def main():
     global ARGS
     ap = argparse.ArgumentParser()
@@ -425,8 +519,11 @@ def main():
     ap.add_argument("--backend", choices=("cuda", "ref"), default="cuda")
     ap.add_argument("--block", type=int, default=32)
     ap.add_argument("--recompute-last", type=int, default=1)
-    ap.add_argument("--cal-windows", type=int, default=16)
-    ap.add_argument("--cal-n", type=int, default=1024)
+    ap.add_argument("--cal-windows", type=int, default=8)
+    ap.add_argument("--cal-n", type=int, default=0, help="tokens per calibration window "
+                    "(default: the test window)")
+    ap.add_argument("--emu-check-n", type=int, default=1024,
+                    help="tokens of the window that checks the emulation against mf_apply_ref")
     ap.add_argument("--ctx", type=int, default=0, help="test window (default: training ctx)")
     ap.add_argument("--windows", type=int, default=48, help="per split, at most")
     ap.add_argument("--acct-windows", type=int, default=1000,
@@ -442,6 +539,7 @@ def main():
     src = M.load_model(meta["source"], os.path.join(args.work, "source.safetensors"), dev)
     tgt = M.load_model(meta["target"], os.path.join(args.work, "target.safetensors"), dev)
     ctx = args.ctx or meta["ctx"]
+    args.cal_n = args.cal_n or ctx
     lt, ht, hs = tgt.cfg.n_layer, tgt.cfg.n_head, src.cfg.n_head
     be = mfk.Cuda(args.block) if args.backend == "cuda" else mfk.Ref(args.block)
     cal, iam, cal_json, cal_summary = calibrate(args, src, tgt, dev)
@@ -457,6 +555,22 @@ def main():
     base = {s: Acc(lt) for s in tests}
     sdpa = {s: Acc(lt) for s in tests}
     failed = {}
+    checks, checked = [], set()
+    for v in vs:  # one emulated profile per block size, against the C reference kernels
+        if v.get("emu") and v["kind"] == "calib" and v["block"] not in checked:
+            pl = sorted(plans[v["name"]].items())
+            if not pl:
+                continue
+            checked.add(v["block"])
+            n_chk = min(ctx, args.emu_check_n) // v["block"] * v["block"]
+            try:
+                checks.append(dict(emu_check(src, tgt, tests["in"][:n_chk], pl[-1],
+                                             v["block"], v["p"], v.get("recompute",
+                                                                       args.recompute_last),
+                                             dev), variant=v["name"]))
+            except Exception as ex:  # noqa: BLE001  (a check, not the evaluation)
+                log("emulation check %s failed: %r" % (v["name"], ex))
+                checks.append({"variant": v["name"], "error": repr(ex)})
     order = [(s, w) for w in range(max(nwin.values())) for s in ("in", "out") if w < nwin[s]]
     log("test: %s windows of %d tokens, %d variants, backend %s, B %d" % (
         nwin, ctx, len(vs), be.name, args.block))
@@ -518,7 +632,7 @@ def main():
            "calibration": cal_json, "calibration_summary": cal_summary,
            "profile_l0": {n: c["profile"]["l0"] for n, c in cal.items()},
            "variants": [v for v in vs if v["name"] not in failed],
-           "failed": failed, "splits": {}}
+           "failed": failed, "emu_checks": checks, "splits": {}}
     for s in tests:
         bres = base[s].result(None)
         bres["ppl_sdpa"] = sdpa[s].result(None)["ppl"]

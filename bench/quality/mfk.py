@@ -6,7 +6,11 @@ Two backends with one interface (torch tensors Q, K, V [N, H, d] fp16, contiguou
         tensors; slow, for the CPU smoke test, and it also returns mf_apply_stats_t, which
         the smoke test compares with work() below.
 extract() → RowSet (one row per full query block); apply(rows or None, ...) → O [N, H, d]
-fp32 (rows None = every block computed densely by the kernel's compute path).
+fp32 (rows None = every block computed densely by the kernel's compute path). Q/K/V may
+also be bf16 (the dtype is taken from Q). extract() optionally takes the row LSE and a
+per-row bound on entries (tight row buffers at long context: the worst case is every head
+keeping every block); a row that does not fit raises RowOverflow. RowSet.at() wraps rows
+that live elsewhere (e.g. leased from mapflowd) for apply(). bench/handoff uses both.
 parse_rows() reads rows back (kept blocks and 8-bit masses per head) and work() counts,
 with the kernels' rules (mapflow_kernels.h), the QKᵀ and PV pairs a layer computes.
 The ctypes structures come from bench/gpu/bench_gpu.py (the CUDA layouts).
@@ -21,13 +25,15 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
-sys.path.insert(0, os.path.join(ROOT, "bench", "gpu"))
+# MF_GPU_PY: a copy of bench/gpu's rows.py and bench_gpu.py from the commit the kernel
+# libraries were built from (their ctypes layouts must match those libraries)
+sys.path.insert(0, os.environ.get("MF_GPU_PY", os.path.join(ROOT, "bench", "gpu")))
 import rows as R  # noqa: E402
 from bench_gpu import ApplyArgs, ExtractArgs, LayerMap, Qkv  # noqa: E402
 
 COMPUTE, PROB, MASK_MODE = 0, 1, 2
 CODECS = {"mask": R.MASK, "fp16": R.FP16, "bf16": R.BF16, "fp8": R.FP8, "u8log": R.U8LOG}
-F16 = 1
+F16, BF16 = 1, 2
 MODEL = b"source"
 NS = b"quality"
 VIEW_BYTES = 512  # >= sizeof(mf_row_view_t)
@@ -61,10 +67,20 @@ def _cdll(env, name, sigs):
     return lib
 
 
-def row_slots(codec, b, heads, nb):
-    """Worst-case bytes of rows 0..nb−1 (every head keeps every block j ≤ i), their
-    16-aligned offsets in one buffer, and its size."""
-    caps = [R.layout(codec, b, i + 1, heads * (i + 1), len(MODEL))["total"] for i in range(nb)]
+class RowOverflow(RuntimeError):
+    """A row did not fit its buffer (extract with `entries` bounds): .block is the first."""
+
+    def __init__(self, block):
+        super().__init__("extract: row %d did not fit" % block)
+        self.block = block
+
+
+def row_slots(codec, b, heads, nb, entries=None, model=MODEL):
+    """Bytes of rows 0..nb−1 — worst case (every head keeps every block j ≤ i), or room
+    for entries[i] (head, block) entries in row i —, their 16-aligned offsets in one
+    buffer, and its size."""
+    caps = [R.layout(codec, b, i + 1, min(heads * (i + 1), entries[i]) if entries is not None
+                     else heads * (i + 1), len(model))["total"] for i in range(nb)]
     offs = np.concatenate([[0], np.cumsum([R.align16(c) for c in caps])]).astype(int).tolist()
     return caps, offs[:-1], offs[-1]
 
@@ -74,6 +90,14 @@ class RowSet:
 
     def __init__(self, buf, offs, sizes, base_ptr, codec):
         self.buf, self.offs, self.sizes, self.base, self.codec = buf, offs, sizes, base_ptr, codec
+
+    @classmethod
+    def at(cls, ptrs, sizes, codec):
+        """Rows at arbitrary addresses (device for Cuda, host for Ref), e.g. leased views."""
+        return cls(None, list(ptrs), list(sizes), 0, codec)
+
+    def ptrs(self):
+        return [self.base + o for o in self.offs]
 
     def total_bytes(self):
         return int(sum(self.sizes))
@@ -93,7 +117,8 @@ def _map(w, mode, top_p):
 
 def _qkv(q, k, v):
     n, h, d = q.shape
-    return Qkv(q.data_ptr(), k.data_ptr(), v.data_ptr() if v is not None else None, F16, n, h,
+    dt = BF16 if q.dtype == torch.bfloat16 else F16
+    return Qkv(q.data_ptr(), k.data_ptr(), v.data_ptr() if v is not None else None, dt, n, h,
                k.shape[1], d)
 
 
@@ -109,10 +134,12 @@ class Cuda:
         self.pool = {}
         self.bad = torch.zeros(1, dtype=torch.int32, device="cuda")
 
-    def extract(self, q, k, top_p, codec, layer, tokens, slot):
+    def extract(self, q, k, top_p, codec, layer, tokens, slot, lse=None, entries=None,
+                model=MODEL, ns=NS):
+        """lse: [H, N] fp32 device tensor or None (computed by the kernel)."""
         n, h, _ = q.shape
         nb = n // self.b
-        caps, offs, tot = row_slots(codec, self.b, h, nb)
+        caps, offs, tot = row_slots(codec, self.b, h, nb, entries, model)
         buf = self.pool.get(slot)  # one arena per slot, reused window after window
         if buf is None or buf.numel() < tot:
             buf = self.pool[slot] = torch.empty(tot, dtype=torch.uint8, device="cuda")
@@ -121,16 +148,18 @@ class Cuda:
         ptrs = (C.c_void_p * nb)(*[buf.data_ptr() + o for o in offs])
         capa = (C.c_size_t * nb)(*caps)
         tok = np.ascontiguousarray(tokens, dtype=np.uint32)
-        a = ExtractArgs(_qkv(q, k, None), None, self.b, top_p, codec, 0, nb, MODEL, NS, layer,
-                        tok.ctypes.data, C.cast(ptrs, C.c_void_p), C.cast(capa, C.c_void_p),
-                        sizes.data_ptr(), failed.data_ptr(), None)
+        a = ExtractArgs(_qkv(q, k, None), lse.data_ptr() if lse is not None else None, self.b,
+                        top_p, codec, 0, nb, model, ns, layer, tok.ctypes.data,
+                        C.cast(ptrs, C.c_void_p), C.cast(capa, C.c_void_p), sizes.data_ptr(),
+                        failed.data_ptr(), None)
         why = C.c_char_p()
         st = self.lib.mf_extract_cuda(C.byref(a), torch.cuda.current_stream().cuda_stream,
                                       C.byref(why))
         if st != 0:
             raise RuntimeError("mf_extract_cuda: status %d: %s" % (st, why.value))
-        if int(failed.item()) & 0xffffffff != 0xffffffff:
-            raise RuntimeError("mf_extract_cuda: row %d did not fit" % failed.item())
+        fb = int(failed.item()) & 0xffffffff
+        if fb != 0xffffffff:
+            raise RowOverflow(fb)
         return RowSet(buf, offs, sizes.cpu().tolist(), buf.data_ptr(), codec)
 
     def apply(self, rows, w, mode, top_p, q, k, v, exact_last):
@@ -169,10 +198,12 @@ class Ref:
             "mf_apply_ref": [C.POINTER(RefApplyArgs), C.POINTER(ApplyStats), why],
             "mf_row_decode": [p, C.c_size_t, C.c_uint, p, why]})
 
-    def extract(self, q, k, top_p, codec, layer, tokens, slot):
+    def extract(self, q, k, top_p, codec, layer, tokens, slot, lse=None, entries=None,
+                model=MODEL, ns=NS):
+        """lse: [H, N] fp32 host tensor or None (computed by the reference)."""
         n, h, _ = q.shape
         nb = n // self.b
-        caps, offs, tot = row_slots(codec, self.b, h, nb)
+        caps, offs, tot = row_slots(codec, self.b, h, nb, entries, model)
         raw = np.zeros(tot + 16, dtype=np.uint8)
         pad = (-raw.ctypes.data) % 16
         buf = raw[pad:pad + tot]
@@ -182,11 +213,14 @@ class Ref:
         capa = (C.c_size_t * nb)(*caps)
         tok = np.ascontiguousarray(tokens, dtype=np.uint32)
         q, k = q.contiguous(), k.contiguous()
-        a = RefExtractArgs(_qkv(q, k, None), None, self.b, top_p, codec, 0, nb, MODEL, NS, layer,
-                           tok.ctypes.data)
+        lse = lse.contiguous() if lse is not None else None
+        a = RefExtractArgs(_qkv(q, k, None), lse.data_ptr() if lse is not None else None, self.b,
+                           top_p, codec, 0, nb, model, ns, layer, tok.ctypes.data)
         why = C.c_char_p()
         st = self.lib.mf_extract_ref(C.byref(a), ptrs, capa, sizes.ctypes.data,
                                      failed.ctypes.data, C.byref(why))
+        if st == 8 and int(failed[0]) != 0xffffffff:  # MF_RESOURCE_EXHAUSTED: a row did not fit
+            raise RowOverflow(int(failed[0]))
         if st != 0:
             raise RuntimeError("mf_extract_ref: status %d: %s" % (st, why.value))
         rs = RowSet(buf, offs, [int(s) for s in sizes], buf.ctypes.data, codec)
@@ -401,3 +435,46 @@ def work(keep, mass, w, mode, top_p, b, exact_last):
         att += rows_pairs[~exact].sum()
         den += dense_row[~exact].sum()
     return qk, pv, att, den
+
+
+# ---- the kernels' rules in PyTorch (block sizes the CUDA kernels do not take) -------------
+
+def emu_extract(q, k, b, top_p):
+    """What the extract kernel's mask rows hold, as parse_rows gives it: (keep, mass) [H, nb,
+    nb] from Q, K [N, H, d] (torch, any device). Block mass = the exact softmax summed over
+    the block, / B; Top-P per (head, query block) with the first and diagonal blocks forced
+    (mf_topp_select, via select_mask with W = I); masses through the 8-bit row code."""
+    n, h, d = q.shape
+    nb = n // b
+    qf = q[:nb * b].permute(1, 0, 2).float()
+    kf = k[:nb * b].permute(1, 0, 2).float()
+    s = (qf @ kf.transpose(1, 2)) / float(np.sqrt(d))
+    s = s.masked_fill(torch.ones(nb * b, nb * b, dtype=torch.bool, device=q.device).triu(1),
+                      float("-inf"))
+    p = torch.softmax(s, -1)
+    mass = (p.view(h, nb, b, nb, b).sum((2, 4)).double() / b).cpu().numpy()
+    lower = np.broadcast_to(np.tril(np.ones((nb, nb), dtype=bool)), (h, nb, nb))
+    keep = select_mask(lower, mass, np.eye(h, dtype=np.float32), np.full(h, top_p))
+    q8 = np.rint(np.sqrt(np.clip(mass, 0.0, 1.0)) * 255.0) / 255.0
+    return keep, np.where(keep, q8 * q8, 0.0)
+
+
+def emu_apply(keep, mass, w, mode, top_p, q, k, v, b, exact_last):
+    """The apply kernel's mask and compute modes (prob is not emulated): each mask head
+    attends, with the target's Q, K, V, over the blocks select_mask picks from the mixed
+    masses; compute heads and the last exact_last query blocks attend to everything
+    (causal). Q, K, V [N, Ht, d] → O [N, Ht, d] fp32."""
+    if (np.asarray(mode) == PROB).any():
+        raise NotImplementedError("emu_apply: prob mode is not emulated")
+    n, ht, d = q.shape
+    nb = n // b
+    sel = select_mask(keep, mass, w, top_p).copy()
+    if exact_last > 0:
+        sel[:, nb - exact_last:, :] = True
+    sel[np.asarray(mode) != MASK_MODE] = True
+    allowed = torch.from_numpy(np.repeat(np.repeat(sel, b, 1), b, 2)).to(q.device)
+    allowed &= torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+    qf, kf, vf = (x.permute(1, 0, 2).float() for x in (q, k, v))
+    s = (qf @ kf.transpose(1, 2)) / float(np.sqrt(d))
+    o = torch.softmax(s.masked_fill(~allowed, float("-inf")), -1) @ vf
+    return o.permute(1, 0, 2).contiguous()

@@ -23,6 +23,7 @@ def table(res):
     sp = res["splits"]
     names = [v["name"] for v in res["variants"]]
     groups = {v["name"]: v["group"] for v in res["variants"]}
+    spec = {v["name"]: v for v in res["variants"]}
     lines = ["| variant | group | prob heads | FLOPs skipped | density | row B/tok/layer | "
              "Δppl in | agree in | KL in | Δppl out | agree out | KL out | rel-L1 per layer (in) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -32,7 +33,7 @@ def table(res):
         lines.append("| %s | %s | %s | %s | %s | %s | %s%% | %s%% | %s | %s%% | %s%% | %s | %s |" % (
             n, groups[n], fmt(100 * a["prob_head_share"], "%.0f%%"),
             fmt(a.get("skipped_pct"), "%.1f%%"), fmt(a.get("density"), "%.3f"),
-            fmt(a["row_bytes_per_token_layer"], "%.0f"),
+            "–" if spec[n].get("emu") else fmt(a["row_bytes_per_token_layer"], "%.0f"),
             fmt(a.get("dppl_pct"), "%+.2f"), fmt(a.get("agree_pct"), "%.1f"),
             fmt(a.get("kl"), "%.4f"), fmt(b.get("dppl_pct"), "%+.2f"),
             fmt(b.get("agree_pct"), "%.1f"), fmt(b.get("kl"), "%.4f"), l1))
@@ -47,7 +48,7 @@ def merged(res):
 
 
 def goals(res):
-    m = merged(res)
+    m = {n: v for n, v in merged(res).items() if not v["spec"].get("emu")}
     out = []
     ok = [(n, v) for n, v in m.items() if v["spec"]["kind"] in ("fit", "calib") and
           v["in"].get("skipped_pct", 0) >= 50 and worst(v, "dppl_pct") <= 1.0 and
@@ -82,6 +83,35 @@ def goals(res):
                    "target heads in prob mode (Δppl %+.2f %% / %+.2f %%)." % (
                        n, 100 * v["in"]["prob_head_share"], v["in"]["dppl_pct"],
                        v["out"]["dppl_pct"]))
+    emu = {n: v for n, v in merged(res).items() if v["spec"].get("emu")}
+    for b in sorted({v["spec"]["block"] for v in emu.values()}):
+        inb = [(n, v) for n, v in emu.items() if v["spec"]["block"] == b and
+               worst(v, "dppl_pct") <= 1.0 and worst(v, "agree_pct", min) >= 97.0]
+        for kinds, what in ((("fit", "calib"), "mapped"), (("own",), "own Top-P bound")):
+            q = [(n, v) for n, v in inb if v["spec"]["kind"] in kinds]
+            if q:
+                n, v = max(q, key=lambda x: x[1]["in"]["skipped_pct"])
+                out.append("- B = %d (emulated), %s: the most skipped within the quality "
+                           "bounds is `%s`, %.1f %% (Δppl %+.2f %% / %+.2f %%, agreement "
+                           "%.1f %% / %.1f %%)." % (
+                               b, what, n, v["in"]["skipped_pct"], v["in"]["dppl_pct"],
+                               v["out"]["dppl_pct"], v["in"]["agree_pct"],
+                               v["out"]["agree_pct"]))
+            else:
+                out.append("- B = %d (emulated), %s: no variant within the quality bounds."
+                           % (b, what))
+    for c in res.get("emu_checks", []):
+        if "error" in c:
+            out.append("- Emulation check (`%s`): failed: %s" % (c["variant"], c["error"]))
+        else:
+            out.append("- Emulation vs the C reference kernels (B = %d, %d tokens, target "
+                       "layer %d from source layer %d): %d of %d kept row blocks differ, "
+                       "mass max diff %.2g, attended blocks %d vs %d (mf_apply_ref), output "
+                       "rel-L1 %.2g." % (c["block"], c["tokens"], c["target_layer"],
+                                         c["source_layer"], c["kept_blocks_differ"],
+                                         c["kept_blocks_ref"], c["mass_max_diff"],
+                                         c["mask_blocks_emu"], c["mask_blocks_ref"],
+                                         c["out_rel_l1"]))
     ctl = [(n, v) for n, v in m.items() if v["spec"]["kind"] in ("random", "uniform")]
     if ctl:
         out.append("- Controls: " + "; ".join(
@@ -101,25 +131,28 @@ def plot(res, path):
         if v["in"].get("skipped_pct") is None or v["spec"]["kind"] == "uniform":
             continue
         groups.setdefault(v["spec"]["group"], []).append(v)
-    fig, ax = plt.subplots(1, 2, figsize=(13, 5))
-    for g, vs in sorted(groups.items()):
+    fig, ax = plt.subplots(1, 2, figsize=(14, 5.5))
+    colors = plt.get_cmap("tab20").colors
+    for gi, (g, vs) in enumerate(sorted(groups.items())):
         # sweeps (one knob varied) are lines; groups of unrelated variants are points
         sweep = vs[0]["spec"]["policy"] in ("mask", "own") and \
             vs[0]["spec"]["kind"] in ("fit", "own")
         vs = sorted(vs, key=lambda v: v["in"]["skipped_pct"])
         x = [v["in"]["skipped_pct"] for v in vs]
-        st = "o-" if sweep else "s"
-        ax[0].plot(x, [max(1e-3, v["in"]["dppl_pct"]) for v in vs], st, label=g)
-        ax[1].plot(x, [v["in"]["agree_pct"] for v in vs], st, label=g)
+        kw = dict(color=colors[gi % len(colors)], marker="os^vDP*Xhp<>"[gi % 12],
+                  ls="-" if sweep else "none", label=g)
+        ax[0].plot(x, [max(1e-3, worst(v, "dppl_pct")) for v in vs], **kw)
+        ax[1].plot(x, [worst(v, "agree_pct", min) for v in vs], **kw)
     ax[0].set_yscale("log")
     ax[0].axhline(1.0, color="k", ls=":", lw=1)
     ax[0].axvline(50, color="k", ls=":", lw=1)
     ax[0].set_xlabel("target attention FLOPs skipped (%)")
-    ax[0].set_ylabel("Δ perplexity, SOTU 1991–2021 (%, log; ≤ 0 drawn at 0.001)")
+    ax[0].set_ylabel("Δ perplexity, the worse test split (%, log; ≤ 0 at 0.001)")
     ax[1].axhline(97, color="k", ls=":", lw=1)
     ax[1].axvline(50, color="k", ls=":", lw=1)
     ax[1].set_xlabel("target attention FLOPs skipped (%)")
-    ax[1].set_ylabel("top-1 agreement with the target (%)")
+    ax[1].set_ylabel("top-1 agreement with the target, the worse split (%)")
+    ax[1].set_ylim(max(50.0, ax[1].get_ylim()[0]), 100.5)
     ax[1].legend(fontsize=7)
     fig.suptitle("MapFlow reuse, source 6L×8H → target 4L×6H: trade-off")
     fig.tight_layout()
@@ -135,11 +168,15 @@ def main():
     for name in ("source", "target"):
         if name in tr:
             t, cfg = tr[name], c[name]
-            head.append("- %s: %d layers × %d heads × %d, %.1fM params, %d steps, %.0fM tokens, "
-                        "%.0f s; own test ppl in %.2f, out %.2f" % (
+            head.append("- %s: %d layers × %d heads × %d, %.1fM params, %d steps, %.0fM tokens%s, "
+                        "%.0f s; own test ppl in %.2f, out %.2f%s" % (
                             name, cfg["n_layer"], cfg["n_head"], cfg["d_model"],
-                            t["params"] / 1e6, t["steps"], t["tokens"] / 1e6, t["seconds"],
-                            t["ppl_in"], t["ppl_out"]))
+                            t["params"] / 1e6, t["steps"], t["tokens"] / 1e6,
+                            " (%.1f epochs)" % t["epochs"] if "epochs" in t else "",
+                            t["seconds"], t["ppl_in"], t["ppl_out"],
+                            "; held-out loss at each quarter of the time: " + " ".join(
+                                "%.3f" % x[2] for x in t["val_loss"]) if "val_loss" in t
+                            else ""))
     for s in ("in", "out"):
         b = sp[s]["base"]
         head.append("- target alone (%s, %d windows × %d tokens): ppl %.3f through our apply "

@@ -1,47 +1,105 @@
 #!/usr/bin/env bash
 # Quality evaluation of MapFlow reuse on a real model pair (bench/quality/README.md), in one
 # call: builds what is missing, fetches the texts (get-data.sh), trains the source and
-# target models or loads them (train.py), calibrates (kernels/calibrate.c, the code of
-# mapflow-calibrate, through libmfkernels_ref.so) with several rule settings and evaluates
-# every variant through our CUDA kernels (evaluate.py), then prints the table (report.py).
+# target models (train.py; two processes sharing the GPU) and, beside them, the small demo
+# pair of bench/models (train_small.py, a third process), calibrates
+# (kernels/calibrate.c, the code of mapflow-calibrate, through libmfkernels_ref.so) with
+# several rule settings and evaluates every variant through our CUDA kernels
+# (evaluate.py), then prints the table (report.py).
 #   bench/quality/run.sh [--smoke]
 # Env: OUT (results; default bench/results/tmp/quality), WORK (models, tokens; default
-# bench/quality/data/work), PYTHON (python3), BUDGET (seconds for the whole run, default
-# 400: training and the test windows are sized to end in time), SRC_SECONDS / TGT_SECONDS
-# (training time per model, default 70 / 48), CTX (2048), BACKEND (cuda | ref; default
-# cuda when torch sees a GPU). --smoke: tiny models, data and windows, C reference kernels,
-# for a machine without a GPU (a few minutes on 2 cores).
+# bench/quality/data/work, work-smoke with --smoke), PYTHON (python3), BUDGET (seconds for
+# the whole run, default 540: the evaluation stops adding test windows in time),
+# SRC_SECONDS / TGT_SECONDS (wall clock per model, default 240 each, both at once),
+# SMALL_SECONDS (the small pair, both models in turn, default 200; 0: none), CTX (2048),
+# BACKEND (cuda | ref; default cuda when torch sees a GPU), MF_CUDA_LIB / MF_REF_LIB (the
+# kernel libraries; default build/lib/...), TRAIN_ARGS / SMALL_ARGS / EVAL_ARGS (more
+# options for train.py / train_small.py / evaluate.py: a CPU dry run of this path uses them).
+# --smoke: tiny models, data and windows, C reference kernels, one process at a time, for
+# a machine without a GPU (about a minute on 2 cores once the smoke models exist).
+# Results in OUT: run.log, quality.{json,md,png}, train.json, extras.tar (the profiles)
+# and small-pair.tar (the small pair's fp16 weights, tokenizer, stats).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 cd "$root"
 py=${PYTHON:-python3}
 out=${OUT:-$root/bench/results/tmp/quality}
-work=${WORK:-$root/bench/quality/data/work}
-budget=${BUDGET:-400}
 smoke=0
 [ "${1:-}" = "--smoke" ] && smoke=1
+if [ $smoke = 1 ]; then work=${WORK:-$root/bench/quality/data/work-smoke}
+else work=${WORK:-$root/bench/quality/data/work}; fi
+budget=${BUDGET:-540}
 mkdir -p "$out" "$work"
 exec > >(tee "$out/run.log") 2>&1   # the log travels with the results
 [ -d "$root/.gpu-libs" ] && export LD_LIBRARY_PATH="$root/.gpu-libs/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
 backend=${BACKEND:-$($py -c 'import torch; print("cuda" if torch.cuda.is_available() else "ref")')}
 [ $smoke = 1 ] && backend=ref
-need="build/lib/libmfkernels_ref.so"   # calibration (and the kernels with --backend ref)
-[ "$backend" = cuda ] && need="$need build/lib/libmfkernels_cuda.so"
+export MF_REF_LIB=${MF_REF_LIB:-build/lib/libmfkernels_ref.so}   # calibration, --backend ref
+export MF_CUDA_LIB=${MF_CUDA_LIB:-build/lib/libmfkernels_cuda.so}
+need=$MF_REF_LIB
+[ "$backend" = cuda ] && need="$need $MF_CUDA_LIB"
 for f in $need; do [ -e "$f" ] || make "$f"; done
 "$here/get-data.sh" "$here/data"
+
+# Runs "$@" in the background, its output prefixed with a tag; the pid goes to $bg.
+tagged() {
+    local tag=$1
+    shift
+    (set -o pipefail; "$@" 2>&1 | sed -u "s/^/[$tag] /") &
+    bg=$!
+}
+
 if [ $smoke = 1 ]; then
     $py "$here/train.py" --data "$here/data" --work "$work" --smoke --ctx 256 --src 2,4,128 \
         --tgt 2,2,128 --src-seconds 5 --tgt-seconds 5 --batch 4 --test-windows 2
     $py "$here/evaluate.py" --work "$work" --out "$out" --backend ref --cal-windows 2 \
-        --cal-n 128 --windows 1
+        --cal-n 128 --windows 1 --emu-check-n 128
 else
-    $py "$here/train.py" --data "$here/data" --work "$work" --ctx "${CTX:-2048}" \
-        --src-seconds "${SRC_SECONDS:-70}" --tgt-seconds "${TGT_SECONDS:-48}" \
-        --max-chars 32000000
+    ctx=${CTX:-2048}
+    small_s=${SMALL_SECONDS:-200}
+    small_dev=$([ "$backend" = cuda ] && echo cuda || echo cpu)
+    sw="$work/small"
+    mkdir -p "$sw"
+    T=("$py" "$here/train.py" --data "$here/data" --work "$work" --ctx "$ctx"
+       --src-seconds "${SRC_SECONDS:-240}" --tgt-seconds "${TGT_SECONDS:-240}" ${TRAIN_ARGS:-})
+    S=("$py" "$here/train_small.py" --data "$here/data" --work "$sw" --device "$small_dev"
+       --tokenizer "$root/bench/models/tokenizer.txt" --chars 0 --jobs 8 --batch 64
+       --src-lr 2e-3 --tgt-lr 2.5e-3 --src-seconds "$((small_s * 11 / 20))"
+       --tgt-seconds "$((small_s * 9 / 20))" ${SMALL_ARGS:-})
+    # 1. tokens of both pairs (CPU), at once
+    tagged prep "${T[@]}" --stage prepare; p1=$bg
+    p2=""
+    if [ "$small_s" != 0 ]; then tagged sprep "${S[@]}" --stage prepare; p2=$bg; fi
+    wait $p1
+    small_ok=1
+    [ -n "$p2" ] && { wait $p2 || small_ok=0; }
+    # 2. three training processes on the one GPU (each model is far too small to fill it):
+    # the source, the target, and the small pair (its source, then its target)
+    pids=()
+    for m in source target; do
+        tagged "$m" "${T[@]}" --stage "$m"; pids+=($bg)
+    done
+    spids=()
+    if [ "$small_s" != 0 ] && [ $small_ok = 1 ]; then
+        tagged small "${S[@]}" --stage train; spids+=($bg)
+    fi
+    for p in "${pids[@]}"; do wait "$p"; done
+    "${T[@]}" --stage meta
     cp "$work/train.json" "$out/" 2>/dev/null || true
-    left=$((budget - SECONDS - 45))
+    for p in "${spids[@]}"; do wait "$p" || small_ok=0; done
+    if [ ${#spids[@]} -gt 0 ] && [ $small_ok = 1 ]; then
+        (cd "$sw" && tar cf "$out/small-pair.tar" tokenizer.txt source.safetensors \
+            target.safetensors source.json target.json)
+    fi
+    # 3. calibration and every variant on the test windows, ending in time
+    left=$((budget - SECONDS - 40))
     $py "$here/evaluate.py" --work "$work" --out "$out" --backend "$backend" \
-        --deadline "$((left > 30 ? left : 30))"
+        --deadline "$((left > 30 ? left : 30))" ${EVAL_ARGS:-}
 fi
 $py "$here/report.py" "$out/quality.json" "$out/quality.md" "$out/quality.png"
+# the device call returns at most 8 files: the profiles go into one tar
+if [ -d "$out/profiles" ]; then
+    tar cf "$out/extras.tar" -C "$out" profiles && rm -rf "$out/profiles"
+fi
+echo "run.sh: done in $SECONDS s"

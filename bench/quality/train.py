@@ -3,13 +3,15 @@
 
 One byte-level BPE (8k) trained on the train split, shared by both models; a source
 (default 6 layers × 8 heads × 512) and a target (4 × 6 × 384), head dim 64, context CTX,
-trained separately (seeds 1 and 2) for a wall-clock budget each: the step count is set after
-the first steps from the measured speed, so the cosine schedule ends on time. Writes to WORK:
-tok.json, tokens_{calib,in,out}.npy (the held-out splits), source/target.safetensors (fp32)
-with their configs in meta.json, and train.json (steps, tokens, losses, own test perplexity).
+trained separately (seeds 1 and 2) for a wall-clock budget each (train_clock: the schedule
+follows the clock, so two models can share one GPU as two processes). Stages: prepare
+(tok.json, tokens_{train,calib,in,out}.npy, prep.json), source / target (WORK/<name>.
+safetensors fp32, <name>.json: config, steps, tokens, epochs, held-out loss at each quarter
+of the time, own test perplexity), meta (meta.json: the configs; train.json); all = each
+in turn.
 
-  train.py --data bench/quality/data --work DIR [--ctx 2048] [--src-seconds 80]
-           [--tgt-seconds 55] [--smoke]          (--smoke: tiny models and data, CPU)
+  train.py --data bench/quality/data --work DIR [--stage all] [--ctx 2048]
+           [--src-seconds 80] [--tgt-seconds 55] [--smoke]   (--smoke: tiny, CPU)
 """
 import argparse
 import json
@@ -33,8 +35,8 @@ def log(*a):
 T0 = time.time()
 
 
-def prepare(args, dev):
-    """Tokenizer + token arrays; the train tokens stay in memory (on dev)."""
+def prepare(args):
+    """Tokenizer and the token arrays of every split (WORK/tokens_*.npy, prep.json)."""
     texts = M.read_texts(args.data, M.TRAIN_SOURCES + list(M.TEST_SOURCES.values()),
                          args.max_chars)
     log("texts read:", {k: len(v) for k, v in texts.items()})
@@ -56,53 +58,50 @@ def prepare(args, dev):
                       ("out", tok.encode(texts[M.TEST_SOURCES["out"]]))):
         np.save(os.path.join(args.work, "tokens_%s.npy" % name), arr.astype(np.uint16))
         log("%s tokens: %d" % (name, len(arr)))
-    return tok, torch.from_numpy(tr.astype(np.int32)).to(dev)
+    np.save(os.path.join(args.work, "tokens_train.npy"), tr.astype(np.uint16))
+    with open(os.path.join(args.work, "prep.json"), "w") as f:
+        json.dump({"vocab": tok.vocab, "ctx": args.ctx, "train_tokens": int(len(tr))}, f)
 
 
-def train_one(cfg, data, seconds, seed, batch, lr, dev):
+def train_clock(cfg, data, seconds, seed, batch, lr, dev, val=None, warm_frac=0.03,
+                log_every=200):
+    """Trains a fresh model.GPT for `seconds` of wall clock: AdamW (0.9, 0.95; weight decay
+    0.1 on matrices), clip 1, linear warm-up over warm_frac of the time, cosine to 10 %.
+    The schedule follows elapsed time (not a step count), so a model that shares its GPU
+    with other training processes, whose speed changes as they start and end, still ends
+    on time with a finished schedule. On CUDA: bf16 autocast and torch.compile (the
+    compile time, in the first step, is taken out of the schedule's span). val: token
+    array; its loss (8 windows) is logged at each quarter of the time (convergence)."""
     torch.manual_seed(seed)
+    cuda = dev.type == "cuda"
     g = torch.Generator(device=dev)
     g.manual_seed(seed)
     m = M.GPT(cfg).to(dev)
-    decay = [p for n, p in m.named_parameters() if p.dim() >= 2]
-    other = [p for n, p in m.named_parameters() if p.dim() < 2]
-    kw = {"fused": True} if dev.type == "cuda" else {}
+    decay = [p for p in m.parameters() if p.dim() >= 2]
+    other = [p for p in m.parameters() if p.dim() < 2]
+    kw = {"fused": True} if cuda else {}
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
                              {"params": other, "weight_decay": 0.0}], lr=lr,
                             betas=(0.9, 0.95), **kw)
-    cuda = dev.type == "cuda"
 
     def loss_fn(x, y):
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cuda):
             logits = m(x)
         return F.cross_entropy(logits.float().view(-1, cfg.vocab), y.reshape(-1).long())
     step_fn = torch.compile(loss_fn) if cuda and hasattr(torch, "compile") else loss_fn
-    n_ctx = cfg.ctx
-    span = torch.arange(n_ctx + 1, device=dev)
-    warm, total, t_start, t_mark, losses = 150, None, time.time(), None, []
-    step = 0
-    while total is None or step < total:
-        if step == 10:
-            if cuda:
-                torch.cuda.synchronize()
-            t_mark = time.time()
-        if step == 40 and total is None:
-            if cuda:
-                torch.cuda.synchronize()
-            rate = 30 / (time.time() - t_mark)
-            left = seconds - (time.time() - t_start)
-            total = 40 + max(0, int(left * rate))
-            log("  %.2f steps/s (%.2f Mtok/s): %d steps" % (rate, rate * batch * n_ctx / 1e6,
-                                                            total))
-        if total is not None:
-            w = min(1.0, (step + 1) / warm)
-            c = 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, step / max(1, total))))
-            lr_now = lr * w * c
-        else:
-            lr_now = lr * min(1.0, (step + 1) / warm)
+    span = torch.arange(cfg.ctx + 1, device=dev)
+    t_start = time.time()
+    t0, step, losses, vals, next_val = None, 0, [], [], 0.25
+    while True:
+        now = time.time()
+        frac = 0.0 if t0 is None else (now - t0) / max(1e-3, seconds - (t0 - t_start))
+        if frac >= 1.0:
+            break
+        c = 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac))
+        lr_now = lr * min(1.0, frac / warm_frac + 0.01) * c
         for grp in opt.param_groups:
             grp["lr"] = lr_now
-        off = torch.randint(0, len(data) - n_ctx - 1, (batch,), device=dev, generator=g)
+        off = torch.randint(0, len(data) - cfg.ctx - 1, (batch,), device=dev, generator=g)
         xy = data[off[:, None] + span[None, :]]
         try:
             loss = step_fn(xy[:, :-1], xy[:, 1:])
@@ -116,14 +115,44 @@ def train_one(cfg, data, seconds, seed, batch, lr, dev):
         torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        if step % 200 == 0 or (total is not None and step == total - 1):
+        if t0 is None:  # the first step compiled the model: the schedule starts now
+            t0 = time.time()
+            log("  first step (compile) %.1f s" % (t0 - t_start))
+        if step % log_every == 0:
             losses.append((step, float(loss.item())))
             log("  step %d loss %.4f lr %.2e" % (step, losses[-1][1], lr_now))
+        if val is not None and frac >= next_val:
+            vals.append((step, round(frac, 2), val_loss(m, val, cfg.ctx, dev)))
+            log("  step %d (%.0f %% of the time): held-out loss %.4f" % (step, 100 * frac,
+                                                                        vals[-1][2]))
+            next_val += 0.25
         step += 1
     if cuda:
         torch.cuda.synchronize()
-    return m, {"steps": step, "tokens": step * batch * n_ctx,
-               "seconds": time.time() - t_start, "losses": losses}
+    st = {"steps": step, "tokens": step * batch * cfg.ctx, "seconds": time.time() - t_start,
+          "compile_seconds": (t0 or time.time()) - t_start, "losses": losses,
+          "final_loss": float(loss.item())}
+    if val is not None:
+        vals.append((step, 1.0, val_loss(m, val, cfg.ctx, dev)))
+        log("  step %d (end): held-out loss %.4f" % (step, vals[-1][2]))
+        st["val_loss"] = vals
+    return m.eval(), st
+
+
+@torch.no_grad()
+def val_loss(m, arr, ctx, dev, windows=0):
+    """Mean next-token loss over the first `windows` windows of arr (autocast as training)."""
+    was = m.training
+    m.eval()
+    n = min(windows or (8 if dev.type == "cuda" else 1), (len(arr) - 1) // ctx)
+    t = torch.as_tensor(np.asarray(arr[:n * ctx + 1], dtype=np.int64), device=dev)
+    idx = torch.stack([t[w * ctx:(w + 1) * ctx + 1] for w in range(n)])
+    with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+        logits = m(idx[:, :-1])
+    out = float(F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
+                                idx[:, 1:].reshape(-1)))
+    m.train(was)
+    return out
 
 
 @torch.no_grad()
@@ -142,10 +171,63 @@ def test_ppl(m, arr, ctx, max_windows, dev):
     return math.exp(nll / cnt), n
 
 
+MODELS = {  # name: (shape option, seed, learning rate)
+    "source": ("src", 1, 1.5e-3),
+    "target": ("tgt", 2, 2e-3),
+}
+
+
+def train_model(args, name, dev):
+    """One model of the pair (stage source / target): WORK/<name>.safetensors + <name>.json."""
+    with open(os.path.join(args.work, "prep.json")) as f:
+        prep = json.load(f)
+    opt, seed, lr = MODELS[name]
+    nl, nh, dm = (int(x) for x in getattr(args, opt).split(","))
+    cfg = M.Cfg(prep["vocab"], nl, nh, dm, args.ctx)
+    data = torch.from_numpy(np.load(os.path.join(args.work, "tokens_train.npy"))
+                            .astype(np.int32)).to(dev)
+    val = np.load(os.path.join(args.work, "tokens_calib.npy"))
+    secs = args.src_seconds if name == "source" else args.tgt_seconds
+    log("training %s %s for %.0f s (batch %d x %d)" % (name, getattr(args, opt), secs,
+                                                       args.batch, args.ctx))
+    m, st = train_clock(cfg, data, secs, seed, args.batch, lr, dev, val=val)
+    st["params"] = sum(p.numel() for p in m.parameters())
+    st["epochs"] = st["tokens"] / len(data)
+    for split in ("in", "out"):
+        arr = np.load(os.path.join(args.work, "tokens_%s.npy" % split))
+        st["ppl_" + split], st["windows_" + split] = test_ppl(m, arr, args.ctx,
+                                                             args.test_windows, dev)
+    log("%s: %d params, %d steps, %d tokens (%.1f epochs), ppl in %.2f out %.2f" % (
+        name, st["params"], st["steps"], st["tokens"], st["epochs"], st["ppl_in"],
+        st["ppl_out"]))
+    M.save_weights(m, os.path.join(args.work, name + ".safetensors"))
+    with open(os.path.join(args.work, name + ".json"), "w") as f:
+        json.dump({"cfg": cfg.as_dict(), "stats": st}, f, indent=1)
+
+
+def write_meta(args):
+    """meta.json (vocab, ctx, configs; evaluate.py loads the pair from it) and train.json."""
+    with open(os.path.join(args.work, "prep.json")) as f:
+        prep = json.load(f)
+    meta, report = {"vocab": prep["vocab"], "ctx": args.ctx}, {"train_tokens": prep["train_tokens"]}
+    for name in MODELS:
+        with open(os.path.join(args.work, name + ".json")) as f:
+            one = json.load(f)
+        meta[name], report[name] = one["cfg"], one["stats"]
+    with open(os.path.join(args.work, "train.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    with open(os.path.join(args.work, "meta.json"), "w") as f:
+        json.dump(meta, f, indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", required=True)
     ap.add_argument("--work", required=True)
+    ap.add_argument("--stage", default="all", choices=("all", "prepare", "source", "target",
+                                                        "meta"),
+                    help="all = prepare, source, target, meta in turn; the GPU run starts "
+                    "source and target as two processes after prepare")
     ap.add_argument("--ctx", type=int, default=2048)
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--tok-sample", type=int, default=12 << 20)
@@ -162,38 +244,21 @@ def main():
     if args.smoke:
         args.max_chars, args.vocab, args.tok_sample = 300000, 512, 1 << 20
     os.makedirs(args.work, exist_ok=True)
-    meta_path = os.path.join(args.work, "meta.json")
-    if os.path.exists(meta_path) and not args.retrain:
+    if args.stage in ("all", "prepare") and os.path.exists(
+            os.path.join(args.work, "meta.json")) and not args.retrain:
         log("models found in", args.work, "(use --retrain to train again)")
         return 0
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if dev.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
-    tok, data = prepare(args, dev)
-    meta, report = {"vocab": tok.vocab, "ctx": args.ctx}, {}
-    for name, shape, secs, seed, lr in (("source", args.src, args.src_seconds, 1, 1.5e-3),
-                                        ("target", args.tgt, args.tgt_seconds, 2, 2e-3)):
-        nl, nh, dm = (int(x) for x in shape.split(","))
-        cfg = M.Cfg(tok.vocab, nl, nh, dm, args.ctx)
-        log("training %s %s for %.0f s" % (name, shape, secs))
-        m, st = train_one(cfg, data, secs, seed, args.batch, lr, dev)
-        m.eval()
-        st["params"] = sum(p.numel() for p in m.parameters())
-        for split in ("in", "out"):
-            arr = np.load(os.path.join(args.work, "tokens_%s.npy" % split))
-            st["ppl_" + split], st["windows_" + split] = test_ppl(m, arr, args.ctx,
-                                                                 args.test_windows, dev)
-        log("%s: %d params, %d tokens, ppl in %.2f out %.2f" % (
-            name, st["params"], st["tokens"], st["ppl_in"], st["ppl_out"]))
-        M.save_weights(m, os.path.join(args.work, name + ".safetensors"))
-        meta[name] = cfg.as_dict()
-        report[name] = st
-        del m
-    with open(os.path.join(args.work, "train.json"), "w") as f:
-        json.dump(report, f, indent=1)
-    with open(meta_path, "w") as f:
-        json.dump(meta, f, indent=1)
-    log("done")
+    if args.stage in ("all", "prepare"):
+        prepare(args)
+    for name in MODELS:
+        if args.stage in ("all", name):
+            train_model(args, name, dev)
+    if args.stage in ("all", "meta"):
+        write_meta(args)
+    log("done (%s)" % args.stage)
     return 0
 
 

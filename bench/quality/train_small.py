@@ -178,38 +178,47 @@ def load_f16_into(m, path):
     return m.eval()
 
 
-def train_budget(cfg, data, seconds, seed, batch, lr):
-    """train.py's recipe (AdamW, clip 1, warm-up, cosine to 10 %) on a clock instead of a
-    step count: the schedule follows elapsed / seconds, so a machine whose load changes
-    during the run still ends on time with a finished schedule."""
-    torch.manual_seed(seed)
-    g = torch.Generator().manual_seed(seed)
-    m = M.GPT(cfg)
-    decay = [p for p in m.parameters() if p.dim() >= 2]
-    other = [p for p in m.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                             {"params": other, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95))
-    span = torch.arange(cfg.ctx + 1)
-    t0, step, loss = time.time(), 0, None
-    while True:
-        frac = (time.time() - t0) / seconds
-        if frac >= 1:
-            break
-        c = 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac))
-        for grp in opt.param_groups:
-            grp["lr"] = lr * min(1.0, frac / 0.05 + 0.01) * c
-        off = torch.randint(0, len(data) - cfg.ctx - 1, (batch,), generator=g)
-        xy = data[off[:, None] + span[None, :]].long()
-        loss = F.cross_entropy(m(xy[:, :-1]).view(-1, cfg.vocab), xy[:, 1:].reshape(-1))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if step % 50 == 0:
-            log("  step %d loss %.3f" % (step, loss.item()))
-        step += 1
-    return m.eval(), {"steps": step, "tokens": step * batch * cfg.ctx,
-                      "seconds": time.time() - t0, "final_loss": float(loss.item())}
+def load_tokenizer(path):
+    """Merges of a tokenizer.txt written by save_tokenizer."""
+    with open(path) as f:
+        lines = f.read().split("\n")
+    if lines[0] != "mapflow-bpe 1":
+        raise SystemExit("%s: not a mapflow-bpe 1 file" % path)
+    n = int(lines[1])
+    return [tuple(int(x) for x in ln.split()) for ln in lines[2:2 + n]]
+
+
+_TOK = None
+
+
+def _encode_one(text):
+    return _TOK.encode(text)
+
+
+def encode_many(tok, texts, jobs):
+    """[tok.encode(t) for t in texts], the big ones cut at line ends and spread over `jobs`
+    forked processes (the BPE is pure Python)."""
+    global _TOK
+    _TOK = tok
+    parts, owner = [], []
+    for n, t in enumerate(texts):
+        i, step = 0, 1 << 22
+        while i < len(t):
+            j = t.find("\n", i + step)
+            j = len(t) if j < 0 else j + 1
+            parts.append(t[i:j])
+            owner.append(n)
+            i = j
+    if jobs > 1 and len(parts) > 1:
+        import multiprocessing as mp
+        with mp.get_context("fork").Pool(jobs) as pool:
+            enc = pool.map(_encode_one, parts, chunksize=1)
+    else:
+        enc = [tok.encode(p) for p in parts]
+    out = [[] for _ in texts]
+    for n, e in zip(owner, enc):
+        out[n].append(e)
+    return [np.concatenate(x) if x else np.zeros(0, np.int32) for x in out]
 
 
 @torch.no_grad()
@@ -228,30 +237,7 @@ def attention_maps(m, idx):
     return torch.stack(maps).numpy().astype(np.float16)
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--data", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--work", required=True)
-    ap.add_argument("--vocab", type=int, default=4096)
-    ap.add_argument("--chars", type=int, default=1_500_000, help="per training source")
-    ap.add_argument("--bpe-chars", type=int, default=3_000_000)
-    ap.add_argument("--ctx", type=int, default=512)
-    ap.add_argument("--batch", type=int, default=2)
-    ap.add_argument("--src", default="4,4,256")
-    ap.add_argument("--tgt", default="3,3,192")
-    ap.add_argument("--src-seconds", type=float, default=570)
-    ap.add_argument("--tgt-seconds", type=float, default=570)
-    ap.add_argument("--test-windows", type=int, default=6)
-    ap.add_argument("--calibrate", default="")
-    ap.add_argument("--cal-n", type=int, default=512)
-    ap.add_argument("--cal-samples", type=int, default=6)
-    ap.add_argument("--block", type=int, default=32)
-    ap.add_argument("--threads", type=int, default=2)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    os.makedirs(os.path.join(args.out, "fixture"), exist_ok=True)
-    os.makedirs(args.work, exist_ok=True)
+def split_texts(args):
     names = M.TRAIN_SOURCES + list(M.TEST_SOURCES.values())
     texts = M.read_texts(args.data, names, args.chars)
     train, calib = [], []
@@ -261,17 +247,67 @@ def main():
         cut = t.rfind("\n", 0, cut) + 1 or cut
         train.append(t[:cut])
         calib.append(t[cut:])
-    per = args.bpe_chars // len(train)
-    merges = bpe_train("".join(t[:per] for t in train).encode("utf-8", "replace"), args.vocab)
-    save_tokenizer(merges, os.path.join(args.out, "tokenizer.txt"))
+    return texts, train, calib
+
+
+def prepare(args):
+    """Tokenizer (trained, or loaded with --tokenizer) and WORK/small_{train,in,out,calib}.npy."""
+    texts, train, calib = split_texts(args)
+    if args.tokenizer:
+        merges = load_tokenizer(args.tokenizer)
+    else:
+        per = args.bpe_chars // len(train)
+        merges = bpe_train("".join(t[:per] for t in train).encode("utf-8", "replace"),
+                           args.vocab)
+    save_tokenizer(merges, os.path.join(args.work, "tokenizer.txt"))
     tok = Bpe(merges)
-    vocab = 256 + len(merges)
-    log("BPE: %d merges" % len(merges))
-    data = torch.from_numpy(np.concatenate([tok.encode(t) for t in train]))
+    log("BPE: %d merges%s" % (len(merges), " (from %s)" % args.tokenizer if args.tokenizer
+                                          else ""))
+    enc = encode_many(tok, train + [texts[v] for v in M.TEST_SOURCES.values()] +
+                      ["".join(calib)], args.jobs)
+    arrs = {"train": np.concatenate(enc[:len(train)]), "in": enc[len(train)],
+            "out": enc[len(train) + 1], "calib": enc[-1]}
+    for k, a in arrs.items():
+        np.save(os.path.join(args.work, "small_%s.npy" % k), a.astype(np.uint16))
+    log("tokens: " + ", ".join("%s %d" % kv for kv in ((k, len(a)) for k, a in arrs.items())))
+
+
+def train_model(args, name, dev):
+    """One model (fp16 safetensors + stats in WORK): stage source / target."""
+    shape, seed, lr = {"source": (args.src, 1, args.src_lr),
+                       "target": (args.tgt, 2, args.tgt_lr)}[name]
+    secs = args.src_seconds if name == "source" else args.tgt_seconds
+    vocab = 256 + len(load_tokenizer(os.path.join(args.work, "tokenizer.txt")))
+    nl, nh, dm = (int(x) for x in shape.split(","))
+    cfg = M.Cfg(vocab, nl, nh, dm, args.ctx)
+    data = torch.from_numpy(np.load(os.path.join(args.work, "small_train.npy"))
+                            .astype(np.int32)).to(dev)
+    val = np.load(os.path.join(args.work, "small_calib.npy"))
+    log("training %s %s for %.0f s on %s (batch %d x %d)" % (name, shape, secs, dev.type,
+                                                             args.batch, args.ctx))
+    m, st = T.train_clock(cfg, data, secs, seed, args.batch, lr, dev, val=val,
+                          warm_frac=0.05, log_every=50 if dev.type == "cpu" else 500)
+    st["epochs"] = st["tokens"] / len(data)
+    st.pop("losses", None)
+    save_safetensors_f16(m, os.path.join(args.work, name + ".safetensors"), cfg.as_dict())
+    with open(os.path.join(args.work, name + ".json"), "w") as f:
+        json.dump(dict(st, device=dev.type, lr=lr, batch=args.batch,
+                       train_tokens=int(len(data))), f, indent=1)
+    log("%s: %d steps, %d tokens (%.1f epochs), final loss %.3f" % (
+        name, st["steps"], st["tokens"], st["epochs"], st["final_loss"]))
+
+
+def finish(args):
+    """From WORK's fp16 weights (made here or on a GPU), on the CPU: OUT's safetensors,
+    tokenizer, passage, fixture, test perplexity, models.json and (--calibrate) profile."""
+    import shutil
+    texts, _, calib = split_texts(args)
+    merges = load_tokenizer(os.path.join(args.work, "tokenizer.txt"))
+    tok = Bpe(merges)
+    shutil.copyfile(os.path.join(args.work, "tokenizer.txt"),
+                    os.path.join(args.out, "tokenizer.txt"))
     test = {k: tok.encode(texts[v]) for k, v in M.TEST_SOURCES.items()}
     cal = tok.encode("".join(calib))
-    log("tokens: train %d, test in %d out %d, calib %d" % (len(data), len(test["in"]),
-                                                          len(test["out"]), len(cal)))
     # The held-out passage: a stretch of the "in" test text starting at a paragraph.
     tin = texts[M.TEST_SOURCES["in"]]
     start = tin.find("\n\n", len(tin) // 2) + 2
@@ -283,28 +319,27 @@ def main():
     np.save(os.path.join(args.out, "fixture", "tok_ids.npy"), tok.encode(sample).astype(np.float32))
     fx = test["in"][1000:1024]
     np.save(os.path.join(args.out, "fixture", "tokens.npy"), fx.astype(np.float32))
-
-    report = {"vocab": vocab, "ctx": args.ctx, "block": args.block}
+    report = {"vocab": 256 + len(merges), "ctx": None, "block": args.block}
     dev = torch.device("cpu")
-    for name, shape, secs, seed, lr in (("source", args.src, args.src_seconds, 1, 3e-3),
-                                        ("target", args.tgt, args.tgt_seconds, 2, 3.5e-3)):
-        nl, nh, dm = (int(x) for x in shape.split(","))
-        cfg = M.Cfg(vocab, nl, nh, dm, args.ctx)
-        log("training %s %s for %.0f s" % (name, shape, secs))
-        m, st = train_budget(cfg, data, secs, seed, args.batch, lr)
+    for name in ("source", "target"):
+        with open(os.path.join(args.work, name + ".json")) as f:
+            st = json.load(f)
         path = os.path.join(args.out, name + ".safetensors")
-        save_safetensors_f16(m, path, cfg.as_dict())
+        shutil.copyfile(os.path.join(args.work, name + ".safetensors"), path)
+        with open(path, "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            cfg = M.Cfg(**{k: int(v) for k, v in json.loads(f.read(n))["__metadata__"].items()})
+        report["ctx"] = cfg.ctx
         m = load_f16_into(M.GPT(cfg), path)  # evaluate exactly what is committed
         st["params"] = sum(p.numel() for p in m.parameters())
         for split in ("in", "out"):
             st["ppl_" + split], st["windows_" + split] = T.test_ppl(
-                m, test[split], args.ctx, args.test_windows, dev)
+                m, test[split], cfg.ctx, args.test_windows, dev)
         with torch.no_grad():
             logits = m(torch.from_numpy(fx.astype(np.int64))[None, :])[0].float().numpy()
         np.save(os.path.join(args.out, "fixture", name + "_logits.npy"), logits)
-        log("%s: %d params, %d tokens, ppl in %.2f out %.2f" % (
-            name, st["params"], st["tokens"], st["ppl_in"], st["ppl_out"]))
-        st.pop("losses", None)
+        log("%s: %d params, ppl in %.2f out %.2f" % (name, st["params"], st["ppl_in"],
+                                                      st["ppl_out"]))
         report[name] = dict(st, shape=cfg.as_dict())
         if args.calibrate:
             d = os.path.join(args.work, "cal", name)
@@ -320,10 +355,60 @@ def main():
                "--target", os.path.join(args.work, "cal", "target"),
                "--out", os.path.join(args.out, "profile.pb"), "--block", str(args.block),
                "--source-model", "mapflow-small-src", "--target-model", "mapflow-small-tgt",
-               "--recompute-last", "1"]
+               "--recompute-last", "1"] + args.calibrate_opts.split()
         log(" ".join(cmd))
         subprocess.run(cmd, check=True)
-    log("done")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--out", default="")
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--stage", default="all", choices=("all", "prepare", "train", "source",
+                                                        "target", "finish"),
+                    help="all = each in turn on this machine; train = source then target; "
+                    "on a GPU: prepare and train there, then finish on the CPU")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--tokenizer", default="", help="an existing tokenizer.txt (no BPE "
+                    "training; the committed one keeps the fixture's token ids)")
+    ap.add_argument("--jobs", type=int, default=1, help="processes for the BPE encoding")
+    ap.add_argument("--vocab", type=int, default=4096)
+    ap.add_argument("--chars", type=int, default=1_500_000, help="per text (0: all)")
+    ap.add_argument("--bpe-chars", type=int, default=3_000_000)
+    ap.add_argument("--ctx", type=int, default=512)
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--src", default="4,4,256")
+    ap.add_argument("--tgt", default="3,3,192")
+    ap.add_argument("--src-lr", type=float, default=3e-3)
+    ap.add_argument("--tgt-lr", type=float, default=3.5e-3)
+    ap.add_argument("--src-seconds", type=float, default=570)
+    ap.add_argument("--tgt-seconds", type=float, default=570)
+    ap.add_argument("--test-windows", type=int, default=6)
+    ap.add_argument("--calibrate", default="")
+    ap.add_argument("--calibrate-opts", default="", help="more mapflow-calibrate options")
+    ap.add_argument("--cal-n", type=int, default=512)
+    ap.add_argument("--cal-samples", type=int, default=6)
+    ap.add_argument("--block", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    os.makedirs(args.work, exist_ok=True)
+    if args.stage in ("all", "finish"):
+        if not args.out:
+            raise SystemExit("train_small: --out is needed for the finish stage")
+        os.makedirs(os.path.join(args.out, "fixture"), exist_ok=True)
+    dev = torch.device(args.device)
+    if dev.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    if args.stage in ("all", "prepare"):
+        prepare(args)
+    for name in ("source", "target"):
+        if args.stage in ("all", "train", name):
+            train_model(args, name, dev)
+    if args.stage in ("all", "finish"):
+        finish(args)
+    log("done (%s)" % args.stage)
     return 0
 
 

@@ -30,6 +30,18 @@ const mfw_gpt_cfg_t *mfw_gpt_cfg(const mfw_gpt_t *m)
     return &m->c;
 }
 
+void mfw_gpt_view(const mfw_gpt_t *m, mfw_gpt_view_t *v)
+{
+    *v = (mfw_gpt_view_t){ m->emb, m->lnf_w, m->lnf_b, m->rope_inv };
+}
+
+void mfw_gpt_layer_view(const mfw_gpt_t *m, uint32_t layer, mfw_gpt_layer_view_t *v)
+{
+    const layer_t *l = &m->l[layer];
+    *v = (mfw_gpt_layer_view_t){ l->ln1_w, l->ln1_b, l->qkv, l->proj,
+                                 l->ln2_w, l->ln2_b, l->fc, l->out };
+}
+
 void mfw_gpt_free(mfw_gpt_t *m)
 {
     if (!m)

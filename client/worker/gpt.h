@@ -25,6 +25,10 @@
 
 #include "mf_status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct mfw_gpt_cfg {
     uint32_t vocab, n_layer, n_head, d_model, head_dim, ctx;
 } mfw_gpt_cfg_t;
@@ -65,4 +69,21 @@ mf_status_t mfw_gpt_forward(const mfw_gpt_t *m, mfw_run_t *r, const uint32_t *to
                             uint32_t n, mfw_attn_fn attn, void *ctx, uint32_t logits_from,
                             float *logits);
 
+/* Read-only views of the float32 weights in PyTorch layouts (a Linear is [out, in]), for
+ * another backend to upload (gpt_cuda.h); valid while the model lives. */
+typedef struct mfw_gpt_layer_view {
+    const float *ln1_w, *ln1_b, *qkv, *proj, *ln2_w, *ln2_b, *fc, *out;
+} mfw_gpt_layer_view_t;
+
+typedef struct mfw_gpt_view {
+    const float *emb, *lnf_w, *lnf_b;   /* [vocab, D], [D], [D] */
+    const float *rope_inv;              /* [head_dim / 2] */
+} mfw_gpt_view_t;
+
+void mfw_gpt_view(const mfw_gpt_t *m, mfw_gpt_view_t *v);
+void mfw_gpt_layer_view(const mfw_gpt_t *m, uint32_t layer, mfw_gpt_layer_view_t *v);
+
+#ifdef __cplusplus
+}
+#endif
 #endif /* MFW_GPT_H */

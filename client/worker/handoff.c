@@ -30,31 +30,41 @@ void mfw_extract_release(mfw_extract_t *e)
         free_layer(e, l);
 }
 
+mf_status_t mfw_extract_alloc(mfw_extract_t *e, uint32_t layer, uint32_t n_blocks,
+                              uint32_t n_heads, size_t *caps, int host_rows)
+{
+    free_layer(e, layer);
+    e->n_blocks = n_blocks;
+    e->sizes[layer] = calloc(n_blocks, sizeof(size_t));
+    if (!e->sizes[layer] || (host_rows && !(e->rows[layer] = calloc(n_blocks, sizeof(void *)))))
+        return MF_RESOURCE_EXHAUSTED;
+    size_t mlen = strlen(e->model);
+    for (uint32_t i = 0; i < n_blocks; i++) {
+        caps[i] = mf_extract_row_bound(e->codec, e->block_size, n_heads, i, mlen);
+        if (!caps[i])
+            return MF_INVALID_ARGUMENT;
+        if (host_rows && !(e->rows[layer][i] = aligned_alloc(16, (caps[i] + 15) & ~(size_t)15)))
+            return MF_RESOURCE_EXHAUSTED;
+    }
+    return MF_OK;
+}
+
+int mfw_extract_wants(const mfw_extract_t *e, uint32_t layer, uint32_t pos0, uint32_t n)
+{
+    return pos0 == 0 && layer < MFW_MAX_LAYERS && e->want[layer] && n >= e->block_size;
+}
+
 mf_status_t mfw_extract_hook(void *ctx, const mfw_attn_args_t *a)
 {
     mfw_extract_t *e = ctx;
     mf_status_t st = mfw_attention(a);
-    if (st != MF_OK || a->pos0 != 0 || a->layer >= MFW_MAX_LAYERS || !e->want[a->layer] ||
-        a->n < e->block_size)
+    if (st != MF_OK || !mfw_extract_wants(e, a->layer, a->pos0, a->n))
         return st;
     uint32_t nb = a->n / e->block_size, l = a->layer;
-    free_layer(e, l);
-    e->n_blocks = nb;
-    e->rows[l] = calloc(nb, sizeof(void *));
-    e->sizes[l] = calloc(nb, sizeof(size_t));
     size_t *caps = calloc(nb, sizeof(size_t));
-    if (!e->rows[l] || !e->sizes[l] || !caps) {
+    if (!caps || (st = mfw_extract_alloc(e, l, nb, a->n_heads, caps, 1)) != MF_OK) {
         free(caps);
-        return MF_RESOURCE_EXHAUSTED;
-    }
-    size_t mlen = strlen(e->model);
-    for (uint32_t i = 0; i < nb; i++) {
-        caps[i] = mf_extract_row_bound(e->codec, e->block_size, a->n_heads, i, mlen);
-        st = !caps[i] ? MF_INVALID_ARGUMENT : MF_RESOURCE_EXHAUSTED;
-        if (!caps[i] || !(e->rows[l][i] = aligned_alloc(16, (caps[i] + 15) & ~(size_t)15))) {
-            free(caps);
-            return st;
-        }
+        return caps ? st : MF_RESOURCE_EXHAUSTED;
     }
     mf_extract_args_t ea = { .src = { a->q, a->k, NULL, MF_DTYPE_F32, a->n, a->n_heads,
                                       a->n_heads, a->head_dim },
@@ -65,6 +75,11 @@ mf_status_t mfw_extract_hook(void *ctx, const mfw_attn_args_t *a)
     double t0 = mfw_now_s();
     st = mf_extract_ref(&ea, e->rows[l], caps, e->sizes[l], &failed, &e->why);
     e->seconds += mfw_now_s() - t0;
+    for (uint32_t i = 0; st == MF_OK && i < nb; i++) {
+        mf_row_view_t rv;
+        if (mf_row_decode(e->rows[l][i], e->sizes[l][i], MF_ROW_NO_CHECKSUM, &rv, NULL) == MF_OK)
+            e->entries += rv.n_entries;
+    }
     free(caps);
     return st;
 }
@@ -86,21 +101,33 @@ uint32_t mfw_profile_source_layers(const Mapflow__V1__MappingProfile *p, uint32_
     return n;
 }
 
-mf_status_t mfw_reuse_hook(void *ctx, const mfw_attn_args_t *a)
+mf_status_t mfw_reuse_layer(mfw_reuse_t *r, uint32_t layer, uint32_t pos0, uint32_t n_heads,
+                            const Mapflow__V1__LayerMap **lm, mf_layer_map_t *map,
+                            uint8_t modes[64], float tops[64])
 {
-    mfw_reuse_t *r = ctx;
-    const Mapflow__V1__LayerMap *lm = a->pos0 == 0 && r->n_rows
-                                          ? mf_profile_layer(r->profile, a->layer) : NULL;
-    if (!lm || lm->source_layer >= MFW_MAX_LAYERS || !r->rows[lm->source_layer])
-        return mfw_attention(a);
-    uint8_t modes[64];
-    float tops[64];
-    mf_layer_map_t map;
-    mf_status_t st = mf_layer_map_from_proto(lm, &map, modes, tops);
-    if (st != MF_OK || map.n_target_heads != a->n_heads) {
+    *lm = pos0 == 0 && r->n_rows ? mf_profile_layer(r->profile, layer) : NULL;
+    if (!*lm || (*lm)->source_layer >= MFW_MAX_LAYERS || !r->rows[(*lm)->source_layer]) {
+        *lm = NULL;
+        return MF_OK;
+    }
+    mf_status_t st = mf_layer_map_from_proto(*lm, map, modes, tops);
+    if (st != MF_OK || map->n_target_heads != n_heads) {
         r->why = "profile layer does not fit the target's heads";
         return st != MF_OK ? st : MF_FAILED_PRECONDITION;
     }
+    return MF_OK;
+}
+
+mf_status_t mfw_reuse_hook(void *ctx, const mfw_attn_args_t *a)
+{
+    mfw_reuse_t *r = ctx;
+    const Mapflow__V1__LayerMap *lm;
+    uint8_t modes[64];
+    float tops[64];
+    mf_layer_map_t map;
+    mf_status_t st = mfw_reuse_layer(r, a->layer, a->pos0, a->n_heads, &lm, &map, modes, tops);
+    if (st != MF_OK || !lm)
+        return st != MF_OK ? st : mfw_attention(a);
     const Mapflow__V1__RecomputePolicy *rp = r->profile->recompute;
     mf_apply_args_t aa = { .rows = r->rows[lm->source_layer], .n_rows = r->n_rows, .map = &map,
                            .tgt = { a->q, a->k, a->v, MF_DTYPE_F32, a->n, a->n_heads,

@@ -31,14 +31,29 @@ typedef struct mfw_extract {
     uint32_t n_blocks;
     void **rows[MFW_MAX_LAYERS];
     size_t *sizes[MFW_MAX_LAYERS];
+    uint64_t entries;               /* (column, head) entries over all rows */
     double seconds;                 /* spent in mf_extract_ref */
     const char *why;                /* the kernel's message on failure */
+    /* CUDA hook only (handoff_cuda.h): the rows stay on the device, dev_rows[layer][block]
+     * inside dev_mem[layer]; rows[layer] are then NULL, sizes[layer] still set */
+    void **dev_rows[MFW_MAX_LAYERS];
+    void *dev_mem[MFW_MAX_LAYERS];
 } mfw_extract_t;
 
 /* mfw_attn_fn: default attention, then (prefill from position 0 only) rows for every
  * full block of a wanted layer. ctx is a mfw_extract_t. */
 mf_status_t mfw_extract_hook(void *ctx, const mfw_attn_args_t *a);
 void mfw_extract_release(mfw_extract_t *e);
+
+/* Whether a forward call's layer gets rows: a prefill from position 0 of a wanted layer
+ * with at least one full block (shared by the CPU and CUDA hooks). */
+int mfw_extract_wants(const mfw_extract_t *e, uint32_t layer, uint32_t pos0, uint32_t n);
+
+/* (Re)allocates layer's sizes[n_blocks] and, with host_rows, its n_blocks host row
+ * buffers (16-byte aligned); caps[n_blocks] receives each row's bound
+ * (mf_extract_row_bound), the buffers' capacity. */
+mf_status_t mfw_extract_alloc(mfw_extract_t *e, uint32_t layer, uint32_t n_blocks,
+                              uint32_t n_heads, size_t *caps, int host_rows);
 
 /* The source layers a profile needs (sorted, unique); returns their count. */
 uint32_t mfw_profile_source_layers(const Mapflow__V1__MappingProfile *p, uint32_t *layers,
@@ -49,6 +64,15 @@ typedef struct mfw_reuse {
     const Mapflow__V1__MappingProfile *profile;
     uint32_t n_rows;                /* query blocks with rows (the lookup's hit) */
     const mf_row_view_t *const *rows[MFW_MAX_LAYERS]; /* by source layer: [n_rows] or NULL */
+    /* rows leased on the device (the daemon's GPU arena, CUDA backend only), by source
+     * layer: [n_rows] device addresses (NULL: see rows) or NULL; rows[layer] must then
+     * be set too (its entries NULL for these) */
+    const void *const *dev_in[MFW_MAX_LAYERS];
+    /* CUDA backend only (handoff_cuda.h): every row on the device, by source layer: host
+     * arrays [n_rows] of device addresses (dev_in's, or copies in dev_mem) */
+    const void **dev_rows[MFW_MAX_LAYERS];
+    void *dev_mem;
+    uint32_t rows_on_device, rows_copied; /* of those: leased in place, copied from host */
     /* out */
     mf_apply_stats_t stats;
     uint32_t layers_mapped;
@@ -60,6 +84,14 @@ typedef struct mfw_reuse {
  * mf_apply_ref (per-head prob / mask / compute, the recompute policy exact); anything
  * else mfw_attention. ctx is a mfw_reuse_t. */
 mf_status_t mfw_reuse_hook(void *ctx, const mfw_attn_args_t *a);
+
+/* The profile entry of a forward call's layer (shared by the CPU and CUDA hooks): *lm is
+ * NULL when the layer is computed normally (not a prefill from 0, not mapped, no rows);
+ * else map (with modes[64], tops[64] behind it) is that layer's mapping. A profile that
+ * does not fit the target's heads fails (r->why). */
+mf_status_t mfw_reuse_layer(mfw_reuse_t *r, uint32_t layer, uint32_t pos0, uint32_t n_heads,
+                            const Mapflow__V1__LayerMap **lm, mf_layer_map_t *map,
+                            uint8_t modes[64], float tops[64]);
 
 /* Monotonic clock in seconds (for the workers' timings). */
 double mfw_now_s(void);

@@ -1,5 +1,5 @@
 /*
- * mapflow-worker — a small GPT (gpt.h) on the CPU that hands its attention maps over
+ * mapflow-worker — a small GPT (gpt.h; gpt_cuda.h on a GPU) that hands its attention maps over
  * through mapflowd (DESIGN §1).
  *
  *   --role source: prefill the first N tokens of a text, extract rows for the source layers
@@ -9,6 +9,10 @@
  *     with reuse, score the continuation, generate greedily. --no-reuse: only the full
  *     prefill; --compare: both, side by side, with the top-1 agreement between them.
  *
+ * --device cpu|cuda|auto (backend.h; auto: cuda when a GPU is usable) picks where the
+ * model runs; --dump PREFIX writes the scored logits and generated tokens of each target
+ * pass (tests/gpu/worker_check.sh compares the devices with them).
+ *
  * Exit: 0 ok, 1 failure (or agreement below --agree-min), 2 usage, 3 no daemon.
  */
 #include <getopt.h>
@@ -17,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h"
 #include "gpt.h"
 #include "handoff.h"
 #include "mapflow.h"
@@ -25,7 +30,7 @@
 
 typedef struct opts {
     const char *role, *model, *tokenizer, *daemon, *ns, *id, *source_id, *target_id;
-    const char *profile, *text, *prompt, *codec;
+    const char *profile, *text, *prompt, *codec, *device, *dump;
     uint32_t tokens, cont, generate;
     float top_p;
     int no_reuse, compare;
@@ -37,10 +42,10 @@ static void usage(void)
     fprintf(stderr,
             "usage: mapflow-worker --role source|target --model W.safetensors --tokenizer TOK\n"
             "         --text FILE [--tokens N] [--daemon TARGET] [--ns NS] [--profile FILE]\n"
-            "         [--source-id ID] [--target-id ID]\n"
+            "         [--source-id ID] [--target-id ID] [--device cpu|cuda|auto]\n"
             "  source: [--codec fp16|bf16|fp8|u8log|mask] [--top-p P]\n"
             "  target: [--continue M | --prompt TEXT] [--generate G] [--no-reuse | --compare]\n"
-            "          [--agree-min F]\n");
+            "          [--agree-min F] [--dump PREFIX]\n");
 }
 
 static char *read_file(const char *path, size_t max, size_t *len)
@@ -59,11 +64,16 @@ static char *read_file(const char *path, size_t max, size_t *len)
     return buf;
 }
 
-static mf_channel_t *connect_daemon(const opts_t *o)
+/* gpu ≥ 0 (the CUDA backend's device): also map the daemon's GPU arenas, so rows can be
+ * put from and leased onto the device. */
+static mf_channel_t *connect_daemon(const opts_t *o, int gpu)
 {
     mf_channel_params_t cp = { .field_mask = MF_CHANNEL_PARAM_NS | MF_CHANNEL_PARAM_CLIENT_NAME |
                                              MF_CHANNEL_PARAM_WANT_ARENA,
-                               .ns = o->ns, .client_name = o->role, .want_arena = 1 };
+                               .ns = o->ns, .client_name = o->role, .want_arena = 1,
+                               .gpu_device = gpu };
+    if (gpu >= 0)
+        cp.field_mask |= MF_CHANNEL_PARAM_GPU;
     mf_channel_t *ch = NULL;
     mf_status_t st = mf_channel_open(o->daemon, &cp, &ch);
     if (st == MF_OK)
@@ -108,7 +118,8 @@ static void print_text(const mfw_tok_t *tok, const uint32_t *ids, size_t n)
 
 /* ---- source ------------------------------------------------------------------------- */
 
-static int run_source(const opts_t *o, const mfw_gpt_t *m, const uint32_t *tokens, uint32_t n)
+static int run_source(const opts_t *o, mfw_backend_t *be, const mfw_gpt_t *m,
+                      const uint32_t *tokens, uint32_t n)
 {
     int rc = 1;
     mf_codec_t codec;
@@ -128,8 +139,8 @@ static int run_source(const opts_t *o, const mfw_gpt_t *m, const uint32_t *token
     }
     mfw_extract_t *e = calloc(1, sizeof *e);
     mf_put_item_t *items = NULL;
-    mfw_run_t *run = NULL;
-    mf_channel_t *ch = connect_daemon(o);
+    mfw_brun_t *run = NULL;
+    mf_channel_t *ch = connect_daemon(o, mfw_backend_gpu(be));
     if (!ch) {
         rc = 3;
         goto out;
@@ -149,55 +160,83 @@ static int run_source(const opts_t *o, const mfw_gpt_t *m, const uint32_t *token
     e->model = o->source_id;
     e->ns = o->ns;
     e->tokens = tokens;
-    if ((st = mfw_run_create(m, n, &run)) != MF_OK)
+    if ((st = mfw_brun_create(be, n, &run)) != MF_OK)
         goto out;
     double t0 = mfw_now_s();
-    st = mfw_gpt_forward(m, run, tokens, n, mfw_extract_hook, e, n, NULL);
+    st = mfw_brun_forward(run, tokens, n, MFW_HOOK_EXTRACT, e, n, NULL);
     double t_prefill = mfw_now_s() - t0;
     if (st != MF_OK) {
-        fprintf(stderr, "source: prefill: %s %s\n", mf_status_name(st), e->why ? e->why : "");
+        fprintf(stderr, "source: prefill: %s %s\n", mf_status_name(st),
+                e->why && *e->why ? e->why : mfw_brun_error(run));
         goto out;
     }
-    size_t n_items = 0, bytes = 0, entries = 0, cand = 0;
+    /* Rows extracted on the device are put from there, unless the channel has no GPU or
+     * that put fails for a reason a host put would not share. */
+    int from_dev = mfw_backend_is_cuda(be);
+    mf_gpu_info_t gi = { 0 };
+    if (from_dev) {
+        mf_channel_gpu_info(ch, &gi);
+        if (!gi.driver) {
+            fprintf(stderr, "source: the channel has no GPU (%s): rows go through host memory\n", gi.why);
+            if ((st = mfw_backend_extract_to_host(be, e)) != MF_OK) {
+                fprintf(stderr, "source: rows to the host: %s %s\n", mf_status_name(st), e->why ? e->why : "");
+                goto out;
+            }
+            from_dev = 0;
+        }
+    }
+    size_t n_items = 0, bytes = 0, cand = 0;
     items = calloc((size_t)nl * e->n_blocks + 1, sizeof *items);
     if (!items)
         goto out;
     for (uint32_t i = 0; i < nl; i++)
-        for (uint32_t b = 0; e->rows[layers[i]] && b < e->n_blocks; b++) {
-            mf_row_view_t rv;
-            mf_row_decode(e->rows[layers[i]][b], e->sizes[layers[i]][b], MF_ROW_NO_CHECKSUM, &rv, NULL);
-            entries += rv.n_entries;
+        for (uint32_t b = 0, l = layers[i]; e->sizes[l] && b < e->n_blocks; b++) {
             cand += (size_t)mfw_gpt_cfg(m)->n_head * (b + 1);
-            items[n_items].row = e->rows[layers[i]][b];
-            items[n_items++].len = e->sizes[layers[i]][b];
-            bytes += e->sizes[layers[i]][b];
+            items[n_items].row = from_dev ? e->dev_rows[l][b] : e->rows[l][b];
+            items[n_items++].len = e->sizes[l][b];
+            bytes += e->sizes[l][b];
         }
     t0 = mfw_now_s();
-    st = n_items ? mf_put_batch(ch, items, n_items, 0, MF_TIMEOUT_DEFAULT) : MF_OK;
+    st = !n_items ? MF_OK
+         : from_dev ? mf_put_device_batch(ch, items, n_items, 0, MF_TIMEOUT_DEFAULT)
+                    : mf_put_batch(ch, items, n_items, 0, MF_TIMEOUT_DEFAULT);
+    if (st != MF_OK && from_dev && st != MF_UNAVAILABLE && st != MF_DEADLINE_EXCEEDED) {
+        fprintf(stderr, "source: put from device memory: %s %s; again through host memory\n",
+                mf_status_name(st), mf_channel_last_error(ch));
+        st = mfw_backend_extract_to_host(be, e);
+        for (size_t i = 0, k = 0; st == MF_OK && i < nl; i++) /* the same order as above */
+            for (uint32_t b = 0, l = layers[i]; e->sizes[l] && b < e->n_blocks; b++)
+                items[k++].row = e->rows[l][b];
+        from_dev = 0;
+        if (st == MF_OK)
+            st = mf_put_batch(ch, items, n_items, 0, MF_TIMEOUT_DEFAULT);
+    }
     double t_put = mfw_now_s() - t0;
     if (st != MF_OK) {
         fprintf(stderr, "source: put: %s %s\n", mf_status_name(st), mf_channel_last_error(ch));
         goto out;
     }
     const mfw_gpt_cfg_t *c = mfw_gpt_cfg(m);
-    printf("source  model %s: %u layers x %u heads x d=%u; prefill of %u tokens %.2f s (extract %.2f s)\n",
-           o->source_id, c->n_layer, c->n_head, c->head_dim, n, t_prefill, e->seconds);
+    printf("source  model %s: %u layers x %u heads x d=%u; prefill of %u tokens %.4f s (extract %.4f s); device %s\n",
+           o->source_id, c->n_layer, c->n_head, c->head_dim, n, t_prefill, e->seconds,
+           mfw_backend_desc(be));
     printf("source  stored %zu rows: layers", n_items);
     for (uint32_t i = 0; i < nl; i++)
         printf(" %u", layers[i]);
     printf(" x %u blocks of %u, %s, top-p %.2f, %.1f KiB, kept %.1f%% of (head, block) pairs\n",
            e->n_blocks, e->block_size, mf_codec_name(codec), o->top_p, bytes / 1024.0,
-           cand ? 100.0 * (double)entries / (double)cand : 0.0);
-    printf("source  put in %.1f ms to %s (tier %s, zero-copy arena: %s); profile %s -> %s stored\n",
+           cand ? 100.0 * (double)e->entries / (double)cand : 0.0);
+    printf("source  put in %.1f ms to %s (tier %s, zero-copy arena: %s, from %s); profile %s -> %s stored\n",
            1e3 * t_put, o->daemon, n_items ? mf_tier_name(items[0].result.tier) : "-",
-           mf_channel_has_arena(ch) ? "yes" : "no", prof->source_model, prof->target_model);
+           mf_channel_has_arena(ch) ? "yes" : "no", from_dev ? "device memory" : "host memory",
+           prof->source_model, prof->target_model);
     rc = 0;
 out:
     free(items);
     if (e)
-        mfw_extract_release(e);
+        mfw_backend_extract_release(be, e);
     free(e);
-    mfw_run_free(run);
+    mfw_brun_free(run);
     mf_channel_close(ch);
     mf_profile_free(prof);
     free(pb);
@@ -221,23 +260,49 @@ static uint32_t argmax(const float *x, uint32_t n)
     return best;
 }
 
-/* Prefill tokens[0..total) (context n + continuation), score, then generate. */
-static mf_status_t target_pass(const mfw_gpt_t *m, const uint32_t *tokens, uint32_t n,
-                               uint32_t total, uint32_t gen, mfw_attn_fn hook, void *ctx,
-                               result_t *res)
+/* --dump: PREFIX.KIND.f32 (logits [rows, V] float32, host order) and PREFIX.KIND.gen (the
+ * generated token ids, one line). */
+static int dump_write(const char *prefix, const char *kind, const char *ext, const void *data,
+                      size_t bytes, const uint32_t *ids, uint32_t n_ids)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s.%s.%s", prefix, kind, ext);
+    FILE *f = fopen(path, "wb");
+    if (!f)
+        return -1;
+    if (data)
+        fwrite(data, 1, bytes, f);
+    for (uint32_t i = 0; ids && i < n_ids; i++)
+        fprintf(f, "%u%c", ids[i], i + 1 < n_ids ? ' ' : '\n');
+    int bad = ferror(f);
+    return fclose(f) || bad ? -1 : 0;
+}
+
+/* Prefill tokens[0..total) (context n + continuation), score, then generate; dump (may be
+ * NULL) receives the logits and tokens as PREFIX.kind.{f32,gen}. */
+static mf_status_t target_pass(mfw_backend_t *be, const mfw_gpt_t *m, const uint32_t *tokens,
+                               uint32_t n, uint32_t total, uint32_t gen, mfw_hook_t hook,
+                               void *ctx, const char *dump, const char *kind, result_t *res)
 {
     uint32_t V = mfw_gpt_cfg(m)->vocab, M = total - n;
-    mfw_run_t *run = NULL;
+    mfw_brun_t *run = NULL;
     float *logits = malloc(sizeof(float) * (size_t)V * (M + 1));
     res->pred = calloc(M + 1, sizeof(uint32_t));
     res->gen = calloc(gen + 1, sizeof(uint32_t));
     mf_status_t st = !logits || !res->pred || !res->gen ? MF_RESOURCE_EXHAUSTED
-                                                         : mfw_run_create(m, total + gen, &run);
+                                                         : mfw_brun_create(be, total + gen, &run);
     if (st != MF_OK)
         goto out;
     double t0 = mfw_now_s();
-    st = mfw_gpt_forward(m, run, tokens, total, hook, ctx, n - 1, logits);
+    st = mfw_brun_forward(run, tokens, total, hook, ctx, n - 1, logits);
     res->prefill_s = mfw_now_s() - t0;
+    if (st != MF_OK && *mfw_brun_error(run))
+        fprintf(stderr, "target: %s\n", mfw_brun_error(run));
+    if (st == MF_OK && dump &&
+        dump_write(dump, kind, "f32", logits, sizeof(float) * (size_t)V * (M + 1), NULL, 0)) {
+        fprintf(stderr, "target: cannot write %s.%s.f32\n", dump, kind);
+        st = MF_INTERNAL;
+    }
     res->nll = 0;
     for (uint32_t i = 0; st == MF_OK && i <= M; i++) {
         const float *l = logits + (size_t)i * V;
@@ -252,29 +317,35 @@ static mf_status_t target_pass(const mfw_gpt_t *m, const uint32_t *tokens, uint3
     uint32_t next = res->pred[M];
     for (res->n_gen = 0; st == MF_OK && res->n_gen < gen; res->n_gen++) {
         res->gen[res->n_gen] = next;
-        if (res->n_gen + 1 < gen && (st = mfw_gpt_forward(m, run, &next, 1, NULL, NULL, 0, logits)) == MF_OK)
+        if (res->n_gen + 1 < gen &&
+            (st = mfw_brun_forward(run, &next, 1, MFW_HOOK_NONE, NULL, 0, logits)) == MF_OK)
             next = argmax(logits, V);
     }
+    if (st == MF_OK && dump && dump_write(dump, kind, "gen", NULL, 0, res->gen, res->n_gen)) {
+        fprintf(stderr, "target: cannot write %s.%s.gen\n", dump, kind);
+        st = MF_INTERNAL;
+    }
 out:
-    mfw_run_free(run);
+    mfw_brun_free(run);
     free(logits);
     return st;
 }
 
-static int run_target(const opts_t *o, const mfw_gpt_t *m, const mfw_tok_t *tok,
-                      uint32_t *tokens, uint32_t n, uint32_t total)
+static int run_target(const opts_t *o, mfw_backend_t *be, const mfw_gpt_t *m,
+                      const mfw_tok_t *tok, uint32_t *tokens, uint32_t n, uint32_t total)
 {
     int rc = 1, reuse = !o->no_reuse, full = o->no_reuse || o->compare;
     mf_channel_t *ch = NULL;
     Mapflow__V1__MappingProfile *prof = NULL;
     mf_get_result_t *got = NULL;
     const mf_row_view_t **views = NULL;
+    const void **devs = NULL;  /* rows leased on the device (GPU arena) */
     mfw_reuse_t *ru = calloc(1, sizeof *ru);
     result_t rr = { 0 }, rf = { 0 };
     mf_status_t st = MF_OK;
     const char *why = "";
     uint32_t hit = 0, total_blocks = 0, layers[MFW_MAX_LAYERS], nl = 0;
-    double t_fetch = 0;
+    double t_fetch = 0, t_upload = 0;
     if (!ru)
         return 1;
     if (reuse) {
@@ -283,7 +354,7 @@ static int run_target(const opts_t *o, const mfw_gpt_t *m, const mfw_tok_t *tok,
             rc = 2;
             goto out;
         }
-        if (!(ch = connect_daemon(o))) {
+        if (!(ch = connect_daemon(o, mfw_backend_gpu(be)))) {
             rc = 3;
             goto out;
         }
@@ -315,31 +386,43 @@ static int run_target(const opts_t *o, const mfw_gpt_t *m, const mfw_tok_t *tok,
             goto out;
         }
         views = calloc((size_t)nl * hit + 1, sizeof *views);
-        if (!views)
+        devs = calloc((size_t)nl * hit + 1, sizeof *devs);
+        if (!views || !devs)
             goto out;
         ru->profile = prof;
         ru->n_rows = hit;
         for (uint32_t i = 0; i < nl && hit; i++) {
             for (uint32_t b = 0; b < hit; b++) {
                 const mf_row_ref_t *r = &got->rows[(size_t)i * hit + b];
-                views[(size_t)i * hit + b] = r->status == MF_OK ? &r->view : NULL;
+                views[(size_t)i * hit + b] = r->status == MF_OK && !r->on_device ? &r->view : NULL;
+                devs[(size_t)i * hit + b] = r->status == MF_OK && r->on_device ? r->data : NULL;
             }
-            if (layers[i] < MFW_MAX_LAYERS)
+            if (layers[i] < MFW_MAX_LAYERS) {
                 ru->rows[layers[i]] = views + (size_t)i * hit;
+                ru->dev_in[layers[i]] = devs + (size_t)i * hit;
+            }
         }
-        if ((st = target_pass(m, tokens, n, total, o->generate, mfw_reuse_hook, ru, &rr)) != MF_OK) {
+        t0 = mfw_now_s();
+        if ((st = mfw_backend_reuse_prepare(be, ru)) != MF_OK) {
+            fprintf(stderr, "target: rows to the device: %s %s\n", mf_status_name(st), ru->why ? ru->why : "");
+            goto out;
+        }
+        t_upload = mfw_now_s() - t0;
+        if ((st = target_pass(be, m, tokens, n, total, o->generate, MFW_HOOK_REUSE, ru, o->dump,
+                              "reuse", &rr)) != MF_OK) {
             fprintf(stderr, "target: reuse prefill: %s %s\n", mf_status_name(st), ru->why ? ru->why : "");
             goto out;
         }
     }
-    if (full && (st = target_pass(m, tokens, n, total, o->generate, NULL, NULL, &rf)) != MF_OK) {
+    if (full && (st = target_pass(be, m, tokens, n, total, o->generate, MFW_HOOK_NONE, NULL,
+                                  o->dump, "full", &rf)) != MF_OK) {
         fprintf(stderr, "target: prefill: %s\n", mf_status_name(st));
         goto out;
     }
     const mfw_gpt_cfg_t *c = mfw_gpt_cfg(m);
     uint32_t M = total - n;
-    printf("target  model %s: %u layers x %u heads x d=%u; context %u tokens (%u from the source + %u continuation)\n",
-           o->target_id, c->n_layer, c->n_head, c->head_dim, total, n, M);
+    printf("target  model %s: %u layers x %u heads x d=%u; context %u tokens (%u from the source + %u continuation); device %s\n",
+           o->target_id, c->n_layer, c->n_head, c->head_dim, total, n, M, mfw_backend_desc(be));
     if (reuse) {
         printf("target  profile %s -> %s: L0=%u, %zu mapped layers, block %u, recompute last %u\n",
                prof->source_model, prof->target_model, prof->l0, prof->n_layers, prof->block_size,
@@ -347,17 +430,22 @@ static int run_target(const opts_t *o, const mfw_gpt_t *m, const mfw_tok_t *tok,
         printf("target  lookup + leased get: %u of %u blocks hit on %u source layers, %.1f ms, zero-copy: %s\n",
                hit, total_blocks, nl, 1e3 * t_fetch, mf_channel_has_arena(ch) ? "yes" : "no");
         uint64_t cand = ru->stats.mask_candidates;
-        printf("target  reuse: %u layers through mf_apply_ref (%.2f s), exact blocks %llu, prob tiles %llu, mask blocks %llu of %llu\n",
-               ru->layers_mapped, ru->seconds, (unsigned long long)ru->stats.exact_blocks,
-               (unsigned long long)ru->stats.prob_tiles, (unsigned long long)ru->stats.mask_blocks,
-               (unsigned long long)cand);
+        if (mfw_backend_is_cuda(be))
+            printf("target  reuse: %u layers through mf_apply_cuda (%.2f ms); rows on the device: %u leased in place (GPU arena), %u copied from host memory (%.2f ms)\n",
+                   ru->layers_mapped, 1e3 * ru->seconds, ru->rows_on_device, ru->rows_copied,
+                   1e3 * t_upload);
+        else
+            printf("target  reuse: %u layers through mf_apply_ref (%.2f s), exact blocks %llu, prob tiles %llu, mask blocks %llu of %llu\n",
+                   ru->layers_mapped, ru->seconds, (unsigned long long)ru->stats.exact_blocks,
+                   (unsigned long long)ru->stats.prob_tiles, (unsigned long long)ru->stats.mask_blocks,
+                   (unsigned long long)cand);
     }
     printf("target  %-28s %12s %12s\n", "", reuse ? "reuse" : "", full ? "full prefill" : "");
     char a[32] = "", b[32] = "";
     if (reuse)
-        snprintf(a, sizeof a, "%.3f", rr.prefill_s);
+        snprintf(a, sizeof a, "%.4f", rr.prefill_s);
     if (full)
-        snprintf(b, sizeof b, "%.3f", rf.prefill_s);
+        snprintf(b, sizeof b, "%.4f", rf.prefill_s);
     printf("target  %-28s %12s %12s\n", "prefill seconds", a, b);
     if (M) {
         if (reuse)
@@ -396,7 +484,9 @@ out:
         mf_release_result(ch, got, MF_TIMEOUT_DEFAULT);
         mf_get_result_free(got);
     }
+    mfw_backend_reuse_release(be, ru);
     free(views);
+    free(devs);
     free(rr.pred);
     free(rr.gen);
     free(rf.pred);
@@ -409,7 +499,8 @@ out:
 
 int main(int argc, char **argv)
 {
-    opts_t o = { .ns = "mapflow", .source_id = "mapflow-small-src", .target_id = "mapflow-small-tgt",
+    opts_t o = { .device = "auto", .ns = "mapflow", .source_id = "mapflow-small-src",
+                 .target_id = "mapflow-small-tgt",
                  .codec = "fp16", .tokens = 448, .cont = 64, .generate = 24, .top_p = 0.95f,
                  .agree_min = -1 };
     static const struct option lo[] = {
@@ -419,7 +510,7 @@ int main(int argc, char **argv)
         { "prompt", 1, 0, 'p' }, { "codec", 1, 0, 'c' }, { "tokens", 1, 0, 'n' },
         { "continue", 1, 0, 'C' }, { "generate", 1, 0, 'g' }, { "top-p", 1, 0, 't' },
         { "no-reuse", 0, 0, 'R' }, { "compare", 0, 0, 'Q' }, { "agree-min", 1, 0, 'A' },
-        { "help", 0, 0, 'h' }, { 0, 0, 0, 0 } };
+        { "device", 1, 0, 'D' }, { "dump", 1, 0, 'U' }, { "help", 0, 0, 'h' }, { 0, 0, 0, 0 } };
     for (int c; (c = getopt_long(argc, argv, "", lo, NULL)) != -1;) {
         switch (c) {
         case 'r': o.role = optarg; break;
@@ -440,6 +531,8 @@ int main(int argc, char **argv)
         case 'R': o.no_reuse = 1; break;
         case 'Q': o.compare = 1; break;
         case 'A': o.agree_min = strtod(optarg, NULL); break;
+        case 'D': o.device = optarg; break;
+        case 'U': o.dump = optarg; break;
         default: usage(); return 2;
         }
     }
@@ -453,6 +546,7 @@ int main(int argc, char **argv)
     char err[512] = "";
     mfw_tok_t *tok = NULL;
     mfw_gpt_t *m = NULL;
+    mfw_backend_t *be = NULL;
     uint32_t *ids = NULL, *extra = NULL;
     int rc = 1;
     size_t text_len = 0, n_ids = 0, n_extra = 0;
@@ -487,8 +581,15 @@ int main(int argc, char **argv)
         ids = all;
         memcpy(ids + n, extra, sizeof(uint32_t) * cont);
     }
-    rc = source ? run_source(&o, m, ids, n) : run_target(&o, m, tok, ids, n, n + cont);
+    mf_status_t st = mfw_backend_open(m, o.device, &be, err, sizeof err);
+    if (st != MF_OK) {
+        fprintf(stderr, "%s: %s\n", o.role, err);
+        rc = st == MF_INVALID_ARGUMENT ? 2 : 1;
+        goto out;
+    }
+    rc = source ? run_source(&o, be, m, ids, n) : run_target(&o, be, m, tok, ids, n, n + cont);
 out:
+    mfw_backend_free(be);
     free(extra);
     free(ids);
     free(text);

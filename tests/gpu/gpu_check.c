@@ -6,7 +6,9 @@
  *   extract: every GPU row decodes (structure + xxh3 checksum); block masses within 1e-3
  *            of float64; kept sets equal to the reference's, or a valid Top-P set within
  *            the 1e-3 mass tolerance; tiles within twice the codec bound; mass bytes ±1.
- *   apply:   ‖O − O_ref‖ / ‖O_ref‖ ≤ 2e-3 per head mode, every element written.
+ *   apply:   ‖O − O_ref‖ / ‖O_ref‖ ≤ 2e-3 per head mode, every element written; each case
+ *            runs every implementation (v2, v3, and at B64 d128 v3 with 1, 2 and 4 heads a CTA),
+ *            with head modes mixed inside a KV group or uniform per group.
  * One line per case, a summary table last; exit status 1 on any failure.
  * Usage: gpu_check [--small] [--seed S]   (--small: one tiny case each, for
  * compute-sanitizer). Single-threaded tool; owns everything it allocates.
@@ -45,7 +47,7 @@ static int g_nres;
 
 static void report(const char *name, const char *metric, double value, double limit, int pass)
 {
-    printf("%-44s %-18s %.3e (limit %.1e) %s\n", name, metric, value, limit,
+    printf("%-52s %-18s %.3e (limit %.1e) %s\n", name, metric, value, limit,
            pass ? "ok" : "FAIL");
     if (g_nres < MAX_RESULTS) {
         result_t *r = &g_res[g_nres++];
@@ -413,14 +415,16 @@ typedef struct app_case {
     mf_dtype_t dt;
     uint32_t b, d, n, ht, hkv, hs;
     mf_codec_t codec;
+    int grouped; /* modes uniform per KV group (else cycling within each group) */
 } app_case_t;
 
 static int check_apply(const app_case_t *c, uint64_t seed)
 {
-    char name[96];
-    snprintf(name, sizeof(name), "apply %s B%u d%u N%u Ht%u/%u Hs%u rows=%s",
+    char base[96];
+    snprintf(base, sizeof(base), "%s B%u d%u N%u Ht%u/%u Hs%u %s %s",
              c->dt == MF_DTYPE_F16 ? "f16" : "bf16", c->b, c->d, c->n, c->ht, c->hkv, c->hs,
-             mf_codec_name(c->codec));
+             mf_codec_name(c->codec), c->grouped ? "grp" : "mix");
+    const char *name = base;
     /* source rows from the reference extract */
     tensors_t src, tgt;
     tensors_make(&src, seed, MF_DTYPE_F16, c->n, c->hs, c->hs / 2, 64);
@@ -474,7 +478,8 @@ static int check_apply(const app_case_t *c, uint64_t seed)
         }
         for (uint32_t s = 0; s < c->hs; s++)
             w[(size_t)t * c->hs + s] /= sum;
-        mode[t] = (uint8_t)((t + 1) % 3); /* 1 prob, 2 mask, 0 compute */
+        /* 1 prob, 2 mask, 0 compute: per head, or per KV group */
+        mode[t] = (uint8_t)(((c->grouped ? t / (c->ht / c->hkv) : t) + 1) % 3);
         if (c->codec == MF_CODEC_MASK && mode[t] == MF_HEAD_PROB)
             mode[t] = MF_HEAD_MASK;
         tp[t] = 0.8f + 0.19f * (float)mf_rng_uniform(&rng);
@@ -491,52 +496,75 @@ static int check_apply(const app_case_t *c, uint64_t seed)
         fprintf(stderr, "%s: reference apply: %s\n", name, why);
         exit(2);
     }
-    uint32_t *dbad, bad = 0;
+    uint32_t *dbad;
     CK(cudaMalloc((void **)&d_o, on * 4));
-    CK(cudaMemset(d_o, 0xff, on * 4)); /* NaN poison */
     CK(cudaMalloc((void **)&dbad, 4));
-    CK(cudaMemset(dbad, 0, 4));
-    mf_apply_cuda_args_t ga = { .rows = dptr, .n_rows = full, .map = &map, .tgt = tgt.dev,
-                                .block_size = c->b, .exact = exact, .exact_first = 0,
-                                .exact_last = 1, .o = d_o, .bad_rows = dbad };
-    mf_status_t st = mf_apply_cuda(&ga, 0, &why);
-    if (st != MF_OK)
-        printf("%s: mf_apply_cuda: %s (%s)\n", name, mf_status_name(st), why);
-    CK(cudaDeviceSynchronize());
-    CK(cudaMemcpy(o_gpu, d_o, on * 4, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(&bad, dbad, 4, cudaMemcpyDeviceToHost));
-    /* error per mode (a head's rows in exact blocks count as compute) */
-    double num[3] = { 0 }, den[3] = { 0 };
-    size_t unwritten = 0;
-    for (uint32_t r = 0; r < c->n; r++) {
-        uint32_t i = r / c->b;
-        int ex = i >= full || !vp[i] || exact[i] || i + 1 >= full;
-        for (uint32_t t = 0; t < c->ht; t++) {
-            int md = ex ? MF_HEAD_COMPUTE : mode[t];
-            for (uint32_t x = 0; x < c->d; x++) {
-                size_t at = ((size_t)r * c->ht + t) * c->d + x;
-                if (!isfinite(o_gpu[at])) {
-                    unwritten++;
-                    continue;
+    static const struct { const char *label; mf_apply_impl_t impl; const char *hp; } impls[] = {
+        { "v2", MF_APPLY_IMPL_V2, NULL },
+        { "v3", MF_APPLY_IMPL_V3, NULL },
+        { "v3hp2", MF_APPLY_IMPL_V3, "2" },
+        { "v3hp1", MF_APPLY_IMPL_V3, "1" },
+        { "v3hp4", MF_APPLY_IMPL_V3, "4" },
+    };
+    int pass = 1;
+    for (size_t v = 0; v < sizeof(impls) / sizeof(impls[0]); v++) {
+        if (impls[v].hp && !(c->b == 64 && c->d == 128))
+            continue; /* the pack-size variants exist at B64 d128 only */
+        char label[128];
+        snprintf(label, sizeof(label), "apply %s %s", impls[v].label, base);
+        name = label;
+        if (impls[v].hp)
+            setenv("MF_V3_HP", impls[v].hp, 1);
+        else
+            unsetenv("MF_V3_HP");
+        uint32_t bad = 0;
+        CK(cudaMemset(d_o, 0xff, on * 4)); /* NaN poison */
+        CK(cudaMemset(dbad, 0, 4));
+        mf_apply_cuda_args_t ga = { .rows = dptr, .n_rows = full, .map = &map, .tgt = tgt.dev,
+                                    .block_size = c->b, .exact = exact, .exact_first = 0,
+                                    .exact_last = 1, .o = d_o, .bad_rows = dbad };
+        mf_status_t st = mf_apply_cuda_impl(&ga, impls[v].impl, 0, &why);
+        if (st != MF_OK)
+            printf("%s: mf_apply_cuda: %s (%s)\n", name, mf_status_name(st), why);
+        CK(cudaDeviceSynchronize());
+        CK(cudaGetLastError());
+        CK(cudaMemcpy(o_gpu, d_o, on * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(&bad, dbad, 4, cudaMemcpyDeviceToHost));
+        /* error per mode (a head's rows in exact blocks count as compute) */
+        double num[3] = { 0 }, den[3] = { 0 };
+        size_t unwritten = 0;
+        for (uint32_t r = 0; r < c->n; r++) {
+            uint32_t i = r / c->b;
+            int ex = i >= full || !vp[i] || exact[i] || i + 1 >= full;
+            for (uint32_t t = 0; t < c->ht; t++) {
+                int md = ex ? MF_HEAD_COMPUTE : mode[t];
+                for (uint32_t x = 0; x < c->d; x++) {
+                    size_t at = ((size_t)r * c->ht + t) * c->d + x;
+                    if (!isfinite(o_gpu[at])) {
+                        unwritten++;
+                        continue;
+                    }
+                    double dd = (double)o_gpu[at] - o_ref[at];
+                    num[md] += dd * dd;
+                    den[md] += (double)o_ref[at] * o_ref[at];
                 }
-                double dd = (double)o_gpu[at] - o_ref[at];
-                num[md] += dd * dd;
-                den[md] += (double)o_ref[at] * o_ref[at];
             }
         }
+        static const char *mn[3] = { "compute", "prob", "mask" };
+        int ok = st == MF_OK && unwritten == 0 && bad == 0;
+        report(name, "unwritten/bad", (double)unwritten + bad, 0, ok);
+        for (int md = 0; md < 3; md++) {
+            if (den[md] == 0)
+                continue;
+            double rel = sqrt(num[md] / den[md]);
+            char metric[32];
+            snprintf(metric, sizeof(metric), "rel err %s", mn[md]);
+            report(name, metric, rel, 2e-3, rel <= 2e-3);
+            ok &= rel <= 2e-3;
+        }
+        pass &= ok;
     }
-    static const char *mn[3] = { "compute", "prob", "mask" };
-    int pass = st == MF_OK && unwritten == 0 && bad == 0;
-    report(name, "unwritten/bad", (double)unwritten + bad, 0, unwritten == 0 && bad == 0);
-    for (int md = 0; md < 3; md++) {
-        if (den[md] == 0)
-            continue;
-        double rel = sqrt(num[md] / den[md]);
-        char metric[32];
-        snprintf(metric, sizeof(metric), "rel err %s", mn[md]);
-        report(name, metric, rel, 2e-3, rel <= 2e-3);
-        pass &= rel <= 2e-3;
-    }
+    unsetenv("MF_V3_HP");
     free(o_ref);
     free(o_gpu);
     free(w);
@@ -577,10 +605,12 @@ int main(int argc, char **argv)
                                   MF_CODEC_FP8_E4M3, MF_CODEC_U8_LOG };
     if (small) {
         ext_case_t e = { MF_DTYPE_F16, 64, 64, 256, 4, 2, MF_CODEC_FP8_E4M3, 0, 0.9f };
-        app_case_t a = { MF_DTYPE_F16, 64, 64, 200, 4, 2, 4, MF_CODEC_FP8_E4M3 };
+        app_case_t a = { MF_DTYPE_F16, 64, 64, 200, 4, 2, 4, MF_CODEC_FP8_E4M3, 0 };
+        app_case_t a1 = { MF_DTYPE_BF16, 64, 128, 200, 8, 2, 4, MF_CODEC_FP16, 1 };
         fails += !check_extract(&e, seed);
         fails += !check_apply(&a, seed + 1);
-        cases = 2;
+        fails += !check_apply(&a1, seed + 2);
+        cases = 3;
     } else {
         for (int ci = 0; ci < 5; ci++) {
             ext_case_t e = { ci & 1 ? MF_DTYPE_BF16 : MF_DTYPE_F16, 64, ci < 3 ? 128 : 64,
@@ -595,20 +625,29 @@ int main(int argc, char **argv)
         cases += 2;
         for (int ci = 0; ci < 5; ci++) {
             app_case_t a = { ci & 1 ? MF_DTYPE_BF16 : MF_DTYPE_F16, 64, ci < 3 ? 128 : 64,
-                             768 + 37, 8, 2, 8, codecs[ci] };
+                             768 + 37, 8, 2, 8, codecs[ci], ci & 1 };
             fails += !check_apply(&a, seed + 20 + ci);
             cases++;
         }
-        app_case_t a2 = { MF_DTYPE_F16, 128, 128, 900, 4, 1, 6, MF_CODEC_FP8_E4M3 };
-        app_case_t a3 = { MF_DTYPE_BF16, 32, 64, 520, 8, 4, 4, MF_CODEC_U8_LOG };
+        app_case_t a2 = { MF_DTYPE_F16, 128, 128, 900, 4, 1, 6, MF_CODEC_FP8_E4M3, 0 };
+        app_case_t a3 = { MF_DTYPE_BF16, 32, 64, 520, 8, 4, 4, MF_CODEC_U8_LOG, 0 };
+        /* 8 query heads a KV head: two packs of one mode (grp), or 3 packs (mix) */
+        app_case_t a4 = { MF_DTYPE_BF16, 64, 128, 640, 16, 2, 8, MF_CODEC_FP8_E4M3, 1 };
+        app_case_t a5 = { MF_DTYPE_F16, 64, 128, 700, 16, 2, 8, MF_CODEC_BF16, 0 };
+        app_case_t a6 = { MF_DTYPE_F16, 128, 64, 900, 8, 2, 8, MF_CODEC_FP16, 1 };
+        app_case_t a7 = { MF_DTYPE_BF16, 32, 128, 520, 8, 2, 8, MF_CODEC_FP8_E4M3, 1 };
         fails += !check_apply(&a2, seed + 30);
         fails += !check_apply(&a3, seed + 31);
-        cases += 2;
+        fails += !check_apply(&a4, seed + 32);
+        fails += !check_apply(&a5, seed + 33);
+        fails += !check_apply(&a6, seed + 34);
+        fails += !check_apply(&a7, seed + 35);
+        cases += 6;
     }
     printf("\n== gpu_check summary (seed %llu) ==\n", (unsigned long long)seed);
-    printf("%-44s %-18s %-10s %-8s %s\n", "case", "metric", "value", "limit", "result");
+    printf("%-52s %-18s %-10s %-8s %s\n", "case", "metric", "value", "limit", "result");
     for (int x = 0; x < g_nres; x++)
-        printf("%-44s %-18s %-10.3e %-8.1e %s\n", g_res[x].name, g_res[x].metric,
+        printf("%-52s %-18s %-10.3e %-8.1e %s\n", g_res[x].name, g_res[x].metric,
                g_res[x].value, g_res[x].limit, g_res[x].pass ? "ok" : "FAIL");
     printf("%d cases, %d failed\n", cases, fails);
     return fails ? 1 : 0;

@@ -9,6 +9,13 @@ CompletionQueue. A failed call raises MapflowError carrying the status code.
 Rows come back as memoryviews — read-only, zero-copy views of the daemon's host arena
 for leased gets — and as NumPy arrays when NumPy is importable (Row.array(), Row.tokens),
 so a PyTorch worker can wrap them with torch.from_numpy / torch.frombuffer without a copy.
+
+GPU: Channel(..., gpu_device=N) maps the daemon's GPU arenas (CUDA IPC) in device N's
+primary context; leased rows of the gpu tier then come back with on_device = True and
+device_ptr (an int device address, valid in that context; data is None: the host never
+reads device memory). put_device(ptr, length) stores a row that sits in device memory
+(e.g. tensor.data_ptr() of a uint8 CUDA tensor, after the stream that wrote it is
+synchronized). gpu_info() says which arenas are mapped and why not.
 A view is valid while its GetResult (or Lease) is open and, for leases, until release();
 after close() the memory may be reused: never keep views longer than the result.
 
@@ -77,7 +84,8 @@ class _RowView(C.Structure):
 class _RowRef(C.Structure):
     _fields_ = [("status", C.c_int), ("layer", C.c_uint32), ("block", C.c_uint32),
                 ("tier", C.c_int), ("data", C.c_void_p), ("length", C.c_size_t),
-                ("lease_id", C.c_uint64), ("view", _RowView)]
+                ("lease_id", C.c_uint64), ("view", _RowView), ("on_device", C.c_int),
+                ("gpu_arena", C.c_uint32)]
 
 
 class _GetResult(C.Structure):
@@ -98,7 +106,20 @@ class _Retry(C.Structure):
 class _Params(C.Structure):
     _fields_ = [("field_mask", C.c_uint64), ("ns", C.c_char_p), ("token", C.c_char_p),
                 ("client_name", C.c_char_p), ("want_arena", C.c_int),
-                ("timeout_ms", C.c_int64), ("max_frame", C.c_uint32), ("retry", _Retry)]
+                ("timeout_ms", C.c_int64), ("max_frame", C.c_uint32), ("retry", _Retry),
+                ("verify", C.c_int), ("gpu_device", C.c_int)]
+
+
+class _GpuArenaInfo(C.Structure):
+    _fields_ = [("index", C.c_uint32), ("bytes", C.c_uint64), ("mapped", C.c_int),
+                ("device", C.c_int), ("peer", C.c_int), ("pci_bus_id", C.c_char * 32),
+                ("why", C.c_char * 256)]
+
+
+class _GpuInfo(C.Structure):
+    _fields_ = [("gpu_device", C.c_int), ("driver", C.c_int), ("why", C.c_char * 256),
+                ("n_announced", C.c_uint32), ("n_mapped", C.c_uint32), ("n_peer", C.c_uint32),
+                ("arenas", _GpuArenaInfo * 16)]
 
 
 class _Info(C.Structure):
@@ -119,7 +140,8 @@ class _PutItem(C.Structure):
 
 class _Lease(C.Structure):
     _fields_ = [("data", C.c_void_p), ("length", C.c_size_t), ("lease_id", C.c_uint64),
-                ("view", _RowView), ("ttl_ms", C.c_uint64)]
+                ("view", _RowView), ("ttl_ms", C.c_uint64), ("on_device", C.c_int),
+                ("gpu_arena", C.c_uint32)]
 
 
 class _Entry(C.Structure):
@@ -174,6 +196,11 @@ _PROTOS = {
     "mf_channel_last_error": (C.c_char_p, [_P]),
     "mf_channel_has_arena": (C.c_int, [_P]),
     "mf_channel_info": (None, [_P, C.POINTER(_Info)]),
+    "mf_channel_gpu_info": (None, [_P, C.POINTER(_GpuInfo)]),
+    "mf_put_device": (C.c_int, [_P, _P, C.c_size_t, C.c_uint, C.POINTER(_PutResult),
+                                C.c_int64]),
+    "mf_put_device_batch": (C.c_int, [_P, C.POINTER(_PutItem), C.c_size_t, C.c_uint,
+                                      C.c_int64]),
     "mf_put": (C.c_int, [_P, _P, C.c_size_t, C.c_uint, C.POINTER(_PutResult), C.c_int64]),
     "mf_put_async": (C.c_int, [_P, _P, C.c_size_t, C.c_uint, C.POINTER(_PutResult),
                                C.c_int64] + _ASYNC),
@@ -344,7 +371,9 @@ class PutResult:
 
 class Row:
     """One returned row: status, layer, block, tier, lease_id and, when status is OK, the
-    row bytes (data: memoryview; array(): NumPy uint8) and its decoded header."""
+    row bytes (data: memoryview; array(): NumPy uint8) and its decoded header. A leased
+    row of a mapped GPU arena has on_device True, device_ptr (int) and length instead:
+    data is None and the header is not decoded (the GPU kernels check it)."""
 
     def __init__(self, ref, owner):
         self.status = ref.status
@@ -352,8 +381,12 @@ class Row:
         self.block = ref.block
         self.tier = _TIERS.get(ref.tier, "none")
         self.lease_id = ref.lease_id
+        self.on_device = bool(ref.on_device)
+        self.gpu_arena = ref.gpu_arena
+        self.device_ptr = ref.data if ref.status == OK and ref.on_device else 0
+        self.length = ref.length if ref.status == OK else 0
         self.data = None
-        if ref.status == OK and ref.data:
+        if ref.status == OK and ref.data and not ref.on_device:
             v = ref.view
             self.data = _view(ref.data, ref.length, owner)
             self.model = C.string_at(v.model, v.model_len).decode()
@@ -387,7 +420,8 @@ class Row:
     def __repr__(self):
         return "Row(layer=%d, block=%d, status=%s, tier=%s, %s)" % (
             self.layer, self.block, STATUS.get(self.status), self.tier,
-            "%d bytes" % len(self.data) if self.data is not None else "no data")
+            "%d bytes on device at 0x%x" % (self.length, self.device_ptr) if self.on_device
+            else "%d bytes" % len(self.data) if self.data is not None else "no data")
 
 
 class GetResult:
@@ -437,15 +471,21 @@ class GetResult:
 
 
 class Lease:
-    """One leased row: data (read-only memoryview into the daemon's arena), lease_id."""
+    """One leased row: data (read-only memoryview into the daemon's arena), lease_id; or,
+    on_device, device_ptr and length (data None) for a row of a mapped GPU arena."""
 
     def __init__(self, ch, lease):
         self._ch = ch
         self.lease_id = lease.lease_id
         self.ttl_ms = lease.ttl_ms
-        self.data = _view(lease.data, lease.length, self)
-        self.layer = lease.view.layer
-        self.block = lease.view.block_index
+        self.on_device = bool(lease.on_device)
+        self.gpu_arena = lease.gpu_arena
+        self.length = lease.length
+        self.device_ptr = lease.data if lease.on_device else 0
+        self.data = None if lease.on_device else _view(lease.data, lease.length, self)
+        # a device row's header is not read here
+        self.layer = None if lease.on_device else lease.view.layer
+        self.block = None if lease.on_device else lease.view.block_index
 
     def array(self):
         if _np is None:
@@ -562,19 +602,21 @@ class CompletionQueue:
 # ==== channel ============================================================================
 
 _PARAM_NS, _PARAM_TOKEN, _PARAM_NAME, _PARAM_ARENA, _PARAM_TIMEOUT, _PARAM_FRAME, \
-    _PARAM_RETRY = (1 << i for i in range(7))
+    _PARAM_RETRY, _PARAM_VERIFY, _PARAM_GPU = (1 << i for i in range(9))
 
 
 class Channel:
     """A connection to one mapflowd (target "unix:PATH", "tcp:HOST:PORT" or "ucx:HOST:PORT":
     rows then move one-sided and come back as copies, see mapflow.h) bound to one
     namespace. retry: dict of mf_retry_policy_t fields (max_retries, initial_backoff_ms,
-    max_backoff_ms, multiplier, jitter) overriding the defaults."""
+    max_backoff_ms, multiplier, jitter) overriding the defaults. gpu_device: this
+    process's CUDA ordinal in which the daemon's GPU arenas are mapped (None: no GPU)."""
 
     _h = None  # set once the C object exists (close / __del__ check it)
 
     def __init__(self, target, ns="default", token=None, client_name="mapflow-python",
-                 want_arena=False, timeout_ms=30000, max_frame=0, retry=None):
+                 want_arena=False, timeout_ms=30000, max_frame=0, retry=None,
+                 gpu_device=None):
         p = _Params()
         p.field_mask = _PARAM_NS | _PARAM_NAME | _PARAM_ARENA | _PARAM_TIMEOUT
         self._strs = [_b(ns), _b(client_name), _b(token or "")]
@@ -594,6 +636,9 @@ class Channel:
                     raise ValueError("unknown retry field %r" % k)
                 setattr(p.retry, k, v)
             p.field_mask |= _PARAM_RETRY
+        if gpu_device is not None:
+            p.field_mask |= _PARAM_GPU
+            p.gpu_device = int(gpu_device)
         h = _P()
         st = _lib.mf_channel_open(_b(target), C.byref(p), C.byref(h))
         if st != OK:
@@ -649,6 +694,20 @@ class Channel:
                 "gpu_tier": bool(i.gpu_tier), "connected": bool(i.connected),
                 "reconnects": i.reconnects, "in_flight": i.in_flight}
 
+    def gpu_info(self):
+        """The GPU arenas of the current connection: {"gpu_device", "driver", "why",
+        "announced", "mapped", "peer", "arenas": [{index, bytes, mapped, device, peer,
+        pci_bus_id, why}]}."""
+        g = _GpuInfo()
+        _lib.mf_channel_gpu_info(self._h, C.byref(g))
+        arenas = [{"index": a.index, "bytes": a.bytes, "mapped": bool(a.mapped),
+                   "device": a.device, "peer": bool(a.peer),
+                   "pci_bus_id": a.pci_bus_id.decode(), "why": a.why.decode(errors="replace")}
+                  for a in g.arenas[:min(g.n_announced, 16)]]
+        return {"gpu_device": g.gpu_device, "driver": bool(g.driver),
+                "why": g.why.decode(errors="replace"), "announced": g.n_announced,
+                "mapped": g.n_mapped, "peer": g.n_peer, "arenas": arenas}
+
     # -- data calls --
     def put(self, row, durable=False, timeout_ms=None):
         """Stores one encoded row (bytes-like); returns a PutResult."""
@@ -657,6 +716,31 @@ class Channel:
         self._check(_lib.mf_put(self._h, buf, len(buf), 1 if durable else 0, C.byref(r),
                                 _timeout(timeout_ms)))
         return PutResult(r)
+
+    def put_device(self, ptr, length, durable=False, timeout_ms=None):
+        """Stores one encoded row that sits in device memory at ptr (int, 16-byte aligned,
+        valid in gpu_device's context; the work that wrote it finished); a PutResult."""
+        r = _PutResult()
+        self._check(_lib.mf_put_device(self._h, _P(int(ptr)), int(length),
+                                       1 if durable else 0, C.byref(r), _timeout(timeout_ms)))
+        return PutResult(r)
+
+    def put_device_batch(self, rows, durable=False, timeout_ms=None):
+        """put_device for many rows: rows is a list of (ptr, length); one PutResult each.
+        On failure raises MapflowError with .results."""
+        rows = list(rows)
+        items = (_PutItem * max(len(rows), 1))()
+        for i, (ptr, n) in enumerate(rows):
+            items[i].row = int(ptr)
+            items[i].len = int(n)
+        st = _lib.mf_put_device_batch(self._h, items, len(rows), 1 if durable else 0,
+                                      _timeout(timeout_ms))
+        results = [PutResult(items[i].result, items[i].status) for i in range(len(rows))]
+        if st != OK:
+            err = MapflowError(st, self.last_error)
+            err.results = results
+            raise err
+        return results
 
     def put_async(self, cq, row, tag=None, durable=False, timeout_ms=None):
         buf = _rowbuf(row)

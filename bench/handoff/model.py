@@ -1,0 +1,194 @@
+"""Llama-shaped decoder with random bf16 weights for the hand-off benchmark (timing only).
+
+Shapes are real ones (TARGET = Llama-3.1-8B, SOURCE = Qwen2.5-14B: 48 layers, 40 heads,
+8 KV heads, width 5120, FFN 13824, q/k/v bias); weights are N(0, 0.02) so the maps are
+unstructured (every key block about equally heavy): what a block costs does not depend on
+which block it is, and the benchmark sets the density through the source's Top-P instead.
+
+prefill(tokens, attn) runs the whole prompt and returns the first generated token; for
+every layer it calls attn(layer, x_norm, model) which must return the attention output
+[N, Hq·d] (before o_proj). native_attention() is the dense one (SDPA, flash backend when
+it exists; a math fallback for old CPU torch in --dry); qkv() projects and applies RoPE,
+optionally only for the last rows of Q (prob mode needs Q for its exact rows only).
+Layout of Q/K/V: [N, H, d] contiguous, which is what the MapFlow kernels take.
+
+Single-threaded: one model per process thread that calls it.
+"""
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class Shape:
+    name: str
+    layers: int
+    heads: int
+    kv_heads: int
+    width: int
+    ffn: int
+    vocab: int
+    rope_base: float
+    qkv_bias: bool
+
+    @property
+    def head_dim(self):
+        return self.width // self.heads
+
+    def params(self):
+        d = self.head_dim
+        attn = self.width * (self.heads + 2 * self.kv_heads) * d + self.heads * d * self.width
+        return self.layers * (attn + 3 * self.width * self.ffn) + 2 * self.vocab * self.width
+
+
+TARGET = Shape("llama-3.1-8b-shape", 32, 32, 8, 4096, 14336, 128256, 500000.0, False)
+SOURCE = Shape("qwen2.5-14b-shape", 48, 40, 8, 5120, 13824, 152064, 1000000.0, True)
+
+
+def tiny(shape, layers, heads, kv_heads, head_dim, ffn, vocab=512):
+    """A small model of the same kind (--dry)."""
+    return Shape(shape.name + "-tiny", layers, heads, kv_heads, heads * head_dim, ffn, vocab,
+                 shape.rope_base, shape.qkv_bias)
+
+
+def has_sdpa():
+    return hasattr(F, "scaled_dot_product_attention")
+
+
+class Model:
+    def __init__(self, shape, device, dtype=torch.bfloat16, seed=0):
+        self.s = shape
+        self.device = device
+        self.dtype = dtype
+        g = torch.Generator(device=device)
+        g.manual_seed(seed)
+        d = shape.head_dim
+
+        def w(*size):
+            t = torch.empty(*size, dtype=dtype, device=device)
+            return t.normal_(0.0, 0.02, generator=g)
+        self.embed = w(shape.vocab, shape.width)
+        self.head = w(shape.width, shape.vocab)
+        self.layers = []
+        nq, nkv = shape.heads * d, shape.kv_heads * d
+        for _ in range(shape.layers):
+            self.layers.append({
+                "wqkv": w(shape.width, nq + 2 * nkv),
+                "bqkv": w(nq + 2 * nkv) if shape.qkv_bias else None,
+                "wo": w(nq, shape.width),
+                "wgu": w(shape.width, 2 * shape.ffn),
+                "wd": w(shape.ffn, shape.width),
+                "n1": torch.ones(shape.width, dtype=dtype, device=device),
+                "n2": torch.ones(shape.width, dtype=dtype, device=device)})
+        self.norm = torch.ones(shape.width, dtype=dtype, device=device)
+        self._rope = {}
+
+    def bytes(self):
+        return self.s.params() * torch.finfo(self.dtype).bits // 8
+
+    def rope(self, n):
+        """cos, sin [n, d/2] float32 (cached per n)."""
+        if n not in self._rope:
+            d = self.s.head_dim
+            inv = 1.0 / (self.s.rope_base ** (torch.arange(0, d, 2, dtype=torch.float32,
+                                                           device=self.device) / d))
+            ang = torch.arange(n, dtype=torch.float32, device=self.device)[:, None] * inv[None]
+            self._rope = {n: (torch.cos(ang), torch.sin(ang))}
+        return self._rope[n]
+
+    @staticmethod
+    def _rms(x, wt):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * wt
+
+    def _apply_rope(self, t, cos, sin):
+        """t [n, H, d] → rotated (rotate-half), same dtype, contiguous."""
+        h = t.shape[-1] // 2
+        t1, t2 = t[..., :h].float(), t[..., h:].float()
+        c, s = cos[:, None, :], sin[:, None, :]
+        return torch.cat([t1 * c - t2 * s, t2 * c + t1 * s], dim=-1).to(t.dtype)
+
+    def qkv(self, layer, xn, q_rows=None):
+        """Q [N or q_rows, Hq, d], K, V [N, Hkv, d] with RoPE. q_rows: only the last q_rows
+        rows of Q are computed (written at the end of an uninitialised [N, Hq, d] tensor)."""
+        s, lw = self.s, self.layers[layer]
+        n, d = xn.shape[0], s.head_dim
+        nq, nkv = s.heads * d, s.kv_heads * d
+        cos, sin = self.rope(n)
+        b = lw["bqkv"]
+        if q_rows is None:
+            y = xn @ lw["wqkv"]
+            if b is not None:
+                y = y + b
+            q = y[:, :nq].view(n, s.heads, d)
+            k = y[:, nq:nq + nkv].view(n, s.kv_heads, d)
+            v = y[:, nq + nkv:].contiguous().view(n, s.kv_heads, d)
+            return self._apply_rope(q, cos, sin), self._apply_rope(k, cos, sin), v
+        kv = xn @ lw["wqkv"][:, nq:]
+        if b is not None:
+            kv = kv + b[nq:]
+        k = self._apply_rope(kv[:, :nkv].view(n, s.kv_heads, d), cos, sin)
+        v = kv[:, nkv:].contiguous().view(n, s.kv_heads, d)
+        q = torch.empty(n, s.heads, d, dtype=self.dtype, device=self.device)
+        if q_rows:
+            qt = xn[n - q_rows:] @ lw["wqkv"][:, :nq]
+            if b is not None:
+                qt = qt + b[:nq]
+            q[n - q_rows:] = self._apply_rope(qt.view(q_rows, s.heads, d), cos[n - q_rows:],
+                                              sin[n - q_rows:])
+        return q, k, v
+
+    def native_attention(self, q, k, v, want_lse=False):
+        """Dense causal attention of [N, H, d] Q and [N, Hkv, d] K, V → ([N, Hq·d], LSE
+        [Hq, N] fp32 or None). LSE comes free from the flash kernel (aten's
+        _scaled_dot_product_flash_attention returns it); None when unavailable."""
+        n, hq, d = q.shape
+        rep = hq // k.shape[1]
+        qs = q.transpose(0, 1).unsqueeze(0)
+        ks = k.transpose(0, 1).unsqueeze(0).repeat_interleave(rep, dim=1)
+        vs = v.transpose(0, 1).unsqueeze(0).repeat_interleave(rep, dim=1)
+        lse = None
+        if self.device.type == "cuda" and want_lse:
+            try:
+                res = torch.ops.aten._scaled_dot_product_flash_attention(qs, ks, vs, 0.0, True)
+                o, lse = res[0], res[1].reshape(hq, n).float()
+                return o[0].transpose(0, 1).reshape(n, hq * d), lse
+            except Exception:  # noqa: BLE001 — older torch: LSE from extract instead
+                lse = None
+        if has_sdpa():
+            if self.device.type == "cuda":
+                from torch.nn.attention import SDPBackend, sdpa_kernel
+                with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                    o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
+            else:
+                o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
+        else:  # CPU torch < 2.0 (--dry only)
+            sc = (qs.float() @ ks.float().transpose(-1, -2)) / math.sqrt(d)
+            sc = sc.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1),
+                                float("-inf"))
+            o = (torch.softmax(sc, -1) @ vs.float()).to(q.dtype)
+        return o[0].transpose(0, 1).reshape(n, hq * d), lse
+
+    def prefill(self, tokens, attn):
+        """tokens: int64 [N] on the device. Returns the first token (int tensor, on device)."""
+        x = self.embed[tokens]
+        for i, lw in enumerate(self.layers):
+            a = attn(i, self._rms(x, lw["n1"]), self)
+            x = x + a @ lw["wo"]
+            del a
+            xn = self._rms(x, lw["n2"])
+            gu = xn @ lw["wgu"]
+            f = self.s.ffn
+            h = F.silu(gu[:, :f]) * gu[:, f:]
+            del gu
+            x = x + h @ lw["wd"]
+            del h
+        last = self._rms(x[-1:], self.norm)
+        return torch.argmax(last @ self.head, dim=-1)
+
+
+def dense_attn(i, xn, m):
+    q, k, v = m.qkv(i, xn)
+    return m.native_attention(q, k, v)[0]

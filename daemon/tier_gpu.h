@@ -1,0 +1,71 @@
+/*
+ * tier_gpu — the GPU tier's memory (DESIGN §7): one cuMemAlloc arena of gpu_bytes per
+ * device named by gpu_devices, each with the offset allocator the host arena uses
+ * (oalloc.h) and a CUDA IPC handle of its base that HelloReply hands to local clients.
+ * Every CUDA call goes through proto/mf_cudrv (dlopen; no link-time CUDA), so a daemon
+ * without a driver or a GPU runs unchanged with the tier off and says why.
+ *
+ * Copies are synchronous (cuMemcpyHtoD / DtoH on the loop thread, the arena's primary
+ * context made current first): simple and correct, but each one blocks the loop for
+ * the PCIe transfer (a 1 MiB row is ~50 µs on an H200). Streams with callbacks (DESIGN
+ * §7) are the next step if puts or demotions of large rows show up in loop latency.
+ *
+ * Ownership: the tier owns the device allocations, the primary-context references and
+ * the block handles (valid until mfd_gpu_free). Thread safety: loop thread only.
+ */
+#ifndef MFD_TIER_GPU_H
+#define MFD_TIER_GPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "mf_cudrv.h"
+#include "mf_status.h"
+#include "oalloc.h"
+
+#define MFD_GPU_MAX_ARENAS 64
+
+typedef struct mfd_gpu_arena {
+    uint32_t index;                 /* position in the tier (RowRef.gpu_arena) */
+    int ordinal;                    /* the daemon's CUDA ordinal */
+    mf_cu_device_t dev;
+    mf_cu_context_t ctx;            /* primary context, retained */
+    mf_cu_deviceptr_t base;
+    uint64_t bytes;
+    mfd_oalloc_t *alloc;
+    mf_cu_ipc_mem_handle_t ipc;
+    char pci[32];
+    uint8_t uuid[16];
+    uint64_t entries;               /* rows resident (the store counts them) */
+} mfd_gpu_arena_t;
+
+typedef struct mfd_gpu {
+    const mf_cudrv_t *cu;
+    size_t n;
+    mfd_gpu_arena_t a[MFD_GPU_MAX_ARENAS];
+} mfd_gpu_t;
+
+/*
+ * Opens the tier: the driver loads, the devices of `devices` ("all" or "0,2") exist,
+ * and gpu_bytes could be allocated on each. MF_UNAVAILABLE (tier off) with `why` when
+ * gpu_bytes is 0 or anything fails (nothing stays allocated then); MF_INVALID_ARGUMENT
+ * for a malformed device list.
+ */
+mf_status_t mfd_gpu_open(uint64_t gpu_bytes, const char *devices, mfd_gpu_t **out,
+                         char *why, size_t whylen);
+void mfd_gpu_close(mfd_gpu_t *g);
+
+/* A block of `size` in arena `arena`. MF_RESOURCE_EXHAUSTED when it does not fit. */
+mf_status_t mfd_gpu_alloc(mfd_gpu_t *g, uint32_t arena, uint64_t size, mfd_ablock_t **blk);
+void mfd_gpu_free(mfd_gpu_t *g, uint32_t arena, mfd_ablock_t *blk);
+
+/* Synchronous copies into / out of a block (offset within the block). MF_INTERNAL with
+ * the CUDA error logged when the driver refuses. */
+mf_status_t mfd_gpu_write(mfd_gpu_t *g, uint32_t arena, const mfd_ablock_t *blk,
+                          const void *src, size_t n);
+mf_status_t mfd_gpu_read(mfd_gpu_t *g, uint32_t arena, const mfd_ablock_t *blk, void *dst,
+                         size_t n);
+
+uint64_t mfd_gpu_used(const mfd_gpu_t *g);
+uint64_t mfd_gpu_capacity(const mfd_gpu_t *g);
+
+#endif /* MFD_TIER_GPU_H */

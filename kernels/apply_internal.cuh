@@ -1,0 +1,131 @@
+/*
+ * apply_internal — what apply.cu (v2 kernel, host entry) and apply_v3.cu (GQA-packed
+ * kernel) share: the launch parameters, the head packs of v3, the column lister and the
+ * tile-piece decoder. Internal to kernels/; host and device code, no global state.
+ */
+#ifndef MF_APPLY_INTERNAL_CUH
+#define MF_APPLY_INTERNAL_CUH
+
+#include <type_traits>
+
+#include "mf_cuda_common.cuh"
+
+namespace mfc {
+
+/* v3: up to MF_PACK_MAX target heads of one KV head and one mode, served by one CTA. */
+#define MF_PACK_MAX 8
+struct apply_pack {
+    uint16_t kvh, n, mode, pad;
+    uint16_t t[MF_PACK_MAX];
+};
+
+struct app_params {
+    const void *q, *k, *v;
+    float *o;
+    const uint8_t *const *rows; /* [n_rows] */
+    const float *w;        /* [Ht][Hs] */
+    const float *top_p;    /* [Ht] */
+    const uint8_t *mode;   /* [Ht] */
+    const uint8_t *exact;  /* [nb_all] */
+    const apply_pack *packs; /* v3 only: [n_packs] */
+    uint32_t *bad;
+    uint32_t n, ht, hkv, hs, n_rows, nb_all, n_packs;
+    float scale_log2;
+};
+
+/* Mask-mode selection arrays of one head: masses, sort keys, sort columns. */
+#define SEL_BYTES (MF_CUDA_MAX_BLOCKS * (2 * sizeof(double) + sizeof(uint32_t)))
+static constexpr size_t cmax(size_t a, size_t b) { return a > b ? a : b; }
+
+/* v3 (apply_v3.cu): heads per CTA for block size b, head dim d (the pack size the host
+ * builds). */
+uint32_t apply_v3_heads_per_cta(uint32_t b, uint32_t d);
+/* v3 launch; p.packs / p.n_packs set. MF_UNIMPLEMENTED for an unknown shape,
+ * MF_INTERNAL when the shared-memory limit cannot be raised. */
+mf_status_t apply_v3_launch(const app_params &p, uint32_t b, uint32_t d, mf_dtype_t dtype,
+                            cudaStream_t st);
+
+/* Warp 0 lists the columns c < n_cols with pred(c), in order: s_j[x] = j (s_col[x] = c,
+ * s_hm, s_coff copied when given). Then the whole CTA syncs. */
+template <class PRED>
+__device__ __forceinline__ void list_columns(const row_dev &row, uint16_t *s_col,
+                                             uint16_t *s_j, int *s_cnt, PRED pred,
+                                             unsigned long long *s_hm = nullptr,
+                                             uint32_t *s_coff = nullptr)
+{
+    int lane = threadIdx.x & 31;
+    if (threadIdx.x < 32) {
+        int cnt = 0;
+        for (uint32_t base = 0; base < row.n_cols; base += 32) {
+            uint32_t c = base + lane;
+            bool ok = c < row.n_cols && pred(c);
+            uint32_t bal = __ballot_sync(0xffffffffu, ok);
+            if (ok) {
+                int at = cnt + __popc(bal & ((1u << lane) - 1));
+                if (s_col)
+                    s_col[at] = (uint16_t)c;
+                s_j[at] = (uint16_t)row.cols[c];
+                if (s_hm) {
+                    s_hm[at] = row.head_mask[c];
+                    s_coff[at] = row.col_off[c];
+                }
+            }
+            cnt += __popc(bal);
+        }
+        if (lane == 0)
+            *s_cnt = cnt;
+    }
+    __syncthreads();
+}
+
+/* One thread's piece of a source tile: 8 consecutive keys of one row, 16 bytes (FP16 /
+ * BF16) or 8 bytes (FP8 / U8_LOG). m[x] += W·P̂ for the 8 keys. */
+template <int CODEC> struct tile_piece {
+    static constexpr bool WIDE = CODEC == MF_CODEC_FP16 || CODEC == MF_CODEC_BF16;
+    typedef typename std::conditional<WIDE, uint4, uint2>::type raw_t;
+    static constexpr int BYTES = WIDE ? 16 : 8;
+
+    static __device__ __forceinline__ void mix(float m[8], const raw_t &raw, float w,
+                                               float scale)
+    {
+        if (WIDE) {
+            const uint4 &q4 = reinterpret_cast<const uint4 &>(raw);
+            const uint32_t wd[4] = { q4.x, q4.y, q4.z, q4.w };
+#pragma unroll
+            for (int x = 0; x < 4; x++) {
+                float2 f;
+                if (CODEC == MF_CODEC_FP16)
+                    f = __half22float2(*reinterpret_cast<const __half2 *>(&wd[x]));
+                else
+                    f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&wd[x]));
+                m[2 * x] += w * f.x;
+                m[2 * x + 1] += w * f.y;
+            }
+        } else {
+            const uint2 &q2 = reinterpret_cast<const uint2 &>(raw);
+            const uint32_t wd[2] = { q2.x, q2.y };
+            if (CODEC == MF_CODEC_FP8_E4M3) {
+                float c = w * (scale / 448.0f);
+#pragma unroll
+                for (int x = 0; x < 4; x++) {
+                    __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(
+                        (__nv_fp8x2_storage_t)(wd[x >> 1] >> (16 * (x & 1))), __NV_E4M3);
+                    float2 f = __half22float2(*reinterpret_cast<__half2 *>(&hr));
+                    m[2 * x] += c * f.x;
+                    m[2 * x + 1] += c * f.y;
+                }
+            } else { /* U8_LOG: m·2^((q−255)/16), q = 0 → 0; W folded in */
+                float c = log2f(w * scale) - 255.0f / 16.0f;
+#pragma unroll
+                for (int x = 0; x < 8; x++) {
+                    uint32_t q = (wd[x >> 2] >> (8 * (x & 3))) & 0xffu;
+                    m[x] += q ? exp2f(fmaf((float)q, 1.0f / 16.0f, c)) : 0.0f;
+                }
+            }
+        }
+    }
+};
+
+} /* namespace mfc */
+
+#endif /* MF_APPLY_INTERNAL_CUH */

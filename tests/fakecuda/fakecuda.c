@@ -1,0 +1,502 @@
+/*
+ * fakecuda — a CPU stand-in for the CUDA driver API, exporting the symbols proto/mf_cudrv.c
+ * looks up, so CI (no GPU) runs the daemon's and the client's GPU code paths for real:
+ * tests set MF_CUDA_DRIVER=<this .so>.
+ *
+ * "Device memory" is memfd-backed shared memory mapped in the process, so a CUdeviceptr is
+ * a host address (tests can memcmp it). cuIpcGetMemHandle encodes (magic, pid, fd, offset,
+ * size, device) in the 64 bytes; cuIpcOpenMemHandle opens /proc/<pid>/fd/<fd> and maps it,
+ * so a second process sees the same bytes. Copies are memcpy, after checking that every
+ * device range lies inside one allocation or opened IPC mapping (CUDA_ERROR_INVALID_VALUE
+ * otherwise), so a bad offset fails as it would on a GPU instead of scribbling.
+ *
+ * Behaviour copied from the real driver: calls before cuInit are NOT_INITIALIZED; memory
+ * calls need a current context; opening an IPC handle in the process that exported it is
+ * CUDA_ERROR_INVALID_CONTEXT; cuDeviceCanAccessPeer(d, d) is 0.
+ *
+ * Environment: FAKECUDA_DEVICES=n (default 1; 0 = cuInit fails with NO_DEVICE),
+ * FAKECUDA_NO_PEER=1 (cuDeviceCanAccessPeer answers 0 and an IPC open of another device's
+ * memory fails with CUDA_ERROR_PEER_ACCESS_UNSUPPORTED), FAKECUDA_MEM_BYTES (per device
+ * total, default 1 GiB; cuMemAlloc beyond it is OUT_OF_MEMORY).
+ *
+ * Thread safety: any thread; the allocation table has a mutex, the current context is
+ * thread-local as in CUDA.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef struct {
+    char reserved[64];
+} CUipcMemHandle;
+typedef struct {
+    char bytes[16];
+} CUuuid;
+
+enum {
+    OK = 0,
+    E_INVALID_VALUE = 1,
+    E_OUT_OF_MEMORY = 2,
+    E_NOT_INITIALIZED = 3,
+    E_NO_DEVICE = 100,
+    E_INVALID_DEVICE = 101,
+    E_INVALID_CONTEXT = 201,
+    E_MAP_FAILED = 205,
+    E_PEER_ACCESS_UNSUPPORTED = 217,
+    E_INVALID_HANDLE = 400,
+    E_NOT_FOUND = 500,
+};
+
+#define MAX_DEV 16
+#define HANDLE_MAGIC 0x4144554345414b46ull /* "FAKECUDA" */
+
+typedef struct fake_ctx {
+    int dev;
+    int refs;
+} fake_ctx_t;
+
+/* One mapping of device memory in this process: an allocation or an opened IPC handle. */
+typedef struct region {
+    uint8_t *base;
+    size_t size;
+    int fd;          /* allocations: the memfd (kept open: IPC handles name it) */
+    int dev;
+    int ipc;         /* opened through cuIpcOpenMemHandle */
+    struct region *next;
+} region_t;
+
+typedef struct ipc_payload {
+    uint64_t magic;
+    int32_t pid, fd;
+    uint64_t offset, size;
+    int32_t dev;
+} ipc_payload_t;
+
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static int g_init, g_ndev, g_no_peer;
+static size_t g_mem_bytes;
+static size_t g_used[MAX_DEV];
+static fake_ctx_t g_ctx[MAX_DEV];
+static region_t *g_regions;
+static __thread fake_ctx_t *t_cur;
+
+static int env_int(const char *name, int def)
+{
+    const char *v = getenv(name);
+    return v && *v ? atoi(v) : def;
+}
+
+EXPORT CUresult cuInit(unsigned flags)
+{
+    if (flags)
+        return E_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    g_ndev = env_int("FAKECUDA_DEVICES", 1);
+    if (g_ndev > MAX_DEV)
+        g_ndev = MAX_DEV;
+    g_no_peer = env_int("FAKECUDA_NO_PEER", 0);
+    const char *m = getenv("FAKECUDA_MEM_BYTES");
+    g_mem_bytes = m && *m ? (size_t)strtoull(m, NULL, 0) : (size_t)1 << 30;
+    for (int i = 0; i < MAX_DEV; i++)
+        g_ctx[i].dev = i;
+    g_init = g_ndev > 0;
+    pthread_mutex_unlock(&g_mu);
+    return g_ndev > 0 ? OK : E_NO_DEVICE;
+}
+
+#define NEED_INIT()                                                                      \
+    do {                                                                                 \
+        if (!g_init)                                                                     \
+            return E_NOT_INITIALIZED;                                                    \
+    } while (0)
+#define NEED_CTX()                                                                       \
+    do {                                                                                 \
+        NEED_INIT();                                                                     \
+        if (!t_cur)                                                                      \
+            return E_INVALID_CONTEXT;                                                    \
+    } while (0)
+
+EXPORT CUresult cuDeviceGetCount(int *count)
+{
+    NEED_INIT();
+    if (!count)
+        return E_INVALID_VALUE;
+    *count = g_ndev;
+    return OK;
+}
+
+EXPORT CUresult cuDeviceGet(CUdevice *dev, int ordinal)
+{
+    NEED_INIT();
+    if (!dev)
+        return E_INVALID_VALUE;
+    if (ordinal < 0 || ordinal >= g_ndev)
+        return E_INVALID_DEVICE;
+    *dev = ordinal;
+    return OK;
+}
+
+static int dev_ok(CUdevice d)
+{
+    return d >= 0 && d < g_ndev;
+}
+
+EXPORT CUresult cuDeviceGetPCIBusId(char *bus, int len, CUdevice dev)
+{
+    NEED_INIT();
+    if (!dev_ok(dev))
+        return E_INVALID_DEVICE;
+    if (!bus || len < 13)
+        return E_INVALID_VALUE;
+    snprintf(bus, (size_t)len, "0000:%02x:00.0", 0x18 + dev * 0x10);
+    return OK;
+}
+
+EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *u, CUdevice dev)
+{
+    NEED_INIT();
+    if (!dev_ok(dev))
+        return E_INVALID_DEVICE;
+    if (!u)
+        return E_INVALID_VALUE;
+    for (int i = 0; i < 16; i++)
+        u->bytes[i] = (char)(0xf0 ^ (i * 7) ^ dev);
+    return OK;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRetain(fake_ctx_t **ctx, CUdevice dev)
+{
+    NEED_INIT();
+    if (!dev_ok(dev))
+        return E_INVALID_DEVICE;
+    if (!ctx)
+        return E_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    g_ctx[dev].refs++;
+    pthread_mutex_unlock(&g_mu);
+    *ctx = &g_ctx[dev];
+    return OK;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    NEED_INIT();
+    if (!dev_ok(dev))
+        return E_INVALID_DEVICE;
+    pthread_mutex_lock(&g_mu);
+    if (g_ctx[dev].refs > 0)
+        g_ctx[dev].refs--;
+    pthread_mutex_unlock(&g_mu);
+    return OK;
+}
+
+EXPORT CUresult cuCtxSetCurrent(fake_ctx_t *ctx)
+{
+    NEED_INIT();
+    if (ctx && (ctx < g_ctx || ctx >= g_ctx + g_ndev))
+        return E_INVALID_CONTEXT;
+    t_cur = ctx;
+    return OK;
+}
+
+EXPORT CUresult cuCtxGetCurrent(fake_ctx_t **ctx)
+{
+    NEED_INIT();
+    if (!ctx)
+        return E_INVALID_VALUE;
+    *ctx = t_cur;
+    return OK;
+}
+
+EXPORT CUresult cuCtxGetDevice(CUdevice *dev)
+{
+    NEED_CTX();
+    if (!dev)
+        return E_INVALID_VALUE;
+    *dev = t_cur->dev;
+    return OK;
+}
+
+/* The region holding [p, p + n), or NULL (caller holds g_mu). */
+static region_t *find_region(CUdeviceptr p, size_t n)
+{
+    uintptr_t a = (uintptr_t)p;
+    for (region_t *r = g_regions; r; r = r->next) {
+        uintptr_t b = (uintptr_t)r->base;
+        if (a >= b && a - b <= r->size && n <= r->size - (a - b))
+            return r;
+    }
+    return NULL;
+}
+
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes)
+{
+    NEED_CTX();
+    if (!dptr || bytes == 0)
+        return E_INVALID_VALUE;
+    int dev = t_cur->dev;
+    pthread_mutex_lock(&g_mu);
+    CUresult r = E_OUT_OF_MEMORY;
+    region_t *reg = NULL;
+    if (bytes > g_mem_bytes - g_used[dev])
+        goto out;
+    reg = calloc(1, sizeof(*reg));
+    if (!reg)
+        goto out;
+    char name[32];
+    snprintf(name, sizeof(name), "fakecuda-dev%d", dev);
+    reg->fd = memfd_create(name, MFD_CLOEXEC);
+    if (reg->fd < 0 || ftruncate(reg->fd, (off_t)bytes) != 0)
+        goto fail;
+    reg->base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, reg->fd, 0);
+    if (reg->base == MAP_FAILED)
+        goto fail;
+    reg->size = bytes;
+    reg->dev = dev;
+    reg->next = g_regions;
+    g_regions = reg;
+    g_used[dev] += bytes;
+    *dptr = (CUdeviceptr)(uintptr_t)reg->base;
+    r = OK;
+    goto out;
+fail:
+    if (reg->fd >= 0)
+        close(reg->fd);
+    free(reg);
+out:
+    pthread_mutex_unlock(&g_mu);
+    return r;
+}
+
+/* Unlinks and unmaps the region based exactly at p of the given kind. */
+static CUresult drop_region(CUdeviceptr p, int ipc)
+{
+    pthread_mutex_lock(&g_mu);
+    region_t **pp = &g_regions;
+    while (*pp && ((*pp)->base != (uint8_t *)(uintptr_t)p || (*pp)->ipc != ipc))
+        pp = &(*pp)->next;
+    region_t *r = *pp;
+    if (r) {
+        *pp = r->next;
+        if (!ipc)
+            g_used[r->dev] -= r->size;
+    }
+    pthread_mutex_unlock(&g_mu);
+    if (!r)
+        return E_INVALID_VALUE;
+    munmap(r->base, r->size);
+    if (r->fd >= 0)
+        close(r->fd);
+    free(r);
+    return OK;
+}
+
+EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    NEED_CTX();
+    return drop_region(dptr, 0);
+}
+
+EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
+{
+    NEED_CTX();
+    if (!free_bytes || !total)
+        return E_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    *total = g_mem_bytes;
+    *free_bytes = g_mem_bytes - g_used[t_cur->dev];
+    pthread_mutex_unlock(&g_mu);
+    return OK;
+}
+
+EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr dptr)
+{
+    NEED_CTX();
+    if (!h)
+        return E_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    region_t *r = find_region(dptr, 1);
+    ipc_payload_t p = {0};
+    if (r && !r->ipc)
+        p = (ipc_payload_t){HANDLE_MAGIC, (int32_t)getpid(), r->fd,
+                            (uint64_t)((uint8_t *)(uintptr_t)dptr - r->base),
+                            (uint64_t)r->size, r->dev};
+    pthread_mutex_unlock(&g_mu);
+    if (!p.magic)
+        return E_INVALID_VALUE;
+    memset(h, 0, sizeof(*h));
+    memcpy(h->reserved, &p, sizeof(p));
+    return OK;
+}
+
+EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *dptr, CUipcMemHandle h, unsigned flags)
+{
+    NEED_CTX();
+    ipc_payload_t p;
+    memcpy(&p, h.reserved, sizeof(p));
+    if (!dptr || p.magic != HANDLE_MAGIC || p.offset >= p.size || flags > 1)
+        return E_INVALID_VALUE;
+    if (p.pid == (int32_t)getpid())
+        return E_INVALID_CONTEXT; /* as CUDA: not in the exporting process */
+    if (p.dev != t_cur->dev && g_no_peer)
+        return E_PEER_ACCESS_UNSUPPORTED;
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)p.pid, (int)p.fd);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        return E_INVALID_HANDLE;
+    region_t *r = calloc(1, sizeof(*r));
+    void *base = r ? mmap(NULL, p.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+    close(fd);
+    if (base == MAP_FAILED) {
+        free(r);
+        return E_MAP_FAILED;
+    }
+    r->base = base;
+    r->size = p.size;
+    r->fd = -1;
+    r->dev = p.dev;
+    r->ipc = 1;
+    pthread_mutex_lock(&g_mu);
+    r->next = g_regions;
+    g_regions = r;
+    pthread_mutex_unlock(&g_mu);
+    *dptr = (CUdeviceptr)(uintptr_t)(r->base + p.offset);
+    return OK;
+}
+
+EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
+{
+    NEED_CTX();
+    /* The handle maps the whole allocation; dptr is base + the exported offset. */
+    pthread_mutex_lock(&g_mu);
+    region_t *r = find_region(dptr, 1);
+    CUdeviceptr base = r && r->ipc ? (CUdeviceptr)(uintptr_t)r->base : 0;
+    pthread_mutex_unlock(&g_mu);
+    return base ? drop_region(base, 1) : E_INVALID_VALUE;
+}
+
+static int range_ok(CUdeviceptr p, size_t n)
+{
+    pthread_mutex_lock(&g_mu);
+    int ok = find_region(p, n) != NULL;
+    pthread_mutex_unlock(&g_mu);
+    return ok;
+}
+
+EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n)
+{
+    NEED_CTX();
+    if (!n)
+        return OK;
+    if (!src || !range_ok(dst, n))
+        return E_INVALID_VALUE;
+    memcpy((void *)(uintptr_t)dst, src, n);
+    return OK;
+}
+
+EXPORT CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n)
+{
+    NEED_CTX();
+    if (!n)
+        return OK;
+    if (!dst || !range_ok(src, n))
+        return E_INVALID_VALUE;
+    memcpy(dst, (const void *)(uintptr_t)src, n);
+    return OK;
+}
+
+EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n)
+{
+    NEED_CTX();
+    if (!n)
+        return OK;
+    if (!range_ok(dst, n) || !range_ok(src, n))
+        return E_INVALID_VALUE;
+    memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+    return OK;
+}
+
+EXPORT CUresult cuMemcpyPeer(CUdeviceptr dst, fake_ctx_t *dctx, CUdeviceptr src,
+                             fake_ctx_t *sctx, size_t n)
+{
+    NEED_INIT();
+    if (!dctx || !sctx)
+        return E_INVALID_CONTEXT;
+    if (!n)
+        return OK;
+    if (!range_ok(dst, n) || !range_ok(src, n))
+        return E_INVALID_VALUE;
+    memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+    return OK;
+}
+
+EXPORT CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer)
+{
+    NEED_INIT();
+    if (!can)
+        return E_INVALID_VALUE;
+    if (!dev_ok(dev) || !dev_ok(peer))
+        return E_INVALID_DEVICE;
+    *can = dev != peer && !g_no_peer;
+    return OK;
+}
+
+EXPORT CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr ptr)
+{
+    NEED_INIT();
+    if (!data)
+        return E_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    region_t *r = find_region(ptr, 1);
+    int dev = r ? r->dev : -1;
+    pthread_mutex_unlock(&g_mu);
+    if (dev < 0)
+        return E_INVALID_VALUE;
+    switch (attribute) {
+    case 1: /* CONTEXT */
+        *(fake_ctx_t **)data = &g_ctx[dev];
+        return OK;
+    case 2: /* MEMORY_TYPE: device */
+        *(unsigned *)data = 2;
+        return OK;
+    case 9: /* DEVICE_ORDINAL */
+        *(int *)data = dev;
+        return OK;
+    default:
+        return E_INVALID_VALUE;
+    }
+}
+
+EXPORT CUresult cuGetErrorString(CUresult r, const char **str)
+{
+    if (!str)
+        return E_INVALID_VALUE;
+    switch (r) {
+    case OK: *str = "no error"; break;
+    case E_INVALID_VALUE: *str = "invalid argument"; break;
+    case E_OUT_OF_MEMORY: *str = "out of memory"; break;
+    case E_NOT_INITIALIZED: *str = "initialization error"; break;
+    case E_NO_DEVICE: *str = "no CUDA-capable device is detected"; break;
+    case E_INVALID_DEVICE: *str = "invalid device ordinal"; break;
+    case E_INVALID_CONTEXT: *str = "invalid device context"; break;
+    case E_MAP_FAILED: *str = "mapping of buffer object failed"; break;
+    case E_PEER_ACCESS_UNSUPPORTED: *str = "peer access is not supported between these two devices"; break;
+    case E_INVALID_HANDLE: *str = "invalid resource handle"; break;
+    default: *str = NULL; return E_INVALID_VALUE;
+    }
+    return OK;
+}

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Every GPU check and benchmark of the project in one device call (the device time is
+# short, and each call pays a machine start): kernel correctness (run.sh: gpu_check,
+# memcheck, ipc_check), the daemon's GPU tier (tier_smoke.sh), the worker's CUDA path
+# (worker_check.sh), the kernel benchmark (bench/gpu/run.sh) and the hand-off benchmark
+# (bench/handoff/run.sh). Each step has a time limit; logs and results are packed into
+# $OUT (at most 8 files come back) and a summary table is printed last.
+# Usage: tests/gpu/all.sh [STEP ...]   (default: every step; names as in the table)
+# Binaries come from a bundle made by tests/gpu/bundle.sh when .gpu-carry/bundle.tar.xz
+# exists (the CUDA binaries are too large to carry unpacked).
+set -u
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+out=${OUT:-/tmp/mf-gpu-out}
+mkdir -p "$out"
+res=$(mktemp -d /tmp/mf-all-XXXXXX)
+if [ -f .gpu-carry/bundle.tar.xz ]; then
+    tar -xJf .gpu-carry/bundle.tar.xz -C "$root" || { echo "bundle: unpack failed"; exit 2; }
+fi
+export LD_LIBRARY_PATH="$root/.gpu-libs/usr/lib/x86_64-linux-gnu:$root/.gpu-libs/usr/lib/x86_64-linux-gnu/ucx${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -n 2
+
+# name | seconds | command
+steps=(
+  "kernels-check|100|bash tests/gpu/run.sh"
+  "tier-smoke|60|bash tests/gpu/tier_smoke.sh 1g"
+  "worker-check|80|bash tests/gpu/worker_check.sh"
+  "kernels-bench|150|bash bench/gpu/run.sh"
+  "handoff|330|bash bench/handoff/run.sh"
+)
+want=" $* "
+summary=()
+for s in "${steps[@]}"; do
+    IFS='|' read -r name secs cmd <<<"$s"
+    [ $# -gt 0 ] && [[ "$want" != *" $name "* ]] && continue
+    mkdir -p "$res/$name"
+    echo "==== $name (limit ${secs}s): $cmd"
+    t0=$(date +%s)
+    OUT="$res/$name" timeout -k 10 "$secs" bash -c "$cmd" >"$res/$name/stdout.log" 2>&1
+    rc=$?
+    t=$(( $(date +%s) - t0 ))
+    tail -n 40 "$res/$name/stdout.log"
+    summary+=("$(printf '%-14s %4ss  exit %s%s' "$name" "$t" "$rc" "$([ "$rc" = 124 ] && echo ' (time limit)')")")
+done
+# What comes back: the handoff plot and JSON, the kernel bench JSON, everything else packed.
+cp "$res/handoff/handoff.png" "$res/handoff/handoff.json" "$out/" 2>/dev/null
+cp "$res/kernels-bench/bench.json" "$out/kernels-bench.json" 2>/dev/null
+tar -cJf "$out/logs.tar.xz" -C "$res" . 2>/dev/null
+echo "==== summary"
+printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
+rm -rf "$res"

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The daemon's GPU tier on a real GPU (an H200): mapflowd with gpu_bytes (default 1g) on
+# the real libcuda must log its arena, show the gpu tier on in `mapflowctl stats` and
+# `health`, take rows on the gpu tier (mapflowctl put: payload -> HtoD, DtoH validation)
+# and give them back byte for byte (DtoH); then test_daemon_gpu runs against the real
+# driver (MF_GPU_REAL=1: device leases read through CUDA IPC in a second process,
+# staging, eviction gpu -> host -> ssd, write-through + restart, gpu_promote), and the
+# daemon must exit 0 on SIGTERM.
+# Usage: tests/gpu/tier_smoke.sh [GPU_BYTES]      (MF_BIN: build/bin by default)
+# Prints PASS/FAIL lines; exit status non-zero on any failure.
+set -u
+bin=${MF_BIN:-build/bin}
+gpu_bytes=${1:-1g}
+tmp=$(mktemp -d /tmp/mf-tier-XXXXXX)
+pid=
+fails=0
+cleanup() { [ -n "$pid" ] && kill -KILL "$pid" 2>/dev/null; rm -rf "$tmp"; }
+trap cleanup EXIT
+pass() { echo "PASS $*"; }
+fail() { echo "FAIL $*"; fails=$((fails + 1)); }
+ctl() { "$bin/mapflowctl" --socket "$tmp/d.sock" "$@"; }
+
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=index,name,pci.bus_id,memory.total --format=csv,noheader
+# Libraries the binaries need and this machine lacks (carry them, e.g. in .gpu-libs).
+missing=$(for b in mapflowd mapflowctl mapflow-synth tests/test_daemon_gpu; do
+  ldd "$bin/$b" 2>&1 | sed -n "s|^\s*\(\S*\) => not found|\1 ($b)|p"; done | sort -u)
+if [ -n "$missing" ]; then echo "FAIL missing libraries: $missing"; exit 2; fi
+# MF_CUDA_DRIVER, when set, picks the driver (the fake one, to try this script on CPU).
+"$bin/mapflowd" --socket "$tmp/d.sock" --data_dir "$tmp/data" --http "" --gpu_bytes "$gpu_bytes" \
+  --gpu_devices 0 >"$tmp/daemon.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 500); do
+  [ -S "$tmp/d.sock" ] && ctl --timeout 1000 health >/dev/null 2>&1 && break
+  sleep 0.02
+done
+grep -a 'gpu tier' "$tmp/daemon.log"
+if grep -aq 'gpu tier: arena 0 on device 0' "$tmp/daemon.log"; then pass "arena allocated"; else fail "no gpu arena (see the log line above)"; fi
+ctl stats | head -4
+ctl --json stats >"$tmp/stats.json" 2>&1
+want=$("${PYTHON:-python3}" -c '
+import sys
+s = sys.argv[1].lower(); u = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+n = s.rstrip("b"); print(int(n[:-1]) * u[n[-1]] if n[-1] in u else int(n))' "$gpu_bytes")
+if "${PYTHON:-python3}" - "$tmp/stats.json" "$want" <<'PY'; then pass "stats: gpu tier on, capacity $want"; else fail "stats: gpu tier"; fi
+import json, sys
+t = {x["tier"]: x for x in json.load(open(sys.argv[1]))["tiers"]}
+assert t["gpu"]["enabled"] and t["gpu"]["capacity_bytes"] == int(sys.argv[2]), t["gpu"]
+PY
+if ctl health | grep -q 'gpu on (1 arena'; then pass "health: gpu on"; else fail "health: $(ctl health)"; fi
+
+# Rows through the tools: put lands on the gpu tier, get returns the same bytes.
+"${PYTHON:-python3}" -c '
+import random, struct, sys
+r = random.Random(7)
+open(sys.argv[1], "wb").write(struct.pack("<256I", *[r.randrange(1, 50000) for _ in range(256)]))' "$tmp/tok"
+"$bin/mapflow-synth" --model smoke --layer 1 --block 64 --heads 8 --tokens "$tmp/tok" --codec fp16 \
+  --top-p 0.9 --seed 3 --out "$tmp/rows" --ns default >/dev/null
+rows=(); for i in 0 1 2 3; do rows+=(--row "$tmp/rows/row-$i.bin"); done
+if ctl put "${rows[@]}" | tee "$tmp/put.txt" | grep -c 'gpu' | grep -q '^4$'; then pass "4 rows put on the gpu tier"; else fail "put: $(cat "$tmp/put.txt")"; fi
+mapfile -t H < <("$bin/mapflowctl" hash --model smoke --block 64 --tokens "$tmp/tok")
+ok=1
+for i in 0 1 2 3; do
+  ctl get --model smoke --layer 1 --hash "${H[$i]}" --out "$tmp/got-$i.bin" >/dev/null &&
+    cmp -s "$tmp/got-$i.bin" "$tmp/rows/row-$i.bin" || ok=0
+done
+if [ $ok = 1 ]; then pass "gets from the gpu tier byte for byte"; else fail "gets differ"; fi
+
+kill -TERM "$pid"; rc=0; wait "$pid" || rc=$?; pid=
+if [ $rc = 0 ]; then pass "mapflowd exit 0 on SIGTERM"; else fail "mapflowd exit $rc"; tail -20 "$tmp/daemon.log"; fi
+
+# The wire-level GPU tests on the real driver (their own daemons, CUDA IPC in this process).
+if MF_GPU_REAL=1 MF_BIN=$(cd "$bin" && pwd) "$bin/tests/test_daemon_gpu"; then pass "test_daemon_gpu on the real driver"; else fail "test_daemon_gpu on the real driver"; fi
+echo "tier_smoke: $fails failure(s)"
+[ $fails = 0 ]

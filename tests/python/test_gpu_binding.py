@@ -1,0 +1,217 @@
+"""The Python binding's GPU calls against a real mapflowd with its GPU tier on, on the CPU.
+
+The fake CUDA driver (build/lib/tests/libfakecuda.so, selected with MF_CUDA_DRIVER before
+the first channel opens) gives the daemon and this process memfd-backed "device memory":
+device addresses are host addresses, so the test reads leased device views with
+ctypes.string_at and allocates "device" rows through the same library. Rows come from
+mapflow-synth. Covers: Channel(gpu_device=) and gpu_info(), put_device / put_device_batch
+into the gpu tier, leased rows on_device with device_ptr and gpu_arena whose bytes are
+the rows, get_lease on the device, copies of GPU rows, a channel without gpu_device
+getting host views, and errors (no GPU channel, a bad device address) as MapflowError.
+Env: MF_BIN (build/bin), MF_BUILD (build dir, for libmapflow and the fake driver).
+"""
+import ctypes as C
+import os
+import random
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+BUILD = os.path.join(ROOT, os.environ.get("MF_BUILD", "build"))
+MF_BIN = os.environ.get("MF_BIN", os.path.join(BUILD, "bin"))
+LIB = os.environ.setdefault("MAPFLOW_LIB", os.path.join(BUILD, "lib", "libmapflow.so.0"))
+FAKE = os.path.join(BUILD, "lib", "tests", "libfakecuda.so")
+
+
+def _preload_asan():
+    """A sanitized libmapflow (make asan) needs the ASan runtime loaded first."""
+    if os.environ.get("LD_PRELOAD") or not os.path.exists(LIB):
+        return
+    out = subprocess.run(["ldd", LIB], capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        if "libasan" in line and "=>" in line:
+            env = dict(os.environ, LD_PRELOAD=line.split("=>")[1].split()[0],
+                       ASAN_OPTIONS="detect_leaks=0")
+            os.execve(sys.executable, [sys.executable] + sys.argv, env)
+
+
+_preload_asan()
+# Read once per process by libmapflow's driver loader, and inherited by mapflowd.
+os.environ["MF_CUDA_DRIVER"] = os.path.abspath(FAKE)
+os.environ["FAKECUDA_DEVICES"] = "2"
+os.environ.pop("FAKECUDA_NO_PEER", None)
+sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+import mapflow  # noqa: E402
+
+NS = "py-gpu"
+MODEL = "py-gpu-src"
+B = 16
+
+
+class FakeCuda:
+    """Device memory through the fake driver (the same loaded library libmapflow uses)."""
+
+    def __init__(self):
+        self.lib = C.CDLL(FAKE)
+        for name, args in (("cuInit", [C.c_uint]), ("cuDeviceGet", [C.POINTER(C.c_int), C.c_int]),
+                           ("cuDevicePrimaryCtxRetain", [C.POINTER(C.c_void_p), C.c_int]),
+                           ("cuCtxSetCurrent", [C.c_void_p]),
+                           ("cuMemAlloc_v2", [C.POINTER(C.c_uint64), C.c_size_t]),
+                           ("cuMemFree_v2", [C.c_uint64]),
+                           ("cuMemcpyHtoD_v2", [C.c_uint64, C.c_char_p, C.c_size_t])):
+            getattr(self.lib, name).argtypes = args
+            getattr(self.lib, name).restype = C.c_int
+        self.ok(self.lib.cuInit(0))
+        dev, ctx = C.c_int(), C.c_void_p()
+        self.ok(self.lib.cuDeviceGet(C.byref(dev), 0))
+        self.ok(self.lib.cuDevicePrimaryCtxRetain(C.byref(ctx), dev))
+        self.ok(self.lib.cuCtxSetCurrent(ctx))
+
+    @staticmethod
+    def ok(r):
+        if r != 0:
+            raise RuntimeError("fake CUDA call failed: %d" % r)
+
+    def copy(self, data):
+        p = C.c_uint64()
+        self.ok(self.lib.cuMemAlloc_v2(C.byref(p), len(data)))
+        self.ok(self.lib.cuMemcpyHtoD_v2(p, data, len(data)))
+        return p.value
+
+    def free(self, p):
+        self.ok(self.lib.cuMemFree_v2(p))
+
+
+class GpuBindingTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="mfpygpu-")
+        rng = random.Random(17)
+        cls.nb = 5
+        cls.tokens = [rng.randrange(1, 50000) for _ in range(cls.nb * B + 3)]
+        tok = os.path.join(cls.tmp, "tok")
+        with open(tok, "wb") as f:
+            f.write(struct.pack("<%dI" % len(cls.tokens), *cls.tokens))
+        cls.rows = {}
+        for layer in (1, 2):
+            out = os.path.join(cls.tmp, "rows%d" % layer)
+            subprocess.run([os.path.join(MF_BIN, "mapflow-synth"), "--model", MODEL, "--layer",
+                            str(layer), "--block", str(B), "--heads", "4", "--tokens", tok,
+                            "--codec", "fp16", "--top-p", "0.9", "--seed", str(layer + 40),
+                            "--out", out, "--ns", NS], check=True, stdout=subprocess.DEVNULL)
+            cls.rows[layer] = []
+            for i in range(cls.nb):
+                with open(os.path.join(out, "row-%d.bin" % i), "rb") as f:
+                    cls.rows[layer].append(f.read())
+        cls.hashes = mapflow.hash_prefix(NS, MODEL, B, cls.tokens)
+        cls.sock = os.path.join(cls.tmp, "d.sock")
+        cls.log = open(os.path.join(cls.tmp, "daemon.log"), "ab")
+        cls.proc = subprocess.Popen(
+            [os.path.join(MF_BIN, "mapflowd"), "--socket", cls.sock, "--data_dir",
+             os.path.join(cls.tmp, "data"), "--http", "127.0.0.1:0", "--host_bytes", "32mb",
+             "--gpu_bytes", "8mb"], stdout=cls.log, stderr=subprocess.STDOUT)
+        for _ in range(500):
+            if cls.proc.poll() is not None:
+                raise RuntimeError("mapflowd exited during start")
+            try:
+                with mapflow.Channel("unix:" + cls.sock, timeout_ms=1000) as ch:
+                    ch.health()
+                break
+            except mapflow.MapflowError:
+                time.sleep(0.02)
+        cls.cu = FakeCuda()
+
+    @classmethod
+    def tearDownClass(cls):
+        try:
+            cls.proc.send_signal(signal.SIGTERM)
+            rc = cls.proc.wait(timeout=20)
+            cls.log.close()
+            if rc != 0:
+                raise AssertionError("mapflowd exited %d on SIGTERM" % rc)
+        finally:
+            shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def chan(self, **kw):
+        kw.setdefault("ns", NS)
+        kw.setdefault("want_arena", True)
+        return mapflow.Channel("unix:" + self.sock, **kw)
+
+    def test_device_put_and_device_views(self):
+        with self.chan(gpu_device=0) as ch:
+            gi = ch.gpu_info()
+            self.assertEqual((gi["gpu_device"], gi["driver"]), (0, True))
+            self.assertEqual((gi["announced"], gi["mapped"], gi["peer"]), (2, 2, 1))
+            self.assertTrue(all(a["mapped"] and not a["why"] for a in gi["arenas"]))
+            self.assertTrue(ch.info()["gpu_tier"])
+            dev = [self.cu.copy(r) for r in self.rows[1]]
+            try:
+                for p, r in zip(dev[:3], self.rows[1][:3]):
+                    self.assertEqual(ch.put_device(p, len(r)).tier, "gpu")
+                res = ch.put_device_batch([(p, len(r)) for p, r in zip(dev[3:], self.rows[1][3:])])
+                self.assertEqual([x.tier for x in res], ["gpu"] * (self.nb - 3))
+            finally:
+                for p in dev:
+                    self.cu.free(p)
+            with ch.get_prefix(MODEL, B, self.tokens, [1], lease=True) as g:
+                self.assertEqual(len(g), self.nb)
+                for i, row in enumerate(g):
+                    self.assertTrue(row.ok, row)
+                    self.assertTrue(row.on_device)
+                    self.assertEqual(row.tier, "gpu")
+                    self.assertIsNone(row.data)
+                    self.assertIn(row.gpu_arena, (0, 1))
+                    self.assertTrue(row.lease_id)
+                    self.assertEqual(row.length, len(self.rows[1][i]))
+                    # fake driver: the device address is readable from the host
+                    self.assertEqual(C.string_at(row.device_ptr, row.length), self.rows[1][i])
+            with ch.get_prefix(MODEL, B, self.tokens, [1]) as g:  # copies of GPU rows
+                self.assertEqual([r.data.tobytes() for r in g], self.rows[1])
+                self.assertFalse(any(r.on_device for r in g))
+            lease = ch.get_lease(MODEL, 1, self.hashes[2])
+            self.assertTrue(lease.on_device)
+            self.assertIsNone(lease.data)
+            self.assertEqual(C.string_at(lease.device_ptr, lease.length), self.rows[1][2])
+            lease.release()
+            self.assertEqual(ch.get(MODEL, 1, self.hashes[4]), self.rows[1][4])
+        # without gpu_device: host views of the same rows (staged by the daemon)
+        with self.chan() as ch:
+            self.assertEqual(ch.gpu_info()["announced"], 0)
+            with ch.get_prefix(MODEL, B, self.tokens, [1], lease=True) as g:
+                self.assertEqual([r.data.tobytes() for r in g], self.rows[1])
+                self.assertEqual({r.tier for r in g}, {"host"})
+                self.assertFalse(any(r.on_device for r in g))
+
+    def test_errors(self):
+        p = self.cu.copy(self.rows[2][0])
+        try:
+            with self.chan() as ch:  # no GPU
+                with self.assertRaises(mapflow.MapflowError) as e:
+                    ch.put_device(p, len(self.rows[2][0]))
+                self.assertEqual(e.exception.code, mapflow.FAILED_PRECONDITION)
+            with self.chan(gpu_device=0) as ch:
+                with self.assertRaises(mapflow.MapflowError) as e:
+                    ch.put_device(p, len(self.rows[2][0]) - 16)  # wrong length
+                self.assertEqual(e.exception.code, mapflow.INVALID_ARGUMENT)
+                buf = C.create_string_buffer(self.rows[2][0])  # host memory, not device
+                with self.assertRaises(mapflow.MapflowError) as e:
+                    ch.put_device(C.addressof(buf) & ~15, len(self.rows[2][0]))
+                self.assertEqual(e.exception.code, mapflow.INVALID_ARGUMENT)
+                self.assertEqual(ch.put_device(p, len(self.rows[2][0])).tier, "gpu")
+            with self.chan(gpu_device=7) as ch:  # not a device of this process
+                gi = ch.gpu_info()
+                self.assertFalse(gi["driver"])
+                self.assertIn("gpu_device 7", gi["why"])
+                self.assertEqual(ch.get(MODEL, 2, self.hashes[0]), self.rows[2][0])
+        finally:
+            self.cu.free(p)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

@@ -1,0 +1,738 @@
+/*
+ * test_daemon_gpu — the daemon's GPU tier on CPU: a real mapflowd process loads the fake
+ * CUDA driver (tests/fakecuda, MF_CUDA_DRIVER) and this process is its client over the raw
+ * wire (test_daemon_util.h), opening the announced arenas with cuIpcOpenMemHandle through
+ * the same driver, as libmapflow does. Covers: puts placed on the GPU tier (client-side
+ * copy into the IPC mapping, and payload → HtoD), commit-time validation of GPU rows,
+ * GET_LEASE device views read through the mapping, GET_COPY of GPU rows, staged host views
+ * for a client that did not map the arena, eviction gpu → host → ssd keeping every
+ * acknowledged row readable and exact while leased GPU rows stay put, two devices without
+ * peer access, and the tier off (gpu_bytes 0, no driver) with its reason in Stats/Health.
+ *
+ * MF_GPU_REAL=1 runs the same tests on the real libcuda (an H200: the daemon's arenas are
+ * device memory, this process opens them through CUDA IPC); the fake-only test (two
+ * devices without peer access) is skipped then.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+
+#include "test_client_proc.h" /* a real mapflowd: daemon_start / daemon_stop */
+#include "test_daemon_util.h"
+#include "../fakecuda/fakecuda_env.h"
+#include "mf_cudrv.h"
+
+#define MODEL "gpu-model"
+#define NS "gpu-ns"
+
+static const mf_cudrv_t *cu;
+static int g_real; /* MF_GPU_REAL: the real driver */
+
+/* ---- the client's side of the GPU arenas ------------------------------------------------ */
+
+typedef struct gview {
+    size_t n;
+    uint64_t bytes[4];
+    mf_cu_deviceptr_t base[4]; /* 0 = not opened */
+    int open_result[4];
+} gview_t;
+
+/* Hello with want_gpu_arena; maps the host arena; opens every arena in device `dev`'s
+ * context (as a client with gpu_device = dev). Returns 0 or -1. */
+static int hello_gpu(td_cli_t *c, const char *sock, int dev, gview_t *gv)
+{
+    memset(gv, 0, sizeof(*gv));
+    if (td_raw_connect(c, sock) != 0)
+        return -1;
+    Mapflow__V1__Hello h = MAPFLOW__V1__HELLO__INIT;
+    h.protocol_version = 1;
+    h.namespace_ = NS;
+    h.client_name = "gpu-test";
+    h.want_host_arena = 1;
+    h.want_gpu_arena = 1;
+    mf_envelope_t env = MAPFLOW__V1__ENVELOPE__INIT;
+    env.body_case = MAPFLOW__V1__ENVELOPE__BODY_HELLO;
+    env.hello = &h;
+    env.request_id = c->next_id++;
+    if (td_send(c, &env, NULL, 0) != 0)
+        return -1;
+    int fd = -1;
+    mf_envelope_t *r = td_recv(c, &fd);
+    if (!r || r->body_case != MAPFLOW__V1__ENVELOPE__BODY_HELLO_REPLY || fd < 0)
+        return -1;
+    const Mapflow__V1__HelloReply *hr = r->hello_reply;
+    c->arena_len = hr->host_arena_bytes;
+    c->arena = mmap(NULL, c->arena_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    mf_cu_context_t ctx;
+    assert_int_equal(cu->cuDevicePrimaryCtxRetain(&ctx, dev), 0);
+    assert_int_equal(cu->cuCtxSetCurrent(ctx), 0);
+    gv->n = hr->n_gpu_arenas;
+    for (size_t i = 0; i < gv->n && i < 4; i++) {
+        const Mapflow__V1__GpuArena *a = hr->gpu_arenas[i];
+        assert_int_equal(a->index, i);
+        assert_int_equal(a->ipc_handle.len, MF_CU_IPC_HANDLE_SIZE);
+        assert_int_equal(a->uuid.len, 16);
+        char pci[32];
+        assert_int_equal(cu->cuDeviceGetPCIBusId(pci, sizeof(pci), (int)i), 0);
+        assert_string_equal(a->pci_bus_id, pci); /* daemon ordinal i = this process's i */
+        mf_cu_ipc_mem_handle_t hd;
+        memcpy(hd.reserved, a->ipc_handle.data, MF_CU_IPC_HANDLE_SIZE);
+        gv->bytes[i] = a->bytes;
+        gv->open_result[i] = cu->cuIpcOpenMemHandle(&gv->base[i], hd,
+                                                    MF_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+        if (gv->open_result[i] != 0)
+            gv->base[i] = 0;
+    }
+    mf_envelope_free(r);
+    return c->arena == MAP_FAILED ? -1 : 0;
+}
+
+static void gview_close(gview_t *gv)
+{
+    for (size_t i = 0; i < gv->n && i < 4; i++)
+        if (gv->base[i])
+            assert_int_equal(cu->cuIpcCloseMemHandle(gv->base[i]), 0);
+}
+
+static uint64_t mapped_mask(const gview_t *gv)
+{
+    uint64_t m = 0;
+    for (size_t i = 0; i < gv->n && i < 4; i++)
+        if (gv->base[i])
+            m |= 1ull << i;
+    return m;
+}
+
+/* A real mapflowd with extra "--key", "value" args and this process as its GPU client on
+ * device `dev` (arenas opened through CUDA IPC). */
+#define GPU_START(d, c, gv, dev, ...)                                                    \
+    do {                                                                                 \
+        memset(&(d), 0, sizeof(d));                                                      \
+        daemon_start(&(d), 0, __VA_ARGS__, (const char *)NULL);                         \
+        assert_int_equal(hello_gpu(&(c), (d).sock, (dev), &(gv)), 0);                    \
+    } while (0)
+
+static void gpu_stop(daemon_t *d, td_cli_t *c, gview_t *gv)
+{
+    gview_close(gv);
+    td_close(c);
+    daemon_stop(d, 1);
+}
+
+/* ---- wire helpers ------------------------------------------------------------------------- */
+
+typedef struct put_res {
+    int status;              /* 0 or the error code */
+    int tier, arena, in_arena, commit_tier;
+} put_res_t;
+
+/* Two-phase put of `row` under (layer, hash): the client copies into whichever arena
+ * PutBeginReply names when in_arena, else sends the payload. */
+static put_res_t put_row(td_cli_t *c, const gview_t *gv, uint32_t layer, mf_hash128_t hash,
+                         const uint8_t *row, size_t size, uint64_t gpu_mapped, int want_tier,
+                         uint32_t gpu_arena_plus1)
+{
+    put_res_t res = {-1, 0, 0, 0, 0};
+    uint8_t hb[16];
+    mf_hash_to_le(hash, hb);
+    Mapflow__V1__Key key = MAPFLOW__V1__KEY__INIT;
+    key.model = MODEL;
+    key.layer = layer;
+    key.hash.data = hb;
+    key.hash.len = 16;
+    Mapflow__V1__PutBegin pb = MAPFLOW__V1__PUT_BEGIN__INIT;
+    pb.key = &key;
+    pb.size = size;
+    pb.gpu_mapped = gpu_mapped;
+    pb.want_tier = want_tier;
+    pb.gpu_arena = gpu_arena_plus1;
+    mf_envelope_t env = MAPFLOW__V1__ENVELOPE__INIT;
+    env.body_case = MAPFLOW__V1__ENVELOPE__BODY_PUT_BEGIN;
+    env.put_begin = &pb;
+    mf_envelope_t *r = td_call(c, &env, NULL, 0);
+    assert_non_null(r);
+    if (r->body_case != MAPFLOW__V1__ENVELOPE__BODY_PUT_BEGIN_REPLY) {
+        res.status = r->body_case == MAPFLOW__V1__ENVELOPE__BODY_ERROR ? (int)r->error->code : -1;
+        mf_envelope_free(r);
+        return res;
+    }
+    const Mapflow__V1__PutBeginReply *p = r->put_begin_reply;
+    uint64_t rid = p->reservation_id, off = p->arena_offset;
+    res.tier = p->tier;
+    res.arena = (int)p->gpu_arena;
+    res.in_arena = p->in_arena;
+    mf_envelope_free(r);
+    if (res.in_arena && res.tier == MAPFLOW__V1__TIER__TIER_GPU) {
+        assert_true(res.arena < (int)gv->n && gv->base[res.arena]);
+        assert_true(off + size <= gv->bytes[res.arena]);
+        assert_int_equal(cu->cuMemcpyHtoD(gv->base[res.arena] + off, row, size), 0);
+    } else if (res.in_arena) {
+        assert_int_equal(res.tier, MAPFLOW__V1__TIER__TIER_HOST);
+        memcpy(c->arena + off, row, size);
+    }
+    Mapflow__V1__PutCommit pc = MAPFLOW__V1__PUT_COMMIT__INIT;
+    pc.reservation_id = rid;
+    mf_envelope_t env2 = MAPFLOW__V1__ENVELOPE__INIT;
+    env2.body_case = MAPFLOW__V1__ENVELOPE__BODY_PUT_COMMIT;
+    env2.put_commit = &pc;
+    r = td_call(c, &env2, res.in_arena ? NULL : row, res.in_arena ? 0 : size);
+    assert_non_null(r);
+    if (r->body_case == MAPFLOW__V1__ENVELOPE__BODY_PUT_COMMIT_REPLY) {
+        res.status = 0;
+        res.commit_tier = r->put_commit_reply->tier;
+    } else if (r->body_case == MAPFLOW__V1__ENVELOPE__BODY_ERROR) {
+        res.status = (int)r->error->code;
+    }
+    mf_envelope_free(r);
+    return res;
+}
+
+static mf_envelope_t *get_prefix(td_cli_t *c, uint32_t B, const uint32_t *tokens, size_t n_tok,
+                                 const uint32_t *layers, size_t n_layers, int lease,
+                                 uint64_t gpu_mapped)
+{
+    Mapflow__V1__Get g = MAPFLOW__V1__GET__INIT;
+    g.model = MODEL;
+    g.block_size = B;
+    g.layers = (uint32_t *)layers;
+    g.n_layers = n_layers;
+    g.mode = lease ? MAPFLOW__V1__GET_MODE__GET_LEASE : MAPFLOW__V1__GET_MODE__GET_COPY;
+    g.gpu_mapped = gpu_mapped;
+    mf_envelope_t env = MAPFLOW__V1__ENVELOPE__INIT;
+    env.body_case = MAPFLOW__V1__ENVELOPE__BODY_GET;
+    env.get = &g;
+    mf_envelope_t *r = td_call(c, &env, tokens, n_tok * 4);
+    assert_non_null(r);
+    assert_int_equal(r->body_case, MAPFLOW__V1__ENVELOPE__BODY_GET_REPLY);
+    return r;
+}
+
+static void release_all(td_cli_t *c, const Mapflow__V1__GetReply *g)
+{
+    uint64_t ids[4096];
+    size_t n = 0;
+    for (size_t i = 0; i < g->n_rows && n < 4096; i++)
+        if (g->rows[i]->status == MF_OK)
+            ids[n++] = g->rows[i]->lease_id;
+    Mapflow__V1__Release rel = MAPFLOW__V1__RELEASE__INIT;
+    rel.lease_ids = ids;
+    rel.n_lease_ids = n;
+    mf_envelope_t env = MAPFLOW__V1__ENVELOPE__INIT;
+    env.body_case = MAPFLOW__V1__ENVELOPE__BODY_RELEASE;
+    env.release = &rel;
+    mf_envelope_t *r = td_call(c, &env, NULL, 0);
+    assert_non_null(r);
+    assert_int_equal(r->body_case, MAPFLOW__V1__ENVELOPE__BODY_RELEASE_REPLY);
+    assert_int_equal(r->release_reply->released, n);
+    mf_envelope_free(r);
+}
+
+static mf_envelope_t *stats(td_cli_t *c)
+{
+    Mapflow__V1__Stats st = MAPFLOW__V1__STATS__INIT;
+    mf_envelope_t env = MAPFLOW__V1__ENVELOPE__INIT;
+    env.body_case = MAPFLOW__V1__ENVELOPE__BODY_STATS;
+    env.stats = &st;
+    mf_envelope_t *r = td_call(c, &env, NULL, 0);
+    assert_non_null(r);
+    assert_int_equal(r->body_case, MAPFLOW__V1__ENVELOPE__BODY_STATS_REPLY);
+    return r;
+}
+
+static uint64_t counter(const mf_envelope_t *r, const char *name)
+{
+    for (size_t k = 0; k < r->stats_reply->n_counters; k++)
+        if (!strcmp(r->stats_reply->counters[k]->name, name))
+            return r->stats_reply->counters[k]->value;
+    fail_msg("no counter %s", name);
+    return 0;
+}
+
+/* The row a GET_LEASE RowRef names, read where it says (GPU mapping or host arena). */
+static void assert_lease_bytes(const td_cli_t *c, const gview_t *gv,
+                               const Mapflow__V1__RowRef *ref, const uint8_t *want, size_t size)
+{
+    assert_int_equal(ref->status, MF_OK);
+    assert_int_equal(ref->length, size);
+    if (ref->tier == MAPFLOW__V1__TIER__TIER_GPU) {
+        assert_true(ref->gpu_arena < gv->n && gv->base[ref->gpu_arena]);
+        assert_true(ref->arena_offset + size <= gv->bytes[ref->gpu_arena]);
+        uint8_t *got = malloc(size);
+        assert_int_equal(cu->cuMemcpyDtoH(got, gv->base[ref->gpu_arena] + ref->arena_offset,
+                                          size), 0);
+        assert_memory_equal(got, want, size);
+        free(got);
+    } else {
+        assert_int_equal(ref->tier, MAPFLOW__V1__TIER__TIER_HOST);
+        assert_true(ref->arena_offset + size <= c->arena_len);
+        assert_memory_equal(c->arena + ref->arena_offset, want, size);
+    }
+}
+
+/* Rows for blocks 0..nb-1 of `layers` layers over random tokens. */
+typedef struct rowset {
+    uint32_t B, nb, nl;
+    uint32_t *tokens;
+    uint8_t **row;
+    size_t *size;
+} rowset_t;
+
+static void rows_make(rowset_t *rs, uint32_t B, uint32_t nb, uint32_t nl, unsigned seed)
+{
+    rs->B = B;
+    rs->nb = nb;
+    rs->nl = nl;
+    rs->tokens = malloc((size_t)nb * B * 4);
+    for (size_t i = 0; i < (size_t)nb * B; i++)
+        rs->tokens[i] = 7 + (uint32_t)(rand_r(&seed) % 60000);
+    rs->row = calloc((size_t)nb * nl, sizeof(*rs->row));
+    rs->size = calloc((size_t)nb * nl, sizeof(*rs->size));
+    for (uint32_t l = 0; l < nl; l++)
+        for (uint32_t i = 0; i < nb; i++) {
+            size_t k = (size_t)l * nb + i;
+            rs->row[k] = td_row(NS, MODEL, l, B, rs->tokens, i, &rs->size[k], &seed);
+            assert_non_null(rs->row[k]);
+        }
+}
+
+static void rows_free(rowset_t *rs)
+{
+    for (size_t k = 0; k < (size_t)rs->nb * rs->nl; k++)
+        free(rs->row[k]);
+    free(rs->row);
+    free(rs->size);
+    free(rs->tokens);
+}
+
+static mf_hash128_t rows_hash(const rowset_t *rs, uint32_t i)
+{
+    return td_block_hash(NS, MODEL, rs->B, rs->tokens, i);
+}
+
+/* ---- tests ----------------------------------------------------------------------------- */
+
+static void test_put_lease_copy_stage(void **state)
+{
+    (void)state;
+    daemon_t d;
+    td_cli_t c;
+    gview_t gv;
+    GPU_START(d, c, gv, 0, "--gpu_bytes", "4mb", "--host_bytes", "8mb", "--gpu_devices",
+              "0");
+    assert_int_equal(gv.n, 1);
+    assert_int_equal(gv.open_result[0], 0);
+    assert_int_equal(gv.bytes[0], 4u << 20);
+
+    rowset_t rs;
+    rows_make(&rs, 64, 6, 2, 4242);
+    /* Layer 0 through the client's own copy into the mapping, layer 1 as payloads (HtoD). */
+    for (uint32_t l = 0; l < 2; l++)
+        for (uint32_t i = 0; i < rs.nb; i++) {
+            size_t k = (size_t)l * rs.nb + i;
+            put_res_t p = put_row(&c, &gv, l, rows_hash(&rs, i), rs.row[k], rs.size[k],
+                                  l == 0 ? mapped_mask(&gv) : 0, 0, 0);
+            assert_int_equal(p.status, 0);
+            assert_int_equal(p.tier, MAPFLOW__V1__TIER__TIER_GPU);
+            assert_int_equal(p.in_arena, l == 0);
+            assert_int_equal(p.commit_tier, MAPFLOW__V1__TIER__TIER_GPU);
+        }
+    /* A row damaged on its way into the GPU arena is refused at commit (DtoH + checksum). */
+    uint8_t *bad = malloc(rs.size[0]);
+    memcpy(bad, rs.row[0], rs.size[0]);
+    bad[rs.size[0] - 3] ^= 0x40;
+    put_res_t p = put_row(&c, &gv, 0, rows_hash(&rs, 0), bad, rs.size[0], 1, 0, 0);
+    assert_int_equal(p.tier, MAPFLOW__V1__TIER__TIER_GPU);
+    assert_int_equal(p.status, MF_DATA_LOSS);
+    free(bad);
+
+    uint32_t layers[2] = {0, 1};
+    size_t ntok = (size_t)rs.nb * rs.B;
+    /* Device views: every row leased where it sits in the GPU arena, bytes exact. */
+    mf_envelope_t *r = get_prefix(&c, rs.B, rs.tokens, ntok, layers, 2, 1, 1);
+    const Mapflow__V1__GetReply *g = r->get_reply;
+    assert_int_equal(g->n_rows, 2 * rs.nb);
+    for (size_t k = 0; k < g->n_rows; k++) {
+        assert_int_equal(g->rows[k]->tier, MAPFLOW__V1__TIER__TIER_GPU);
+        assert_int_equal(g->rows[k]->gpu_arena, 0);
+        assert_lease_bytes(&c, &gv, g->rows[k], rs.row[k], rs.size[k]);
+    }
+    release_all(&c, g);
+    mf_envelope_free(r);
+
+    /* GET_COPY: DtoH into the reply payload. */
+    r = get_prefix(&c, rs.B, rs.tokens, ntok, layers, 2, 0, 0);
+    g = r->get_reply;
+    for (size_t k = 0; k < g->n_rows; k++) {
+        assert_int_equal(g->rows[k]->tier, MAPFLOW__V1__TIER__TIER_GPU);
+        td_assert_copy(&c, g->rows[k], rs.row[k], rs.size[k]);
+    }
+    mf_envelope_free(r);
+
+    /* A client that did not map the arena: host views staged from the GPU, bytes exact. */
+    r = get_prefix(&c, rs.B, rs.tokens, ntok, layers, 2, 1, 0);
+    g = r->get_reply;
+    for (size_t k = 0; k < g->n_rows; k++) {
+        assert_int_equal(g->rows[k]->tier, MAPFLOW__V1__TIER__TIER_HOST);
+        assert_lease_bytes(&c, &gv, g->rows[k], rs.row[k], rs.size[k]);
+    }
+    release_all(&c, g);
+    mf_envelope_free(r);
+
+    r = stats(&c);
+    const Mapflow__V1__TierStats *gt = r->stats_reply->tiers[0];
+    assert_int_equal(gt->tier, MAPFLOW__V1__TIER__TIER_GPU);
+    assert_true(gt->enabled);
+    assert_int_equal(gt->capacity_bytes, 4u << 20);
+    assert_int_equal(gt->entries, 2 * rs.nb);
+    assert_true(gt->used_bytes >= rs.size[0] * 2 * rs.nb);
+    assert_int_equal(counter(r, "gpu_staged_total"), 2 * rs.nb);
+    assert_int_equal(counter(r, "put_rejected_total"), 1);
+    assert_true(counter(r, "get_hit_tokens_total{tier=\"gpu\"}") >= 4 * ntok);
+    mf_envelope_free(r);
+    rows_free(&rs);
+    gpu_stop(&d, &c, &gv);
+}
+
+/* Fills a small GPU tier far past its size: rows demote gpu → host → ssd, every acknowledged
+ * row stays readable and exact, and rows leased on the GPU never move. */
+static void test_eviction_keeps_rows_and_leases(void **state)
+{
+    (void)state;
+    daemon_t d;
+    td_cli_t c;
+    gview_t gv;
+    /* write_through off: demotion must carry GPU rows down (with it on, a GPU row already on
+     * the SSD tier just leaves the GPU; test_write_through_restart covers that). */
+    GPU_START(d, c, gv, 0, "--gpu_bytes", "192kb", "--host_bytes", "1mb", "--write_through",
+              "off", "--gpu_devices", "0");
+    rowset_t rs;
+    rows_make(&rs, 256, 128, 8, 777); /* 1024 rows of ~1.3 KiB: 7x the GPU arena */
+    uint64_t mask = mapped_mask(&gv);
+    /* First the rows that will stay leased. */
+    for (uint32_t i = 0; i < 4; i++)
+        assert_int_equal(put_row(&c, &gv, 0, rows_hash(&rs, i), rs.row[i], rs.size[i], mask, 0, 0)
+                             .status, 0);
+    uint32_t l0 = 0;
+    mf_envelope_t *held = get_prefix(&c, rs.B, rs.tokens, 4 * rs.B, &l0, 1, 1, mask);
+    for (size_t k = 0; k < 4; k++) {
+        assert_int_equal(held->get_reply->rows[k]->tier, MAPFLOW__V1__TIER__TIER_GPU);
+        assert_lease_bytes(&c, &gv, held->get_reply->rows[k], rs.row[k], rs.size[k]);
+    }
+    for (uint32_t l = 0; l < rs.nl; l++)
+        for (uint32_t i = l ? 0 : 4; i < rs.nb; i++) {
+            size_t k = (size_t)l * rs.nb + i;
+            put_res_t p = put_row(&c, &gv, l, rows_hash(&rs, i), rs.row[k], rs.size[k],
+                                  (k & 1) ? mask : 0, 0, 0);
+            assert_int_equal(p.status, 0);
+        }
+    /* The leased rows are where they were, bytes unchanged, though the tier turned over. */
+    for (size_t k = 0; k < 4; k++)
+        assert_lease_bytes(&c, &gv, held->get_reply->rows[k], rs.row[k], rs.size[k]);
+
+    mf_envelope_t *r = stats(&c);
+    assert_true(counter(r, "gpu_demotions_total") > 0);
+    assert_true(counter(r, "evictions_total{tier=\"gpu\"}") > 0);
+    assert_true(counter(r, "evictions_total{tier=\"host\"}") > 0);
+    /* Rows sit on all three tiers now (Get below moves SSD rows up again, racing its
+     * own promotions, so where each row is read from is not checked). */
+    assert_true(r->stats_reply->tiers[0]->entries > 0);
+    assert_true(r->stats_reply->tiers[1]->entries > 0);
+    assert_true(r->stats_reply->tiers[2]->entries > 0);
+    assert_true(r->stats_reply->tiers[0]->used_bytes <= r->stats_reply->tiers[0]->capacity_bytes);
+    mf_envelope_free(r);
+
+    /* Every acknowledged row, wherever it went: GET_COPY layer by layer, exact bytes. */
+    size_t on_tier[4] = {0};
+    for (uint32_t l = 0; l < rs.nl; l++) {
+        r = get_prefix(&c, rs.B, rs.tokens, (size_t)rs.nb * rs.B, &l, 1, 0, 0);
+        const Mapflow__V1__GetReply *g = r->get_reply;
+        assert_int_equal(g->n_rows, rs.nb);
+        for (size_t i = 0; i < g->n_rows; i++) {
+            size_t k = (size_t)l * rs.nb + i;
+            td_assert_copy(&c, g->rows[i], rs.row[k], rs.size[k]);
+            on_tier[g->rows[i]->tier & 3]++;
+        }
+        mf_envelope_free(r);
+    }
+    assert_true(on_tier[MAPFLOW__V1__TIER__TIER_GPU] > 0);
+    assert_true(on_tier[MAPFLOW__V1__TIER__TIER_SSD] > 0);
+    release_all(&c, held->get_reply);
+    mf_envelope_free(held);
+
+    /* Evict of the GPU tier (this namespace): down to the low watermark. */
+    Mapflow__V1__Evict ev = MAPFLOW__V1__EVICT__INIT;
+    ev.tier = MAPFLOW__V1__TIER__TIER_GPU;
+    mf_envelope_t env = MAPFLOW__V1__ENVELOPE__INIT;
+    env.body_case = MAPFLOW__V1__ENVELOPE__BODY_EVICT;
+    env.evict = &ev;
+    ev.bytes = 1u << 30;
+    r = td_call(&c, &env, NULL, 0);
+    assert_int_equal(r->body_case, MAPFLOW__V1__ENVELOPE__BODY_EVICT_REPLY);
+    assert_true(r->evict_reply->entries > 0);
+    mf_envelope_free(r);
+    r = stats(&c);
+    assert_int_equal(r->stats_reply->tiers[0]->entries, 0);
+    assert_int_equal(r->stats_reply->tiers[0]->used_bytes, 0);
+    mf_envelope_free(r);
+    rows_free(&rs);
+    gpu_stop(&d, &c, &gv);
+}
+
+/* GPU rows reach the SSD tier from a host copy: durable puts are acknowledged durable,
+ * async write-through completes, and after a restart every row reads back exactly. */
+static void test_write_through_restart(void **state)
+{
+    (void)state;
+    daemon_t d;
+    td_cli_t c;
+    gview_t gv;
+    GPU_START(d, c, gv, 0, "--gpu_bytes", "1mb", "--write_through", "async", "--gpu_devices",
+              "0");
+    rowset_t rs;
+    rows_make(&rs, 64, 24, 2, 99);
+    for (uint32_t l = 0; l < rs.nl; l++)
+        for (uint32_t i = 0; i < rs.nb; i++) {
+            size_t k = (size_t)l * rs.nb + i;
+            put_res_t p = put_row(&c, &gv, l, rows_hash(&rs, i), rs.row[k], rs.size[k],
+                                  mapped_mask(&gv), 0, 0);
+            assert_int_equal(p.status, 0);
+            assert_int_equal(p.commit_tier, MAPFLOW__V1__TIER__TIER_GPU);
+        }
+    /* One durable put: acknowledged only after its synced write from the GPU row. */
+    Mapflow__V1__Key key = MAPFLOW__V1__KEY__INIT;
+    uint8_t hb[16];
+    mf_hash_to_le(rows_hash(&rs, 0), hb);
+    key.model = MODEL;
+    key.layer = 0;
+    key.hash.data = hb;
+    key.hash.len = 16;
+    Mapflow__V1__PutBegin pb = MAPFLOW__V1__PUT_BEGIN__INIT;
+    pb.key = &key;
+    pb.size = rs.size[0];
+    pb.durable = 1;
+    mf_envelope_t env = MAPFLOW__V1__ENVELOPE__INIT;
+    env.body_case = MAPFLOW__V1__ENVELOPE__BODY_PUT_BEGIN;
+    env.put_begin = &pb;
+    mf_envelope_t *r = td_call(&c, &env, NULL, 0);
+    assert_int_equal(r->put_begin_reply->tier, MAPFLOW__V1__TIER__TIER_GPU);
+    Mapflow__V1__PutCommit pc = MAPFLOW__V1__PUT_COMMIT__INIT;
+    pc.reservation_id = r->put_begin_reply->reservation_id;
+    mf_envelope_free(r);
+    env.body_case = MAPFLOW__V1__ENVELOPE__BODY_PUT_COMMIT;
+    env.put_commit = &pc;
+    r = td_call(&c, &env, rs.row[0], rs.size[0]);
+    assert_int_equal(r->body_case, MAPFLOW__V1__ENVELOPE__BODY_PUT_COMMIT_REPLY);
+    assert_true(r->put_commit_reply->durable);
+    assert_int_equal(r->put_commit_reply->tier, MAPFLOW__V1__TIER__TIER_GPU);
+    mf_envelope_free(r);
+    gview_close(&gv);
+    td_close(&c);
+    daemon_stop(&d, 0); /* drain writes what is still queued */
+
+    daemon_start(&d, 1, "--gpu_bytes", "1mb", "--gpu_devices", "0", (const char *)NULL);
+    assert_int_equal(td_connect(&c, d.sock, NS, 1), 0);
+    for (uint32_t l = 0; l < rs.nl; l++) {
+        r = get_prefix(&c, rs.B, rs.tokens, (size_t)rs.nb * rs.B, &l, 1, 0, 0);
+        for (uint32_t i = 0; i < rs.nb; i++) {
+            assert_int_equal(r->get_reply->rows[i]->tier, MAPFLOW__V1__TIER__TIER_SSD);
+            td_assert_copy(&c, r->get_reply->rows[i], rs.row[(size_t)l * rs.nb + i],
+                           rs.size[(size_t)l * rs.nb + i]);
+        }
+        mf_envelope_free(r);
+    }
+    td_close(&c);
+    rows_free(&rs);
+    daemon_stop(&d, 1);
+}
+
+/* want_tier HOST keeps a put on the host tier; with gpu_promote on, a hit copies the row to
+ * the GPU tier and later leases are device views of the same bytes; off, nothing moves. */
+static void test_promote_on_hit(void **state)
+{
+    (void)state;
+    daemon_t d;
+    td_cli_t c;
+    gview_t gv;
+    GPU_START(d, c, gv, 0, "--gpu_bytes", "1mb", "--gpu_promote", "off", "--gpu_devices",
+              "0");
+    uint64_t mask = mapped_mask(&gv);
+    rowset_t rs;
+    rows_make(&rs, 64, 5, 1, 2024);
+    for (uint32_t i = 0; i < rs.nb; i++) {
+        put_res_t p = put_row(&c, &gv, 0, rows_hash(&rs, i), rs.row[i], rs.size[i], mask,
+                              MAPFLOW__V1__TIER__TIER_HOST, 0);
+        assert_int_equal(p.status, 0);
+        assert_int_equal(p.commit_tier, MAPFLOW__V1__TIER__TIER_HOST);
+    }
+    uint32_t l0 = 0;
+    size_t ntok = (size_t)rs.nb * rs.B;
+    for (int round = 0; round < 3; round++) {
+        if (round == 1) {
+            Mapflow__V1__ConfigSet cs = MAPFLOW__V1__CONFIG_SET__INIT;
+            cs.key = "gpu_promote";
+            cs.value = "on";
+            mf_envelope_t env = MAPFLOW__V1__ENVELOPE__INIT;
+            env.body_case = MAPFLOW__V1__ENVELOPE__BODY_CONFIG_SET;
+            env.config_set = &cs;
+            mf_envelope_t *r = td_call(&c, &env, NULL, 0);
+            assert_int_equal(r->body_case, MAPFLOW__V1__ENVELOPE__BODY_CONFIG_SET_REPLY);
+            mf_envelope_free(r);
+        }
+        /* Round 0: off, host views; round 1: the hit promotes; round 2: device views. */
+        mf_envelope_t *r = get_prefix(&c, rs.B, rs.tokens, ntok, &l0, 1, 1, mask);
+        for (uint32_t i = 0; i < rs.nb; i++) {
+            assert_int_equal(r->get_reply->rows[i]->tier, round == 2
+                                                              ? MAPFLOW__V1__TIER__TIER_GPU
+                                                              : MAPFLOW__V1__TIER__TIER_HOST);
+            assert_lease_bytes(&c, &gv, r->get_reply->rows[i], rs.row[i], rs.size[i]);
+        }
+        release_all(&c, r->get_reply);
+        mf_envelope_free(r);
+        r = stats(&c);
+        assert_int_equal(counter(r, "gpu_promotions_total"), round == 0 ? 0 : rs.nb);
+        assert_int_equal(r->stats_reply->tiers[0]->entries, round == 0 ? 0 : rs.nb);
+        mf_envelope_free(r);
+    }
+    rows_free(&rs);
+    gpu_stop(&d, &c, &gv);
+}
+
+/* Two devices, no peer access: the client on device 1 opens only arena 1. Rows in arena 0
+ * come back staged through host memory, rows in arena 1 as device views. */
+static void test_two_devices_no_peer(void **state)
+{
+    (void)state;
+    if (g_real)
+        skip(); /* needs the fake's FAKECUDA_NO_PEER */
+    setenv("FAKECUDA_DEVICES", "2", 1);
+    setenv("FAKECUDA_NO_PEER", "1", 1);
+    assert_int_equal(cu->cuInit(0), 0); /* the fake re-reads its environment */
+    daemon_t d;
+    td_cli_t c;
+    gview_t gv;
+    GPU_START(d, c, gv, 1, "--gpu_bytes", "2mb", "--gpu_devices", "all");
+    assert_int_equal(gv.n, 2);
+    assert_int_equal(gv.open_result[0], MF_CUDA_ERROR_PEER_ACCESS_UNSUPPORTED);
+    assert_int_equal(gv.open_result[1], 0);
+    uint64_t mask = mapped_mask(&gv);
+    assert_int_equal(mask, 2);
+
+    rowset_t rs;
+    rows_make(&rs, 32, 8, 1, 31337);
+    for (uint32_t i = 0; i < rs.nb; i++) {
+        uint32_t want = i & 1; /* odd blocks to arena 1, even to arena 0 */
+        put_res_t p = put_row(&c, &gv, 0, rows_hash(&rs, i), rs.row[i], rs.size[i], mask, 0,
+                              want + 1);
+        assert_int_equal(p.status, 0);
+        assert_int_equal(p.tier, MAPFLOW__V1__TIER__TIER_GPU);
+        assert_int_equal(p.arena, (int)want);
+        assert_int_equal(p.in_arena, want == 1); /* arena 0 unmapped: payload, HtoD */
+    }
+    uint32_t l0 = 0;
+    mf_envelope_t *r = get_prefix(&c, rs.B, rs.tokens, (size_t)rs.nb * rs.B, &l0, 1, 1, mask);
+    for (uint32_t i = 0; i < rs.nb; i++) {
+        const Mapflow__V1__RowRef *ref = r->get_reply->rows[i];
+        assert_int_equal(ref->tier, (i & 1) ? MAPFLOW__V1__TIER__TIER_GPU
+                                            : MAPFLOW__V1__TIER__TIER_HOST);
+        if (i & 1)
+            assert_int_equal(ref->gpu_arena, 1);
+        assert_lease_bytes(&c, &gv, ref, rs.row[i], rs.size[i]);
+    }
+    release_all(&c, r->get_reply);
+    mf_envelope_free(r);
+    r = stats(&c);
+    assert_int_equal(counter(r, "gpu_arena_entries{arena=\"0\",device=\"0\"}"), rs.nb / 2);
+    assert_int_equal(counter(r, "gpu_arena_entries{arena=\"1\",device=\"1\"}"), rs.nb / 2);
+    mf_envelope_free(r);
+    rows_free(&rs);
+    gpu_stop(&d, &c, &gv);
+    unsetenv("FAKECUDA_NO_PEER");
+    setenv("FAKECUDA_DEVICES", "1", 1);
+    assert_int_equal(cu->cuInit(0), 0);
+}
+
+/* Off: gpu_bytes 0 (in-process daemon) and a missing driver (real process). Puts go to the
+ * host tier, no arenas are announced, Stats and Health say why. */
+static void test_tier_off(void **state)
+{
+    (void)state;
+    td_daemon_t d = {0};
+    assert_int_equal(td_start(&d, NULL), 0);
+    td_cli_t c;
+    gview_t gv;
+    assert_int_equal(hello_gpu(&c, d.sock, 0, &gv), 0);
+    assert_int_equal(gv.n, 0);
+    rowset_t rs;
+    rows_make(&rs, 16, 2, 1, 5);
+    put_res_t p = put_row(&c, &gv, 0, rows_hash(&rs, 0), rs.row[0], rs.size[0], 1,
+                          MAPFLOW__V1__TIER__TIER_GPU, 1);
+    assert_int_equal(p.status, 0);
+    assert_int_equal(p.tier, MAPFLOW__V1__TIER__TIER_HOST);
+    mf_envelope_t *r = stats(&c);
+    assert_false(r->stats_reply->tiers[0]->enabled);
+    assert_string_equal(r->stats_reply->tiers[0]->why_off, "gpu_bytes is 0");
+    mf_envelope_free(r);
+    td_close(&c);
+    td_stop(&d);
+    td_rmdir(&d);
+
+    daemon_t g = {0};
+    char *drv = strdup(getenv("MF_CUDA_DRIVER") ? getenv("MF_CUDA_DRIVER") : "");
+    setenv("MF_CUDA_DRIVER", "/nonexistent/libcuda.so.1", 1); /* for the daemon only */
+    daemon_start(&g, 0, "--gpu_bytes", "1mb", (const char *)NULL);
+    setenv("MF_CUDA_DRIVER", drv, 1);
+    free(drv);
+    assert_int_equal(td_connect(&c, g.sock, NS, 1), 0);
+    r = stats(&c);
+    assert_false(r->stats_reply->tiers[0]->enabled);
+    assert_non_null(strstr(r->stats_reply->tiers[0]->why_off, "no CUDA driver"));
+    mf_envelope_free(r);
+    mf_envelope_t env = MAPFLOW__V1__ENVELOPE__INIT;
+    Mapflow__V1__Health h = MAPFLOW__V1__HEALTH__INIT;
+    env.body_case = MAPFLOW__V1__ENVELOPE__BODY_HEALTH;
+    env.health = &h;
+    r = td_call(&c, &env, NULL, 0);
+    assert_non_null(strstr(r->health_reply->status, "gpu off (no CUDA driver"));
+    mf_envelope_free(r);
+    p = put_row(&c, &gv, 0, rows_hash(&rs, 1), rs.row[1], rs.size[1], 0, 0, 0);
+    assert_int_equal(p.status, 0);
+    assert_int_equal(p.commit_tier, MAPFLOW__V1__TIER__TIER_HOST);
+    td_close(&c);
+    rows_free(&rs);
+    daemon_stop(&g, 1);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    const char *real = getenv("MF_GPU_REAL");
+    g_real = real && *real && strcmp(real, "0") != 0;
+    if (!g_real && fakecuda_use(1, 0) != 0) {
+        fprintf(stderr, "libfakecuda.so not found (make build/lib/tests/libfakecuda.so)\n");
+        return -1;
+    }
+    const char *why = NULL;
+    if (mf_cudrv_get(&cu, &why) != MF_OK) {
+        fprintf(stderr, "CUDA driver: %s\n", why);
+        return -1;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    (void)argc;
+    tp_find_mapflowd(argv[0]);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_put_lease_copy_stage),
+        cmocka_unit_test(test_eviction_keeps_rows_and_leases),
+        cmocka_unit_test(test_write_through_restart),
+        cmocka_unit_test(test_promote_on_hit),
+        cmocka_unit_test(test_two_devices_no_peer),
+        cmocka_unit_test(test_tier_off),
+    };
+    return cmocka_run_group_tests(tests, setup, NULL);
+}
