@@ -206,6 +206,8 @@ def main():
     ap.add_argument("--host-bytes", default="?")
     ap.add_argument("--cpus", default="all")
     ap.add_argument("--out")
+    ap.add_argument("--commit", help="commit the binaries were built from (default: HEAD now)")
+    ap.add_argument("--date", help="when the run started (default: now)")
     a = ap.parse_args()
     res, info = parse(a.results)
     if not res:
@@ -220,7 +222,7 @@ def main():
     print("\n".join(goals(rows)) or "  (no goal rows measured)")
     if not a.out:
         return 0
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    when = a.date or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     md = [
         "# mapflowd against memcpy, Redis and RocksDB (issue 13)",
         "",
@@ -228,7 +230,7 @@ def main():
         "the analysis at the end comes from bench/daemon/analysis.md.",
         "",
         "- command: `%s`" % a.command,
-        "- date: %s, commit %s" % (when, m["commit"]),
+        "- date: %s, commit %s" % (when, a.commit or m["commit"]),
         "- machine: %s CPUs (nproc), %s, %s RAM, kernel %s" % (m["nproc"], m["cpu"], m["mem"],
                                                             m["kernel"]),
         "- pinned to CPUs: %s (see the load-average line under Workload: a 1-min load above "

@@ -104,6 +104,10 @@ else
 fi
 
 echo "== running (bounded at ${limit} s)" >&2
+# The report names the commit and time of the run (not of whatever HEAD is when it is written).
+run_date=$(date -u '+%Y-%m-%d %H:%M UTC')
+run_commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo "?")
+[ -n "$(git -C "$root" status --porcelain --untracked-files=no 2>/dev/null)" ] && run_commit="$run_commit+dirty"
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 set +e
 timeout "$limit" "${pin[@]}" "$bin/mapflow-bench-daemon" --daemon "unix:$tmp/mapflowd.sock" \
@@ -140,5 +144,5 @@ out_args=()
 [ $report = 1 ] && out_args=(--out "${out:-$root/bench/results/daemon.md}")
 "$PYTHON" "$here/report.py" --results "$tmp/results.tsv" --command "$cmdline" \
     --redis-version "${redis_version:-none}" --host-bytes "$host_bytes" \
-    --cpus "${MF_BENCH_CPUS:-all}" "${out_args[@]}"
+    --cpus "${MF_BENCH_CPUS:-all}" --commit "$run_commit" --date "$run_date" "${out_args[@]}"
 exit "$rc"
