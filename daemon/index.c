@@ -5,9 +5,23 @@
 #include <string.h>
 #include <xxhash.h>
 
+struct mfd_block {
+    struct mfd_block *hnext;
+    uint64_t khash;
+    uint32_t n_entries;       /* linked entries of this block, any layer */
+    uint32_t block_size;      /* 0: nothing recorded yet */
+    uint32_t *tokens;         /* block_size tokens as a row of the block showed them */
+    uint8_t parent[16];
+    uint64_t layers[MFD_BLOCK_LAYERS / 64]; /* rows known to carry parent + tokens */
+    uint16_t klen;
+    uint8_t key[];
+};
+
 struct mfd_index {
     mfd_entry_t **buckets;
     size_t n_buckets, count;
+    mfd_block_t **bbuckets;
+    size_t n_bbuckets, bcount;
     mfd_entry_t *lru_head[3], *lru_tail[3];   /* head = MRU, tail = coldest */
     mfd_entry_free_cb on_free;
     void *ctx;
@@ -73,6 +87,13 @@ mf_status_t mfd_index_create(mfd_entry_free_cb on_free, void *ctx, mfd_index_t *
         free(ix);
         return MF_RESOURCE_EXHAUSTED;
     }
+    ix->n_bbuckets = 1024;
+    ix->bbuckets = calloc(ix->n_bbuckets, sizeof(*ix->bbuckets));
+    if (!ix->bbuckets) {
+        free(ix->buckets);
+        free(ix);
+        return MF_RESOURCE_EXHAUSTED;
+    }
     ix->on_free = on_free;
     ix->ctx = ctx;
     *out = ix;
@@ -97,8 +118,19 @@ void mfd_index_destroy(mfd_index_t *ix)
         }
     }
     free(ix->buckets);
+    for (size_t i = 0; i < ix->n_bbuckets; i++) {
+        for (mfd_block_t *b = ix->bbuckets[i], *n; b; b = n) {
+            n = b->hnext;
+            free(b->tokens);
+            free(b);
+        }
+    }
+    free(ix->bbuckets);
     free(ix);
 }
+
+static void block_attach(mfd_index_t *ix, mfd_entry_t *e);
+static void block_detach(mfd_index_t *ix, mfd_entry_t *e);
 
 mfd_entry_t *mfd_entry_new(const mfd_key_t *key)
 {
@@ -170,6 +202,7 @@ mf_status_t mfd_index_insert(mfd_index_t *ix, mfd_entry_t *e, int *replaced)
     ix->buckets[i] = e;
     e->linked = 1;
     ix->count++;
+    block_attach(ix, e);
     return MF_OK;
 }
 
@@ -178,6 +211,7 @@ void mfd_index_unlink(mfd_index_t *ix, mfd_entry_t *e)
     if (!e->linked)
         return;
     hash_remove(ix, e);
+    block_detach(ix, e);
     mfd_lru_remove(ix, MFD_LRU_HOST, e);
     mfd_lru_remove(ix, MFD_LRU_SSD, e);
     mfd_lru_remove(ix, MFD_LRU_GPU, e);
@@ -277,6 +311,137 @@ mfd_entry_t *mfd_lru_warmer(const mfd_entry_t *e, int list)
     return list == MFD_LRU_HOST ? e->host_lru.prev
            : list == MFD_LRU_GPU ? e->gpu_lru.prev
                                  : e->ssd_lru.prev;
+}
+
+/* ---- blocks ----------------------------------------------------------------------- */
+
+static uint32_t key_layer(const mfd_entry_t *e)
+{
+    const uint8_t *l = e->key.b + e->key.len - 20;
+    return ((uint32_t)l[0] << 24) | ((uint32_t)l[1] << 16) | ((uint32_t)l[2] << 8) | l[3];
+}
+
+size_t mfd_bkey_of(const uint8_t *key, size_t len, uint8_t out[MFD_BKEY_MAX])
+{
+    memcpy(out, key, len - 20);
+    memcpy(out + len - 20, key + len - 16, 16);
+    return len - 4;
+}
+
+const mfd_block_t *mfd_index_block_find(const mfd_index_t *ix, const uint8_t *bkey,
+                                        size_t len)
+{
+    uint64_t h = XXH3_64bits(bkey, len);
+    for (mfd_block_t *b = ix->bbuckets[h & (ix->n_bbuckets - 1)]; b; b = b->hnext)
+        if (b->khash == h && b->klen == len && memcmp(b->key, bkey, len) == 0)
+            return b;
+    return NULL;
+}
+
+static void block_grow(mfd_index_t *ix)
+{
+    size_t nb = ix->n_bbuckets * 2;
+    mfd_block_t **v = calloc(nb, sizeof(*v));
+    if (!v)
+        return; /* longer chains, still correct */
+    for (size_t i = 0; i < ix->n_bbuckets; i++) {
+        for (mfd_block_t *b = ix->bbuckets[i], *n; b; b = n) {
+            n = b->hnext;
+            b->hnext = v[b->khash & (nb - 1)];
+            v[b->khash & (nb - 1)] = b;
+        }
+    }
+    free(ix->bbuckets);
+    ix->bbuckets = v;
+    ix->n_bbuckets = nb;
+}
+
+/* Out of memory leaves e without a block: lookups then miss it (never a false hit). */
+static void block_attach(mfd_index_t *ix, mfd_entry_t *e)
+{
+    uint8_t bk[MFD_BKEY_MAX];
+    size_t len = mfd_bkey_of(e->key.b, e->key.len, bk);
+    mfd_block_t *b = (mfd_block_t *)mfd_index_block_find(ix, bk, len);
+    if (!b) {
+        b = calloc(1, sizeof(*b) + len);
+        if (!b)
+            return;
+        b->khash = XXH3_64bits(bk, len);
+        b->klen = (uint16_t)len;
+        memcpy(b->key, bk, len);
+        if (ix->bcount + 1 > ix->n_bbuckets)
+            block_grow(ix);
+        size_t i = b->khash & (ix->n_bbuckets - 1);
+        b->hnext = ix->bbuckets[i];
+        ix->bbuckets[i] = b;
+        ix->bcount++;
+    }
+    b->n_entries++;
+    e->bnode = b;
+}
+
+static void block_detach(mfd_index_t *ix, mfd_entry_t *e)
+{
+    mfd_block_t *b = e->bnode;
+    if (!b)
+        return;
+    e->bnode = NULL;
+    uint32_t layer = key_layer(e);
+    if (layer < MFD_BLOCK_LAYERS)
+        b->layers[layer / 64] &= ~(1ull << (layer % 64));
+    if (--b->n_entries)
+        return;
+    mfd_block_t **pp = &ix->bbuckets[b->khash & (ix->n_bbuckets - 1)];
+    while (*pp && *pp != b)
+        pp = &(*pp)->hnext;
+    if (*pp) {
+        *pp = b->hnext;
+        ix->bcount--;
+    }
+    free(b->tokens);
+    free(b);
+}
+
+int mfd_block_matches(const mfd_block_t *b, uint32_t block_size, const uint8_t parent[16],
+                      const uint32_t *tokens)
+{
+    return b->block_size && b->block_size == block_size && memcmp(b->parent, parent, 16) == 0 &&
+           memcmp(b->tokens, tokens, (size_t)block_size * sizeof(uint32_t)) == 0;
+}
+
+int mfd_block_has_layer(const mfd_block_t *b, uint32_t layer)
+{
+    return layer < MFD_BLOCK_LAYERS && ((b->layers[layer / 64] >> (layer % 64)) & 1u);
+}
+
+void mfd_index_block_note(mfd_index_t *ix, mfd_entry_t *e, uint32_t block_size,
+                          const uint8_t parent[16], const uint32_t *tokens)
+{
+    (void)ix;
+    mfd_block_t *b = e->bnode;
+    uint32_t layer = key_layer(e);
+    if (!e->linked || !b || layer >= MFD_BLOCK_LAYERS || block_size == 0)
+        return;
+    int marked = 0;
+    for (size_t w = 0; w < MFD_BLOCK_LAYERS / 64; w++)
+        marked |= b->layers[w] != 0;
+    if (!marked && !mfd_block_matches(b, block_size, parent, tokens)) {
+        /* Nothing depends on the old record (none, or its rows are gone): take this one. */
+        uint32_t *t = realloc(b->tokens, (size_t)block_size * sizeof(uint32_t));
+        if (!t)
+            return;
+        memcpy(t, tokens, (size_t)block_size * sizeof(uint32_t));
+        b->tokens = t;
+        b->block_size = block_size;
+        memcpy(b->parent, parent, 16);
+    }
+    if (mfd_block_matches(b, block_size, parent, tokens))
+        b->layers[layer / 64] |= 1ull << (layer % 64);
+}
+
+size_t mfd_index_block_count(const mfd_index_t *ix)
+{
+    return ix->bcount;
 }
 
 /* ---- collection --------------------------------------------------------------------- */

@@ -17,6 +17,15 @@
  * LRU: three lists, entries resident on the host tier, on the GPU tier and present on
  * the SSD tier; the head is the most recently used.
  *
+ * Blocks: a second table, one node per (namespace, model, prefix hash) — the entry key
+ * without its layer — counting the linked entries of that block and holding, once, the
+ * block's parent hash, block size and tokens as a row of the block showed them, plus a
+ * bitmap of the layers (< MFD_BLOCK_LAYERS) whose linked row carries exactly those. A
+ * lookup checks a prefix with one probe and one token compare per block instead of one
+ * per (block, layer) (DESIGN §4 semantics unchanged: a layer counts only if its row's
+ * parent and tokens are the request's). A layer is marked only through
+ * mfd_index_block_note, by code that has just read the row's bytes; unlinking clears it.
+ *
  * Ownership: the index owns entries; the free callback releases what the entry points
  * to (arena block, buffers). Thread safety: loop thread only.
  */
@@ -74,6 +83,7 @@ typedef struct mfd_entry {
     uint8_t *wbuf;            /* private copy while a demotion write is in flight */
     struct mfd_ssd_job *wjob; /* the SSD write in flight (store.c; cancelled on replace) */
     struct mfd_entry *wt_prev, *wt_next; /* store.c's deferred write-through list */
+    struct mfd_block *bnode;  /* this entry's block (NULL when out of memory) */
     unsigned linked : 1;      /* reachable through the index */
     unsigned on_host_lru : 1;
     unsigned on_ssd_lru : 1;
@@ -126,6 +136,31 @@ mfd_entry_t *mfd_lru_warmer(const mfd_entry_t *e, int list);     /* toward the M
  */
 mf_status_t mfd_index_collect(mfd_index_t *ix, const uint8_t *prefix, size_t prefix_len,
                               int sorted, mfd_entry_t ***out, size_t *n_out);
+
+/* ---- blocks ------------------------------------------------------------------------- */
+
+#define MFD_BLOCK_LAYERS 256   /* layers the bitmap covers; rows of higher layers are
+                                * never marked (their hit check reads the row) */
+#define MFD_BKEY_MAX (MFD_KEY_MAX - 4)
+
+typedef struct mfd_block mfd_block_t;
+
+/* The block key of an entry key: its bytes without the 4 layer bytes. Returns the length. */
+size_t mfd_bkey_of(const uint8_t *key, size_t len, uint8_t out[MFD_BKEY_MAX]);
+const mfd_block_t *mfd_index_block_find(const mfd_index_t *ix, const uint8_t *bkey,
+                                        size_t len);
+/* 1 when the block's recorded parent (LE form), block size and tokens are these. */
+int mfd_block_matches(const mfd_block_t *b, uint32_t block_size, const uint8_t parent[16],
+                      const uint32_t *tokens);
+/* 1 when `layer`'s linked row is known to carry the block's recorded parent and tokens. */
+int mfd_block_has_layer(const mfd_block_t *b, uint32_t layer);
+/*
+ * e (linked) was just read and holds these parent (LE form), block size and tokens: the
+ * first note of a block records them; e's layer is marked when they equal the record.
+ */
+void mfd_index_block_note(mfd_index_t *ix, mfd_entry_t *e, uint32_t block_size,
+                          const uint8_t parent[16], const uint32_t *tokens);
+size_t mfd_index_block_count(const mfd_index_t *ix);
 
 /* Byte order of keys (memcmp, then shorter first). */
 int mfd_key_cmp(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen);

@@ -617,6 +617,29 @@ static void handle_put_abort(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Put
 
 /* ==== Lookup ========================================================================== */
 
+/* The hit check of one (layer, block) that the block index does not vouch for: reads
+ * the row (header, parent, tokens); a row only on the SSD tier counts as present (Get
+ * verifies it when read). A row that passes marks its layer in the block index. */
+static int lookup_row_hit(mfd_server_t *s, key_tmpl_t *kt, uint32_t layer,
+                          const mf_hash128_t *h, size_t b, const uint32_t *tok, uint32_t B,
+                          const uint8_t parent[16])
+{
+    mfd_entry_t *e = mfd_store_find(&s->store, key_tmpl_set(kt, layer, h[b + 1]));
+    if (!e)
+        return 0;
+    const uint8_t *row = mfd_store_head(&s->store, e); /* a GPU-only row: its head copy */
+    if (!row)
+        return 1;
+    const char *why = NULL;
+    mf_status_t vs = mfd_row_verify(row, e->size, 0, tok, B, h[b], h[b + 1], &why);
+    if (vs != MF_OK) {
+        mfd_count(&s->metrics, vs == MF_NOT_FOUND ? MFD_C_HASH_MISMATCH : MFD_C_DATA_LOSS, 1);
+        return 0;
+    }
+    mfd_index_block_note(s->store.ix, e, B, parent, tok);
+    return 1;
+}
+
 /* peer_blocks: the peer's answer (resume); via_peer: ask m->peer first. */
 static void handle_lookup(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Lookup *m,
                           const uint8_t *payload, size_t plen, double t0, int via_peer,
@@ -639,7 +662,7 @@ static void handle_lookup(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Lookup
     }
     uint32_t *tokens = NULL;
     mf_hash128_t *h = NULL;
-    uint32_t *blocks = NULL;
+    uint32_t *blocks = NULL, *alive = NULL;
     size_t n_tok;
     mf_status_t st = tokens_from_payload(payload, plen, &tokens, &n_tok, &why);
     if (st != MF_OK) {
@@ -649,35 +672,53 @@ static void handle_lookup(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Lookup
     uint32_t B = m->block_size;
     size_t nb = n_tok / B;
     blocks = calloc(m->n_layers, sizeof(*blocks));
-    if (!blocks || prefix_hashes(c, m->model, B, tokens, nb, &h) != MF_OK) {
+    alive = malloc(m->n_layers * sizeof(*alive));
+    if (!blocks || !alive || prefix_hashes(c, m->model, B, tokens, nb, &h) != MF_OK) {
         mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED, "Lookup: out of memory");
         goto done;
     }
     uint64_t hit_blocks = 0;
     key_tmpl_t kt;
     key_tmpl_init(&kt, c, m->model);
-    for (size_t l = 0; l < m->n_layers; l++) {
-        uint32_t n = 0;
-        for (size_t b = 0; b < nb; b++) {
-            mfd_entry_t *e = mfd_store_find(&s->store, key_tmpl_set(&kt, m->layers[l], h[b + 1]));
-            if (!e)
-                break;
-            const uint8_t *row = mfd_store_head(&s->store, e);
-            /* Rows only on the SSD tier count as present; Get verifies them when read. */
-            mf_status_t vs = row ? mfd_row_verify(row, e->size, 0, tokens + b * B, B, h[b],
-                                                  h[b + 1], &why)
-                                 : MF_OK;
-            if (vs != MF_OK) {
-                mfd_count(&s->metrics, vs == MF_NOT_FOUND ? MFD_C_HASH_MISMATCH : MFD_C_DATA_LOSS,
-                          1);
-                break;
+    /* Blocks outer, layers inner: one block-index probe and one token compare per block;
+     * a layer leaves `alive` at its first miss (only leading blocks count). */
+    uint8_t bk[MFD_BKEY_MAX], parent[16];
+    memcpy(bk, kt.k.b, kt.at);
+    mf_hash_to_le(h[0], parent);
+    size_t n_alive = m->n_layers;
+    for (size_t l = 0; l < n_alive; l++)
+        alive[l] = (uint32_t)l;
+    for (size_t b = 0; b < nb && n_alive; b++) {
+        if (b)
+            memcpy(parent, bk + kt.at, 16); /* block b's parent is block b - 1's hash */
+        mf_hash_to_le(h[b + 1], bk + kt.at);
+        const mfd_block_t *blk = mfd_index_block_find(s->store.ix, bk, kt.at + 16);
+        if (!blk)
+            break;
+        const uint32_t *tok = tokens + b * B;
+        int match = mfd_block_matches(blk, B, parent, tok);
+        size_t keep = 0;
+        for (size_t i = 0; i < n_alive; i++) {
+            uint32_t l = alive[i];
+            int hit;
+            if (mfd_block_has_layer(blk, m->layers[l])) {
+                hit = match; /* the row carries the block's record: no need to read it */
+                if (!match)
+                    mfd_count(&s->metrics, MFD_C_HASH_MISMATCH, 1);
+            } else {
+                hit = lookup_row_hit(s, &kt, m->layers[l], h, b, tok, B, parent);
             }
-            n++;
+            if (hit) {
+                blocks[l]++;
+                alive[keep++] = l;
+            }
         }
-        if (peer_blocks && l < n_peer_blocks && peer_blocks[l] > n)
-            n = peer_blocks[l] < nb ? peer_blocks[l] : (uint32_t)nb;
-        blocks[l] = n;
-        hit_blocks += n;
+        n_alive = keep;
+    }
+    for (size_t l = 0; l < m->n_layers; l++) {
+        if (peer_blocks && l < n_peer_blocks && peer_blocks[l] > blocks[l])
+            blocks[l] = peer_blocks[l] < nb ? peer_blocks[l] : (uint32_t)nb;
+        hit_blocks += blocks[l];
     }
     mfd_count(&s->metrics, MFD_C_LOOKUP_REQ_TOKENS, (uint64_t)m->n_layers * nb * B);
     mfd_count(&s->metrics, MFD_C_LOOKUP_HIT_TOKENS, hit_blocks * B);
@@ -688,6 +729,7 @@ static void handle_lookup(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Lookup
     mfd_metrics_observe(&s->metrics, MFD_H_LOOKUP, now_s() - t0);
     REPLY(c, rid, LOOKUP_REPLY, lookup_reply, &rep, NULL, 0);
 done:
+    free(alive);
     free(blocks);
     free(h);
     free(tokens);

@@ -663,6 +663,19 @@ static mf_status_t row_verify_head(const uint8_t *row, size_t len, const uint32_
     return MF_OK;
 }
 
+/* Marks e's layer in its block index node from a row validated in full just now. */
+static void note_row(mfd_store_t *st, mfd_entry_t *e, const uint8_t *row, size_t len)
+{
+    const mf_row_header_t *h = (const mf_row_header_t *)row;
+    if (len < MF_ROW_HEADER)
+        return;
+    size_t toff = (MF_ROW_HEADER + (size_t)h->model_len + MF_ROW_ALIGN - 1) &
+                  ~(size_t)(MF_ROW_ALIGN - 1);
+    if (toff + (size_t)h->block_size * 4 > len)
+        return;
+    mfd_index_block_note(st->ix, e, h->block_size, h->parent, (const uint32_t *)(row + toff));
+}
+
 mf_status_t mfd_row_verify(const uint8_t *row, size_t len, int full_checksum,
                            const uint32_t *tokens, uint32_t block_size,
                            mf_hash128_t parent, mf_hash128_t hash, const char **why)
@@ -754,6 +767,9 @@ static void link_entry(mfd_store_t *st, const mfd_key_t *key, mfd_entry_t *e,
         mfd_store_remove(st, old);
     }
     mfd_index_insert(st->ix, e, NULL);
+    uint8_t parent[16];
+    mf_hash_to_le(v->parent, parent);
+    mfd_index_block_note(st->ix, e, v->block_size, parent, v->tokens);
     mfd_count(st->metrics, MFD_C_PUTS, 1);
     mfd_count(st->metrics, MFD_C_PUT_BYTES, size);
 }
@@ -1022,6 +1038,9 @@ static void on_read_done(mfd_ssd_job_t *j)
         free(buf);
         buf = NULL;
         len = 0;
+    } else if (e->linked && (buf || e->host)) {
+        /* Validated on the worker: later lookups of this block need not read the row. */
+        note_row(st, e, buf ? buf : mfd_store_bytes(st, e), len);
     }
     r->cb(r->arg, e, s, buf, len);
     free(r);

@@ -30,6 +30,7 @@ typedef struct options {
     int n_clients;
     double seconds;
     double budget;   /* seconds for mapflowd's points; later ones are skipped past it */
+    uint32_t lookup_blocks; /* 0: lookups of 64 blocks and of the whole context */
     double t0;
     mfb_workload_params_t wp;
 } options_t;
@@ -40,7 +41,7 @@ static void usage(FILE *f)
             "usage: mapflow-bench-daemon --daemon unix:PATH [--redis PATH] [--rocks-dir DIR]\n"
             "         [--quick] [--clients 1,4,16,64] [--seconds S] [--only PHASES]\n"
             "         [--ctx-tokens N] [--mask-layers L] [--fp8-rows N] [--fp8-layers L]\n"
-            "         [--seed N] [--budget S]\n"
+            "         [--seed N] [--budget S] [--lookup-blocks N]\n"
             "phases: memcpy put lookup get prefix mixed ssd rocksdb redis (default: all)\n"
             "Prints RESULT and INFO lines (tab separated); bench/daemon/run.sh drives it.\n");
 }
@@ -75,7 +76,7 @@ static int parse_counts(const char *s, options_t *o)
 static int parse_args(int argc, char **argv, options_t *o)
 {
     enum { O_REDIS = 256, O_ROCKS, O_QUICK, O_CLIENTS, O_SECONDS, O_ONLY, O_CTX, O_MASKL,
-           O_FP8R, O_FP8L, O_SEED, O_BUDGET };
+           O_FP8R, O_FP8L, O_SEED, O_BUDGET, O_LOOKUPB };
     static const struct option longs[] = {
         {"daemon", required_argument, NULL, 'd'},   {"redis", required_argument, NULL, O_REDIS},
         {"rocks-dir", required_argument, NULL, O_ROCKS}, {"quick", no_argument, NULL, O_QUICK},
@@ -86,6 +87,7 @@ static int parse_args(int argc, char **argv, options_t *o)
         {"fp8-rows", required_argument, NULL, O_FP8R},
         {"fp8-layers", required_argument, NULL, O_FP8L},
         {"seed", required_argument, NULL, O_SEED},  {"budget", required_argument, NULL, O_BUDGET},
+        {"lookup-blocks", required_argument, NULL, O_LOOKUPB},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     /* Defaults: the full run; --quick shrinks the row set and the time per point. */
@@ -115,6 +117,7 @@ static int parse_args(int argc, char **argv, options_t *o)
         case O_FP8L: fp8l = strtol(optarg, NULL, 10); break;
         case O_SEED: o->wp.seed = strtoull(optarg, NULL, 10); break;
         case O_BUDGET: budget = atof(optarg); break;
+        case O_LOOKUPB: o->lookup_blocks = (uint32_t)strtoul(optarg, NULL, 10); break;
         case 'h': usage(stdout); exit(0);
         default: return -1;
         }
@@ -242,8 +245,10 @@ static int mapflow_phases(phase_ctx_t *x)
     char name[64];
     uint32_t nb = (uint32_t)x->w->mask_cx.n_blocks, nl = x->w->mask_layers;
     if (phase_on(o, "lookup")) {
-        uint32_t lens[2] = {nb < 64 ? nb : 64, nb};
-        for (int k = 0; k < 2; k++) {
+        uint32_t lens[2] = {nb < 64 ? nb : 64, nb}, one = o->lookup_blocks;
+        for (int k = one ? 1 : 0; k < 2; k++) {
+            if (one) /* one prefix length only (e.g. to read the daemon's time for it) */
+                lens[k] = one < nb ? one : nb;
             x->mf.lookup_blocks = lens[k];
             snprintf(name, sizeof(name), "lookup_%ux%u", lens[k], nl);
             bad |= mf_sweep(x, MFB_MF_LOOKUP, name, o->seconds, NULL, NULL);
@@ -251,6 +256,14 @@ static int mapflow_phases(phase_ctx_t *x)
     }
     if (phase_on(o, "get")) {
         bad |= mf_sweep(x, MFB_MF_GET_COPY, "get_copy", o->seconds, NULL, NULL);
+        /* What the client's checksum of arena rows costs, and a channel without the
+         * arena (rows come over the socket: what a TCP client gets). */
+        x->mf.verify_header = 1;
+        bad |= mf_sweep(x, MFB_MF_GET_COPY, "get_copy_hdr", o->seconds, NULL, NULL);
+        x->mf.verify_header = 0;
+        x->mf.no_arena = 1;
+        bad |= mf_sweep(x, MFB_MF_GET_COPY, "get_copy_sock", o->seconds, NULL, NULL);
+        x->mf.no_arena = 0;
         bad |= mf_sweep(x, MFB_MF_GET_LEASE, "get_lease", o->seconds, NULL, NULL);
         bad |= mf_sweep(x, MFB_MF_GET_LEASE_COPY, "get_lease_copy", o->seconds, NULL, NULL);
     }
@@ -285,6 +298,9 @@ static int mapflow_phases(phase_ctx_t *x)
     if (phase_on(o, "ssd")) {
         /* A pass is bounded by the row count, not by --seconds. */
         bad |= mf_sweep(x, MFB_MF_SSD_GET, "ssd_get", 120, evict_before_pass, ssd_extra);
+        x->mf.verify_header = 1;
+        bad |= mf_sweep(x, MFB_MF_SSD_GET, "ssd_get_hdr", 120, evict_before_pass, ssd_extra);
+        x->mf.verify_header = 0;
         mfb_mapflow_print_stats(o->target, "after ssd");
     }
     return bad;

@@ -20,7 +20,8 @@
 
 typedef enum mfb_mf_op {
     MFB_MF_PUT,          /* mf_put of FP8 rows (replacing the same keys) */
-    MFB_MF_GET_COPY,     /* mf_get of one FP8 row into the client's buffer */
+    MFB_MF_GET_COPY,     /* mf_get of one FP8 row into the client's buffer (see the arg's
+                          * verify_header and no_arena for the channel's variants) */
     MFB_MF_GET_LEASE,    /* mf_get_lease + mf_release: zero-copy view of the arena */
     MFB_MF_GET_LEASE_COPY, /* lease, memcpy into the client's buffer, release: what mf_get
                             * could do on a channel holding the arena */
@@ -41,6 +42,10 @@ typedef struct mfb_mf_arg {
     uint32_t prefix_blocks;      /* PREFIX_*: blocks per layer (0 = all) */
     atomic_size_t next;          /* pass-style ops: next row to take */
     atomic_uint_fast64_t ssd_rows; /* SSD_GET: rows the daemon said came from the ssd tier */
+    int verify_header;           /* client channels skip the checksum of arena rows
+                                  * (MF_VERIFY_HEADER) */
+    int no_arena;                /* client channels do not map the arena: copy gets come
+                                  * over the socket */
 } mfb_mf_arg_t;
 
 /* Fills job with the callbacks for arg->op; the caller sets clients / seconds / names. */
@@ -51,6 +56,9 @@ extern const char *const mfb_mixed_kinds[4];
 
 /* Opens one channel with the host arena; prints why on failure. */
 mf_status_t mfb_mapflow_open(const char *target, mf_channel_t **out);
+/* The same with the arena only when want_arena, checking arena rows as `verify`. */
+mf_status_t mfb_mapflow_open_with(const char *target, int want_arena, mf_verify_t verify,
+                                  mf_channel_t **out);
 
 /*
  * Demotes everything on the host tier (host → ssd) and checks that the FP8 rows are

@@ -96,6 +96,10 @@ def build_rows(res):
                       g("memcpy", "copy", c)),
         lambda c: Row("get_copy", c, g("mapflow", "get_copy", c), "memcpy",
                       g("memcpy", "copy", c), goal=copy_goal),
+        lambda c: Row("get_copy (verify header)", c, g("mapflow", "get_copy_hdr", c), "memcpy",
+                      g("memcpy", "copy", c), goal=copy_goal),
+        lambda c: Row("get_copy (no arena: socket)", c, g("mapflow", "get_copy_sock", c),
+                      "memcpy", g("memcpy", "copy", c)),
         lambda c: Row("get_lease", c, g("mapflow", "get_lease", c), "memcpy",
                       g("memcpy", "copy", c)),
         lambda c: Row("get_lease_copy", c, g("mapflow", "get_lease_copy", c), "memcpy",
@@ -103,6 +107,8 @@ def build_rows(res):
         lambda c: Row("redis GET", c, g("redis", "get_copy", c)),
         lambda c: Row("get_copy", c, g("mapflow", "get_copy", c), "redis GET",
                       g("redis", "get_copy", c), goal=redis_goal(c)),
+        lambda c: Row("get_copy (no arena: socket)", c, g("mapflow", "get_copy_sock", c),
+                      "redis GET", g("redis", "get_copy", c)),
         lambda c: Row("get_lease", c, g("mapflow", "get_lease", c), "redis GET",
                       g("redis", "get_copy", c), goal=redis_goal(c)),
         lambda c: Row("put", c, g("mapflow", "put", c), "redis SET", g("redis", "put", c)),
@@ -110,6 +116,8 @@ def build_rows(res):
                       g("redis", "put", c)),
         lambda c: Row("ssd_get", c, g("mapflow", "ssd_get", c), "rocksdb get",
                       g("rocksdb", "ssd_get", c), goal=(">= 0.80", 0.80)),
+        lambda c: Row("ssd_get (verify header)", c, g("mapflow", "ssd_get_hdr", c),
+                      "rocksdb get", g("rocksdb", "ssd_get", c), goal=(">= 0.80", 0.80)),
     ]
     for o in lookups:
         blocks.append(lambda c, o=o: Row(o, c, g("mapflow", o, c), metric="p99",
@@ -198,6 +206,8 @@ def main():
     ap.add_argument("--host-bytes", default="?")
     ap.add_argument("--cpus", default="all")
     ap.add_argument("--out")
+    ap.add_argument("--commit", help="commit the binaries were built from (default: HEAD now)")
+    ap.add_argument("--date", help="when the run started (default: now)")
     a = ap.parse_args()
     res, info = parse(a.results)
     if not res:
@@ -212,7 +222,7 @@ def main():
     print("\n".join(goals(rows)) or "  (no goal rows measured)")
     if not a.out:
         return 0
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    when = a.date or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     md = [
         "# mapflowd against memcpy, Redis and RocksDB (issue 13)",
         "",
@@ -220,7 +230,7 @@ def main():
         "the analysis at the end comes from bench/daemon/analysis.md.",
         "",
         "- command: `%s`" % a.command,
-        "- date: %s, commit %s" % (when, m["commit"]),
+        "- date: %s, commit %s" % (when, a.commit or m["commit"]),
         "- machine: %s CPUs (nproc), %s, %s RAM, kernel %s" % (m["nproc"], m["cpu"], m["mem"],
                                                             m["kernel"]),
         "- pinned to CPUs: %s (see the load-average line under Workload: a 1-min load above "

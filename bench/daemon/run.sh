@@ -77,14 +77,19 @@ wait_socket() {
     return 1
 }
 
+# A free loopback port for mapflowd's /metrics: its own request-time histograms separate
+# the daemon's service time from the clients' and the scheduler's share.
+http_port=$("$PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 echo "== starting mapflowd (host_bytes $host_bytes) and redis-server in $tmp" >&2
-"${pin[@]}" "$bin/mapflowd" --socket "$tmp/mapflowd.sock" --data_dir "$tmp/data" --http "" \
+"${pin[@]}" "$bin/mapflowd" --socket "$tmp/mapflowd.sock" --data_dir "$tmp/data" \
+    --http "127.0.0.1:$http_port" \
     --host_bytes "$host_bytes" --log_level warn 2>"$tmp/mapflowd.log" &
 dpid=$!
 wait_socket "$tmp/mapflowd.sock" "$dpid" mapflowd || { cat "$tmp/mapflowd.log" >&2; exit 1; }
 
 redis_args=()
 redis_version=""
+redis_missing=""
 if command -v "$redis_server" >/dev/null; then
     "${pin[@]}" "$redis_server" --port 0 --unixsocket "$tmp/redis.sock" --unixsocketperm 700 \
         --save "" --appendonly no --dir "$tmp" --daemonize no \
@@ -95,9 +100,14 @@ if command -v "$redis_server" >/dev/null; then
     redis_version=$("$redis_server" --version | sed -n 's/.*v=\([^ ]*\).*/\1/p')
 else
     echo "run.sh: redis-server not installed (apt-get install redis-server): Redis rows skipped" >&2
+    redis_missing="INFO	redis-server ($redis_server) not found: Redis rows and the Redis goal skipped"
 fi
 
 echo "== running (bounded at ${limit} s)" >&2
+# The report names the commit and time of the run (not of whatever HEAD is when it is written).
+run_date=$(date -u '+%Y-%m-%d %H:%M UTC')
+run_commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo "?")
+[ -n "$(git -C "$root" status --porcelain --untracked-files=no 2>/dev/null)" ] && run_commit="$run_commit+dirty"
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 set +e
 timeout "$limit" "${pin[@]}" "$bin/mapflow-bench-daemon" --daemon "unix:$tmp/mapflowd.sock" \
@@ -105,8 +115,24 @@ timeout "$limit" "${pin[@]}" "$bin/mapflow-bench-daemon" --daemon "unix:$tmp/map
     | tee "$tmp/results.tsv" | grep --line-buffered '^INFO' >&2
 rc=${PIPESTATUS[0]}
 set -e
+[ -n "${redis_missing:-}" ] && printf '%s\n' "$redis_missing" >>"$tmp/results.tsv"
 printf 'INFO\tload average (1, 5, 15 min) before the run: %s, after: %s\n' "$load_before" \
     "$(cut -d' ' -f1-3 /proc/loadavg)" >>"$tmp/results.tsv"
+# mapflowd's own time per request over the whole run (receipt of the request to its reply
+# queued; every size of one kind together).
+"$PYTHON" - "$http_port" >>"$tmp/results.tsv" <<'PY' || true
+import re, sys, urllib.request
+try:
+    text = urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=5).read().decode()
+except Exception as e:
+    print("INFO\tmapflowd /metrics unavailable: %s" % e)
+    sys.exit(0)
+val = lambda k, op: float((re.search(r'^mapflowd_request_duration_seconds_%s\{op="%s"\} (\S+)' % (k, op), text, re.M) or [0, 0])[1])
+for op in ("put", "get", "lookup"):
+    n, s = val("count", op), val("sum", op)
+    if n:
+        print("INFO\tmapflowd's own time per %s request (its /metrics): %.0f us mean over %d" % (op, s / n * 1e6, n))
+PY
 if [ "$rc" -ne 0 ]; then
     echo "run.sh: mapflow-bench-daemon exited $rc (see the lines above)" >&2
     [ -s "$tmp/mapflowd.log" ] && { echo "-- mapflowd log (tail):" >&2; tail -20 "$tmp/mapflowd.log" >&2; }
@@ -118,5 +144,5 @@ out_args=()
 [ $report = 1 ] && out_args=(--out "${out:-$root/bench/results/daemon.md}")
 "$PYTHON" "$here/report.py" --results "$tmp/results.tsv" --command "$cmdline" \
     --redis-version "${redis_version:-none}" --host-bytes "$host_bytes" \
-    --cpus "${MF_BENCH_CPUS:-all}" "${out_args[@]}"
+    --cpus "${MF_BENCH_CPUS:-all}" --commit "$run_commit" --date "$run_date" "${out_args[@]}"
 exit "$rc"

@@ -1,5 +1,5 @@
 /* test_daemon_index — refcounted entries (pinned never freed), LRU order, namespace
- * isolation by key prefix, key encoding and sorted collection. */
+ * isolation by key prefix, key encoding, sorted collection and the block nodes. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -138,6 +138,88 @@ static void test_namespace_prefix_and_sort(void **state)
     mfd_index_destroy(ix);
 }
 
+/* Block nodes: one per (ns, model, hash) over every layer; a layer is marked only when its
+ * noted parent + tokens equal the block's record; unlink and replace clear the mark; the
+ * node goes with its last entry, and the bucket table grows without losing any. */
+static void test_blocks(void **state)
+{
+    (void)state;
+    mfd_index_t *ix;
+    assert_int_equal(mfd_index_create(on_free, NULL, &ix), MF_OK);
+    unsigned seed = 99;
+    uint32_t t1[32], t2[32];
+    uint8_t p1[16], p2[16];
+    for (int i = 0; i < 32; i++) {
+        t1[i] = (uint32_t)rand_r(&seed);
+        t2[i] = (uint32_t)rand_r(&seed);
+    }
+    for (int i = 0; i < 16; i++) {
+        p1[i] = (uint8_t)rand_r(&seed);
+        p2[i] = (uint8_t)(p1[i] ^ (i == 7));
+    }
+    /* Same seed: the same hash under layers 0, 1, 2 and 300 (past the bitmap). */
+    mfd_entry_t *e0 = make(ix, "ns", 0, 5), *e1 = make(ix, "ns", 1, 5);
+    mfd_entry_t *e2 = make(ix, "ns", 2, 5), *e300 = make(ix, "ns", 300, 5);
+    make(ix, "ns", 0, 6); /* another block */
+    assert_int_equal(mfd_index_block_count(ix), 2);
+    uint8_t bk[MFD_BKEY_MAX];
+    size_t bl = mfd_bkey_of(e0->key.b, e0->key.len, bk);
+    assert_int_equal(bl, e0->key.len - 4);
+    const mfd_block_t *b = mfd_index_block_find(ix, bk, bl);
+    assert_non_null(b);
+    assert_false(mfd_block_matches(b, 32, p1, t1)); /* nothing recorded yet */
+    assert_false(mfd_block_has_layer(b, 0));
+    mfd_index_block_note(ix, e0, 32, p1, t1);
+    assert_true(mfd_block_matches(b, 32, p1, t1));
+    assert_false(mfd_block_matches(b, 16, p1, t1));
+    assert_false(mfd_block_matches(b, 32, p2, t1));
+    assert_false(mfd_block_matches(b, 32, p1, t2));
+    assert_true(mfd_block_has_layer(b, 0));
+    mfd_index_block_note(ix, e1, 32, p1, t2); /* differs from the record: not marked */
+    mfd_index_block_note(ix, e2, 32, p2, t1);
+    mfd_index_block_note(ix, e300, 32, p1, t1);
+    assert_false(mfd_block_has_layer(b, 1));
+    assert_false(mfd_block_has_layer(b, 2));
+    assert_false(mfd_block_has_layer(b, 300));
+    mfd_index_block_note(ix, e2, 32, p1, t1);
+    assert_true(mfd_block_has_layer(b, 2));
+    /* Replacing layer 2's entry clears its mark until the new row is noted. */
+    mfd_entry_t *n2 = mfd_entry_new(&e2->key);
+    mfd_index_insert(ix, n2, NULL);
+    assert_ptr_equal(mfd_index_block_find(ix, bk, bl), b);
+    assert_false(mfd_block_has_layer(b, 2));
+    /* With no layer marked the record follows the next note. */
+    mfd_index_unlink(ix, e0);
+    assert_false(mfd_block_has_layer(b, 0));
+    mfd_index_block_note(ix, e1, 32, p1, t2);
+    assert_true(mfd_block_has_layer(b, 1));
+    assert_true(mfd_block_matches(b, 32, p1, t2));
+    /* A pinned, unlinked entry has left its block and is never marked again. */
+    mfd_entry_pin(e1);
+    mfd_index_unlink(ix, e1);
+    assert_false(mfd_block_has_layer(b, 1));
+    mfd_index_block_note(ix, e1, 32, p1, t2);
+    assert_false(mfd_block_has_layer(b, 1));
+    mfd_index_unpin(ix, e1);
+    mfd_index_unlink(ix, n2);
+    assert_int_equal(mfd_index_block_count(ix), 2);
+    mfd_index_unlink(ix, e300);
+    assert_int_equal(mfd_index_block_count(ix), 1);
+    assert_null(mfd_index_block_find(ix, bk, bl));
+    /* Growth: 3000 blocks x 2 layers, each found again. */
+    mfd_entry_t *many[3000];
+    for (unsigned i = 0; i < 3000; i++) {
+        many[i] = make(ix, "grow", 0, 10000 + i);
+        make(ix, "grow", 1, 10000 + i);
+    }
+    assert_int_equal(mfd_index_block_count(ix), 3001);
+    for (unsigned i = 0; i < 3000; i++) {
+        bl = mfd_bkey_of(many[i]->key.b, many[i]->key.len, bk);
+        assert_non_null(mfd_index_block_find(ix, bk, bl));
+    }
+    mfd_index_destroy(ix);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -145,6 +227,7 @@ int main(void)
         cmocka_unit_test(test_pins_and_unlink),
         cmocka_unit_test(test_lru_order),
         cmocka_unit_test(test_namespace_prefix_and_sort),
+        cmocka_unit_test(test_blocks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -101,38 +101,7 @@ static int put_big(td_cli_t *c, const char *ns, uint32_t layer, const uint32_t *
     uint8_t want[16];
     mf_hash_to_le(td_block_hash(ns, MODEL, B, tokens, i), want);
     assert_memory_equal(hdr->hash, want, 16);
-    Mapflow__V1__Key key = MAPFLOW__V1__KEY__INIT;
-    key.model = MODEL;
-    key.layer = layer;
-    key.hash.data = (uint8_t *)hdr->hash;
-    key.hash.len = 16;
-    Mapflow__V1__PutBegin pb = MAPFLOW__V1__PUT_BEGIN__INIT;
-    pb.key = &key;
-    pb.size = size;
-    mf_envelope_t env = MAPFLOW__V1__ENVELOPE__INIT;
-    env.body_case = MAPFLOW__V1__ENVELOPE__BODY_PUT_BEGIN;
-    env.put_begin = &pb;
-    mf_envelope_t *r = td_call(c, &env, NULL, 0);
-    int rc = -1;
-    if (!r || r->body_case != MAPFLOW__V1__ENVELOPE__BODY_PUT_BEGIN_REPLY) {
-        rc = r && r->body_case == MAPFLOW__V1__ENVELOPE__BODY_ERROR ? (int)r->error->code : -1;
-        goto out;
-    }
-    uint64_t res = r->put_begin_reply->reservation_id;
-    memcpy(c->arena + r->put_begin_reply->arena_offset, row, size);
-    mf_envelope_free(r);
-    Mapflow__V1__PutCommit pc = MAPFLOW__V1__PUT_COMMIT__INIT;
-    pc.reservation_id = res;
-    mf_envelope_t env2 = MAPFLOW__V1__ENVELOPE__INIT;
-    env2.body_case = MAPFLOW__V1__ENVELOPE__BODY_PUT_COMMIT;
-    env2.put_commit = &pc;
-    r = td_call(c, &env2, NULL, 0);
-    if (r && r->body_case == MAPFLOW__V1__ENVELOPE__BODY_PUT_COMMIT_REPLY)
-        rc = 0;
-    else if (r && r->body_case == MAPFLOW__V1__ENVELOPE__BODY_ERROR)
-        rc = (int)r->error->code;
-out:
-    mf_envelope_free(r);
+    int rc = td_put(c, MODEL, layer, mf_hash_from_le(hdr->hash), row, size, 0, NULL);
     free(row);
     return rc;
 }
@@ -206,41 +175,12 @@ static mf_envelope_t *get_prefix(td_cli_t *c, const uint32_t *tokens, const uint
     return td_call(c, &env, tokens, (size_t)NB * B * 4);
 }
 
-static mf_envelope_t *simple(td_cli_t *c, int body_case, void *msg)
-{
-    mf_envelope_t env = MAPFLOW__V1__ENVELOPE__INIT;
-    env.body_case = body_case;
-    env.health = msg; /* every body member is a message pointer in the same union */
-    return td_call(c, &env, NULL, 0);
-}
-
-/* A Stats counter or gauge by name; host tier used bytes for "host_used". */
-static uint64_t stat(td_cli_t *c, const char *name)
-{
-    mf_envelope_t *r = simple(c, MAPFLOW__V1__ENVELOPE__BODY_STATS,
-                              &(Mapflow__V1__Stats)MAPFLOW__V1__STATS__INIT);
-    assert_non_null(r);
-    assert_int_equal(r->body_case, MAPFLOW__V1__ENVELOPE__BODY_STATS_REPLY);
-    uint64_t v = UINT64_MAX;
-    if (!strcmp(name, "host_used")) {
-        for (size_t k = 0; k < r->stats_reply->n_tiers; k++)
-            if (r->stats_reply->tiers[k]->tier == MAPFLOW__V1__TIER__TIER_HOST)
-                v = r->stats_reply->tiers[k]->used_bytes;
-    }
-    for (size_t k = 0; k < r->stats_reply->n_counters; k++)
-        if (!strcmp(r->stats_reply->counters[k]->name, name))
-            v = r->stats_reply->counters[k]->value;
-    mf_envelope_free(r);
-    assert_true(v != UINT64_MAX);
-    return v;
-}
-
 static uint64_t release(td_cli_t *c, const uint64_t *ids, size_t n)
 {
     Mapflow__V1__Release rel = MAPFLOW__V1__RELEASE__INIT;
     rel.lease_ids = (uint64_t *)ids;
     rel.n_lease_ids = n;
-    mf_envelope_t *r = simple(c, MAPFLOW__V1__ENVELOPE__BODY_RELEASE, &rel);
+    mf_envelope_t *r = td_simple(c, MAPFLOW__V1__ENVELOPE__BODY_RELEASE, &rel);
     assert_int_equal(r->body_case, MAPFLOW__V1__ENVELOPE__BODY_RELEASE_REPLY);
     uint64_t got = r->release_reply->released;
     mf_envelope_free(r);
@@ -284,21 +224,21 @@ static void test_lease_group_partial_release(void **state)
         free(want);
     }
     mf_envelope_free(r);
-    assert_int_equal(stat(&c, "leases"), 8);
+    assert_int_equal(td_stat(&c, "leases"), 8);
     /* Release three rows: only those; again: nothing. */
     uint64_t some[3] = {ids[0], ids[2], ids[5]};
     assert_int_equal(release(&c, some, 3), 3);
-    assert_int_equal(stat(&c, "leases"), 5);
+    assert_int_equal(td_stat(&c, "leases"), 5);
     assert_int_equal(release(&c, some, 3), 0);
     /* Flush skips leased rows: exactly the three released ones go. */
-    r = simple(&c, MAPFLOW__V1__ENVELOPE__BODY_FLUSH, &(Mapflow__V1__Flush)MAPFLOW__V1__FLUSH__INIT);
+    r = td_simple(&c, MAPFLOW__V1__ENVELOPE__BODY_FLUSH, &(Mapflow__V1__Flush)MAPFLOW__V1__FLUSH__INIT);
     assert_int_equal(r->flush_reply->entries, 3);
     mf_envelope_free(r);
     /* The rest, plus ids that name no row of that group or no group at all. */
     uint64_t rest[8] = {ids[1], ids[3], ids[4], ids[6], ids[7], ids[7] + 1, 999999, 0};
     assert_int_equal(release(&c, rest, 8), 5);
-    assert_int_equal(stat(&c, "leases"), 0);
-    assert_int_equal(stat(&c, "leases_granted_total"), 8);
+    assert_int_equal(td_stat(&c, "leases"), 0);
+    assert_int_equal(td_stat(&c, "leases_granted_total"), 8);
     /* Another connection cannot release this one's leases. */
     r = get_prefix(&c, f->tokens, layers, 1, 1, 1, 1);
     uint64_t id = r->get_reply->rows[0]->lease_id;
@@ -307,11 +247,11 @@ static void test_lease_group_partial_release(void **state)
     assert_int_equal(td_connect(&o, f->d.sock, "ns-lease", 1), 0);
     assert_int_equal(release(&o, &id, 1), 0);
     td_close(&o);
-    assert_int_equal(stat(&c, "leases"), 1);
+    assert_int_equal(td_stat(&c, "leases"), 1);
     td_close(&c); /* disconnect releases it */
     assert_int_equal(td_connect(&c, f->d.sock, "ns-lease", 0), 0);
     uint64_t left = 1;
-    for (int tries = 0; tries < 100 && (left = stat(&c, "leases")) != 0; tries++)
+    for (int tries = 0; tries < 100 && (left = td_stat(&c, "leases")) != 0; tries++)
         usleep(10 * 1000); /* the daemon may see the hang-up after this Hello */
     assert_int_equal(left, 0);
     td_close(&c);
@@ -367,10 +307,10 @@ static void test_copy_by_reference(void **state)
         Mapflow__V1__Evict ev = MAPFLOW__V1__EVICT__INIT;
         ev.tier = MAPFLOW__V1__TIER__TIER_HOST;
         ev.bytes = 1ull << 40;
-        mf_envelope_t *r = simple(&c, MAPFLOW__V1__ENVELOPE__BODY_EVICT, &ev);
+        mf_envelope_t *r = td_simple(&c, MAPFLOW__V1__ENVELOPE__BODY_EVICT, &ev);
         assert_int_equal(r->body_case, MAPFLOW__V1__ENVELOPE__BODY_EVICT_REPLY);
         mf_envelope_free(r);
-        if ((used = stat(&c, "host_used")) == 0)
+        if ((used = td_stat(&c, "host_used")) == 0)
             break;
         usleep(20 * 1000); /* the daemon may not have seen the hang-up yet */
     }
@@ -386,7 +326,7 @@ static void test_copy_by_reference(void **state)
         }
         mf_envelope_free(r);
     }
-    assert_int_equal(stat(&c, "promotions_total"), 3);
+    assert_int_equal(td_stat(&c, "promotions_total"), 3);
     td_close(&c);
 }
 
@@ -394,7 +334,7 @@ static void test_copy_by_reference(void **state)
 static void settle(td_cli_t *c)
 {
     for (int tries = 0; tries < 500; tries++) {
-        if (stat(c, "ssd_write_backlog_bytes") == 0 && stat(c, "ssd_inflight") == 0)
+        if (td_stat(c, "ssd_write_backlog_bytes") == 0 && td_stat(c, "ssd_inflight") == 0)
             return;
         usleep(20 * 1000);
     }
@@ -422,12 +362,12 @@ static void test_put_burst_async_write_through(void **state)
             put_pipelined(&c, "ns-burst", lay, blk, KEYS, f->tokens, v);
     }
     settle(&c);
-    uint64_t sub = stat(&c, "ssd_writes_total"), done = stat(&c, "ssd_writes_completed_total");
-    uint64_t cancelled = stat(&c, "ssd_writes_cancelled_total");
+    uint64_t sub = td_stat(&c, "ssd_writes_total"), done = td_stat(&c, "ssd_writes_completed_total");
+    uint64_t cancelled = td_stat(&c, "ssd_writes_cancelled_total");
     print_message("put burst: %llu writes submitted, %llu completed, %llu cancelled\n",
                   (unsigned long long)sub, (unsigned long long)done,
                   (unsigned long long)cancelled);
-    assert_int_equal(stat(&c, "ssd_errors_total"), 0);
+    assert_int_equal(td_stat(&c, "ssd_errors_total"), 0);
     assert_int_equal(sub, done + cancelled);
     assert_true(done >= KEYS && done <= (uint64_t)VERSIONS * KEYS);
     td_close(&c);
@@ -460,7 +400,7 @@ static void test_commit_never_drops_its_row(void **state)
     uint32_t k = 0, layer;
     uint64_t cap = 2u << 20;
     /* Blocks 1..NB-1 only: rows of one size (~128 KiB). */
-    while (stat(&c, "host_used") < cap * 9 / 10 - (140u << 10) && k < MAX_ROWS) {
+    while (td_stat(&c, "host_used") < cap * 9 / 10 - (140u << 10) && k < MAX_ROWS) {
         layer = k / (NB - 1);
         assert_int_equal(put_big(&c, "ns-keep", layer, f->tokens, 1 + k % (NB - 1), 3), 0);
         mf_envelope_t *r = get_prefix(&c, f->tokens, &layer, 1, 1 + k % (NB - 1), 1, 1);
@@ -471,7 +411,7 @@ static void test_commit_never_drops_its_row(void **state)
     }
     layer = k / (NB - 1);
     assert_int_equal(put_big(&c, "ns-keep", layer, f->tokens, 1 + k % (NB - 1), 4), 0);
-    assert_true(stat(&c, "host_used") > cap * 9 / 10);
+    assert_true(td_stat(&c, "host_used") > cap * 9 / 10);
     mf_envelope_t *r = get_prefix(&c, f->tokens, &layer, 1, 1 + k % (NB - 1), 1, 0);
     assert_int_equal(r->get_reply->rows[0]->status, MF_OK);
     check_copy(&c, r->get_reply->rows[0], "ns-keep", f->tokens, 4);

@@ -54,49 +54,8 @@ static int put_row(td_cli_t *c, const char *ns, uint32_t layer, const uint32_t *
         return -1;
     if (corrupt)
         row[size - 1] ^= 0x5a;
-    uint8_t hash[16];
-    mf_hash_to_le(td_block_hash(ns, MODEL, B, tokens, i), hash);
-    Mapflow__V1__Key key = MAPFLOW__V1__KEY__INIT;
-    key.model = MODEL;
-    key.layer = layer;
-    key.hash.data = hash;
-    key.hash.len = 16;
-    Mapflow__V1__PutBegin pb = MAPFLOW__V1__PUT_BEGIN__INIT;
-    pb.key = &key;
-    pb.size = size;
-    pb.durable = durable;
-    mf_envelope_t env = MAPFLOW__V1__ENVELOPE__INIT;
-    env.body_case = MAPFLOW__V1__ENVELOPE__BODY_PUT_BEGIN;
-    env.put_begin = &pb;
-    mf_envelope_t *r = td_call(c, &env, NULL, 0);
-    int rc = -1;
-    if (!r || r->body_case != MAPFLOW__V1__ENVELOPE__BODY_PUT_BEGIN_REPLY) {
-        rc = r && r->body_case == MAPFLOW__V1__ENVELOPE__BODY_ERROR ? (int)r->error->code : -1;
-        goto out;
-    }
-    uint64_t rid = r->put_begin_reply->reservation_id;
-    int in_arena = r->put_begin_reply->in_arena;
-    assert_int_equal(in_arena, c->arena != NULL);
-    if (in_arena) {
-        assert_int_equal(r->put_begin_reply->arena_offset % 16, 0);
-        memcpy(c->arena + r->put_begin_reply->arena_offset, row, size);
-    }
-    mf_envelope_free(r);
-    Mapflow__V1__PutCommit pc = MAPFLOW__V1__PUT_COMMIT__INIT;
-    pc.reservation_id = rid;
-    mf_envelope_t env2 = MAPFLOW__V1__ENVELOPE__INIT;
-    env2.body_case = MAPFLOW__V1__ENVELOPE__BODY_PUT_COMMIT;
-    env2.put_commit = &pc;
-    r = td_call(c, &env2, in_arena ? NULL : row, in_arena ? 0 : size);
-    if (r && r->body_case == MAPFLOW__V1__ENVELOPE__BODY_PUT_COMMIT_REPLY) {
-        rc = 0;
-        if (got_durable)
-            *got_durable = r->put_commit_reply->durable;
-    } else if (r && r->body_case == MAPFLOW__V1__ENVELOPE__BODY_ERROR) {
-        rc = (int)r->error->code;
-    }
-out:
-    mf_envelope_free(r);
+    int rc = td_put(c, MODEL, layer, td_block_hash(ns, MODEL, B, tokens, i), row, size,
+                    durable, got_durable);
     free(row);
     return rc;
 }
@@ -105,24 +64,7 @@ out:
 static int lookup(td_cli_t *c, const uint32_t *tokens, size_t n_tok, const uint32_t *layers,
                   size_t n_layers, uint32_t *out)
 {
-    Mapflow__V1__Lookup lk = MAPFLOW__V1__LOOKUP__INIT;
-    lk.model = MODEL;
-    lk.block_size = B;
-    lk.layers = (uint32_t *)layers;
-    lk.n_layers = n_layers;
-    mf_envelope_t env = MAPFLOW__V1__ENVELOPE__INIT;
-    env.body_case = MAPFLOW__V1__ENVELOPE__BODY_LOOKUP;
-    env.lookup = &lk;
-    mf_envelope_t *r = td_call(c, &env, tokens, n_tok * 4);
-    if (!r || r->body_case != MAPFLOW__V1__ENVELOPE__BODY_LOOKUP_REPLY) {
-        mf_envelope_free(r);
-        return -1;
-    }
-    for (size_t i = 0; i < n_layers; i++)
-        out[i] = r->lookup_reply->blocks[i];
-    int total = (int)r->lookup_reply->total_blocks;
-    mf_envelope_free(r);
-    return total;
+    return td_lookup(c, MODEL, B, tokens, n_tok, layers, n_layers, out);
 }
 
 static mf_envelope_t *get_rows(td_cli_t *c, const uint32_t *tokens, size_t n_tok,
@@ -141,14 +83,6 @@ static mf_envelope_t *get_rows(td_cli_t *c, const uint32_t *tokens, size_t n_tok
     env.body_case = MAPFLOW__V1__ENVELOPE__BODY_GET;
     env.get = &g;
     return td_call(c, &env, tokens, n_tok * 4);
-}
-
-static mf_envelope_t *simple(td_cli_t *c, int body_case, void *msg)
-{
-    mf_envelope_t env = MAPFLOW__V1__ENVELOPE__INIT;
-    env.body_case = body_case;
-    env.health = msg; /* every body member is a message pointer in the same union */
-    return td_call(c, &env, NULL, 0);
 }
 
 /* Checks a GET_COPY row against a freshly built copy of what was put. */
@@ -220,7 +154,7 @@ static void test_put_lookup_get_lease(void **state)
     }
     mf_envelope_free(r);
     /* Leased rows are pinned: Flush drops everything else. */
-    r = simple(&c, MAPFLOW__V1__ENVELOPE__BODY_FLUSH, &(Mapflow__V1__Flush)MAPFLOW__V1__FLUSH__INIT);
+    r = td_simple(&c, MAPFLOW__V1__ENVELOPE__BODY_FLUSH, &(Mapflow__V1__Flush)MAPFLOW__V1__FLUSH__INIT);
     assert_int_equal(r->body_case, MAPFLOW__V1__ENVELOPE__BODY_FLUSH_REPLY);
     assert_int_equal(r->flush_reply->entries, NB); /* layer 1's rows */
     mf_envelope_free(r);
@@ -230,7 +164,7 @@ static void test_put_lookup_get_lease(void **state)
     bogus[NB] = 999999;
     rel.lease_ids = bogus;
     rel.n_lease_ids = NB + 1;
-    r = simple(&c, MAPFLOW__V1__ENVELOPE__BODY_RELEASE, &rel);
+    r = td_simple(&c, MAPFLOW__V1__ENVELOPE__BODY_RELEASE, &rel);
     assert_int_equal(r->release_reply->released, NB);
     mf_envelope_free(r);
     td_close(&c);
@@ -278,7 +212,7 @@ static void test_protocol_errors(void **state)
     td_cli_t c;
     /* First frame not Hello: FAILED_PRECONDITION, then the daemon closes. */
     assert_int_equal(td_raw_connect(&c, f->d.sock), 0);
-    mf_envelope_t *r = simple(&c, MAPFLOW__V1__ENVELOPE__BODY_HEALTH,
+    mf_envelope_t *r = td_simple(&c, MAPFLOW__V1__ENVELOPE__BODY_HEALTH,
                               &(Mapflow__V1__Health)MAPFLOW__V1__HEALTH__INIT);
     assert_non_null(r);
     assert_int_equal(r->error->code, MF_FAILED_PRECONDITION);
@@ -297,11 +231,11 @@ static void test_protocol_errors(void **state)
     td_close(&c);
     /* A reply-only body is UNIMPLEMENTED and the connection stays usable. */
     assert_int_equal(td_connect(&c, f->d.sock, "ns", 0), 0);
-    r = simple(&c, MAPFLOW__V1__ENVELOPE__BODY_FLUSH_REPLY,
+    r = td_simple(&c, MAPFLOW__V1__ENVELOPE__BODY_FLUSH_REPLY,
                &(Mapflow__V1__FlushReply)MAPFLOW__V1__FLUSH_REPLY__INIT);
     assert_int_equal(r->error->code, MF_UNIMPLEMENTED);
     mf_envelope_free(r);
-    r = simple(&c, MAPFLOW__V1__ENVELOPE__BODY_HEALTH,
+    r = td_simple(&c, MAPFLOW__V1__ENVELOPE__BODY_HEALTH,
                &(Mapflow__V1__Health)MAPFLOW__V1__HEALTH__INIT);
     assert_int_equal(r->body_case, MAPFLOW__V1__ENVELOPE__BODY_HEALTH_REPLY);
     assert_true(r->health_reply->ready);
@@ -367,7 +301,7 @@ static void test_admin_list_config_profile(void **state)
     do {
         ls.page_token.data = token;
         ls.page_token.len = tlen;
-        mf_envelope_t *r = simple(&c, MAPFLOW__V1__ENVELOPE__BODY_LIST, &ls);
+        mf_envelope_t *r = td_simple(&c, MAPFLOW__V1__ENVELOPE__BODY_LIST, &ls);
         assert_int_equal(r->body_case, MAPFLOW__V1__ENVELOPE__BODY_LIST_REPLY);
         for (size_t k = 0; k < r->list_reply->n_entries; k++) {
             assert_true(r->list_reply->entries[k]->key->layer >= last_layer);
@@ -388,14 +322,14 @@ static void test_admin_list_config_profile(void **state)
     ls.page_token.len = 0;
     ls.has_layer = 1;
     ls.layer = 1;
-    mf_envelope_t *r = simple(&c, MAPFLOW__V1__ENVELOPE__BODY_LIST, &ls);
+    mf_envelope_t *r = td_simple(&c, MAPFLOW__V1__ENVELOPE__BODY_LIST, &ls);
     assert_int_equal(r->list_reply->n_entries, NB);
     mf_envelope_free(r);
     Mapflow__V1__Delete del = MAPFLOW__V1__DELETE__INIT;
     del.model = MODEL;
     del.has_layer = 1;
     del.layer = 1;
-    r = simple(&c, MAPFLOW__V1__ENVELOPE__BODY_DELETE, &del);
+    r = td_simple(&c, MAPFLOW__V1__ENVELOPE__BODY_DELETE, &del);
     assert_int_equal(r->delete_reply->deleted, NB);
     mf_envelope_free(r);
 
@@ -403,23 +337,23 @@ static void test_admin_list_config_profile(void **state)
     Mapflow__V1__ConfigSet cs = MAPFLOW__V1__CONFIG_SET__INIT;
     cs.key = "lease_ttl";
     cs.value = "1500ms";
-    r = simple(&c, MAPFLOW__V1__ENVELOPE__BODY_CONFIG_SET, &cs);
+    r = td_simple(&c, MAPFLOW__V1__ENVELOPE__BODY_CONFIG_SET, &cs);
     assert_int_equal(r->body_case, MAPFLOW__V1__ENVELOPE__BODY_CONFIG_SET_REPLY);
     assert_string_equal(r->config_set_reply->item->value, "1500ms");
     mf_envelope_free(r);
     cs.key = "host_bytes";
     cs.value = "1gb";
-    r = simple(&c, MAPFLOW__V1__ENVELOPE__BODY_CONFIG_SET, &cs);
+    r = td_simple(&c, MAPFLOW__V1__ENVELOPE__BODY_CONFIG_SET, &cs);
     assert_int_equal(r->error->code, MF_FAILED_PRECONDITION);
     mf_envelope_free(r);
     cs.key = "high_watermark";
     cs.value = "1.5";
-    r = simple(&c, MAPFLOW__V1__ENVELOPE__BODY_CONFIG_SET, &cs);
+    r = td_simple(&c, MAPFLOW__V1__ENVELOPE__BODY_CONFIG_SET, &cs);
     assert_int_equal(r->error->code, MF_INVALID_ARGUMENT);
     mf_envelope_free(r);
     Mapflow__V1__ConfigGet cg = MAPFLOW__V1__CONFIG_GET__INIT;
     cg.key = "";
-    r = simple(&c, MAPFLOW__V1__ENVELOPE__BODY_CONFIG_GET, &cg);
+    r = td_simple(&c, MAPFLOW__V1__ENVELOPE__BODY_CONFIG_GET, &cg);
     assert_int_equal(r->config_get_reply->n_items, mfd_config_count());
     mf_envelope_free(r);
 
@@ -427,7 +361,7 @@ static void test_admin_list_config_profile(void **state)
     Mapflow__V1__ProfileGet pg = MAPFLOW__V1__PROFILE_GET__INIT;
     pg.source_model = MODEL;
     pg.target_model = "tgt";
-    r = simple(&c, MAPFLOW__V1__ENVELOPE__BODY_PROFILE_GET, &pg);
+    r = td_simple(&c, MAPFLOW__V1__ENVELOPE__BODY_PROFILE_GET, &pg);
     assert_int_equal(r->error->code, MF_NOT_FOUND);
     mf_envelope_free(r);
     float w[4] = {0.25f, 0.75f, 1.0f, 0.0f};
@@ -448,16 +382,16 @@ static void test_admin_list_config_profile(void **state)
     mp.layers = lms;
     Mapflow__V1__ProfilePut pp = MAPFLOW__V1__PROFILE_PUT__INIT;
     pp.profile = &mp;
-    r = simple(&c, MAPFLOW__V1__ENVELOPE__BODY_PROFILE_PUT, &pp);
+    r = td_simple(&c, MAPFLOW__V1__ENVELOPE__BODY_PROFILE_PUT, &pp);
     assert_int_equal(r->body_case, MAPFLOW__V1__ENVELOPE__BODY_PROFILE_PUT_REPLY);
     mf_envelope_free(r);
-    r = simple(&c, MAPFLOW__V1__ENVELOPE__BODY_PROFILE_GET, &pg);
+    r = td_simple(&c, MAPFLOW__V1__ENVELOPE__BODY_PROFILE_GET, &pg);
     assert_int_equal(r->body_case, MAPFLOW__V1__ENVELOPE__BODY_PROFILE_GET_REPLY);
     assert_int_equal(r->profile_get_reply->profile->layers[0]->source_layer, 9);
     assert_true(r->profile_get_reply->profile->layers[0]->w[1] == 0.75f);
     mf_envelope_free(r);
     w[1] = 0.5f; /* row no longer sums to 1 */
-    r = simple(&c, MAPFLOW__V1__ENVELOPE__BODY_PROFILE_PUT, &pp);
+    r = td_simple(&c, MAPFLOW__V1__ENVELOPE__BODY_PROFILE_PUT, &pp);
     assert_int_equal(r->error->code, MF_INVALID_ARGUMENT);
     mf_envelope_free(r);
     td_close(&c);
@@ -482,7 +416,7 @@ static void test_watermark_demotion(void **state)
     }
     mfd_server_t *srv = f->d.srv;
     /* Read the counters through Stats (the loop thread owns them). */
-    mf_envelope_t *r = simple(&c, MAPFLOW__V1__ENVELOPE__BODY_STATS,
+    mf_envelope_t *r = td_simple(&c, MAPFLOW__V1__ENVELOPE__BODY_STATS,
                               &(Mapflow__V1__Stats)MAPFLOW__V1__STATS__INIT);
     uint64_t demotions = 0;
     for (size_t k = 0; k < r->stats_reply->n_counters; k++)

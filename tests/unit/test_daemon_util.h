@@ -221,10 +221,13 @@ static void td_close(td_cli_t *c)
 
 /* ---- rows -------------------------------------------------------------------------- */
 
-/* A valid MASK row (2 heads, sink + diagonal) for block i of `tokens` (B each). Returns a
- * 16-aligned malloc'd row; hashes computed from (ns, model) exactly as the daemon does. */
-static uint8_t *td_row(const char *ns, const char *model, uint32_t layer, uint32_t B,
-                       const uint32_t *tokens, uint32_t i, size_t *size, unsigned *seed)
+/* A valid MASK row (2 heads, sink + diagonal) for block i of `tokens` (B each), whose
+ * parent and hash are those of `tokens` but whose own block carries `carried` (B tokens;
+ * NULL: block i of `tokens`) — a hash collision when they differ. Returns a 16-aligned
+ * malloc'd row; hashes computed from (ns, model) exactly as the daemon does. */
+static inline uint8_t *td_row_carrying(const char *ns, const char *model, uint32_t layer,
+                                       uint32_t B, const uint32_t *tokens, uint32_t i,
+                                       const uint32_t *carried, size_t *size, unsigned *seed)
 {
     mf_hash128_t h = mf_hash_root(B, ns, strlen(ns), model, strlen(model)), parent = h;
     for (uint32_t b = 0; b <= i; b++) {
@@ -232,7 +235,7 @@ static uint8_t *td_row(const char *ns, const char *model, uint32_t layer, uint32
         h = mf_hash_next(h, tokens + (size_t)b * B, B);
     }
     mf_row_spec_t spec = {model, layer, i, B, 2, MF_CODEC_MASK, 0.9f, parent, h,
-                          tokens + (size_t)i * B};
+                          carried ? carried : tokens + (size_t)i * B};
     uint32_t cols[2] = {0, i};
     uint64_t masks[2] = {3, 3};
     uint32_t n_cols = i ? 2 : 1;
@@ -250,6 +253,13 @@ static uint8_t *td_row(const char *ns, const char *model, uint32_t layer, uint32
     return buf;
 }
 
+/* The row of block i of `tokens` (td_row_carrying with the block's own tokens). */
+static inline uint8_t *td_row(const char *ns, const char *model, uint32_t layer, uint32_t B,
+                              const uint32_t *tokens, uint32_t i, size_t *size, unsigned *seed)
+{
+    return td_row_carrying(ns, model, layer, B, tokens, i, NULL, size, seed);
+}
+
 static mf_hash128_t td_block_hash(const char *ns, const char *model, uint32_t B,
                                   const uint32_t *tokens, uint32_t i)
 {
@@ -261,14 +271,124 @@ static mf_hash128_t td_block_hash(const char *ns, const char *model, uint32_t B,
 
 /* A GET_COPY row of a reply is OK, 16-byte aligned, inside the payload and equal to want.
  * (Callers include cmocka before this header.) */
-static void td_assert_copy(const td_cli_t *c, const Mapflow__V1__RowRef *ref,
-                           const uint8_t *want, size_t size)
+static inline void td_assert_copy(const td_cli_t *c, const Mapflow__V1__RowRef *ref,
+                                  const uint8_t *want, size_t size)
 {
     assert_int_equal(ref->status, MF_OK);
     assert_int_equal(ref->length, size);
     assert_int_equal(ref->payload_offset % 16, 0);
     assert_true(ref->payload_offset + size <= c->payload_len);
     assert_memory_equal(c->payload + ref->payload_offset, want, size);
+}
+
+/* ---- requests ---------------------------------------------------------------------- */
+
+/* A request whose reply carries no payload. */
+static inline mf_envelope_t *td_simple(td_cli_t *c, int body_case, void *msg)
+{
+    mf_envelope_t env = MAPFLOW__V1__ENVELOPE__INIT;
+    env.body_case = body_case;
+    env.health = msg; /* every body member is a message pointer in the same union */
+    return td_call(c, &env, NULL, 0);
+}
+
+/* A Stats counter or gauge by name; host tier used bytes for "host_used". */
+static inline uint64_t td_stat(td_cli_t *c, const char *name)
+{
+    mf_envelope_t *r = td_simple(c, MAPFLOW__V1__ENVELOPE__BODY_STATS,
+                                 &(Mapflow__V1__Stats)MAPFLOW__V1__STATS__INIT);
+    assert_non_null(r);
+    assert_int_equal(r->body_case, MAPFLOW__V1__ENVELOPE__BODY_STATS_REPLY);
+    uint64_t v = UINT64_MAX;
+    if (!strcmp(name, "host_used")) {
+        for (size_t k = 0; k < r->stats_reply->n_tiers; k++)
+            if (r->stats_reply->tiers[k]->tier == MAPFLOW__V1__TIER__TIER_HOST)
+                v = r->stats_reply->tiers[k]->used_bytes;
+    }
+    for (size_t k = 0; k < r->stats_reply->n_counters; k++)
+        if (!strcmp(r->stats_reply->counters[k]->name, name))
+            v = r->stats_reply->counters[k]->value;
+    mf_envelope_free(r);
+    assert_true(v != UINT64_MAX);
+    return v;
+}
+
+/* Two-phase put of `row` under (model, layer, hash): through the arena when the client
+ * mapped it, as a payload otherwise. Returns the commit reply's status (0 = OK) and fills
+ * *got_durable when not NULL. (Callers include cmocka before this header.) */
+static inline int td_put(td_cli_t *c, const char *model, uint32_t layer, mf_hash128_t h,
+                         const uint8_t *row, size_t size, int durable, int *got_durable)
+{
+    uint8_t hash[16];
+    mf_hash_to_le(h, hash);
+    Mapflow__V1__Key key = MAPFLOW__V1__KEY__INIT;
+    key.model = (char *)model;
+    key.layer = layer;
+    key.hash.data = hash;
+    key.hash.len = 16;
+    Mapflow__V1__PutBegin pb = MAPFLOW__V1__PUT_BEGIN__INIT;
+    pb.key = &key;
+    pb.size = size;
+    pb.durable = durable;
+    mf_envelope_t env = MAPFLOW__V1__ENVELOPE__INIT;
+    env.body_case = MAPFLOW__V1__ENVELOPE__BODY_PUT_BEGIN;
+    env.put_begin = &pb;
+    mf_envelope_t *r = td_call(c, &env, NULL, 0);
+    int rc = -1;
+    if (!r || r->body_case != MAPFLOW__V1__ENVELOPE__BODY_PUT_BEGIN_REPLY) {
+        rc = r && r->body_case == MAPFLOW__V1__ENVELOPE__BODY_ERROR ? (int)r->error->code : -1;
+        mf_envelope_free(r);
+        return rc;
+    }
+    uint64_t rid = r->put_begin_reply->reservation_id;
+    int in_arena = r->put_begin_reply->in_arena;
+    assert_int_equal(in_arena, c->arena != NULL);
+    if (in_arena) {
+        assert_int_equal(r->put_begin_reply->arena_offset % 16, 0);
+        memcpy(c->arena + r->put_begin_reply->arena_offset, row, size);
+    }
+    mf_envelope_free(r);
+    Mapflow__V1__PutCommit pc = MAPFLOW__V1__PUT_COMMIT__INIT;
+    pc.reservation_id = rid;
+    mf_envelope_t env2 = MAPFLOW__V1__ENVELOPE__INIT;
+    env2.body_case = MAPFLOW__V1__ENVELOPE__BODY_PUT_COMMIT;
+    env2.put_commit = &pc;
+    r = td_call(c, &env2, in_arena ? NULL : row, in_arena ? 0 : size);
+    if (r && r->body_case == MAPFLOW__V1__ENVELOPE__BODY_PUT_COMMIT_REPLY) {
+        rc = 0;
+        if (got_durable)
+            *got_durable = r->put_commit_reply->durable;
+    } else if (r && r->body_case == MAPFLOW__V1__ENVELOPE__BODY_ERROR) {
+        rc = (int)r->error->code;
+    }
+    mf_envelope_free(r);
+    return rc;
+}
+
+/* Lookup → leading blocks per requested layer into out[]; returns total_blocks (-1: the
+ * reply was not a LookupReply). */
+static inline int td_lookup(td_cli_t *c, const char *model, uint32_t B,
+                            const uint32_t *tokens, size_t n_tok, const uint32_t *layers,
+                            size_t n_layers, uint32_t *out)
+{
+    Mapflow__V1__Lookup lk = MAPFLOW__V1__LOOKUP__INIT;
+    lk.model = (char *)model;
+    lk.block_size = B;
+    lk.layers = (uint32_t *)layers;
+    lk.n_layers = n_layers;
+    mf_envelope_t env = MAPFLOW__V1__ENVELOPE__INIT;
+    env.body_case = MAPFLOW__V1__ENVELOPE__BODY_LOOKUP;
+    env.lookup = &lk;
+    mf_envelope_t *r = td_call(c, &env, tokens, n_tok * 4);
+    if (!r || r->body_case != MAPFLOW__V1__ENVELOPE__BODY_LOOKUP_REPLY) {
+        mf_envelope_free(r);
+        return -1;
+    }
+    for (size_t i = 0; i < n_layers; i++)
+        out[i] = r->lookup_reply->blocks[i];
+    int total = (int)r->lookup_reply->total_blocks;
+    mf_envelope_free(r);
+    return total;
 }
 
 #endif /* TEST_DAEMON_UTIL_H */
