@@ -54,8 +54,12 @@ mf_hash128_t mf_hash_next(mf_hash128_t prev, const uint32_t *tokens, uint32_t bl
     uint8_t stackbuf[16 + 4 * 256];
     if (block_size <= 256) {
         mf_hash_to_le(prev, stackbuf);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        memcpy(stackbuf + 16, tokens, 4 * (size_t)block_size); /* already LE */
+#else
         for (uint32_t t = 0; t < block_size; t++)
             put_u32le(stackbuf + 16 + 4 * t, tokens[t]);
+#endif
         return from_xxh(XXH3_128bits(stackbuf, 16 + 4 * (size_t)block_size));
     }
     XXH3_state_t st;
