@@ -830,6 +830,7 @@ class Bench:
                     self.t.cuda.empty_cache()
         self.res["gpu_total_bytes"] = (self.t.cuda.get_device_properties(0).total_memory
                                        if self.cuda else None)
+        self.res["row_budget_bytes"] = self.a.row_bytes or None
         self.res["routing"] = routing(self.res)
         return self.res
 
@@ -849,21 +850,9 @@ def best_variant(r, variants):
 
 
 def routing(res):
+    """sim.py on this run's measured times (the same as `sim.py --from-json handoff.json`)."""
     import sim
-    times = {}
-    for r in res["rows"]:
-        ms, v = best_variant(r, res["variants"])
-        if v is None:
-            continue
-        x = r[v]
-        times[r["N"]] = {"src_full": r["source_full_ms"] / 1e3,
-                         "src_mf": x["prefill_done_ms"] / 1e3,
-                         "src_tail": x["put_tail_ms"] / 1e3,
-                         "tgt_full": r["target_full_ms"] / 1e3,
-                         "tgt_mf": x["ttft_ms"] / 1e3, "variant": v}
-    out = sim.run(times)
-    out["times_s"] = times
-    return out
+    return sim.from_result(res)
 
 
 # ==== report ==============================================================================
@@ -899,13 +888,10 @@ def table(res):
             cells += ["-"] * 6
         lines.append("| " + " | ".join(cells) + " |")
     ro = res.get("routing", {})
-    if "without" in ro:
+    if ro.get("variants"):
+        import sim
         lines.append("")
-        lines.append("routing (%d conversations × %d turns, P90 TTFT ≤ %.2f s): without "
-                     "MapFlow %.3f req/s, with %.3f req/s %s"
-                     % (ro["conversations"], ro["turns"], ro["p90_limit_s"],
-                        ro["without"]["throughput"], ro["with"]["throughput"],
-                        "(%+.1f%%)" % (100 * ro["gain"]) if "gain" in ro else ""))
+        lines += sim.summary(ro)
     lines.append("path: %s (%s)" % (res["path"], res["path_why"]))
     return "\n".join(lines)
 

@@ -89,6 +89,12 @@ for _ in $(seq 1 600); do
     sleep 0.05
 done
 grep -aiE "tier|gpu|listening" "$out/daemon.log" | head -n 8 | sed 's/^/  mapflowd: /'
+# How the daemon validates GPU rows (DtoH + CPU checksum, or on the GPU) bounds the put
+# times: print its line when its log has one (at start, and again with the table).
+validation() {
+    grep -aiE "validat" "$out/daemon.log" | head -n 3 | sed 's/^/mapflowd validation: /' || true
+}
+validation
 
 rc=0
 left=$((budget - SECONDS - 10))
@@ -99,5 +105,7 @@ drc=0
 wait "$dpid" || drc=$?
 dpid=
 echo "== mapflowd stopped (exit $drc); results in $out"
-[ -f "$out/table.md" ] && { echo; cat "$out/table.md"; }
+vl=$(validation)
+[ -n "$vl" ] || vl="mapflowd validation: no validation line in daemon.log"
+[ -f "$out/table.md" ] && { printf '%s\n' "$vl" >>"$out/table.md"; echo; cat "$out/table.md"; }
 exit $rc
