@@ -190,6 +190,10 @@ mf_status_t mfd_gpu_write(mfd_gpu_t *g, uint32_t arena, const mfd_ablock_t *blk,
     if (n > mfd_ablock_size(blk) || set_ctx(g, a) != MF_OK)
         return MF_INTERNAL;
     mf_cu_result_t r = g->cu->cuMemcpyHtoD(a->base + mfd_ablock_offset(blk), src, n);
+    /* A pageable HtoD returns before the DMA lands: synchronize, so a client reading the
+     * row through its IPC mapping right after (a lease) sees these bytes. */
+    if (r == MF_CUDA_SUCCESS)
+        r = g->cu->cuCtxSynchronize();
     if (r != MF_CUDA_SUCCESS) {
         mfd_error("gpu %d: cuMemcpyHtoD of %zu bytes: %s", a->ordinal, n, mf_cudrv_strerror(r));
         return MF_INTERNAL;

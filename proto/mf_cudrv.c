@@ -36,7 +36,19 @@ static char g_why[512];
     X(cuMemcpyPeer, "cuMemcpyPeer")                                                      \
     X(cuDeviceCanAccessPeer, "cuDeviceCanAccessPeer")                                    \
     X(cuPointerGetAttribute, "cuPointerGetAttribute")                                    \
-    X(cuGetErrorString, "cuGetErrorString")
+    X(cuGetErrorString, "cuGetErrorString")                                              \
+    X(cuCtxSynchronize, "cuCtxSynchronize")                                              \
+    X(cuStreamCreate, "cuStreamCreate")                                                  \
+    X(cuStreamDestroy, "cuStreamDestroy_v2")                                             \
+    X(cuStreamSynchronize, "cuStreamSynchronize")                                        \
+    X(cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2")                                         \
+    X(cuMemsetD8Async, "cuMemsetD8Async")                                                \
+    X(cuMemAllocHost, "cuMemAllocHost_v2")                                               \
+    X(cuMemFreeHost, "cuMemFreeHost")                                                    \
+    X(cuModuleLoadData, "cuModuleLoadData")                                              \
+    X(cuModuleUnload, "cuModuleUnload")                                                  \
+    X(cuModuleGetFunction, "cuModuleGetFunction")                                        \
+    X(cuLaunchKernel, "cuLaunchKernel")
 
 static void load(void)
 {

@@ -30,6 +30,9 @@ typedef int mf_cu_result_t;                 /* CUresult */
 typedef int mf_cu_device_t;                 /* CUdevice */
 typedef struct mf_cu_ctx_st *mf_cu_context_t; /* CUcontext */
 typedef unsigned long long mf_cu_deviceptr_t; /* CUdeviceptr */
+typedef struct mf_cu_stream_st *mf_cu_stream_t;   /* CUstream (NULL: the legacy stream) */
+typedef struct mf_cu_mod_st *mf_cu_module_t;      /* CUmodule */
+typedef struct mf_cu_func_st *mf_cu_function_t;   /* CUfunction */
 
 #define MF_CU_IPC_HANDLE_SIZE 64
 typedef struct mf_cu_ipc_mem_handle {
@@ -51,8 +54,15 @@ enum {
     MF_CUDA_ERROR_INVALID_CONTEXT = 201,
     MF_CUDA_ERROR_MAP_FAILED = 205,
     MF_CUDA_ERROR_PEER_ACCESS_UNSUPPORTED = 217,
+    MF_CUDA_ERROR_INVALID_PTX = 218,
+    MF_CUDA_ERROR_UNSUPPORTED_PTX_VERSION = 222,
     MF_CUDA_ERROR_INVALID_HANDLE = 400,
+    MF_CUDA_ERROR_NOT_FOUND = 500,
+    MF_CUDA_ERROR_NOT_SUPPORTED = 801,
 };
+
+/* cuStreamCreate flags. */
+#define MF_CU_STREAM_NON_BLOCKING 0x1u
 
 /* cuIpcOpenMemHandle flags, cuPointerGetAttribute attributes, CUmemorytype. */
 #define MF_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS 0x1u
@@ -88,6 +98,26 @@ typedef struct mf_cudrv {
     mf_cu_result_t (*cuDeviceCanAccessPeer)(int *can, mf_cu_device_t dev, mf_cu_device_t peer);
     mf_cu_result_t (*cuPointerGetAttribute)(void *data, int attribute, mf_cu_deviceptr_t ptr);
     mf_cu_result_t (*cuGetErrorString)(mf_cu_result_t r, const char **str);
+    /* Ordering: a pageable cuMemcpyHtoD returns once the bytes are staged and a DtoD before
+     * it completes, so another process (the daemon) sees them only after a synchronize. */
+    mf_cu_result_t (*cuCtxSynchronize)(void);
+    mf_cu_result_t (*cuStreamCreate)(mf_cu_stream_t *s, unsigned flags);
+    mf_cu_result_t (*cuStreamDestroy)(mf_cu_stream_t s);                      /* _v2 */
+    mf_cu_result_t (*cuStreamSynchronize)(mf_cu_stream_t s);
+    mf_cu_result_t (*cuMemcpyDtoHAsync)(void *dst, mf_cu_deviceptr_t src, size_t n,
+                                        mf_cu_stream_t s);                   /* _v2 */
+    mf_cu_result_t (*cuMemsetD8Async)(mf_cu_deviceptr_t dst, unsigned char v, size_t n,
+                                      mf_cu_stream_t s);
+    mf_cu_result_t (*cuMemAllocHost)(void **p, size_t bytes);                 /* _v2 */
+    mf_cu_result_t (*cuMemFreeHost)(void *p);
+    /* Modules (the daemon's row-validation kernel, PTX embedded at build time). */
+    mf_cu_result_t (*cuModuleLoadData)(mf_cu_module_t *m, const void *image);
+    mf_cu_result_t (*cuModuleUnload)(mf_cu_module_t m);
+    mf_cu_result_t (*cuModuleGetFunction)(mf_cu_function_t *f, mf_cu_module_t m,
+                                          const char *name);
+    mf_cu_result_t (*cuLaunchKernel)(mf_cu_function_t f, unsigned gx, unsigned gy, unsigned gz,
+                                     unsigned bx, unsigned by, unsigned bz, unsigned smem,
+                                     mf_cu_stream_t s, void **params, void **extra);
 } mf_cudrv_t;
 
 /*

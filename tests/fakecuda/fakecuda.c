@@ -12,7 +12,14 @@
  *
  * Behaviour copied from the real driver: calls before cuInit are NOT_INITIALIZED; memory
  * calls need a current context; opening an IPC handle in the process that exported it is
- * CUDA_ERROR_INVALID_CONTEXT; cuDeviceCanAccessPeer(d, d) is 0.
+ * CUDA_ERROR_INVALID_CONTEXT; cuDeviceCanAccessPeer(d, d) is 0. Copies *into* device
+ * memory (cuMemcpyHtoD from pageable memory, cuMemcpyDtoD) return before the bytes land,
+ * as on a GPU: they are queued on the context's legacy stream and land at the next copy,
+ * cuCtxSynchronize / cuStreamSynchronize, cuMemFree or cuIpcCloseMemHandle in this process
+ * (or FAKECUDA_LAND_MS, default 500, after they were issued, at any later call), so a
+ * process that hands device bytes to another (PutCommit after a copy into the daemon's
+ * arena) without synchronizing first is caught on CPU. Modules: cuModuleLoadData answers
+ * CUDA_ERROR_NOT_SUPPORTED (no PTX JIT here); streams are the legacy stream's queue.
  *
  * Environment: FAKECUDA_DEVICES=n (default 1; 0 = cuInit fails with NO_DEVICE),
  * FAKECUDA_NO_PEER=1 (cuDeviceCanAccessPeer answers 0 and an IPC open of another device's
@@ -32,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #define EXPORT __attribute__((visibility("default")))
@@ -58,14 +66,25 @@ enum {
     E_PEER_ACCESS_UNSUPPORTED = 217,
     E_INVALID_HANDLE = 400,
     E_NOT_FOUND = 500,
+    E_NOT_SUPPORTED = 801,
 };
 
 #define MAX_DEV 16
 #define HANDLE_MAGIC 0x4144554345414b46ull /* "FAKECUDA" */
 
+/* A copy into device memory issued but not landed yet (the bytes are snapshotted). */
+typedef struct pend {
+    uint8_t *dst;
+    uint8_t *bytes;
+    size_t n;
+    double due;
+    struct pend *next;
+} pend_t;
+
 typedef struct fake_ctx {
     int dev;
     int refs;
+    pend_t *head, **tail; /* the legacy stream's queue of copies not landed */
 } fake_ctx_t;
 
 /* One mapping of device memory in this process: an allocation or an opened IPC handle. */
@@ -92,6 +111,81 @@ static size_t g_used[MAX_DEV];
 static fake_ctx_t g_ctx[MAX_DEV];
 static region_t *g_regions;
 static __thread fake_ctx_t *t_cur;
+static double g_land_s = 0.5;
+static int g_pending; /* copies queued in any context */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Lands ctx's queued copies (all, or only those due) in issue order. Caller holds g_mu. */
+static void land_locked(fake_ctx_t *c, int all)
+{
+    double t = all ? 0 : now_s();
+    while (c->head && (all || c->head->due <= t)) {
+        pend_t *p = c->head;
+        c->head = p->next;
+        memcpy(p->dst, p->bytes, p->n);
+        free(p->bytes);
+        free(p);
+        g_pending--;
+    }
+    if (!c->head)
+        c->tail = &c->head;
+}
+
+/* The current context's stream: every queued copy lands (stream order / synchronize). */
+static void land_current(void)
+{
+    pthread_mutex_lock(&g_mu);
+    if (t_cur)
+        land_locked(t_cur, 1);
+    pthread_mutex_unlock(&g_mu);
+}
+
+/* Every context's copies land (before memory is unmapped). */
+static void land_all(void)
+{
+    pthread_mutex_lock(&g_mu);
+    for (int i = 0; i < MAX_DEV; i++)
+        if (g_ctx[i].tail)
+            land_locked(&g_ctx[i], 1);
+    pthread_mutex_unlock(&g_mu);
+}
+
+/* Copies older than FAKECUDA_LAND_MS land (a GPU's DMA finishes on its own). */
+static void land_due(void)
+{
+    if (!__atomic_load_n(&g_pending, __ATOMIC_RELAXED))
+        return;
+    pthread_mutex_lock(&g_mu);
+    for (int i = 0; i < MAX_DEV; i++)
+        if (g_ctx[i].tail)
+            land_locked(&g_ctx[i], 0);
+    pthread_mutex_unlock(&g_mu);
+}
+
+/* Queues a copy of n bytes (snapshotted now) to dst on the current context's stream. */
+static int enqueue(void *dst, const void *src, size_t n)
+{
+    pend_t *p = malloc(sizeof(*p));
+    uint8_t *b = p ? malloc(n) : NULL;
+    if (!b) {
+        free(p);
+        return -1;
+    }
+    memcpy(b, src, n);
+    *p = (pend_t){dst, b, n, now_s() + g_land_s, NULL};
+    pthread_mutex_lock(&g_mu);
+    *t_cur->tail = p;
+    t_cur->tail = &p->next;
+    g_pending++;
+    pthread_mutex_unlock(&g_mu);
+    return 0;
+}
 
 static int env_int(const char *name, int def)
 {
@@ -110,8 +204,15 @@ EXPORT CUresult cuInit(unsigned flags)
     g_no_peer = env_int("FAKECUDA_NO_PEER", 0);
     const char *m = getenv("FAKECUDA_MEM_BYTES");
     g_mem_bytes = m && *m ? (size_t)strtoull(m, NULL, 0) : (size_t)1 << 30;
-    for (int i = 0; i < MAX_DEV; i++)
+    const char *land = getenv("FAKECUDA_LAND_MS");
+    g_land_s = (land && *land ? atof(land) : 500.0) / 1000.0;
+    for (int i = 0; i < MAX_DEV; i++) {
         g_ctx[i].dev = i;
+        if (!g_ctx[i].tail) {
+            g_ctx[i].head = NULL;
+            g_ctx[i].tail = &g_ctx[i].head;
+        }
+    }
     g_init = g_ndev > 0;
     pthread_mutex_unlock(&g_mu);
     return g_ndev > 0 ? OK : E_NO_DEVICE;
@@ -121,6 +222,7 @@ EXPORT CUresult cuInit(unsigned flags)
     do {                                                                                 \
         if (!g_init)                                                                     \
             return E_NOT_INITIALIZED;                                                    \
+        land_due();                                                                      \
     } while (0)
 #define NEED_CTX()                                                                       \
     do {                                                                                 \
@@ -307,6 +409,7 @@ static CUresult drop_region(CUdeviceptr p, int ipc)
 EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
     NEED_CTX();
+    land_all(); /* cuMemFree synchronizes the device */
     return drop_region(dptr, 0);
 }
 
@@ -386,6 +489,7 @@ EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
     region_t *r = find_region(dptr, 1);
     CUdeviceptr base = r && r->ipc ? (CUdeviceptr)(uintptr_t)r->base : 0;
     pthread_mutex_unlock(&g_mu);
+    land_all();
     return base ? drop_region(base, 1) : E_INVALID_VALUE;
 }
 
@@ -404,8 +508,8 @@ EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n)
         return OK;
     if (!src || !range_ok(dst, n))
         return E_INVALID_VALUE;
-    memcpy((void *)(uintptr_t)dst, src, n);
-    return OK;
+    land_current(); /* the stream's earlier work first */
+    return enqueue((void *)(uintptr_t)dst, src, n) ? E_OUT_OF_MEMORY : OK;
 }
 
 EXPORT CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n)
@@ -415,6 +519,7 @@ EXPORT CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n)
         return OK;
     if (!dst || !range_ok(src, n))
         return E_INVALID_VALUE;
+    land_current(); /* synchronous: after the stream's earlier work */
     memcpy(dst, (const void *)(uintptr_t)src, n);
     return OK;
 }
@@ -426,8 +531,9 @@ EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n)
         return OK;
     if (!range_ok(dst, n) || !range_ok(src, n))
         return E_INVALID_VALUE;
-    memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
-    return OK;
+    land_current();
+    return enqueue((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n) ? E_OUT_OF_MEMORY
+                                                                             : OK;
 }
 
 EXPORT CUresult cuMemcpyPeer(CUdeviceptr dst, fake_ctx_t *dctx, CUdeviceptr src,
@@ -440,6 +546,7 @@ EXPORT CUresult cuMemcpyPeer(CUdeviceptr dst, fake_ctx_t *dctx, CUdeviceptr src,
         return OK;
     if (!range_ok(dst, n) || !range_ok(src, n))
         return E_INVALID_VALUE;
+    land_all(); /* synchronous with both contexts */
     memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
     return OK;
 }
@@ -496,7 +603,119 @@ EXPORT CUresult cuGetErrorString(CUresult r, const char **str)
     case E_MAP_FAILED: *str = "mapping of buffer object failed"; break;
     case E_PEER_ACCESS_UNSUPPORTED: *str = "peer access is not supported between these two devices"; break;
     case E_INVALID_HANDLE: *str = "invalid resource handle"; break;
+    case E_NOT_FOUND: *str = "named symbol not found"; break;
+    case E_NOT_SUPPORTED: *str = "operation not supported"; break;
     default: *str = NULL; return E_INVALID_VALUE;
     }
     return OK;
+}
+
+/* ---- synchronization, streams, pinned memory, modules ----------------------------------- */
+
+EXPORT CUresult cuCtxSynchronize(void)
+{
+    NEED_CTX();
+    land_current();
+    return OK;
+}
+
+/* Streams are the legacy stream: a stream handle is a tag; work on it runs in order with
+ * the context's other copies. */
+static char g_stream_tag;
+
+EXPORT CUresult cuStreamCreate(void **s, unsigned flags)
+{
+    NEED_CTX();
+    if (!s || flags > 1)
+        return E_INVALID_VALUE;
+    *s = &g_stream_tag;
+    return OK;
+}
+
+EXPORT CUresult cuStreamDestroy_v2(void *s)
+{
+    NEED_INIT();
+    return s == &g_stream_tag ? OK : E_INVALID_HANDLE;
+}
+
+EXPORT CUresult cuStreamSynchronize(void *s)
+{
+    NEED_CTX();
+    if (s && s != &g_stream_tag)
+        return E_INVALID_HANDLE;
+    land_current();
+    return OK;
+}
+
+EXPORT CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, void *s)
+{
+    NEED_CTX();
+    if (s && s != &g_stream_tag)
+        return E_INVALID_HANDLE;
+    return cuMemcpyDtoH_v2(dst, src, n);
+}
+
+EXPORT CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, void *s)
+{
+    NEED_CTX();
+    if (s && s != &g_stream_tag)
+        return E_INVALID_HANDLE;
+    if (!n)
+        return OK;
+    if (!range_ok(dst, n))
+        return E_INVALID_VALUE;
+    land_current();
+    memset((void *)(uintptr_t)dst, v, n);
+    return OK;
+}
+
+EXPORT CUresult cuMemAllocHost_v2(void **p, size_t bytes)
+{
+    NEED_CTX();
+    if (!p || !bytes)
+        return E_INVALID_VALUE;
+    *p = aligned_alloc(4096, (bytes + 4095) & ~(size_t)4095);
+    return *p ? OK : E_OUT_OF_MEMORY;
+}
+
+EXPORT CUresult cuMemFreeHost(void *p)
+{
+    NEED_INIT();
+    free(p);
+    return OK;
+}
+
+/* No PTX JIT on a CPU: callers take their fallback path. */
+EXPORT CUresult cuModuleLoadData(void **m, const void *image)
+{
+    NEED_CTX();
+    if (!m || !image)
+        return E_INVALID_VALUE;
+    return E_NOT_SUPPORTED;
+}
+
+EXPORT CUresult cuModuleUnload(void *m)
+{
+    NEED_INIT();
+    (void)m;
+    return E_INVALID_HANDLE;
+}
+
+EXPORT CUresult cuModuleGetFunction(void **f, void *m, const char *name)
+{
+    NEED_INIT();
+    (void)f;
+    (void)m;
+    (void)name;
+    return E_INVALID_HANDLE;
+}
+
+EXPORT CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                               unsigned by, unsigned bz, unsigned smem, void *s, void **params,
+                               void **extra)
+{
+    NEED_CTX();
+    (void)f, (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)smem, (void)s;
+    (void)params, (void)extra;
+    return E_INVALID_HANDLE;
 }

@@ -30,6 +30,32 @@
 static const mf_cudrv_t *cu;
 static int g_real; /* MF_GPU_REAL: the real driver */
 
+/* The daemon of the running test: a failing assertion jumps past gpu_stop, so teardown
+ * prints the last lines of its log (the reason a put was refused on a real GPU) and
+ * stops it. Cleared by a normal stop. */
+static daemon_t *g_cur;
+
+static void log_tail(const daemon_t *d, int lines)
+{
+    char cmd[256];
+    fprintf(stderr, "---- last %d lines of %s\n", lines, d->log);
+    snprintf(cmd, sizeof(cmd), "tail -n %d '%s' >&2", lines, d->log);
+    if (system(cmd) != 0)
+        fprintf(stderr, "(no log)\n");
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    if (g_cur) {
+        log_tail(g_cur, 40);
+        kill(g_cur->pid, SIGKILL);
+        waitpid(g_cur->pid, NULL, 0);
+        g_cur = NULL;
+    }
+    return 0;
+}
+
 /* ---- the client's side of the GPU arenas ------------------------------------------------ */
 
 typedef struct gview {
@@ -112,6 +138,7 @@ static uint64_t mapped_mask(const gview_t *gv)
     do {                                                                                 \
         memset(&(d), 0, sizeof(d));                                                      \
         daemon_start(&(d), 0, __VA_ARGS__, (const char *)NULL);                         \
+        g_cur = &(d);                                                                    \
         assert_int_equal(hello_gpu(&(c), (d).sock, (dev), &(gv)), 0);                    \
     } while (0)
 
@@ -119,6 +146,7 @@ static void gpu_stop(daemon_t *d, td_cli_t *c, gview_t *gv)
 {
     gview_close(gv);
     td_close(c);
+    g_cur = NULL;
     daemon_stop(d, 1);
 }
 
@@ -156,6 +184,9 @@ static put_res_t put_row(td_cli_t *c, const gview_t *gv, uint32_t layer, mf_hash
     assert_non_null(r);
     if (r->body_case != MAPFLOW__V1__ENVELOPE__BODY_PUT_BEGIN_REPLY) {
         res.status = r->body_case == MAPFLOW__V1__ENVELOPE__BODY_ERROR ? (int)r->error->code : -1;
+        if (r->body_case == MAPFLOW__V1__ENVELOPE__BODY_ERROR)
+            fprintf(stderr, "PutBegin (layer %u, %zu bytes): %s: %s\n", layer, size,
+                    mf_status_name((mf_status_t)r->error->code), r->error->message);
         mf_envelope_free(r);
         return res;
     }
@@ -169,6 +200,9 @@ static put_res_t put_row(td_cli_t *c, const gview_t *gv, uint32_t layer, mf_hash
         assert_true(res.arena < (int)gv->n && gv->base[res.arena]);
         assert_true(off + size <= gv->bytes[res.arena]);
         assert_int_equal(cu->cuMemcpyHtoD(gv->base[res.arena] + off, row, size), 0);
+        /* A pageable HtoD returns before the bytes land: the daemon (another process)
+         * reads them only after this synchronize, as libmapflow's readback ensures. */
+        assert_int_equal(cu->cuCtxSynchronize(), 0);
     } else if (res.in_arena) {
         assert_int_equal(res.tier, MAPFLOW__V1__TIER__TIER_HOST);
         memcpy(c->arena + off, row, size);
@@ -185,6 +219,9 @@ static put_res_t put_row(td_cli_t *c, const gview_t *gv, uint32_t layer, mf_hash
         res.commit_tier = r->put_commit_reply->tier;
     } else if (r->body_case == MAPFLOW__V1__ENVELOPE__BODY_ERROR) {
         res.status = (int)r->error->code;
+        fprintf(stderr, "PutCommit (layer %u, %zu bytes, tier %d, in_arena %d): %s: %s\n",
+                layer, size, res.tier, res.in_arena, mf_status_name((mf_status_t)res.status),
+                r->error->message);
     }
     mf_envelope_free(r);
     return res;
@@ -530,9 +567,11 @@ static void test_write_through_restart(void **state)
     mf_envelope_free(r);
     gview_close(&gv);
     td_close(&c);
+    g_cur = NULL;
     daemon_stop(&d, 0); /* drain writes what is still queued */
 
     daemon_start(&d, 1, "--gpu_bytes", "1mb", "--gpu_devices", "0", (const char *)NULL);
+    g_cur = &d;
     assert_int_equal(td_connect(&c, d.sock, NS, 1), 0);
     for (uint32_t l = 0; l < rs.nl; l++) {
         r = get_prefix(&c, rs.B, rs.tokens, (size_t)rs.nb * rs.B, &l, 1, 0, 0);
@@ -545,6 +584,7 @@ static void test_write_through_restart(void **state)
     }
     td_close(&c);
     rows_free(&rs);
+    g_cur = NULL;
     daemon_stop(&d, 1);
 }
 
@@ -727,12 +767,12 @@ int main(int argc, char **argv)
     (void)argc;
     tp_find_mapflowd(argv[0]);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_put_lease_copy_stage),
-        cmocka_unit_test(test_eviction_keeps_rows_and_leases),
-        cmocka_unit_test(test_write_through_restart),
-        cmocka_unit_test(test_promote_on_hit),
-        cmocka_unit_test(test_two_devices_no_peer),
-        cmocka_unit_test(test_tier_off),
+        cmocka_unit_test_teardown(test_put_lease_copy_stage, teardown),
+        cmocka_unit_test_teardown(test_eviction_keeps_rows_and_leases, teardown),
+        cmocka_unit_test_teardown(test_write_through_restart, teardown),
+        cmocka_unit_test_teardown(test_promote_on_hit, teardown),
+        cmocka_unit_test_teardown(test_two_devices_no_peer, teardown),
+        cmocka_unit_test_teardown(test_tier_off, teardown),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
