@@ -144,7 +144,7 @@ static int child_open(void *p)
         return 14;
     /* Write back through the mapping: the exporter must see it. */
     memset(got, 0xa5, 64);
-    if (cu->cuMemcpyHtoD(d + N - 64, got, 64) != 0)
+    if (cu->cuMemcpyHtoD(d + N - 64, got, 64) != 0 || cu->cuCtxSynchronize() != 0)
         return 15;
     free(got);
     return cu->cuIpcCloseMemHandle(d) == 0 ? 0 : 16;
@@ -162,6 +162,8 @@ static void test_ipc_fork_and_peer(void **state)
     uint8_t *src = malloc(N);
     fill(src, N, 99);
     assert_int_equal(cu->cuMemcpyHtoD(d, src, N), 0);
+    /* Another process sees the bytes only after they landed (pageable HtoD returns early). */
+    assert_int_equal(cu->cuCtxSynchronize(), 0);
     ipc_arg_t a = {.want = src, .dev = 0, .expect = 0};
     assert_int_equal(cu->cuIpcGetMemHandle(&a.h, d), 0);
     /* The exporting process cannot open its own handle (CUDA's rule). */
