@@ -4,7 +4,7 @@
 DAEMON_SRCS := daemon/log.c daemon/config.c daemon/oalloc.c daemon/arena.c daemon/index.c \
                daemon/tier_ssd.c daemon/lease.c daemon/store.c daemon/metrics.c \
                daemon/http.c daemon/notify.c daemon/server.c daemon/admin.c daemon/tier.c \
-               daemon/ucx.c daemon/peer.c daemon/tier_gpu.c
+               daemon/ucx.c daemon/peer.c daemon/tier_gpu.c daemon/gpu_verify_ptx.c
 DAEMON_OBJS := $(DAEMON_SRCS:%.c=$(OBJ)/%.o)
 DAEMON_A    := $(LIB)/libmfdaemon.a
 DAEMON_LIBS := $(call pkg_libs,libevent libevent_pthreads rocksdb libsystemd ucx)
@@ -21,6 +21,18 @@ $(DAEMON_OBJS) $(OBJ)/daemon/main.o: CPPFLAGS += -DMF_HAVE_SYSTEMD
 endif
 endif
 $(DAEMON_OBJS) $(OBJ)/daemon/main.o: CPPFLAGS += -DMFD_VERSION='"0.1.0"'
+
+# The GPU tier's row-checksum kernels (gpu_verify.cu): PTX by nvcc where it exists, embedded
+# into mapflowd by gpu_verify_ptx.c (.incbin); without nvcc rows are validated on the host.
+ifeq ($(USE_CUDA),1)
+VERIFY_PTX := $(OBJ)/daemon/gpu_verify.ptx
+$(VERIFY_PTX): daemon/gpu_verify.cu
+	@mkdir -p $(dir $@)
+	@[ "$(V)" != 0 ] || echo "  PTX   $<"
+	$(Q)$(NVCC) -ptx -O3 -arch=sm_$(CUDA_ARCH) -Werror all-warnings $< -o $@
+$(OBJ)/daemon/gpu_verify_ptx.o: $(VERIFY_PTX)
+$(OBJ)/daemon/gpu_verify_ptx.o: CPPFLAGS += -DMFD_VERIFY_PTX='"$(abspath $(VERIFY_PTX))"'
+endif
 
 $(DAEMON_A): $(DAEMON_OBJS)
 	@mkdir -p $(dir $@)

@@ -47,6 +47,9 @@
       "host-tier rows copied to the GPU tier on a hit (gpu_promote on)")                    \
     X(GPU_STAGED, "gpu_staged_total", "",                                                   \
       "GPU rows copied to host memory for a client that did not map their arena")           \
+    X(GPU_VERIFY_GPU, "gpu_rows_validated_total", "on=\"gpu\"",                             \
+      "GPU-tier rows accepted at commit, by where their checksum ran")                      \
+    X(GPU_VERIFY_HOST, "gpu_rows_validated_total", "on=\"host\"", "")                       \
     X(SSD_WRITES, "ssd_writes_total", "", "rows submitted for writing to the SSD tier")     \
     X(SSD_WRITES_DONE, "ssd_writes_completed_total", "",                                    \
       "SSD tier writes that finished successfully")                                         \

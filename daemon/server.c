@@ -1638,6 +1638,9 @@ mf_status_t mfd_server_create(mfd_config_t *cfg, const char *config_path,
                  g->a[i].ordinal, g->a[i].pci, (unsigned long long)g->a[i].bytes,
                  s->cfg.high_watermark, s->cfg.low_watermark,
                  s->cfg.gpu_promote ? ", gpu_promote on" : "");
+    if (g)
+        mfd_info("gpu tier: rows validated on the %s (%s)", g->verify_gpu ? "GPU" : "host",
+                 g->verify_why);
     mfd_info("host tier: %llu bytes (memfd), watermarks %.2f/%.2f",
              (unsigned long long)mfd_arena_capacity(s->store.arena), s->cfg.high_watermark,
              s->cfg.low_watermark);

@@ -740,15 +740,22 @@ static uint8_t *head_copy(const uint8_t *row, size_t size)
 }
 
 /* Validates a row (full decode + checksum, key agreement); counts a rejection. */
-static mf_status_t validate(mfd_store_t *st, const mfd_key_t *key, const uint8_t *row,
-                            uint64_t size, mf_row_view_t *v, const char **why)
+static mf_status_t validate_flags(mfd_store_t *st, const mfd_key_t *key, const uint8_t *row,
+                                  uint64_t size, unsigned flags, mf_row_view_t *v,
+                                  const char **why)
 {
-    mf_status_t s = mf_row_decode(row, size, 0, v, why);
+    mf_status_t s = mf_row_decode(row, size, flags, v, why);
     if (s == MF_OK)
         s = check_key(v, key, why);
     if (s != MF_OK)
         mfd_count(st->metrics, MFD_C_PUT_REJECTED, 1);
     return s == MF_UNIMPLEMENTED ? MF_INVALID_ARGUMENT : s;
+}
+
+static mf_status_t validate(mfd_store_t *st, const mfd_key_t *key, const uint8_t *row,
+                            uint64_t size, mf_row_view_t *v, const char **why)
+{
+    return validate_flags(st, key, row, size, 0, v, why);
 }
 
 /* Makes e (its tier fields set) visible under key, replacing any old entry. */
@@ -814,15 +821,29 @@ mf_status_t mfd_store_commit_gpu(mfd_store_t *st, const mfd_key_t *key, uint32_t
                                  int *is_durable, int *replaced, const char **why)
 {
     *pending = *is_durable = *replaced = 0;
-    /* The daemon never reads device memory in place: validate a staging copy. */
-    uint8_t *stg = aligned_alloc(64, mfd_arena_round(size));
+    /* The daemon never reads device memory in place: the checksum runs on the GPU (or the
+     * row is copied whole into the tier's staging buffer) and the decoder checks the host
+     * bytes (tier_gpu.h, mfd_gpu_check_row). */
+    const uint8_t *stg = NULL;
+    size_t have = 0;
+    uint64_t sum = 0;
+    int on_gpu = 0;
     mf_row_view_t v;
-    mf_status_t s = MF_RESOURCE_EXHAUSTED;
-    *why = "out of memory";
-    if (stg && (s = mfd_gpu_read(st->gpu, arena, blk, stg, size)) != MF_OK)
-        *why = "cannot copy the row out of the GPU arena";
-    if (s == MF_OK)
-        s = validate(st, key, stg, size, &v, why);
+    mf_status_t s = mfd_gpu_check_row(st->gpu, arena, blk, size, &stg, &have, &sum, &on_gpu);
+    *why = "cannot copy the row out of the GPU arena";
+    if (s == MF_OK) {
+        /* The decoder reads a row's bytes before its tiles only (prefix) once the checksum
+         * is skipped, and a row it would refuse from its header came with those bytes. */
+        s = validate_flags(st, key, stg, size, on_gpu ? MF_ROW_NO_CHECKSUM : 0, &v, why);
+        if (s == MF_OK && on_gpu && ((const mf_row_header_t *)stg)->checksum != sum) {
+            mfd_count(st->metrics, MFD_C_PUT_REJECTED, 1);
+            *why = "checksum mismatch (computed on the GPU)";
+            s = MF_DATA_LOSS;
+        }
+        if (s == MF_OK)
+            mfd_count(st->metrics, on_gpu ? MFD_C_GPU_VERIFY_GPU : MFD_C_GPU_VERIFY_HOST, 1);
+    }
+    (void)have;
     mfd_entry_t *e = s == MF_OK ? mfd_entry_new(key) : NULL;
     uint8_t *head = e ? head_copy(stg, size) : NULL;
     if (s == MF_OK && (!e || !head)) {
@@ -833,7 +854,6 @@ mf_status_t mfd_store_commit_gpu(mfd_store_t *st, const mfd_key_t *key, uint32_t
     }
     if (s != MF_OK) {
         free(head);
-        free(stg);
         mfd_gpu_free(st->gpu, arena, blk);
         return s;
     }
@@ -845,26 +865,33 @@ mf_status_t mfd_store_commit_gpu(mfd_store_t *st, const mfd_key_t *key, uint32_t
     link_entry(st, key, e, &v, size, replaced);
     mfd_lru_add(st->ix, MFD_LRU_GPU, e);
 
-    /* Write-through from the staging copy (the entry's wbuf until the write is done). */
+    /* Write-through needs the whole row on the host: a copy of the staging bytes when the
+     * row was validated there, else a DtoH (the entry's wbuf until the write is done). */
     int wt = st->cfg->write_through;
+    int want_wt = durable || wt == MFD_WT_SYNC || (wt == MFD_WT_ASYNC && st->ssd);
+    uint8_t *copy = NULL;
+    if (want_wt && !(wt == MFD_WT_ASYNC && !durable &&
+                     (st->wt_head || (st->wt_bytes && st->wt_bytes + size > wt_limit(st))))) {
+        if (have == size && (copy = aligned_alloc(64, mfd_arena_round(size))))
+            memcpy(copy, stg, size);
+        else
+            copy = gpu_copy_out(st, e);
+    }
     if (durable || wt == MFD_WT_SYNC) {
-        e->wbuf = stg;
-        stg = NULL;
-        *pending = ssd_write(st, e, e->wbuf, 1, done, arg, 0);
+        e->wbuf = copy;
+        *pending = copy ? ssd_write(st, e, e->wbuf, 1, done, arg, 0) : 0;
         if (!*pending) {
             free(e->wbuf);
             e->wbuf = NULL;
         }
     } else if (wt == MFD_WT_ASYNC && st->ssd) {
-        if (st->wt_head || (st->wt_bytes && st->wt_bytes + size > wt_limit(st))) {
+        if (!copy) {
             defer_add(st, e); /* copied out again when its turn comes */
         } else {
-            e->wbuf = stg;
-            stg = NULL;
+            e->wbuf = copy;
             wt_write(st, e);
         }
     }
-    free(stg);
     balance_gpu(st, arena, e);
     return MF_OK;
 }

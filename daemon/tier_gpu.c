@@ -1,10 +1,20 @@
 /* tier_gpu — cuMemAlloc arenas per device, IPC handles, synchronous copies (see tier_gpu.h). */
 #include "tier_gpu.h"
 #include "log.h"
+#include "mf_row.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+/* The kernels' secret parameter (gpu_verify.cu struct mfd_xxh3_secret): XXH3's default. */
+typedef struct verify_secret {
+    uint64_t w[24];
+} verify_secret_t;
+_Static_assert(sizeof(XXH3_kSecret) == sizeof(verify_secret_t), "XXH3 default secret size");
 
 /* Parses "all" or "0,2,3" into ordinals (each < count, no repeats). */
 static mf_status_t parse_devices(const char *spec, int count, int *out, size_t *n, char *why,
@@ -59,9 +69,27 @@ static mf_status_t set_ctx(const mfd_gpu_t *g, const mfd_gpu_arena_t *a)
     return MF_OK;
 }
 
+/* Unloads arena a's validation module, stream and scratch (context current). */
+static void verify_close(const mfd_gpu_t *g, mfd_gpu_arena_t *a)
+{
+    if (a->scratch)
+        g->cu->cuMemFree(a->scratch);
+    if (a->stream)
+        g->cu->cuStreamDestroy(a->stream);
+    if (a->mod)
+        g->cu->cuModuleUnload(a->mod);
+    a->scratch = 0;
+    a->scratch_cap = 0;
+    a->stream = NULL;
+    a->mod = NULL;
+    a->f_blocks = a->f_final = NULL;
+}
+
 /* Frees what arena a holds (any stage of opening). */
 static void arena_close(const mfd_gpu_t *g, mfd_gpu_arena_t *a)
 {
+    if (a->ctx && set_ctx(g, a) == MF_OK)
+        verify_close(g, a);
     if (a->base && set_ctx(g, a) == MF_OK)
         g->cu->cuMemFree(a->base);
     if (a->ctx)
@@ -115,6 +143,60 @@ fail:
     return MF_UNAVAILABLE;
 }
 
+/* Loads the validation kernels in every arena's context; on any failure none stays loaded
+ * and verify_why says why rows are validated on the host. */
+static void verify_open(mfd_gpu_t *g)
+{
+    const mf_cudrv_t *cu = g->cu;
+    size_t len;
+    const char *ptx = mfd_gpu_verify_ptx(&len);
+    const char *env = getenv("MFD_GPU_VERIFY");
+    g->verify_gpu = 0;
+    if (set_ctx(g, &g->a[0]) != MF_OK ||
+        cu->cuMemAllocHost((void **)&g->out, sizeof(uint64_t)) != MF_CUDA_SUCCESS) {
+        g->out = NULL;
+        snprintf(g->verify_why, sizeof(g->verify_why), "no pinned memory for the result");
+        return;
+    }
+    if (env && strcmp(env, "host") == 0) {
+        snprintf(g->verify_why, sizeof(g->verify_why), "MFD_GPU_VERIFY=host");
+        return;
+    }
+    if (!ptx) {
+        snprintf(g->verify_why, sizeof(g->verify_why),
+                 "no PTX built in (mapflowd was built without nvcc)");
+        return;
+    }
+    for (size_t i = 0; i < g->n; i++) {
+        mfd_gpu_arena_t *a = &g->a[i];
+        const char *step = "cuCtxSetCurrent";
+        mf_cu_result_t r = cu->cuCtxSetCurrent(a->ctx);
+        if (r == MF_CUDA_SUCCESS && (step = "cuModuleLoadData",
+                                     r = cu->cuModuleLoadData(&a->mod, ptx)) != MF_CUDA_SUCCESS)
+            a->mod = NULL;
+        if (r == MF_CUDA_SUCCESS)
+            step = "cuModuleGetFunction", r = cu->cuModuleGetFunction(&a->f_blocks, a->mod,
+                                                                      "mfd_verify_blocks");
+        if (r == MF_CUDA_SUCCESS)
+            r = cu->cuModuleGetFunction(&a->f_final, a->mod, "mfd_verify_final");
+        if (r == MF_CUDA_SUCCESS && (step = "cuStreamCreate",
+                                     r = cu->cuStreamCreate(&a->stream,
+                                                            MF_CU_STREAM_NON_BLOCKING)) !=
+                                        MF_CUDA_SUCCESS)
+            a->stream = NULL;
+        if (r != MF_CUDA_SUCCESS) {
+            snprintf(g->verify_why, sizeof(g->verify_why), "gpu %d: %s: %s", a->ordinal, step,
+                     mf_cudrv_strerror(r));
+            for (size_t k = 0; k <= i; k++)
+                if (set_ctx(g, &g->a[k]) == MF_OK)
+                    verify_close(g, &g->a[k]);
+            return;
+        }
+    }
+    g->verify_gpu = 1;
+    snprintf(g->verify_why, sizeof(g->verify_why), "checksum kernels, %zu bytes of PTX", len);
+}
+
 mf_status_t mfd_gpu_open(uint64_t gpu_bytes, const char *devices, mfd_gpu_t **out,
                          char *why, size_t whylen)
 {
@@ -156,14 +238,31 @@ mf_status_t mfd_gpu_open(uint64_t gpu_bytes, const char *devices, mfd_gpu_t **ou
             return st == MF_RESOURCE_EXHAUSTED ? st : MF_UNAVAILABLE;
         }
     }
+    verify_open(g);
     *out = g;
     return MF_OK;
+}
+
+static void stage_free(mfd_gpu_t *g)
+{
+    if (g->stage_pinned)
+        g->cu->cuMemFreeHost(g->stage);
+    else
+        free(g->stage);
+    g->stage = NULL;
+    g->stage_cap = 0;
+    g->stage_pinned = 0;
 }
 
 void mfd_gpu_close(mfd_gpu_t *g)
 {
     if (!g)
         return;
+    if (g->n && set_ctx(g, &g->a[0]) == MF_OK) {
+        stage_free(g);
+        if (g->out)
+            g->cu->cuMemFreeHost(g->out);
+    }
     for (size_t i = 0; i < g->n; i++)
         arena_close(g, &g->a[i]);
     g->cu->cuCtxSetCurrent(NULL);
@@ -229,4 +328,160 @@ uint64_t mfd_gpu_capacity(const mfd_gpu_t *g)
     for (size_t i = 0; g && i < g->n; i++)
         c += g->a[i].bytes;
     return c;
+}
+
+/* ---- commit validation ----------------------------------------------------------------- */
+
+/* The staging buffer holding at least n bytes, its first `keep` bytes preserved. */
+static uint8_t *stage_get(mfd_gpu_t *g, size_t n, size_t keep)
+{
+    if (n <= g->stage_cap)
+        return g->stage;
+    size_t cap = (size_t)1 << 20;
+    while (cap < n)
+        cap <<= 1;
+    uint8_t *b = NULL;
+    int pinned = set_ctx(g, &g->a[0]) == MF_OK &&
+                 g->cu->cuMemAllocHost((void **)&b, cap) == MF_CUDA_SUCCESS;
+    if (!pinned && !(b = aligned_alloc(64, cap)))
+        return NULL;
+    if (keep)
+        memcpy(b, g->stage, keep);
+    stage_free(g);
+    g->stage = b;
+    g->stage_cap = cap;
+    g->stage_pinned = pinned;
+    return b;
+}
+
+/* Copies [from, to) of the row at dptr into the staging buffer (same offsets). */
+static mf_status_t stage_read(mfd_gpu_t *g, const mfd_gpu_arena_t *a, mf_cu_deviceptr_t dptr,
+                              size_t from, size_t to)
+{
+    if (!stage_get(g, to, from))
+        return MF_RESOURCE_EXHAUSTED;
+    if (set_ctx(g, a) != MF_OK)
+        return MF_INTERNAL;
+    mf_cu_result_t r = g->cu->cuMemcpyDtoH(g->stage + from, dptr + from, to - from);
+    if (r != MF_CUDA_SUCCESS) {
+        mfd_error("gpu %d: cuMemcpyDtoH of %zu bytes: %s", a->ordinal, to - from,
+                  mf_cudrv_strerror(r));
+        return MF_INTERNAL;
+    }
+    return MF_OK;
+}
+
+/* Runs the checksum kernels on [dptr, dptr + size) and copies [from, to) of the row into
+ * the staging buffer on the same stream; *sum the checksum. */
+static mf_status_t verify_run(mfd_gpu_t *g, mfd_gpu_arena_t *a, mf_cu_deviceptr_t dptr,
+                              uint64_t size, size_t from, size_t to, uint64_t *sum)
+{
+    const mf_cudrv_t *cu = g->cu;
+    static const char *step;
+    uint64_t nblk = (size - 1) / 1024, need = 64 + nblk * 64;
+    mf_cu_result_t r = MF_CUDA_SUCCESS;
+    if (!stage_get(g, to, from))
+        return MF_RESOURCE_EXHAUSTED;
+    if (set_ctx(g, a) != MF_OK)
+        return MF_INTERNAL;
+    if (need > a->scratch_cap) {
+        uint64_t cap = (uint64_t)1 << 16;
+        while (cap < need)
+            cap <<= 1;
+        if (a->scratch)
+            cu->cuMemFree(a->scratch);
+        a->scratch = 0;
+        a->scratch_cap = 0;
+        step = "cuMemAlloc (scratch)";
+        if ((r = cu->cuMemAlloc(&a->scratch, cap)) != MF_CUDA_SUCCESS)
+            goto fail;
+        a->scratch_cap = cap;
+    }
+    verify_secret_t sec;
+    memcpy(sec.w, XXH3_kSecret, sizeof(sec));
+    mf_cu_deviceptr_t out = a->scratch, delta = a->scratch + 64;
+    if (nblk) {
+        void *pb[] = {&dptr, &nblk, &sec, &delta};
+        step = "cuLaunchKernel (blocks)";
+        r = cu->cuLaunchKernel(a->f_blocks, (unsigned)((nblk + 7) / 8), 1, 1, 256, 1, 1, 0,
+                               a->stream, pb, NULL);
+        if (r != MF_CUDA_SUCCESS)
+            goto fail;
+    }
+    void *pf[] = {&dptr, &size, &nblk, &sec, &delta, &out};
+    step = "cuLaunchKernel (final)";
+    if ((r = cu->cuLaunchKernel(a->f_final, 1, 1, 1, 32, 1, 1, 0, a->stream, pf, NULL)) !=
+        MF_CUDA_SUCCESS)
+        goto fail;
+    step = "cuMemcpyDtoHAsync";
+    if (to > from &&
+        (r = cu->cuMemcpyDtoHAsync(g->stage + from, dptr + from, to - from, a->stream)) !=
+            MF_CUDA_SUCCESS)
+        goto fail;
+    if ((r = cu->cuMemcpyDtoHAsync(g->out, out, sizeof(uint64_t), a->stream)) !=
+        MF_CUDA_SUCCESS)
+        goto fail;
+    step = "cuStreamSynchronize";
+    if ((r = cu->cuStreamSynchronize(a->stream)) != MF_CUDA_SUCCESS)
+        goto fail;
+    *sum = *g->out;
+    return MF_OK;
+fail:
+    /* A kernel that cannot run here once will not later: validate on the host from now. */
+    mfd_error("gpu %d: %s: %s; rows are validated on the host from now on", a->ordinal, step,
+              mf_cudrv_strerror(r));
+    snprintf(g->verify_why, sizeof(g->verify_why), "gpu %d: %s failed: %s", a->ordinal, step,
+             mf_cudrv_strerror(r));
+    g->verify_gpu = 0;
+    return MF_UNAVAILABLE;
+}
+
+mf_status_t mfd_gpu_check_row(mfd_gpu_t *g, uint32_t arena, const mfd_ablock_t *blk,
+                              uint64_t size, const uint8_t **bytes, size_t *have,
+                              uint64_t *gpu_sum, int *gpu_sum_valid)
+{
+    mfd_gpu_arena_t *a = &g->a[arena];
+    mf_cu_deviceptr_t dptr = a->base + mfd_ablock_offset(blk);
+    *gpu_sum_valid = 0;
+    *have = 0;
+    if (size > mfd_ablock_size(blk))
+        return MF_INTERNAL;
+    size_t first = size < 4096 ? (size_t)size : 4096;
+    mf_status_t st;
+    if (!g->verify_gpu || size < MF_ROW_HEADER + MFD_GPU_VERIFY_MIN_TILES) {
+        if ((st = stage_read(g, a, dptr, 0, size)) == MF_OK) {
+            *bytes = g->stage;
+            *have = size;
+        }
+        return st;
+    }
+    if ((st = stage_read(g, a, dptr, 0, first)) != MF_OK)
+        return st;
+    *bytes = g->stage;
+    *have = first;
+    const mf_row_header_t *h = (const mf_row_header_t *)g->stage;
+    mf_row_layout_t l;
+    if (h->magic != MF_ROW_MAGIC || h->total_size != size ||
+        mf_row_layout((mf_codec_t)h->codec, h->block_size, h->n_heads, h->n_cols,
+                      h->n_entries, h->model_len, &l) != MF_OK ||
+        l.total != size)
+        return MF_OK; /* the decoder refuses it from these bytes */
+    size_t prefix = l.tiles > first ? l.tiles : first;
+    if (size - l.tiles < MFD_GPU_VERIFY_MIN_TILES) {
+        if ((st = stage_read(g, a, dptr, first, size)) == MF_OK)
+            *have = size;
+        return st;
+    }
+    st = verify_run(g, a, dptr, size, first, prefix, gpu_sum);
+    if (st == MF_UNAVAILABLE) { /* the kernels failed: this row on the host */
+        if ((st = stage_read(g, a, dptr, first, size)) == MF_OK)
+            *have = size;
+        return st;
+    }
+    if (st == MF_OK) {
+        *bytes = g->stage;
+        *have = prefix;
+        *gpu_sum_valid = 1;
+    }
+    return st;
 }

@@ -10,8 +10,18 @@
  * the PCIe transfer (a 1 MiB row is ~50 µs on an H200). Streams with callbacks (DESIGN
  * §7) are the next step if puts or demotions of large rows show up in loop latency.
  *
- * Ownership: the tier owns the device allocations, the primary-context references and
- * the block handles (valid until mfd_gpu_free). Thread safety: loop thread only.
+ * Commit validation (mfd_gpu_check_row): rows with enough tile bytes are checksummed ON
+ * the GPU by the kernels of gpu_verify.cu (PTX embedded at build time, loaded per arena
+ * context with cuModuleLoadData, run on a non-blocking stream of that context); only the
+ * row's prefix up to its tiles (header, model, tokens, column tables, masses, scales: what
+ * the host decoder reads) is copied DtoH. Without PTX, when the module does not load (the
+ * fake driver), with MFD_GPU_VERIFY=host in the environment, or after a kernel failure,
+ * rows are copied whole into one reused pinned staging buffer and validated on the host;
+ * `verify_why` says why.
+ *
+ * Ownership: the tier owns the device allocations, the primary-context references, the
+ * modules, streams, scratch and staging buffers, and the block handles (valid until
+ * mfd_gpu_free). Thread safety: loop thread only.
  */
 #ifndef MFD_TIER_GPU_H
 #define MFD_TIER_GPU_H
@@ -36,13 +46,33 @@ typedef struct mfd_gpu_arena {
     char pci[32];
     uint8_t uuid[16];
     uint64_t entries;               /* rows resident (the store counts them) */
+    /* Validation kernels in this arena's context (mod NULL: host validation). */
+    mf_cu_module_t mod;
+    mf_cu_function_t f_blocks, f_final;
+    mf_cu_stream_t stream;
+    mf_cu_deviceptr_t scratch;      /* [0]: the checksum out; then 64 B per 1 KiB block */
+    uint64_t scratch_cap;
 } mfd_gpu_arena_t;
 
 typedef struct mfd_gpu {
     const mf_cudrv_t *cu;
     size_t n;
+    int verify_gpu;                 /* 1: rows are checksummed on the GPU */
+    char verify_why[200];           /* why not (host validation) */
+    uint8_t *stage;                 /* reused DtoH staging (pinned when the driver gave it) */
+    size_t stage_cap;
+    int stage_pinned;
+    uint64_t *out;                  /* pinned 8 bytes: the kernel's checksum */
     mfd_gpu_arena_t a[MFD_GPU_MAX_ARENAS];
 } mfd_gpu_t;
+
+/* Rows with fewer tile bytes than this are validated on the host (a copy of a small row
+ * costs less than the kernels' round trip). */
+#define MFD_GPU_VERIFY_MIN_TILES (16u << 10)
+
+/* The PTX of gpu_verify.cu built into this binary (NUL-terminated), or NULL with *len 0
+ * when mapflowd was built without nvcc. */
+const char *mfd_gpu_verify_ptx(size_t *len);
 
 /*
  * Opens the tier: the driver loads, the devices of `devices` ("all" or "0,2") exist,
@@ -64,6 +94,19 @@ mf_status_t mfd_gpu_write(mfd_gpu_t *g, uint32_t arena, const mfd_ablock_t *blk,
                           const void *src, size_t n);
 mf_status_t mfd_gpu_read(mfd_gpu_t *g, uint32_t arena, const mfd_ablock_t *blk, void *dst,
                          size_t n);
+
+/*
+ * Brings a committed row's bytes to the host for validation. *bytes (the tier's staging
+ * buffer: valid until the next call) holds the row's first *have bytes: the whole row
+ * (*gpu_sum_valid 0: validate on the host, checksum included) or, on the GPU path, its
+ * prefix up to the tiles with *gpu_sum the row checksum computed on the GPU
+ * (*gpu_sum_valid 1: decode with MF_ROW_NO_CHECKSUM and compare *gpu_sum to the header's).
+ * A row whose header does not describe `size` bytes comes back with only its first bytes
+ * (the decoder refuses it from the header). MF_INTERNAL when a copy fails.
+ */
+mf_status_t mfd_gpu_check_row(mfd_gpu_t *g, uint32_t arena, const mfd_ablock_t *blk,
+                              uint64_t size, const uint8_t **bytes, size_t *have,
+                              uint64_t *gpu_sum, int *gpu_sum_valid);
 
 uint64_t mfd_gpu_used(const mfd_gpu_t *g);
 uint64_t mfd_gpu_capacity(const mfd_gpu_t *g);
