@@ -14,7 +14,10 @@
  * own copy of the rows, and compares the outputs bit for bit (and own vs own again, so a
  * nondeterministic kernel is told apart from wrong bytes). Bandwidth: rows bytes per
  * second of lease-get + apply reading the IPC views, against cudaMemcpy of the same bytes
- * into the target's memory and apply on that copy.
+ * into the target's memory and apply on that copy. With --peer-device N (both devices
+ * visible) also the peer-access status (cudaDeviceCanAccessPeer, P2P attributes) and the
+ * same bytes moved GPU0 -> GPU N by cudaMemcpyPeer in one process (one copy, per-row
+ * copies, 256 MiB), next to the row copies from the IPC views.
  *
  * Prints one PASS/FAIL line per check and "ipc_check: PASS|FAIL"; exit status 1 on any
  * failure, 2 on setup errors.
@@ -292,6 +295,94 @@ static double apply_once(const mf_apply_cuda_args_t *a, uint32_t *dbad)
     return now_s() - t0;
 }
 
+/* Issue 14: how the target's device reaches device 0 (the daemon's arena), and the same
+ * bytes moved GPU0 -> target device by cudaMemcpyPeer in this one process, next to the
+ * IPC-view numbers (t_get, t_copy: seconds per iteration of the bandwidth loop). Only where
+ * this process sees both devices (--peer-device N without --target-visible). */
+static void peer_report(const opts_t *o, const uint8_t *host, const size_t *off,
+                        const size_t *len, uint32_t nb, size_t total, size_t bytes,
+                        double t_get, double t_copy)
+{
+    int ndev = 0;
+    CK(cudaGetDeviceCount(&ndev));
+    if (o->cross || o->device == 0 || ndev < 2) {
+        printf("peer: n/a (target device %d, %d device(s) visible%s)\n", o->device, ndev,
+               o->cross ? ", the source's device hidden: rows staged through host memory" : "");
+        return;
+    }
+    int dev = o->device, to0 = 0, from0 = 0, rank = -1, atom = -1, sup = -1;
+    CK(cudaDeviceCanAccessPeer(&to0, dev, 0));
+    CK(cudaDeviceCanAccessPeer(&from0, 0, dev));
+    cudaDeviceGetP2PAttribute(&rank, cudaDevP2PAttrPerformanceRank, 0, dev);
+    cudaDeviceGetP2PAttribute(&sup, cudaDevP2PAttrAccessSupported, 0, dev);
+    cudaDeviceGetP2PAttribute(&atom, cudaDevP2PAttrNativeAtomicSupported, 0, dev);
+    printf("peer access: cudaDeviceCanAccessPeer(%d -> 0) %d, (0 -> %d) %d; P2P attributes "
+           "0 -> %d: access %d, performance rank %d, native atomics %d (native atomics: "
+           "NVLink; PCIe P2P has none); link: see nvidia-smi topo -m\n",
+           dev, to0, dev, from0, dev, sup, rank, atom);
+    uint8_t *s0 = NULL, *d1 = NULL, *big0 = NULL, *big1 = NULL;
+    const size_t big = (size_t)256 << 20;
+    CK(cudaSetDevice(0));
+    CK(cudaMalloc((void **)&s0, total));
+    CK(cudaMalloc((void **)&big0, big));
+    CK(cudaMemcpy(s0, host, total, cudaMemcpyHostToDevice));
+    CK(cudaMemset(big0, 0x5a, big));
+    CK(cudaDeviceSynchronize());
+    CK(cudaSetDevice(dev));
+    cudaError_t pe = to0 ? cudaDeviceEnablePeerAccess(0, 0) : cudaErrorPeerAccessUnsupported;
+    const char *pes = pe == cudaSuccess ? "enabled here"
+                      : pe == cudaErrorPeerAccessAlreadyEnabled ? "already enabled (IPC lazy "
+                                                                  "peer access)"
+                                                                : cudaGetErrorString(pe);
+    (void)cudaGetLastError(); /* AlreadyEnabled / unsupported are not errors here */
+    CK(cudaMalloc((void **)&d1, total));
+    CK(cudaMalloc((void **)&big1, big));
+    CK(cudaMemcpyPeer(d1, dev, s0, 0, total)); /* warm-up */
+    CK(cudaMemcpyPeer(big1, dev, big0, 0, big));
+    CK(cudaDeviceSynchronize());
+    int iters = o->iters > 0 ? o->iters : 1;
+    double t_one = 0, t_rows = 0, t_big = 0;
+    for (int i = 0; i < iters; i++) {
+        double t0 = now_s();
+        CK(cudaMemcpyPeer(d1, dev, s0, 0, total));
+        CK(cudaDeviceSynchronize());
+        double t1 = now_s();
+        for (uint32_t k = 0; k < nb; k++)
+            CK(cudaMemcpyPeerAsync(d1 + off[k], dev, s0 + off[k], 0, len[k], 0));
+        CK(cudaDeviceSynchronize());
+        double t2 = now_s();
+        CK(cudaMemcpyPeer(big1, dev, big0, 0, big));
+        CK(cudaDeviceSynchronize());
+        t_big += now_s() - t2;
+        t_one += t1 - t0;
+        t_rows += t2 - t1;
+    }
+    uint8_t *chk = malloc(total);
+    CK(cudaMemcpy(chk, d1, total, cudaMemcpyDeviceToHost));
+    int same = 1;
+    for (uint32_t k = 0; k < nb && same; k++)
+        same = memcmp(chk + off[k], host + off[k], len[k]) == 0;
+    free(chk);
+    check("target: cudaMemcpyPeer bytes arrive", same, "GPU0 -> GPU%d, peer access %s", dev,
+          pes);
+    t_one /= iters;
+    t_rows /= iters;
+    t_big /= iters;
+    printf("peer bandwidth GPU0 -> GPU%d (%zu row bytes, %u rows, x %d): cudaMemcpyPeer in one "
+           "process: one copy %.3f ms = %.2f GB/s, per-row copies %.3f ms = %.2f GB/s; "
+           "256 MiB one copy %.3f ms = %.2f GB/s | IPC views: row copies %.3f ms = %.2f GB/s, "
+           "lease-get + row copies %.3f ms = %.2f GB/s\n",
+           dev, bytes, nb, iters, t_one * 1e3, bytes / t_one / 1e9, t_rows * 1e3,
+           bytes / t_rows / 1e9, t_big * 1e3, big / t_big / 1e9, t_copy * 1e3,
+           bytes / t_copy / 1e9, (t_get + t_copy) * 1e3, bytes / (t_get + t_copy) / 1e9);
+    cudaFree(d1);
+    cudaFree(big1);
+    CK(cudaSetDevice(0));
+    cudaFree(s0);
+    cudaFree(big0);
+    CK(cudaSetDevice(dev));
+}
+
 static int run_target(const opts_t *o)
 {
     uint32_t n = o->n, nb = n / B;
@@ -452,6 +543,7 @@ static int run_target(const opts_t *o)
            bytes / (t_copy / it) / 1e9, t_apply_own / it * 1e3,
            bytes / ((t_copy + t_apply_own) / it) / 1e9,
            (t_copy + t_apply_own) / (t_get + t_apply));
+    peer_report(o, host, off, len, nb, total, bytes, t_get / it, t_copy / it);
     mf_channel_close(ch);
     for (int i = 0; i < 3; i++)
         cudaFree(td[i]);
