@@ -32,6 +32,7 @@ $(VERIFY_PTX): daemon/gpu_verify.cu
 	$(Q)$(NVCC) -ptx -O3 -arch=sm_$(CUDA_ARCH) -Werror all-warnings $< -o $@
 $(OBJ)/daemon/gpu_verify_ptx.o: $(VERIFY_PTX)
 $(OBJ)/daemon/gpu_verify_ptx.o: CPPFLAGS += -DMFD_VERIFY_PTX='"$(abspath $(VERIFY_PTX))"'
+$(OBJ)/tests/unit/test_daemon_gpu_ptx.o: CPPFLAGS += -DMFD_EXPECT_PTX
 endif
 
 $(DAEMON_A): $(DAEMON_OBJS)

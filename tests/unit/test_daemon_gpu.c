@@ -694,6 +694,172 @@ static void test_two_devices_no_peer(void **state)
     assert_int_equal(cu->cuInit(0), 0);
 }
 
+/* Large rows (~2 MiB, fp16 tiles) put from this process's device memory, as mf_put_device
+ * does (DtoD into the mapped arena, synchronize, PutCommit): the daemon validates them on
+ * the GPU (real driver) or, on the fake driver (no PTX JIT), on the host through its
+ * staging buffer; either way a row with one flipped tile byte is refused with DATA_LOSS and
+ * gpu_rows_validated_total{on=...} counts the accepted ones where they ran. Prints the
+ * validation mode and the put rate (MF_GPU_BENCH_ROWS puts, default 8; no timing checks). */
+#define BIG_B 128
+#define BIG_I 7   /* block index: 8 columns x 8 heads = 64 tiles of 32 KiB */
+#define BIG_KEYS 16
+
+static uint8_t *big_row(uint32_t layer, const uint32_t *tokens, unsigned *seed, size_t *size)
+{
+    mf_hash128_t h = mf_hash_root(BIG_B, NS, strlen(NS), MODEL, strlen(MODEL)), parent = h;
+    for (uint32_t b = 0; b <= BIG_I; b++) {
+        parent = h;
+        h = mf_hash_next(h, tokens + (size_t)b * BIG_B, BIG_B);
+    }
+    mf_row_spec_t spec = {MODEL, layer, BIG_I, BIG_B, 8, MF_CODEC_FP16, 0.9f, parent, h,
+                          tokens + (size_t)BIG_I * BIG_B};
+    uint32_t cols[BIG_I + 1];
+    uint64_t masks[BIG_I + 1];
+    for (uint32_t c = 0; c <= BIG_I; c++) {
+        cols[c] = c;
+        masks[c] = 0xff;
+    }
+    size_t n_ent = 8 * (BIG_I + 1), bb = (size_t)BIG_B * BIG_B;
+    float *mass = malloc(n_ent * sizeof(float)), *tiles = malloc(n_ent * bb * sizeof(float));
+    for (size_t k = 0; k < n_ent; k++)
+        mass[k] = (float)(rand_r(seed) % 1000) / 1000.0f;
+    for (size_t k = 0; k < n_ent * bb; k++)
+        tiles[k] = (float)(rand_r(seed) % 4096) / 4096.0f;
+    size_t need = 0;
+    mf_row_build(NULL, 0, &spec, BIG_I + 1, cols, masks, mass, tiles, &need, NULL);
+    uint8_t *buf = aligned_alloc(64, (need + 63) & ~(size_t)63);
+    assert_int_equal(mf_row_build(buf, need, &spec, BIG_I + 1, cols, masks, mass, tiles, size,
+                                  NULL), MF_OK);
+    free(mass);
+    free(tiles);
+    return buf;
+}
+
+/* PutBegin / DtoD from `src` (device) into the arena / synchronize / PutCommit. */
+static int put_from_device(td_cli_t *c, const gview_t *gv, uint32_t layer, mf_hash128_t hash,
+                           mf_cu_deviceptr_t src, size_t size)
+{
+    uint8_t hb[16];
+    mf_hash_to_le(hash, hb);
+    Mapflow__V1__Key key = MAPFLOW__V1__KEY__INIT;
+    key.model = MODEL;
+    key.layer = layer;
+    key.hash.data = hb;
+    key.hash.len = 16;
+    Mapflow__V1__PutBegin pb = MAPFLOW__V1__PUT_BEGIN__INIT;
+    pb.key = &key;
+    pb.size = size;
+    pb.gpu_mapped = mapped_mask(gv);
+    mf_envelope_t env = MAPFLOW__V1__ENVELOPE__INIT;
+    env.body_case = MAPFLOW__V1__ENVELOPE__BODY_PUT_BEGIN;
+    env.put_begin = &pb;
+    mf_envelope_t *r = td_call(c, &env, NULL, 0);
+    assert_non_null(r);
+    if (r->body_case != MAPFLOW__V1__ENVELOPE__BODY_PUT_BEGIN_REPLY) {
+        fprintf(stderr, "PutBegin: %s\n", r->error ? r->error->message : "?");
+        mf_envelope_free(r);
+        return -1;
+    }
+    const Mapflow__V1__PutBeginReply *p = r->put_begin_reply;
+    assert_int_equal(p->tier, MAPFLOW__V1__TIER__TIER_GPU);
+    assert_true(p->in_arena);
+    assert_true(p->gpu_arena < gv->n && gv->base[p->gpu_arena]);
+    assert_int_equal(cu->cuMemcpyDtoD(gv->base[p->gpu_arena] + p->arena_offset, src, size), 0);
+    assert_int_equal(cu->cuCtxSynchronize(), 0); /* landed before the daemon looks */
+    Mapflow__V1__PutCommit pc = MAPFLOW__V1__PUT_COMMIT__INIT;
+    pc.reservation_id = p->reservation_id;
+    mf_envelope_free(r);
+    env.body_case = MAPFLOW__V1__ENVELOPE__BODY_PUT_COMMIT;
+    env.put_commit = &pc;
+    r = td_call(c, &env, NULL, 0);
+    assert_non_null(r);
+    int st = 0;
+    if (r->body_case == MAPFLOW__V1__ENVELOPE__BODY_ERROR) {
+        st = (int)r->error->code;
+        fprintf(stderr, "PutCommit of a device row (%zu bytes): %s: %s\n", size,
+                mf_status_name(st), r->error->message);
+    } else {
+        assert_int_equal(r->body_case, MAPFLOW__V1__ENVELOPE__BODY_PUT_COMMIT_REPLY);
+        assert_int_equal(r->put_commit_reply->tier, MAPFLOW__V1__TIER__TIER_GPU);
+    }
+    mf_envelope_free(r);
+    return st;
+}
+
+static void test_big_device_rows(void **state)
+{
+    (void)state;
+    const char *e = getenv("MF_GPU_BENCH_ROWS");
+    long n_puts = e && *e ? atol(e) : 8;
+    if (n_puts < BIG_KEYS)
+        n_puts = BIG_KEYS;
+    if (n_puts > 2000)
+        n_puts = 2000; /* ≤ ~4 GB of copies */
+    daemon_t d;
+    td_cli_t c;
+    gview_t gv;
+    GPU_START(d, c, gv, 0, "--gpu_bytes", "96mb", "--host_bytes", "64mb", "--write_through",
+              "off", "--gpu_devices", "0");
+    assert_int_equal(gv.open_result[0], 0);
+    unsigned seed = 606;
+    uint32_t tokens[(BIG_I + 1) * BIG_B];
+    for (size_t i = 0; i < sizeof(tokens) / 4; i++)
+        tokens[i] = 11 + (uint32_t)(rand_r(&seed) % 60000);
+    mf_hash128_t hash = td_block_hash(NS, MODEL, BIG_B, tokens, BIG_I);
+    uint8_t *row[BIG_KEYS];
+    size_t size = 0;
+    mf_cu_deviceptr_t dev;
+    for (uint32_t l = 0; l < BIG_KEYS; l++)
+        row[l] = big_row(l, tokens, &seed, &size); /* same shape: same size */
+    assert_true(size > (2u << 20) && size < (3u << 20));
+    assert_int_equal(cu->cuMemAlloc(&dev, (size_t)(BIG_KEYS + 1) * size), 0);
+    for (uint32_t l = 0; l < BIG_KEYS; l++)
+        assert_int_equal(cu->cuMemcpyHtoD(dev + (size_t)l * size, row[l], size), 0);
+    /* The corrupted copy: layer 0's row with one tile byte flipped near the end. */
+    row[0][size - 100] ^= 0x10;
+    assert_int_equal(cu->cuMemcpyHtoD(dev + (size_t)BIG_KEYS * size, row[0], size), 0);
+    row[0][size - 100] ^= 0x10;
+    assert_int_equal(cu->cuCtxSynchronize(), 0);
+
+    assert_int_equal(put_from_device(&c, &gv, 0, hash, dev + (size_t)BIG_KEYS * size, size),
+                     MF_DATA_LOSS);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (long k = 0; k < n_puts; k++) {
+        uint32_t l = (uint32_t)(k % BIG_KEYS);
+        assert_int_equal(put_from_device(&c, &gv, l, hash, dev + (size_t)l * size, size), 0);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+
+    mf_envelope_t *r = stats(&c);
+    uint64_t on_gpu = counter(r, "gpu_rows_validated_total{on=\"gpu\"}");
+    uint64_t on_host = counter(r, "gpu_rows_validated_total{on=\"host\"}");
+    assert_int_equal(on_gpu + on_host, (uint64_t)n_puts);
+    assert_int_equal(counter(r, "put_rejected_total"), 1);
+    mf_envelope_free(r);
+    if (!g_real)
+        assert_int_equal(on_host, (uint64_t)n_puts); /* the fake has no PTX JIT */
+    printf("device puts: %ld rows of %.2f MiB in %.3f s: %.0f rows/s, %.2f GB/s; validated "
+           "on the %s (%llu on gpu, %llu on host)\n",
+           n_puts, (double)size / (1 << 20), s, (double)n_puts / s,
+           (double)n_puts * (double)size / s / 1e9, on_gpu ? "gpu" : "host",
+           (unsigned long long)on_gpu, (unsigned long long)on_host);
+    fflush(stdout);
+
+    /* The stored rows are the good ones, byte for byte (GET_COPY). */
+    for (uint32_t l = 0; l < BIG_KEYS; l += 5) {
+        r = get_prefix(&c, BIG_B, tokens, (size_t)(BIG_I + 1) * BIG_B, &l, 1, 0, 0);
+        assert_int_equal(r->get_reply->n_rows, BIG_I + 1);
+        td_assert_copy(&c, r->get_reply->rows[BIG_I], row[l], size);
+        mf_envelope_free(r);
+    }
+    assert_int_equal(cu->cuMemFree(dev), 0);
+    for (uint32_t l = 0; l < BIG_KEYS; l++)
+        free(row[l]);
+    gpu_stop(&d, &c, &gv);
+}
+
 /* Off: gpu_bytes 0 (in-process daemon) and a missing driver (real process). Puts go to the
  * host tier, no arenas are announced, Stats and Health say why. */
 static void test_tier_off(void **state)
@@ -772,6 +938,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_write_through_restart, teardown),
         cmocka_unit_test_teardown(test_promote_on_hit, teardown),
         cmocka_unit_test_teardown(test_two_devices_no_peer, teardown),
+        cmocka_unit_test_teardown(test_big_device_rows, teardown),
         cmocka_unit_test_teardown(test_tier_off, teardown),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
