@@ -4,8 +4,12 @@
 # `health`, take rows on the gpu tier (mapflowctl put: payload -> HtoD, DtoH validation)
 # and give them back byte for byte (DtoH); then test_daemon_gpu runs against the real
 # driver (MF_GPU_REAL=1: device leases read through CUDA IPC in a second process,
-# staging, eviction gpu -> host -> ssd, write-through + restart, gpu_promote), and the
-# daemon must exit 0 on SIGTERM.
+# staging, eviction gpu -> host -> ssd, write-through + restart, gpu_promote, ~2 MiB rows
+# put from device memory with a corrupted one refused), and the daemon must exit 0 on
+# SIGTERM. Rows are validated on the GPU (checksum kernels, PTX built in): the log line
+# "rows validated on the GPU" must appear; the device-put rate is measured with GPU
+# validation and again with MFD_GPU_VERIFY=host (the old DtoH + CPU checksum) for
+# comparison (BENCH_ROWS puts of ~2 MiB each, default 384: ~0.8 GB per run).
 # Usage: tests/gpu/tier_smoke.sh [GPU_BYTES]      (MF_BIN: build/bin by default)
 # Prints PASS/FAIL lines; exit status non-zero on any failure.
 set -u
@@ -35,6 +39,9 @@ for _ in $(seq 1 500); do
 done
 grep -a 'gpu tier' "$tmp/daemon.log"
 if grep -aq 'gpu tier: arena 0 on device 0' "$tmp/daemon.log"; then pass "arena allocated"; else fail "no gpu arena (see the log line above)"; fi
+vmode=$(grep -ao 'rows validated on the .*' "$tmp/daemon.log" | head -1)
+if [[ "$vmode" == "rows validated on the GPU"* ]] || [ -n "${MF_CUDA_DRIVER:-}" ]; then
+  pass "validation mode: $vmode"; else fail "validation mode: ${vmode:-no log line}"; fi
 ctl stats | head -4
 ctl --json stats >"$tmp/stats.json" 2>&1
 want=$("${PYTHON:-python3}" -c '
@@ -65,10 +72,28 @@ for i in 0 1 2 3; do
 done
 if [ $ok = 1 ]; then pass "gets from the gpu tier byte for byte"; else fail "gets differ"; fi
 
+ctl --json stats | "${PYTHON:-python3}" -c '
+import json, sys
+c = json.load(sys.stdin).get("counters", {})
+print("validated:", {k: v for k, v in c.items() if k.startswith("gpu_rows_validated")})' 2>&1
 kill -TERM "$pid"; rc=0; wait "$pid" || rc=$?; pid=
 if [ $rc = 0 ]; then pass "mapflowd exit 0 on SIGTERM"; else fail "mapflowd exit $rc"; tail -20 "$tmp/daemon.log"; fi
 
-# The wire-level GPU tests on the real driver (their own daemons, CUDA IPC in this process).
-if MF_GPU_REAL=1 MF_BIN=$(cd "$bin" && pwd) "$bin/tests/test_daemon_gpu"; then pass "test_daemon_gpu on the real driver"; else fail "test_daemon_gpu on the real driver"; fi
+# The wire-level GPU tests on the real driver (their own daemons, CUDA IPC in this process;
+# a failing test prints the refused put's message and its daemon's last log lines).
+# MF_CUDA_DRIVER set (the fake, to try this script on CPU): the same tests on it.
+real=1; [ -n "${MF_CUDA_DRIVER:-}" ] && real=0
+rows=${BENCH_ROWS:-384}
+if MF_GPU_REAL=$real MF_GPU_BENCH_ROWS=$rows MF_BIN=$(cd "$bin" && pwd) "$bin/tests/test_daemon_gpu" 2>&1 |
+  tee "$tmp/unit.log"; [ "${PIPESTATUS[0]}" = 0 ]; then pass "test_daemon_gpu on the real driver"; else fail "test_daemon_gpu on the real driver"; fi
+# The same device puts validated the old way (DtoH + CPU checksum), for the rate.
+MFD_GPU_VERIFY=host MF_GPU_TESTS=test_big_device_rows MF_GPU_REAL=$real MF_GPU_BENCH_ROWS=$rows \
+  MF_BIN=$(cd "$bin" && pwd) "$bin/tests/test_daemon_gpu" >"$tmp/host.log" 2>&1 ||
+  { fail "device puts with MFD_GPU_VERIFY=host"; tail -20 "$tmp/host.log"; }
+gpu_rate=$(grep -a '^device puts:' "$tmp/unit.log" | tail -1)
+host_rate=$(grep -a '^device puts:' "$tmp/host.log" | tail -1)
+echo "RATE default validation: ${gpu_rate:-none}"
+echo "RATE host validation:    ${host_rate:-none}"
+if [ $real = 1 ] && [[ "$gpu_rate" != *"validated on the gpu"* ]]; then fail "device puts were not validated on the GPU"; fi
 echo "tier_smoke: $fails failure(s)"
 [ $fails = 0 ]

@@ -11,7 +11,11 @@
  *
  * MF_GPU_REAL=1 runs the same tests on the real libcuda (an H200: the daemon's arenas are
  * device memory, this process opens them through CUDA IPC); the fake-only test (two
- * devices without peer access) is skipped then.
+ * devices without peer access) is skipped then. MF_GPU_TESTS=PATTERN runs only the tests
+ * it names (cmocka filter); MF_GPU_BENCH_ROWS sets test_big_device_rows' put count.
+ * Copies this process makes into the daemon's arenas are synchronized before PutCommit:
+ * on a GPU a pageable HtoD or a DtoD returns before the bytes land (the fake driver
+ * queues them likewise), and the daemon reads the row from another process.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -932,6 +936,9 @@ int main(int argc, char **argv)
 {
     (void)argc;
     tp_find_mapflowd(argv[0]);
+    const char *only = getenv("MF_GPU_TESTS"); /* e.g. test_big_device_rows */
+    if (only && *only)
+        cmocka_set_test_filter(only);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_put_lease_copy_stage, teardown),
         cmocka_unit_test_teardown(test_eviction_keeps_rows_and_leases, teardown),
