@@ -377,7 +377,7 @@ static mf_status_t verify_run(mfd_gpu_t *g, mfd_gpu_arena_t *a, mf_cu_deviceptr_
                               uint64_t size, size_t from, size_t to, uint64_t *sum)
 {
     const mf_cudrv_t *cu = g->cu;
-    static const char *step;
+    const char *step = "";
     uint64_t nblk = (size - 1) / 1024, need = 64 + nblk * 64;
     mf_cu_result_t r = MF_CUDA_SUCCESS;
     if (!stage_get(g, to, from))
