@@ -467,21 +467,21 @@ mf_status_t mfd_gpu_check_row(mfd_gpu_t *g, uint32_t arena, const mfd_ablock_t *
         l.total != size)
         return MF_OK; /* the decoder refuses it from these bytes */
     size_t prefix = l.tiles > first ? l.tiles : first;
-    if (size - l.tiles < MFD_GPU_VERIFY_MIN_TILES) {
-        if ((st = stage_read(g, a, dptr, first, size)) == MF_OK)
-            *have = size;
-        return st;
+    if (size - l.tiles >= MFD_GPU_VERIFY_MIN_TILES) {
+        st = verify_run(g, a, dptr, size, first, prefix, gpu_sum);
+        if (st == MF_OK) {
+            *bytes = g->stage; /* (re)allocated by the copy */
+            *have = prefix;
+            *gpu_sum_valid = 1;
+            return MF_OK;
+        }
+        if (st != MF_UNAVAILABLE)
+            return st;
+        /* MF_UNAVAILABLE: the kernels failed; this row (and later ones) on the host */
     }
-    st = verify_run(g, a, dptr, size, first, prefix, gpu_sum);
-    if (st == MF_UNAVAILABLE) { /* the kernels failed: this row on the host */
-        if ((st = stage_read(g, a, dptr, first, size)) == MF_OK)
-            *have = size;
-        return st;
-    }
-    if (st == MF_OK) {
+    if ((st = stage_read(g, a, dptr, first, size)) == MF_OK) {
         *bytes = g->stage;
-        *have = prefix;
-        *gpu_sum_valid = 1;
+        *have = size;
     }
     return st;
 }

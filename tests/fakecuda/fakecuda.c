@@ -19,7 +19,8 @@
  * (or FAKECUDA_LAND_MS, default 500, after they were issued, at any later call), so a
  * process that hands device bytes to another (PutCommit after a copy into the daemon's
  * arena) without synchronizing first is caught on CPU. Modules: cuModuleLoadData answers
- * CUDA_ERROR_NOT_SUPPORTED (no PTX JIT here); streams are the legacy stream's queue.
+ * CUDA_ERROR_NOT_SUPPORTED (no PTX JIT here) unless FAKECUDA_MODULES=1 (see cuModuleLoadData:
+ * mapflowd's checksum kernels run on the CPU); streams are the legacy stream's queue.
  *
  * Environment: FAKECUDA_DEVICES=n (default 1; 0 = cuInit fails with NO_DEVICE),
  * FAKECUDA_NO_PEER=1 (cuDeviceCanAccessPeer answers 0 and an IPC open of another device's
@@ -40,6 +41,9 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 #include <unistd.h>
 
 #define EXPORT __attribute__((visibility("default")))
@@ -685,29 +689,50 @@ EXPORT CUresult cuMemFreeHost(void *p)
     return OK;
 }
 
-/* No PTX JIT on a CPU: callers take their fallback path. */
+/* Modules. By default there is no PTX JIT on a CPU: cuModuleLoadData answers NOT_SUPPORTED
+ * and callers take their fallback path. FAKECUDA_MODULES=1 accepts the image of mapflowd's
+ * row-checksum kernels (daemon/gpu_verify.cu: it must name both entry points) and runs
+ * them on the CPU with the same parameters: mfd_verify_blocks(row, nblk, secret, delta)
+ * leaves delta alone, mfd_verify_final(row, len, nblk, secret, delta, out) writes the
+ * row's XXH3-64 (checksum field read as zero) to *out. So CPU tests cover the daemon's
+ * GPU-validation path (launch shapes, parameters, result copy, prefix decode); the kernels'
+ * own arithmetic is checked on a GPU. */
+static char g_module_tag;
+static char g_fn_blocks, g_fn_final;
+
 EXPORT CUresult cuModuleLoadData(void **m, const void *image)
 {
     NEED_CTX();
     if (!m || !image)
         return E_INVALID_VALUE;
-    return E_NOT_SUPPORTED;
+    if (!env_int("FAKECUDA_MODULES", 0))
+        return E_NOT_SUPPORTED;
+    if (!strstr(image, ".entry mfd_verify_blocks(") || !strstr(image, ".entry mfd_verify_final("))
+        return 218; /* CUDA_ERROR_INVALID_PTX */
+    *m = &g_module_tag;
+    return OK;
 }
 
 EXPORT CUresult cuModuleUnload(void *m)
 {
     NEED_INIT();
-    (void)m;
-    return E_INVALID_HANDLE;
+    return m == &g_module_tag ? OK : E_INVALID_HANDLE;
 }
 
 EXPORT CUresult cuModuleGetFunction(void **f, void *m, const char *name)
 {
     NEED_INIT();
-    (void)f;
-    (void)m;
-    (void)name;
-    return E_INVALID_HANDLE;
+    if (!f || !name)
+        return E_INVALID_VALUE;
+    if (m != &g_module_tag)
+        return E_INVALID_HANDLE;
+    if (!strcmp(name, "mfd_verify_blocks"))
+        *f = &g_fn_blocks;
+    else if (!strcmp(name, "mfd_verify_final"))
+        *f = &g_fn_final;
+    else
+        return E_NOT_FOUND;
+    return OK;
 }
 
 EXPORT CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
@@ -715,7 +740,35 @@ EXPORT CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, u
                                void **extra)
 {
     NEED_CTX();
-    (void)f, (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)smem, (void)s;
-    (void)params, (void)extra;
-    return E_INVALID_HANDLE;
+    if (s && s != &g_stream_tag)
+        return E_INVALID_HANDLE;
+    if (!params || extra || gy != 1 || gz != 1 || by != 1 || bz != 1 || smem)
+        return E_INVALID_VALUE;
+    land_current(); /* stream order */
+    CUdeviceptr row = *(CUdeviceptr *)params[0];
+    if (f == &g_fn_blocks) {
+        uint64_t nblk = *(uint64_t *)params[1];
+        CUdeviceptr delta = *(CUdeviceptr *)params[3];
+        if (bx != 256 || gx != (nblk + 7) / 8 || !nblk || !range_ok(row, nblk * 1024) ||
+            !range_ok(delta, nblk * 64))
+            return E_INVALID_VALUE;
+        return OK;
+    }
+    if (f != &g_fn_final)
+        return E_INVALID_HANDLE;
+    uint64_t len = *(uint64_t *)params[1], nblk = *(uint64_t *)params[2];
+    CUdeviceptr out = *(CUdeviceptr *)params[5];
+    if (bx != 32 || gx != 1 || len <= 240 || nblk != (len - 1) / 1024 || !range_ok(row, len) ||
+        !range_ok(out, 8))
+        return E_INVALID_VALUE;
+    const uint8_t *p = (const uint8_t *)(uintptr_t)row;
+    static const uint8_t zero[8];
+    XXH3_state_t st;
+    XXH3_64bits_reset(&st);
+    XXH3_64bits_update(&st, p, 8);
+    XXH3_64bits_update(&st, zero, 8);
+    XXH3_64bits_update(&st, p + 16, len - 16);
+    uint64_t sum = XXH3_64bits_digest(&st);
+    memcpy((void *)(uintptr_t)out, &sum, 8);
+    return OK;
 }

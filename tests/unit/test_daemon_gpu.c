@@ -790,9 +790,9 @@ static int put_from_device(td_cli_t *c, const gview_t *gv, uint32_t layer, mf_ha
     return st;
 }
 
-static void test_big_device_rows(void **state)
+/* expect_gpu: 1 every row validated on the GPU, 0 on the host, -1 either. */
+static void big_rows_run(const char *write_through, int expect_gpu)
 {
-    (void)state;
     const char *e = getenv("MF_GPU_BENCH_ROWS");
     long n_puts = e && *e ? atol(e) : 8;
     if (n_puts < BIG_KEYS)
@@ -803,7 +803,7 @@ static void test_big_device_rows(void **state)
     td_cli_t c;
     gview_t gv;
     GPU_START(d, c, gv, 0, "--gpu_bytes", "96mb", "--host_bytes", "64mb", "--write_through",
-              "off", "--gpu_devices", "0");
+              write_through, "--gpu_devices", "0");
     assert_int_equal(gv.open_result[0], 0);
     unsigned seed = 606;
     uint32_t tokens[(BIG_I + 1) * BIG_B];
@@ -842,8 +842,8 @@ static void test_big_device_rows(void **state)
     assert_int_equal(on_gpu + on_host, (uint64_t)n_puts);
     assert_int_equal(counter(r, "put_rejected_total"), 1);
     mf_envelope_free(r);
-    if (!g_real)
-        assert_int_equal(on_host, (uint64_t)n_puts); /* the fake has no PTX JIT */
+    if (expect_gpu >= 0)
+        assert_int_equal(expect_gpu ? on_gpu : on_host, (uint64_t)n_puts);
     printf("device puts: %ld rows of %.2f MiB in %.3f s: %.0f rows/s, %.2f GB/s; validated "
            "on the %s (%llu on gpu, %llu on host)\n",
            n_puts, (double)size / (1 << 20), s, (double)n_puts / s,
@@ -862,6 +862,27 @@ static void test_big_device_rows(void **state)
     for (uint32_t l = 0; l < BIG_KEYS; l++)
         free(row[l]);
     gpu_stop(&d, &c, &gv);
+}
+
+static void test_big_device_rows(void **state)
+{
+    (void)state;
+    /* The real driver: on the GPU unless MFD_GPU_VERIFY=host (tier_smoke's comparison run)
+     * or the module did not load (the daemon log says why); the fake: on the host. */
+    big_rows_run("off", g_real ? -1 : 0);
+}
+
+/* The fake running the checksum kernels on the CPU (FAKECUDA_MODULES=1): the daemon's GPU
+ * validation path end to end (launches, result, prefix decode, a corrupted row refused),
+ * with write_through sync (the accepted row copied out DtoH for its SSD write). */
+static void test_big_device_rows_gpu_path(void **state)
+{
+    (void)state;
+    if (g_real)
+        skip(); /* the real kernels run in test_big_device_rows */
+    setenv("FAKECUDA_MODULES", "1", 1); /* the daemon's fake driver only */
+    big_rows_run("sync", 1);
+    unsetenv("FAKECUDA_MODULES");
 }
 
 /* Off: gpu_bytes 0 (in-process daemon) and a missing driver (real process). Puts go to the
@@ -946,6 +967,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_promote_on_hit, teardown),
         cmocka_unit_test_teardown(test_two_devices_no_peer, teardown),
         cmocka_unit_test_teardown(test_big_device_rows, teardown),
+        cmocka_unit_test_teardown(test_big_device_rows_gpu_path, teardown),
         cmocka_unit_test_teardown(test_tier_off, teardown),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
