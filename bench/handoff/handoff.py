@@ -54,11 +54,12 @@ sys.path.insert(0, HERE)
 
 NS = "handoff"
 B = 64
-T0 = time.time()
+T0 = float(os.environ.get("HANDOFF_T0") or time.time())  # two-GPU workers: the source's
+TAG = ""  # "peer" / "staged" in a two-GPU target worker (handoff_2gpu.py)
 
 
 def log(*a):
-    print("[%6.1fs]" % (time.time() - T0), *a, flush=True)
+    print("[%6.1fs]%s" % (time.time() - T0, " [%s]" % TAG if TAG else ""), *a, flush=True)
 
 
 def parse_args(argv=None):
@@ -72,8 +73,8 @@ def parse_args(argv=None):
                     default=float(os.environ.get("HANDOFF_DENSITY", "0.10")),
                     help="blocks the target's mapped heads attend (fraction of causal)")
     ap.add_argument("--l0", type=int, default=int(os.environ.get("HANDOFF_L0", "2")))
-    ap.add_argument("--variants", default=os.environ.get("HANDOFF_VARIANTS",
-                                                         "prob_fp8,prob_u8log,mask"))
+    ap.add_argument("--variants", default=os.environ.get("HANDOFF_VARIANTS"),
+                    help="default prob_fp8,prob_u8log,mask (two GPUs: prob_fp8)")
     ap.add_argument("--no-flex", action="store_true",
                     default=os.environ.get("HANDOFF_FLEX", "1") == "0")
     ap.add_argument("--budget", type=float,
@@ -86,9 +87,23 @@ def parse_args(argv=None):
                     help="memory for one variant's rows in the daemon (0: no limit); "
                     "prob mode is used on as many layers as fit, mask on the rest")
     ap.add_argument("--dry", action="store_true", help="tiny shapes, CPU, C reference kernels")
+    ap.add_argument("--target-device", dest="target_device", type=int,
+                    default=int(os.environ.get("HANDOFF_TARGET_DEVICE", "0")),
+                    help="issue 14: ≥ 1 runs the target in its own process on this device "
+                    "(handoff_2gpu.py); 0: one GPU, one process")
+    ap.add_argument("--staged", type=int, default=int(os.environ.get("HANDOFF_STAGED", "1")),
+                    help="two GPUs: also a target process with CUDA_VISIBLE_DEVICES=target "
+                    "device (rows staged through the daemon's host arena)")
+    ap.add_argument("--worker", choices=["peer", "staged"], help=argparse.SUPPRESS)
+    ap.add_argument("--worker-device", dest="worker_device", type=int, default=0,
+                    help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    two = a.target_device > 0 or a.worker
+    if a.variants is None:
+        a.variants = "prob_fp8" if two else "prob_fp8,prob_u8log,mask"
     if a.ns is None:
-        a.ns = "512,256" if a.dry else "32768,16384,8192"
+        a.ns = ("512" if two else "512,256") if a.dry else ("32768" if two else
+                                                             "32768,16384,8192")
     a.ns = [int(x) for x in a.ns.split(",") if x.strip()]
     a.variants = [v for v in a.variants.split(",") if v]
     bad = [v for v in a.variants if v not in VARIANTS]
@@ -218,15 +233,16 @@ def flexprefill_keep(t, q, k, density, bf=128):
 class Store:
     """The channel to mapflowd and the two paths (gpu tier / host tier)."""
 
-    def __init__(self, mapflow, sock, path, dry, torch):
+    def __init__(self, mapflow, sock, path, dry, torch, gpu_device=0, name="handoff"):
         self.mf, self.t, self.dry = mapflow, torch, dry
+        self.stage_s = 0.0  # host views copied to the GPU (_stage), seconds
         self.path, self.why, self.gpu_info = None, "", {}
         self.ch = None
         want_gpu = path == "gpu" or (path == "auto" and not dry)
         if want_gpu:
             try:
                 self.ch = mapflow.Channel("unix:" + sock, ns=NS, want_arena=True,
-                                          client_name="handoff", gpu_device=0,
+                                          client_name=name, gpu_device=gpu_device,
                                           timeout_ms=120000)
                 if not hasattr(self.ch, "put_device"):
                     raise TypeError("binding has no put_device")
@@ -244,7 +260,7 @@ class Store:
                     self.ch = None
         if self.ch is None:
             self.ch = mapflow.Channel("unix:" + sock, ns=NS, want_arena=True,
-                                      client_name="handoff", timeout_ms=120000)
+                                      client_name=name, timeout_ms=120000)
             self.path = "host"
             self.why = self.why or ("requested" if path == "host" else "--dry")
         self.pinned = None
@@ -370,6 +386,7 @@ class Store:
                 for i in idx:
                     ptrs[i] = np.frombuffer(lr[i].data, dtype=np.uint8).ctypes.data
                 return
+            t0 = time.perf_counter()
             offs, tot = [], 0
             for i in idx:
                 offs.append(tot)
@@ -381,6 +398,8 @@ class Store:
             staged.append(dev)
             for i, o in zip(idx, offs):
                 ptrs[i] = dev.data_ptr() + o
+            t.cuda.current_stream().synchronize()
+            self.stage_s += time.perf_counter() - t0
 
     def release(self, results):
         for r in results:
@@ -458,6 +477,29 @@ class Putter:
 
 # ==== the benchmark =======================================================================
 
+def shapes(dry):
+    """(target, source) shapes: the real ones, or tiny ones of the same kind (--dry)."""
+    from model import SOURCE, TARGET, tiny
+    if dry:
+        return tiny(TARGET, 4, 4, 2, 32, 256), tiny(SOURCE, 6, 5, 1, 32, 320)
+    return TARGET, SOURCE
+
+
+def n_prob_layers(bench, n, st):
+    """Prob rows of one layer (FP8 and U8_LOG tiles are 1 byte): how many exported layers
+    fit --row-bytes in prob mode (the rest mask). Returns (bytes per layer, layers)."""
+    R = bench.R
+    per_layer = sum(R.align16(R.layout(R.FP8, B, i + 1, e, 16)["total"])
+                    for i, e in enumerate(st["entries_measured"]))
+    n_prob = len(bench.src_layers)
+    if bench.a.row_bytes and per_layer * n_prob > bench.a.row_bytes:
+        n_prob = int(bench.a.row_bytes // per_layer)
+        log("N=%d: prob rows ≈ %.2f GB per layer: %d of %d mapped layers in prob mode "
+            "(the rest mask), to fit %.1f GB of row memory"
+            % (n, per_layer / 1e9, n_prob, len(bench.src_layers), bench.a.row_bytes / 1e9))
+    return per_layer, n_prob
+
+
 class Bench:
     def __init__(self, a):
         import torch
@@ -465,20 +507,15 @@ class Bench:
         import mfk
         import rows as R
         import mapflow
-        from model import SOURCE, TARGET, Model, tiny
+        from model import Model
         self.mfk, self.R = mfk, R
         self.cuda = not a.dry
         if self.cuda and not torch.cuda.is_available():
             raise SystemExit("no CUDA device (use --dry on a CPU machine)")
         dev = torch.device("cuda" if self.cuda else "cpu")
         self.dev = dev
-        if a.dry:
-            ts = tiny(TARGET, 4, 4, 2, 32, 256)
-            ss = tiny(SOURCE, 6, 5, 1, 32, 320)
-            self.be = mfk.Ref(B)
-        else:
-            ts, ss = TARGET, SOURCE
-            self.be = mfk.Cuda(B)
+        ts, ss = shapes(a.dry)
+        self.be = mfk.Ref(B) if a.dry else mfk.Cuda(B)
         self.clock = Clock(torch, self.cuda)
         log("torch %s, device %s, path request %s" % (torch.__version__, dev, a.path))
         t = time.perf_counter()
@@ -709,15 +746,7 @@ class Bench:
         self.be.pool.pop("cal", None) if hasattr(self.be, "pool") else None
         rec.update(source_top_p=top_p, density_per_head=st["per_head"],
                    density_eff=st["eff"], row_columns=st["cols"])
-        # prob rows of one layer (FP8 and U8_LOG tiles are 1 byte): how many layers fit
-        per_layer = sum(self.R.align16(self.R.layout(self.R.FP8, B, i + 1, e, 16)["total"])
-                        for i, e in enumerate(st["entries_measured"]))
-        n_prob = len(self.src_layers)
-        if self.a.row_bytes and per_layer * n_prob > self.a.row_bytes:
-            n_prob = int(self.a.row_bytes // per_layer)
-            log("N=%d: prob rows ≈ %.2f GB per layer: %d of %d mapped layers in prob mode "
-                "(the rest mask), to fit %.1f GB of row memory"
-                % (n, per_layer / 1e9, n_prob, len(self.src_layers), self.a.row_bytes / 1e9))
+        per_layer, n_prob = n_prob_layers(self, n, st)
         rec.update(prob_row_bytes_per_layer_est=per_layer, prob_layers=n_prob)
         # 3. variants
         need = 25.0  # seconds a variant takes, updated with the last one at this N
@@ -934,14 +963,24 @@ def plot(res, path):
 
 def main(argv=None):
     a = parse_args(argv)
+    sys.modules.setdefault("handoff", sys.modules[__name__])  # one copy for handoff_2gpu
+    if a.worker:  # a two-GPU target process (started by handoff_2gpu.TwoGpu)
+        import handoff_2gpu
+        return handoff_2gpu.worker_main(a)
     os.makedirs(a.out, exist_ok=True)
-    b = Bench(a)
+    two = None
+    if a.target_device > 0:
+        import handoff_2gpu as two
+        b = two.TwoGpu(a)
+    else:
+        b = Bench(a)
     res = b.run()
     res["elapsed_s"] = time.time() - T0
     with open(os.path.join(a.out, "handoff.json"), "w") as f:
         json.dump(res, f, indent=1, default=str)
-    plot(res, os.path.join(a.out, "handoff.png"))
-    tab = table(res)
+    if two is None:
+        plot(res, os.path.join(a.out, "handoff.png"))
+    tab = table(res) if two is None else table(res) + "\n\n" + two.table(res)
     with open(os.path.join(a.out, "table.md"), "w") as f:
         f.write(tab + "\n")
     print()

@@ -12,6 +12,12 @@
 # HANDOFF_GPU_MB / HANDOFF_HOST_MB (daemon tiers), PYTHON, MAPFLOWD,
 # HANDOFF_FAKECUDA (--dry only: a fake CUDA driver .so, e.g. build/lib/tests/libfakecuda.so,
 # to run the GPU-tier path on the CPU).
+# Two GPUs (issue 14): HANDOFF_TARGET_DEVICE=1 — mapflowd's GPU tier on GPU 0 only
+# (gpu_devices 0), the source on GPU 0, the target in its own process on GPU 1 reading the
+# rows in place through CUDA IPC + peer access, a second target process with
+# CUDA_VISIBLE_DEVICES=1 for the staged fallback (HANDOFF_STAGED=0: not run); defaults
+# then N = 32768, variant prob_fp8, no FlexPrefill-like, BUDGET 200, host tier 48 GiB
+# (staged rows). --dry: FAKECUDA_DEVICES=2 unless set (FAKECUDA_NO_PEER=1: no peer access).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -27,7 +33,15 @@ if ! "$py" -c 'import torch, numpy' 2>/dev/null; then
     py=/usr/bin/python3   # Debian's python3-torch (CPU) on the dev VM
 fi
 export PYTHONPATH="$root/client/python:${PYTHONPATH:-}"
+tdev=${HANDOFF_TARGET_DEVICE:-0}
 budget=${BUDGET:-290}
+devs=all
+if [ "$tdev" != 0 ]; then
+    budget=${BUDGET:-200}
+    devs=0
+    [ $dry = 1 ] && export FAKECUDA_DEVICES=${FAKECUDA_DEVICES:-2}
+    export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+fi
 mapflowd=${MAPFLOWD:-$root/build/bin/mapflowd}
 need="$mapflowd build/lib/libmapflow.so.0"
 if [ $dry = 1 ]; then need="$need build/lib/libmfkernels_ref.so"; else need="$need build/lib/libmfkernels_cuda.so"; fi
@@ -59,10 +73,12 @@ else
     # Eviction starts at the daemon's 0.9 high watermark: rows get 80 % of the arena
     # (prob mode on as many layers as fit, mask on the rest).
     gpu_mb=${HANDOFF_GPU_MB:-57344}; host_mb=${HANDOFF_HOST_MB:-8192}
+    # two GPUs: the staged target holds one variant's rows (≈ 36 GB at 32k) in host blocks
+    [ "$tdev" != 0 ] && [ "${HANDOFF_STAGED:-1}" != 0 ] && host_mb=${HANDOFF_HOST_MB:-49152}
     row_mb=$((gpu_mb * 8 / 10))
 fi
 export HANDOFF_ROW_BYTES=$((row_mb * 1048576))
-echo "== handoff: binding GPU API $gpu_api, path $path, daemon gpu ${gpu_mb} MiB, host ${host_mb} MiB, rows ≤ ${row_mb} MiB, python $py"
+echo "== handoff: binding GPU API $gpu_api, path $path, daemon gpu ${gpu_mb} MiB (devices $devs), host ${host_mb} MiB, rows ≤ ${row_mb} MiB, target device $tdev, python $py"
 
 tmp=$(mktemp -d /tmp/mfhandoff-XXXXXX)
 sock=$tmp/d.sock
@@ -78,7 +94,7 @@ cleanup() {
 }
 trap cleanup EXIT
 "$mapflowd" --socket "$sock" --data_dir "$tmp/data" --http 127.0.0.1:0 \
-    --gpu_bytes "${gpu_mb}mb" --host_bytes "${host_mb}mb" --ssd_bytes 1gb \
+    --gpu_bytes "${gpu_mb}mb" --gpu_devices "$devs" --host_bytes "${host_mb}mb" --ssd_bytes 1gb \
     --write_through off --max_batch 65536 --lease_ttl 120s --reservation_ttl 120s \
     >"$out/daemon.log" 2>&1 &
 dpid=$!
