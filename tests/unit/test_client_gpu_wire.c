@@ -221,6 +221,7 @@ static void liar_main(int lfd)
     if (mf_cudrv_get(&t, NULL) != MF_OK || t->cuDeviceGet(&d, 0) ||
         t->cuDevicePrimaryCtxRetain(&c, d) || t->cuCtxSetCurrent(c) ||
         t->cuMemAlloc(&base, ARENA) || t->cuMemcpyHtoD(base, row, row_len) ||
+        t->cuCtxSynchronize() || /* the copy may land late: the daemon reads it next */
         t->cuIpcGetMemHandle(&l.handle, base) || t->cuDeviceGetUuid(&u, d) ||
         t->cuDeviceGetPCIBusId(l.pci, sizeof(l.pci), d))
         _exit(3);
