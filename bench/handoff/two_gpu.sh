@@ -24,9 +24,6 @@ out=${OUT:-/tmp/mf-2gpu-out}
 mkdir -p "$out"
 work=$(mktemp -d /tmp/mf-2gpu-XXXXXX)
 trap 'rm -rf "$work"' EXIT
-if [ -f .gpu-carry/bundle.tar.xz ]; then  # as all.sh: the carried binaries win
-    tar -xJf .gpu-carry/bundle.tar.xz -C "$root" || { echo "bundle: unpack failed"; exit 2; }
-fi
 case ":${LD_LIBRARY_PATH:-}:" in
 *"/.gpu-libs/"*) ;;
 *) export LD_LIBRARY_PATH="$root/.gpu-libs/usr/lib/x86_64-linux-gnu:$root/.gpu-libs/usr/lib/x86_64-linux-gnu/ucx${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ;;
@@ -38,6 +35,8 @@ if [ "${1:-}" = --dry ]; then
     [ -f build/lib/tests/libfakecuda.so ] &&
         export HANDOFF_FAKECUDA=${HANDOFF_FAKECUDA:-$root/build/lib/tests/libfakecuda.so}
     export HANDOFF_NS=${HANDOFF_NS:-512}
+elif [ -f .gpu-carry/bundle.tar.xz ]; then  # as all.sh: the carried binaries win
+    tar -xJf .gpu-carry/bundle.tar.xz -C "$root" || { echo "bundle: unpack failed"; exit 2; }
 fi
 
 { nvidia-smi --query-gpu=index,name,pci.bus_id,memory.total --format=csv,noheader

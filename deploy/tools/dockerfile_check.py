@@ -104,8 +104,12 @@ def needed_packages(binaries):
     for binary in binaries:
         r = subprocess.run(["readelf", "-d", binary], capture_output=True, text=True, check=True)
         # ldd gives the path the loader picks (right architecture); dpkg -S names its owner.
-        paths = dict(re.findall(r"^\s*(\S+) => (/\S+)", subprocess.run(
-            ["ldd", binary], capture_output=True, text=True).stdout, re.M))
+        out = subprocess.run(["ldd", binary], capture_output=True, text=True).stdout
+        paths = dict(re.findall(r"^\s*(\S+) => (/\S+)", out, re.M))
+        # The dynamic loader (NEEDED once a library uses TLS, e.g. __tls_get_addr) is
+        # listed by its path alone, without "=>".
+        for path in re.findall(r"^\s*(/\S*/(ld-linux[^/\s]*))\s", out, re.M):
+            paths.setdefault(path[1], path[0])
         for lib in re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", r.stdout):
             path = paths.get(lib)
             if not path:
