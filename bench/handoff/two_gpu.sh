@@ -2,9 +2,9 @@
 # Issue 14 on two GPUs of one node (nvidia-h200-x2), one step of ≤ 300 s:
 #   1. ipc_check --peer-device 1: rows put on GPU 0 read in place from GPU 1 through CUDA
 #      IPC + peer access, bit-exact apply; peer-access status and GPU0→GPU1 bytes/s of
-#      cudaMemcpyPeer in one process next to the copies from the IPC views (≤ 45 s);
+#      cudaMemcpyPeer in one process next to the copies from the IPC views (≤ 40 s);
 #   2. ipc_check --target-visible 1: the target with GPU 0 hidden (staged host views, or
-#      the hidden GPU's arena opened anyway — the log says which) (≤ 45 s);
+#      the hidden GPU's arena opened anyway — the log says which) (≤ 40 s);
 #   3. the hand-off benchmark across GPUs (bench/handoff/run.sh, HANDOFF_TARGET_DEVICE=1,
 #      N = 32k, prob_fp8; ≤ 200 s).
 # Prints the GPU topology (NVLink or PCIe), each step's key lines, and the hand-off table
@@ -60,11 +60,11 @@ summary=()
 fail=0
 
 echo "==== 1. ipc_check --peer-device 1"
-IPC_ONLY=1 IPC_CHECK_ARGS="--peer-device 1" step ipc-peer 45 bash tests/gpu/run.sh
+IPC_ONLY=1 IPC_CHECK_ARGS="--peer-device 1" step ipc-peer 40 bash tests/gpu/run.sh
 grep -aE "FAIL|arena|peer|bandwidth|ipc_check( target)?:|exit" "$work/ipc-peer.log" | head -n 30
 
 echo "==== 2. ipc_check --target-visible 1 (GPU 0 hidden from the target)"
-IPC_ONLY=1 IPC_CHECK_ARGS="--target-visible 1" step ipc-hidden 45 bash tests/gpu/run.sh
+IPC_ONLY=1 IPC_CHECK_ARGS="--target-visible 1" step ipc-hidden 40 bash tests/gpu/run.sh
 grep -aE "FAIL|arena|peer|device views|bandwidth|ipc_check( target)?:|exit" \
     "$work/ipc-hidden.log" | head -n 30
 
