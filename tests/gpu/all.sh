@@ -23,11 +23,12 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 
 # name | seconds | command
 steps=(
-  "kernels-check|100|bash tests/gpu/run.sh"
-  "tier-smoke|60|bash tests/gpu/tier_smoke.sh 1g"
-  "worker-check|80|bash tests/gpu/worker_check.sh"
+  "kernels-check|45|bash tests/gpu/run.sh"
+  "tier-smoke|75|bash tests/gpu/tier_smoke.sh 1g"
+  "worker-check|35|bash tests/gpu/worker_check.sh"
   "kernels-bench|150|bash bench/gpu/run.sh"
-  "handoff|330|bash bench/handoff/run.sh"
+  "handoff|170|bash bench/handoff/run.sh"
+  "handoff-2gpu|230|bash bench/handoff/two_gpu.sh"
 )
 want=" $* "
 summary=()
@@ -45,6 +46,8 @@ for s in "${steps[@]}"; do
 done
 # What comes back: the handoff plot and JSON, the kernel bench JSON, everything else packed.
 cp "$res/handoff/handoff.png" "$res/handoff/handoff.json" "$out/" 2>/dev/null
+cp "$res/handoff-2gpu/two_gpu.md" "$out/" 2>/dev/null
+cp "$res/handoff-2gpu/handoff.json" "$out/handoff-2gpu.json" 2>/dev/null
 cp "$res/kernels-bench/bench.json" "$out/kernels-bench.json" 2>/dev/null
 tar -cJf "$out/logs.tar.xz" -C "$res" . 2>/dev/null
 echo "==== summary"
