@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """Trains the small model pair committed under bench/models/ (for mapflow-worker, make demo).
 
-Same model and training loop as the quality evaluation (model.py, train.py's train_one),
-sized for a CPU: one byte-level BPE (its own small trainer below: the `tokenizers` package
-is missing on Debian 12), a source and a target with head dim 64, each trained for a
-wall-clock budget. Writes to OUT:
+Same model and training loop as the quality evaluation (model.py, train.py's train_clock):
+one byte-level BPE (its own small trainer below: the `tokenizers` package is missing on
+Debian 12; --tokenizer keeps an existing one), a source and a target with head dim 64, each
+trained for a wall-clock budget, on the CPU or (--device cuda) on a GPU beside the quality
+pair (run.sh). Stages: prepare (tokenizer, WORK/small_*.npy), train (= source, then
+target: fp16 WORK/<name>.safetensors + <name>.json), finish (on the CPU, from WORK's
+weights); all = each in turn. Writes to OUT:
 
   tokenizer.txt          "mapflow-bpe 1", merge count, then one merge "A B" (token ids) per
                          line in rank order; token 256 + r is merge r, 0..255 are bytes
@@ -18,7 +21,8 @@ and, with --calibrate BIN (mapflow-calibrate), sample maps [L, H, N, N] of both 
 the calibration split into WORK/cal/{src,tgt} and the profile OUT/profile.pb.
 
   train_small.py --data bench/quality/data --out bench/models --work DIR
-                 [--src-seconds 570] [--tgt-seconds 570] [--calibrate build/bin/mapflow-calibrate]
+                 [--stage all] [--src-seconds 570] [--tgt-seconds 570]
+                 [--calibrate build/bin/mapflow-calibrate] [--calibrate-opts "..."]
 
 Debian's torch uses the reference BLAS (about 3 GFLOPS here); run it with OpenBLAS from
 `apt-get download libopenblas0-pthread` unpacked and put first on LD_LIBRARY_PATH (20x).
