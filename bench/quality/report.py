@@ -72,7 +72,7 @@ def goals(res):
                worst(v, "dppl_pct") <= 1.0 and worst(v, "agree_pct", min) >= 97.0]
         if own:
             n, v = max(own, key=lambda x: x[1]["in"]["skipped_pct"])
-            out.append("  The upper bound (the target's own exact Top-P masses) reaches only "
+            out.append("  The target's own exact Top-P masses at one global Top-P reach "
                        "%.1f %% within the same bounds (`%s`)." % (v["in"]["skipped_pct"], n))
     q = [(n, v) for n, v in m.items() if v["spec"]["kind"] in ("fit", "calib") and
          worst(v, "dppl_pct") <= 2.0]
