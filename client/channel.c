@@ -37,6 +37,7 @@ struct mf__retired {             /* what an earlier connection left, freed at cl
     mf__retired_t *next;
     uint8_t *arena;              /* leased views may still point here */
     size_t bytes;
+    mf__gpu_pin_t *arena_pin;    /* unregistered before the munmap */
     mf__gpu_set_t gpu;           /* GPU arenas likewise (or taken over by a reconnect) */
     char *daemon_version;        /* mf_channel_info handed it out */
 };
@@ -318,6 +319,8 @@ static void conn_release(mf_channel_t *ch, mf__conn_t *c)
     c->fd = -1;
     mf__ucx_close(c->ucx);
     c->ucx = NULL;
+    mf__gpu_pin_end(c->arena_pin);
+    c->arena_pin = NULL;
     if (c->arena)
         munmap(c->arena, c->arena_bytes);
     c->arena = NULL;
@@ -504,6 +507,10 @@ static mf_status_t hello(mf_channel_t *ch, mf__conn_t *c, uint64_t rid, int64_t 
             errf(err, "HelloReply announced an arena fd that did not arrive");
             st = MF_INTERNAL;
         }
+        /* Rows of GPU arenas we cannot map come back staged in the host arena and the
+         * caller copies them to its device: pinned, that HtoD is direct DMA. */
+        if (st == MF_OK && c->arena && mf__gpu_usable(ch->gpu))
+            c->arena_pin = mf__gpu_pin_start(ch->gpu, c->arena, c->arena_bytes);
         if (st == MF_OK && h.want_gpu_arena && hr->n_gpu_arenas) {
             if (mf__gpu_set_parse(&c->gpu, hr) != MF_OK) {
                 errf(err, "out of memory");
@@ -944,6 +951,7 @@ static void do_disconnect(mf_channel_t *ch, mf_status_t st, const char *why)
     if (r) {
         r->arena = ch->conn.arena;
         r->bytes = ch->conn.arena_bytes;
+        r->arena_pin = ch->conn.arena_pin;
         r->daemon_version = ch->conn.daemon_version;
         r->gpu = ch->conn.gpu;
         r->next = ch->retired;
@@ -952,6 +960,7 @@ static void do_disconnect(mf_channel_t *ch, mf_status_t st, const char *why)
     memset(&ch->conn.gpu, 0, sizeof(ch->conn.gpu));
     ch->conn.arena = NULL;
     ch->conn.arena_bytes = 0;
+    ch->conn.arena_pin = NULL;
     ch->conn.daemon_version = NULL;
     while (ch->outq) {
         mf__outbuf_t *b = ch->outq;
@@ -1621,6 +1630,7 @@ MF_EXPORT void mf_channel_close(mf_channel_t *ch)
     while (ch->retired) {
         mf__retired_t *r = ch->retired;
         ch->retired = r->next;
+        mf__gpu_pin_end(r->arena_pin);
         if (r->arena)
             munmap(r->arena, r->bytes);
         mf__gpu_set_free(ch->gpu, &r->gpu);
@@ -1704,5 +1714,6 @@ MF_EXPORT void mf_channel_gpu_info(const mf_channel_t *ch, mf_gpu_info_t *out)
     }
     pthread_mutex_lock((pthread_mutex_t *)&ch->mu);
     mf__gpu_info(ch->gpu, ch->gpu_device, &ch->conn.gpu, out);
+    out->host_arena_pinned = mf__gpu_pin_state(ch->conn.arena_pin);
     pthread_mutex_unlock((pthread_mutex_t *)&ch->mu);
 }

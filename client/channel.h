@@ -143,6 +143,7 @@ typedef struct mf__conn {
     uint64_t remote_bytes;      /* UCX: the daemon's arena, reached one-sided */
     uint8_t *arena;
     size_t arena_bytes;
+    mf__gpu_pin_t *arena_pin;   /* the arena page-locked for CUDA (gpu_device channels) */
     char *daemon_version;
     uint64_t session_id;
     uint32_t server_max_frame;

@@ -1,6 +1,8 @@
 /* gpu — the client's CUDA device and the daemon's GPU arenas (see gpu.h). */
 #include "gpu.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -312,6 +314,66 @@ mf_status_t mf__gpu_write_row(const mf__gpu_t *g, mf_cu_deviceptr_t dst, const v
         st = MF_INTERNAL;
     }
     return st;
+}
+
+/* ---- host arena pinning ------------------------------------------------------------ */
+
+struct mf__gpu_pin {
+    const mf__gpu_t *g;
+    void *p;
+    size_t n;
+    pthread_t th;
+    int started;
+    atomic_int state;
+};
+
+static void *pin_main(void *arg)
+{
+    mf__gpu_pin_t *pin = arg;
+    /* A fresh thread has no context: make the channel's device current for the call. */
+    mf_cu_result_t r = pin->g->cu->cuCtxSetCurrent(pin->g->ctx);
+    if (r == MF_CUDA_SUCCESS)
+        r = pin->g->cu->cuMemHostRegister(pin->p, pin->n, MF_CU_MEMHOSTREGISTER_PORTABLE);
+    atomic_store(&pin->state, r == MF_CUDA_SUCCESS ? 1 : -1);
+    pin->g->cu->cuCtxSetCurrent(NULL);
+    return NULL;
+}
+
+mf__gpu_pin_t *mf__gpu_pin_start(const mf__gpu_t *g, void *p, size_t n)
+{
+    if (!mf__gpu_usable(g) || !p || !n)
+        return NULL;
+    mf__gpu_pin_t *pin = calloc(1, sizeof(*pin));
+    if (!pin)
+        return NULL;
+    pin->g = g;
+    pin->p = p;
+    pin->n = n;
+    if (pthread_create(&pin->th, NULL, pin_main, pin) == 0)
+        pin->started = 1;
+    else
+        pin_main(pin);
+    return pin;
+}
+
+void mf__gpu_pin_end(mf__gpu_pin_t *pin)
+{
+    if (!pin)
+        return;
+    if (pin->started)
+        pthread_join(pin->th, NULL);
+    if (atomic_load(&pin->state) == 1) {
+        mf_cu_context_t old;
+        if (ctx_push(pin->g, &old) == MF_CUDA_SUCCESS)
+            pin->g->cu->cuMemHostUnregister(pin->p);
+        ctx_pop(pin->g, old);
+    }
+    free(pin);
+}
+
+int mf__gpu_pin_state(const mf__gpu_pin_t *pin)
+{
+    return pin ? atomic_load(&((mf__gpu_pin_t *)pin)->state) : 0;
 }
 
 void mf__gpu_info(const mf__gpu_t *g, int ordinal, const mf__gpu_set_t *s, mf_gpu_info_t *out)

@@ -100,6 +100,20 @@ mf_status_t mf__gpu_write_row(const mf__gpu_t *g, mf_cu_deviceptr_t dst, const v
                               int src_on_device, size_t n, const uint8_t *head,
                               size_t head_len, char *err, size_t errlen);
 
+/*
+ * Page-locking of the mapped host arena (cuMemHostRegister, PORTABLE) so the caller's HtoD
+ * copies out of staged host views (rows of arenas it could not map) are direct DMA, not the
+ * driver's pageable bounce. Registering faults in and locks every page (seconds for tens of
+ * GB), so it runs on a thread of its own: copies before it ends are pageable, a failure
+ * leaves the arena pageable (state -1). NULL when g is unusable or memory runs out.
+ * mf__gpu_pin_end joins the thread and unregisters; call it before the munmap.
+ */
+typedef struct mf__gpu_pin mf__gpu_pin_t;
+mf__gpu_pin_t *mf__gpu_pin_start(const mf__gpu_t *g, void *p, size_t n);
+void mf__gpu_pin_end(mf__gpu_pin_t *pin);
+/* 0 in progress (or no pin), 1 registered, -1 failed. Any thread. */
+int mf__gpu_pin_state(const mf__gpu_pin_t *pin);
+
 /* Fills the public summary (lock held by the caller). */
 void mf__gpu_info(const mf__gpu_t *g, int ordinal, const mf__gpu_set_t *s, mf_gpu_info_t *out);
 

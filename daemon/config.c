@@ -73,6 +73,11 @@ static const cdef_t g_table[] = {
      NULL},
     {"gpu_devices", CT_STR, OFF(gpu_devices), "all", 0, 0, 0,
      "GPUs that get an arena: all, or a comma list of this daemon's CUDA ordinals", NULL},
+    {"host_pin", CT_ONOFF, OFF(host_pin), "on", 0, 0, 0,
+     "with the GPU tier on, page-lock the host arena for CUDA (cuMemHostRegister, in a "
+     "background thread at start) so copies between the GPU and host tiers are DMA'd "
+     "directly; makes the whole host arena resident",
+     NULL},
     {"gpu_promote", CT_ONOFF, OFF(gpu_promote), "off", 0, 0, 1,
      "copy a host-tier row to the GPU tier when it is hit (on costs PCIe traffic per hit)",
      NULL},

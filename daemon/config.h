@@ -38,6 +38,7 @@ typedef struct mfd_config {
     uint64_t gpu_bytes;        /* per device; 0 = GPU tier off */
     char *gpu_devices;         /* "all" or a comma list of CUDA ordinals */
     int gpu_promote;           /* copy host-tier hits to the GPU tier */
+    int host_pin;              /* register the host arena with CUDA when the GPU tier is on */
     double high_watermark;
     double low_watermark;
     int write_through;         /* mfd_write_through_t */

@@ -138,6 +138,11 @@ mf_status_t mfd_store_open(mfd_store_t *st, const mfd_config_t *cfg, mfd_metrics
         goto fail_arena;
     }
     s = MF_OK; /* anything else leaves the tier off, with its why */
+    if (st->gpu && cfg->host_pin)
+        mfd_gpu_pin_host(st->gpu, mfd_arena_base(st->arena), mfd_arena_capacity(st->arena));
+    else if (st->gpu)
+        mfd_info("host arena: not pinned for CUDA (host_pin off): GPU<->host tier copies "
+                 "are pageable");
     if (cfg->ssd_bytes > 0) {
         mfd_ssd_options_t so = {cfg->data_dir, (unsigned)cfg->io_threads};
         s = mfd_ssd_open(&so, &st->ssd, err, errlen);

@@ -45,6 +45,8 @@ static char g_why[512];
     X(cuMemsetD8Async, "cuMemsetD8Async")                                                \
     X(cuMemAllocHost, "cuMemAllocHost_v2")                                               \
     X(cuMemFreeHost, "cuMemFreeHost")                                                    \
+    X(cuMemHostRegister, "cuMemHostRegister_v2")                                         \
+    X(cuMemHostUnregister, "cuMemHostUnregister")                                        \
     X(cuModuleLoadData, "cuModuleLoadData")                                              \
     X(cuModuleUnload, "cuModuleUnload")                                                  \
     X(cuModuleGetFunction, "cuModuleGetFunction")                                        \

@@ -57,12 +57,19 @@ enum {
     MF_CUDA_ERROR_INVALID_PTX = 218,
     MF_CUDA_ERROR_UNSUPPORTED_PTX_VERSION = 222,
     MF_CUDA_ERROR_INVALID_HANDLE = 400,
+    MF_CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712,
+    MF_CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED = 713,
     MF_CUDA_ERROR_NOT_FOUND = 500,
     MF_CUDA_ERROR_NOT_SUPPORTED = 801,
 };
 
 /* cuStreamCreate flags. */
 #define MF_CU_STREAM_NON_BLOCKING 0x1u
+
+/* cuMemHostRegister flags: PORTABLE makes the pinning count in every context of the
+ * process (one registration serves the copies of all devices). */
+#define MF_CU_MEMHOSTREGISTER_PORTABLE 0x1u
+#define MF_CU_MEMHOSTREGISTER_DEVICEMAP 0x2u
 
 /* cuIpcOpenMemHandle flags, cuPointerGetAttribute attributes, CUmemorytype. */
 #define MF_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS 0x1u
@@ -110,6 +117,10 @@ typedef struct mf_cudrv {
                                       mf_cu_stream_t s);
     mf_cu_result_t (*cuMemAllocHost)(void **p, size_t bytes);                 /* _v2 */
     mf_cu_result_t (*cuMemFreeHost)(void *p);
+    /* Page-locks existing host memory (a mapped memfd arena) so copies to and from it are
+     * DMA'd directly instead of through the driver's pageable bounce buffers. */
+    mf_cu_result_t (*cuMemHostRegister)(void *p, size_t bytes, unsigned flags); /* _v2 */
+    mf_cu_result_t (*cuMemHostUnregister)(void *p);
     /* Modules (the daemon's row-validation kernel, PTX embedded at build time). */
     mf_cu_result_t (*cuModuleLoadData)(mf_cu_module_t *m, const void *image);
     mf_cu_result_t (*cuModuleUnload)(mf_cu_module_t m);

@@ -26,6 +26,11 @@
  * FAKECUDA_NO_PEER=1 (cuDeviceCanAccessPeer answers 0 and an IPC open of another device's
  * memory fails with CUDA_ERROR_PEER_ACCESS_UNSUPPORTED), FAKECUDA_MEM_BYTES (per device
  * total, default 1 GiB; cuMemAlloc beyond it is OUT_OF_MEMORY).
+ * Host registration (cuMemHostRegister): the range must be mapped; registrations are kept
+ * (fakecuda_host_registered answers for in-process tests) and, when FAKECUDA_HOSTREG_LOG
+ * names a file, appended to it as "register <pid> <bytes> <flags>" / "unregister <pid>
+ * <bytes>" lines so a test can check what a child (mapflowd) registered;
+ * FAKECUDA_HOSTREG_FAIL=1 makes every registration fail with NOT_SUPPORTED.
  *
  * Thread safety: any thread; the allocation table has a mutex, the current context is
  * thread-local as in CUDA.
@@ -69,6 +74,8 @@ enum {
     E_MAP_FAILED = 205,
     E_PEER_ACCESS_UNSUPPORTED = 217,
     E_INVALID_HANDLE = 400,
+    E_HOST_MEMORY_ALREADY_REGISTERED = 712,
+    E_HOST_MEMORY_NOT_REGISTERED = 713,
     E_NOT_FOUND = 500,
     E_NOT_SUPPORTED = 801,
 };
@@ -609,6 +616,8 @@ EXPORT CUresult cuGetErrorString(CUresult r, const char **str)
     case E_INVALID_HANDLE: *str = "invalid resource handle"; break;
     case E_NOT_FOUND: *str = "named symbol not found"; break;
     case E_NOT_SUPPORTED: *str = "operation not supported"; break;
+    case E_HOST_MEMORY_ALREADY_REGISTERED: *str = "part or all of the requested memory range is already mapped"; break;
+    case E_HOST_MEMORY_NOT_REGISTERED: *str = "pointer does not correspond to a registered memory region"; break;
     default: *str = NULL; return E_INVALID_VALUE;
     }
     return OK;
@@ -687,6 +696,95 @@ EXPORT CUresult cuMemFreeHost(void *p)
     NEED_INIT();
     free(p);
     return OK;
+}
+
+/* Host memory registrations (page-locked ranges) of this process. */
+#define MAX_HOSTREG 64
+static struct {
+    uint8_t *p;
+    size_t n;
+    unsigned flags;
+} g_hostreg[MAX_HOSTREG];
+
+static void hostreg_log(const char *what, size_t n, unsigned flags)
+{
+    const char *path = getenv("FAKECUDA_HOSTREG_LOG");
+    if (!path || !*path)
+        return;
+    FILE *f = fopen(path, "a");
+    if (!f)
+        return;
+    fprintf(f, "%s %d %zu %u\n", what, (int)getpid(), n, flags);
+    fclose(f);
+}
+
+EXPORT CUresult cuMemHostRegister_v2(void *p, size_t bytes, unsigned flags)
+{
+    NEED_CTX();
+    if (!p || !bytes || (flags & ~0xfu))
+        return E_INVALID_VALUE;
+    if (env_int("FAKECUDA_HOSTREG_FAIL", 0))
+        return E_NOT_SUPPORTED;
+    /* The whole range must be mapped (msync fails with ENOMEM on a hole). */
+    uintptr_t a = (uintptr_t)p & ~(uintptr_t)4095;
+    if (msync((void *)a, (uintptr_t)p + bytes - a, MS_ASYNC) != 0)
+        return E_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    int slot = -1;
+    for (int i = 0; i < MAX_HOSTREG; i++) {
+        uint8_t *q = g_hostreg[i].p;
+        if (q && q < (uint8_t *)p + bytes && (uint8_t *)p < q + g_hostreg[i].n) {
+            pthread_mutex_unlock(&g_mu);
+            return E_HOST_MEMORY_ALREADY_REGISTERED;
+        }
+        if (!q && slot < 0)
+            slot = i;
+    }
+    if (slot >= 0)
+        g_hostreg[slot].p = p, g_hostreg[slot].n = bytes, g_hostreg[slot].flags = flags;
+    pthread_mutex_unlock(&g_mu);
+    if (slot < 0)
+        return E_OUT_OF_MEMORY;
+    hostreg_log("register", bytes, flags);
+    return OK;
+}
+
+EXPORT CUresult cuMemHostUnregister(void *p)
+{
+    NEED_INIT();
+    size_t n = 0;
+    pthread_mutex_lock(&g_mu);
+    for (int i = 0; i < MAX_HOSTREG; i++)
+        if (p && g_hostreg[i].p == p) {
+            n = g_hostreg[i].n;
+            g_hostreg[i].p = NULL;
+            break;
+        }
+    pthread_mutex_unlock(&g_mu);
+    if (!n)
+        return E_HOST_MEMORY_NOT_REGISTERED;
+    hostreg_log("unregister", n, 0);
+    return OK;
+}
+
+/* Not a CUDA symbol: 1 with the registration's size and flags when [p, p + n) lies inside
+ * one registered range of this process (tests). */
+EXPORT int fakecuda_host_registered(const void *p, size_t n, size_t *size, unsigned *flags)
+{
+    int found = 0;
+    pthread_mutex_lock(&g_mu);
+    for (int i = 0; i < MAX_HOSTREG && !found; i++) {
+        const uint8_t *q = g_hostreg[i].p;
+        if (q && (const uint8_t *)p >= q && (const uint8_t *)p + n <= q + g_hostreg[i].n) {
+            found = 1;
+            if (size)
+                *size = g_hostreg[i].n;
+            if (flags)
+                *flags = g_hostreg[i].flags;
+        }
+    }
+    pthread_mutex_unlock(&g_mu);
+    return found;
 }
 
 /* Modules. By default there is no PTX JIT on a CPU: cuModuleLoadData answers NOT_SUPPORTED

@@ -16,7 +16,9 @@
  * views with the right bytes, the own device's as device views. Malformed GPU fields
  * from the wire: test_client_gpu_wire.c.
  */
+#include <dlfcn.h>
 #include <errno.h>
+#include <limits.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -161,6 +163,34 @@ static void check_rows(const mf_get_result_t *res, const rows_t *r, int want_on_
 static void gpu_info(mf_channel_t *ch, mf_gpu_info_t *gi)
 {
     mf_channel_gpu_info(ch, gi);
+}
+
+/* The fake driver's record of host registrations in this process (fakecuda.c). */
+static int host_registered(const void *p, size_t n, unsigned *flags)
+{
+    char path[PATH_MAX];
+    assert_int_equal(fakecuda_path(path, sizeof(path)), 0);
+    void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+    assert_non_null(h);
+    int (*f)(const void *, size_t, size_t *, unsigned *);
+    *(void **)&f = dlsym(h, "fakecuda_host_registered");
+    assert_non_null(f);
+    int r = f(p, n, NULL, flags);
+    dlclose(h);
+    return r;
+}
+
+/* The channel's host-arena registration once its thread is done (≤ 20 s). */
+static int host_pin_wait(mf_channel_t *ch)
+{
+    mf_gpu_info_t gi;
+    for (int i = 0; i < 2000; i++) {
+        gpu_info(ch, &gi);
+        if (gi.host_arena_pinned)
+            return gi.host_arena_pinned;
+        usleep(10000);
+    }
+    return 0;
 }
 
 /* ==== tests against mapflowd ========================================================= */
@@ -438,9 +468,38 @@ static void test_full_gpu_tier_stages_to_host(void **state)
         assert_memory_equal(x->data, r.row[b], r.len[b]);
     }
     assert_true(dev_views > 0 && dev_views < NB);
+    /* A gpu_device channel page-locks its host arena (PORTABLE): the host views' bytes,
+     * which the caller copies to its device, lie in that registration. */
+    assert_int_equal(host_pin_wait(ch), 1);
+    const void *host_view = NULL;
+    size_t host_len = 0;
+    for (int b = 0; b < NB; b++)
+        if (!res->rows[b].on_device) {
+            host_view = res->rows[b].data;
+            host_len = res->rows[b].length;
+        }
+    unsigned flags = 0;
+    assert_true(host_registered(host_view, host_len, &flags));
+    assert_int_equal(flags, MF_CU_MEMHOSTREGISTER_PORTABLE);
+    /* A channel without gpu_device maps the same arena elsewhere and leaves it pageable. */
+    mf_channel_t *plain = chan(&d, NS, 1);
+    mf_get_result_t *pres = get_layer(plain, &r, 8, MF_GET_LEASE);
+    check_rows(pres, &r, 0);
+    mf_gpu_info_t gi;
+    gpu_info(plain, &gi);
+    assert_int_equal(gi.host_arena_pinned, 0);
+    for (int b = 0; b < NB; b++) {
+        assert_int_equal(pres->rows[b].tier, MF_TIER_HOST);
+        assert_false(host_registered(pres->rows[b].data, pres->rows[b].length, NULL));
+    }
+    assert_int_equal(mf_release_result(plain, pres, MF_TIMEOUT_DEFAULT), MF_OK);
+    mf_get_result_free(pres);
+    mf_channel_close(plain);
     assert_int_equal(mf_release_result(ch, res, MF_TIMEOUT_DEFAULT), MF_OK);
     mf_get_result_free(res);
     mf_channel_close(ch);
+    /* Unregistered at close (before the munmap). */
+    assert_false(host_registered(host_view, host_len, NULL));
     free_rows(&r);
     daemon_stop(&d, 1);
 }

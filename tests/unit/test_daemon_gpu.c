@@ -7,7 +7,8 @@
  * GET_LEASE device views read through the mapping, GET_COPY of GPU rows, staged host views
  * for a client that did not map the arena, eviction gpu → host → ssd keeping every
  * acknowledged row readable and exact while leased GPU rows stay put, two devices without
- * peer access, and the tier off (gpu_bytes 0, no driver) with its reason in Stats/Health.
+ * peer access, the tier off (gpu_bytes 0, no driver) with its reason in Stats/Health, and
+ * host_pin (the host arena registered with the driver, a refusal survived, off).
  *
  * MF_GPU_REAL=1 runs the same tests on the real libcuda (an H200: the daemon's arenas are
  * device memory, this process opens them through CUDA IPC); the fake-only test (two
@@ -938,6 +939,102 @@ static void test_tier_off(void **state)
     daemon_stop(&g, 1);
 }
 
+/* 1 when the file at path contains needle (the whole file read; small logs only). */
+static int file_has(const char *path, const char *needle)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    static char buf[1 << 20];
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    return strstr(buf, needle) != NULL;
+}
+
+/* Waits (≤ 20 s: the daemon pins on a thread of its own) for needle in the daemon's log. */
+static int log_wait(const daemon_t *d, const char *needle)
+{
+    for (int i = 0; i < 2000; i++) {
+        if (file_has(d->log, needle))
+            return 1;
+        usleep(10000);
+    }
+    return 0;
+}
+
+/* One host_pin case: rows put on the GPU tier come back staged (host views) with exact
+ * bytes whatever became of the registration; `expect` is 1 registered, -1 refused, 0 off.
+ * The fake driver logs every registration of the daemon process to a file. */
+static void host_pin_case(const char *pin, int expect)
+{
+    char reglog[] = "/tmp/mf-hostreg-XXXXXX";
+    int fd = mkstemp(reglog);
+    assert_true(fd >= 0);
+    close(fd);
+    setenv("FAKECUDA_HOSTREG_LOG", reglog, 1);
+    if (expect < 0)
+        setenv("FAKECUDA_HOSTREG_FAIL", "1", 1);
+    daemon_t d;
+    td_cli_t c;
+    gview_t gv;
+    GPU_START(d, c, gv, 0, "--gpu_bytes", "4mb", "--host_bytes", "8mb", "--gpu_devices", "0",
+              "--host_pin", pin);
+    unsetenv("FAKECUDA_HOSTREG_LOG");
+    unsetenv("FAKECUDA_HOSTREG_FAIL");
+    char line[96];
+    snprintf(line, sizeof(line), "register %d %u 1\n", (int)d.pid, 8u << 20);
+    if (expect > 0) {
+        assert_true(log_wait(&d, "host arena pinned for CUDA"));
+        assert_true(file_has(reglog, line));
+    } else if (expect < 0) {
+        assert_true(log_wait(&d, "host arena NOT pinned for CUDA"));
+        assert_false(file_has(reglog, "register"));
+    } else {
+        assert_true(log_wait(&d, "host_pin off"));
+        assert_false(file_has(d.log, "pinning"));
+        assert_false(file_has(reglog, "register"));
+    }
+
+    rowset_t rs;
+    rows_make(&rs, 64, 5, 1, 777 + (unsigned)expect);
+    for (uint32_t i = 0; i < rs.nb; i++) {
+        put_res_t p = put_row(&c, &gv, 0, rows_hash(&rs, i), rs.row[i], rs.size[i], 0, 0, 0);
+        assert_int_equal(p.status, 0);
+        assert_int_equal(p.commit_tier, MAPFLOW__V1__TIER__TIER_GPU);
+    }
+    uint32_t layer = 0;
+    mf_envelope_t *r = get_prefix(&c, rs.B, rs.tokens, (size_t)rs.nb * rs.B, &layer, 1, 1, 0);
+    const Mapflow__V1__GetReply *g = r->get_reply;
+    assert_int_equal(g->n_rows, rs.nb);
+    for (size_t k = 0; k < g->n_rows; k++) {
+        assert_int_equal(g->rows[k]->tier, MAPFLOW__V1__TIER__TIER_HOST);
+        assert_lease_bytes(&c, &gv, g->rows[k], rs.row[k], rs.size[k]);
+    }
+    release_all(&c, g);
+    mf_envelope_free(r);
+    rows_free(&rs);
+    pid_t pid = d.pid;
+    gpu_stop(&d, &c, &gv);
+    /* Unregistered at shutdown, before the arena is unmapped. */
+    snprintf(line, sizeof(line), "unregister %d %u", (int)pid, 8u << 20);
+    assert_int_equal(file_has(reglog, line), expect > 0);
+    unlink(reglog);
+}
+
+/* host_pin: the daemon registers its host arena with the driver (PORTABLE) when the GPU
+ * tier is on, logs it, continues unpinned when the driver refuses, and does nothing with
+ * host_pin off. The registrations are the fake driver's record: fake only. */
+static void test_host_pin(void **state)
+{
+    (void)state;
+    if (g_real)
+        skip();
+    host_pin_case("on", 1);
+    host_pin_case("on", -1);
+    host_pin_case("off", 0);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -971,6 +1068,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_big_device_rows, teardown),
         cmocka_unit_test_teardown(test_big_device_rows_gpu_path, teardown),
         cmocka_unit_test_teardown(test_tier_off, teardown),
+        cmocka_unit_test_teardown(test_host_pin, teardown),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -119,7 +119,7 @@ class _GpuArenaInfo(C.Structure):
 class _GpuInfo(C.Structure):
     _fields_ = [("gpu_device", C.c_int), ("driver", C.c_int), ("why", C.c_char * 256),
                 ("n_announced", C.c_uint32), ("n_mapped", C.c_uint32), ("n_peer", C.c_uint32),
-                ("arenas", _GpuArenaInfo * 16)]
+                ("arenas", _GpuArenaInfo * 16), ("host_arena_pinned", C.c_int)]
 
 
 class _Info(C.Structure):
@@ -697,7 +697,7 @@ class Channel:
     def gpu_info(self):
         """The GPU arenas of the current connection: {"gpu_device", "driver", "why",
         "announced", "mapped", "peer", "arenas": [{index, bytes, mapped, device, peer,
-        pci_bus_id, why}]}."""
+        pci_bus_id, why}], "host_arena_pinned": 1 | 0 (not yet / none) | -1 (refused)}."""
         g = _GpuInfo()
         _lib.mf_channel_gpu_info(self._h, C.byref(g))
         arenas = [{"index": a.index, "bytes": a.bytes, "mapped": bool(a.mapped),
@@ -706,7 +706,8 @@ class Channel:
                   for a in g.arenas[:min(g.n_announced, 16)]]
         return {"gpu_device": g.gpu_device, "driver": bool(g.driver),
                 "why": g.why.decode(errors="replace"), "announced": g.n_announced,
-                "mapped": g.n_mapped, "peer": g.n_peer, "arenas": arenas}
+                "mapped": g.n_mapped, "peer": g.n_peer, "arenas": arenas,
+                "host_arena_pinned": g.host_arena_pinned}
 
     # -- data calls --
     def put(self, row, durable=False, timeout_ms=None):
