@@ -50,6 +50,11 @@
     X(GPU_VERIFY_GPU, "gpu_rows_validated_total", "on=\"gpu\"",                             \
       "GPU-tier rows accepted at commit, by where their checksum ran")                      \
     X(GPU_VERIFY_HOST, "gpu_rows_validated_total", "on=\"host\"", "")                       \
+    X(GPU_COMMIT_CHECK_US, "gpu_commit_check_microseconds_total", "",                       \
+      "time commits of GPU rows spent getting bytes and checksum from the GPU (copies, "    \
+      "kernels, synchronize)")                                                              \
+    X(GPU_COMMIT_US, "gpu_commit_microseconds_total", "",                                   \
+      "time commits of GPU rows spent in the store (the check above, decode, index)")       \
     X(SSD_WRITES, "ssd_writes_total", "", "rows submitted for writing to the SSD tier")     \
     X(SSD_WRITES_DONE, "ssd_writes_completed_total", "",                                    \
       "SSD tier writes that finished successfully")                                         \

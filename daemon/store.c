@@ -5,6 +5,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* A write in flight: who to tell when it is done. */
 typedef struct write_ctx {
@@ -820,6 +821,14 @@ mf_status_t mfd_store_commit(mfd_store_t *st, const mfd_key_t *key, mfd_ablock_t
     return MF_OK;
 }
 
+/* Monotonic microseconds (commit phase counters). */
+static uint64_t now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
 mf_status_t mfd_store_commit_gpu(mfd_store_t *st, const mfd_key_t *key, uint32_t arena,
                                  mfd_ablock_t *blk, uint64_t size, int durable,
                                  mfd_store_done_cb done, void *arg, int *pending,
@@ -834,7 +843,10 @@ mf_status_t mfd_store_commit_gpu(mfd_store_t *st, const mfd_key_t *key, uint32_t
     uint64_t sum = 0;
     int on_gpu = 0;
     mf_row_view_t v;
+    uint64_t t0 = now_us();
     mf_status_t s = mfd_gpu_check_row(st->gpu, arena, blk, size, &stg, &have, &sum, &on_gpu);
+    uint64_t t1 = now_us();
+    mfd_count(st->metrics, MFD_C_GPU_COMMIT_CHECK_US, t1 - t0);
     *why = "cannot copy the row out of the GPU arena";
     if (s == MF_OK) {
         /* The decoder reads a row's bytes before its tiles only (prefix) once the checksum
@@ -898,6 +910,7 @@ mf_status_t mfd_store_commit_gpu(mfd_store_t *st, const mfd_key_t *key, uint32_t
         }
     }
     balance_gpu(st, arena, e);
+    mfd_count(st->metrics, MFD_C_GPU_COMMIT_US, now_us() - t0);
     return MF_OK;
 }
 

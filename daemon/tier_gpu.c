@@ -497,6 +497,11 @@ fail:
     return MF_UNAVAILABLE;
 }
 
+/* First bytes copied with the kernels on the GPU path: a row's prefix up to its tiles
+ * (header, model, tokens, column tables, masses, scales) fits in these for the row shapes
+ * MapFlow writes, so one stream synchronize per commit covers kernels and prefix. */
+#define VERIFY_FIRST (64u << 10)
+
 mf_status_t mfd_gpu_check_row(mfd_gpu_t *g, uint32_t arena, const mfd_ablock_t *blk,
                               uint64_t size, const uint8_t **bytes, size_t *have,
                               uint64_t *gpu_sum, int *gpu_sum_valid)
@@ -507,32 +512,28 @@ mf_status_t mfd_gpu_check_row(mfd_gpu_t *g, uint32_t arena, const mfd_ablock_t *
     *have = 0;
     if (size > mfd_ablock_size(blk))
         return MF_INTERNAL;
-    size_t first = size < 4096 ? (size_t)size : 4096;
     mf_status_t st;
-    if (!g->verify_gpu || size < MF_ROW_HEADER + MFD_GPU_VERIFY_MIN_TILES) {
-        if ((st = stage_read(g, a, dptr, 0, size)) == MF_OK) {
-            *bytes = g->stage;
-            *have = size;
-        }
-        return st;
-    }
-    if ((st = stage_read(g, a, dptr, 0, first)) != MF_OK)
-        return st;
-    *bytes = g->stage;
-    *have = first;
-    const mf_row_header_t *h = (const mf_row_header_t *)g->stage;
-    mf_row_layout_t l;
-    if (h->magic != MF_ROW_MAGIC || h->total_size != size ||
-        mf_row_layout((mf_codec_t)h->codec, h->block_size, h->n_heads, h->n_cols,
-                      h->n_entries, h->model_len, &l) != MF_OK ||
-        l.total != size)
-        return MF_OK; /* the decoder refuses it from these bytes */
-    size_t prefix = l.tiles > first ? l.tiles : first;
-    if (size - l.tiles >= MFD_GPU_VERIFY_MIN_TILES) {
-        st = verify_run(g, a, dptr, size, first, prefix, gpu_sum);
+    if (g->verify_gpu && size >= MF_ROW_HEADER + MFD_GPU_VERIFY_MIN_TILES) {
+        /* The kernels need only `size` (from PutBegin), not the header: launch them with
+         * the copy of the row's first bytes, then one synchronize. A header that does not
+         * describe `size` bytes is refused by the decoder from those bytes. */
+        size_t first = size < VERIFY_FIRST ? (size_t)size : VERIFY_FIRST;
+        st = verify_run(g, a, dptr, size, 0, first, gpu_sum);
         if (st == MF_OK) {
-            *bytes = g->stage; /* (re)allocated by the copy */
-            *have = prefix;
+            *bytes = g->stage;
+            *have = first;
+            const mf_row_header_t *h = (const mf_row_header_t *)g->stage;
+            mf_row_layout_t l;
+            if (h->magic == MF_ROW_MAGIC && h->total_size == size &&
+                mf_row_layout((mf_codec_t)h->codec, h->block_size, h->n_heads, h->n_cols,
+                              h->n_entries, h->model_len, &l) == MF_OK &&
+                l.total == size && l.tiles > first) {
+                /* A longer prefix than usual: the rest of it (the decoder reads it). */
+                if ((st = stage_read(g, a, dptr, first, l.tiles)) != MF_OK)
+                    return st;
+                *bytes = g->stage;
+                *have = l.tiles;
+            }
             *gpu_sum_valid = 1;
             return MF_OK;
         }
@@ -540,7 +541,7 @@ mf_status_t mfd_gpu_check_row(mfd_gpu_t *g, uint32_t arena, const mfd_ablock_t *
             return st;
         /* MF_UNAVAILABLE: the kernels failed; this row (and later ones) on the host */
     }
-    if ((st = stage_read(g, a, dptr, first, size)) == MF_OK) {
+    if ((st = stage_read(g, a, dptr, 0, size)) == MF_OK) {
         *bytes = g->stage;
         *have = size;
     }

@@ -10,11 +10,13 @@
  * the PCIe transfer (a 1 MiB row is ~50 µs on an H200). Streams with callbacks (DESIGN
  * §7) are the next step if puts or demotions of large rows show up in loop latency.
  *
- * Commit validation (mfd_gpu_check_row): rows with enough tile bytes are checksummed ON
- * the GPU by the kernels of gpu_verify.cu (PTX embedded at build time, loaded per arena
- * context with cuModuleLoadData, run on a non-blocking stream of that context); only the
- * row's prefix up to its tiles (header, model, tokens, column tables, masses, scales: what
- * the host decoder reads) is copied DtoH. Without PTX, when the module does not load (the
+ * Commit validation (mfd_gpu_check_row): rows of at least MF_ROW_HEADER +
+ * MFD_GPU_VERIFY_MIN_TILES bytes are checksummed ON the GPU by the kernels of gpu_verify.cu
+ * (PTX embedded at build time, loaded per arena context with cuModuleLoadData, run on a
+ * non-blocking stream of that context); only the row's first 64 KiB are copied DtoH on
+ * the same stream (pinned), then ONE stream synchronize per commit (a second copy only
+ * when the prefix up to the tiles — header, model, tokens, column tables, masses, scales:
+ * what the host decoder reads — is longer). Without PTX, when the module does not load (the
  * fake driver), with MFD_GPU_VERIFY=host in the environment, or after a kernel failure,
  * rows are copied whole into one reused pinned staging buffer and validated on the host;
  * `verify_why` says why.
@@ -84,7 +86,7 @@ typedef struct mfd_gpu {
     mfd_gpu_arena_t a[MFD_GPU_MAX_ARENAS];
 } mfd_gpu_t;
 
-/* Rows with fewer tile bytes than this are validated on the host (a copy of a small row
+/* Rows shorter than the header plus this are validated on the host (a copy of a small row
  * costs less than the kernels' round trip). */
 #define MFD_GPU_VERIFY_MIN_TILES (16u << 10)
 
@@ -117,7 +119,7 @@ mf_status_t mfd_gpu_read(mfd_gpu_t *g, uint32_t arena, const mfd_ablock_t *blk, 
  * Brings a committed row's bytes to the host for validation. *bytes (the tier's staging
  * buffer: valid until the next call) holds the row's first *have bytes: the whole row
  * (*gpu_sum_valid 0: validate on the host, checksum included) or, on the GPU path, its
- * prefix up to the tiles with *gpu_sum the row checksum computed on the GPU
+ * first bytes (at least its prefix up to the tiles) with *gpu_sum the row checksum computed on the GPU
  * (*gpu_sum_valid 1: decode with MF_ROW_NO_CHECKSUM and compare *gpu_sum to the header's).
  * A row whose header does not describe `size` bytes comes back with only its first bytes
  * (the decoder refuses it from the header). MF_INTERNAL when a copy fails.

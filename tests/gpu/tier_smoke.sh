@@ -76,6 +76,11 @@ ctl --json stats | "${PYTHON:-python3}" -c '
 import json, sys
 c = json.load(sys.stdin).get("counters", {})
 print("validated:", {k: v for k, v in c.items() if k.startswith("gpu_rows_validated")})' 2>&1
+# host_pin (default on): the host arena registered with CUDA on a thread of its own; the
+# log says how long it took, or why not (then GPU<->host copies stay pageable).
+for _ in $(seq 1 200); do grep -aq 'host arena .*pinned for CUDA' "$tmp/daemon.log" && break; sleep 0.1; done
+pin=$(grep -ao 'host arena .*pinned for CUDA.*' "$tmp/daemon.log" | head -1)
+if [[ "$pin" == "host arena pinned"* ]]; then pass "$pin"; else fail "host arena pin: ${pin:-no log line in 20 s}"; fi
 kill -TERM "$pid"; rc=0; wait "$pid" || rc=$?; pid=
 if [ $rc = 0 ]; then pass "mapflowd exit 0 on SIGTERM"; else fail "mapflowd exit $rc"; tail -20 "$tmp/daemon.log"; fi
 
@@ -94,6 +99,10 @@ gpu_rate=$(grep -a '^device puts:' "$tmp/unit.log" | tail -1)
 host_rate=$(grep -a '^device puts:' "$tmp/host.log" | tail -1)
 echo "RATE default validation: ${gpu_rate:-none}"
 echo "RATE host validation:    ${host_rate:-none}"
+# Where a device put's time goes (us per row: client PutBegin round trip, DtoD + sync,
+# PutCommit round trip; the daemon's commit and its GPU check from its counters).
+echo "RATE phases default:     $(grep -a '^device put phases' "$tmp/unit.log" | tail -1)"
+echo "RATE phases host:        $(grep -a '^device put phases' "$tmp/host.log" | tail -1)"
 if [ $real = 1 ] && [[ "$gpu_rate" != *"validated on the gpu"* ]]; then fail "device puts were not validated on the GPU"; fi
 echo "tier_smoke: $fails failure(s)"
 [ $fails = 0 ]

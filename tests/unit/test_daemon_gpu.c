@@ -741,6 +741,16 @@ static uint8_t *big_row(uint32_t layer, const uint32_t *tokens, unsigned *seed, 
     return buf;
 }
 
+/* Seconds put_from_device spent per phase (big_rows_run prints them per row). */
+static double g_t_begin, g_t_copy, g_t_commit;
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 /* PutBegin / DtoD from `src` (device) into the arena / synchronize / PutCommit. */
 static int put_from_device(td_cli_t *c, const gview_t *gv, uint32_t layer, mf_hash128_t hash,
                            mf_cu_deviceptr_t src, size_t size)
@@ -759,7 +769,10 @@ static int put_from_device(td_cli_t *c, const gview_t *gv, uint32_t layer, mf_ha
     mf_envelope_t env = MAPFLOW__V1__ENVELOPE__INIT;
     env.body_case = MAPFLOW__V1__ENVELOPE__BODY_PUT_BEGIN;
     env.put_begin = &pb;
+    double t0 = mono_s();
     mf_envelope_t *r = td_call(c, &env, NULL, 0);
+    double t1 = mono_s();
+    g_t_begin += t1 - t0;
     assert_non_null(r);
     if (r->body_case != MAPFLOW__V1__ENVELOPE__BODY_PUT_BEGIN_REPLY) {
         fprintf(stderr, "PutBegin: %s\n", r->error ? r->error->message : "?");
@@ -772,12 +785,15 @@ static int put_from_device(td_cli_t *c, const gview_t *gv, uint32_t layer, mf_ha
     assert_true(p->gpu_arena < gv->n && gv->base[p->gpu_arena]);
     assert_int_equal(cu->cuMemcpyDtoD(gv->base[p->gpu_arena] + p->arena_offset, src, size), 0);
     assert_int_equal(cu->cuCtxSynchronize(), 0); /* landed before the daemon looks */
+    double t2 = mono_s();
+    g_t_copy += t2 - t1;
     Mapflow__V1__PutCommit pc = MAPFLOW__V1__PUT_COMMIT__INIT;
     pc.reservation_id = p->reservation_id;
     mf_envelope_free(r);
     env.body_case = MAPFLOW__V1__ENVELOPE__BODY_PUT_COMMIT;
     env.put_commit = &pc;
     r = td_call(c, &env, NULL, 0);
+    g_t_commit += mono_s() - t2;
     assert_non_null(r);
     int st = 0;
     if (r->body_case == MAPFLOW__V1__ENVELOPE__BODY_ERROR) {
@@ -829,6 +845,11 @@ static void big_rows_run(const char *write_through, int expect_gpu)
 
     assert_int_equal(put_from_device(&c, &gv, 0, hash, dev + (size_t)BIG_KEYS * size, size),
                      MF_DATA_LOSS);
+    mf_envelope_t *r = stats(&c);
+    uint64_t chk0 = counter(r, "gpu_commit_check_microseconds_total");
+    uint64_t com0 = counter(r, "gpu_commit_microseconds_total");
+    mf_envelope_free(r);
+    g_t_begin = g_t_copy = g_t_commit = 0;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (long k = 0; k < n_puts; k++) {
@@ -838,8 +859,11 @@ static void big_rows_run(const char *write_through, int expect_gpu)
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
 
-    mf_envelope_t *r = stats(&c);
+    r = stats(&c);
     uint64_t on_gpu = counter(r, "gpu_rows_validated_total{on=\"gpu\"}");
+    double chk = (double)(counter(r, "gpu_commit_check_microseconds_total") - chk0);
+    double com = (double)(counter(r, "gpu_commit_microseconds_total") - com0);
+    assert_true(com >= chk);
     uint64_t on_host = counter(r, "gpu_rows_validated_total{on=\"host\"}");
     assert_int_equal(on_gpu + on_host, (uint64_t)n_puts);
     assert_int_equal(counter(r, "put_rejected_total"), 1);
@@ -851,6 +875,14 @@ static void big_rows_run(const char *write_through, int expect_gpu)
            n_puts, (double)size / (1 << 20), s, (double)n_puts / s,
            (double)n_puts * (double)size / s / 1e9, on_gpu ? "gpu" : "host",
            (unsigned long long)on_gpu, (unsigned long long)on_host);
+    /* Where a row's time goes (µs per row): the client's PutBegin round trip, its DtoD +
+     * synchronize, its PutCommit round trip, and of that the daemon's commit in the store
+     * and the GPU check within it (copies, kernels, synchronize). */
+    double us = 1e6 / (double)n_puts;
+    printf("device put phases (us/row): begin %.1f, copy+sync %.1f, commit %.1f (daemon "
+           "commit %.1f, of which gpu check %.1f), total %.1f\n",
+           g_t_begin * us, g_t_copy * us, g_t_commit * us, com / (double)n_puts,
+           chk / (double)n_puts, s * us);
     fflush(stdout);
 
     /* The stored rows are the good ones, byte for byte (GET_COPY). */
