@@ -469,6 +469,14 @@ static void map_gpu_arenas(mf_channel_t *ch, mf__conn_t *c)
     free(pool);
 }
 
+/* MAPFLOW_HOST_PIN=off: leave the host arena pageable (a process that cannot afford the
+ * page-locking of the whole arena, or to compare). */
+static int host_pin_wanted(void)
+{
+    const char *v = getenv("MAPFLOW_HOST_PIN");
+    return !(v && (!strcmp(v, "off") || !strcmp(v, "0")));
+}
+
 /* Hello on a new connection: waits for HelloReply (and the arena fd); on UCX then asks
  * for the remote arena. */
 static mf_status_t hello(mf_channel_t *ch, mf__conn_t *c, uint64_t rid, int64_t deadline,
@@ -509,7 +517,7 @@ static mf_status_t hello(mf_channel_t *ch, mf__conn_t *c, uint64_t rid, int64_t 
         }
         /* Rows of GPU arenas we cannot map come back staged in the host arena and the
          * caller copies them to its device: pinned, that HtoD is direct DMA. */
-        if (st == MF_OK && c->arena && mf__gpu_usable(ch->gpu))
+        if (st == MF_OK && c->arena && mf__gpu_usable(ch->gpu) && host_pin_wanted())
             c->arena_pin = mf__gpu_pin_start(ch->gpu, c->arena, c->arena_bytes);
         if (st == MF_OK && h.want_gpu_arena && hr->n_gpu_arenas) {
             if (mf__gpu_set_parse(&c->gpu, hr) != MF_OK) {

@@ -237,7 +237,8 @@ typedef struct mf_gpu_info {
     mf_gpu_arena_info_t arenas[MF_GPU_MAX_ARENAS]; /* the first n_announced (≤ max) */
     /* The mapped host arena page-locked for CUDA (cuMemHostRegister, done in the
      * background after connecting, so staged rows copy to the device by DMA): 1 done,
-     * 0 not (yet, or no gpu_device / host arena), -1 the driver refused (pageable). */
+     * 0 not (yet, or no gpu_device / host arena, or MAPFLOW_HOST_PIN=off in the
+     * environment), -1 the driver refused (pageable). */
     int host_arena_pinned;
 } mf_gpu_info_t;
 

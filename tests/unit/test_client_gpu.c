@@ -500,6 +500,24 @@ static void test_full_gpu_tier_stages_to_host(void **state)
     mf_channel_close(ch);
     /* Unregistered at close (before the munmap). */
     assert_false(host_registered(host_view, host_len, NULL));
+    /* MAPFLOW_HOST_PIN=off: a gpu_device channel leaves its mapping pageable. */
+    setenv("MAPFLOW_HOST_PIN", "off", 1);
+    ch = gchan(&d, 1, 0);
+    unsetenv("MAPFLOW_HOST_PIN");
+    res = get_layer(ch, &r, 8, MF_GET_LEASE);
+    int host_views = 0;
+    for (int b = 0; b < NB; b++)
+        if (!res->rows[b].on_device) {
+            host_views++;
+            assert_false(host_registered(res->rows[b].data, res->rows[b].length, NULL));
+        }
+    assert_true(host_views > 0);
+    mf_gpu_info_t gi2;
+    gpu_info(ch, &gi2);
+    assert_int_equal(gi2.host_arena_pinned, 0);
+    assert_int_equal(mf_release_result(ch, res, MF_TIMEOUT_DEFAULT), MF_OK);
+    mf_get_result_free(res);
+    mf_channel_close(ch);
     free_rows(&r);
     daemon_stop(&d, 1);
 }
