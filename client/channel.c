@@ -469,11 +469,14 @@ static void map_gpu_arenas(mf_channel_t *ch, mf__conn_t *c)
     free(pool);
 }
 
-/* MAPFLOW_HOST_PIN=off: leave the host arena pageable (a process that cannot afford the
- * page-locking of the whole arena, or to compare). */
-static int host_pin_wanted(void)
+/* 0 when the environment variable says off (or 0). MAPFLOW_HOST_PIN=off: leave the host
+ * arena pageable (a process that cannot afford page-locking the whole arena, or to
+ * compare). MAPFLOW_GPU_ARENAS=off: a gpu_device channel does not ask for the daemon's GPU
+ * arenas (its GPU rows come back staged in the pinned host arena: the staged path measured
+ * on its own, as with a GPU the arenas cannot be opened from). */
+static int env_on(const char *name)
 {
-    const char *v = getenv("MAPFLOW_HOST_PIN");
+    const char *v = getenv(name);
     return !(v && (!strcmp(v, "off") || !strcmp(v, "0")));
 }
 
@@ -491,7 +494,7 @@ static mf_status_t hello(mf_channel_t *ch, mf__conn_t *c, uint64_t rid, int64_t 
     h.want_host_arena = ch->want_arena || c->ucx;
     /* Without a usable device nothing could be opened: the daemon then stages our GPU rows
      * through host memory, as for any client that did not ask. */
-    h.want_gpu_arena = c->is_unix && mf__gpu_usable(ch->gpu);
+    h.want_gpu_arena = c->is_unix && mf__gpu_usable(ch->gpu) && env_on("MAPFLOW_GPU_ARENAS");
     ENV(req, HELLO, hello) = &h;
     req.request_id = rid;
     int fd = -1;
@@ -517,7 +520,7 @@ static mf_status_t hello(mf_channel_t *ch, mf__conn_t *c, uint64_t rid, int64_t 
         }
         /* Rows of GPU arenas we cannot map come back staged in the host arena and the
          * caller copies them to its device: pinned, that HtoD is direct DMA. */
-        if (st == MF_OK && c->arena && mf__gpu_usable(ch->gpu) && host_pin_wanted())
+        if (st == MF_OK && c->arena && mf__gpu_usable(ch->gpu) && env_on("MAPFLOW_HOST_PIN"))
             c->arena_pin = mf__gpu_pin_start(ch->gpu, c->arena, c->arena_bytes);
         if (st == MF_OK && h.want_gpu_arena && hr->n_gpu_arenas) {
             if (mf__gpu_set_parse(&c->gpu, hr) != MF_OK) {

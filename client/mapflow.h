@@ -238,7 +238,9 @@ typedef struct mf_gpu_info {
     /* The mapped host arena page-locked for CUDA (cuMemHostRegister, done in the
      * background after connecting, so staged rows copy to the device by DMA): 1 done,
      * 0 not (yet, or no gpu_device / host arena, or MAPFLOW_HOST_PIN=off in the
-     * environment), -1 the driver refused (pageable). */
+     * environment), -1 the driver refused (pageable). MAPFLOW_GPU_ARENAS=off: the
+     * channel does not ask for the daemon's GPU arenas (rows come back staged in the host
+     * arena, which it still pins). */
     int host_arena_pinned;
 } mf_gpu_info_t;
 

@@ -500,6 +500,24 @@ static void test_full_gpu_tier_stages_to_host(void **state)
     mf_channel_close(ch);
     /* Unregistered at close (before the munmap). */
     assert_false(host_registered(host_view, host_len, NULL));
+    /* MAPFLOW_GPU_ARENAS=off: a gpu_device channel maps no GPU arena; every row comes back
+     * staged in its host arena, which it pins. */
+    setenv("MAPFLOW_GPU_ARENAS", "off", 1);
+    ch = gchan(&d, 1, 0);
+    unsetenv("MAPFLOW_GPU_ARENAS");
+    mf_gpu_info_t gi3;
+    gpu_info(ch, &gi3);
+    assert_int_equal(gi3.n_announced, 0);
+    assert_int_equal(host_pin_wait(ch), 1);
+    res = get_layer(ch, &r, 8, MF_GET_LEASE);
+    check_rows(res, &r, 0);
+    for (int b = 0; b < NB; b++) {
+        assert_int_equal(res->rows[b].tier, MF_TIER_HOST);
+        assert_true(host_registered(res->rows[b].data, res->rows[b].length, NULL));
+    }
+    assert_int_equal(mf_release_result(ch, res, MF_TIMEOUT_DEFAULT), MF_OK);
+    mf_get_result_free(res);
+    mf_channel_close(ch);
     /* MAPFLOW_HOST_PIN=off: a gpu_device channel leaves its mapping pageable. */
     setenv("MAPFLOW_HOST_PIN", "off", 1);
     ch = gchan(&d, 1, 0);
