@@ -104,9 +104,25 @@ class Worker(H.Bench):
         self.l0 = min(a.l0, ts.layers - 1)
         self.map, self.w = H.make_profile(ts, ss, self.l0)
         self.layers = sorted(set(self.map.values()))
-        # --dry staged: the fake driver ignores CUDA_VISIBLE_DEVICES, so no GPU mapping
-        self.store = self.open_store(self.kind == "staged" and a.dry)
+        # The staged worker runs with MAPFLOW_GPU_ARENAS=off (set by the parent): its channel
+        # keeps gpu_device, so the client pins its host-arena mapping for the HtoD copies,
+        # but maps no GPU arena, so every row comes back staged by the daemon.
+        self.store = self.open_store(False)
+        if self.kind == "staged":
+            self.wait_pinned()
         self.warm = False
+
+    def wait_pinned(self, limit_s=120.0):
+        """The client pins its host-arena mapping in the background: time it, and wait."""
+        t0 = time.perf_counter()
+        pinned = 0
+        while time.perf_counter() - t0 < limit_s:
+            pinned = (self.store.ch.gpu_info() or {}).get("host_arena_pinned", 0)
+            if pinned:
+                break
+            time.sleep(0.05)
+        H.log("staged worker: host arena pinned %s after %.1f s" % (
+            {1: "yes", -1: "refused"}.get(pinned, "not yet"), time.perf_counter() - t0))
 
     def open_store(self, no_gpu):
         path = "host" if no_gpu else "gpu"
@@ -349,7 +365,8 @@ class TwoGpu(H.Bench):
         # the workers build their models while this process builds the source's
         self.workers = {"peer": Proc(a, "peer", a.target_device, dict(os.environ))}
         if a.staged:
-            env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(a.target_device))
+            env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(a.target_device),
+                       MAPFLOW_GPU_ARENAS="off")
             self.workers["staged"] = Proc(a, "staged", 0 if self.cuda else a.target_device,
                                           env)
         if self.cuda:
