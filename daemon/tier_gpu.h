@@ -10,14 +10,17 @@
  * the PCIe transfer (a 1 MiB row is ~50 µs on an H200). Streams with callbacks (DESIGN
  * §7) are the next step if puts or demotions of large rows show up in loop latency.
  *
- * Commit validation (mfd_gpu_check_row): rows of at least MF_ROW_HEADER +
- * MFD_GPU_VERIFY_MIN_TILES bytes are checksummed ON the GPU by the kernels of gpu_verify.cu
+ * Commit validation (mfd_gpu_check_row): by default every row is copied into a pinned
+ * staging buffer and validated on the host (faster on the H200, and no kernels of ours
+ * time-slicing the GPU with the workers). With MFD_GPU_VERIFY=gpu, rows of at least
+ * MF_ROW_HEADER + MFD_GPU_VERIFY_MIN_TILES bytes are checksummed ON the GPU by the kernels
+ * of gpu_verify.cu
  * (PTX embedded at build time, loaded per arena context with cuModuleLoadData, run on a
  * non-blocking stream of that context); only the row's first 64 KiB are copied DtoH on
  * the same stream (pinned), then ONE stream synchronize per commit (a second copy only
  * when the prefix up to the tiles — header, model, tokens, column tables, masses, scales:
  * what the host decoder reads — is longer). Without PTX, when the module does not load (the
- * fake driver), with MFD_GPU_VERIFY=host in the environment, or after a kernel failure,
+ * fake driver), without MFD_GPU_VERIFY=gpu in the environment, or after a kernel failure,
  * rows are copied whole into one reused pinned staging buffer and validated on the host;
  * `verify_why` says why.
  *

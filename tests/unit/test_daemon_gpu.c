@@ -901,9 +901,10 @@ static void big_rows_run(const char *write_through, int expect_gpu)
 static void test_big_device_rows(void **state)
 {
     (void)state;
-    /* The real driver: on the GPU unless MFD_GPU_VERIFY=host (tier_smoke's comparison run)
-     * or the module did not load (the daemon log says why); the fake: on the host. */
-    big_rows_run("off", g_real ? -1 : 0);
+    /* The real driver: on the GPU with MFD_GPU_VERIFY=gpu (tier_smoke's second run; the
+     * module must load), else on the host; the fake: on the host. */
+    const char *v = getenv("MFD_GPU_VERIFY");
+    big_rows_run("off", g_real && v && strcmp(v, "gpu") == 0);
 }
 
 /* The fake running the checksum kernels on the CPU (FAKECUDA_MODULES=1): the daemon's GPU
@@ -916,7 +917,9 @@ static void test_big_device_rows_gpu_path(void **state)
     if (g_real || !mfd_gpu_verify_ptx(&ptx_len))
         skip(); /* the real kernels run in test_big_device_rows; no PTX: built without nvcc */
     setenv("FAKECUDA_MODULES", "1", 1); /* the daemon's fake driver only */
+    setenv("MFD_GPU_VERIFY", "gpu", 1);  /* host validation is the default */
     big_rows_run("sync", 1);
+    unsetenv("MFD_GPU_VERIFY");
     unsetenv("FAKECUDA_MODULES");
 }
 
