@@ -96,13 +96,13 @@ if MF_GPU_REAL=$real MF_GPU_BENCH_ROWS=$rows MF_BIN=$(cd "$bin" && pwd) "$bin/te
 MFD_GPU_VERIFY=gpu MF_GPU_TESTS=test_big_device_rows MF_GPU_REAL=$real MF_GPU_BENCH_ROWS=$rows \
   MF_BIN=$(cd "$bin" && pwd) "$bin/tests/test_daemon_gpu" >"$tmp/gpu.log" 2>&1 ||
   { fail "device puts with MFD_GPU_VERIFY=gpu"; tail -20 "$tmp/gpu.log"; }
-def_rate=$(grep -a '^device puts:' "$tmp/unit.log" | tail -1)
+def_rate=$(grep -a '^device puts:' "$tmp/unit.log" | head -1)
 gpu_rate=$(grep -a '^device puts:' "$tmp/gpu.log" | tail -1)
 echo "RATE default (host) validation: ${def_rate:-none}"
 echo "RATE gpu validation:            ${gpu_rate:-none}"
 # Where a device put's time goes (us per row: client PutBegin round trip, DtoD + sync,
 # PutCommit round trip; the daemon's commit and its GPU check from its counters).
-echo "RATE phases default (host): $(grep -a '^device put phases' "$tmp/unit.log" | tail -1)"
+echo "RATE phases default (host): $(grep -a '^device put phases' "$tmp/unit.log" | head -1)"
 echo "RATE phases gpu:            $(grep -a '^device put phases' "$tmp/gpu.log" | tail -1)"
 if [ $real = 1 ]; then
   [[ "$def_rate" == *"validated on the host"* ]] || fail "default device puts were not validated on the host"
