@@ -63,6 +63,7 @@ static void tier_from_pb(mf_tier_stats_t *t, const Mapflow__V1__TierStats *pb)
     t->used_bytes = pb->used_bytes;
     t->capacity_bytes = pb->capacity_bytes;
     t->entries = pb->entries;
+    snprintf(t->why_off, sizeof(t->why_off), "%s", pb->why_off ? pb->why_off : "");
 }
 
 /* ==== list =========================================================================== */

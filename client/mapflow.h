@@ -576,6 +576,7 @@ typedef struct mf_tier_stats {
     uint64_t used_bytes;
     uint64_t capacity_bytes;
     uint64_t entries;
+    char why_off[128];       /* why the tier is off ("" when on or not said); truncated */
 } mf_tier_stats_t;
 
 typedef struct mf_counter {
@@ -600,7 +601,8 @@ MF_EXPORT void mf_stats_free(mf_stats_t *s);
 /* Value of a named counter in s, or 0 with *found = 0. found may be NULL. */
 MF_EXPORT uint64_t mf_stats_counter(const mf_stats_t *s, const char *name, int *found);
 
-/* Demotes (host → ssd) or drops (ssd) unpinned entries; bytes 0 = to the low watermark. */
+/* Demotes (gpu → host → ssd) or drops (ssd) unpinned entries; bytes 0 = to the low
+ * watermark. A tier that is off is MF_FAILED_PRECONDITION. */
 MF_EXPORT mf_status_t mf_evict(mf_channel_t *ch, mf_tier_t tier, uint64_t bytes,
                                uint64_t *evicted_bytes, uint64_t *evicted_entries,
                                int64_t timeout_ms);

@@ -54,9 +54,10 @@ static const char usage_text[] =
     "                                 count\n"
     "    del --model M [--layer L] [--hash HEX]\n"
     "                                 delete one key (with --hash), a layer or a model\n"
-    "    evict --tier host|ssd [--bytes N]\n"
-    "                                 demote / drop unpinned entries (N: 0 = to the low\n"
-    "                                 watermark; units k, m, g, t = powers of 1024)\n"
+    "    evict --tier gpu|host|ssd [--bytes N]\n"
+    "                                 demote (gpu -> host -> ssd) / drop (ssd) unpinned\n"
+    "                                 entries (N: 0 = to the low watermark; units k, m,\n"
+    "                                 g, t = powers of 1024); a tier that is off fails\n"
     "    flush                        drop every unpinned entry of the namespace\n"
     "    config get [KEY]             show one key or all\n"
     "    config set KEY VALUE         change a live key\n"
@@ -380,13 +381,25 @@ static void print_tiers(const mf_tier_stats_t *t, size_t n, int json)
     for (size_t i = 0; i < n; i++) {
         if (json)
             printf("%s{\"tier\":\"%s\",\"enabled\":%s,\"used_bytes\":%" PRIu64
-                   ",\"capacity_bytes\":%" PRIu64 ",\"entries\":%" PRIu64 "}",
+                   ",\"capacity_bytes\":%" PRIu64 ",\"entries\":%" PRIu64,
                    i ? "," : "", mf_tier_name(t[i].tier), t[i].enabled ? "true" : "false",
                    t[i].used_bytes, t[i].capacity_bytes, t[i].entries);
         else
             printf("tier %-4s %-3s used %" PRIu64 " / %" PRIu64 " bytes, %" PRIu64
-                   " entries\n", mf_tier_name(t[i].tier), t[i].enabled ? "on" : "off",
+                   " entries", mf_tier_name(t[i].tier), t[i].enabled ? "on" : "off",
                    t[i].used_bytes, t[i].capacity_bytes, t[i].entries);
+        /* An operator's first question about a tier that is off is why. */
+        if (json) {
+            if (!t[i].enabled) {
+                printf(",\"why_off\":");
+                json_str(t[i].why_off);
+            }
+            printf("}");
+        } else {
+            if (!t[i].enabled && t[i].why_off[0])
+                printf(" (off: %s)", t[i].why_off);
+            printf("\n");
+        }
     }
 }
 
@@ -684,7 +697,7 @@ static int cmd_del(ctl_t *c, const cmd_opts_t *o)
 static int cmd_evict(ctl_t *c, const cmd_opts_t *o)
 {
     mf_tier_t t;
-    need(o->tier, "--tier host|ssd", "evict");
+    need(o->tier, "--tier gpu|host|ssd", "evict");
     if (mf_tier_parse(o->tier, &t) != MF_OK || t == MF_TIER_NONE)
         usage_fail("--tier: '%s' is not gpu, host or ssd", o->tier);
     uint64_t b = 0, e = 0;
@@ -918,7 +931,7 @@ static void check_required(const char *cmd, const cmd_opts_t *o)
         if (o->hash && o->layer < 0)
             usage_fail("del --hash needs --layer");
     } else if (!strcmp(cmd, "evict")) {
-        need(o->tier, "--tier host|ssd", cmd);
+        need(o->tier, "--tier gpu|host|ssd", cmd);
     } else if (!strcmp(cmd, "put") && o->n_rows == 0) {
         usage_fail("put needs --row FILE");
     } else if (!strcmp(cmd, "ls") && o->page_token) {

@@ -2,6 +2,7 @@
 # mapflowctl against a real mapflowd: hash agrees with the independent Python
 # implementation, exit codes (2 usage, 3 cannot connect, 1 daemon error), put/get round
 # trip with cmp on the host and SSD tiers, lookup of partial prefixes, ls, del, evict,
+# evict --tier gpu and stats' why_off with the GPU tier off,
 # config get/set, flush, --json output, TCP with and without the token, SIGTERM exit 0.
 source "$(dirname "$0")/lib.sh"
 SYNTH=$MF_BIN/mapflow-synth
@@ -92,6 +93,18 @@ expect_eq $rc 1 "tcp without token"
   || fail "tcp with token"
 
 ctl --json stats | "$PYTHON" -c 'import json,sys; d=json.load(sys.stdin); assert d["counters"], d'
+# The GPU tier is off here (gpu_bytes 0): stats says why, evict --tier gpu says it is off.
+ctl stats >"$MF_TMP/stats.txt" || fail "stats"
+grep -q '^tier gpu  off .*(off: .\+)$' "$MF_TMP/stats.txt" || fail "stats lacks the gpu tier's why_off: $(cat "$MF_TMP/stats.txt")"
+grep '^tier host' "$MF_TMP/stats.txt" | grep -q 'off:' && fail "host tier (on) printed a why_off"
+ctl --json stats | "$PYTHON" -c '
+import json, sys
+t = {x["tier"]: x for x in json.load(sys.stdin)["tiers"]}
+assert t["gpu"]["enabled"] is False and t["gpu"]["why_off"], t
+assert "why_off" not in t["host"], t'
+rc=0; ctl --ns "$NS" evict --tier gpu >/dev/null 2>"$MF_TMP/evict-gpu.err" || rc=$?
+expect_eq $rc 1 "evict --tier gpu with the GPU tier off"
+grep -q "GPU tier is off" "$MF_TMP/evict-gpu.err" || fail "evict --tier gpu: $(cat "$MF_TMP/evict-gpu.err")"
 ctl --ns "$NS" flush | grep -q "flushed 5" || fail "flush"
 expect_eq "$(ctl --ns "$NS" ls | wc -l)" 0 "ls after flush"
 rc=0; ctl --ns "$NS" get --model "$M" --layer 3 --hash "$(sed -n 1p "$MF_TMP/h.c")" \

@@ -157,7 +157,8 @@ class _ListPage(C.Structure):
 
 class _TierStats(C.Structure):
     _fields_ = [("tier", C.c_int), ("enabled", C.c_int), ("used_bytes", C.c_uint64),
-                ("capacity_bytes", C.c_uint64), ("entries", C.c_uint64)]
+                ("capacity_bytes", C.c_uint64), ("entries", C.c_uint64),
+                ("why_off", C.c_char * 128)]
 
 
 class _Counter(C.Structure):
@@ -977,7 +978,7 @@ class Channel:
 def _tier(t):
     return {"tier": _TIERS.get(t.tier, "none"), "enabled": bool(t.enabled),
             "used_bytes": t.used_bytes, "capacity_bytes": t.capacity_bytes,
-            "entries": t.entries}
+            "entries": t.entries, "why_off": t.why_off.decode(errors="replace")}
 
 
 def _health(h):
