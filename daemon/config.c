@@ -4,6 +4,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -64,6 +65,11 @@ static const cdef_t g_table[] = {
      "shared secret TCP and UCX clients (and peer daemons) must present in Hello (empty = "
      "none); also what this daemon presents to its peers",
      "change-me"},
+    {"token_file", CT_STR, OFF(token_file), "", 0, 0, 1,
+     "file whose first line is the token (instead of token, which shows in the process's "
+     "command line when passed as --token); must not be accessible by group or others; "
+     "at most 4 KiB; re-read by SIGHUP and `config set token_file`",
+     "/run/secrets/mapflowd/token"},
     {"host_bytes", CT_SIZE, OFF(host_bytes), "1gb", 1 * MB, 16 * TB, 0,
      "size of the shared-memory host arena (memfd)", NULL},
     {"ssd_bytes", CT_SIZE, OFF(ssd_bytes), "16gb", 0, 1024 * TB, 1,
@@ -261,6 +267,121 @@ static char **str_field(mfd_config_t *cfg, const cdef_t *d)
     return (char **)((char *)cfg + d->off);
 }
 
+#define TOKEN_FILE_MAX 4096
+
+/* The first line of a token file (no group/other access, at most TOKEN_FILE_MAX bytes). */
+static mf_status_t read_token_file(const char *path, char **out, char *err, size_t errlen)
+{
+    char buf[TOKEN_FILE_MAX + 1];
+    mf_status_t st = MF_INVALID_ARGUMENT;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0) {
+        set_err(err, errlen, "token_file: %s: %s", path, strerror(errno));
+        return MF_INVALID_ARGUMENT;
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        set_err(err, errlen, "token_file: %s is not a regular file", path);
+        goto close_fd;
+    }
+    /* Like ssh with a private key: a secret others can read is already leaked. */
+    if (sb.st_mode & (S_IRWXG | S_IRWXO)) {
+        set_err(err, errlen,
+                "token_file: %s is accessible by group or others (mode %04o); chmod 600 it",
+                path, (unsigned)(sb.st_mode & 07777));
+        goto close_fd;
+    }
+    size_t n = 0;
+    while (n < sizeof(buf)) {
+        ssize_t r = read(fd, buf + n, sizeof(buf) - n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            set_err(err, errlen, "token_file: %s: %s", path, strerror(errno));
+            goto close_fd;
+        }
+        if (r == 0)
+            break;
+        n += (size_t)r;
+    }
+    if (n > TOKEN_FILE_MAX) {
+        set_err(err, errlen, "token_file: %s is larger than %d bytes", path, TOKEN_FILE_MAX);
+        goto close_fd;
+    }
+    size_t len = 0;
+    while (len < n && buf[len] != '\n')
+        len++;
+    if (len && buf[len - 1] == '\r')
+        len--;
+    if (memchr(buf, 0, len)) {
+        set_err(err, errlen, "token_file: %s: NUL byte in the token", path);
+        goto close_fd;
+    }
+    if (!len) {
+        set_err(err, errlen, "token_file: %s: the first line (the token) is empty", path);
+        goto close_fd;
+    }
+    buf[len] = 0;
+    *out = strdup(buf);
+    st = *out ? MF_OK : MF_RESOURCE_EXHAUSTED;
+close_fd:
+    close(fd);
+    explicit_bzero(buf, sizeof(buf));
+    return st;
+}
+
+static void replace_str(char **field, char *value)
+{
+    if (*field)
+        explicit_bzero(*field, strlen(*field));
+    free(*field);
+    *field = value;
+}
+
+/* token / token_file: one of them at most; token_file sets token to the file's line. */
+static mf_status_t store_token(mfd_config_t *cfg, int is_file, const char *value, char *err,
+                               size_t errlen)
+{
+    char *path = NULL, *tok = NULL;
+    if (!is_file) {
+        if (cfg->token_file && cfg->token_file[0]) {
+            set_err(err, errlen,
+                    "token and token_file are mutually exclusive: token_file is %s (set "
+                    "token_file \"\" first)", cfg->token_file);
+            return MF_INVALID_ARGUMENT;
+        }
+        if (!(tok = strdup(value)))
+            return MF_RESOURCE_EXHAUSTED;
+        replace_str(&cfg->token, tok);
+        cfg->token_from_file = 0;
+        return MF_OK;
+    }
+    if (value[0] && cfg->token && cfg->token[0] && !cfg->token_from_file) {
+        set_err(err, errlen,
+                "token and token_file are mutually exclusive: token is set too (set token "
+                "\"\" first)");
+        return MF_INVALID_ARGUMENT;
+    }
+    if (value[0]) {
+        mf_status_t st = read_token_file(value, &tok, err, errlen);
+        if (st != MF_OK)
+            return st;
+    } else if (!cfg->token || cfg->token_from_file) {
+        tok = strdup(""); /* token_file "" drops the file's token */
+    }
+    if (!(path = strdup(value)) || (!tok && (!cfg->token || cfg->token_from_file))) {
+        free(path);
+        replace_str(&tok, NULL);
+        return MF_RESOURCE_EXHAUSTED;
+    }
+    replace_str(&cfg->token_file, path);
+    if (tok) {
+        replace_str(&cfg->token, tok);
+        cfg->token_from_file = value[0] != 0;
+    }
+    return MF_OK;
+}
+
 static mf_status_t store_value(mfd_config_t *cfg, const cdef_t *d, const char *value,
                                char *err, size_t errlen)
 {
@@ -279,6 +400,8 @@ static mf_status_t store_value(mfd_config_t *cfg, const cdef_t *d, const char *v
             set_err(err, errlen, "%s: value longer than 4095 bytes", d->name);
             return MF_INVALID_ARGUMENT;
         }
+        if (d->off == OFF(token) || d->off == OFF(token_file))
+            return store_token(cfg, d->off == OFF(token_file), value, err, errlen);
         char *copy = strdup(value);
         if (!copy)
             return MF_RESOURCE_EXHAUSTED;
@@ -495,6 +618,22 @@ mf_status_t mfd_config_copy(mfd_config_t *dst, const mfd_config_t *src)
             return MF_RESOURCE_EXHAUSTED;
         }
     }
+    return MF_OK;
+}
+
+mf_status_t mfd_config_take_token(mfd_config_t *cfg, const mfd_config_t *from, int *changed)
+{
+    char *tok = strdup(from->token ? from->token : "");
+    char *path = strdup(from->token_file ? from->token_file : "");
+    if (!tok || !path) {
+        free(tok);
+        free(path);
+        return MF_RESOURCE_EXHAUSTED;
+    }
+    *changed = strcmp(tok, cfg->token ? cfg->token : "") != 0;
+    replace_str(&cfg->token, tok);
+    replace_str(&cfg->token_file, path);
+    cfg->token_from_file = from->token_from_file;
     return MF_OK;
 }
 

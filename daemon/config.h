@@ -32,7 +32,10 @@ typedef struct mfd_config {
     char *http;                /* host:port, "" = off */
     char *tcp;                 /* host:port, "" = off */
     char *ucx;                 /* UCX listener host:port (peers, remote clients), "" = off */
-    char *token;               /* shared secret required on TCP; "" = none */
+    char *token;               /* shared secret required on TCP; "" = none (the file's
+                                  first line when token_file is set) */
+    char *token_file;          /* file holding the token (0600 or stricter); "" = none */
+    int token_from_file;       /* token was read from token_file (not a key of its own) */
     uint64_t host_bytes;
     uint64_t ssd_bytes;        /* 0 = SSD tier off */
     uint64_t gpu_bytes;        /* per device; 0 = GPU tier off */
@@ -75,6 +78,13 @@ mf_status_t mfd_config_set(mfd_config_t *cfg, const char *key, const char *value
 /* Current value in canonical text (token shown as "***" when `redact`). */
 mf_status_t mfd_config_get(const mfd_config_t *cfg, const char *key, int redact,
                            char *out, size_t outlen);
+
+/*
+ * token and token_file are one setting: set one of them, never both (an error names both).
+ * Takes both from `from` into cfg (SIGHUP reload: a rotated file, or a switch between the
+ * two, is applied at once); *changed = whether the token changed.
+ */
+mf_status_t mfd_config_take_token(mfd_config_t *cfg, const mfd_config_t *from, int *changed);
 
 /* Reads a config file into cfg. Errors name the file and line. */
 mf_status_t mfd_config_load_file(mfd_config_t *cfg, const char *path, char *err,

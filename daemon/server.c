@@ -1800,6 +1800,15 @@ mf_status_t mfd_server_reload(mfd_server_t *s, char *err, size_t errlen)
         mfd_config_set(&fresh, "socket", s->cfg.socket, 0, e2, sizeof(e2));
     if (!fresh.data_dir[0])
         mfd_config_set(&fresh, "data_dir", s->cfg.data_dir, 0, e2, sizeof(e2));
+    /* token / token_file are one setting (a rotated file, or a switch between the two,
+     * would fail key by key): take them together. */
+    int token_changed = 0;
+    if (mfd_config_take_token(&s->cfg, &fresh, &token_changed) != MF_OK) {
+        mfd_config_deinit(&fresh);
+        return MF_RESOURCE_EXHAUSTED;
+    }
+    if (token_changed)
+        mfd_info("reload: token changed%s", s->cfg.token_from_file ? " (token_file)" : "");
     /* Watermarks are a pair: widen first so either order of assignment is valid. */
     s->cfg.high_watermark = 1.0;
     s->cfg.low_watermark = 0.0;
@@ -1821,7 +1830,7 @@ mf_status_t mfd_server_reload(mfd_server_t *s, char *err, size_t errlen)
     }
     mfd_log_set_level((mfd_log_level_t)s->cfg.log_level);
     mfd_config_deinit(&fresh);
-    mfd_info("reloaded %s: %zu live keys changed", s->config_path, changed);
+    mfd_info("reloaded %s: %zu live keys changed", s->config_path, changed + (size_t)token_changed);
     return MF_OK;
 }
 

@@ -6,6 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <cmocka.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "config.h"
 
@@ -161,6 +164,120 @@ static void test_sample_parses(void **state)
     mfd_config_deinit(&b);
 }
 
+/* Writes `text` to a fresh file of mode `mode`; returns its path (static buffer per slot). */
+static const char *write_file(int slot, const char *text, size_t len, mode_t mode)
+{
+    static char paths[4][64];
+    snprintf(paths[slot], sizeof(paths[slot]), "/tmp/mf-tokfile-%d-XXXXXX", slot);
+    int fd = mkstemp(paths[slot]);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, text, len), (ssize_t)len);
+    assert_int_equal(fchmod(fd, mode), 0);
+    close(fd);
+    return paths[slot];
+}
+
+static void random_token(char *out, size_t n)
+{
+    static const char abc[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_";
+    for (size_t i = 0; i + 1 < n; i++)
+        out[i] = abc[rand() % (int)(sizeof(abc) - 1)];
+    out[n - 1] = 0;
+}
+
+/* token_file: first line (newline stripped), 0600 only, bounded, exclusive with token. */
+static void test_token_file(void **state)
+{
+    (void)state;
+    srand((unsigned)time(NULL) ^ (unsigned)getpid());
+    mfd_config_t c;
+    char err[MFD_CONFIG_ERRLEN], v[128], tok[49], text[128];
+    assert_int_equal(mfd_config_init(&c), MF_OK);
+    random_token(tok, sizeof(tok));
+    int n = snprintf(text, sizeof(text), "%s\r\nsecond line ignored\n", tok);
+    const char *good = write_file(0, text, (size_t)n, 0600);
+
+    /* Good file: the token is the first line, get shows the path and a redacted token. */
+    assert_int_equal(mfd_config_set(&c, "token_file", good, 0, err, sizeof(err)), MF_OK);
+    assert_string_equal(c.token, tok);
+    mfd_config_get(&c, "token", 1, v, sizeof(v));
+    assert_string_equal(v, "***");
+    mfd_config_get(&c, "token_file", 1, v, sizeof(v));
+    assert_string_equal(v, good);
+    assert_int_equal(mfd_config_is_live("token_file"), 1);
+
+    /* Both keys set: an error naming both, in either order, and nothing changed. */
+    err[0] = 0;
+    assert_int_equal(mfd_config_set(&c, "token", "other", 0, err, sizeof(err)),
+                     MF_INVALID_ARGUMENT);
+    assert_non_null(strstr(err, "token and token_file"));
+    assert_string_equal(c.token, tok);
+    mfd_config_t d;
+    mfd_config_init(&d);
+    const char *both = "token literal\ntoken_file /nonexistent\n";
+    assert_int_equal(mfd_config_parse_text(&d, "both.conf", both, strlen(both), err,
+                                           sizeof(err)), MF_INVALID_ARGUMENT);
+    assert_non_null(strstr(err, "both.conf:2"));
+    assert_non_null(strstr(err, "token and token_file"));
+    mfd_config_deinit(&d);
+
+    /* A rotated file is re-read by setting the same path again (and by a reload's copy). */
+    char tok2[33];
+    random_token(tok2, sizeof(tok2));
+    FILE *f = fopen(good, "w");
+    assert_non_null(f);
+    fprintf(f, "%s", tok2); /* no trailing newline */
+    fclose(f);
+    mfd_config_init(&d);
+    assert_int_equal(mfd_config_set(&d, "token_file", good, 0, err, sizeof(err)), MF_OK);
+    int changed = 0;
+    assert_int_equal(mfd_config_take_token(&c, &d, &changed), MF_OK);
+    assert_true(changed);
+    assert_string_equal(c.token, tok2);
+    mfd_config_deinit(&d);
+
+    /* Loose permissions, a missing file, an empty first line, too big: clear errors, and the
+     * token in effect stays. */
+    const char *loose = write_file(1, text, (size_t)n, 0640);
+    err[0] = 0;
+    assert_int_equal(mfd_config_set(&c, "token_file", loose, 0, err, sizeof(err)),
+                     MF_INVALID_ARGUMENT);
+    assert_non_null(strstr(err, "group or others"));
+    assert_non_null(strstr(err, "0640"));
+    chmod(loose, 0604);
+    assert_int_equal(mfd_config_set(&c, "token_file", loose, 0, err, sizeof(err)),
+                     MF_INVALID_ARGUMENT);
+    assert_int_equal(mfd_config_set(&c, "token_file", "/nonexistent/mf-token", 0, err,
+                                    sizeof(err)), MF_INVALID_ARGUMENT);
+    assert_non_null(strstr(err, "/nonexistent/mf-token"));
+    assert_non_null(strstr(err, "No such file"));
+    const char *empty = write_file(2, "\nx\n", 3, 0400);
+    assert_int_equal(mfd_config_set(&c, "token_file", empty, 0, err, sizeof(err)),
+                     MF_INVALID_ARGUMENT);
+    assert_non_null(strstr(err, "empty"));
+    static char big[4097];
+    memset(big, 'k', sizeof(big));
+    const char *huge = write_file(3, big, sizeof(big), 0600);
+    assert_int_equal(mfd_config_set(&c, "token_file", huge, 0, err, sizeof(err)),
+                     MF_INVALID_ARGUMENT);
+    assert_non_null(strstr(err, "4096"));
+    assert_string_equal(c.token, tok2);
+
+    /* token_file "" drops the file's token; then token may be set. */
+    assert_int_equal(mfd_config_set(&c, "token_file", "", 1, err, sizeof(err)), MF_OK);
+    assert_string_equal(c.token, "");
+    assert_int_equal(mfd_config_set(&c, "token", tok, 1, err, sizeof(err)), MF_OK);
+    assert_int_equal(mfd_config_set(&c, "token_file", good, 1, err, sizeof(err)),
+                     MF_INVALID_ARGUMENT);
+    assert_non_null(strstr(err, "token and token_file"));
+    assert_string_equal(c.token, tok);
+    unlink(good);
+    unlink(loose);
+    unlink(empty);
+    unlink(huge);
+    mfd_config_deinit(&c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -169,6 +286,7 @@ int main(void)
         cmocka_unit_test(test_bad_values),
         cmocka_unit_test(test_file_parsing),
         cmocka_unit_test(test_sample_parses),
+        cmocka_unit_test(test_token_file),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
