@@ -12,7 +12,9 @@ Three layers, each printed as it is checked:
      name container ports, volume mounts name volumes, ConfigMap keys exist, the
      ConfigMap's mapflowd.conf puts the socket and data_dir on hostPath mounts and the
      http/tcp ports on container ports, the memory request covers host_bytes, no GPU is
-     requested by the daemon, no hostIPC/hostPID anywhere, kustomization lists every file.
+     requested by the daemon, no hostIPC/hostPID anywhere, kustomization lists every file,
+     the token is no argument (/proc/PID/cmdline) but a --token_file the daemon can read
+     and will accept (0400, its own, in memory; written by an init container).
      With --mapflowd, the config text also goes through `mapflowd --check-config FILE`
      when that binary supports the flag (said so when it does not).
 """
@@ -493,7 +495,8 @@ class Checker:
             self.need(tport == ports.get("control"), where,
                       f"tcp {conf['tcp']!r} is not container port 'control' ({ports.get('control')})")
             self.need("token" not in conf, where,
-                      "token in a ConfigMap: put it in the Secret (--token from secretKeyRef)")
+                      "token in a ConfigMap: put it in the Secret (--token_file, see daemonset.yaml)")
+        self.token(cw, c, spec, conf)
         host_bytes = config_size(conf.get("host_bytes", "1gb"))
         req = quantity(((c.get("resources") or {}).get("requests") or {}).get("memory", "0"))
         lim = ((c.get("resources") or {}).get("limits") or {}).get("memory")
@@ -504,6 +507,50 @@ class Checker:
         if lim is not None:
             self.need(quantity(lim) >= (req or 0), cw, "memory limit below the request")
         self.check_config_text(where, text)
+
+    def token(self, cw, c, spec, conf):
+        """The token reaches mapflowd as a file (--token_file), never as an argument."""
+        args = [str(a) for a in c.get("args") or []]
+        self.need(not any(a == "--token" or a.startswith("--token=") for a in args), cw,
+                  "token on the command line (readable in /proc/PID/cmdline): mount the Secret "
+                  "as a file and pass --token_file")
+        path = conf.get("token_file")
+        for i, a in enumerate(args):
+            if a == "--token_file" and i + 1 < len(args):
+                path = args[i + 1]
+            elif a.startswith("--token_file="):
+                path = a.split("=", 1)[1]
+        if not (conf.get("tcp") or conf.get("ucx")):
+            return
+        if not self.need(bool(path), cw, "tcp/ucx listener without a token: pass --token_file "
+                         "(the Secret mapflowd-token as a file)"):
+            return
+        vols = {v.get("name"): v for v in spec.get("volumes") or []}
+        mount = next((m for m in c.get("volumeMounts") or []
+                      if m.get("mountPath") == os.path.dirname(path)), None)
+        if not self.need(mount is not None, cw, f"token_file {path}: its directory is no volume mount"):
+            return
+        vol = vols.get(mount.get("name")) or {}
+        if vol.get("secret"):
+            # Secret files are root's; fsGroup adds group read, which mapflowd refuses.
+            mode = vol["secret"].get("defaultMode", 0o644)
+            user = (c.get("securityContext") or {}).get("runAsUser",
+                                                          (spec.get("securityContext") or {}).get("runAsUser"))
+            self.need(mode & 0o077 == 0 and "fsGroup" not in (spec.get("securityContext") or {}),
+                      cw, f"token_file {path}: mapflowd refuses a token file group or others may "
+                      f"read (defaultMode {mode:04o}, fsGroup adds group read)")
+            self.need(user in (None, 0), cw,
+                      f"token_file {path}: Secret files are root's, uid {user} cannot read a 0400 "
+                      "one; copy it in an init container (see daemonset.yaml)")
+        elif "emptyDir" in vol:
+            self.need((vol.get("emptyDir") or {}).get("medium") == "Memory", cw,
+                      f"token_file {path}: an emptyDir on the node's disk; use medium: Memory")
+            self.need(any(m.get("name") == mount.get("name")
+                          for ic in spec.get("initContainers") or []
+                          for m in ic.get("volumeMounts") or []),
+                      cw, f"token_file {path}: no init container writes its emptyDir")
+        else:
+            self.need(False, cw, f"token_file {path}: not on a Secret or memory emptyDir volume")
 
     def check_config_text(self, where, text):
         if not self.mapflowd:

@@ -31,7 +31,15 @@ daemonset.yaml | $C.readinessProbe.httpGet.path | set | "/healthz" | readinessPr
 daemonset.yaml | $C.volumeMounts[1].name | set | "socket" | volumeMount 'socket' names no volume
 daemonset.yaml | $C.resources.requests.memory | set | "4Gi" | the pinned host arena counts against the pod
 daemonset.yaml | $C.resources.limits | set | {"memory": "9Gi", "nvidia.com/gpu": 1} | must not take GPUs
-daemonset.yaml | $C.env[1].value | set | "0" | NVIDIA_VISIBLE_DEVICES=all
+daemonset.yaml | $C.env[0].value | set | "0" | NVIDIA_VISIBLE_DEVICES=all
+daemonset.yaml | $C.args | set | ["-c", "/etc/mapflowd/mapflowd.conf", "--token", "s3cret"] | token on the command line
+daemonset.yaml | $C.args | set | ["-c", "/etc/mapflowd/mapflowd.conf", "--token_file", "/run/secrets/mapflowd/token", "--token=x"] | token on the command line
+daemonset.yaml | $C.args | set | ["-c", "/etc/mapflowd/mapflowd.conf"] | tcp/ucx listener without a token
+daemonset.yaml | $C.args | set | ["-c", "/etc/mapflowd/mapflowd.conf", "--token_file", "/secrets/token"] | its directory is no volume mount
+daemonset.yaml | spec.template.spec.volumes[4].emptyDir.medium | set | "" | on the node's disk
+daemonset.yaml | spec.template.spec.initContainers[0].volumeMounts[3] | del | | no init container writes its emptyDir
+daemonset.yaml | spec.template.spec.volumes[4] | set | {"name": "token", "secret": {"secretName": "mapflowd-token", "defaultMode": 292}} | refuses a token file group or others may read
+daemonset.yaml | spec.template.spec.volumes[4] | set | {"name": "token", "secret": {"secretName": "mapflowd-token", "defaultMode": 256}} | Secret files are root's, uid 10001 cannot read
 daemonset.yaml | spec.template.spec.hostIPC | set | true | hostIPC: true is not needed
 daemonset.yaml | spec.template.spec.hostPID | set | true | hostPID: true is not needed
 daemonset.yaml | spec.template.spec.tolerations | del | | no toleration of the nvidia.com/gpu taint
