@@ -106,6 +106,10 @@ static const cdef_t g_table[] = {
      "SSD tier worker threads", NULL},
     {"max_connections", CT_COUNT, OFF(max_connections), "1024", 1, 1u << 20, 1,
      "most client connections at once", NULL},
+    {"frame_timeout", CT_DURATION, OFF(frame_timeout_ms), "30s", 0, 3600 * 1000ull, 1,
+     "close a connection whose partial frame has waited this long for the rest of its bytes "
+     "(a client that stopped mid-frame holds a connection slot until then); 0 = off",
+     NULL},
     {"log_level", CT_LEVEL, OFF(log_level), "info", 0, 0, 1,
      "error | warn | info | debug", NULL},
 };

@@ -51,6 +51,7 @@ typedef struct mfd_config {
     uint64_t max_batch;
     uint64_t io_threads;
     uint64_t max_connections;
+    uint64_t frame_timeout_ms; /* a partial frame older than this closes its connection; 0 = off */
     int log_level;             /* mfd_log_level_t */
 } mfd_config_t;
 

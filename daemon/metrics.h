@@ -74,7 +74,10 @@
       "put reservations that ran out their TTL")                                            \
     X(CONN_ACCEPTED, "connections_accepted_total", "", "client connections accepted")       \
     X(CONN_REJECTED, "connections_rejected_total", "",                                      \
-      "connections refused (limit, bad Hello, bad token)")
+      "connections refused (limit, bad Hello, bad token)")                                 \
+    X(CONN_FRAME_TIMEOUT, "connections_closed_total", "reason=\"frame_timeout\"",            \
+      "connections the daemon closed, by reason (frame_timeout: a partial frame waited "   \
+      "longer than frame_timeout)")
 
 typedef enum mfd_counter {
 #define MFD_CNT_ENUM_(id, fam, lab, help) MFD_C_##id,

@@ -174,6 +174,9 @@ static void conn_flush(mfd_conn_t *c)
     if (c->read_paused) {
         c->read_paused = 0;
         event_add(c->rev, NULL);
+        /* The wait was ours, not the client's: its partial frame starts its clock now. */
+        if (c->partial_since_ms)
+            c->partial_since_ms = mfd_now_ms();
     }
 }
 
@@ -1378,7 +1381,14 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
         }
         mfd_server_dispatch(c, env, f.payload, f.payload_len);
         mf_envelope_free(env);
+        c->partial_since_ms = 0; /* bytes left over begin the next frame */
     }
+    /* frame_timeout counts from the first byte of a frame, not from the last progress, so
+     * a client trickling a byte at a time cannot hold a slot forever either. */
+    if (!c->dead && mf_frame_reader_pending(&c->rd) == 0)
+        c->partial_since_ms = 0;
+    else if (!c->dead && !c->partial_since_ms)
+        c->partial_since_ms = mfd_now_ms();
     mfd_conn_unhold(c);
 }
 
@@ -1551,12 +1561,35 @@ static void expire_ticket(mfd_ticket_t *t, void *arg)
     release_ticket(t, s);
 }
 
+/* Closes connections whose partial frame is older than frame_timeout (not while we stopped
+ * reading them for backpressure: that wait is ours). */
+static void expire_partial_frames(mfd_server_t *s, uint64_t now)
+{
+    uint64_t limit = s->cfg.frame_timeout_ms;
+    if (!limit)
+        return;
+    for (mfd_conn_t *c = s->conns, *next; c; c = next) {
+        next = c->next;
+        if (c->dead || c->closing || c->read_paused || !c->partial_since_ms ||
+            now - c->partial_since_ms < limit)
+            continue;
+        mfd_warn("connection %s (%s): %zu bytes of a frame waited %llu ms for the rest "
+                 "(frame_timeout %llu ms), closing",
+                 c->peer, c->name[0] ? c->name : "no hello", mf_frame_reader_pending(&c->rd),
+                 (unsigned long long)(now - c->partial_since_ms), (unsigned long long)limit);
+        mfd_count(&s->metrics, MFD_C_CONN_FRAME_TIMEOUT, 1);
+        conn_close(c);
+    }
+}
+
 static void on_tick(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
     (void)what;
     mfd_server_t *s = arg;
-    mfd_tickets_expire(s->tickets, mfd_now_ms(), expire_ticket, s);
+    uint64_t now = mfd_now_ms();
+    mfd_tickets_expire(s->tickets, now, expire_ticket, s);
+    expire_partial_frames(s, now);
 }
 
 static void on_signal(evutil_socket_t sig, short what, void *arg)

@@ -48,6 +48,7 @@ typedef struct mfd_conn {
     int closing;             /* flush the output, then close (after a fatal error) */
     int dead;                /* closed; freed when `pending` reaches 0 */
     int read_paused;         /* output backlog too large */
+    uint64_t partial_since_ms; /* when the partial frame now buffered began; 0 = none */
     unsigned pending;        /* async operations that will reply later */
     char ns[MFD_NS_MAX + 1];
     size_t ns_len;

@@ -3,12 +3,15 @@
  * (mfd_server_t) runs in a thread on a unix socket in a temp dir and the tests speak
  * the wire protocol to it. Covers Hello + arena fd, two-phase put (arena and payload),
  * row validation, Lookup, Get (copy and lease), Release, namespaces, protocol errors,
- * durability across a restart, watermark demotion, List paging, config, profiles.
+ * durability across a restart, watermark demotion, List paging, config, profiles,
+ * frame_timeout (a client stuck mid-frame is closed, others are not).
  */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
+
+#include <poll.h>
 
 #include "test_daemon_util.h"
 
@@ -439,6 +442,52 @@ static void test_watermark_demotion(void **state)
     td_close(&c);
 }
 
+/* frame_timeout: a client that sent 3 bytes of a frame header and stopped is closed (and
+ * counted), while a client that completes its frames, or sends nothing, keeps working. */
+static void test_frame_timeout(void **state)
+{
+    fixture_t *f = *state;
+    td_stop(&f->d);
+    const char *extra[] = {"frame_timeout", "300ms", NULL};
+    assert_int_equal(td_start(&f->d, extra), 0);
+    td_cli_t ok, idle, stuck;
+    assert_int_equal(td_connect(&ok, f->d.sock, "ns-t", 0), 0);
+    assert_int_equal(td_connect(&idle, f->d.sock, "ns-t", 0), 0);
+    assert_int_equal(td_raw_connect(&stuck, f->d.sock), 0);
+    /* The first 3 bytes of a real frame: a header the daemon must wait for. */
+    Mapflow__V1__Hello h = MAPFLOW__V1__HELLO__INIT;
+    h.protocol_version = 1;
+    h.client_name = "stuck";
+    mf_envelope_t env = MAPFLOW__V1__ENVELOPE__INIT;
+    env.body_case = MAPFLOW__V1__ENVELOPE__BODY_HELLO;
+    env.hello = &h;
+    env.request_id = 1 + (uint64_t)(rand_r(&f->seed) % 1000);
+    uint8_t *buf;
+    size_t len;
+    assert_int_equal(mf_frame_encode(&env, NULL, 0, MF_FRAME_DEFAULT_MAX, &buf, &len), MF_OK);
+    assert_int_equal(send(stuck.fd, buf, 3, MSG_NOSIGNAL), 3);
+    free(buf);
+    /* Wait (bounded: 20 s) for the daemon to close `stuck`; `ok` is served meanwhile. */
+    int closed = 0, served = 0;
+    for (int i = 0; i < 400 && !closed; i++) {
+        struct pollfd p = {stuck.fd, POLLIN, 0};
+        if (poll(&p, 1, 50) == 1) {
+            char b;
+            closed = recv(stuck.fd, &b, 1, 0) == 0;
+        }
+        td_stat(&ok, "connections_accepted_total");
+        served++;
+    }
+    assert_true(closed);
+    assert_true(served > 0);
+    assert_int_equal(td_stat(&ok, "connections_closed_total{reason=\"frame_timeout\"}"), 1);
+    /* A connection with no partial frame is not timed out however long it idles. */
+    assert_int_equal(td_stat(&idle, "connections_closed_total{reason=\"frame_timeout\"}"), 1);
+    td_close(&stuck);
+    td_close(&idle);
+    td_close(&ok);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -448,6 +497,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_durable_survives_restart, setup, teardown),
         cmocka_unit_test_setup_teardown(test_admin_list_config_profile, setup, teardown),
         cmocka_unit_test_setup_teardown(test_watermark_demotion, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_frame_timeout, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
