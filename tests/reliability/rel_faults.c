@@ -269,8 +269,8 @@ static int fault_half_frame(const char *target)
                "64 connections: one announces a 1 MB frame and sends 100 bytes, 63 send 3 bytes "
                "of a length; a bystander works; one stalled frame is then completed with garbage",
                "bystander 60/60 ok; stalled clients get no reply and hold only their bytes; the "
-               "garbage frame got ErrorReply %s and a close (no idle timeout: bounded by "
-               "max_connections)",
+               "garbage frame got ErrorReply %s and a close (stalled frames are also closed "
+               "after frame_timeout, 30 s by default, longer than this test)",
                mf_status_name((mf_status_t)code));
     return 0;
 }
