@@ -307,7 +307,9 @@ static void peer_report(const opts_t *o, const uint8_t *host, const size_t *off,
     CK(cudaGetDeviceCount(&ndev));
     if (o->cross || o->device == 0 || ndev < 2) {
         printf("peer: n/a (target device %d, %d device(s) visible%s)\n", o->device, ndev,
-               o->cross ? ", the source's device hidden: rows staged through host memory" : "");
+               o->cross ? ", the source's device hidden from CUDA_VISIBLE_DEVICES: the views "
+                          "above say whether its arena still opened (device views) or rows "
+                          "came staged through host memory" : "");
         return;
     }
     int dev = o->device, to0 = 0, from0 = 0, rank = -1, atom = -1, sup = -1;
