@@ -216,7 +216,12 @@ extern "C" int mfw_cuda_usable(char *why, size_t whylen)
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n == 0) {
-        snprintf(why, whylen, "%s", e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device");
+        /* cudart says "driver version is insufficient" when there is no driver at all. */
+        snprintf(why, whylen, "%s",
+                 e == cudaErrorInsufficientDriver ? "no CUDA driver, or one older than this "
+                                                    "build's runtime (CUDA 13)"
+                 : e != cudaSuccess               ? cudaGetErrorString(e)
+                                                  : "no CUDA device");
         cudaGetLastError(); /* clear it: the CPU path goes on */
         return 0;
     }
