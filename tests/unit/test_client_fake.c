@@ -50,27 +50,7 @@ typedef struct fake {
 
 static void send_env(fake_t *f, mf_envelope_t *env, const void *payload, size_t len, int fd)
 {
-    uint8_t *buf;
-    size_t n;
-    assert_int_equal(mf_frame_encode(env, payload, len, MF_FRAME_DEFAULT_MAX, &buf, &n), MF_OK);
-    struct iovec iov = {buf, n};
-    union {
-        struct cmsghdr h;
-        char b[CMSG_SPACE(sizeof(int))];
-    } cm;
-    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
-    if (fd >= 0) {
-        m.msg_control = cm.b;
-        m.msg_controllen = sizeof(cm.b);
-        struct cmsghdr *c = CMSG_FIRSTHDR(&m);
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(c), &fd, sizeof(int));
-    }
-    ssize_t w = sendmsg(f->cfd, &m, MSG_NOSIGNAL);
-    (void)w;
-    free(buf);
+    assert_int_equal(tc_send_frame(f->cfd, env, payload, len, fd), MF_OK);
 }
 
 static void reply_error(fake_t *f, uint64_t id, mf_status_t code, const char *msg)

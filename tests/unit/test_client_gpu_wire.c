@@ -55,28 +55,8 @@ typedef struct liar {
 
 static void send_env(liar_t *l, mf_envelope_t *env, int fd)
 {
-    uint8_t *buf;
-    size_t n;
-    if (mf_frame_encode(env, NULL, 0, MF_FRAME_DEFAULT_MAX, &buf, &n) != MF_OK)
+    if (tc_send_frame(l->cfd, env, NULL, 0, fd) != MF_OK)
         _exit(3);
-    struct iovec iov = {buf, n};
-    union {
-        struct cmsghdr h;
-        char b[CMSG_SPACE(sizeof(int))];
-    } cm;
-    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
-    if (fd >= 0) {
-        m.msg_control = cm.b;
-        m.msg_controllen = sizeof(cm.b);
-        struct cmsghdr *c = CMSG_FIRSTHDR(&m);
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(c), &fd, sizeof(int));
-    }
-    ssize_t w = sendmsg(l->cfd, &m, MSG_NOSIGNAL);
-    (void)w;
-    free(buf);
 }
 
 static void liar_hello(liar_t *l, const mf_envelope_t *q)

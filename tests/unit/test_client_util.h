@@ -1,7 +1,7 @@
 /*
  * test_client_util.h — helpers shared by the client tests (tests/unit/test_client_*.c):
  * a seeded random map row builder (real rows, checksum and all, never zeros) and a
- * temporary directory. Header-only so each test binary stays one .c file.
+ * temporary directory, and the frame sender of the scripted fake daemons. Header-only so each test binary stays one .c file.
  */
 #ifndef TEST_CLIENT_UTIL_H
 #define TEST_CLIENT_UTIL_H
@@ -10,8 +10,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "mapflow.h"
+#include "mf_frame.h"
 
 /* xorshift64*: deterministic per seed. */
 static inline uint64_t tc_rand(uint64_t *s)
@@ -85,6 +87,40 @@ static inline void *tc_make_row(const char *ns, const char *model, uint32_t laye
     free(mass);
     free(h);
     return row;
+}
+
+/*
+ * A scripted fake daemon's send: one frame (Envelope + payload) on sock, with fd passed as
+ * SCM_RIGHTS when fd >= 0 (the host arena). Returns the encode status; a failed send is
+ * ignored on purpose (the client under test may already have closed its end).
+ */
+static inline mf_status_t tc_send_frame(int sock, mf_envelope_t *env, const void *payload,
+                                        size_t len, int fd)
+{
+    uint8_t *buf;
+    size_t n;
+    mf_status_t st = mf_frame_encode(env, payload, len, MF_FRAME_DEFAULT_MAX, &buf, &n);
+    if (st != MF_OK)
+        return st;
+    struct iovec iov = {buf, n};
+    union {
+        struct cmsghdr h;
+        char b[CMSG_SPACE(sizeof(int))];
+    } cm;
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (fd >= 0) {
+        m.msg_control = cm.b;
+        m.msg_controllen = sizeof(cm.b);
+        struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(c), &fd, sizeof(int));
+    }
+    ssize_t w = sendmsg(sock, &m, MSG_NOSIGNAL);
+    (void)w;
+    free(buf);
+    return MF_OK;
 }
 
 #endif /* TEST_CLIENT_UTIL_H */
