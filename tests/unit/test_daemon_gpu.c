@@ -171,22 +171,15 @@ static put_res_t put_row(td_cli_t *c, const gview_t *gv, uint32_t layer, mf_hash
 {
     put_res_t res = {-1, 0, 0, 0, 0};
     uint8_t hb[16];
-    mf_hash_to_le(hash, hb);
-    Mapflow__V1__Key key = MAPFLOW__V1__KEY__INIT;
-    key.model = MODEL;
-    key.layer = layer;
-    key.hash.data = hb;
-    key.hash.len = 16;
+    Mapflow__V1__Key key;
+    td_key(&key, hb, MODEL, layer, hash);
     Mapflow__V1__PutBegin pb = MAPFLOW__V1__PUT_BEGIN__INIT;
     pb.key = &key;
     pb.size = size;
     pb.gpu_mapped = gpu_mapped;
     pb.want_tier = want_tier;
     pb.gpu_arena = gpu_arena_plus1;
-    mf_envelope_t env = MAPFLOW__V1__ENVELOPE__INIT;
-    env.body_case = MAPFLOW__V1__ENVELOPE__BODY_PUT_BEGIN;
-    env.put_begin = &pb;
-    mf_envelope_t *r = td_call(c, &env, NULL, 0);
+    mf_envelope_t *r = td_put_begin(c, &pb);
     assert_non_null(r);
     if (r->body_case != MAPFLOW__V1__ENVELOPE__BODY_PUT_BEGIN_REPLY) {
         res.status = r->body_case == MAPFLOW__V1__ENVELOPE__BODY_ERROR ? (int)r->error->code : -1;
@@ -213,12 +206,7 @@ static put_res_t put_row(td_cli_t *c, const gview_t *gv, uint32_t layer, mf_hash
         assert_int_equal(res.tier, MAPFLOW__V1__TIER__TIER_HOST);
         memcpy(c->arena + off, row, size);
     }
-    Mapflow__V1__PutCommit pc = MAPFLOW__V1__PUT_COMMIT__INIT;
-    pc.reservation_id = rid;
-    mf_envelope_t env2 = MAPFLOW__V1__ENVELOPE__INIT;
-    env2.body_case = MAPFLOW__V1__ENVELOPE__BODY_PUT_COMMIT;
-    env2.put_commit = &pc;
-    r = td_call(c, &env2, res.in_arena ? NULL : row, res.in_arena ? 0 : size);
+    r = td_put_commit(c, rid, res.in_arena ? NULL : row, res.in_arena ? 0 : size);
     assert_non_null(r);
     if (r->body_case == MAPFLOW__V1__ENVELOPE__BODY_PUT_COMMIT_REPLY) {
         res.status = 0;
@@ -545,28 +533,18 @@ static void test_write_through_restart(void **state)
             assert_int_equal(p.commit_tier, MAPFLOW__V1__TIER__TIER_GPU);
         }
     /* One durable put: acknowledged only after its synced write from the GPU row. */
-    Mapflow__V1__Key key = MAPFLOW__V1__KEY__INIT;
+    Mapflow__V1__Key key;
     uint8_t hb[16];
-    mf_hash_to_le(rows_hash(&rs, 0), hb);
-    key.model = MODEL;
-    key.layer = 0;
-    key.hash.data = hb;
-    key.hash.len = 16;
+    td_key(&key, hb, MODEL, 0, rows_hash(&rs, 0));
     Mapflow__V1__PutBegin pb = MAPFLOW__V1__PUT_BEGIN__INIT;
     pb.key = &key;
     pb.size = rs.size[0];
     pb.durable = 1;
-    mf_envelope_t env = MAPFLOW__V1__ENVELOPE__INIT;
-    env.body_case = MAPFLOW__V1__ENVELOPE__BODY_PUT_BEGIN;
-    env.put_begin = &pb;
-    mf_envelope_t *r = td_call(&c, &env, NULL, 0);
+    mf_envelope_t *r = td_put_begin(&c, &pb);
     assert_int_equal(r->put_begin_reply->tier, MAPFLOW__V1__TIER__TIER_GPU);
-    Mapflow__V1__PutCommit pc = MAPFLOW__V1__PUT_COMMIT__INIT;
-    pc.reservation_id = r->put_begin_reply->reservation_id;
+    uint64_t rid = r->put_begin_reply->reservation_id;
     mf_envelope_free(r);
-    env.body_case = MAPFLOW__V1__ENVELOPE__BODY_PUT_COMMIT;
-    env.put_commit = &pc;
-    r = td_call(&c, &env, rs.row[0], rs.size[0]);
+    r = td_put_commit(&c, rid, rs.row[0], rs.size[0]);
     assert_int_equal(r->body_case, MAPFLOW__V1__ENVELOPE__BODY_PUT_COMMIT_REPLY);
     assert_true(r->put_commit_reply->durable);
     assert_int_equal(r->put_commit_reply->tier, MAPFLOW__V1__TIER__TIER_GPU);
@@ -756,21 +734,14 @@ static int put_from_device(td_cli_t *c, const gview_t *gv, uint32_t layer, mf_ha
                            mf_cu_deviceptr_t src, size_t size)
 {
     uint8_t hb[16];
-    mf_hash_to_le(hash, hb);
-    Mapflow__V1__Key key = MAPFLOW__V1__KEY__INIT;
-    key.model = MODEL;
-    key.layer = layer;
-    key.hash.data = hb;
-    key.hash.len = 16;
+    Mapflow__V1__Key key;
+    td_key(&key, hb, MODEL, layer, hash);
     Mapflow__V1__PutBegin pb = MAPFLOW__V1__PUT_BEGIN__INIT;
     pb.key = &key;
     pb.size = size;
     pb.gpu_mapped = mapped_mask(gv);
-    mf_envelope_t env = MAPFLOW__V1__ENVELOPE__INIT;
-    env.body_case = MAPFLOW__V1__ENVELOPE__BODY_PUT_BEGIN;
-    env.put_begin = &pb;
     double t0 = mono_s();
-    mf_envelope_t *r = td_call(c, &env, NULL, 0);
+    mf_envelope_t *r = td_put_begin(c, &pb);
     double t1 = mono_s();
     g_t_begin += t1 - t0;
     assert_non_null(r);
@@ -787,12 +758,9 @@ static int put_from_device(td_cli_t *c, const gview_t *gv, uint32_t layer, mf_ha
     assert_int_equal(cu->cuCtxSynchronize(), 0); /* landed before the daemon looks */
     double t2 = mono_s();
     g_t_copy += t2 - t1;
-    Mapflow__V1__PutCommit pc = MAPFLOW__V1__PUT_COMMIT__INIT;
-    pc.reservation_id = p->reservation_id;
+    uint64_t rid = p->reservation_id;
     mf_envelope_free(r);
-    env.body_case = MAPFLOW__V1__ENVELOPE__BODY_PUT_COMMIT;
-    env.put_commit = &pc;
-    r = td_call(c, &env, NULL, 0);
+    r = td_put_commit(c, rid, NULL, 0);
     g_t_commit += mono_s() - t2;
     assert_non_null(r);
     int st = 0;

@@ -313,6 +313,39 @@ static inline uint64_t td_stat(td_cli_t *c, const char *name)
     return v;
 }
 
+/* The pieces of a two-phase put, for td_put and tests that put differently (GPU arenas):
+ * a Key over hb (16 bytes the caller keeps), PutBegin, and PutCommit with an optional
+ * payload. The replies are the caller's to free. */
+static inline void td_key(Mapflow__V1__Key *key, uint8_t hb[16], const char *model,
+                          uint32_t layer, mf_hash128_t h)
+{
+    mf_hash_to_le(h, hb);
+    *key = (Mapflow__V1__Key)MAPFLOW__V1__KEY__INIT;
+    key->model = (char *)model;
+    key->layer = layer;
+    key->hash.data = hb;
+    key->hash.len = 16;
+}
+
+static inline mf_envelope_t *td_put_begin(td_cli_t *c, Mapflow__V1__PutBegin *pb)
+{
+    mf_envelope_t env = MAPFLOW__V1__ENVELOPE__INIT;
+    env.body_case = MAPFLOW__V1__ENVELOPE__BODY_PUT_BEGIN;
+    env.put_begin = pb;
+    return td_call(c, &env, NULL, 0);
+}
+
+static inline mf_envelope_t *td_put_commit(td_cli_t *c, uint64_t rid, const void *payload,
+                                           size_t len)
+{
+    Mapflow__V1__PutCommit pc = MAPFLOW__V1__PUT_COMMIT__INIT;
+    pc.reservation_id = rid;
+    mf_envelope_t env = MAPFLOW__V1__ENVELOPE__INIT;
+    env.body_case = MAPFLOW__V1__ENVELOPE__BODY_PUT_COMMIT;
+    env.put_commit = &pc;
+    return td_call(c, &env, payload, len);
+}
+
 /* Two-phase put of `row` under (model, layer, hash): through the arena when the client
  * mapped it, as a payload otherwise. Returns the commit reply's status (0 = OK) and fills
  * *got_durable when not NULL. (Callers include cmocka before this header.) */
@@ -320,20 +353,13 @@ static inline int td_put(td_cli_t *c, const char *model, uint32_t layer, mf_hash
                          const uint8_t *row, size_t size, int durable, int *got_durable)
 {
     uint8_t hash[16];
-    mf_hash_to_le(h, hash);
-    Mapflow__V1__Key key = MAPFLOW__V1__KEY__INIT;
-    key.model = (char *)model;
-    key.layer = layer;
-    key.hash.data = hash;
-    key.hash.len = 16;
+    Mapflow__V1__Key key;
+    td_key(&key, hash, model, layer, h);
     Mapflow__V1__PutBegin pb = MAPFLOW__V1__PUT_BEGIN__INIT;
     pb.key = &key;
     pb.size = size;
     pb.durable = durable;
-    mf_envelope_t env = MAPFLOW__V1__ENVELOPE__INIT;
-    env.body_case = MAPFLOW__V1__ENVELOPE__BODY_PUT_BEGIN;
-    env.put_begin = &pb;
-    mf_envelope_t *r = td_call(c, &env, NULL, 0);
+    mf_envelope_t *r = td_put_begin(c, &pb);
     int rc = -1;
     if (!r || r->body_case != MAPFLOW__V1__ENVELOPE__BODY_PUT_BEGIN_REPLY) {
         rc = r && r->body_case == MAPFLOW__V1__ENVELOPE__BODY_ERROR ? (int)r->error->code : -1;
@@ -348,12 +374,7 @@ static inline int td_put(td_cli_t *c, const char *model, uint32_t layer, mf_hash
         memcpy(c->arena + r->put_begin_reply->arena_offset, row, size);
     }
     mf_envelope_free(r);
-    Mapflow__V1__PutCommit pc = MAPFLOW__V1__PUT_COMMIT__INIT;
-    pc.reservation_id = rid;
-    mf_envelope_t env2 = MAPFLOW__V1__ENVELOPE__INIT;
-    env2.body_case = MAPFLOW__V1__ENVELOPE__BODY_PUT_COMMIT;
-    env2.put_commit = &pc;
-    r = td_call(c, &env2, in_arena ? NULL : row, in_arena ? 0 : size);
+    r = td_put_commit(c, rid, in_arena ? NULL : row, in_arena ? 0 : size);
     if (r && r->body_case == MAPFLOW__V1__ENVELOPE__BODY_PUT_COMMIT_REPLY) {
         rc = 0;
         if (got_durable)
