@@ -12,34 +12,16 @@ import os
 import random
 import shutil
 import signal
-import struct
-import subprocess
 import sys
 import tempfile
 import time
 import unittest
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-BUILD = os.path.join(ROOT, os.environ.get("MF_BUILD", "build"))
-MF_BIN = os.environ.get("MF_BIN", os.path.join(BUILD, "bin"))
-LIB = os.environ.setdefault("MAPFLOW_LIB", os.path.join(BUILD, "lib", "libmapflow.so.0"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import mftest  # noqa: E402
 
-
-def _preload_asan():
-    """A sanitized libmapflow (make asan) needs the ASan runtime loaded first."""
-    if os.environ.get("LD_PRELOAD") or not os.path.exists(LIB):
-        return
-    out = subprocess.run(["ldd", LIB], capture_output=True, text=True).stdout
-    for line in out.splitlines():
-        if "libasan" in line and "=>" in line:
-            env = dict(os.environ, LD_PRELOAD=line.split("=>")[1].split()[0],
-                       ASAN_OPTIONS="detect_leaks=0")
-            os.execve(sys.executable, [sys.executable] + sys.argv, env)
-
-
-_preload_asan()
-sys.path.insert(0, os.path.join(ROOT, "client", "python"))
-import mapflow  # noqa: E402
+mftest.preload_asan()
+mapflow = mftest.import_mapflow()
 
 try:
     import numpy as np
@@ -52,45 +34,6 @@ B = 16
 
 
 
-def read_bytes(path):
-    with open(path, "rb") as f:
-        return f.read()
-
-class Daemon:
-    def __init__(self, tmp):
-        self.tmp = tmp
-        self.sock = os.path.join(tmp, "d.sock")
-        self.proc = None
-
-    def start(self):
-        self.log = open(os.path.join(self.tmp, "daemon.log"), "ab")
-        self.proc = subprocess.Popen(
-            [os.path.join(MF_BIN, "mapflowd"), "--socket", self.sock, "--data_dir",
-             os.path.join(self.tmp, "data"), "--http", "127.0.0.1:0", "--host_bytes", "64mb"],
-            stdout=self.log, stderr=subprocess.STDOUT)
-        for _ in range(500):
-            if self.proc.poll() is not None:
-                raise RuntimeError("mapflowd exited during start: " + self.logtail())
-            try:
-                with mapflow.Channel("unix:" + self.sock, timeout_ms=1000) as ch:
-                    ch.health()
-                return
-            except mapflow.MapflowError:
-                time.sleep(0.02)
-        raise RuntimeError("mapflowd did not come up: " + self.logtail())
-
-    def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        rc = self.proc.wait(timeout=20)
-        self.log.close()
-        if rc != 0:
-            raise AssertionError("mapflowd exited %d on SIGTERM: %s" % (rc, self.logtail()))
-
-    def logtail(self):
-        with open(os.path.join(self.tmp, "daemon.log"), "rb") as f:
-            return f.read()[-2000:].decode(errors="replace")
-
-
 class BindingTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -98,20 +41,9 @@ class BindingTest(unittest.TestCase):
         rng = random.Random(8)
         cls.nb = 6
         cls.tokens = [rng.randrange(1, 50000) for _ in range(cls.nb * B + 5)]
-        tok = os.path.join(cls.tmp, "tok")
-        with open(tok, "wb") as f:
-            f.write(struct.pack("<%dI" % len(cls.tokens), *cls.tokens))
-        cls.rows = {}
-        for layer in (3, 4):
-            out = os.path.join(cls.tmp, "rows%d" % layer)
-            subprocess.run([os.path.join(MF_BIN, "mapflow-synth"), "--model", MODEL, "--layer",
-                            str(layer), "--block", str(B), "--heads", "4", "--tokens", tok,
-                            "--codec", "fp16", "--top-p", "0.9", "--seed", str(layer),
-                            "--out", out, "--ns", NS], check=True, stdout=subprocess.DEVNULL)
-            cls.rows[layer] = [read_bytes(os.path.join(out, "row-%d.bin" % i))
-                               for i in range(cls.nb)]
+        cls.rows = mftest.synth_rows(cls.tmp, NS, MODEL, B, cls.tokens, (3, 4), cls.nb, 0)
         cls.hashes = mapflow.hash_prefix(NS, MODEL, B, cls.tokens)
-        cls.d = Daemon(cls.tmp)
+        cls.d = mftest.Daemon(cls.tmp, mapflow, "--host_bytes", "64mb")
         cls.d.start()
 
     @classmethod

@@ -14,40 +14,20 @@ import ctypes as C
 import os
 import random
 import shutil
-import signal
-import struct
-import subprocess
 import sys
 import tempfile
-import time
 import unittest
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-BUILD = os.path.join(ROOT, os.environ.get("MF_BUILD", "build"))
-MF_BIN = os.environ.get("MF_BIN", os.path.join(BUILD, "bin"))
-LIB = os.environ.setdefault("MAPFLOW_LIB", os.path.join(BUILD, "lib", "libmapflow.so.0"))
-FAKE = os.path.join(BUILD, "lib", "tests", "libfakecuda.so")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import mftest  # noqa: E402
 
-
-def _preload_asan():
-    """A sanitized libmapflow (make asan) needs the ASan runtime loaded first."""
-    if os.environ.get("LD_PRELOAD") or not os.path.exists(LIB):
-        return
-    out = subprocess.run(["ldd", LIB], capture_output=True, text=True).stdout
-    for line in out.splitlines():
-        if "libasan" in line and "=>" in line:
-            env = dict(os.environ, LD_PRELOAD=line.split("=>")[1].split()[0],
-                       ASAN_OPTIONS="detect_leaks=0")
-            os.execve(sys.executable, [sys.executable] + sys.argv, env)
-
-
-_preload_asan()
+FAKE = os.path.join(mftest.BUILD, "lib", "tests", "libfakecuda.so")
+mftest.preload_asan()
 # Read once per process by libmapflow's driver loader, and inherited by mapflowd.
 os.environ["MF_CUDA_DRIVER"] = os.path.abspath(FAKE)
 os.environ["FAKECUDA_DEVICES"] = "2"
 os.environ.pop("FAKECUDA_NO_PEER", None)
-sys.path.insert(0, os.path.join(ROOT, "client", "python"))
-import mapflow  # noqa: E402
+mapflow = mftest.import_mapflow()
 
 NS = "py-gpu"
 MODEL = "py-gpu-src"
@@ -95,46 +75,17 @@ class GpuBindingTest(unittest.TestCase):
         rng = random.Random(17)
         cls.nb = 5
         cls.tokens = [rng.randrange(1, 50000) for _ in range(cls.nb * B + 3)]
-        tok = os.path.join(cls.tmp, "tok")
-        with open(tok, "wb") as f:
-            f.write(struct.pack("<%dI" % len(cls.tokens), *cls.tokens))
-        cls.rows = {}
-        for layer in (1, 2):
-            out = os.path.join(cls.tmp, "rows%d" % layer)
-            subprocess.run([os.path.join(MF_BIN, "mapflow-synth"), "--model", MODEL, "--layer",
-                            str(layer), "--block", str(B), "--heads", "4", "--tokens", tok,
-                            "--codec", "fp16", "--top-p", "0.9", "--seed", str(layer + 40),
-                            "--out", out, "--ns", NS], check=True, stdout=subprocess.DEVNULL)
-            cls.rows[layer] = []
-            for i in range(cls.nb):
-                with open(os.path.join(out, "row-%d.bin" % i), "rb") as f:
-                    cls.rows[layer].append(f.read())
+        cls.rows = mftest.synth_rows(cls.tmp, NS, MODEL, B, cls.tokens, (1, 2), cls.nb, 40)
         cls.hashes = mapflow.hash_prefix(NS, MODEL, B, cls.tokens)
-        cls.sock = os.path.join(cls.tmp, "d.sock")
-        cls.log = open(os.path.join(cls.tmp, "daemon.log"), "ab")
-        cls.proc = subprocess.Popen(
-            [os.path.join(MF_BIN, "mapflowd"), "--socket", cls.sock, "--data_dir",
-             os.path.join(cls.tmp, "data"), "--http", "127.0.0.1:0", "--host_bytes", "32mb",
-             "--gpu_bytes", "8mb"], stdout=cls.log, stderr=subprocess.STDOUT)
-        for _ in range(500):
-            if cls.proc.poll() is not None:
-                raise RuntimeError("mapflowd exited during start")
-            try:
-                with mapflow.Channel("unix:" + cls.sock, timeout_ms=1000) as ch:
-                    ch.health()
-                break
-            except mapflow.MapflowError:
-                time.sleep(0.02)
+        cls.d = mftest.Daemon(cls.tmp, mapflow, "--host_bytes", "32mb", "--gpu_bytes", "8mb")
+        cls.d.start()
+        cls.sock = cls.d.sock
         cls.cu = FakeCuda()
 
     @classmethod
     def tearDownClass(cls):
         try:
-            cls.proc.send_signal(signal.SIGTERM)
-            rc = cls.proc.wait(timeout=20)
-            cls.log.close()
-            if rc != 0:
-                raise AssertionError("mapflowd exited %d on SIGTERM" % rc)
+            cls.d.stop()
         finally:
             shutil.rmtree(cls.tmp, ignore_errors=True)
 
