@@ -163,6 +163,16 @@ class Clock:
 
 # ==== profile =============================================================================
 
+def variant_layers(var, src_layers, layer_map, n_prob):
+    """Codec name per exported source layer and mode per target layer for a variant: prob
+    rows on the first n_prob exported layers (what fits in the daemon), mask rows elsewhere."""
+    codec_name, mode_name = VARIANTS[var]
+    names = {sl: codec_name if mode_name == "mask" or k < n_prob else "mask"
+             for k, sl in enumerate(src_layers)}
+    modes = {tl: "mask" if names[sl] == "mask" else "prob" for tl, sl in layer_map.items()}
+    return names, modes
+
+
 def make_profile(tgt, src, l0):
     """Target layer → source layer (same relative depth) for layers ≥ L0; W [Ht, Hs]:
     target head t mixes source heads s(t) and s(t)+1 (0.75 / 0.25), the usual shape of a
@@ -756,14 +766,9 @@ class Bench:
                     % (n, var, self.left(), need))
                 continue
             tv = time.perf_counter()
-            codec_name, mode_name = VARIANTS[var]
-            model = "src-%s-%d" % (codec_name, n)
-            # prob rows on the first n_prob exported layers (what fits), mask rows elsewhere
-            codecs = {sl: self.mfk.CODECS[codec_name if mode_name == "mask" or
-                                          k < n_prob else "mask"]
-                      for k, sl in enumerate(self.src_layers)}
-            modes = {tl: "mask" if codecs[sl] == self.R.MASK else "prob"
-                     for tl, sl in self.map.items()}
+            model = "src-%s-%d" % (VARIANTS[var][0], n)
+            names, modes = variant_layers(var, self.src_layers, self.map, n_prob)
+            codecs = {sl: self.mfk.CODECS[x] for sl, x in names.items()}
             self.store.counts = {}
             try:
                 srec, t_src_done = self.source_handoff(n, tok, tok32, codecs, top_p, entries,

@@ -244,7 +244,7 @@ class Worker(H.Bench):
         self.clock.sync()
         t2 = time.perf_counter()
         st.release(results)
-        staged = got = None
+        del got, staged  # drop the views and staged copies before the next measurement
         tot = sum(lb.values())
         r = {"ipc_bytes": tot, "ipc_get_ms": (t1 - t0) * 1e3, "ipc_copy_ms": (t2 - t1) * 1e3,
              "ipc_get_copy_GBps": tot / (t2 - t0) / 1e9, "ipc_copy_GBps": tot / (t2 - t1) / 1e9}
@@ -411,7 +411,6 @@ class TwoGpu(H.Bench):
         a, t = self.a, self.t
         tok_np, tok = self.tokens(n)
         tok32 = tok_np.astype(np.uint32)
-        nb = n // H.B
         rec = {"N": n}
         reps = a.reps
         pw = self.workers["peer"]
@@ -434,13 +433,9 @@ class TwoGpu(H.Bench):
         per_layer, n_prob = H.n_prob_layers(self, n, st)
         rec.update(prob_row_bytes_per_layer_est=per_layer, prob_layers=n_prob)
         for var in a.variants:
-            codec_name, mode_name = H.VARIANTS[var]
-            model = "src2-%s-%d" % (codec_name, n)
-            names = {sl: codec_name if mode_name == "mask" or k < n_prob else "mask"
-                     for k, sl in enumerate(self.src_layers)}
+            model = "src2-%s-%d" % (H.VARIANTS[var][0], n)
+            names, modes = H.variant_layers(var, self.src_layers, self.map, n_prob)
             codecs = {sl: self.mfk.CODECS[x] for sl, x in names.items()}
-            modes = {tl: "mask" if names[sl] == "mask" else "prob"
-                     for tl, sl in self.map.items()}
             self.store.counts = {}
             try:
                 srec, t_src_done = self.source_handoff(n, tok, tok32, codecs, top_p, entries,
