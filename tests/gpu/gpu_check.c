@@ -25,15 +25,7 @@
 #include "mf_codec.h"
 #include "synth.h"
 
-#define CK(x)                                                                           \
-    do {                                                                                \
-        cudaError_t e_ = (x);                                                           \
-        if (e_ != cudaSuccess) {                                                        \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x,                   \
-                    cudaGetErrorString(e_));                                            \
-            exit(2);                                                                    \
-        }                                                                               \
-    } while (0)
+#include "gpu_util.h"
 
 #define MAX_RESULTS 256
 typedef struct result {
