@@ -80,7 +80,10 @@ for a, b in zip(s, s[1:]):
     assert all(b["counters"][k] >= a["counters"].get(k, 0) for k in b["counters"]), (a, b)
 assert s[0]["counters"]["puts_total"] >= 12, s[0]
 PY
-ctl stats --interval 0.05 --count 2 | grep -q "puts_total .*/s$" || fail "text rates"
+# Captured first: `ctl | grep -q` under pipefail fails when grep exits early and ctl gets
+# SIGPIPE writing the rest (a flake seen in make test).
+rates=$(ctl stats --interval 0.05 --count 2) || fail "stats --interval (text)"
+grep -q "puts_total .*/s$" <<<"$rates" || fail "text rates"
 
 # Profiles: raw bytes in, the same bytes and a JSON decoding out.
 "$PYTHON" - "$MF_TMP/prof.pb" <<'PY'
@@ -105,7 +108,8 @@ prof = s(1, b"ctl-src") + s(2, b"ctl-tgt") + f(3, 0, v(16)) + f(4, 0, v(2)) + \
     f(5, 0, v(8)) + s(6, layer) + s(8, b"test_client_ctl")
 open(sys.argv[1], "wb").write(prof)
 PY
-ctl --json profile put --file "$MF_TMP/prof.pb" | grep -q '"stored":true' || fail "profile put"
+out=$(ctl --json profile put --file "$MF_TMP/prof.pb") || fail "profile put (exit)"
+grep -q '"stored":true' <<<"$out" || fail "profile put"
 ctl profile get --source ctl-src --target ctl-tgt --out "$MF_TMP/back.pb" >/dev/null || fail "profile get"
 cmp -s "$MF_TMP/prof.pb" "$MF_TMP/back.pb" || fail "profile bytes differ"
 ctl --json profile get --source ctl-src --target ctl-tgt | "$PYTHON" -c '
