@@ -14,20 +14,35 @@ MAPFLOW_A       := $(LIB)/libmapflow.a
 MAPFLOW_SO_REAL := $(LIB)/libmapflow.so.$(MF_MAJOR).$(MF_MINOR).$(MF_PATCH)
 MAPFLOW_SO      := $(LIB)/libmapflow.so
 MAPFLOW_LDLIBS  := -lxxhash -lprotobuf-c -lm -lpthread
+MAPFLOW_HEADERS := client/mapflow.h proto/mf_status.h proto/mf_hash.h proto/mf_row.h
+MAPFLOW_MAP     := $(OBJ)/client/libmapflow.map
 
 # Only what mapflow.h marks MF_EXPORT (and the proto/ API it re-exports) is visible.
 $(CLIENT_LIB_OBJS): CFLAGS += -fvisibility=hidden -DMF_BUILDING_LIBRARY
+
+# The linker version script: the functions the installed headers declare, nothing else
+# (proto/ is linked in whole and built with default visibility for the daemon, so without
+# it the generated protobuf code and the frame/codec internals would be exported too).
+# Made from the headers so that declaring a function is what exports it;
+# tests/python/test_abi_symbols.py checks the result against `nm -D` independently.
+$(MAPFLOW_MAP): $(MAPFLOW_HEADERS) client/client.mk
+	@mkdir -p $(dir $@)
+	$(Q){ echo 'MAPFLOW_0 {'; echo '  global:'; \
+	  sed -n -E -e '/^(static|typedef|extern)[ (]/d' \
+	    -e 's/^(MF_EXPORT )?([A-Za-z_][A-Za-z0-9_]* )+[*]*(mf_[a-z0-9_]+)[(].*/    \3;/p' \
+	    $(MAPFLOW_HEADERS) | sort -u; \
+	  echo '  local: *;'; echo '};'; } >$@.tmp && mv $@.tmp $@
 
 $(MAPFLOW_A): $(CLIENT_LIB_OBJS) $(PROTO_OBJS)
 	@mkdir -p $(dir $@)
 	@[ "$(V)" != 0 ] || echo "  AR    $@"
 	$(Q)rm -f $@ && ar rcs $@ $^
 
-$(MAPFLOW_SO_REAL): $(CLIENT_LIB_OBJS) $(PROTO_A)
+$(MAPFLOW_SO_REAL): $(CLIENT_LIB_OBJS) $(PROTO_A) $(MAPFLOW_MAP)
 	@mkdir -p $(dir $@)
 	@[ "$(V)" != 0 ] || echo "  LD    $@"
 	$(Q)$(CC) -shared $(ALL_CFLAGS) $(LDFLAGS) -Wl,-soname,libmapflow.so.$(MF_MAJOR) \
-	  -Wl,--no-undefined -o $@ $(CLIENT_LIB_OBJS) \
+	  -Wl,--no-undefined -Wl,--version-script=$(MAPFLOW_MAP) -o $@ $(CLIENT_LIB_OBJS) \
 	  -Wl,--whole-archive $(PROTO_A) -Wl,--no-whole-archive $(MAPFLOW_LDLIBS)
 
 # The links are remade every time (make judges a link by its target's age, so a version
@@ -67,7 +82,6 @@ BINDIR         ?= $(PREFIX)/bin
 LIBDIR         ?= $(PREFIX)/lib
 INCLUDEDIR     ?= $(PREFIX)/include
 PYTHON_SITEDIR ?= $(PREFIX)/lib/python3/dist-packages
-MAPFLOW_HEADERS := client/mapflow.h proto/mf_status.h proto/mf_hash.h proto/mf_row.h
 MAPFLOW_PY      := $(wildcard client/python/mapflow/*.py)
 
 .PHONY: install-client
