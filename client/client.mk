@@ -7,7 +7,7 @@ MF_MAJOR := $(call MF_VER_OF,MAJOR)
 MF_MINOR := $(call MF_VER_OF,MINOR)
 MF_PATCH := $(call MF_VER_OF,PATCH)
 
-CLIENT_LIB_SRCS := client/channel.c client/cq.c client/calls.c client/admin.c client/gpu.c \
+CLIENT_LIB_SRCS := client/channel.c client/cq.c client/calls.c client/admin.c client/gpu.c client/abi.c \
                    client/transport_ucx.c
 CLIENT_LIB_OBJS := $(CLIENT_LIB_SRCS:%.c=$(OBJ)/%.o)
 MAPFLOW_A       := $(LIB)/libmapflow.a

@@ -66,8 +66,21 @@
  * programs that never use it neither need it nor get its memory hooks; without it the
  * open fails with FAILED_PRECONDITION. UCX reads its UCX_* environment (e.g. UCX_TLS).
  *
+ * fork(): a channel belongs to the process that opened it. Its I/O thread, connection,
+ * arena mappings (MAP_SHARED: a child inherits them) and leases are the parent's; a
+ * child of fork() (vLLM forks its workers) gets none of the threads, so the parent's
+ * channels and completion queues are dead in the child: it must not call anything on
+ * them — not even mf_channel_close (it would wait for a thread that does not exist, and
+ * the socket it shares with the parent would be shut for both) — nor read views of the
+ * parent's leases (the daemon may reuse those bytes once the parent releases them). The
+ * child opens its own channels (a new daemon session) and lets the inherited ones leak;
+ * the parent goes on using its channels unaffected. Open channels after forking where
+ * you can. Functions that touch no channel (mf_hash_*, mf_row_*, mf_status_*,
+ * mf_version, mf_abi_layout) are fine in the child.
+ *
  * Link with -lmapflow only (pkg-config --cflags --libs mapflow); this header re-exports
- * the proto/ headers users need (status codes, prefix hash, map rows).
+ * the proto/ headers users need (status codes, prefix hash, map rows). The shared library
+ * exports exactly the functions declared in these headers (version node MAPFLOW_0).
  */
 #ifndef MAPFLOW_H
 #define MAPFLOW_H
@@ -96,6 +109,21 @@ extern "C" {
 
 /* Version of the library actually loaded ("MAJOR.MINOR.PATCH"). Any thread. */
 MF_EXPORT const char *mf_version(void);
+
+/*
+ * The layout of every public struct (and the size of every public enum) as this library
+ * was built, for bindings that mirror the structs without a compiler (Python's ctypes):
+ * they compare their mirror at load time and refuse a library that differs. One entry
+ * per member, in declaration order, after one entry for the type itself (member "",
+ * offset 0, size = sizeof). Static storage; *n receives the count. Any thread.
+ */
+typedef struct mf_abi_field {
+    const char *type;        /* "mf_row_ref_t" */
+    const char *member;      /* "view"; "" for the type itself */
+    uint32_t offset;         /* offsetof(type, member) */
+    uint32_t size;           /* sizeof the member (or the type) */
+} mf_abi_field_t;
+MF_EXPORT const mf_abi_field_t *mf_abi_layout(size_t *n);
 
 /* ==== channel ========================================================================= */
 
