@@ -4,11 +4,15 @@ The same calls as the C library (client/mapflow.h): a Channel to one daemon and
 namespace with put / put_batch / lookup / get_prefix / get / get_lease / release /
 delete and the admin calls, each with a deadline (timeout_ms), retries of UNAVAILABLE
 and automatic reconnection done by the library; async calls that complete on a
-CompletionQueue. A failed call raises MapflowError carrying the status code.
+CompletionQueue. A failed call raises a subclass of MapflowError named after its status
+(NotFound, PermissionDenied, Unavailable, ...; .code, .status, .message).
 
-Rows come back as memoryviews — read-only, zero-copy views of the daemon's host arena
-for leased gets — and as NumPy arrays when NumPy is importable (Row.array(), Row.tokens),
-so a PyTorch worker can wrap them with torch.from_numpy / torch.frombuffer without a copy.
+Rows come back as read-only memoryviews — zero-copy views of the daemon's host arena for
+leased gets — as NumPy arrays when NumPy is importable (Row.array(), Row.tokens), and
+through DLPack (Row.__dlpack__ / __dlpack_device__: kDLCPU for host rows, kDLCUDA for
+device rows) so torch.from_dlpack(row) / numpy.from_dlpack(row) wrap them without a copy;
+device rows also carry __cuda_array_interface__ (CuPy, Numba). The tensors are one-
+dimensional uint8 and must never be written (the arena is shared with the daemon).
 
 GPU: Channel(..., gpu_device=N) maps the daemon's GPU arenas (CUDA IPC) in device N's
 primary context; leased rows of the gpu tier then come back with on_device = True and
@@ -16,61 +20,60 @@ device_ptr (an int device address, valid in that context; data is None: the host
 reads device memory). put_device(ptr, length) stores a row that sits in device memory
 (e.g. tensor.data_ptr() of a uint8 CUDA tensor, after the stream that wrote it is
 synchronized). gpu_info() says which arenas are mapped and why not.
-A view is valid while its GetResult (or Lease) is open and, for leases, until release();
-after close() the memory may be reused: never keep views longer than the result.
 
-The library is found through $MAPFLOW_LIB (a path to libmapflow.so), then the source
-tree's build/lib (../../build/lib from this package), then the system loader
-(libmapflow.so.0, e.g. after `make install`).
+Lifetimes: a row's views (data, array(), tokens, __dlpack__) work while its GetResult
+(or Lease) is open; after close() — or release(), for leased rows — they raise
+ViewClosed (a MapflowError) instead of reading memory that is gone. Arrays and tensors
+made before keep the memory they view alive: a copied row's buffer is freed, and a
+closed Channel's arenas unmapped, only once the last of them is gone. Their bytes are
+protected by the daemon only while the lease is held, though: release after use.
+
+The library is found, in this order, through $MAPFLOW_LIB (a path to libmapflow.so.0),
+next to this package (a bundled copy), in the source tree's build/lib (when this package
+is client/python/mapflow of a built checkout), in the library directories recorded at
+install time (`make install PREFIX=...`, `pip install ./client/python`: see setup.py),
+then through the system loader. The binding checks, at import, that every struct it
+mirrors has the library's layout (mf_abi_layout) and refuses a library that differs.
 
 Thread safety: a Channel may be used from several threads (the C library serialises
 nothing but its own state); a CompletionQueue may be waited on from any thread.
+fork(): a child must not use its parent's channels (see mapflow.h); open new ones.
 """
+
+from __future__ import annotations
 
 import ctypes as C
 import os
+from typing import (Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union)
 
 try:
     import numpy as _np
 except ImportError:  # NumPy is optional
     _np = None
 
-__all__ = ["Channel", "CompletionQueue", "MapflowError", "GetResult", "Row", "Lease",
-           "Event", "PutResult", "hash_prefix", "version", "STATUS", "TIMEOUT_DEFAULT",
-           "TIMEOUT_INFINITE"]
+__all__ = ["Channel", "CompletionQueue", "MapflowError", "ViewClosed", "GetResult", "Row",
+           "Lease", "Event", "PutResult", "Call", "hash_prefix", "version", "__version__",
+           "STATUS", "TIMEOUT_DEFAULT", "TIMEOUT_INFINITE"]
 
 TIMEOUT_DEFAULT = -1
 TIMEOUT_INFINITE = -2
 _SONAME = "libmapflow.so.0"
-
-STATUS = {0: "OK", 1: "CANCELLED", 2: "UNKNOWN", 3: "INVALID_ARGUMENT",
-          4: "DEADLINE_EXCEEDED", 5: "NOT_FOUND", 6: "ALREADY_EXISTS",
-          7: "PERMISSION_DENIED", 8: "RESOURCE_EXHAUSTED", 9: "FAILED_PRECONDITION",
-          10: "ABORTED", 11: "OUT_OF_RANGE", 12: "UNIMPLEMENTED", 13: "INTERNAL",
-          14: "UNAVAILABLE", 15: "DATA_LOSS", 16: "UNAUTHENTICATED"}
-globals().update({name: code for code, name in STATUS.items()})
-__all__ += list(STATUS.values())
 _TIERS = {0: "none", 1: "gpu", 2: "host", 3: "ssd"}
 _CODECS = {0: "mask", 1: "fp16", 2: "bf16", 3: "fp8", 4: "u8log"}
 
-
-class MapflowError(Exception):
-    """A failed call: .code (int, gRPC numbering), .status (its name), .message."""
-
-    def __init__(self, code, message=""):
-        self.code = int(code)
-        self.status = STATUS.get(self.code, "UNKNOWN")
-        self.message = message
-        super().__init__("%s: %s" % (self.status, message) if message else self.status)
+Hash = Union[str, Tuple[int, int]]
+Tokens = Union[Sequence[int], "Any"]  # a sequence of ints, array('I') or NumPy array
 
 
 # ==== C types (client/mapflow.h, proto/mf_row.h) ========================================
 
 class _Hash(C.Structure):
+    _c_type_ = "mf_hash128_t"
     _fields_ = [("lo", C.c_uint64), ("hi", C.c_uint64)]
 
 
 class _RowView(C.Structure):
+    _c_type_ = "mf_row_view_t"
     _fields_ = [("base", C.c_void_p), ("size", C.c_size_t), ("codec", C.c_int),
                 ("layer", C.c_uint32), ("block_index", C.c_uint32),
                 ("block_size", C.c_uint32), ("n_heads", C.c_uint32), ("n_cols", C.c_uint32),
@@ -82,6 +85,7 @@ class _RowView(C.Structure):
 
 
 class _RowRef(C.Structure):
+    _c_type_ = "mf_row_ref_t"
     _fields_ = [("status", C.c_int), ("layer", C.c_uint32), ("block", C.c_uint32),
                 ("tier", C.c_int), ("data", C.c_void_p), ("length", C.c_size_t),
                 ("lease_id", C.c_uint64), ("view", _RowView), ("on_device", C.c_int),
@@ -89,21 +93,25 @@ class _RowRef(C.Structure):
 
 
 class _GetResult(C.Structure):
+    _c_type_ = "mf_get_result_t"
     _fields_ = [("n_rows", C.c_size_t), ("rows", C.POINTER(_RowRef)),
                 ("lease_ttl_ms", C.c_uint64), ("priv_", C.c_void_p)]
 
 
 class _Key(C.Structure):
+    _c_type_ = "mf_key_t"
     _fields_ = [("model", C.c_char_p), ("layer", C.c_uint32), ("hash", _Hash)]
 
 
 class _Retry(C.Structure):
+    _c_type_ = "mf_retry_policy_t"
     _fields_ = [("max_retries", C.c_uint32), ("initial_backoff_ms", C.c_uint32),
                 ("max_backoff_ms", C.c_uint32), ("multiplier", C.c_float),
                 ("jitter", C.c_float)]
 
 
 class _Params(C.Structure):
+    _c_type_ = "mf_channel_params_t"
     _fields_ = [("field_mask", C.c_uint64), ("ns", C.c_char_p), ("token", C.c_char_p),
                 ("client_name", C.c_char_p), ("want_arena", C.c_int),
                 ("timeout_ms", C.c_int64), ("max_frame", C.c_uint32), ("retry", _Retry),
@@ -111,18 +119,21 @@ class _Params(C.Structure):
 
 
 class _GpuArenaInfo(C.Structure):
+    _c_type_ = "mf_gpu_arena_info_t"
     _fields_ = [("index", C.c_uint32), ("bytes", C.c_uint64), ("mapped", C.c_int),
                 ("device", C.c_int), ("peer", C.c_int), ("pci_bus_id", C.c_char * 32),
                 ("why", C.c_char * 256)]
 
 
 class _GpuInfo(C.Structure):
+    _c_type_ = "mf_gpu_info_t"
     _fields_ = [("gpu_device", C.c_int), ("driver", C.c_int), ("why", C.c_char * 256),
                 ("n_announced", C.c_uint32), ("n_mapped", C.c_uint32), ("n_peer", C.c_uint32),
                 ("arenas", _GpuArenaInfo * 16), ("host_arena_pinned", C.c_int)]
 
 
 class _Info(C.Structure):
+    _c_type_ = "mf_server_info_t"
     _fields_ = [("daemon_version", C.c_char_p), ("session_id", C.c_uint64),
                 ("host_arena_bytes", C.c_uint64), ("max_frame", C.c_uint32),
                 ("max_batch", C.c_uint32), ("gpu_tier", C.c_int), ("connected", C.c_int),
@@ -130,66 +141,96 @@ class _Info(C.Structure):
 
 
 class _PutResult(C.Structure):
+    _c_type_ = "mf_put_result_t"
     _fields_ = [("tier", C.c_int), ("durable", C.c_int), ("replaced", C.c_int)]
 
 
 class _PutItem(C.Structure):
+    _c_type_ = "mf_put_item_t"
     _fields_ = [("row", C.c_void_p), ("len", C.c_size_t), ("status", C.c_int),
                 ("result", _PutResult)]
 
 
 class _Lease(C.Structure):
+    _c_type_ = "mf_lease_t"
     _fields_ = [("data", C.c_void_p), ("length", C.c_size_t), ("lease_id", C.c_uint64),
                 ("view", _RowView), ("ttl_ms", C.c_uint64), ("on_device", C.c_int),
                 ("gpu_arena", C.c_uint32)]
 
 
 class _Entry(C.Structure):
+    _c_type_ = "mf_entry_info_t"
     _fields_ = [("model", C.c_char * 256), ("layer", C.c_uint32), ("hash", _Hash),
                 ("block", C.c_uint32), ("size", C.c_uint64), ("tier", C.c_int),
                 ("on_ssd", C.c_int), ("pins", C.c_uint32), ("last_access_ms", C.c_uint64)]
 
 
 class _ListPage(C.Structure):
+    _c_type_ = "mf_list_page_t"
     _fields_ = [("n_entries", C.c_size_t), ("entries", C.POINTER(_Entry)),
                 ("next_page_token", C.POINTER(C.c_uint8)), ("next_page_token_len", C.c_size_t)]
 
 
 class _TierStats(C.Structure):
+    _c_type_ = "mf_tier_stats_t"
     _fields_ = [("tier", C.c_int), ("enabled", C.c_int), ("used_bytes", C.c_uint64),
                 ("capacity_bytes", C.c_uint64), ("entries", C.c_uint64),
                 ("why_off", C.c_char * 128)]
 
 
 class _Counter(C.Structure):
+    _c_type_ = "mf_counter_t"
     _fields_ = [("name", C.c_char_p), ("value", C.c_uint64)]
 
 
 class _Stats(C.Structure):
+    _c_type_ = "mf_stats_t"
     _fields_ = [("n_tiers", C.c_size_t), ("tiers", C.POINTER(_TierStats)),
                 ("n_counters", C.c_size_t), ("counters", C.POINTER(_Counter)),
                 ("uptime_ms", C.c_uint64), ("connections", C.c_uint32)]
 
 
 class _ConfigItem(C.Structure):
+    _c_type_ = "mf_config_item_t"
     _fields_ = [("key", C.c_char_p), ("value", C.c_char_p), ("live", C.c_int)]
 
 
 class _Health(C.Structure):
+    _c_type_ = "mf_health_t"
     _fields_ = [("ok", C.c_int), ("ready", C.c_int), ("status", C.c_char * 256),
                 ("n_tiers", C.c_size_t), ("tiers", _TierStats * 4)]
 
 
 class _Event(C.Structure):
+    _c_type_ = "mf_cq_event_t"
     _fields_ = [("type", C.c_int), ("tag", C.c_void_p), ("status", C.c_int),
                 ("message", C.c_char * 256)]
 
+
+
+class _AbiField(C.Structure):
+    _c_type_ = "mf_abi_field_t"
+    _fields_ = [("type", C.c_char_p), ("member", C.c_char_p), ("offset", C.c_uint32),
+                ("size", C.c_uint32)]
+
+
+# Every C type the binding lays out itself, checked against mf_abi_layout() at import
+# (enums are passed as C int).
+_MIRRORS = [_AbiField, _Hash, _RowView, _RowRef, _GetResult, _Key, _Retry, _Params,
+            _GpuArenaInfo, _GpuInfo, _Info, _PutResult, _PutItem, _Lease, _Entry, _ListPage,
+            _TierStats, _Counter, _Stats, _ConfigItem, _Health, _Event] + [
+    type("_Enum", (C.c_int,), {"_c_type_": t})
+    for t in ("mf_status_t", "mf_tier_t", "mf_codec_t", "mf_verify_t", "mf_get_mode_t",
+              "mf_cq_event_type_t")]
 
 _P = C.c_void_p
 _U32P = C.POINTER(C.c_uint32)
 _ASYNC = [_P, _P, C.POINTER(_P)]  # cq, tag, call
 _PROTOS = {
     "mf_version": (C.c_char_p, []),
+    "mf_abi_layout": (C.POINTER(_AbiField), [C.POINTER(C.c_size_t)]),
+    "mf_status_name": (C.c_char_p, [C.c_int]),
+    "mf_status_valid": (C.c_int, [C.c_int]),
     "mf_strerror": (C.c_char_p, [C.c_int]),
     "mf_retry_policy_default": (None, [C.POINTER(_Retry)]),
     "mf_channel_open": (C.c_int, [C.c_char_p, C.POINTER(_Params), C.POINTER(_P)]),
@@ -267,13 +308,24 @@ _PROTOS = {
 }
 
 
-def _load():
+def _candidates() -> List[str]:
+    """Where libmapflow is looked for, in order (see the module docstring)."""
     here = os.path.dirname(os.path.abspath(__file__))
+    cands = [os.environ.get("MAPFLOW_LIB") or "", os.path.join(here, _SONAME),
+             os.path.join(here, "..", "..", "..", "build", "lib", _SONAME)]
+    try:
+        from . import _config  # written by make install / setup.py, absent in the tree
+        cands += [os.path.join(d, _SONAME) for d in _config.LIBDIRS]
+    except ImportError:
+        pass
+    return [c for c in cands if c] + [_SONAME]
+
+
+def _load() -> Tuple[C.CDLL, str]:
     tried = []
-    for cand in (os.environ.get("MAPFLOW_LIB"),
-                 os.path.join(here, "..", "..", "..", "build", "lib", _SONAME),
-                 _SONAME):
-        if not cand or (os.sep in cand and not os.path.exists(cand)):
+    for cand in _candidates():
+        if os.sep in cand and not os.path.exists(cand):
+            tried.append("%s: no such file" % cand)
             continue
         try:
             lib = C.CDLL(cand)
@@ -281,20 +333,142 @@ def _load():
         except OSError as e:
             tried.append("%s: %s" % (cand, e))
     else:
-        raise ImportError("cannot load libmapflow (set MAPFLOW_LIB): " + "; ".join(tried))
+        raise ImportError("mapflow: cannot load libmapflow (set MAPFLOW_LIB to the path of "
+                          "libmapflow.so.0); tried " + "; ".join(tried))
     for name, (res, args) in _PROTOS.items():
-        f = getattr(lib, name)
+        try:
+            f = getattr(lib, name)
+        except AttributeError:
+            raise ImportError("mapflow: %s has no %s: a libmapflow older than this binding"
+                              % (cand, name)) from None
         f.restype = res
         f.argtypes = args
-    return lib
+    return lib, cand
 
 
-_lib = _load()
-_lib.mf_strerror.restype = C.c_char_p
+_lib, _lib_path = _load()
 
 
-def version():
-    """Version of the loaded libmapflow ("MAJOR.MINOR.PATCH")."""
+def _statuses() -> Dict[int, str]:
+    """The library's status table (proto/mf_status.h): {code: "NAME"}."""
+    out, code = {}, 0
+    while _lib.mf_status_valid(code):
+        out[code] = _lib.mf_status_name(code).decode()
+        code += 1
+    return out
+
+
+STATUS: Dict[int, str] = _statuses()
+globals().update({name: code for code, name in STATUS.items()})
+__all__ += list(STATUS.values())
+
+
+class MapflowError(Exception):
+    """A failed call: .code (int, gRPC numbering), .status (its name), .message (why,
+    without the status name). MapflowError(code, message) builds the subclass of that
+    status (NotFound for NOT_FOUND, ...), so `except mapflow.NotFound` catches it."""
+
+    code: int
+    status: str
+    message: str
+
+    def __new__(cls, code: int, message: str = ""):
+        if cls is MapflowError:
+            cls = _ERRORS.get(int(code), MapflowError)
+        return super().__new__(cls, code, message)
+
+    def __init__(self, code: int, message: str = ""):
+        self.code = int(code)
+        self.status = STATUS.get(self.code, "UNKNOWN")
+        # The C library's messages may start with the status name already.
+        prefix = self.status + ": "
+        while message.startswith(prefix):
+            message = message[len(prefix):]
+        self.message = message
+        super().__init__("%s: %s" % (self.status, message) if message else self.status)
+
+
+def _class_name(status: str) -> str:
+    return "".join(w.capitalize() for w in status.split("_"))  # NOT_FOUND -> NotFound
+
+
+_ERRORS: Dict[int, type] = {}
+for _code, _name in STATUS.items():
+    if _code:
+        _cls = type(_class_name(_name), (MapflowError,),
+                    {"__doc__": "MapflowError with status %s." % _name,
+                     "__module__": __name__})
+        _ERRORS[_code] = _cls
+        globals()[_cls.__name__] = _cls
+        __all__.append(_cls.__name__)
+del _code, _name, _cls
+
+
+class ViewClosed(_ERRORS[FAILED_PRECONDITION]):  # noqa: F821 (set from STATUS above)
+    """A row view used after its GetResult / Lease was closed or released."""
+
+    def __new__(cls, message: str):
+        return super().__new__(cls, FAILED_PRECONDITION, message)  # noqa: F821
+
+    def __init__(self, message: str):
+        super().__init__(FAILED_PRECONDITION, message)  # noqa: F821
+
+
+def _abi_mismatches(entries: Dict[str, List[Tuple[str, int, int]]],
+                    mirrors: Sequence[type]) -> List[str]:
+    """What differs between the library's layout ({type: [(member, offset, size)]}, the
+    type's own entry first with member "") and the ctypes mirrors (classes with _c_type_)."""
+    bad = []
+    for cls in mirrors:
+        lib = entries.get(cls._c_type_)
+        if lib is None:
+            bad.append("%s: not in the library's layout" % cls._c_type_)
+            continue
+        if issubclass(cls, C.Structure):
+            mine = [("", 0, C.sizeof(cls))] + [
+                (f[0], getattr(cls, f[0]).offset, getattr(cls, f[0]).size)
+                for f in cls._fields_]
+        else:
+            mine = [("", 0, C.sizeof(cls))]
+        if mine != lib:
+            diff = [("%s: %s" % (m[0] or "sizeof", "offset %d size %d here" % m[1:]
+                                 if m else "absent here")) +
+                    (", offset %d size %d in the library" % l[1:] if l else ", absent there")
+                    for m, l in _zip_longest(mine, lib) if m != l]
+            bad.append("%s (%s)" % (cls._c_type_, "; ".join(diff[:3])))
+    return bad
+
+
+def _zip_longest(a, b):
+    n = max(len(a), len(b))
+    return [(a[i] if i < len(a) else None, b[i] if i < len(b) else None) for i in range(n)]
+
+
+def _lib_layout() -> Dict[str, List[Tuple[str, int, int]]]:
+    n = C.c_size_t()
+    p = _lib.mf_abi_layout(C.byref(n))
+    out: Dict[str, List[Tuple[str, int, int]]] = {}
+    for i in range(n.value):
+        f = p[i]
+        out.setdefault(f.type.decode(), []).append((f.member.decode(), f.offset, f.size))
+    return out
+
+
+def _check_abi() -> None:
+    bad = _abi_mismatches(_lib_layout(), _MIRRORS)
+    if bad:
+        raise ImportError("mapflow: %s (version %s) does not match this binding's view of "
+                          "its structs, so calls would read the wrong bytes; install the "
+                          "binding and the library from the same release. Differences: %s"
+                          % (_lib_path, _lib.mf_version().decode(), " | ".join(bad)))
+
+
+_check_abi()
+__version__: str = _lib.mf_version().decode()
+
+
+def version() -> str:
+    """Version of the loaded libmapflow ("MAJOR.MINOR.PATCH"), = __version__."""
     return _lib.mf_version().decode()
 
 
@@ -349,34 +523,208 @@ def hash_prefix(ns, model, block_size, tokens):
     return [_hex(out[i]) for i in range(got.value)]
 
 
-def _view(addr, n, keep):
-    """A read-only memoryview of n bytes at addr that keeps `keep` alive."""
-    arr = (C.c_ubyte * n).from_address(addr) if n else (C.c_ubyte * 0)()
-    arr._keep = keep
-    return memoryview(arr).cast("B").toreadonly()
+class _Chan:
+    """The C channel of a Channel. mf_channel_close unmaps the arenas that leased views
+    point into, so it runs once the Channel is closed *and* no _Owner of arena memory
+    (an open GetResult / Lease, or an array / tensor made from one) is left."""
+
+    __slots__ = ("h", "views", "closing")
+
+    def __init__(self, h: C.c_void_p):
+        self.h, self.views, self.closing = h, 0, False
+
+    def close(self) -> None:
+        self.closing = True
+        if self.views == 0 and self.h:
+            h, self.h = self.h, None
+            _lib.mf_channel_close(h)
+
+    def drop_view(self) -> None:
+        self.views -= 1
+        if self.closing:
+            self.close()
+
+
+class _Owner:
+    """Memory that views point into, kept until the last view (memoryview, NumPy array,
+    DLPack tensor) is gone: a get result's C struct (freed here) and, for arena memory,
+    the channel's mappings (its close waits for this)."""
+
+    def __init__(self, free: Optional[Callable[[], None]], chan: Optional[_Chan]):
+        self.free, self.chan = free, chan
+        if chan is not None:
+            chan.views += 1
+
+    def __del__(self):
+        try:
+            if self.free is not None:
+                self.free()
+            if self.chan is not None:
+                self.chan.drop_view()
+        except Exception:  # interpreter shutdown: the library may be gone already
+            pass
+
+
+class _Views:
+    """The views one GetResult / Lease handed out: close() releases the memoryviews and
+    drops the owner; later view requests raise ViewClosed."""
+
+    def __init__(self, owner: _Owner, what: str):
+        self.owner: Optional[_Owner] = owner
+        self.what = what
+        self.handed: List[memoryview] = []
+
+    def array_at(self, addr: int, n: int) -> "C.Array[C.c_ubyte]":
+        if self.owner is None:
+            raise ViewClosed("this row's %s is closed: its views are gone" % self.what)
+        arr = (C.c_ubyte * n).from_address(addr) if n else (C.c_ubyte * 0)()
+        arr._keep = self.owner  # the memory lives as long as anything viewing it
+        return arr
+
+    def memoryview(self, addr: int, n: int) -> memoryview:
+        mv = memoryview(self.array_at(addr, n)).cast("B").toreadonly()
+        self.handed.append(mv)
+        return mv
+
+    def close(self) -> None:
+        for mv in self.handed:
+            try:
+                mv.release()
+            except BufferError:  # an array made from it still uses it (and the memory)
+                pass
+        self.handed = []
+        self.owner = None
+
+
+# ---- DLPack (legacy, unversioned "dltensor" capsules: what NumPy and PyTorch read) ----
+
+_KDLCPU, _KDLCUDA, _KDLUINT = 1, 2, 1
+
+
+class _DLDevice(C.Structure):
+    _fields_ = [("device_type", C.c_int), ("device_id", C.c_int)]
+
+
+class _DLDataType(C.Structure):
+    _fields_ = [("code", C.c_uint8), ("bits", C.c_uint8), ("lanes", C.c_uint16)]
+
+
+class _DLTensor(C.Structure):
+    _fields_ = [("data", C.c_void_p), ("device", _DLDevice), ("ndim", C.c_int),
+                ("dtype", _DLDataType), ("shape", C.POINTER(C.c_int64)),
+                ("strides", C.POINTER(C.c_int64)), ("byte_offset", C.c_uint64)]
+
+
+_DL_DELETER = C.CFUNCTYPE(None, C.c_void_p)
+
+
+class _DLManagedTensor(C.Structure):
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", C.c_void_p),
+                ("deleter", _DL_DELETER)]
+
+
+_dl_live: Dict[int, Tuple[Any, ...]] = {}  # address -> (managed tensor, shape, owner)
+
+
+@_DL_DELETER
+def _dl_delete(addr):
+    """The consumer is done (or the capsule died unused): drop what the tensor kept."""
+    _dl_live.pop(addr, None)
+
+
+_pyapi = C.pythonapi
+_pyapi.PyCapsule_New.restype = C.py_object
+_pyapi.PyCapsule_New.argtypes = [C.c_void_p, C.c_char_p, C.c_void_p]
+_pyapi.PyCapsule_IsValid.restype = C.c_int
+_pyapi.PyCapsule_IsValid.argtypes = [C.c_void_p, C.c_char_p]
+_pyapi.PyCapsule_GetPointer.restype = C.c_void_p
+_pyapi.PyCapsule_GetPointer.argtypes = [C.c_void_p, C.c_char_p]
+
+
+@C.CFUNCTYPE(None, C.c_void_p)
+def _dl_capsule_dtor(cap):
+    # A consumer renames the capsule to "used_dltensor" and calls the deleter itself.
+    if _pyapi.PyCapsule_IsValid(cap, b"dltensor"):
+        _dl_delete(_pyapi.PyCapsule_GetPointer(cap, b"dltensor"))
+
+
+def _dlpack(addr: int, n: int, device: Tuple[int, int], owner: _Owner) -> Any:
+    mt = _DLManagedTensor()
+    shape = (C.c_int64 * 1)(n)
+    t = mt.dl_tensor
+    t.data, t.ndim, t.shape, t.byte_offset = addr, 1, shape, 0
+    t.device.device_type, t.device.device_id = device
+    t.dtype.code, t.dtype.bits, t.dtype.lanes = _KDLUINT, 8, 1
+    mt.deleter = _dl_delete
+    _dl_live[C.addressof(mt)] = (mt, shape, owner)
+    return _pyapi.PyCapsule_New(C.addressof(mt), b"dltensor",
+                                C.cast(_dl_capsule_dtor, C.c_void_p))
+
+
+class _Exportable:
+    """The zero-copy exports of one row (Row and Lease): DLPack for both kinds,
+    __cuda_array_interface__ for device rows. Subclasses set _views, _addr, length,
+    on_device and _gpu."""
+
+    _views: _Views
+    _addr: int
+    _gpu: int
+    length: int
+    on_device: bool
+
+    def _owner(self) -> _Owner:
+        self._views.array_at(0, 0)  # raises ViewClosed once closed
+        assert self._views.owner is not None
+        return self._views.owner
+
+    def __dlpack_device__(self) -> Tuple[int, int]:
+        return (_KDLCUDA, self._gpu) if self.on_device else (_KDLCPU, 0)
+
+    def __dlpack__(self, stream: Any = None, max_version: Any = None, dl_device: Any = None,
+                   copy: Optional[bool] = None) -> Any:
+        """A DLPack capsule of the row's bytes (1-D uint8, read only by contract). The
+        row is complete when it is handed out, so no stream needs to wait."""
+        if copy:
+            raise BufferError("mapflow rows are exported without a copy (copy=True asked)")
+        if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():
+            raise BufferError("the row is on %r, not on %r" % (self.__dlpack_device__(),
+                                                                 tuple(dl_device)))
+        if not self._addr:
+            raise BufferError("this row has no data (status %s)" %
+                              STATUS.get(getattr(self, "status", OK)))  # noqa: F821
+        return _dlpack(self._addr, self.length, self.__dlpack_device__(), self._owner())
+
+    @property
+    def __cuda_array_interface__(self) -> Dict[str, Any]:
+        if not self.on_device:
+            raise AttributeError("a host row has no __cuda_array_interface__ (use DLPack)")
+        return {"shape": (self.length,), "typestr": "|u1", "data": (self._addr, True),
+                "version": 3, "strides": None, "stream": None, "_owner": self._owner()}
 
 
 class PutResult:
     __slots__ = ("tier", "durable", "replaced", "status")
 
-    def __init__(self, r, status=OK):
+    def __init__(self, r: _PutResult, status: int = 0):
         self.tier = _TIERS.get(r.tier, "none")
         self.durable = bool(r.durable)
         self.replaced = bool(r.replaced)
         self.status = status
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "PutResult(tier=%r, durable=%r, replaced=%r, status=%s)" % (
             self.tier, self.durable, self.replaced, STATUS.get(self.status))
 
 
-class Row:
+class Row(_Exportable):
     """One returned row: status, layer, block, tier, lease_id and, when status is OK, the
-    row bytes (data: memoryview; array(): NumPy uint8) and its decoded header. A leased
-    row of a mapped GPU arena has on_device True, device_ptr (int) and length instead:
-    data is None and the header is not decoded (the GPU kernels check it)."""
+    row bytes (data: read-only memoryview; array(): NumPy uint8; DLPack) and its decoded
+    header. A leased row of a mapped GPU arena has on_device True, device_ptr (int) and
+    length instead: data is None and the header is not decoded (the GPU kernels check
+    it); DLPack and __cuda_array_interface__ export it as a CUDA tensor."""
 
-    def __init__(self, ref, owner):
+    def __init__(self, ref: _RowRef, views: _Views, gpu: int):
+        self._views, self._gpu = views, gpu
         self.status = ref.status
         self.layer = ref.layer
         self.block = ref.block
@@ -384,12 +732,15 @@ class Row:
         self.lease_id = ref.lease_id
         self.on_device = bool(ref.on_device)
         self.gpu_arena = ref.gpu_arena
-        self.device_ptr = ref.data if ref.status == OK and ref.on_device else 0
-        self.length = ref.length if ref.status == OK else 0
-        self.data = None
-        if ref.status == OK and ref.data and not ref.on_device:
+        ok = ref.status == OK  # noqa: F821
+        self._addr = (ref.data or 0) if ok else 0
+        self.device_ptr = self._addr if self.on_device else 0
+        self.length = ref.length if ok else 0
+        self._data: Optional[memoryview] = None
+        self._tok = (0, 0)
+        if ok and ref.data and not ref.on_device:
             v = ref.view
-            self.data = _view(ref.data, ref.length, owner)
+            self._data = views.memoryview(ref.data, ref.length)
             self.model = C.string_at(v.model, v.model_len).decode()
             self.block_size = v.block_size
             self.n_heads = v.n_heads
@@ -398,72 +749,104 @@ class Row:
             self.codec = _CODECS.get(v.codec, str(v.codec))
             self.top_p = v.top_p
             self.hash = _hex(v.hash)
-            off = v.tokens - ref.data
-            self._tok = (off, v.block_size)
+            self._tok = (v.tokens - ref.data, v.block_size)
 
     @property
-    def ok(self):
-        return self.status == OK
+    def ok(self) -> bool:
+        return self.status == OK  # noqa: F821
 
-    def array(self):
-        """The row bytes as a read-only NumPy uint8 array (no copy)."""
+    @property
+    def data(self) -> Optional[memoryview]:
+        """The row's bytes (read-only, zero copy); None without host data. ViewClosed
+        once the GetResult is closed."""
+        if self._data is None:
+            return None
+        self._owner()
+        return self._data
+
+    def _host(self, what: str) -> int:
+        if self._data is None:
+            raise ValueError("%s: this row has no host data (%s)" % (
+                what, "on the device" if self.on_device else STATUS.get(self.status)))
+        return self._addr
+
+    def array(self) -> Any:
+        """The row bytes as a read-only NumPy uint8 array (no copy; it keeps the memory)."""
         if _np is None:
             raise ImportError("NumPy is not importable")
-        return _np.frombuffer(self.data, dtype=_np.uint8)
+        a = _np.frombuffer(self._views.array_at(self._host("array()"), self.length),
+                           dtype=_np.uint8)
+        a.flags.writeable = False
+        return a
 
     @property
-    def tokens(self):
+    def tokens(self) -> Any:
         """The block's tokens (NumPy uint32 view when NumPy is importable, else a list)."""
         off, n = self._tok
-        mv = self.data[off:off + 4 * n]
-        return _np.frombuffer(mv, dtype=_np.uint32) if _np is not None else list(mv.cast("I"))
+        arr = self._views.array_at(self._host("tokens") + off, 4 * n)
+        if _np is None:
+            return list(memoryview(arr).cast("B").cast("I"))
+        a = _np.frombuffer(arr, dtype=_np.uint32)
+        a.flags.writeable = False
+        return a
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "Row(layer=%d, block=%d, status=%s, tier=%s, %s)" % (
             self.layer, self.block, STATUS.get(self.status), self.tier,
             "%d bytes on device at 0x%x" % (self.length, self.device_ptr) if self.on_device
-            else "%d bytes" % len(self.data) if self.data is not None else "no data")
+            else "%d bytes" % self.length if self._data is not None else "no data")
 
 
 class GetResult:
-    """Rows of a batched get (layer-major). Views stay valid until close(); leases until
-    release() (or their TTL, or the channel's close / reconnect)."""
+    """Rows of a batched get (layer-major). Views stay valid until close() (then they
+    raise ViewClosed); leases until release() (or their TTL, or the channel's close /
+    reconnect). As a context manager it releases the leases and closes, also when the
+    block raises."""
 
-    def __init__(self, ch, ptr):
+    def __init__(self, ch: "Channel", ptr: Any, leased: bool):
         self._ch = ch
         self._ptr = ptr
         r = ptr.contents
         self.lease_ttl_ms = r.lease_ttl_ms
-        self.rows = [Row(r.rows[i], self) for i in range(r.n_rows)]
+        owner = _Owner(lambda: _lib.mf_get_result_free(ptr), ch._core if leased else None)
+        self._views = _Views(owner, "GetResult")
+        self.rows: List[Row] = [Row(r.rows[i], self._views, ch._gpu) for i in range(r.n_rows)]
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.rows)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Row]:
         return iter(self.rows)
 
-    def __getitem__(self, i):
+    def __getitem__(self, i: int) -> Row:
         return self.rows[i]
 
-    def release(self, timeout_ms=None):
+    def release(self, timeout_ms: Optional[int] = None) -> None:
+        """Releases every lease of the result (the daemon may reuse those bytes after)."""
         if self._ptr:
             self._ch._check(_lib.mf_release_result(self._ch._h, self._ptr, _timeout(timeout_ms)))
             for row in self.rows:
                 row.lease_id = 0
 
-    def close(self):
-        """Frees the result (leases are not released: call release() first)."""
+    def close(self) -> None:
+        """Ends the views (leases are not released: call release() first). The C result
+        is freed once no array or tensor made from it is left."""
         if self._ptr:
-            _lib.mf_get_result_free(self._ptr)
             self._ptr = None
+            self._views.close()
 
-    def __enter__(self):
+    def __enter__(self) -> "GetResult":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type, exc, tb) -> None:
         try:
-            if exc[0] is None:
+            if exc_type is None:
                 self.release()
+            else:
+                try:  # the leases must not stay pinned until their TTL
+                    self.release()
+                except MapflowError:
+                    pass  # the block's own exception is the one to see
         finally:
             self.close()
 
@@ -471,37 +854,55 @@ class GetResult:
         self.close()
 
 
-class Lease:
+class Lease(_Exportable):
     """One leased row: data (read-only memoryview into the daemon's arena), lease_id; or,
-    on_device, device_ptr and length (data None) for a row of a mapped GPU arena."""
+    on_device, device_ptr and length (data None) for a row of a mapped GPU arena. Views
+    (data, array(), DLPack) raise ViewClosed after release()."""
 
-    def __init__(self, ch, lease):
+    def __init__(self, ch: "Channel", lease: _Lease):
         self._ch = ch
+        self._gpu = ch._gpu
+        self._views = _Views(_Owner(None, ch._core), "Lease")
         self.lease_id = lease.lease_id
         self.ttl_ms = lease.ttl_ms
         self.on_device = bool(lease.on_device)
         self.gpu_arena = lease.gpu_arena
         self.length = lease.length
-        self.device_ptr = lease.data if lease.on_device else 0
-        self.data = None if lease.on_device else _view(lease.data, lease.length, self)
+        self._addr = lease.data or 0
+        self.device_ptr = self._addr if lease.on_device else 0
+        self._data = None if lease.on_device else self._views.memoryview(self._addr,
+                                                                          lease.length)
         # a device row's header is not read here
         self.layer = None if lease.on_device else lease.view.layer
         self.block = None if lease.on_device else lease.view.block_index
 
-    def array(self):
+    @property
+    def data(self) -> Optional[memoryview]:
+        if self._data is None:
+            return None
+        self._owner()
+        return self._data
+
+    def array(self) -> Any:
         if _np is None:
             raise ImportError("NumPy is not importable")
-        return _np.frombuffer(self.data, dtype=_np.uint8)
+        if self.on_device:
+            raise ValueError("array(): the row is on the device (use DLPack)")
+        a = _np.frombuffer(self._views.array_at(self._addr, self.length), dtype=_np.uint8)
+        a.flags.writeable = False
+        return a
 
-    def release(self, timeout_ms=None):
+    def release(self, timeout_ms: Optional[int] = None) -> None:
+        """Releases the lease and ends the views."""
         if self.lease_id:
-            self._ch.release([self.lease_id], timeout_ms)
-            self.lease_id = 0
+            lid, self.lease_id = self.lease_id, 0
+            self._views.close()
+            self._ch.release([lid], timeout_ms)
 
-    def __enter__(self):
+    def __enter__(self) -> "Lease":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc) -> None:
         self.release()
 
 
@@ -613,7 +1014,8 @@ class Channel:
     max_backoff_ms, multiplier, jitter) overriding the defaults. gpu_device: this
     process's CUDA ordinal in which the daemon's GPU arenas are mapped (None: no GPU)."""
 
-    _h = None  # set once the C object exists (close / __del__ check it)
+    _core: Optional[_Chan] = None  # set once the C object exists (close / __del__ check it)
+    _gpu = -1
 
     def __init__(self, target, ns="default", token=None, client_name="mapflow-python",
                  want_arena=False, timeout_ms=30000, max_frame=0, retry=None,
@@ -646,7 +1048,16 @@ class Channel:
             msg = _lib.mf_channel_last_error(h).decode() if h else ""
             _lib.mf_channel_close(h)
             raise MapflowError(st, msg)
-        self._h = h
+        self._core = _Chan(h)
+        self._gpu = -1 if gpu_device is None else int(gpu_device)
+
+    @property
+    def _h(self) -> C.c_void_p:
+        """The C channel; FailedPrecondition once closed (never a NULL into the library)."""
+        core = self._core
+        if core is None or core.closing or not core.h:
+            raise MapflowError(FAILED_PRECONDITION, "the channel is closed")  # noqa: F821
+        return core.h
 
     # -- plumbing --
     def _check(self, st):
@@ -663,11 +1074,13 @@ class Channel:
             self._check(st)
         return Call(call)
 
-    def close(self):
-        """Closes the channel: async calls still running finish with CANCELLED."""
-        if self._h:
-            _lib.mf_channel_close(self._h)
-            self._h = None
+    def close(self) -> None:
+        """Closes the channel: async calls still running finish with CANCELLED. While an
+        open GetResult / Lease of it, or an array or tensor made from one, still views
+        its arenas, the library's close (which unmaps them) waits for the last of them;
+        the Channel refuses calls from now on either way."""
+        if self._core is not None:
+            self._core.close()
 
     def __enter__(self):
         return self
@@ -679,7 +1092,11 @@ class Channel:
         self.close()
 
     @property
-    def last_error(self):
+    def closed(self) -> bool:
+        return self._core is None or self._core.closing
+
+    @property
+    def last_error(self) -> str:
         return _lib.mf_channel_last_error(self._h).decode(errors="replace")
 
     @property
@@ -800,7 +1217,7 @@ class Channel:
         self._check(_lib.mf_get_prefix_peer(self._h, _b(peer), _b(model), block_size, tok, nt,
                                             lay, nl, first_block, n_blocks, 1 if lease else 0,
                                             C.byref(out), _timeout(timeout_ms)))
-        return GetResult(self, out)
+        return GetResult(self, out, lease)
 
     def get_prefix_async(self, cq, model, block_size, tokens, layers, first_block=0,
                          n_blocks=0, lease=False, tag=None, timeout_ms=None):
@@ -810,7 +1227,7 @@ class Channel:
         return self._async(cq, tag, lambda q, t, c: _lib.mf_get_prefix_async(
             self._h, _b(model), block_size, tok, nt, lay, nl, first_block, n_blocks,
             1 if lease else 0, C.byref(out), _timeout(timeout_ms), q, t, c),
-            lambda: GetResult(self, out), (out,))
+            lambda: GetResult(self, out, lease), (out,))
 
     def get_keys(self, keys, lease=False, timeout_ms=None, peer=None):
         """Rows by explicit key: keys is a list of (model, layer, hash) triples. peer: as
@@ -819,7 +1236,7 @@ class Channel:
         out = C.POINTER(_GetResult)()
         self._check(_lib.mf_get_keys_peer(self._h, _b(peer), ks, len(keys), 1 if lease else 0,
                                           C.byref(out), _timeout(timeout_ms)))
-        return GetResult(self, out)
+        return GetResult(self, out, lease)
 
     def get(self, model, layer, hash, max_bytes=64 << 20, timeout_ms=None):
         """One row by key, copied: bytes."""
