@@ -30,7 +30,8 @@ endif
 # --- Debian packages -------------------------------------------------------------
 DEB_PKGS := libucx-dev libevent-dev libprotobuf-c-dev protobuf-c-compiler \
             librocksdb-dev libxxhash-dev libcmocka-dev libsystemd-dev pkg-config \
-            clang python3 python3-numpy python3-xxhash python3-yaml procps libhiredis-dev redis-server ucx-utils iproute2
+            clang python3 python3-numpy python3-xxhash python3-yaml python3-venv python3-pip \
+            python3-setuptools python3-wheel procps libhiredis-dev redis-server ucx-utils iproute2
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 # --- toolchain flags ---------------------------------------------------------------

@@ -77,7 +77,9 @@ endif
 
 # ---- install: headers (self-contained: mapflow.h and the proto/ headers it includes),
 # the shared library with its SONAME links, the static one, mapflow.pc, mapflowctl and
-# the Python binding. DESTDIR only prefixes paths here; no installed file contains it.
+# the Python binding (with mapflow/_config.py naming LIBDIR, so it loads the installed
+# library without LD_LIBRARY_PATH). DESTDIR only prefixes paths here; no installed file
+# contains it.
 BINDIR         ?= $(PREFIX)/bin
 LIBDIR         ?= $(PREFIX)/lib
 INCLUDEDIR     ?= $(PREFIX)/include
@@ -98,5 +100,8 @@ install-client: $(MAPFLOW_SO) $(MAPFLOW_A) $(BIN)/mapflowctl
 	  > $(DESTDIR)$(LIBDIR)/pkgconfig/mapflow.pc
 	chmod 0644 $(DESTDIR)$(LIBDIR)/pkgconfig/mapflow.pc
 	install -m 0755 $(BIN)/mapflowctl $(DESTDIR)$(BINDIR)/
-	$(if $(MAPFLOW_PY),install -d $(DESTDIR)$(PYTHON_SITEDIR)/mapflow)
-	$(if $(MAPFLOW_PY),install -m 0644 $(MAPFLOW_PY) $(DESTDIR)$(PYTHON_SITEDIR)/mapflow/)
+	install -d $(DESTDIR)$(PYTHON_SITEDIR)/mapflow
+	install -m 0644 $(MAPFLOW_PY) client/python/mapflow/py.typed $(DESTDIR)$(PYTHON_SITEDIR)/mapflow/
+	printf '# Written by make install: where libmapflow was installed.\nLIBDIRS = ["%s"]\n' \
+	  '$(LIBDIR)' >$(DESTDIR)$(PYTHON_SITEDIR)/mapflow/_config.py
+	chmod 0644 $(DESTDIR)$(PYTHON_SITEDIR)/mapflow/_config.py
