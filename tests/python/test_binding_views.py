@@ -1,0 +1,244 @@
+"""The Python binding's contract beyond the calls, against a real mapflowd (unix socket):
+
+- DLPack: numpy.from_dlpack (and torch.from_dlpack when torch is importable) of leased
+  host rows and of copied rows reads the row's bytes with no copy, device (kDLCPU, 0);
+  a device row's exports are covered by tests/gpu/test_dlpack_gpu.py on a GPU machine.
+- Lifetimes: after GetResult.close() / Lease.release() the views raise ViewClosed; an
+  array made before keeps its memory (the C result is freed, and a closed channel's arenas
+  unmapped, only when the last array is gone — checked through weak references); a
+  closed Channel refuses calls with FailedPrecondition.
+- GetResult.__exit__ releases the leases when the block raises.
+- Errors: one subclass per status of the library's table, messages without the status.
+- ABI: the import-time layout check refuses a mirror that differs from mf_abi_layout().
+- fork(): a child opens its own channel and reads rows; the parent's channel goes on.
+Rows come from mapflow-synth with random tokens. Env: MF_BIN, MF_BUILD, MAPFLOW_LIB.
+"""
+import ctypes as C
+import gc
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+import unittest
+import weakref
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import mftest  # noqa: E402
+
+mftest.preload_asan()
+mapflow = mftest.import_mapflow()
+
+try:
+    import numpy as np
+except ImportError:
+    np = None
+try:
+    import torch
+except ImportError:
+    torch = None
+
+NS = "py-views"
+MODEL = "py-views-src"
+B = 16
+
+
+class ViewsTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="mfpyv-")
+        rng = random.Random(int(time.time()))
+        cls.nb = 4
+        cls.tokens = [rng.randrange(1, 60000) for _ in range(cls.nb * B + 3)]
+        cls.rows = mftest.synth_rows(cls.tmp, NS, MODEL, B, cls.tokens, (2,), cls.nb,
+                                     rng.randrange(1000))[2]
+        cls.hashes = mapflow.hash_prefix(NS, MODEL, B, cls.tokens)
+        cls.d = mftest.Daemon(cls.tmp, mapflow, "--host_bytes", "64mb")
+        cls.d.start()
+        with cls.chan() as ch:
+            ch.put_batch(cls.rows)
+
+    @classmethod
+    def tearDownClass(cls):
+        try:
+            cls.d.stop()
+        finally:
+            shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    @classmethod
+    def chan(cls, **kw):
+        kw.setdefault("ns", NS)
+        return mapflow.Channel("unix:" + cls.d.sock, **kw)
+
+    def get(self, ch, lease):
+        return ch.get_prefix(MODEL, B, self.tokens, [2], lease=lease)
+
+    @unittest.skipIf(np is None, "NumPy is not importable")
+    def test_dlpack_round_trip(self):
+        self.assertTrue(hasattr(np, "from_dlpack"))
+        with self.chan(want_arena=True) as ch:
+            for lease in (True, False):
+                with self.get(ch, lease) as g:
+                    self.assertEqual(len(g), self.nb)
+                    for i, row in enumerate(g):
+                        self.assertEqual(row.__dlpack_device__(), (1, 0))  # kDLCPU
+                        self.assertFalse(hasattr(row, "__cuda_array_interface__"))
+                        a = np.from_dlpack(row)
+                        self.assertEqual((a.dtype, a.shape), (np.uint8, (len(self.rows[i]),)))
+                        self.assertEqual(a.tobytes(), self.rows[i])
+                        # zero copy: the array is the row where the library has it
+                        self.assertEqual(a.ctypes.data, np.frombuffer(row.data, np.uint8)
+                                         .ctypes.data)
+                        if torch is not None:
+                            t = torch.from_dlpack(row)
+                            self.assertEqual(bytes(t.numpy().tobytes()), self.rows[i])
+            lease = ch.get_lease(MODEL, 2, self.hashes[1])
+            self.assertEqual(np.from_dlpack(lease).tobytes(), self.rows[1])
+            lease.release()
+
+    def test_views_closed_and_memory_kept(self):
+        with self.chan(want_arena=True) as ch:
+            for lease in (False, True):
+                g = self.get(ch, lease)
+                row = g[2]
+                mv = row.data
+                arr = row.array() if np is not None else None
+                owner = weakref.ref(g._views.owner)
+                g.release()
+                g.close()
+                for use in (lambda: row.data, lambda: row.array(), lambda: row.tokens,
+                            lambda: row.__dlpack__()):
+                    with self.assertRaises(mapflow.ViewClosed):
+                        use()
+                with self.assertRaises(ValueError):  # the memoryview handed out is released
+                    mv.tobytes()
+                self.assertTrue(issubclass(mapflow.ViewClosed, mapflow.FailedPrecondition))
+                if arr is not None:
+                    gc.collect()
+                    self.assertIsNotNone(owner(), "memory freed under a live array")
+                    self.assertEqual(arr.tobytes(), self.rows[2])
+                    del arr
+                del row, mv
+                gc.collect()
+                self.assertIsNone(owner(), "result not freed once nothing views it")
+            lease = ch.get_lease(MODEL, 2, self.hashes[3])
+            self.assertEqual(lease.data.tobytes(), self.rows[3])
+            lease.release()
+            with self.assertRaises(mapflow.ViewClosed):
+                lease.data
+
+    def test_channel_close_waits_for_arena_views(self):
+        ch = self.chan(want_arena=True)
+        g = self.get(ch, True)
+        arr = g[0].array() if np is not None else None
+        g.release()
+        g.close()
+        ch.close()
+        self.assertTrue(ch.closed)
+        with self.assertRaises(mapflow.FailedPrecondition) as e:
+            ch.health()
+        self.assertEqual(e.exception.message, "the channel is closed")
+        if arr is not None:
+            self.assertIsNotNone(ch._core.h, "arena unmapped under a live array")
+            self.assertEqual(arr.tobytes(), self.rows[0])  # mapped still: no fault
+            del arr
+        del g
+        gc.collect()
+        self.assertIsNone(ch._core.h, "mf_channel_close never ran")
+
+    def test_exit_releases_on_exception(self):
+        with self.chan(want_arena=True) as ch:
+            with self.assertRaises(KeyError):
+                with self.get(ch, True) as g:
+                    ids = [r.lease_id for r in g]
+                    self.assertTrue(all(ids))
+                    raise KeyError("boom")
+            self.assertEqual(ch.release(ids), 0)  # nothing left to release
+            g2 = self.get(ch, True)  # control: an unreleased result's leases are held
+            ids2 = [r.lease_id for r in g2]
+            g2.close()
+            self.assertEqual(ch.release(ids2), len(ids2))
+
+    def test_error_classes_and_messages(self):
+        self.assertEqual(mapflow.STATUS[5], "NOT_FOUND")
+        for code, name in mapflow.STATUS.items():
+            if code:
+                cls = type(mapflow.MapflowError(code, "x"))
+                self.assertTrue(issubclass(cls, mapflow.MapflowError))
+                self.assertEqual(cls.__name__.upper(), name.replace("_", ""))
+        with self.chan() as ch:
+            with self.assertRaises(mapflow.NotFound) as e:
+                ch.get(MODEL, 77, self.hashes[0])
+            self.assertEqual(e.exception.code, mapflow.NOT_FOUND)
+            self.assertFalse(e.exception.message.startswith("NOT_FOUND"), e.exception.message)
+            self.assertEqual(str(e.exception).count("NOT_FOUND"), 1, str(e.exception))
+            with self.assertRaises(mapflow.FailedPrecondition):
+                ch.get_prefix(MODEL, B, self.tokens, [2], lease=True)  # no arena
+            with self.assertRaises(mapflow.InvalidArgument):
+                ch.get(MODEL, 2, "not-hex")
+        with self.assertRaises(mapflow.Unavailable):
+            mapflow.Channel("unix:" + os.path.join(self.tmp, "nobody.sock"),
+                            retry={"max_retries": 0})
+        self.assertEqual(mapflow.__version__, mapflow.version())
+        with open(os.path.join(mftest.ROOT, "client", "mapflow.h")) as f:
+            self.assertIn('#define MF_VERSION_STRING "%s"' % mapflow.__version__, f.read())
+
+    def test_abi_layout_check_refuses_a_mismatch(self):
+        lib = mapflow._lib_layout()
+        self.assertEqual(lib["mf_row_ref_t"][0], ("", 0, C.sizeof(mapflow._RowRef)))
+        self.assertEqual(mapflow._abi_mismatches(lib, mapflow._MIRRORS), [])
+        fields = list(mapflow._RowRef._fields_)
+        fields[1], fields[2] = fields[2], ("layer", C.c_uint64)  # a wider member
+
+        class Bad(C.Structure):
+            _c_type_ = "mf_row_ref_t"
+            _fields_ = fields
+
+        class Unknown(C.Structure):
+            _c_type_ = "mf_nothing_t"
+            _fields_ = [("x", C.c_int)]
+
+        bad = mapflow._abi_mismatches(lib, [Bad, Unknown])
+        self.assertEqual(len(bad), 2, bad)
+        self.assertIn("mf_row_ref_t", bad[0])
+        self.assertIn("mf_nothing_t: not in the library's layout", bad[1])
+        saved = mapflow._MIRRORS
+        mapflow._MIRRORS = [Bad]
+        try:
+            with self.assertRaises(ImportError) as e:
+                mapflow._check_abi()
+        finally:
+            mapflow._MIRRORS = saved
+        self.assertIn(mapflow._lib_path, str(e.exception))
+        self.assertIn("mf_row_ref_t", str(e.exception))
+
+    def test_fork_child_opens_its_own_channel(self):
+        with self.chan(want_arena=True) as ch:
+            self.assertTrue(ch.health()["ok"])
+            pid = os.fork()
+            if pid == 0:  # the child: the parent's channel is not touched
+                rc = 1
+                try:
+                    with self.chan(want_arena=True) as mine:
+                        with mine.get_prefix(MODEL, B, self.tokens, [2], lease=True) as g:
+                            rc = 0 if [r.data.tobytes() for r in g] == self.rows else 2
+                finally:
+                    os._exit(rc)
+            deadline = time.time() + 30
+            while True:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    break
+                if time.time() > deadline:
+                    os.kill(pid, 9)
+                    os.waitpid(pid, 0)
+                    self.fail("the forked child hung")
+                time.sleep(0.02)
+            self.assertEqual(os.waitstatus_to_exitcode(status), 0)
+            with self.get(ch, True) as g:
+                self.assertEqual([r.data.tobytes() for r in g], self.rows)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
