@@ -6,17 +6,20 @@ device addresses are host addresses, so the test reads leased device views with
 ctypes.string_at and allocates "device" rows through the same library. Rows come from
 mapflow-synth. Covers: Channel(gpu_device=) and gpu_info(), put_device / put_device_batch
 into the gpu tier, leased rows on_device with device_ptr and gpu_arena whose bytes are
-the rows, get_lease on the device, copies of GPU rows, a channel without gpu_device
+the rows and whose DLPack capsules / __cuda_array_interface__ describe them (kDLCUDA),
+get_lease on the device, copies of GPU rows, a channel without gpu_device
 getting host views, and errors (no GPU channel, a bad device address) as MapflowError.
 Env: MF_BIN (build/bin), MF_BUILD (build dir, for libmapflow and the fake driver).
 """
 import ctypes as C
+import gc
 import os
 import random
 import shutil
 import sys
 import tempfile
 import unittest
+import weakref
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mftest  # noqa: E402
@@ -66,6 +69,41 @@ class FakeCuda:
 
     def free(self, p):
         self.ok(self.lib.cuMemFree_v2(p))
+
+
+class DLDevice(C.Structure):  # dlpack.h, written out here independently of the binding
+    _fields_ = [("device_type", C.c_int32), ("device_id", C.c_int32)]
+
+
+class DLTensor(C.Structure):
+    _fields_ = [("data", C.c_void_p), ("device", DLDevice), ("ndim", C.c_int32),
+                ("code", C.c_uint8), ("bits", C.c_uint8), ("lanes", C.c_uint16),
+                ("shape", C.POINTER(C.c_int64)), ("strides", C.POINTER(C.c_int64)),
+                ("byte_offset", C.c_uint64)]
+
+
+class DLManagedTensor(C.Structure):
+    _fields_ = [("dl_tensor", DLTensor), ("manager_ctx", C.c_void_p),
+                ("deleter", C.CFUNCTYPE(None, C.c_void_p))]
+
+
+def consume_dlpack(cap):
+    """What a consumer (torch.from_dlpack) does with a capsule: reads the tensor, renames
+    the capsule "used_dltensor", and calls the deleter when done. Returns
+    (data, device_type, device_id, shape, (code, bits, lanes), strides is NULL)."""
+    api = C.PyDLL(None)  # not ctypes.pythonapi: its argtypes are shared process-wide
+    api.PyCapsule_GetPointer.restype = C.c_void_p
+    api.PyCapsule_GetPointer.argtypes = [C.py_object, C.c_char_p]
+    api.PyCapsule_SetName.argtypes = [C.py_object, C.c_char_p]
+    addr = api.PyCapsule_GetPointer(cap, b"dltensor")
+    mt = DLManagedTensor.from_address(addr)
+    t = mt.dl_tensor
+    got = (t.data, t.device.device_type, t.device.device_id,
+           tuple(t.shape[i] for i in range(t.ndim)), (t.code, t.bits, t.lanes),
+           not t.strides, t.byte_offset)
+    api.PyCapsule_SetName(cap, b"used_dltensor")
+    mt.deleter(addr)
+    return got
 
 
 class GpuBindingTest(unittest.TestCase):
@@ -122,6 +160,35 @@ class GpuBindingTest(unittest.TestCase):
                     self.assertEqual(row.length, len(self.rows[1][i]))
                     # fake driver: the device address is readable from the host
                     self.assertEqual(C.string_at(row.device_ptr, row.length), self.rows[1][i])
+                    # DLPack / CUDA array interface: kDLCUDA (2) on gpu_device 0, 1-D uint8
+                    self.assertEqual(row.__dlpack_device__(), (2, 0))
+                    self.assertEqual(consume_dlpack(row.__dlpack__(stream=1)),
+                                     (row.device_ptr, 2, 0, (row.length,), (1, 8, 1), True, 0))
+                    cai = row.__cuda_array_interface__
+                    self.assertEqual((cai["shape"], cai["typestr"], cai["data"], cai["version"]),
+                                     ((row.length,), "|u1", (row.device_ptr, True), 3))
+                # A row that exported its CUDA array interface keeps the memory (CuPy and
+                # Numba hold the row, not the dict).
+                del cai, row
+                # An unconsumed capsule keeps the views' memory (and the arena) until it
+                # dies; a consumed one until the consumer calls the deleter.
+                owner = weakref.ref(g._views.owner)
+                kept, used = g[0].__dlpack__(), g[1].__dlpack__()
+                g.release()
+                g.close()
+                with self.assertRaises(mapflow.ViewClosed):
+                    g[0].__dlpack__()
+                gc.collect()
+                self.assertIsNotNone(owner())
+                del kept
+                gc.collect()
+                self.assertIsNotNone(owner())
+                self.assertEqual(consume_dlpack(used)[0], g[1].device_ptr)
+                gc.collect()
+                self.assertIsNotNone(owner())  # g[*] exported __cuda_array_interface__
+                g.rows = []
+                gc.collect()
+                self.assertIsNone(owner(), "the deleter did not let the result go")
             with ch.get_prefix(MODEL, B, self.tokens, [1]) as g:  # copies of GPU rows
                 self.assertEqual([r.data.tobytes() for r in g], self.rows[1])
                 self.assertFalse(any(r.on_device for r in g))

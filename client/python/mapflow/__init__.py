@@ -632,7 +632,7 @@ def _dl_delete(addr):
     _dl_live.pop(addr, None)
 
 
-_pyapi = C.pythonapi
+_pyapi = C.PyDLL(None)  # own function objects: ctypes.pythonapi's argtypes are anyone's
 _pyapi.PyCapsule_New.restype = C.py_object
 _pyapi.PyCapsule_New.argtypes = [C.c_void_p, C.c_char_p, C.c_void_p]
 _pyapi.PyCapsule_IsValid.restype = C.c_int
@@ -698,8 +698,11 @@ class _Exportable:
     def __cuda_array_interface__(self) -> Dict[str, Any]:
         if not self.on_device:
             raise AttributeError("a host row has no __cuda_array_interface__ (use DLPack)")
+        # Consumers (CuPy, Numba) keep this object, not the dict: from now on it keeps
+        # the memory, so their arrays outlive close() safely.
+        self._cai_owner = self._owner()
         return {"shape": (self.length,), "typestr": "|u1", "data": (self._addr, True),
-                "version": 3, "strides": None, "stream": None, "_owner": self._owner()}
+                "version": 3, "strides": None, "stream": None}
 
 
 class PutResult:
