@@ -2,7 +2,8 @@
 # Every GPU check and benchmark of the project in one device call (the device time is
 # short, and each call pays a machine start): kernel correctness (run.sh: gpu_check,
 # memcheck, ipc_check), the daemon's GPU tier (tier_smoke.sh), the worker's CUDA path
-# (worker_check.sh), the Python binding's DLPack of device rows (test_dlpack_gpu.py), the kernel benchmark (bench/gpu/run.sh) and the hand-off benchmark
+# (worker_check.sh), the Python binding's DLPack of device rows (test_dlpack_gpu.py),
+# the kernel benchmark (bench/gpu/run.sh) and the hand-off benchmark
 # (bench/handoff/run.sh). Each step has a time limit; logs and results are packed into
 # $OUT (at most 8 files come back) and a summary table is printed last.
 # Usage: tests/gpu/all.sh [STEP ...]   (default: every step; names as in the table)
