@@ -97,31 +97,35 @@ class ViewsTest(unittest.TestCase):
             self.assertEqual(np.from_dlpack(lease).tobytes(), self.rows[1])
             lease.release()
 
+    def closed_views(self, ch, lease):
+        """A result's views after close(): ViewClosed, and its memory kept for arrays."""
+        g = self.get(ch, lease)
+        row = g[2]
+        mv = row.data
+        arr = row.array() if np is not None else None
+        owner = weakref.ref(g._views.owner)
+        g.release()
+        g.close()
+        for use in (lambda: row.data, lambda: row.array(), lambda: row.tokens,
+                    lambda: row.__dlpack__()):
+            with self.assertRaises(mapflow.ViewClosed):
+                use()
+        with self.assertRaises(ValueError):  # the memoryview handed out is released
+            mv.tobytes()
+        self.assertTrue(issubclass(mapflow.ViewClosed, mapflow.FailedPrecondition))
+        if arr is not None:
+            gc.collect()
+            self.assertIsNotNone(owner(), "memory freed under a live array")
+            self.assertEqual(arr.tobytes(), self.rows[2])
+            del arr
+        row = mv = None  # (the lambdas above share this cell)
+        gc.collect()
+        self.assertIsNone(owner(), "result not freed once nothing views it")
+
     def test_views_closed_and_memory_kept(self):
         with self.chan(want_arena=True) as ch:
-            for lease in (False, True):
-                g = self.get(ch, lease)
-                row = g[2]
-                mv = row.data
-                arr = row.array() if np is not None else None
-                owner = weakref.ref(g._views.owner)
-                g.release()
-                g.close()
-                for use in (lambda: row.data, lambda: row.array(), lambda: row.tokens,
-                            lambda: row.__dlpack__()):
-                    with self.assertRaises(mapflow.ViewClosed):
-                        use()
-                with self.assertRaises(ValueError):  # the memoryview handed out is released
-                    mv.tobytes()
-                self.assertTrue(issubclass(mapflow.ViewClosed, mapflow.FailedPrecondition))
-                if arr is not None:
-                    gc.collect()
-                    self.assertIsNotNone(owner(), "memory freed under a live array")
-                    self.assertEqual(arr.tobytes(), self.rows[2])
-                    del arr
-                del row, mv
-                gc.collect()
-                self.assertIsNone(owner(), "result not freed once nothing views it")
+            self.closed_views(ch, False)
+            self.closed_views(ch, True)
             lease = ch.get_lease(MODEL, 2, self.hashes[3])
             self.assertEqual(lease.data.tobytes(), self.rows[3])
             lease.release()

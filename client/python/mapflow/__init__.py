@@ -61,8 +61,11 @@ _SONAME = "libmapflow.so.0"
 _TIERS = {0: "none", 1: "gpu", 2: "host", 3: "ssd"}
 _CODECS = {0: "mask", 1: "fp16", 2: "bf16", 3: "fp8", 4: "u8log"}
 
-Hash = Union[str, Tuple[int, int]]
-Tokens = Union[Sequence[int], "Any"]  # a sequence of ints, array('I') or NumPy array
+Hash = Union[str, Tuple[int, int]]  # 32 hex digits or (lo, hi)
+Tokens = Union[Sequence[int], Any]  # a sequence of ints, array('I') or NumPy array
+Buffer = Any  # bytes-like: bytes, bytearray, memoryview, NumPy array
+Timeout = Optional[int]  # milliseconds; None = the channel's, TIMEOUT_INFINITE
+Tag = Any
 
 
 # ==== C types (client/mapflow.h, proto/mf_row.h) ========================================
@@ -404,14 +407,14 @@ for _code, _name in STATUS.items():
 del _code, _name, _cls
 
 
-class ViewClosed(_ERRORS[FAILED_PRECONDITION]):  # noqa: F821 (set from STATUS above)
+class ViewClosed(_ERRORS[FAILED_PRECONDITION]):
     """A row view used after its GetResult / Lease was closed or released."""
 
     def __new__(cls, message: str):
-        return super().__new__(cls, FAILED_PRECONDITION, message)  # noqa: F821
+        return super().__new__(cls, FAILED_PRECONDITION, message)
 
     def __init__(self, message: str):
-        super().__init__(FAILED_PRECONDITION, message)  # noqa: F821
+        super().__init__(FAILED_PRECONDITION, message)
 
 
 def _abi_mismatches(entries: Dict[str, List[Tuple[str, int, int]]],
@@ -511,7 +514,7 @@ def _key(model, layer, h):
     return _Key(_b(model), int(layer), _hash(h))
 
 
-def hash_prefix(ns, model, block_size, tokens):
+def hash_prefix(ns: str, model: str, block_size: int, tokens: Tokens) -> List[str]:
     """Prefix hashes (32 hex digits each) of every full block of tokens (DESIGN §4)."""
     arr, n = _u32(tokens)
     nb = n // block_size
@@ -691,7 +694,7 @@ class _Exportable:
                                                                  tuple(dl_device)))
         if not self._addr:
             raise BufferError("this row has no data (status %s)" %
-                              STATUS.get(getattr(self, "status", OK)))  # noqa: F821
+                              STATUS.get(getattr(self, "status", OK)))
         return _dlpack(self._addr, self.length, self.__dlpack_device__(), self._owner())
 
     @property
@@ -735,7 +738,7 @@ class Row(_Exportable):
         self.lease_id = ref.lease_id
         self.on_device = bool(ref.on_device)
         self.gpu_arena = ref.gpu_arena
-        ok = ref.status == OK  # noqa: F821
+        ok = ref.status == OK
         self._addr = (ref.data or 0) if ok else 0
         self.device_ptr = self._addr if self.on_device else 0
         self.length = ref.length if ok else 0
@@ -756,7 +759,7 @@ class Row(_Exportable):
 
     @property
     def ok(self) -> bool:
-        return self.status == OK  # noqa: F821
+        return self.status == OK
 
     @property
     def data(self) -> Optional[memoryview]:
@@ -913,14 +916,14 @@ class Event:
     """A finished async call: tag, status (int), message, result (or None on failure)."""
     __slots__ = ("tag", "status", "message", "result")
 
-    def __init__(self, tag, status, message, result):
+    def __init__(self, tag: Tag, status: int, message: str, result: Any):
         self.tag, self.status, self.message, self.result = tag, status, message, result
 
     @property
-    def ok(self):
+    def ok(self) -> bool:
         return self.status == OK
 
-    def check(self):
+    def check(self) -> Any:
         """The result, or MapflowError for a failed call."""
         if self.status != OK:
             raise MapflowError(self.status, self.message)
@@ -934,10 +937,10 @@ class Event:
 class Call:
     """Handle of an async call: cancel() asks it to stop (its event says CANCELLED)."""
 
-    def __init__(self, handle):
+    def __init__(self, handle: C.c_void_p):
         self._h = handle
 
-    def cancel(self):
+    def cancel(self) -> bool:
         return _lib.mf_call_cancel(self._h) == OK
 
     def __del__(self):
@@ -961,13 +964,13 @@ class CompletionQueue:
         self._pending = {}
         self._next_tag = 1
 
-    def _register(self, tag, finish, keep):
+    def _register(self, tag: Tag, finish: Callable[[], Any], keep: Any) -> int:
         t = self._next_tag
         self._next_tag += 1
         self._pending[t] = (tag, finish, keep)
         return t
 
-    def next(self, timeout_ms=None):
+    def next(self, timeout_ms: Timeout = None) -> Optional[Event]:
         ev = _Event()
         t = _lib.mf_cq_next(self._h, TIMEOUT_INFINITE if timeout_ms is None else int(timeout_ms),
                             C.byref(ev))
@@ -979,10 +982,10 @@ class CompletionQueue:
         result = finish() if ev.status == OK else None
         return Event(tag, ev.status, ev.message.decode(errors="replace"), result)
 
-    def shutdown(self):
+    def shutdown(self) -> None:
         _lib.mf_cq_shutdown(self._h)
 
-    def close(self):
+    def close(self) -> None:
         """Shuts down, drains the events still to come, and frees the queue."""
         if self._h:
             self.shutdown()
@@ -994,10 +997,10 @@ class CompletionQueue:
             _lib.mf_cq_destroy(self._h)
             self._h = None
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._pending)
 
-    def __enter__(self):
+    def __enter__(self) -> "CompletionQueue":
         return self
 
     def __exit__(self, *exc):
@@ -1020,9 +1023,11 @@ class Channel:
     _core: Optional[_Chan] = None  # set once the C object exists (close / __del__ check it)
     _gpu = -1
 
-    def __init__(self, target, ns="default", token=None, client_name="mapflow-python",
-                 want_arena=False, timeout_ms=30000, max_frame=0, retry=None,
-                 gpu_device=None):
+    def __init__(self, target: str, ns: str = "default", token: Optional[str] = None,
+                 client_name: str = "mapflow-python", want_arena: bool = False,
+                 timeout_ms: int = 30000, max_frame: int = 0,
+                 retry: Optional[Dict[str, Union[int, float]]] = None,
+                 gpu_device: Optional[int] = None):
         p = _Params()
         p.field_mask = _PARAM_NS | _PARAM_NAME | _PARAM_ARENA | _PARAM_TIMEOUT
         self._strs = [_b(ns), _b(client_name), _b(token or "")]
@@ -1059,11 +1064,11 @@ class Channel:
         """The C channel; FailedPrecondition once closed (never a NULL into the library)."""
         core = self._core
         if core is None or core.closing or not core.h:
-            raise MapflowError(FAILED_PRECONDITION, "the channel is closed")  # noqa: F821
+            raise MapflowError(FAILED_PRECONDITION, "the channel is closed")
         return core.h
 
     # -- plumbing --
-    def _check(self, st):
+    def _check(self, st: int) -> None:
         if st != OK:
             raise MapflowError(st, _lib.mf_channel_last_error(self._h).decode(errors="replace"))
 
@@ -1085,7 +1090,7 @@ class Channel:
         if self._core is not None:
             self._core.close()
 
-    def __enter__(self):
+    def __enter__(self) -> "Channel":
         return self
 
     def __exit__(self, *exc):
@@ -1103,10 +1108,10 @@ class Channel:
         return _lib.mf_channel_last_error(self._h).decode(errors="replace")
 
     @property
-    def has_arena(self):
+    def has_arena(self) -> bool:
         return bool(_lib.mf_channel_has_arena(self._h))
 
-    def info(self):
+    def info(self) -> Dict[str, Any]:
         i = _Info()
         _lib.mf_channel_info(self._h, C.byref(i))
         return {"daemon_version": (i.daemon_version or b"").decode(),
@@ -1115,7 +1120,7 @@ class Channel:
                 "gpu_tier": bool(i.gpu_tier), "connected": bool(i.connected),
                 "reconnects": i.reconnects, "in_flight": i.in_flight}
 
-    def gpu_info(self):
+    def gpu_info(self) -> Dict[str, Any]:
         """The GPU arenas of the current connection: {"gpu_device", "driver", "why",
         "announced", "mapped", "peer", "arenas": [{index, bytes, mapped, device, peer,
         pci_bus_id, why}], "host_arena_pinned": 1 | 0 (not yet / none) | -1 (refused)}."""
@@ -1131,7 +1136,7 @@ class Channel:
                 "host_arena_pinned": g.host_arena_pinned}
 
     # -- data calls --
-    def put(self, row, durable=False, timeout_ms=None):
+    def put(self, row: Buffer, durable: bool = False, timeout_ms: Timeout = None) -> PutResult:
         """Stores one encoded row (bytes-like); returns a PutResult."""
         buf = _rowbuf(row)
         r = _PutResult()
@@ -1139,7 +1144,8 @@ class Channel:
                                 _timeout(timeout_ms)))
         return PutResult(r)
 
-    def put_device(self, ptr, length, durable=False, timeout_ms=None):
+    def put_device(self, ptr: int, length: int, durable: bool = False,
+                   timeout_ms: Timeout = None) -> PutResult:
         """Stores one encoded row that sits in device memory at ptr (int, 16-byte aligned,
         valid in gpu_device's context; the work that wrote it finished); a PutResult."""
         r = _PutResult()
@@ -1147,7 +1153,8 @@ class Channel:
                                        1 if durable else 0, C.byref(r), _timeout(timeout_ms)))
         return PutResult(r)
 
-    def put_device_batch(self, rows, durable=False, timeout_ms=None):
+    def put_device_batch(self, rows: Sequence[Tuple[int, int]], durable: bool = False,
+                         timeout_ms: Timeout = None) -> List[PutResult]:
         """put_device for many rows: rows is a list of (ptr, length); one PutResult each.
         On failure raises MapflowError with .results."""
         rows = list(rows)
@@ -1164,14 +1171,16 @@ class Channel:
             raise err
         return results
 
-    def put_async(self, cq, row, tag=None, durable=False, timeout_ms=None):
+    def put_async(self, cq: CompletionQueue, row: Buffer, tag: Tag = None,
+                  durable: bool = False, timeout_ms: Timeout = None) -> Call:
         buf = _rowbuf(row)
         r = _PutResult()
         return self._async(cq, tag, lambda q, t, c: _lib.mf_put_async(
             self._h, buf, len(buf), 1 if durable else 0, C.byref(r), _timeout(timeout_ms),
             q, t, c), lambda: PutResult(r), (buf, r))
 
-    def put_batch(self, rows, durable=False, timeout_ms=None):
+    def put_batch(self, rows: Sequence[Buffer], durable: bool = False,
+                  timeout_ms: Timeout = None) -> List[PutResult]:
         """Stores many rows in about two round trips; returns one PutResult per row.
         On failure raises MapflowError with .results (per-row PutResult, .status set)."""
         bufs = [_rowbuf(r) for r in rows]
@@ -1188,7 +1197,9 @@ class Channel:
             raise err
         return results
 
-    def lookup(self, model, block_size, tokens, layers, timeout_ms=None, peer=None):
+    def lookup(self, model: str, block_size: int, tokens: Tokens, layers: Tokens,
+               timeout_ms: Timeout = None, peer: Optional[str] = None
+               ) -> Tuple[List[int], int]:
         """Cached leading blocks per layer: (list of counts in layer order, total blocks).
         peer: "HOST:PORT" of another daemon's UCX listener to ask too."""
         tok, nt = _u32(tokens)
@@ -1199,7 +1210,8 @@ class Channel:
                                         lay, nl, blocks, C.byref(total), _timeout(timeout_ms)))
         return list(blocks[:nl]), total.value
 
-    def lookup_async(self, cq, model, block_size, tokens, layers, tag=None, timeout_ms=None):
+    def lookup_async(self, cq: CompletionQueue, model: str, block_size: int, tokens: Tokens,
+                     layers: Tokens, tag: Tag = None, timeout_ms: Timeout = None) -> Call:
         tok, nt = _u32(tokens)
         lay, nl = _u32(layers)
         blocks = (C.c_uint32 * max(nl, 1))()
@@ -1209,8 +1221,9 @@ class Channel:
             _timeout(timeout_ms), q, t, c), lambda: (list(blocks[:nl]), total.value),
             (blocks, total))
 
-    def get_prefix(self, model, block_size, tokens, layers, first_block=0, n_blocks=0,
-                   lease=False, timeout_ms=None, peer=None):
+    def get_prefix(self, model: str, block_size: int, tokens: Tokens, layers: Tokens,
+                   first_block: int = 0, n_blocks: int = 0, lease: bool = False,
+                   timeout_ms: Timeout = None, peer: Optional[str] = None) -> GetResult:
         """Rows of blocks [first_block, +n_blocks) (0 = every full block) of each layer in
         one round trip, verified here. lease=True: zero-copy views of the arena. peer:
         "HOST:PORT" of a daemon's UCX listener to read missing rows through from."""
@@ -1222,8 +1235,10 @@ class Channel:
                                             C.byref(out), _timeout(timeout_ms)))
         return GetResult(self, out, lease)
 
-    def get_prefix_async(self, cq, model, block_size, tokens, layers, first_block=0,
-                         n_blocks=0, lease=False, tag=None, timeout_ms=None):
+    def get_prefix_async(self, cq: CompletionQueue, model: str, block_size: int,
+                         tokens: Tokens, layers: Tokens, first_block: int = 0,
+                         n_blocks: int = 0, lease: bool = False, tag: Tag = None,
+                         timeout_ms: Timeout = None) -> Call:
         tok, nt = _u32(tokens)
         lay, nl = _u32(layers)
         out = C.POINTER(_GetResult)()
@@ -1232,7 +1247,8 @@ class Channel:
             1 if lease else 0, C.byref(out), _timeout(timeout_ms), q, t, c),
             lambda: GetResult(self, out, lease), (out,))
 
-    def get_keys(self, keys, lease=False, timeout_ms=None, peer=None):
+    def get_keys(self, keys: Sequence[Tuple[str, int, Hash]], lease: bool = False,
+                 timeout_ms: Timeout = None, peer: Optional[str] = None) -> GetResult:
         """Rows by explicit key: keys is a list of (model, layer, hash) triples. peer: as
         in get_prefix."""
         ks = (_Key * max(len(keys), 1))(*[_key(*k) for k in keys])
@@ -1241,7 +1257,8 @@ class Channel:
                                           C.byref(out), _timeout(timeout_ms)))
         return GetResult(self, out, lease)
 
-    def get(self, model, layer, hash, max_bytes=64 << 20, timeout_ms=None):
+    def get(self, model: str, layer: int, hash: Hash, max_bytes: int = 64 << 20,
+            timeout_ms: Timeout = None) -> bytes:
         """One row by key, copied: bytes."""
         k = _key(model, layer, hash)
         n = C.c_size_t()
@@ -1255,7 +1272,8 @@ class Channel:
             self._check(st)
             return buf.raw[:n.value]
 
-    def get_async(self, cq, model, layer, hash, cap=1 << 20, tag=None, timeout_ms=None):
+    def get_async(self, cq: CompletionQueue, model: str, layer: int, hash: Hash,
+                  cap: int = 1 << 20, tag: Tag = None, timeout_ms: Timeout = None) -> Call:
         k = _key(model, layer, hash)
         n = C.c_size_t()
         buf = C.create_string_buffer(cap)
@@ -1263,7 +1281,8 @@ class Channel:
             self._h, C.byref(k), buf, cap, C.byref(n), _timeout(timeout_ms), q, t, c),
             lambda: buf.raw[:n.value], (k, n, buf))
 
-    def get_lease(self, model, layer, hash, timeout_ms=None):
+    def get_lease(self, model: str, layer: int, hash: Hash,
+                  timeout_ms: Timeout = None) -> Lease:
         """One row by key as a leased zero-copy view (needs want_arena): a Lease."""
         k = _key(model, layer, hash)
         out = _Lease()
@@ -1273,28 +1292,30 @@ class Channel:
         self._check(st)
         return Lease(self, out)
 
-    def release(self, lease_ids, timeout_ms=None):
+    def release(self, lease_ids: Sequence[int], timeout_ms: Timeout = None) -> int:
         ids = (C.c_uint64 * max(len(lease_ids), 1))(*lease_ids)
         n = C.c_uint32()
         self._check(_lib.mf_release(self._h, ids, len(lease_ids), C.byref(n),
                                     _timeout(timeout_ms)))
         return n.value
 
-    def delete(self, model, layer, hash, timeout_ms=None):
+    def delete(self, model: str, layer: int, hash: Hash, timeout_ms: Timeout = None) -> int:
         k = _key(model, layer, hash)
         n = C.c_uint64()
         self._check(_lib.mf_delete(self._h, C.byref(k), C.byref(n), _timeout(timeout_ms)))
         return n.value
 
-    def delete_model(self, model, layer=None, timeout_ms=None):
+    def delete_model(self, model: str, layer: Optional[int] = None,
+                     timeout_ms: Timeout = None) -> int:
         n = C.c_uint64()
         self._check(_lib.mf_delete_model(self._h, _b(model), -1 if layer is None else layer,
                                          C.byref(n), _timeout(timeout_ms)))
         return n.value
 
     # -- admin calls --
-    def list_page(self, model=None, layer=None, page_size=0, page_token=None,
-                  timeout_ms=None):
+    def list_page(self, model: Optional[str] = None, layer: Optional[int] = None,
+                  page_size: int = 0, page_token: Optional[bytes] = None,
+                  timeout_ms: Timeout = None) -> Tuple[List[Dict[str, Any]], Optional[bytes]]:
         """One page: (entries as dicts, next_page_token or None)."""
         tok = _b(page_token) if page_token else None
         out = C.POINTER(_ListPage)()
@@ -1314,7 +1335,8 @@ class Channel:
             _lib.mf_list_page_free(out)
         return entries, nxt
 
-    def list(self, model=None, layer=None, page_size=0, timeout_ms=None):
+    def list(self, model: Optional[str] = None, layer: Optional[int] = None,
+             page_size: int = 0, timeout_ms: Timeout = None) -> Iterator[Dict[str, Any]]:
         """Every entry of the namespace, page after page (a generator)."""
         tok = None
         while True:
@@ -1323,7 +1345,7 @@ class Channel:
             if not tok:
                 return
 
-    def stats(self, timeout_ms=None):
+    def stats(self, timeout_ms: Timeout = None) -> Dict[str, Any]:
         out = C.POINTER(_Stats)()
         self._check(_lib.mf_stats(self._h, C.byref(out), _timeout(timeout_ms)))
         try:
@@ -1335,19 +1357,20 @@ class Channel:
         finally:
             _lib.mf_stats_free(out)
 
-    def evict(self, tier, nbytes=0, timeout_ms=None):
+    def evict(self, tier: str, nbytes: int = 0, timeout_ms: Timeout = None) -> Tuple[int, int]:
         t = {v: k for k, v in _TIERS.items()}[tier]
         b, e = C.c_uint64(), C.c_uint64()
         self._check(_lib.mf_evict(self._h, t, nbytes, C.byref(b), C.byref(e),
                                   _timeout(timeout_ms)))
         return b.value, e.value
 
-    def flush(self, timeout_ms=None):
+    def flush(self, timeout_ms: Timeout = None) -> int:
         n = C.c_uint64()
         self._check(_lib.mf_flush(self._h, C.byref(n), _timeout(timeout_ms)))
         return n.value
 
-    def config_get(self, key=None, timeout_ms=None):
+    def config_get(self, key: Optional[str] = None,
+                   timeout_ms: Timeout = None) -> Dict[str, Tuple[str, bool]]:
         """{key: (value, live)} for one key or all."""
         items = C.POINTER(_ConfigItem)()
         n = C.c_size_t()
@@ -1359,7 +1382,7 @@ class Channel:
         finally:
             _lib.mf_config_items_free(items, n.value)
 
-    def config_set(self, key, value, timeout_ms=None):
+    def config_set(self, key: str, value: Any, timeout_ms: Timeout = None) -> Optional[str]:
         """Sets a live key; returns the value now in effect."""
         item = C.POINTER(_ConfigItem)()
         self._check(_lib.mf_config_set(self._h, _b(key), _b(str(value)), C.byref(item),
@@ -1369,22 +1392,24 @@ class Channel:
         finally:
             _lib.mf_config_items_free(item, 1 if item else 0)
 
-    def health(self, timeout_ms=None):
+    def health(self, timeout_ms: Timeout = None) -> Dict[str, Any]:
         h = _Health()
         self._check(_lib.mf_health(self._h, C.byref(h), _timeout(timeout_ms)))
         return _health(h)
 
-    def health_async(self, cq, tag=None, timeout_ms=None):
+    def health_async(self, cq: CompletionQueue, tag: Tag = None,
+                     timeout_ms: Timeout = None) -> Call:
         h = _Health()
         return self._async(cq, tag, lambda q, t, c: _lib.mf_health_async(
             self._h, C.byref(h), _timeout(timeout_ms), q, t, c), lambda: _health(h), (h,))
 
-    def profile_put(self, profile_pb, timeout_ms=None):
+    def profile_put(self, profile_pb: Buffer, timeout_ms: Timeout = None) -> None:
         """Stores a mapping profile (bytes of an encoded mapflow.v1.MappingProfile)."""
         buf = _rowbuf(profile_pb)
         self._check(_lib.mf_profile_put(self._h, buf, len(buf), _timeout(timeout_ms)))
 
-    def profile_get(self, source_model, target_model, timeout_ms=None):
+    def profile_get(self, source_model: str, target_model: str,
+                    timeout_ms: Timeout = None) -> bytes:
         p = _P()
         n = C.c_size_t()
         self._check(_lib.mf_profile_get(self._h, _b(source_model), _b(target_model),
