@@ -70,13 +70,14 @@
  * arena mappings (MAP_SHARED: a child inherits them) and leases are the parent's; a
  * child of fork() (vLLM forks its workers) gets none of the threads, so the parent's
  * channels and completion queues are dead in the child: it must not call anything on
- * them — not even mf_channel_close (it would wait for a thread that does not exist, and
- * the socket it shares with the parent would be shut for both) — nor read views of the
- * parent's leases (the daemon may reuse those bytes once the parent releases them). The
- * child opens its own channels (a new daemon session) and lets the inherited ones leak;
- * the parent goes on using its channels unaffected. Open channels after forking where
+ * them — not even mf_channel_close, which waits for the I/O thread and so hangs there —
+ * nor read views of the parent's leases (the daemon may reuse those bytes once the parent
+ * releases them). The child opens its own channels (a new daemon session) and lets the
+ * inherited ones leak; the parent goes on using its channels, on the same connection
+ * (tests/python/test_binding_views.py checks both). Open channels after forking where
  * you can. Functions that touch no channel (mf_hash_*, mf_row_*, mf_status_*,
- * mf_version, mf_abi_layout) are fine in the child.
+ * mf_version, mf_abi_layout) are fine in the child. The Python binding enforces this:
+ * its Channel and CompletionQueue refuse calls in a child and close there as no-ops.
  *
  * Link with -lmapflow only (pkg-config --cflags --libs mapflow); this header re-exports
  * the proto/ headers users need (status codes, prefix hash, map rows). The shared library

@@ -10,7 +10,9 @@
 - GetResult.__exit__ releases the leases when the block raises.
 - Errors: one subclass per status of the library's table, messages without the status.
 - ABI: the import-time layout check refuses a mirror that differs from mf_abi_layout().
-- fork(): a child opens its own channel and reads rows; the parent's channel goes on.
+- fork(): the parent's channel and queue refuse calls in the child and close there without
+  touching the library; the child opens its own channel and reads rows; the parent's
+  channel and queue go on, on the same connection.
 Rows come from mapflow-synth with random tokens. Env: MF_BIN, MF_BUILD, MAPFLOW_LIB.
 """
 import ctypes as C
@@ -220,13 +222,24 @@ class ViewsTest(unittest.TestCase):
     def test_fork_child_opens_its_own_channel(self):
         with self.chan(want_arena=True) as ch:
             self.assertTrue(ch.health()["ok"])
+            cq = mapflow.CompletionQueue()
             pid = os.fork()
-            if pid == 0:  # the child: the parent's channel is not touched
+            if pid == 0:  # the child
                 rc = 1
                 try:
-                    with self.chan(want_arena=True) as mine:
-                        with mine.get_prefix(MODEL, B, self.tokens, [2], lease=True) as g:
-                            rc = 0 if [r.data.tobytes() for r in g] == self.rows else 2
+                    # The parent's channel and queue refuse calls here and close without
+                    # touching the library (its close would join the parent's I/O thread).
+                    try:
+                        ch.health()
+                        rc = 3
+                    except mapflow.FailedPrecondition as e:
+                        rc = 0 if "child of fork()" in e.message else 4
+                    ch.close()
+                    cq.close()
+                    if rc == 0:
+                        with self.chan(want_arena=True) as mine:
+                            with mine.get_prefix(MODEL, B, self.tokens, [2], lease=True) as g:
+                                rc = 0 if [r.data.tobytes() for r in g] == self.rows else 2
                 finally:
                     os._exit(rc)
             deadline = time.time() + 30
@@ -242,6 +255,10 @@ class ViewsTest(unittest.TestCase):
             self.assertEqual(os.waitstatus_to_exitcode(status), 0)
             with self.get(ch, True) as g:
                 self.assertEqual([r.data.tobytes() for r in g], self.rows)
+            self.assertEqual(ch.info()["reconnects"], 0)  # the connection was not disturbed
+            ch.health_async(cq, tag="after-fork")
+            self.assertEqual(cq.next(10000).tag, "after-fork")
+            cq.close()
 
 
 if __name__ == "__main__":

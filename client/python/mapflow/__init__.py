@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import ctypes as C
 import os
+import threading
 from typing import (Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union)
 
 try:
@@ -529,23 +530,39 @@ def hash_prefix(ns: str, model: str, block_size: int, tokens: Tokens) -> List[st
 class _Chan:
     """The C channel of a Channel. mf_channel_close unmaps the arenas that leased views
     point into, so it runs once the Channel is closed *and* no _Owner of arena memory
-    (an open GetResult / Lease, or an array / tensor made from one) is left."""
+    (an open GetResult / Lease, or an array / tensor made from one) is left. In a child of
+    fork() it never runs: the channel's I/O thread is the parent's (see mapflow.h), so the
+    child leaves the C channel alone and its calls fail."""
 
-    __slots__ = ("h", "views", "closing")
+    __slots__ = ("h", "views", "closing", "pid", "mu")
 
     def __init__(self, h: C.c_void_p):
-        self.h, self.views, self.closing = h, 0, False
+        self.h, self.views, self.closing, self.pid = h, 0, False, os.getpid()
+        self.mu = threading.Lock()  # views may come and go on several threads
 
-    def close(self) -> None:
-        self.closing = True
-        if self.views == 0 and self.h:
+    def add_view(self) -> None:
+        with self.mu:
+            self.views += 1
+
+    def close(self, drop_view: bool = False) -> None:
+        with self.mu:
+            if drop_view:
+                self.views -= 1
+            else:
+                self.closing = True
+            if not self.closing or self.views or not self.h:
+                return
             h, self.h = self.h, None
+        if self.pid == os.getpid():
             _lib.mf_channel_close(h)
 
-    def drop_view(self) -> None:
-        self.views -= 1
-        if self.closing:
-            self.close()
+    def handle(self) -> C.c_void_p:
+        if self.closing or not self.h:
+            raise MapflowError(FAILED_PRECONDITION, "the channel is closed")
+        if self.pid != os.getpid():
+            raise MapflowError(FAILED_PRECONDITION, "the channel belongs to process %d (this "
+                               "is a child of fork(): open a channel here)" % self.pid)
+        return self.h
 
 
 class _Owner:
@@ -556,14 +573,14 @@ class _Owner:
     def __init__(self, free: Optional[Callable[[], None]], chan: Optional[_Chan]):
         self.free, self.chan = free, chan
         if chan is not None:
-            chan.views += 1
+            chan.add_view()
 
     def __del__(self):
         try:
             if self.free is not None:
                 self.free()
             if self.chan is not None:
-                self.chan.drop_view()
+                self.chan.close(drop_view=True)
         except Exception:  # interpreter shutdown: the library may be gone already
             pass
 
@@ -961,8 +978,17 @@ class CompletionQueue:
         if st:
             raise MapflowError(st, "mf_cq_create")
         self._h = h
-        self._pending = {}
+        self._pid = os.getpid()
+        self._pending: Dict[int, Tuple[Tag, Callable[[], Any], Any]] = {}
         self._next_tag = 1
+
+    def _q(self) -> C.c_void_p:
+        if not self._h:
+            raise MapflowError(FAILED_PRECONDITION, "the completion queue is closed")
+        if self._pid != os.getpid():
+            raise MapflowError(FAILED_PRECONDITION, "the completion queue belongs to process "
+                               "%d (this is a child of fork())" % self._pid)
+        return self._h
 
     def _register(self, tag: Tag, finish: Callable[[], Any], keep: Any) -> int:
         t = self._next_tag
@@ -972,7 +998,7 @@ class CompletionQueue:
 
     def next(self, timeout_ms: Timeout = None) -> Optional[Event]:
         ev = _Event()
-        t = _lib.mf_cq_next(self._h, TIMEOUT_INFINITE if timeout_ms is None else int(timeout_ms),
+        t = _lib.mf_cq_next(self._q(), TIMEOUT_INFINITE if timeout_ms is None else int(timeout_ms),
                             C.byref(ev))
         if t == 2:
             return None
@@ -983,10 +1009,13 @@ class CompletionQueue:
         return Event(tag, ev.status, ev.message.decode(errors="replace"), result)
 
     def shutdown(self) -> None:
-        _lib.mf_cq_shutdown(self._h)
+        _lib.mf_cq_shutdown(self._q())
 
     def close(self) -> None:
-        """Shuts down, drains the events still to come, and frees the queue."""
+        """Shuts down, drains the events still to come, and frees the queue. In a child of
+        fork() it only forgets the queue: its calls are the parent's and never end here."""
+        if self._h and self._pid != os.getpid():
+            self._h = None
         if self._h:
             self.shutdown()
             try:
@@ -1062,10 +1091,9 @@ class Channel:
     @property
     def _h(self) -> C.c_void_p:
         """The C channel; FailedPrecondition once closed (never a NULL into the library)."""
-        core = self._core
-        if core is None or core.closing or not core.h:
+        if self._core is None:
             raise MapflowError(FAILED_PRECONDITION, "the channel is closed")
-        return core.h
+        return self._core.handle()
 
     # -- plumbing --
     def _check(self, st: int) -> None:
@@ -1076,7 +1104,7 @@ class Channel:
         """Starts an async call with C arguments args; finish() builds the result."""
         t = cq._register(tag, finish, keep)
         call = _P()
-        st = start(cq._h, _P(t), C.byref(call))
+        st = start(cq._q(), _P(t), C.byref(call))
         if st != OK:
             cq._pending.pop(t, None)
             self._check(st)
