@@ -75,7 +75,9 @@
  * releases them). The child opens its own channels (a new daemon session) and lets the
  * inherited ones leak; the parent goes on using its channels, on the same connection
  * (tests/python/test_binding_views.py checks both). Open channels after forking where
- * you can. Functions that touch no channel (mf_hash_*, mf_row_*, mf_status_*,
+ * you can. CUDA itself does not survive fork(): after a parent used gpu_device, a child
+ * opens its channels without MF_CHANNEL_PARAM_GPU (or the workers are spawned, not
+ * forked). Functions that touch no channel (mf_hash_*, mf_row_*, mf_status_*,
  * mf_version, mf_abi_layout) are fine in the child. The Python binding enforces this:
  * its Channel and CompletionQueue refuse calls in a child and close there as no-ops.
  *
