@@ -13,9 +13,7 @@ Env: MF_BIN (build/bin), MF_BUILD (build dir), MAPFLOW_LIB.
 import gc
 import os
 import random
-import shutil
 import sys
-import tempfile
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
@@ -28,24 +26,16 @@ NS, MODEL, B = "gpu-dlpack", "gpu-dlpack-src", 16
 
 
 @unittest.skipUnless(torch.cuda.is_available(), "no CUDA device")
-class DlpackGpuTest(unittest.TestCase):
+class DlpackGpuTest(mftest.DaemonTest):
     @classmethod
     def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="mfdlp-")
+        cls.make_tmp("mfdlp-")
         rng = random.Random()
         cls.nb = 6
         cls.tokens = [rng.randrange(1, 60000) for _ in range(cls.nb * B)]
         cls.rows = mftest.synth_rows(cls.tmp, NS, MODEL, B, cls.tokens, (5,), cls.nb,
                                      rng.randrange(1000))[5]
-        cls.d = mftest.Daemon(cls.tmp, mapflow, "--host_bytes", "64mb", "--gpu_bytes", "256mb")
-        cls.d.start()
-
-    @classmethod
-    def tearDownClass(cls):
-        try:
-            cls.d.stop()
-        finally:
-            shutil.rmtree(cls.tmp, ignore_errors=True)
+        cls.start_daemon(mapflow, "--host_bytes", "64mb", "--gpu_bytes", "256mb")
 
     def test_device_rows_to_torch(self):
         ch = mapflow.Channel("unix:" + self.d.sock, ns=NS, want_arena=True, gpu_device=0)

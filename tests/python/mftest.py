@@ -1,15 +1,19 @@
-"""Shared pieces of the Python binding tests (tests/python/test_*_binding.py): paths, the
-ASan re-exec, a real mapflowd on a unix socket in a temp dir, and rows from mapflow-synth.
+"""Shared pieces of the Python binding tests (tests/python/test_*binding*.py, and
+tests/gpu/test_dlpack_gpu.py): paths, the ASan re-exec, a real mapflowd on a unix socket
+in a temp dir (DaemonTest: one per test class), and rows from mapflow-synth.
 
 Importing this module does not import mapflow: a test may set the environment the library
 reads once (MF_CUDA_DRIVER for the fake driver) first, then call import_mapflow().
 Env: MF_BIN (build/bin), MF_BUILD (build dir, for libmapflow)."""
 import os
+import shutil
 import signal
 import struct
 import subprocess
 import sys
+import tempfile
 import time
+import unittest
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BUILD = os.path.join(ROOT, os.environ.get("MF_BUILD", "build"))
@@ -91,3 +95,22 @@ class Daemon:
     def logtail(self):
         with open(os.path.join(self.tmp, "daemon.log"), "rb") as f:
             return f.read()[-2000:].decode(errors="replace")
+
+
+class DaemonTest(unittest.TestCase):
+    """A test class with a temp dir (cls.tmp, from make_tmp) and one real mapflowd for all
+    its tests (cls.d, from start_daemon). Class cleanups (they run even when setUpClass
+    fails later) stop the daemon — it must exit 0 on SIGTERM — and remove the dir."""
+
+    @classmethod
+    def make_tmp(cls, prefix):
+        cls.tmp = tempfile.mkdtemp(prefix=prefix)
+        cls.addClassCleanup(shutil.rmtree, cls.tmp, ignore_errors=True)
+        return cls.tmp
+
+    @classmethod
+    def start_daemon(cls, mapflow, *args):
+        cls.d = Daemon(cls.tmp, mapflow, *args)
+        cls.d.start()
+        cls.addClassCleanup(cls.d.stop)
+        return cls.d

@@ -21,7 +21,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -61,10 +60,10 @@ def run(cmd, **kw):
     return p.stdout
 
 
-class InstallTest(unittest.TestCase):
+class InstallTest(mftest.DaemonTest):
     @classmethod
     def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="mfpyi-")
+        cls.make_tmp("mfpyi-")
         rng = random.Random()
         tokens = [rng.randrange(1, 60000) for _ in range(B * 2)]
         layer = rng.randrange(0, 40)
@@ -77,8 +76,7 @@ class InstallTest(unittest.TestCase):
         cls.hash = mapflow.hash_prefix(NS, MODEL, B, tokens)[0]
         with open(os.path.join(mftest.ROOT, "client", "mapflow.h")) as f:
             cls.version = re.search(r'#define MF_VERSION_STRING "([^"]+)"', f.read()).group(1)
-        cls.d = mftest.Daemon(cls.tmp, mapflow, "--host_bytes", "16mb")
-        cls.d.start()
+        cls.start_daemon(mapflow, "--host_bytes", "16mb")
         # Only the install, nothing of an outer make's state; the library is built already.
         build = os.path.relpath(mftest.BUILD, mftest.ROOT)
         cls.prefix = os.path.join(cls.tmp, "prefix")
@@ -88,13 +86,6 @@ class InstallTest(unittest.TestCase):
              "-o", "%s/lib/libmapflow.so.%s" % (build, cls.version),
              "-o", "%s/lib/libmapflow.a" % build, "-o", "%s/bin/mapflowctl" % build,
              "DESTDIR=", "PREFIX=" + cls.prefix, "install-client"], env=env)
-
-    @classmethod
-    def tearDownClass(cls):
-        try:
-            cls.d.stop()
-        finally:
-            shutil.rmtree(cls.tmp, ignore_errors=True)
 
     def clean_env(self, **extra):
         env = {k: v for k, v in os.environ.items()

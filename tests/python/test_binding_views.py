@@ -19,9 +19,7 @@ import ctypes as C
 import gc
 import os
 import random
-import shutil
 import sys
-import tempfile
 import time
 import unittest
 import weakref
@@ -46,27 +44,19 @@ MODEL = "py-views-src"
 B = 16
 
 
-class ViewsTest(unittest.TestCase):
+class ViewsTest(mftest.DaemonTest):
     @classmethod
     def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="mfpyv-")
+        cls.make_tmp("mfpyv-")
         rng = random.Random(int(time.time()))
         cls.nb = 4
         cls.tokens = [rng.randrange(1, 60000) for _ in range(cls.nb * B + 3)]
         cls.rows = mftest.synth_rows(cls.tmp, NS, MODEL, B, cls.tokens, (2,), cls.nb,
                                      rng.randrange(1000))[2]
         cls.hashes = mapflow.hash_prefix(NS, MODEL, B, cls.tokens)
-        cls.d = mftest.Daemon(cls.tmp, mapflow, "--host_bytes", "64mb")
-        cls.d.start()
+        cls.start_daemon(mapflow, "--host_bytes", "64mb")
         with cls.chan() as ch:
             ch.put_batch(cls.rows)
-
-    @classmethod
-    def tearDownClass(cls):
-        try:
-            cls.d.stop()
-        finally:
-            shutil.rmtree(cls.tmp, ignore_errors=True)
 
     @classmethod
     def chan(cls, **kw):

@@ -10,10 +10,8 @@ Env: MF_BIN (build/bin), MF_BUILD (build dir, for libmapflow), MAPFLOW_LIB (over
 """
 import os
 import random
-import shutil
 import signal
 import sys
-import tempfile
 import time
 import unittest
 
@@ -34,24 +32,16 @@ B = 16
 
 
 
-class BindingTest(unittest.TestCase):
+class BindingTest(mftest.DaemonTest):
     @classmethod
     def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="mfpy-")
+        cls.make_tmp("mfpy-")
         rng = random.Random(8)
         cls.nb = 6
         cls.tokens = [rng.randrange(1, 50000) for _ in range(cls.nb * B + 5)]
         cls.rows = mftest.synth_rows(cls.tmp, NS, MODEL, B, cls.tokens, (3, 4), cls.nb, 0)
         cls.hashes = mapflow.hash_prefix(NS, MODEL, B, cls.tokens)
-        cls.d = mftest.Daemon(cls.tmp, mapflow, "--host_bytes", "64mb")
-        cls.d.start()
-
-    @classmethod
-    def tearDownClass(cls):
-        try:
-            cls.d.stop()
-        finally:
-            shutil.rmtree(cls.tmp, ignore_errors=True)
+        cls.start_daemon(mapflow, "--host_bytes", "64mb")
 
     def chan(self, **kw):
         kw.setdefault("ns", NS)

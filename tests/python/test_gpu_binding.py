@@ -15,9 +15,7 @@ import ctypes as C
 import gc
 import os
 import random
-import shutil
 import sys
-import tempfile
 import unittest
 import weakref
 
@@ -106,26 +104,18 @@ def consume_dlpack(cap):
     return got
 
 
-class GpuBindingTest(unittest.TestCase):
+class GpuBindingTest(mftest.DaemonTest):
     @classmethod
     def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="mfpygpu-")
+        cls.make_tmp("mfpygpu-")
         rng = random.Random(17)
         cls.nb = 5
         cls.tokens = [rng.randrange(1, 50000) for _ in range(cls.nb * B + 3)]
         cls.rows = mftest.synth_rows(cls.tmp, NS, MODEL, B, cls.tokens, (1, 2), cls.nb, 40)
         cls.hashes = mapflow.hash_prefix(NS, MODEL, B, cls.tokens)
-        cls.d = mftest.Daemon(cls.tmp, mapflow, "--host_bytes", "32mb", "--gpu_bytes", "8mb")
-        cls.d.start()
+        cls.start_daemon(mapflow, "--host_bytes", "32mb", "--gpu_bytes", "8mb")
         cls.sock = cls.d.sock
         cls.cu = FakeCuda()
-
-    @classmethod
-    def tearDownClass(cls):
-        try:
-            cls.d.stop()
-        finally:
-            shutil.rmtree(cls.tmp, ignore_errors=True)
 
     def chan(self, **kw):
         kw.setdefault("ns", NS)
