@@ -313,16 +313,21 @@ _PROTOS = {
 
 
 def _candidates() -> List[str]:
-    """Where libmapflow is looked for, in order (see the module docstring)."""
+    """Where libmapflow is looked for, in order (see the module docstring). $MAPFLOW_LIB,
+    when set, is the only place: an override must not fall back to another library."""
+    if os.environ.get("MAPFLOW_LIB"):
+        return [os.environ["MAPFLOW_LIB"]]
     here = os.path.dirname(os.path.abspath(__file__))
-    cands = [os.environ.get("MAPFLOW_LIB") or "", os.path.join(here, _SONAME),
-             os.path.join(here, "..", "..", "..", "build", "lib", _SONAME)]
+    cands = [os.path.join(here, _SONAME)]
+    tree = os.path.dirname(os.path.dirname(os.path.dirname(here)))
+    if os.path.exists(os.path.join(tree, "client", "mapflow.h")):  # client/python/mapflow
+        cands.append(os.path.join(tree, "build", "lib", _SONAME))
     try:
         from . import _config  # written by make install / setup.py, absent in the tree
         cands += [os.path.join(d, _SONAME) for d in _config.LIBDIRS]
     except ImportError:
         pass
-    return [c for c in cands if c] + [_SONAME]
+    return cands + [_SONAME]
 
 
 def _load() -> Tuple[C.CDLL, str]:
@@ -337,8 +342,9 @@ def _load() -> Tuple[C.CDLL, str]:
         except OSError as e:
             tried.append("%s: %s" % (cand, e))
     else:
-        raise ImportError("mapflow: cannot load libmapflow (set MAPFLOW_LIB to the path of "
-                          "libmapflow.so.0); tried " + "; ".join(tried))
+        raise ImportError("mapflow: cannot load libmapflow; tried " + "; ".join(tried) +
+                          ("" if os.environ.get("MAPFLOW_LIB") else
+                           " (MAPFLOW_LIB=PATH names the libmapflow.so.0 to use)"))
     for name, (res, args) in _PROTOS.items():
         try:
             f = getattr(lib, name)
