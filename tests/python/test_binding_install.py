@@ -35,9 +35,12 @@ NS, MODEL, B = "py-inst", "py-inst-src", 16
 CHECK = r"""
 import os, sys
 import mapflow
-want_lib, sock, row_path, model, layer, hsh, version = sys.argv[1:]
+want_lib, sock, row_path, model, layer, hsh, version, pip = sys.argv[1:]
 assert os.path.realpath(mapflow._lib_path) == os.path.realpath(want_lib), mapflow._lib_path
 assert mapflow.__version__ == version, (mapflow.__version__, version)
+if pip == "1":  # the package's metadata says the same version
+    from importlib.metadata import version as dist_version
+    assert dist_version("mapflow") == version, dist_version("mapflow")
 row = open(row_path, "rb").read()
 with mapflow.Channel("unix:" + sock, ns="py-inst") as ch:
     assert ch.health()["ok"]
@@ -121,9 +124,9 @@ class InstallTest(mftest.DaemonTest):
         self.assertEqual(len(whl), 1, os.listdir(out))
         return whl[0]
 
-    def check(self, py, want_lib, **env):
+    def check(self, py, want_lib, pip=True, **env):
         out = run([py, "-c", CHECK, want_lib, self.d.sock, self.row_path, MODEL,
-                   str(self.layer), self.hash, self.version], cwd="/",
+                   str(self.layer), self.hash, self.version, "1" if pip else "0"], cwd="/",
                   env=self.clean_env(**env))
         self.assertTrue(out.startswith("ok "), out)
 
@@ -137,7 +140,7 @@ class InstallTest(mftest.DaemonTest):
 
     def test_make_install_files_on_pythonpath(self):
         py = self.venv("venv-path")
-        self.check(py, os.path.join(self.prefix, "lib", "libmapflow.so.0"),
+        self.check(py, os.path.join(self.prefix, "lib", "libmapflow.so.0"), pip=False,
                    PYTHONPATH=os.path.join(self.prefix, "lib", "python3", "dist-packages"))
 
     def test_bundled_library(self):

@@ -18,6 +18,7 @@ Rows come from mapflow-synth with random tokens. Env: MF_BIN, MF_BUILD, MAPFLOW_
 import ctypes as C
 import gc
 import os
+import pickle
 import random
 import sys
 import time
@@ -163,6 +164,14 @@ class ViewsTest(mftest.DaemonTest):
                 cls = type(mapflow.MapflowError(code, "x"))
                 self.assertTrue(issubclass(cls, mapflow.MapflowError))
                 self.assertEqual(cls.__name__.upper(), name.replace("_", ""))
+        for err in (mapflow.MapflowError(mapflow.DATA_LOSS, "DATA_LOSS: row 3 bad"),
+                    mapflow.ViewClosed("gone")):  # multiprocessing pickles errors
+            back = pickle.loads(pickle.dumps(err))
+            self.assertIs(type(back), type(err))
+            self.assertEqual((back.code, back.message, str(back)),
+                             (err.code, err.message, str(err)))
+        self.assertEqual(str(mapflow.MapflowError(mapflow.DATA_LOSS, "DATA_LOSS: row 3 bad")),
+                         "DATA_LOSS: row 3 bad")
         with self.chan() as ch:
             with self.assertRaises(mapflow.NotFound) as e:
                 ch.get(MODEL, 77, self.hashes[0])

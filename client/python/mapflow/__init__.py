@@ -397,6 +397,11 @@ class MapflowError(Exception):
         self.message = message
         super().__init__("%s: %s" % (self.status, message) if message else self.status)
 
+    def __reduce__(self):
+        # Pickled by code and message (multiprocessing hands errors between workers);
+        # the default would rebuild from the formatted text.
+        return (MapflowError, (self.code, self.message))
+
 
 def _class_name(status: str) -> str:
     return "".join(w.capitalize() for w in status.split("_"))  # NOT_FOUND -> NotFound
@@ -422,6 +427,9 @@ class ViewClosed(_ERRORS[FAILED_PRECONDITION]):
 
     def __init__(self, message: str):
         super().__init__(FAILED_PRECONDITION, message)
+
+    def __reduce__(self):
+        return (ViewClosed, (self.message,))
 
 
 def _abi_mismatches(entries: Dict[str, List[Tuple[str, int, int]]],
