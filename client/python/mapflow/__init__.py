@@ -608,11 +608,15 @@ class _Views:
         self.what = what
         self.handed: List[memoryview] = []
 
-    def array_at(self, addr: int, n: int) -> "C.Array[C.c_ubyte]":
+    def live_owner(self) -> _Owner:
         if self.owner is None:
             raise ViewClosed("this row's %s is closed: its views are gone" % self.what)
+        return self.owner
+
+    def array_at(self, addr: int, n: int) -> "C.Array[C.c_ubyte]":
+        owner = self.live_owner()
         arr = (C.c_ubyte * n).from_address(addr) if n else (C.c_ubyte * 0)()
-        arr._keep = self.owner  # the memory lives as long as anything viewing it
+        arr._keep = owner  # the memory lives as long as anything viewing it
         return arr
 
     def memoryview(self, addr: int, n: int) -> memoryview:
@@ -707,9 +711,7 @@ class _Exportable:
     on_device: bool
 
     def _owner(self) -> _Owner:
-        self._views.array_at(0, 0)  # raises ViewClosed once closed
-        assert self._views.owner is not None
-        return self._views.owner
+        return self._views.live_owner()  # ViewClosed once closed
 
     def __dlpack_device__(self) -> Tuple[int, int]:
         return (_KDLCUDA, self._gpu) if self.on_device else (_KDLCPU, 0)
