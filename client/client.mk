@@ -7,8 +7,8 @@ MF_MAJOR := $(call MF_VER_OF,MAJOR)
 MF_MINOR := $(call MF_VER_OF,MINOR)
 MF_PATCH := $(call MF_VER_OF,PATCH)
 
-CLIENT_LIB_SRCS := client/channel.c client/cq.c client/calls.c client/admin.c client/gpu.c client/abi.c \
-                   client/transport_ucx.c
+CLIENT_LIB_SRCS := client/channel.c client/cq.c client/calls.c client/admin.c client/gpu.c \
+                   client/transport_ucx.c client/abi.c
 CLIENT_LIB_OBJS := $(CLIENT_LIB_SRCS:%.c=$(OBJ)/%.o)
 MAPFLOW_A       := $(LIB)/libmapflow.a
 MAPFLOW_SO_REAL := $(LIB)/libmapflow.so.$(MF_MAJOR).$(MF_MINOR).$(MF_PATCH)

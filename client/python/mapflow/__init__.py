@@ -21,8 +21,8 @@ reads device memory). put_device(ptr, length) stores a row that sits in device m
 (e.g. tensor.data_ptr() of a uint8 CUDA tensor, after the stream that wrote it is
 synchronized). gpu_info() says which arenas are mapped and why not.
 
-Lifetimes: a row's views (data, array(), tokens, __dlpack__) work while its GetResult
-(or Lease) is open; after close() — or release(), for leased rows — they raise
+Lifetimes: a row's views (data, array(), tokens, __dlpack__) work until its
+GetResult.close() (the end of its `with` block) or Lease.release(); then they raise
 ViewClosed (a MapflowError) instead of reading memory that is gone. Arrays and tensors
 made before keep the memory they view alive: a copied row's buffer is freed, and a
 closed Channel's arenas unmapped, only once the last of them is gone. Their bytes are
