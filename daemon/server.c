@@ -1812,7 +1812,7 @@ mf_status_t mfd_server_config_set(mfd_server_t *s, const char *key, const char *
 }
 
 /* Appends ", name" (or "name" first) to a bounded list; "..." once it is full. */
-static size_t mfd_append_name(char *buf, size_t cap, size_t len, const char *name)
+static size_t append_name(char *buf, size_t cap, size_t len, const char *name)
 {
     if (len + 4 >= cap)
         return len;
@@ -1867,7 +1867,7 @@ mf_status_t mfd_server_reload(mfd_server_t *s, char *err, size_t errlen)
     char names[512] = "";
     size_t nlen = 0;
     if (token_changed)
-        nlen = mfd_append_name(names, sizeof(names), nlen, "token");
+        nlen = append_name(names, sizeof(names), nlen, "token");
     for (size_t i = 0; i < mfd_config_count(); i++) {
         const char *k = mfd_config_key(i);
         int wm = !strcmp(k, "high_watermark") ? 0 : !strcmp(k, "low_watermark") ? 1 : -1;
@@ -1883,7 +1883,7 @@ mf_status_t mfd_server_reload(mfd_server_t *s, char *err, size_t errlen)
             /* A watermark is set back even when unchanged (it was widened above). */
             if (mfd_config_set(&s->cfg, k, b, 1, e2, sizeof(e2)) == MF_OK && strcmp(a, b)) {
                 changed++;
-                nlen = mfd_append_name(names, sizeof(names), nlen, k);
+                nlen = append_name(names, sizeof(names), nlen, k);
             }
         } else {
             mfd_warn("reload: %s changed in %s but needs a restart; keeping %s", k,
