@@ -14,7 +14,8 @@ Three layers, each printed as it is checked:
      http/tcp ports on container ports, the memory request covers host_bytes, no GPU is
      requested by the daemon, no hostIPC/hostPID anywhere, kustomization lists every file
      (each Component directory its own) and its images: tag is the containers' tag, the
-     daemon runs at priorityClassName system-node-critical, a ucx listener is a container
+     daemon runs at priorityClassName system-node-critical (with a ResourceQuota scoped to
+     it in its namespace), a ucx listener is a container
      port and a port of the headless Service,
      the token is no argument (/proc/PID/cmdline) but a --token_file the daemon can read
      and will accept (0400, its own, in memory; written by an init container).
@@ -243,6 +244,19 @@ KINDS = {
                               required=("port",)), 1),
         }, required=("selector", "ports")),
     }, required=("apiVersion", "kind", "metadata", "spec")),
+    ("v1", "ResourceQuota"): Obj({
+        "apiVersion": S, "kind": S, "metadata": meta(True),
+        "spec": Obj({
+            "hard": Map(Scalar("quantity")),
+            "scopeSelector": Obj({"matchExpressions": List(Obj({
+                "scopeName": Scalar("str", allowed={"PriorityClass", "Terminating",
+                                                    "NotTerminating", "BestEffort",
+                                                    "NotBestEffort", "CrossNamespacePodAffinity"}),
+                "operator": Scalar("str", allowed={"In", "NotIn", "Exists", "DoesNotExist"}),
+                "values": List(S)}, required=("scopeName", "operator")), 1)},
+                required=("matchExpressions",)),
+        }, required=("hard",)),
+    }, required=("apiVersion", "kind", "metadata", "spec")),
     ("monitoring.coreos.com/v1", "ServiceMonitor"): Obj({
         "apiVersion": S, "kind": S, "metadata": meta(True),
         "spec": Obj({
@@ -438,9 +452,21 @@ class Checker:
                       and (t.get("operator") == "Exists" or "value" in t)
                       for t in spec.get("tolerations") or []),
                   w, "no toleration of the nvidia.com/gpu taint")
-        self.need(spec.get("priorityClassName") == "system-node-critical", w,
-                  f"priorityClassName {spec.get('priorityClassName')!r}: the node's shared cache "
+        prio = spec.get("priorityClassName")
+        self.need(prio == "system-node-critical", w,
+                  f"priorityClassName {prio!r}: the node's shared cache "
                   "must be evicted after the workers that use it (system-node-critical)")
+        ns = (ds.get("metadata") or {}).get("namespace")
+        if prio and prio.startswith("system-") and ns != "kube-system":
+            self.need(any((q.get("metadata") or {}).get("namespace") == ns and
+                          any(e.get("scopeName") == "PriorityClass" and e.get("operator") == "In"
+                              and prio in (e.get("values") or [])
+                              for e in ((q.get("spec") or {}).get("scopeSelector") or {})
+                              .get("matchExpressions") or [])
+                          and quantity((q.get("spec") or {}).get("hard", {}).get("pods", 0)) >= 1
+                          for _, q in self.of_kind("ResourceQuota")),
+                      w, f"priorityClassName {prio} in namespace {ns}: clusters that limit critical "
+                      "classes admit it only with a ResourceQuota scoped to it there")
         grace = spec.get("terminationGracePeriodSeconds", 30)
         self.need(isinstance(grace, int) and grace >= MIN_GRACE_SECONDS, w,
                   f"terminationGracePeriodSeconds {grace} < {MIN_GRACE_SECONDS}: "

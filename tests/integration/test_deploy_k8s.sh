@@ -85,6 +85,9 @@ kustomization.yaml | images[0].newTag | set | "0.0.9" | is not the containers' t
 monitoring/kustomization.yaml | resources | set | ["other.yaml"] | resources
 daemonset.yaml | spec.template.spec.priorityClassName | del | | priorityClassName None
 daemonset.yaml | spec.template.spec.priorityClassName | set | "high" | system-node-critical
+resourcequota.yaml | spec.scopeSelector.matchExpressions[0].values | set | ["system-cluster-critical"] | admit it only with a ResourceQuota scoped to it
+resourcequota.yaml | spec.hard.pods | set | "0" | admit it only with a ResourceQuota scoped to it
+resourcequota.yaml | spec.scopeSelector.matchExpressions[0].operator | set | "Maybe" | not one of
 daemonset.yaml | $C.ports[2].containerPort | set | 9480 | is not container port 'ucx'
 service.yaml | spec.ports[2] | del | | ucx port is no port of the headless Service
 configmap.yaml | data | set | {"mapflowd.conf": "socket /run/mapflowd/mapflowd.sock\ndata_dir /var/lib/mapflowd\nhttp 0.0.0.0:9477\nucx 127.0.0.1:9479\n"} | peers on other nodes cannot reach loopback
