@@ -138,7 +138,7 @@ static void process_families(sbuf_t *b, const mfd_process_gauge_t *p)
     double v[] = {p->cpu_seconds,         (double)p->resident_bytes, (double)p->virtual_bytes,
                   (double)p->open_fds,    (double)p->max_fds,        p->start_time_seconds};
     for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++)
-        sb_printf(b, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", f[i].name, f[i].help, f[i].name,
+        sb_printf(b, "# HELP %s %s\n# TYPE %s %s\n%s %.15g\n", f[i].name, f[i].help, f[i].name,
                   f[i].type, f[i].name, v[i]);
 }
 
