@@ -23,7 +23,7 @@ expect_eq "$got" "$V" "mapflowd_build_info version"
 mf_stop
 
 # Image tags: every registry.example.com/mapflow/mapflowd:TAG written in deploy/.
-tags=$(grep -rhoE 'mapflow/mapflowd:[^ "]+' "$ROOT/deploy" | sed 's/.*://' | sort -u)
+tags=$(grep -rhoE 'mapflow/mapflowd:[^ "$]+' "$ROOT/deploy" | sed 's/.*://' | sort -u)  # not $(make -s version)
 [ -n "$tags" ] || fail "no image tag found under deploy/"
 expect_eq "$tags" "$V" "image tags under deploy/"
 expect_eq "$(sed -n 's/^ *newTag: *//p' "$ROOT/deploy/k8s/kustomization.yaml")" "$V" "kustomization images: newTag"
