@@ -7,6 +7,7 @@
 #   make asan       tests again under AddressSanitizer + UBSan (build-asan/)
 #   make fuzz       libFuzzer targets with clang, FUZZ_SECONDS each
 #   make install    PREFIX=/usr/local DESTDIR=
+#   make version    print the version (from client/mapflow.h)
 
 PREFIX     ?= /usr/local
 DESTDIR    ?=
@@ -27,11 +28,29 @@ else
 Q :=
 endif
 
+# --- the version: one place, client/mapflow.h's MF_VERSION_* (the public header must carry
+# it for C users). mapflowd, mapflowctl (through mf_version()), libmapflow's file name and
+# SONAME, mapflow.pc, mapflowd_build_info and the image tag all take it from here;
+# tests/integration/test_version.sh checks that they agree.
+MF_VER_OF = $(shell sed -n 's/^\#define MF_VERSION_$(1) \([0-9]*\)$$/\1/p' client/mapflow.h)
+MF_MAJOR   := $(call MF_VER_OF,MAJOR)
+MF_MINOR   := $(call MF_VER_OF,MINOR)
+MF_PATCH   := $(call MF_VER_OF,PATCH)
+MF_VERSION := $(MF_MAJOR).$(MF_MINOR).$(MF_PATCH)
+ifneq ($(shell sed -n 's/^\#define MF_VERSION_STRING "\(.*\)"$$/\1/p' client/mapflow.h),$(MF_VERSION))
+$(error client/mapflow.h: MF_VERSION_STRING is not MAJOR.MINOR.PATCH ($(MF_VERSION)))
+endif
+
+.PHONY: version
+version:
+	@echo $(MF_VERSION)
+
 # --- Debian packages -------------------------------------------------------------
 DEB_PKGS := libucx-dev libevent-dev libprotobuf-c-dev protobuf-c-compiler \
             librocksdb-dev libxxhash-dev libcmocka-dev libsystemd-dev pkg-config \
             clang python3 python3-numpy python3-xxhash python3-yaml python3-venv python3-pip \
-            python3-setuptools python3-wheel procps libhiredis-dev redis-server ucx-utils iproute2
+            python3-setuptools python3-wheel procps libhiredis-dev redis-server ucx-utils iproute2 \
+            prometheus
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 # --- toolchain flags ---------------------------------------------------------------

@@ -1,11 +1,7 @@
 # client/: libmapflow (build/lib/libmapflow.so.MAJOR.MINOR.PATCH + libmapflow.a, header
 # client/mapflow.h) and mapflowctl. The library carries the proto/ objects inside it, so
-# users link with -lmapflow only. Version numbers come from client/mapflow.h.
-
-MF_VER_OF = $(shell sed -n 's/^\#define MF_VERSION_$(1) \([0-9]*\)$$/\1/p' client/mapflow.h)
-MF_MAJOR := $(call MF_VER_OF,MAJOR)
-MF_MINOR := $(call MF_VER_OF,MINOR)
-MF_PATCH := $(call MF_VER_OF,PATCH)
+# users link with -lmapflow only. MF_MAJOR / MF_MINOR / MF_PATCH: the top Makefile (from
+# client/mapflow.h).
 
 CLIENT_LIB_SRCS := client/channel.c client/cq.c client/calls.c client/admin.c client/gpu.c \
                    client/transport_ucx.c client/abi.c

@@ -20,7 +20,9 @@ ifneq ($(findstring -lsystemd,$(DAEMON_LIBS)),)
 $(DAEMON_OBJS) $(OBJ)/daemon/main.o: CPPFLAGS += -DMF_HAVE_SYSTEMD
 endif
 endif
-$(DAEMON_OBJS) $(OBJ)/daemon/main.o: CPPFLAGS += -DMFD_VERSION='"0.1.0"'
+$(DAEMON_OBJS) $(OBJ)/daemon/main.o: CPPFLAGS += -DMFD_VERSION='"$(MF_VERSION)"'
+# The -D above is not a file make can see: rebuild the users of MFD_VERSION on a bump.
+$(OBJ)/daemon/main.o $(OBJ)/daemon/server.o: client/mapflow.h
 
 # The GPU tier's row-checksum kernels (gpu_verify.cu): PTX by nvcc where it exists, embedded
 # into mapflowd by gpu_verify_ptx.c (.incbin); without nvcc rows are validated on the host.

@@ -32,6 +32,7 @@ static void on_metrics(struct evhttp_request *req, void *arg)
     mfd_server_t *s = arg;
     mfd_gauges_t g;
     mfd_server_gauges(s, &g);
+    mfd_process_read(&g.proc); /* no /proc: the process_* families are left out */
     size_t len;
     char *text = mfd_metrics_render(&s->metrics, &g, &len);
     size_t plen = 0;

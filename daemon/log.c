@@ -1,16 +1,38 @@
-/* log — timestamped stderr lines (see log.h). */
+/* log — timestamped stderr lines, or priority-prefixed lines into the journal (see log.h). */
 #include "log.h"
 
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 static _Atomic int g_level = MFD_LOG_INFO;
+static _Atomic int g_journal;
 static const char *const level_names[] = {"error", "warn", "info", "debug"};
+
+int mfd_log_init(void)
+{
+    /* systemd documents JOURNAL_STREAM as "DEV:INODE" of the stream it connected; a
+     * redirected stderr (2>file) no longer matches and keeps timestamps. */
+    const char *js = getenv("JOURNAL_STREAM");
+    unsigned long long dev, ino;
+    struct stat st;
+    int on = js && sscanf(js, "%llu:%llu", &dev, &ino) == 2 && fstat(STDERR_FILENO, &st) == 0 &&
+             (unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino;
+    atomic_store(&g_journal, on);
+    return on;
+}
+
+int mfd_log_priority(mfd_log_level_t level)
+{
+    static const int prio[] = {3, 4, 6, 7}; /* LOG_ERR, LOG_WARNING, LOG_INFO, LOG_DEBUG */
+    return level >= MFD_LOG_ERROR && level <= MFD_LOG_DEBUG ? prio[level] : 6;
+}
 
 void mfd_log_set_level(mfd_log_level_t level)
 {
@@ -43,14 +65,19 @@ void mfd_log(mfd_log_level_t level, const char *fmt, ...)
     if ((int)level > atomic_load(&g_level))
         return;
     char line[1200];
-    struct timespec ts;
-    struct tm tm;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    gmtime_r(&ts.tv_sec, &tm);
     static const char *const tags[] = {"ERROR", "WARN ", "INFO ", "DEBUG"};
-    int n = snprintf(line, sizeof(line), "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %s ",
+    int n;
+    if (atomic_load(&g_journal)) {
+        n = snprintf(line, sizeof(line), "<%d>%s ", mfd_log_priority(level), tags[level]);
+    } else {
+        struct timespec ts;
+        struct tm tm;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        gmtime_r(&ts.tv_sec, &tm);
+        n = snprintf(line, sizeof(line), "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %s ",
                      tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
                      tm.tm_sec, ts.tv_nsec / 1000000, tags[level]);
+    }
     va_list ap;
     va_start(ap, fmt);
     int m = vsnprintf(line + n, sizeof(line) - (size_t)n - 1, fmt, ap);
@@ -58,6 +85,10 @@ void mfd_log(mfd_log_level_t level, const char *fmt, ...)
     size_t len = (size_t)n + (m < 0 ? 0 : (size_t)m);
     if (len > sizeof(line) - 2)
         len = sizeof(line) - 2;
+    /* A newline inside a message would start a journal entry at the default priority. */
+    for (size_t i = (size_t)n; i < len; i++)
+        if (line[i] == '\n')
+            line[i] = ' ';
     line[len++] = '\n';
     /* One write per line: lines from several threads stay whole. */
     ssize_t w = write(STDERR_FILENO, line, len);

@@ -1,10 +1,15 @@
 /*
  * log — mapflowd's stderr logger: one line per event, "2025-01-02T03:04:05.678Z LEVEL msg".
+ * When stderr is the systemd journal (JOURNAL_STREAM names stderr's device:inode, as
+ * systemd sets it for StandardError=journal) a line is "<N>LEVEL msg" instead: the
+ * sd-daemon(3) priority prefix (3 err, 4 warning, 6 info, 7 debug), so
+ * `journalctl -p err` filters, and no timestamp (the journal keeps its own).
  *
  * The level is a process-wide atomic, so config set/SIGHUP may change it while the
  * SSD worker threads log. Each line is written with one write(2) so lines from
  * different threads never interleave. No allocation; messages longer than 1 KiB are cut.
- * Thread safety: every function may be called from any thread.
+ * Thread safety: mfd_log_init once from main before other threads start; every other
+ * function may be called from any thread.
  */
 #ifndef MFD_LOG_H
 #define MFD_LOG_H
@@ -17,6 +22,12 @@ typedef enum mfd_log_level {
     MFD_LOG_INFO = 2,
     MFD_LOG_DEBUG = 3,
 } mfd_log_level_t;
+
+/* Picks the line format: journal (priority prefix) when JOURNAL_STREAM matches stderr,
+ * else timestamped. Without a call lines are timestamped. Returns 1 for journal. */
+int mfd_log_init(void);
+/* The sd-daemon priority of a level: 3, 4, 6 or 7. */
+int mfd_log_priority(mfd_log_level_t level);
 
 void mfd_log_set_level(mfd_log_level_t level);
 mfd_log_level_t mfd_log_get_level(void);

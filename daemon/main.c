@@ -118,6 +118,7 @@ int main(int argc, char **argv)
         goto out;
     }
     signal(SIGPIPE, SIG_IGN);
+    mfd_log_init(); /* before any thread: picks journal priorities or timestamps */
     mfd_server_t *srv;
     if (mfd_server_create(&cfg, config_path, ov, n_ov, &srv, err, sizeof(err)) != MF_OK) {
         mfd_error("cannot start: %s", err);

@@ -1,12 +1,18 @@
 /* metrics — counters, histograms and the Prometheus text renderer (see metrics.h). */
 #include "metrics.h"
 
+#include <dirent.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 #include "mf_frame.h"
+
+/* The Stats-side unit suffix a counter family may carry; /metrics shows seconds. */
+#define US_SUFFIX "_microseconds_total"
 
 typedef struct cdesc {
     const char *family, *labels, *help;
@@ -100,6 +106,91 @@ static void family(sbuf_t *b, const char *name, const char *type, const char *he
     sb_printf(b, "# HELP mapflowd_%s %s\n# TYPE mapflowd_%s %s\n", name, help, name, type);
 }
 
+/* The /metrics name of a counter family: `x_microseconds_total` → `x_seconds_total`.
+ * Returns 1 when the value is in microseconds (to be divided by 1e6). */
+static int prom_family(const char *fam, char *out, size_t cap)
+{
+    size_t n = strlen(fam), k = strlen(US_SUFFIX);
+    if (n > k && !strcmp(fam + n - k, US_SUFFIX)) {
+        snprintf(out, cap, "%.*s_seconds_total", (int)(n - k), fam);
+        return 1;
+    }
+    snprintf(out, cap, "%s", fam);
+    return 0;
+}
+
+/* process_* carry no mapflowd_ prefix: the names every Prometheus client library uses. */
+static void process_families(sbuf_t *b, const mfd_process_gauge_t *p)
+{
+    static const struct {
+        const char *name, *type, *help;
+    } f[] = {
+        {"process_cpu_seconds_total", "counter", "user and system CPU time spent, in seconds"},
+        {"process_resident_memory_bytes", "gauge", "resident memory size, in bytes"},
+        {"process_virtual_memory_bytes", "gauge", "virtual memory size, in bytes"},
+        {"process_open_fds", "gauge", "open file descriptors"},
+        {"process_max_fds", "gauge", "the file descriptor limit (RLIMIT_NOFILE, soft)"},
+        {"process_start_time_seconds", "gauge",
+         "start time of the process since the Unix epoch, in seconds"},
+    };
+    if (!p->ok)
+        return;
+    double v[] = {p->cpu_seconds,         (double)p->resident_bytes, (double)p->virtual_bytes,
+                  (double)p->open_fds,    (double)p->max_fds,        p->start_time_seconds};
+    for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++)
+        sb_printf(b, "# HELP %s %s\n# TYPE %s %s\n%s %.15g\n", f[i].name, f[i].help, f[i].name,
+                  f[i].type, f[i].name, v[i]);
+}
+
+mf_status_t mfd_process_read(mfd_process_gauge_t *p)
+{
+    memset(p, 0, sizeof(*p));
+    char buf[1024];
+    FILE *f = fopen("/proc/self/stat", "r");
+    size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+    if (f)
+        fclose(f);
+    buf[n] = 0;
+    /* Fields after the command name, which may hold spaces and ')': the last ')'. */
+    char *q = strrchr(buf, ')');
+    unsigned long long ut, stt, start, vsize;
+    long long rss;
+    if (!q || sscanf(q + 2,
+                     "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu %*d %*d %*d %*d "
+                     "%*d %*d %llu %llu %lld",
+                     &ut, &stt, &start, &vsize, &rss) != 5)
+        return MF_UNAVAILABLE;
+    long tck = sysconf(_SC_CLK_TCK), page = sysconf(_SC_PAGESIZE);
+    unsigned long long btime = 0;
+    f = fopen("/proc/stat", "r");
+    while (f && fgets(buf, sizeof(buf), f))
+        if (sscanf(buf, "btime %llu", &btime) == 1)
+            break;
+    if (f)
+        fclose(f);
+    DIR *d = opendir("/proc/self/fd");
+    if (tck <= 0 || page <= 0 || !btime || !d) {
+        if (d)
+            closedir(d);
+        return MF_UNAVAILABLE;
+    }
+    uint64_t fds = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        fds += e->d_name[0] != '.';
+    closedir(d);
+    struct rlimit rl;
+    p->cpu_seconds = (double)(ut + stt) / (double)tck;
+    p->start_time_seconds = (double)btime + (double)start / (double)tck;
+    p->resident_bytes = rss > 0 ? (uint64_t)rss * (uint64_t)page : 0;
+    p->virtual_bytes = vsize;
+    p->open_fds = fds ? fds - 1 : 0; /* less the descriptor opendir held */
+    p->max_fds = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY
+                     ? (uint64_t)rl.rlim_cur
+                     : 0;
+    p->ok = 1;
+    return MF_OK;
+}
+
 static void tier_gauge(sbuf_t *b, const mfd_gauges_t *g, const char *name, const char *help,
                        size_t field)
 {
@@ -165,13 +256,16 @@ char *mfd_metrics_render(const mfd_metrics_t *m, const mfd_gauges_t *g, size_t *
 
     for (int i = 0; i < MFD_C_COUNT; i++) {
         const cdesc_t *d = &g_counters[i];
+        char fam[128];
+        int us = prom_family(d->family, fam, sizeof(fam));
         if (i == 0 || strcmp(d->family, g_counters[i - 1].family) != 0)
-            family(&b, d->family, "counter", d->help);
-        if (d->labels[0])
-            sb_printf(&b, "mapflowd_%s{%s} %llu\n", d->family, d->labels,
-                      (unsigned long long)m->c[i]);
+            family(&b, fam, "counter", d->help);
+        sb_printf(&b, "mapflowd_%s%s%s%s ", fam, d->labels[0] ? "{" : "", d->labels,
+                  d->labels[0] ? "}" : "");
+        if (us)
+            sb_printf(&b, "%.6f\n", (double)m->c[i] / 1e6);
         else
-            sb_printf(&b, "mapflowd_%s %llu\n", d->family, (unsigned long long)m->c[i]);
+            sb_printf(&b, "%llu\n", (unsigned long long)m->c[i]);
     }
 
     family(&b, "requests_total", "counter", "requests received, by message type");
@@ -202,6 +296,7 @@ char *mfd_metrics_render(const mfd_metrics_t *m, const mfd_gauges_t *g, size_t *
         sb_printf(&b, "mapflowd_request_duration_seconds_count{op=\"%s\"} %llu\n",
                   g_hist_ops[h], (unsigned long long)x->count);
     }
+    process_families(&b, &g->proc);
     if (b.oom) {
         free(b.p);
         return NULL;

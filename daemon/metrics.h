@@ -7,6 +7,11 @@
  * `_total` on counters, low-cardinality labels (tier, op, code). Token-level hit
  * counters come with their denominators (…_requested_tokens_total), so hit rates
  * can be computed per tier. Histograms use exponential buckets 1e-5 s … 1 s (×√10).
+ * A counter family named `…_microseconds_total` below counts whole microseconds: Stats
+ * (integers) carries it under that name, /metrics as `…_seconds_total` in seconds (the
+ * base unit `promtool check metrics` asks for). /metrics also has the standard process_*
+ * families of the client libraries (CPU seconds, resident and virtual memory, open and
+ * maximum fds, start time), read from /proc/self at each scrape.
  *
  * Ownership: plain struct, no allocation except the rendered text (caller frees).
  * Thread safety: updated and rendered on the loop thread only (SSD completions are
@@ -118,6 +123,18 @@ typedef struct mfd_gpu_gauge {
     uint64_t used, capacity, entries;
 } mfd_gpu_gauge_t;
 
+/* The process_* families, from /proc/self (Linux). ok = 0: not rendered. */
+typedef struct mfd_process_gauge {
+    int ok;
+    double cpu_seconds;        /* user + system */
+    double start_time_seconds; /* since the Unix epoch */
+    uint64_t resident_bytes, virtual_bytes, open_fds, max_fds;
+} mfd_process_gauge_t;
+
+/* Fills *p from /proc/self/stat, /proc/stat (boot time), /proc/self/fd and
+ * RLIMIT_NOFILE; MF_UNAVAILABLE (p->ok = 0) where /proc cannot be read. */
+mf_status_t mfd_process_read(mfd_process_gauge_t *p);
+
 typedef struct mfd_gauges {
     mfd_tier_gauge_t tiers[3];
     size_t n_gpu;
@@ -127,6 +144,7 @@ typedef struct mfd_gauges {
     double uptime_s;
     int ready;
     const char *version;
+    mfd_process_gauge_t proc; /* /metrics only (mfd_process_read) */
 } mfd_gauges_t;
 
 void mfd_metrics_init(mfd_metrics_t *m);

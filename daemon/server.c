@@ -318,7 +318,8 @@ static void handle_hello(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Hello *
         r.gpu_arenas = gp;
         c->gpu_arenas = g->n;
     }
-    mfd_info("connection %s: hello from '%s', namespace '%s'%s%s", c->peer, c->name, c->ns,
+    /* Per connection: DEBUG, or a busy node's INFO log is all hellos. */
+    mfd_debug("connection %s: hello from '%s', namespace '%s'%s%s", c->peer, c->name, c->ns,
              pass_fd ? ", host arena passed" : "", c->gpu_arenas ? ", gpu arenas announced" : "");
     if (!pass_fd) {
         REPLY(c, rid, HELLO_REPLY, hello_reply, &r, NULL, 0);
@@ -1810,6 +1811,19 @@ mf_status_t mfd_server_config_set(mfd_server_t *s, const char *key, const char *
     return st;
 }
 
+/* Appends ", name" (or "name" first) to a bounded list; "..." once it is full. */
+static size_t append_name(char *buf, size_t cap, size_t len, const char *name)
+{
+    if (len + 4 >= cap)
+        return len;
+    int n = snprintf(buf + len, cap - len, "%s%s", len ? ", " : "", name);
+    if (n < 0 || (size_t)n >= cap - len - 4) {
+        snprintf(buf + len, cap - len, "%s...", len ? ", " : "");
+        return cap;
+    }
+    return len + (size_t)n;
+}
+
 mf_status_t mfd_server_reload(mfd_server_t *s, char *err, size_t errlen)
 {
     if (!s->config_path) {
@@ -1842,20 +1856,35 @@ mf_status_t mfd_server_reload(mfd_server_t *s, char *err, size_t errlen)
     }
     if (token_changed)
         mfd_info("reload: token changed%s", s->cfg.token_from_file ? " (token_file)" : "");
-    /* Watermarks are a pair: widen first so either order of assignment is valid. */
+    /* Watermarks are a pair: widen first so either order of assignment is valid; their
+     * values from before the widening are what a change is judged against. */
+    char wm_old[2][64];
+    mfd_config_get(&s->cfg, "high_watermark", 0, wm_old[0], sizeof(wm_old[0]));
+    mfd_config_get(&s->cfg, "low_watermark", 0, wm_old[1], sizeof(wm_old[1]));
     s->cfg.high_watermark = 1.0;
     s->cfg.low_watermark = 0.0;
-    size_t changed = 0;
+    size_t changed = (size_t)token_changed;
+    char names[512] = "";
+    size_t nlen = 0;
+    if (token_changed)
+        nlen = append_name(names, sizeof(names), nlen, "token");
     for (size_t i = 0; i < mfd_config_count(); i++) {
         const char *k = mfd_config_key(i);
+        int wm = !strcmp(k, "high_watermark") ? 0 : !strcmp(k, "low_watermark") ? 1 : -1;
         char a[4352], b[4352];
-        mfd_config_get(&s->cfg, k, 0, a, sizeof(a));
+        if (wm >= 0)
+            snprintf(a, sizeof(a), "%s", wm_old[wm]);
+        else
+            mfd_config_get(&s->cfg, k, 0, a, sizeof(a));
         mfd_config_get(&fresh, k, 0, b, sizeof(b));
-        if (strcmp(a, b) == 0 && strcmp(k, "high_watermark") && strcmp(k, "low_watermark"))
+        if (strcmp(a, b) == 0 && wm < 0)
             continue;
         if (mfd_config_is_live(k)) {
-            if (mfd_config_set(&s->cfg, k, b, 1, e2, sizeof(e2)) == MF_OK && strcmp(a, b))
+            /* A watermark is set back even when unchanged (it was widened above). */
+            if (mfd_config_set(&s->cfg, k, b, 1, e2, sizeof(e2)) == MF_OK && strcmp(a, b)) {
                 changed++;
+                nlen = append_name(names, sizeof(names), nlen, k);
+            }
         } else {
             mfd_warn("reload: %s changed in %s but needs a restart; keeping %s", k,
                      s->config_path, a);
@@ -1863,7 +1892,8 @@ mf_status_t mfd_server_reload(mfd_server_t *s, char *err, size_t errlen)
     }
     mfd_log_set_level((mfd_log_level_t)s->cfg.log_level);
     mfd_config_deinit(&fresh);
-    mfd_info("reloaded %s: %zu live keys changed", s->config_path, changed + (size_t)token_changed);
+    mfd_info("reloaded %s: %zu live keys changed%s%s", s->config_path, changed,
+             changed ? ": " : "", names);
     return MF_OK;
 }
 

@@ -1,9 +1,14 @@
-# deploy/: the systemd unit, its sysusers.d entry and the sample /etc/mapflowd.conf that
+# deploy/: the systemd unit, its sysusers.d entry and the sample mapflowd.conf that
 # `make install` installs; the container image (deploy/docker) and the Kubernetes
 # manifests (deploy/k8s) are used as files. The top-level `install` runs install-deploy
 # (INSTALL_TARGETS).
 #
-#   make install [PREFIX=/usr/local] [DESTDIR=]     unit, sysusers entry, /etc/mapflowd.conf
+#   make install [PREFIX=/usr/local] [DESTDIR=] [SYSCONFDIR=]   unit, sysusers entry, config
+#
+# Nothing is written outside PREFIX except for PREFIX=/usr, the distribution's own
+# prefix, whose configuration lives in /etc: SYSCONFDIR is /etc there and PREFIX/etc
+# otherwise (/usr/local/etc/mapflowd.conf by default). The unit's ExecStart names both
+# the binary and that config file.
 #
 # The sample config is `mapflowd --print-config` with the socket and data_dir lines set to
 # the directories the unit creates (RuntimeDirectory=, StateDirectory=). DESTDIR is only
@@ -22,7 +27,11 @@ DEPLOY_SYSTEMD_ROOT := $(PREFIX)/lib
 endif
 UNITDIR     ?= $(DEPLOY_SYSTEMD_ROOT)/systemd/system
 SYSUSERSDIR ?= $(DEPLOY_SYSTEMD_ROOT)/sysusers.d
+ifeq ($(PREFIX),/usr)
 SYSCONFDIR  ?= /etc
+else
+SYSCONFDIR  ?= $(PREFIX)/etc
+endif
 
 $(DEPLOY_CONF): $(BIN)/mapflowd deploy/deploy.mk
 	@mkdir -p $(dir $@)
@@ -36,10 +45,11 @@ $(DEPLOY_CONF): $(BIN)/mapflowd deploy/deploy.mk
 .PHONY: install-deploy
 INSTALL_TARGETS += install-deploy
 
-# An existing /etc/mapflowd.conf is the admin's: never overwritten.
+# An existing SYSCONFDIR/mapflowd.conf is the admin's: never overwritten.
 install-deploy: $(DEPLOY_CONF)
 	install -d $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSUSERSDIR)
-	sed 's|/usr/local/bin/mapflowd|$(PREFIX)/bin/mapflowd|' deploy/systemd/mapflowd.service \
+	sed -e 's|/usr/local/bin/mapflowd|$(PREFIX)/bin/mapflowd|' \
+	    -e 's|-c /etc/mapflowd.conf|-c $(SYSCONFDIR)/mapflowd.conf|' deploy/systemd/mapflowd.service \
 	  > $(DESTDIR)$(UNITDIR)/mapflowd.service
 	chmod 0644 $(DESTDIR)$(UNITDIR)/mapflowd.service
 	install -m 0644 deploy/systemd/mapflowd.sysusers $(DESTDIR)$(SYSUSERSDIR)/mapflowd.conf

@@ -14,6 +14,9 @@ Checks (each printed):
     VAR=value arguments and -jN may differ, e.g. PREFIX/DESTDIR for staging);
   * the runtime stage: a non-root USER, a HEALTHCHECK through `mapflowctl ... health`,
     no -dev packages or compilers;
+  * the version: a global `ARG MAPFLOW_VERSION=X.Y.Z`, which the build stage compares
+    with `make -s version` (the sources' one version) and the runtime stage writes into
+    the org.opencontainers.image.version label;
   * with BINARY arguments (built mapflowd, mapflowctl): every DT_NEEDED library of
     theirs comes from a package the runtime stage installs (or that debian:12-slim
     already has), and every package it installs is needed by one of them.
@@ -140,7 +143,8 @@ def main(argv):
         needed_json, mode, argv = argv[2], argv[1], argv[:1] + argv[3:]
     dockerfile, readme, binaries = argv[1], argv[2], argv[3:]
     with open(dockerfile, encoding="utf-8") as f:
-        st = stages(instructions(f.read()))
+        instrs = instructions(f.read())
+    st = stages(instrs)
     with open(readme, encoding="utf-8") as f:
         readme_text = f.read()
     errs, ok = [], []
@@ -169,6 +173,21 @@ def main(argv):
         need(docker_steps == readme_steps and docker_steps,
              f"build steps match the README ({fmt(docker_steps)})",
              f"Dockerfile runs [{fmt(docker_steps)}], README says [{fmt(readme_steps)}]")
+
+    pre = [a for kw, a in instrs[:next((i for i, (k, _) in enumerate(instrs) if k == "FROM"),
+                                        len(instrs))] if kw == "ARG"]
+    ver = next((a.split("=", 1)[1] for a in pre if a.startswith("MAPFLOW_VERSION=")), None)
+    need(ver is not None and re.fullmatch(r"[0-9]+\.[0-9]+\.[0-9]+", ver) is not None,
+         f"global ARG MAPFLOW_VERSION={ver}", "no ARG MAPFLOW_VERSION=X.Y.Z before the first FROM")
+    need(any(kw == "RUN" and "make -s version" in a and "$MAPFLOW_VERSION" in a
+             for kw, a in first["instrs"]) and ("ARG", "MAPFLOW_VERSION") in first["instrs"],
+         "build stage checks MAPFLOW_VERSION against make version",
+         "no ARG MAPFLOW_VERSION + RUN comparing it with `make -s version`")
+    labels = " ".join(a for kw, a in last["instrs"] if kw == "LABEL")
+    need(("ARG", "MAPFLOW_VERSION") in last["instrs"] and
+         re.search(r'org\.opencontainers\.image\.version="?\$\{?MAPFLOW_VERSION', labels),
+         "runtime label org.opencontainers.image.version = $MAPFLOW_VERSION",
+         "no ARG MAPFLOW_VERSION + LABEL org.opencontainers.image.version=\"$MAPFLOW_VERSION\"")
 
     users = [a for kw, a in last["instrs"] if kw == "USER"]
     user = users[-1].split(":")[0] if users else "root"

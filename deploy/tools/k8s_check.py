@@ -12,7 +12,11 @@ Three layers, each printed as it is checked:
      name container ports, volume mounts name volumes, ConfigMap keys exist, the
      ConfigMap's mapflowd.conf puts the socket and data_dir on hostPath mounts and the
      http/tcp ports on container ports, the memory request covers host_bytes, no GPU is
-     requested by the daemon, no hostIPC/hostPID anywhere, kustomization lists every file,
+     requested by the daemon, no hostIPC/hostPID anywhere, kustomization lists every file
+     (each Component directory its own) and its images: tag is the containers' tag, the
+     daemon runs at priorityClassName system-node-critical (with a ResourceQuota scoped to
+     it in its namespace), a ucx listener is a container
+     port and a port of the headless Service,
      the token is no argument (/proc/PID/cmdline) but a --token_file the daemon can read
      and will accept (0400, its own, in memory; written by an init container).
      With --mapflowd, the config text also goes through `mapflowd --check-config FILE`
@@ -240,6 +244,19 @@ KINDS = {
                               required=("port",)), 1),
         }, required=("selector", "ports")),
     }, required=("apiVersion", "kind", "metadata", "spec")),
+    ("v1", "ResourceQuota"): Obj({
+        "apiVersion": S, "kind": S, "metadata": meta(True),
+        "spec": Obj({
+            "hard": Map(Scalar("quantity")),
+            "scopeSelector": Obj({"matchExpressions": List(Obj({
+                "scopeName": Scalar("str", allowed={"PriorityClass", "Terminating",
+                                                    "NotTerminating", "BestEffort",
+                                                    "NotBestEffort", "CrossNamespacePodAffinity"}),
+                "operator": Scalar("str", allowed={"In", "NotIn", "Exists", "DoesNotExist"}),
+                "values": List(S)}, required=("scopeName", "operator")), 1)},
+                required=("matchExpressions",)),
+        }, required=("hard",)),
+    }, required=("apiVersion", "kind", "metadata", "spec")),
     ("monitoring.coreos.com/v1", "ServiceMonitor"): Obj({
         "apiVersion": S, "kind": S, "metadata": meta(True),
         "spec": Obj({
@@ -254,7 +271,12 @@ KINDS = {
     ("v1", "Pod"): Obj({"apiVersion": S, "kind": S, "metadata": meta(True), "spec": POD_SPEC},
                        required=("apiVersion", "kind", "metadata", "spec")),
     ("kustomize.config.k8s.io/v1beta1", "Kustomization"): Obj({
-        "apiVersion": S, "kind": S, "namespace": NAME, "resources": List(S, 1)},
+        "apiVersion": S, "kind": S, "namespace": NAME, "resources": List(S, 1),
+        "components": List(S),
+        "images": List(Obj({"name": S, "newName": S, "newTag": S}, required=("name",)))},
+        required=("apiVersion", "kind", "resources")),
+    ("kustomize.config.k8s.io/v1alpha1", "Component"): Obj({
+        "apiVersion": S, "kind": S, "resources": List(S, 1)},
         required=("apiVersion", "kind", "resources")),
 }
 
@@ -430,6 +452,21 @@ class Checker:
                       and (t.get("operator") == "Exists" or "value" in t)
                       for t in spec.get("tolerations") or []),
                   w, "no toleration of the nvidia.com/gpu taint")
+        prio = spec.get("priorityClassName")
+        self.need(prio == "system-node-critical", w,
+                  f"priorityClassName {prio!r}: the node's shared cache "
+                  "must be evicted after the workers that use it (system-node-critical)")
+        ns = (ds.get("metadata") or {}).get("namespace")
+        if prio and prio.startswith("system-") and ns != "kube-system":
+            self.need(any((q.get("metadata") or {}).get("namespace") == ns and
+                          any(e.get("scopeName") == "PriorityClass" and e.get("operator") == "In"
+                              and prio in (e.get("values") or [])
+                              for e in ((q.get("spec") or {}).get("scopeSelector") or {})
+                              .get("matchExpressions") or [])
+                          and quantity((q.get("spec") or {}).get("hard", {}).get("pods", 0)) >= 1
+                          for _, q in self.of_kind("ResourceQuota")),
+                      w, f"priorityClassName {prio} in namespace {ns}: clusters that limit critical "
+                      "classes admit it only with a ResourceQuota scoped to it there")
         grace = spec.get("terminationGracePeriodSeconds", 30)
         self.need(isinstance(grace, int) and grace >= MIN_GRACE_SECONDS, w,
                   f"terminationGracePeriodSeconds {grace} < {MIN_GRACE_SECONDS}: "
@@ -490,10 +527,14 @@ class Checker:
                   f"http {conf.get('http')!r} does not listen on container port 'http' ({ports.get('http')})")
         self.need(host not in ("127.0.0.1", "localhost", "::1", "[::1]"), where,
                   f"http on {host}: the kubelet probes the pod IP, loopback is unreachable")
-        if conf.get("tcp"):
-            _, tport = addr_port(conf["tcp"])
-            self.need(tport == ports.get("control"), where,
-                      f"tcp {conf['tcp']!r} is not container port 'control' ({ports.get('control')})")
+        for key, pname in (("tcp", "control"), ("ucx", "ucx")):
+            if not conf.get(key):
+                continue
+            lhost, lport = addr_port(conf[key])
+            self.need(lport == ports.get(pname), where,
+                      f"{key} {conf[key]!r} is not container port '{pname}' ({ports.get(pname)})")
+            self.need(lhost not in ("127.0.0.1", "localhost", "::1", "[::1]"), where,
+                      f"{key} on {lhost}: peers on other nodes cannot reach loopback")
             self.need("token" not in conf, where,
                       "token in a ConfigMap: put it in the Secret (--token_file, see daemonset.yaml)")
         self.token(cw, c, spec, conf)
@@ -584,6 +625,17 @@ class Checker:
         svcs = self.of_kind("Service")
         self.need(any((o.get("spec") or {}).get("clusterIP") == "None" for _, o in svcs),
                   "manifests", "no headless Service (clusterIP: None) for peers")
+        # Peers dial the ucx listener by the headless Service's DNS name and port.
+        ucx_ports = {p.get("containerPort") for _, o in self.of_kind("DaemonSet")
+                     for c in pod_spec_of(o).get("containers") or []
+                     for p in c.get("ports") or [] if p.get("name") == "ucx"}
+        if ucx_ports:
+            self.need(any((o.get("spec") or {}).get("clusterIP") == "None" and
+                          any(p.get("targetPort") in ("ucx", *ucx_ports)
+                              for p in (o.get("spec") or {}).get("ports") or [])
+                          for _, o in svcs),
+                      "manifests", "the daemon's ucx port is no port of the headless Service: "
+                      "peers could not find it")
         for f, o in svcs:
             w, spec = self.name(f, o), o.get("spec") or {}
             self.need(any(matches(spec.get("selector"), labels) for labels in ds_labels), w,
@@ -608,7 +660,7 @@ class Checker:
     def namespaces_and_workers(self, roots):
         defined = {(o.get("metadata") or {}).get("name") for _, o in self.of_kind("Namespace")}
         for f, _, o in self.objs:
-            if not isinstance(o, dict) or o.get("kind") in ("Namespace", "Kustomization"):
+            if not isinstance(o, dict) or o.get("kind") in ("Namespace", "Kustomization", "Component"):
                 continue
             ns = (o.get("metadata") or {}).get("namespace")
             if "/examples/" not in f:
@@ -624,12 +676,26 @@ class Checker:
             hp = [v["hostPath"]["path"] for v in pod_spec_of(o).get("volumes") or [] if v.get("hostPath")]
             self.need(any(p in sock_dirs for p in hp), w,
                       f"mounts no hostPath of the daemon's socket directory {sorted(sock_dirs)}")
-        for f, o in self.of_kind("Kustomization"):
+        for f, o in self.of_kind("Kustomization") + self.of_kind("Component"):
             base = os.path.dirname(f)
             listed = set(o.get("resources") or [])
             present = {n for n in os.listdir(base) if n.endswith(".yaml") and n != os.path.basename(f)}
             self.need(listed == present, self.name(f, o),
                       f"resources {sorted(listed)} != files {sorted(present)}")
+            for comp in o.get("components") or []:
+                kf = os.path.join(base, comp, "kustomization.yaml")
+                self.need(any(cf == kf for cf, _ in self.of_kind("Component")), self.name(f, o),
+                          f"components: {comp!r} names no Component directory (no {kf})")
+            images = {}
+            for _, w in self.of_kind("DaemonSet") + self.of_kind("Pod"):
+                for c in containers_of(pod_spec_of(w)):
+                    name, _, tag = str(c.get("image", "")).rpartition(":")
+                    images.setdefault(name, set()).add(tag)
+            for im in o.get("images") or []:
+                tags = images.get(im.get("name"))
+                self.need(bool(tags) and tags == {str(im.get("newTag"))}, self.name(f, o),
+                          f"images: {im.get('name')} newTag {im.get('newTag')!r} is not the "
+                          f"containers' tag ({sorted(tags or [])})")
 
     def run(self, roots):
         files = []

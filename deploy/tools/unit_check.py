@@ -51,8 +51,8 @@ def check(units):
     need(last(units, svc, "Type") == "notify", "Type=notify",
          f"got {last(units, svc, 'Type')!r} (the daemon sends READY/RELOADING/STOPPING)")
     start = last(units, svc, "ExecStart") or ""
-    need(re.match(r"^\S*/mapflowd(\s|$)", start) is not None and " -c /etc/mapflowd.conf" in start,
-         "ExecStart runs mapflowd -c /etc/mapflowd.conf", f"got {start!r}")
+    need(re.match(r"^\S*/mapflowd -c /\S*/mapflowd\.conf(\s|$)", start) is not None,
+         "ExecStart runs mapflowd -c SYSCONFDIR/mapflowd.conf", f"got {start!r}")
     reload_ = last(units, svc, "ExecReload") or ""
     need(re.search(r"kill\s+-(HUP|SIGHUP|s\s+HUP)\s+\$MAINPID", reload_) is not None,
          "ExecReload sends SIGHUP to $MAINPID", f"got {reload_!r}")

@@ -1,5 +1,6 @@
 """Checks a Prometheus text exposition (format 0.0.4) the way a scraper would, stdlib
-only, plus MapFlow's naming rules (mapflowd_ prefix, _total on counters, a build_info).
+only, plus MapFlow's naming rules (mapflowd_ prefix, or process_ for the standard process families;
+_total on counters; a build_info).
 
     promcheck.py FILE                         validate; exit 1 with the reasons
     promcheck.py --delta OLD NEW EXPR...      EXPR: 'series=N' or 'series>N' on NEW-OLD
@@ -67,7 +68,7 @@ def parse(text):
                 family = name[: -len(suf)]
         if family not in types:
             errs.append("line %d: %s has no TYPE before it" % (n, name))
-        if not name.startswith("mapflowd_"):
+        if not name.startswith(("mapflowd_", "process_")):
             errs.append("line %d: %s lacks the mapflowd_ prefix" % (n, name))
         if types.get(family) == "counter" and not name.endswith("_total"):
             errs.append("line %d: counter %s does not end in _total" % (n, name))

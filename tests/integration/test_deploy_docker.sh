@@ -53,6 +53,9 @@ reject dockerfile 's/^USER 10001:10001$/USER root/' 'runtime USER is not root'
 reject dockerfile 's/"mapflowctl", //' 'HEALTHCHECK runs mapflowctl health'
 reject dockerfile 's/^FROM debian:12-slim AS runtime$/FROM ubuntu:24.04 AS runtime/' 'runtime stage FROM debian:12-slim'
 reject dockerfile 's/ libxxhash0 / libxxhash0 libevent-dev /' 'no -dev packages or compilers'
+reject dockerfile 's/^ARG MAPFLOW_VERSION=.*$/ARG MAPFLOW_VERSION/' 'no ARG MAPFLOW_VERSION=X.Y.Z'
+reject dockerfile '/make -s version/d' 'no ARG MAPFLOW_VERSION + RUN comparing it'
+reject dockerfile 's/image.version="$MAPFLOW_VERSION"/image.version="latest"/' 'LABEL org.opencontainers.image.version'
 if [ ${#bins[@]} -gt 0 ]; then
   reject dockerfile 's/ libprotobuf-c1 / /' 'missing libprotobuf-c1'
   reject dockerfile 's/ libxxhash0 / libxxhash0 libcurl4 /' "unneeded: ['libcurl4']"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `make install-deploy` (run by `make install`) into temporary DESTDIRs: the unit, the
-# sysusers entry and /etc/mapflowd.conf land where deploy/README.md says for
-# PREFIX=/usr/local and PREFIX=/usr, ExecStart follows PREFIX, no file contains
-# DESTDIR, and an existing /etc/mapflowd.conf is kept.
+# sysusers entry and mapflowd.conf land where deploy/README.md says for
+# PREFIX=/usr/local, PREFIX=/usr and PREFIX=/opt/mapflow (the config in PREFIX/etc, /etc
+# only for /usr: nothing outside PREFIX), ExecStart follows PREFIX and SYSCONFDIR, no
+# file contains DESTDIR, and an existing config is kept.
 set -u
 cd "$(dirname "$0")/../.."
 BUILD_DIR=${MF_BUILD:-build}
@@ -28,34 +29,39 @@ expect_file() {   # PATH MODE
   [ "$m" = "$2" ] || { echo "FAIL: $1 mode $m, want $2"; fail=1; }
 }
 
-for prefix in /usr/local /usr; do
+for prefix in /usr/local /usr /opt/mapflow; do
   d="$tmp/root${prefix//\//_}"
   run_install "$d" "$prefix" || { fail=1; continue; }
-  sysroot=$prefix/lib; [ "$prefix" = /usr ] && sysroot=/lib
+  sysroot=$prefix/lib; etc=$prefix/etc
+  [ "$prefix" = /usr ] && { sysroot=/lib; etc=/etc; }
   unit="$d$sysroot/systemd/system/mapflowd.service"
   expect_file "$unit" 644
   expect_file "$d$sysroot/sysusers.d/mapflowd.conf" 644
-  expect_file "$d/etc/mapflowd.conf" 644
+  expect_file "$d$etc/mapflowd.conf" 644
   got=$(grep '^ExecStart=' "$unit" 2>/dev/null)
-  [ "$got" = "ExecStart=$prefix/bin/mapflowd -c /etc/mapflowd.conf" ] || { echo "FAIL: PREFIX=$prefix: $got"; fail=1; }
+  [ "$got" = "ExecStart=$prefix/bin/mapflowd -c $etc/mapflowd.conf" ] || { echo "FAIL: PREFIX=$prefix: $got"; fail=1; }
+  # Outside PREFIX only PREFIX=/usr may write: /etc and the merged-/usr /lib.
+  outside=$(cd "$d" && find . -type f | sed 's|^\.||' | grep -v "^$prefix/" || true)
+  [ "$prefix" = /usr ] && outside=$(grep -vx '/etc/mapflowd.conf\|/lib/systemd/system/mapflowd.service\|/lib/sysusers.d/mapflowd.conf' <<<"$outside" || true)
+  [ -z "$outside" ] || { echo "FAIL: PREFIX=$prefix wrote outside PREFIX: $outside"; fail=1; }
   if grep -rlF "$tmp" "$d" >/dev/null; then echo "FAIL: DESTDIR written into $(grep -rlF "$tmp" "$d")"; fail=1; fi
-  cmp -s "$d/etc/mapflowd.conf" "$BUILD_DIR/deploy/mapflowd.conf" || { echo "FAIL: installed config differs from $BUILD_DIR/deploy/mapflowd.conf"; fail=1; }
+  cmp -s "$d$etc/mapflowd.conf" "$BUILD_DIR/deploy/mapflowd.conf" || { echo "FAIL: installed config differs from $BUILD_DIR/deploy/mapflowd.conf"; fail=1; }
   $PY deploy/tools/unit_check.py "$unit" > /dev/null || fail=1
   n=$(find "$d" -type f | wc -l)
   [ "$n" -eq 3 ] || { echo "FAIL: PREFIX=$prefix installed $n files, want 3: $(find "$d" -type f)"; fail=1; }
-  echo "PREFIX=$prefix: $n files under DESTDIR (unit at ${sysroot}/systemd/system, $got), no DESTDIR in contents"
+  echo "PREFIX=$prefix: $n files under DESTDIR (unit at ${sysroot}/systemd/system, config in $etc, $got), no DESTDIR in contents"
 done
 
 # The admin's config survives a re-install; the unit is replaced.
 d="$tmp/root_usr_local"
-echo "host_bytes 3gb   # the admin's" >> "$d/etc/mapflowd.conf"
-sum=$(md5sum < "$d/etc/mapflowd.conf")
+echo "host_bytes 3gb   # the admin's" >> "$d/usr/local/etc/mapflowd.conf"
+sum=$(md5sum < "$d/usr/local/etc/mapflowd.conf")
 echo "stale" > "$d/usr/local/lib/systemd/system/mapflowd.service"
 if run_install "$d" /usr/local; then
-  [ "$(md5sum < "$d/etc/mapflowd.conf")" = "$sum" ] || { echo "FAIL: re-install overwrote /etc/mapflowd.conf"; fail=1; }
+  [ "$(md5sum < "$d/usr/local/etc/mapflowd.conf")" = "$sum" ] || { echo "FAIL: re-install overwrote /usr/local/etc/mapflowd.conf"; fail=1; }
   grep -q "keeping existing" "$tmp/make.log" || { echo "FAIL: re-install did not say it kept the config"; fail=1; }
   grep -q '^Type=notify$' "$d/usr/local/lib/systemd/system/mapflowd.service" || { echo "FAIL: unit not replaced"; fail=1; }
-  echo "re-install: existing /etc/mapflowd.conf kept, unit replaced"
+  echo "re-install: existing /usr/local/etc/mapflowd.conf kept, unit replaced"
 else fail=1; fi
 
 # The whole `make install` as the image's build stage runs it (PREFIX=/usr, a staging

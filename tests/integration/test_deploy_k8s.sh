@@ -18,6 +18,26 @@ if ! $PY "${check_args[@]}" deploy/k8s; then
   echo "FAIL: deploy/k8s does not pass k8s_check"; fail=1
 fi
 
+echo "--- the ServiceMonitor switched off (its components: entry deleted, as deploy/README.md says)"
+rm -rf "$tmp/off"; cp -r deploy/k8s "$tmp/off"
+sed -i '/^components:$/,/^  - monitoring$/d' "$tmp/off/kustomization.yaml"
+rm -r "$tmp/off/monitoring"
+if grep -q monitoring "$tmp/off/kustomization.yaml" || ! $PY "${check_args[@]}" "$tmp/off" > "$tmp/off.log" 2>&1; then
+  echo "FAIL: deploy/k8s without the ServiceMonitor does not pass k8s_check"; tail -3 "$tmp/off.log"; fail=1
+elif grep -q ServiceMonitor "$tmp/off.log"; then
+  echo "FAIL: a ServiceMonitor is left with the switch off"; fail=1
+else echo "switched off: $(tail -1 "$tmp/off.log")"; fi
+
+# kustomize itself where kubectl is installed (not a Debian 12 package: optional here).
+if command -v kubectl >/dev/null && kubectl kustomize --help >/dev/null 2>&1; then
+  on=$(kubectl kustomize deploy/k8s 2>&1 | grep -c '^kind: ServiceMonitor$')
+  off=$(kubectl kustomize "$tmp/off" 2>&1 | grep -c '^kind: \(ServiceMonitor\|DaemonSet\)$')
+  tag=$(kubectl kustomize deploy/k8s 2>&1 | sed -n 's|^ *image: .*/mapflowd:||p' | sort -u)
+  if [ "$on" = 1 ] && [ "$off" = 1 ] && [ "$tag" = "$(sed -n 's/^ *newTag: //p' deploy/k8s/kustomization.yaml)" ]; then
+    echo "kubectl kustomize: ServiceMonitor on / off as switched, image tag $tag"
+  else echo "FAIL: kubectl kustomize: ServiceMonitor on=$on, off copy has $off of DaemonSet+ServiceMonitor, tags '$tag'"; fail=1; fi
+else echo "note: no kubectl; kustomize output not built"; fi
+
 echo "--- broken copies: FILE | PATH | OP | VALUE | the error k8s_check must give"
 C=spec.template.spec.containers[0]
 $PY deploy/tools/k8s_negative.py deploy/k8s <<CASES || fail=1
@@ -55,11 +75,22 @@ configmap.yaml | data | set | {"mapflowd.conf": "socket /run/mapflowd/mapflowd.s
 configmap.yaml | data | set | {"mapflowd.conf": "socket /run/mapflowd/mapflowd.sock\ndata_dir /var/lib/mapflowd\nhttp 0.0.0.0:9477\ntcp 0.0.0.0:9478\ntoken hunter2\n"} | put it in the Secret
 service.yaml | spec.ports[0].targetPort | set | "web" | targetPort 'web' is not a daemon container port
 service.yaml | spec.clusterIP | del | | no headless Service
-servicemonitor.yaml | spec.endpoints[0].port | set | "metrics" | endpoint port 'metrics'
-servicemonitor.yaml | spec.selector.matchLabels | set | {"app": "nothing"} | selector matches no Service
+monitoring/servicemonitor.yaml | spec.endpoints[0].port | set | "metrics" | endpoint port 'metrics'
+monitoring/servicemonitor.yaml | spec.selector.matchLabels | set | {"app": "nothing"} | selector matches no Service
 namespace.yaml | metadata.name | set | "Map_Flow" | does not match
 namespace.yaml | apiVersion | set | "v2" | not in the schema
 kustomization.yaml | resources | set | ["namespace.yaml"] | resources
+kustomization.yaml | components | set | ["metrics"] | names no Component directory
+kustomization.yaml | images[0].newTag | set | "0.0.9" | is not the containers' tag
+monitoring/kustomization.yaml | resources | set | ["other.yaml"] | resources
+daemonset.yaml | spec.template.spec.priorityClassName | del | | priorityClassName None
+daemonset.yaml | spec.template.spec.priorityClassName | set | "high" | system-node-critical
+resourcequota.yaml | spec.scopeSelector.matchExpressions[0].values | set | ["system-cluster-critical"] | admit it only with a ResourceQuota scoped to it
+resourcequota.yaml | spec.hard.pods | set | "0" | admit it only with a ResourceQuota scoped to it
+resourcequota.yaml | spec.scopeSelector.matchExpressions[0].operator | set | "Maybe" | not one of
+daemonset.yaml | $C.ports[2].containerPort | set | 9480 | is not container port 'ucx'
+service.yaml | spec.ports[2] | del | | ucx port is no port of the headless Service
+configmap.yaml | data | set | {"mapflowd.conf": "socket /run/mapflowd/mapflowd.sock\ndata_dir /var/lib/mapflowd\nhttp 0.0.0.0:9477\nucx 127.0.0.1:9479\n"} | peers on other nodes cannot reach loopback
 examples/worker-pod.yaml | spec.volumes[0].hostPath.path | set | "/run/other" | mounts no hostPath of the daemon's socket directory
 examples/worker-pod.yaml | spec.hostIPC | set | true | hostIPC: true is not needed
 CASES

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # /metrics parses as Prometheus text (checked by tests/integration/promcheck.py, stdlib
-# only) and its counters move as the traffic says; /healthz and /readyz answer.
+# only, and by Debian's promtool: `promtool check metrics`, the exposition and lint
+# rules, e.g. base units) and its counters move as the traffic says; the process_*
+# families are there and follow the daemon's process; /healthz and /readyz answer.
 source "$(dirname "$0")/lib.sh"
 HERE=$(cd "$(dirname "$0")" && pwd)
 SYNTH=$MF_BIN/mapflow-synth
@@ -9,7 +11,9 @@ NS=met
 M=src-met
 Bk=16
 
+t_before=$(date +%s)
 mf_start --host_bytes 4mb
+t_after=$(date +%s)
 mf_http /healthz >/dev/null || fail "/healthz"
 mf_http /readyz >/dev/null || fail "/readyz"
 mf_http /metrics >"$MF_TMP/m0"
@@ -25,6 +29,24 @@ ctl --ns "$NS" lookup --model "$M" --block $Bk --tokens "$MF_TMP/tok" --layers 3
   || fail "lookup"
 mf_http /metrics >"$MF_TMP/m1"
 "$PYTHON" "$HERE/promcheck.py" "$MF_TMP/m1" || fail "/metrics after traffic"
+# promtool: Debian's prometheus package (make deps). Exit 0 and nothing printed = clean.
+PROMTOOL=$(command -v promtool) || fail "no promtool (Debian package prometheus; make deps installs it)"
+for f in m0 m1; do
+  out=$("$PROMTOOL" check metrics <"$MF_TMP/$f" 2>&1) && [ -z "$out" ] \
+    || fail "promtool check metrics on /metrics ($f): $out"
+done
+echo "promtool check metrics: clean ($("$PROMTOOL" --version 2>&1 | head -1))"
+# process_*: this daemon's numbers (its fds in /proc, started between the two clocks).
+val() { sed -n "s/^$1 //p" "$MF_TMP/m1"; }
+"$PYTHON" - "$(val process_open_fds)" "$(ls /proc/"$MF_PID"/fd | wc -l)" \
+  "$(val process_start_time_seconds)" "$t_before" "$t_after" "$(val process_resident_memory_bytes)" \
+  "$(val process_cpu_seconds_total)" "$(val process_max_fds)" <<'PY' || fail "process_* values"
+import sys
+fds, now_fds, start, t0, t1, rss, cpu, maxfds = (float(a) for a in sys.argv[1:])
+assert abs(fds - now_fds) <= 2, ("open fds", fds, now_fds)  # the scrape's own socket
+assert t0 - 2 <= start <= t1 + 1, ("start time", start, t0, t1)  # btime is whole seconds
+assert rss > 1 << 20 and cpu > 0 and maxfds >= fds, (rss, cpu, maxfds)
+PY
 
 # Deltas: 6 puts; one lookup of 96 tokens on 2 layers = 192 requested, 96 hit (layer 3).
 "$PYTHON" "$HERE/promcheck.py" --delta "$MF_TMP/m0" "$MF_TMP/m1" \

@@ -1,6 +1,8 @@
 /* test_daemon_metrics — the Prometheus text: HELP/TYPE before samples, names with the
- * mapflowd_ prefix and unit suffixes, cumulative histogram buckets ending in +Inf equal
- * to _count, token counters with their denominators. */
+ * mapflowd_ prefix (process_* aside) and base-unit suffixes (microsecond counters shown
+ * as seconds), cumulative histogram buckets ending in +Inf equal to _count, token
+ * counters with their denominators; the process_* values read from /proc/self. */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -8,6 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <cmocka.h>
+#include <fcntl.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "metrics.h"
 
@@ -39,7 +44,10 @@ static void test_render(void **state)
     mfd_count(&m, MFD_C_GET_HIT_TOKENS_SSD, 64);
     mfd_metrics_error(&m, MF_NOT_FOUND);
     mfd_metrics_error(&m, MF_NOT_FOUND);
+    uint64_t us = 1 + (uint64_t)rand_r(&seed) % 90000000; /* up to 90 s in µs */
+    mfd_count(&m, MFD_C_GPU_COMMIT_CHECK_US, us);
     mfd_gauges_t g = {0};
+    assert_int_equal(mfd_process_read(&g.proc), MF_OK);
     g.tiers[0] = (mfd_tier_gauge_t){"gpu", 0, 0, 0, 0};
     g.tiers[1] = (mfd_tier_gauge_t){"host", 1, 4096, 1 << 20, 3};
     g.tiers[2] = (mfd_tier_gauge_t){"ssd", 1, 8192, 1 << 30, 5};
@@ -56,6 +64,13 @@ static void test_render(void **state)
     assert_true(sample(t, "mapflowd_tier_used_bytes{tier=\"ssd\"}") == 8192);
     assert_true(sample(t, "mapflowd_tier_capacity_bytes{tier=\"host\"}") == 1 << 20);
     assert_true(sample(t, "mapflowd_build_info{version=\"9.9.9\",protocol=\"1\"}") == 1);
+    /* Microseconds in, seconds out, under the _seconds_total name only. */
+    double secs = sample(t, "mapflowd_gpu_commit_check_seconds_total");
+    assert_true(fabs(secs - (double)us / 1e6) < 1e-6);
+    assert_null(strstr(t, "microseconds"));
+    assert_true(sample(t, "process_open_fds") == (double)g.proc.open_fds);
+    assert_true(sample(t, "process_resident_memory_bytes") == (double)g.proc.resident_bytes);
+    assert_true(sample(t, "process_start_time_seconds") > 0);
     /* Histogram: cumulative, monotone, +Inf == count, sum matches. */
     double prev = 0, sum = 0;
     char name[128];
@@ -88,7 +103,7 @@ static void test_render(void **state)
         }
         if (line[0] == '#')
             continue;
-        assert_int_equal(strncmp(line, "mapflowd_", 9), 0);
+        assert_true(!strncmp(line, "mapflowd_", 9) || !strncmp(line, "process_", 8));
         assert_null(strstr(line, "_ms"));
         int found = 0;
         for (int i = 0; i < nt && !found; i++)
@@ -101,19 +116,60 @@ static void test_render(void **state)
 
 static void visit(const char *name, uint64_t value, void *arg)
 {
+    uint64_t *v = arg;
     if (!strcmp(name, "puts_total"))
-        *(uint64_t *)arg = value;
+        v[0] = value;
+    if (!strcmp(name, "gpu_commit_microseconds_total"))
+        v[1] = value;
 }
 
+/* Stats keeps integer microseconds under the _microseconds_total name. */
 static void test_visit_names(void **state)
 {
     (void)state;
     mfd_metrics_t m;
     mfd_metrics_init(&m);
-    mfd_count(&m, MFD_C_PUTS, 17);
-    uint64_t v = 0;
-    mfd_metrics_visit(&m, visit, &v);
-    assert_int_equal(v, 17);
+    unsigned seed = (unsigned)time(NULL);
+    uint64_t puts = 1 + (uint64_t)rand_r(&seed) % 1000, us = 1 + (uint64_t)rand_r(&seed);
+    mfd_count(&m, MFD_C_PUTS, puts);
+    mfd_count(&m, MFD_C_GPU_COMMIT_US, us);
+    uint64_t v[2] = {0, 0};
+    mfd_metrics_visit(&m, visit, v);
+    assert_int_equal(v[0], puts);
+    assert_int_equal(v[1], us);
+}
+
+/* process_* follow this process: CPU time grows with work, an opened fd is counted, the
+ * start time is before now and not in the far past, RSS covers memory just touched. */
+static void test_process(void **state)
+{
+    (void)state;
+    mfd_process_gauge_t a, b;
+    assert_int_equal(mfd_process_read(&a), MF_OK);
+    assert_true(a.ok && a.open_fds >= 3 && a.resident_bytes > 0 && a.virtual_bytes >= a.resident_bytes);
+    int fds[5];
+    for (int i = 0; i < 5; i++)
+        assert_true((fds[i] = open("/dev/null", O_RDONLY)) >= 0);
+    size_t big = 64u << 20;
+    unsigned char *p = malloc(big);
+    assert_non_null(p);
+    unsigned seed = 3;
+    for (size_t i = 0; i < big; i += 4096)
+        p[i] = (unsigned char)rand_r(&seed);
+    volatile double x = 0;
+    clock_t c0 = clock();
+    while (clock() - c0 < CLOCKS_PER_SEC / 5)
+        x += sqrt((double)rand_r(&seed));
+    assert_int_equal(mfd_process_read(&b), MF_OK);
+    assert_int_equal(b.open_fds, a.open_fds + 5);
+    assert_true(b.resident_bytes >= a.resident_bytes + big / 2);
+    assert_true(b.cpu_seconds >= a.cpu_seconds + 0.1);
+    double now = (double)time(NULL);
+    assert_true(b.start_time_seconds <= now + 2 && b.start_time_seconds > now - 3600);
+    assert_true(b.max_fds == 0 || b.max_fds >= b.open_fds);
+    for (int i = 0; i < 5; i++)
+        close(fds[i]);
+    free(p);
 }
 
 int main(void)
@@ -121,6 +177,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_render),
         cmocka_unit_test(test_visit_names),
+        cmocka_unit_test(test_process),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
