@@ -26,6 +26,7 @@ $(REL_A): $(OBJ)/tests/reliability/rel_wire.o
 TEST_LINK_A := $(REL_A) $(TEST_LINK_A)
 $(UNIT_BINS) $(REPLAY_BINS): $(REL_A)
 $(OBJ)/tests/fuzz/fuzz_daemon.o: CPPFLAGS += -Itests/reliability
+$(OBJ)/tests/unit/test_daemon_lookup.o: CPPFLAGS += -Itests/reliability
 
 TESTS += $(REL_TOOL)
 test-build: $(REL_TOOL) $(BIN)/mapflowd
