@@ -357,6 +357,24 @@ mf_envelope_t *rel_get_prefix(rel_conn_t *c, const char *model, uint32_t B,
     return rel_call(c, &env, tokens, ntok * 4);
 }
 
+mf_envelope_t *rel_get_key(rel_conn_t *c, const char *model, uint32_t layer, mf_hash128_t h)
+{
+    uint8_t hash[16];
+    mf_hash_to_le(h, hash);
+    Mapflow__V1__Key k = MAPFLOW__V1__KEY__INIT;
+    k.model = (char *)model;
+    k.layer = layer;
+    k.hash.data = hash;
+    k.hash.len = 16;
+    Mapflow__V1__Key *keys[1] = {&k};
+    Mapflow__V1__Get m = MAPFLOW__V1__GET__INIT;
+    m.n_keys = 1;
+    m.keys = keys;
+    m.mode = MAPFLOW__V1__GET_MODE__GET_COPY;
+    ENV_INIT(env, GET, get, &m);
+    return rel_call(c, &env, NULL, 0);
+}
+
 int rel_release(rel_conn_t *c, const uint64_t *ids, size_t n, uint32_t *released)
 {
     Mapflow__V1__Release m = MAPFLOW__V1__RELEASE__INIT;

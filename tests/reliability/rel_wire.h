@@ -70,6 +70,9 @@ int rel_lookup(rel_conn_t *c, const char *model, uint32_t B, const uint32_t *lay
 mf_envelope_t *rel_get_prefix(rel_conn_t *c, const char *model, uint32_t B,
                               const uint32_t *layers, size_t nl, const uint32_t *tokens,
                               size_t ntok, uint32_t first, uint32_t n, int lease);
+/* Get copy of one row by its key (no prefix: the block's earlier blocks need not be
+ * there); the reply or NULL, the payload in c->payload. */
+mf_envelope_t *rel_get_key(rel_conn_t *c, const char *model, uint32_t layer, mf_hash128_t h);
 int rel_release(rel_conn_t *c, const uint64_t *ids, size_t n, uint32_t *released);
 /* Stats counter by name (UINT64_MAX when missing or on error). */
 uint64_t rel_counter(rel_conn_t *c, const char *name);
