@@ -808,7 +808,9 @@ static void verify_row(get_op_t *op, get_row_t *r, const uint8_t *bytes)
 /* Block j of a prefix Get is verified when its block-index record (made from a row
  * validated at commit or read back) carries the request's parent and tokens. A block
  * known only from the SSD index has no record yet: one is made from a row of a requested
- * layer that is in memory, if any (else the block stays unverified). */
+ * layer that is in memory, if any (else the block stays unverified). A block of which no
+ * row is stored at all has nothing to contradict the request and does not stop the chain
+ * (a Get past block 0 of a range whose earlier blocks live elsewhere, e.g. on a peer). */
 static int block_verified(get_op_t *op, size_t n_layers, uint32_t j)
 {
     mfd_store_t *st = &op->c->srv->store;
@@ -818,7 +820,7 @@ static int block_verified(get_op_t *op, size_t n_layers, uint32_t j)
     const mfd_key_t *k = key_tmpl_set(&op->kt, op->rows[0].ref.layer, op->h[j + 1]);
     const mfd_block_t *b = mfd_index_block_find(st->ix, bk, mfd_bkey_of(k->b, k->len, bk));
     if (!b)
-        return 0;
+        return 1;
     if (mfd_block_matches(b, op->B, parent, tok))
         return 1;
     for (size_t l = 0; l < n_layers; l++) {
@@ -837,7 +839,8 @@ static int block_verified(get_op_t *op, size_t n_layers, uint32_t j)
 
 /* A hit at block i needs blocks 0..i-1 of the request verified too (DESIGN §4; issue 22):
  * a block-0 collision would otherwise make every later block of the other context (same
- * parent hash, same tokens) hit. Rows past the first unverified block become NOT_FOUND. */
+ * parent hash, same tokens) hit. Rows past the first block whose stored rows do not vouch
+ * for the request become NOT_FOUND. */
 static void verify_chain(get_op_t *op)
 {
     if (!op->prefix_mode || !op->nb)
