@@ -3,7 +3,8 @@
  * command starts, stops and restarts itself (`storage --mapflowd BIN --dir DIR`; `--asan
  * BIN` repeats every refused start under an ASan daemon):
  *   ssd-open      durable rows on the SSD tier, then CURRENT removed, 32 MANIFEST bytes
- *                 overwritten, a bit flipped in an SST's index block: each start is refused
+ *                 overwritten, a bit flipped in an SST's index block, one in the block the
+ *                 row index is scanned from: each start is refused
  *                 cleanly (exit 1, RocksDB's status in the log, no signal, no sanitizer
  *                 report) and leaves the files alone; undone, every row verifies again. A
  *                 bit flipped in a blob file: that row is DATA_LOSS, then gone from the
@@ -374,6 +375,13 @@ static int part_ssd_open(st_ctx_t *x)
     ok_sst &= refused(x, g_base, "Corruption", m_sst, sizeof(m_sst));
     REL_CHECK(ioff > 0 && flip_bit(sst, ioff, 3) == 0, "restore the SST");
 
+    /* 4. One bit of the SST's first data block (its first keys: the 'm' index records the
+     * start scans; RocksDB reads data blocks only then, not when it opens the file). */
+    char m_scan[512] = "";
+    int ok_scan = REL_CHECK(flip_bit(sst, 20, 2) == 0, "flip a bit in %s", sst);
+    ok_scan &= refused(x, g_base, "scanning the row index", m_scan, sizeof(m_scan));
+    REL_CHECK(flip_bit(sst, 20, 2) == 0, "restore the SST");
+
     /* Undone: every row is back. */
     tally_t t1 = {0};
     if (REL_CHECK(up(x, g_base) == 0, "start after undoing the damage")) {
@@ -382,13 +390,14 @@ static int part_ssd_open(st_ctx_t *x)
         REL_CHECK(down(x) == 0, "SIGTERM exit");
     }
     rel_result("ssd-open", "SSD database damaged before a start",
-               "24 durable 8 KiB rows (blob files); remove rocksdb/CURRENT; overwrite 32 MANIFEST bytes; "
-               "flip a bit in an SST index block; each undone before the next",
-               "%d/3 starts refused cleanly (exit 1, no signal%s): no CURRENT: \"%.110s\"; "
-               "MANIFEST: \"%.110s\"; SST: \"%.110s\"; data files kept: %s; undone: %u/%u "
-               "rows verify",
-               ok_cur + ok_man + ok_sst, x->asan ? ", also under ASan: no report" : "", m_cur,
-               m_man, m_sst, ok_cur ? "yes" : "NO", t1.ok, N_ROWS);
+               "24 durable 8 KiB rows (blob files); remove rocksdb/CURRENT; overwrite 32 "
+               "MANIFEST bytes; flip a bit in an SST index block; flip a bit in the SST "
+               "block the row index is scanned from; each undone before the next",
+               "%d/4 starts refused cleanly (exit 1, no signal%s): no CURRENT: \"%.100s\"; "
+               "MANIFEST: \"%.100s\"; SST index: \"%.100s\"; scan: \"%.100s\"; data files "
+               "kept: %s; undone: %u/%u rows verify",
+               ok_cur + ok_man + ok_sst + ok_scan, x->asan ? ", also under ASan: no report" : "",
+               m_cur, m_man, m_sst, m_scan, ok_cur ? "yes" : "NO", t1.ok, N_ROWS);
 
     /* 4. One bit in the middle of a blob file: that row is DATA_LOSS, then gone. */
     long boff = file_size(blob) / 2;
