@@ -275,7 +275,10 @@ mf_status_t mfd_ssd_set_aside(const char *dir, char *err, size_t errlen)
 {
     char from[4200], to[4300];
     snprintf(from, sizeof(from), "%s/rocksdb", dir);
-    snprintf(to, sizeof(to), "%s.bad-%lld", from, (long long)time(NULL));
+    long long now = (long long)time(NULL);
+    snprintf(to, sizeof(to), "%s.bad-%lld", from, now);
+    for (int i = 1; i < 100 && access(to, F_OK) == 0; i++) /* two resets in one second */
+        snprintf(to, sizeof(to), "%s.bad-%lld-%d", from, now, i);
     if (rename(from, to) != 0) {
         snprintf(err, errlen, "ssd_reset: cannot rename %s to %s: %s", from, to,
                  strerror(errno));

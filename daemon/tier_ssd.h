@@ -90,7 +90,8 @@ typedef struct mfd_ssd_options {
  */
 mf_status_t mfd_ssd_open(const mfd_ssd_options_t *opt, mfd_ssd_t **out, char *err,
                          size_t errlen);
-/* Renames dir/rocksdb to dir/rocksdb.bad-SECONDS (nothing is deleted); logs the new name. */
+/* Renames dir/rocksdb to dir/rocksdb.bad-SECONDS[-N] (nothing is deleted); logs the new
+ * name. */
 mf_status_t mfd_ssd_set_aside(const char *dir, char *err, size_t errlen);
 /* Registers the completion eventfd with the loop. */
 mf_status_t mfd_ssd_attach(mfd_ssd_t *s, struct event_base *base);

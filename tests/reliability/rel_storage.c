@@ -9,7 +9,8 @@
  *                 report) and leaves the files alone; undone, every row verifies again. A
  *                 bit flipped in a blob file: that row is DATA_LOSS, then gone from the
  *                 index, counted (ssd_corrupt_rows_total). `--ssd_reset on` moves the
- *                 database aside (nothing deleted) and starts empty.
+ *                 database aside (nothing deleted) and starts empty, after a scan failure
+ *                 and after a missing CURRENT.
  *   collision     block 0 of two contexts collides for real (rel_collide_block), later
  *                 blocks are equal: the second context gets no hit at any block (Lookup,
  *                 Get copy, Get lease; from block 0 or past it; before and after a restart;
@@ -317,6 +318,27 @@ static uint64_t listed(st_ctx_t *x)
     return n;
 }
 
+/* Starts with --ssd_reset on (left running): 0 rows, and the log names where the old
+ * database went, which holds `blobs` blob files. Returns 1 when all held. */
+static int reset_start(st_ctx_t *x, int blobs)
+{
+    static const char *const reset[] = {"--host_bytes", "64mb", "--ssd_reset", "on", NULL};
+    long off = file_size(x->log);
+    if (!REL_CHECK(up(x, reset) == 0, "start with --ssd_reset on"))
+        return 0;
+    uint64_t n = listed(x);
+    int ok = REL_CHECK(n == 0, "%llu rows after ssd_reset", (unsigned long long)n);
+    char *log = log_since(x, off);
+    const char *m = log ? strstr(log, "moved to ") : NULL;
+    st_ctx_t old = *x;
+    if (m)
+        snprintf(old.db, sizeof(old.db), "%.*s", (int)strcspn(m + 9, " \n"), m + 9);
+    ok &= REL_CHECK(m && count_files(&old, ".blob", NULL, 0) == blobs,
+                    "the old database's files are not where the log says");
+    free(log);
+    return ok;
+}
+
 static int part_ssd_open(st_ctx_t *x)
 {
     uint32_t acked = 0;
@@ -426,32 +448,24 @@ static int part_ssd_open(st_ctx_t *x)
                t2.loss, t2.ok, (unsigned long long)corrupt, t3.missing, t3.ok,
                (unsigned long long)left);
 
-    /* 5. ssd_reset: the database without CURRENT is moved aside, the daemon starts empty. */
+    /* 5. ssd_reset, once for a scan failure, once for a missing CURRENT: the database
+     * is moved aside (its files where the log says) and the daemon starts empty. */
+    int ok_scan_reset = REL_CHECK(flip_bit(sst, 20, 2) == 0, "flip a bit in %s", sst);
+    ok_scan_reset &= reset_start(x, n_blob);
+    put_big(x, 0, 4, 1, &acked, NULL, 0); /* a database with files again */
+    ok_scan_reset &= REL_CHECK(acked == 4 && down(x) == 0 && up(x, g_base) == 0 &&
+                                   down(x) == 0,
+                               "rows into the new database");
+    int n_new = count_files(x, ".blob", NULL, 0);
     REL_CHECK(rename(cur, away) == 0, "rename CURRENT");
-    const char *const reset[] = {"--host_bytes", "64mb", "--ssd_reset", "on", NULL};
-    long off = file_size(x->log);
-    uint64_t after_reset = UINT64_MAX;
-    int moved = 0;
-    if (REL_CHECK(up(x, reset) == 0, "start with --ssd_reset on")) {
-        after_reset = listed(x);
-        REL_CHECK(after_reset == 0, "%llu rows after ssd_reset", (unsigned long long)after_reset);
-        REL_CHECK(down(x) == 0, "SIGTERM exit");
-        char *log = log_since(x, off);
-        const char *m = log ? strstr(log, "moved to ") : NULL;
-        char bad[1100];
-        if (m) {
-            snprintf(bad, sizeof(bad), "%.*s", (int)strcspn(m + 9, " \n"), m + 9);
-            snprintf(x->db, sizeof(x->db), "%s", bad);
-            moved = count_files(x, ".blob", NULL, 0) == n_blob;
-        }
-        free(log);
-        REL_CHECK(moved, "the old database's files are not where the log says");
-    }
+    int ok_cur_reset = reset_start(x, n_new);
+    REL_CHECK(down(x) == 0, "SIGTERM exit");
     rel_result("ssd-reset", "explicit reset of an unreadable SSD database",
-               "CURRENT removed again; start with --ssd_reset on",
-               "started with %llu rows; the old directory was moved aside with its %d blob "
-               "files: %s",
-               (unsigned long long)after_reset, n_blob, moved ? "yes" : "NO");
+               "start with --ssd_reset on: after a bit flip in the scanned SST block, and "
+               "after CURRENT was removed",
+               "scan failure: %s; no CURRENT: %s (started with 0 rows, the old directory "
+               "moved aside with its files, nothing deleted)",
+               ok_scan_reset ? "yes" : "NO", ok_cur_reset ? "yes" : "NO");
     return 0;
 }
 
