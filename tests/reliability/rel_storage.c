@@ -110,10 +110,16 @@ static int refused_by(st_ctx_t *x, const char *bin, const char *const *extra,
     long off = file_size(x->log);
     if (off < 0)
         off = 0;
-    if (bin == x->asan)
+    const char *prev = getenv("ASAN_OPTIONS");
+    char *saved = prev ? strdup(prev) : NULL;
+    if (bin == x->asan) /* a leak at exit is a report too */
         setenv("ASAN_OPTIONS", "detect_leaks=1:halt_on_error=1:exitcode=99", 1);
     pid_t pid = rel_exec_daemon(bin, x->sock, x->data, extra, x->log);
-    unsetenv("ASAN_OPTIONS");
+    if (saved)
+        setenv("ASAN_OPTIONS", saved, 1);
+    else
+        unsetenv("ASAN_OPTIONS");
+    free(saved);
     int rc = pid > 0 ? rel_wait_exit(pid, 30000) : -1;
     char *log = log_since(x, off);
     const char *line = log ? strstr(log, "cannot start: ") : NULL;
