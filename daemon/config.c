@@ -74,6 +74,11 @@ static const cdef_t g_table[] = {
      "size of the shared-memory host arena (memfd)", NULL},
     {"ssd_bytes", CT_SIZE, OFF(ssd_bytes), "16gb", 0, 1024 * TB, 1,
      "budget of the SSD tier (0 = SSD tier off)", NULL},
+    {"ssd_reset", CT_ONOFF, OFF(ssd_reset), "off", 0, 0, 0,
+     "when the SSD database cannot be opened or scanned (corrupt, or data files without "
+     "CURRENT), move data_dir/rocksdb aside to rocksdb.bad-SECONDS and start empty; off = "
+     "refuse to start (never a new database over old rows)",
+     NULL},
     {"gpu_bytes", CT_SIZE, OFF(gpu_bytes), "0", 0, 1024 * GB, 0,
      "size of the GPU arena per device (0 = GPU tier off; needs the CUDA driver and a GPU)",
      NULL},

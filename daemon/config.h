@@ -38,6 +38,7 @@ typedef struct mfd_config {
     int token_from_file;       /* token was read from token_file (not a key of its own) */
     uint64_t host_bytes;
     uint64_t ssd_bytes;        /* 0 = SSD tier off */
+    int ssd_reset;             /* an SSD database that cannot be opened is moved aside */
     uint64_t gpu_bytes;        /* per device; 0 = GPU tier off */
     char *gpu_devices;         /* "all" or a comma list of CUDA ordinals */
     int gpu_promote;           /* copy host-tier hits to the GPU tier */

@@ -73,6 +73,10 @@
       "hits refused: token / parent-hash mismatch or checksum failure")                     \
     X(HASH_MISMATCH, "hash_mismatches_total", "",                                           \
       "hits whose stored tokens or parent hash differ from the request (answered as misses)") \
+    X(SSD_CORRUPT, "ssd_corrupt_rows_total", "",                                            \
+      "rows read back from the SSD tier corrupt (RocksDB or row checksum): DATA_LOSS, dropped") \
+    X(SSD_FULL, "ssd_full_refusals_total", "",                                              \
+      "durable puts refused (RESOURCE_EXHAUSTED): the SSD budget is held by durable rows")  \
     X(LEASES_GRANTED, "leases_granted_total", "", "read leases granted")                   \
     X(LEASES_EXPIRED, "leases_expired_total", "", "read leases that ran out their TTL")     \
     X(RESERVATIONS_EXPIRED, "reservations_expired_total", "",                               \

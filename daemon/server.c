@@ -760,6 +760,8 @@ struct get_op {
     uint32_t B;
     uint32_t *tokens;        /* prefix mode: all tokens */
     mf_hash128_t *h;         /* h[0] = root, h[b + 1] = block b */
+    uint32_t first, nb;      /* prefix mode: blocks [first, first + nb) of each layer */
+    key_tmpl_t kt;           /* prefix mode: (namespace, model) key */
     size_t n_rows, outstanding;
     get_row_t *rows;
     double t0;
@@ -801,6 +803,59 @@ static void verify_row(get_op_t *op, get_row_t *r, const uint8_t *bytes)
                   st == MF_NOT_FOUND ? MFD_C_HASH_MISMATCH : MFD_C_DATA_LOSS, 1);
         mfd_debug("get: layer %u block %u: %s", r->ref.layer, r->ref.block, why ? why : "");
         r->ref.status = st;
+    }
+}
+
+/* Block j of a prefix Get is verified when its block-index record (made from a row
+ * validated at commit or read back) carries the request's parent and tokens. A block
+ * known only from the SSD index has no record yet: one is made from a row of a requested
+ * layer that is in memory, if any (else the block stays unverified). A block of which no
+ * row is stored at all has nothing to contradict the request and does not stop the chain
+ * (a Get past block 0 of a range whose earlier blocks live elsewhere, e.g. on a peer). */
+static int block_verified(get_op_t *op, size_t n_layers, uint32_t j)
+{
+    mfd_store_t *st = &op->c->srv->store;
+    uint8_t parent[16], bk[MFD_BKEY_MAX];
+    mf_hash_to_le(op->h[j], parent);
+    const uint32_t *tok = op->tokens + (size_t)j * op->B;
+    const mfd_key_t *k = key_tmpl_set(&op->kt, op->rows[0].ref.layer, op->h[j + 1]);
+    const mfd_block_t *b = mfd_index_block_find(st->ix, bk, mfd_bkey_of(k->b, k->len, bk));
+    if (!b)
+        return 1;
+    if (mfd_block_matches(b, op->B, parent, tok))
+        return 1;
+    for (size_t l = 0; l < n_layers; l++) {
+        mfd_entry_t *e = mfd_store_find(
+            st, key_tmpl_set(&op->kt, op->rows[l * op->nb].ref.layer, op->h[j + 1]));
+        const uint8_t *row = e ? mfd_store_head(st, e) : NULL;
+        const char *why;
+        if (row && mfd_row_verify(row, e->size, 0, tok, op->B, op->h[j], op->h[j + 1], &why) ==
+                       MF_OK) {
+            mfd_index_block_note(st->ix, e, op->B, parent, tok); /* records only if unrecorded */
+            return mfd_block_matches(b, op->B, parent, tok);
+        }
+    }
+    return 0;
+}
+
+/* A hit at block i needs blocks 0..i-1 of the request verified too (DESIGN §4; issue 22):
+ * a block-0 collision would otherwise make every later block of the other context (same
+ * parent hash, same tokens) hit. Rows past the first block whose stored rows do not vouch
+ * for the request become NOT_FOUND. */
+static void verify_chain(get_op_t *op)
+{
+    if (!op->prefix_mode || !op->nb)
+        return;
+    size_t n_layers = op->n_rows / op->nb;
+    uint32_t last = op->first + op->nb - 1, ok = 0; /* blocks [0, ok) verified */
+    while (ok < last && block_verified(op, n_layers, ok))
+        ok++;
+    for (size_t i = 0; i < op->n_rows; i++) {
+        get_row_t *r = &op->rows[i];
+        if (r->ref.status == MF_OK && r->block_rel > ok) {
+            r->ref.status = MF_NOT_FOUND;
+            mfd_count(&op->c->srv->metrics, MFD_C_HASH_MISMATCH, 1);
+        }
     }
 }
 
@@ -942,6 +997,7 @@ static void reply_get_copy(get_op_t *op, mf_envelope_t *env, size_t plen)
 static void finish_get(get_op_t *op)
 {
     mfd_server_t *s = op->c->srv;
+    verify_chain(op);
     if (op->lease_mode)
         grant_leases(op);
     Mapflow__V1__RowRef **refs = malloc(op->n_rows * sizeof(*refs));
@@ -1162,9 +1218,12 @@ static void handle_get(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Get *m,
     /* Pass 1: find entries, lay the copy payload out (bounded by max_frame). */
     size_t budget = s->cfg.max_frame - 4 - 256 - op->n_rows * 64;
     size_t off = 0;
-    key_tmpl_t kt;
-    if (op->prefix_mode)
-        key_tmpl_init(&kt, c, m->model);
+    key_tmpl_t *kt = &op->kt;
+    if (op->prefix_mode) {
+        key_tmpl_init(kt, c, m->model);
+        op->first = m->first_block;
+        op->nb = (uint32_t)n_blocks;
+    }
     for (size_t i = 0; i < op->n_rows; i++) {
         get_row_t *r = &op->rows[i];
         mapflow__v1__row_ref__init(&r->ref);
@@ -1176,7 +1235,7 @@ static void handle_get(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Get *m,
             r->block_rel = (uint32_t)(m->first_block + b);
             r->ref.layer = m->layers[l];
             r->ref.block = r->block_rel;
-            kp = key_tmpl_set(&kt, m->layers[l], op->h[r->block_rel + 1]);
+            kp = key_tmpl_set(kt, m->layers[l], op->h[r->block_rel + 1]);
         } else if (key_from_msg(c, m->keys[i], &k, &why) != MF_OK) {
             r->ref.status = MF_INVALID_ARGUMENT;
             continue;

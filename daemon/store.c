@@ -117,6 +117,44 @@ static void on_scan(const uint8_t *key, size_t klen, uint64_t size, uint32_t blo
     st->ssd_entries++;
 }
 
+/* Opens the SSD tier and rebuilds the index from it; with ssd_reset, a database that
+ * cannot be opened or scanned is moved aside once and an empty one used. */
+static mf_status_t open_ssd(mfd_store_t *st, const mfd_config_t *cfg, char *err,
+                            size_t errlen)
+{
+    mfd_ssd_options_t so = {cfg->data_dir, (unsigned)cfg->io_threads, cfg->ssd_reset};
+    for (int attempt = 0;; attempt++) {
+        mf_status_t s = mfd_ssd_open(&so, &st->ssd, err, errlen);
+        if (s != MF_OK)
+            return s;
+        uint64_t t0 = mfd_now_ms();
+        s = mfd_ssd_scan(st->ssd, on_scan, st, err, errlen);
+        if (s == MF_OK) {
+            mfd_info("ssd tier: %llu rows (%llu bytes) found in %s/rocksdb in %llu ms",
+                     (unsigned long long)st->ssd_entries, (unsigned long long)st->ssd_used,
+                     cfg->data_dir, (unsigned long long)(mfd_now_ms() - t0));
+            return MF_OK;
+        }
+        /* The rows scanned so far go with the database. */
+        mfd_ssd_close(st->ssd);
+        st->ssd = NULL;
+        mfd_index_destroy(st->ix);
+        st->ix = NULL;
+        st->ssd_used = st->ssd_entries = 0;
+        mf_status_t s2 = mfd_index_create(on_entry_free, st, &st->ix);
+        if (s2 != MF_OK)
+            return s2;
+        if (!cfg->ssd_reset || attempt) {
+            size_t n = strlen(err);
+            snprintf(err + n, errlen - n, " (--ssd_reset on moves the database aside)");
+            return s;
+        }
+        mfd_warn("%s", err);
+        if ((s = mfd_ssd_set_aside(cfg->data_dir, err, errlen)) != MF_OK)
+            return s;
+    }
+}
+
 mf_status_t mfd_store_open(mfd_store_t *st, const mfd_config_t *cfg, mfd_metrics_t *m,
                            char *err, size_t errlen)
 {
@@ -130,13 +168,13 @@ mf_status_t mfd_store_open(mfd_store_t *st, const mfd_config_t *cfg, mfd_metrics
     if (s != MF_OK) {
         snprintf(err, errlen, "cannot create the host arena of %llu bytes",
                  (unsigned long long)cfg->host_bytes);
-        goto fail_index;
+        goto fail;
     }
     s = mfd_gpu_open(cfg->gpu_bytes, cfg->gpu_devices, &st->gpu, st->gpu_why,
                      sizeof(st->gpu_why));
     if (s == MF_INVALID_ARGUMENT) {
         snprintf(err, errlen, "%s", st->gpu_why);
-        goto fail_arena;
+        goto fail;
     }
     s = MF_OK; /* anything else leaves the tier off, with its why */
     if (st->gpu && cfg->host_pin)
@@ -144,30 +182,14 @@ mf_status_t mfd_store_open(mfd_store_t *st, const mfd_config_t *cfg, mfd_metrics
     else if (st->gpu)
         mfd_info("host arena: not pinned for CUDA (host_pin off): GPU<->host tier copies "
                  "are pageable");
-    if (cfg->ssd_bytes > 0) {
-        mfd_ssd_options_t so = {cfg->data_dir, (unsigned)cfg->io_threads};
-        s = mfd_ssd_open(&so, &st->ssd, err, errlen);
-        if (s != MF_OK)
-            goto fail_arena;
-        uint64_t t0 = mfd_now_ms();
-        s = mfd_ssd_scan(st->ssd, on_scan, st);
-        if (s != MF_OK) {
-            snprintf(err, errlen, "cannot scan the SSD tier index in %s", cfg->data_dir);
-            goto fail_ssd;
-        }
-        mfd_info("ssd tier: %llu rows (%llu bytes) found in %s/rocksdb in %llu ms",
-                 (unsigned long long)st->ssd_entries, (unsigned long long)st->ssd_used,
-                 cfg->data_dir, (unsigned long long)(mfd_now_ms() - t0));
-    }
+    if (cfg->ssd_bytes > 0 && (s = open_ssd(st, cfg, err, errlen)) != MF_OK)
+        goto fail;
     return MF_OK;
 
-fail_ssd:
-    mfd_ssd_close(st->ssd);
-fail_arena:
-    mfd_gpu_close(st->gpu);
-    mfd_arena_destroy(st->arena);
-fail_index:
-    mfd_index_destroy(st->ix);
+fail:
+    /* One teardown for every partial state; it clears st, so a later mfd_store_close (the
+     * server's destroy) finds nothing to free twice. */
+    mfd_store_close(st);
     return s;
 }
 
@@ -188,7 +210,7 @@ void mfd_store_drain(mfd_store_t *st)
 
 void mfd_store_close(mfd_store_t *st)
 {
-    if (st->ssd)
+    if (st->ssd && st->ix)
         mfd_store_drain(st);
     /* Entries go before the arena: their free callback returns blocks to it. */
     mfd_index_destroy(st->ix);
@@ -232,7 +254,9 @@ static void ssd_forget(mfd_store_t *st, mfd_entry_t *e)
     mfd_lru_remove(st->ix, MFD_LRU_SSD, e);
 }
 
-/* Makes `size` bytes of room in the SSD budget by dropping cold unpinned SSD copies. */
+/* Makes `size` bytes of room in the SSD budget by dropping cold unpinned SSD copies.
+ * Durable rows are never dropped: "durable" means kept until deleted (a durable put that
+ * does not fit is refused instead, durable_room). */
 static int ssd_room(mfd_store_t *st, uint64_t size)
 {
     uint64_t budget = st->cfg->ssd_bytes;
@@ -241,7 +265,7 @@ static int ssd_room(mfd_store_t *st, uint64_t size)
     mfd_entry_t *e = mfd_lru_coldest(st->ix, MFD_LRU_SSD);
     while (st->ssd_used + size > budget && e) {
         mfd_entry_t *next = mfd_lru_warmer(e, MFD_LRU_SSD);
-        if (!e->pins && !e->ssd_writing && e->on_ssd) {
+        if (!e->pins && !e->ssd_writing && e->on_ssd && !e->durable) {
             mfd_count(st->metrics, MFD_C_EVICT_SSD, 1);
             if (e->host || e->gpu)
                 ssd_forget(st, e);       /* the memory copy stays */
@@ -251,6 +275,23 @@ static int ssd_room(mfd_store_t *st, uint64_t size)
         e = next;
     }
     return st->ssd_used + size <= budget;
+}
+
+/* A durable put of `size` bytes under key fits the SSD budget (dropping non-durable SSD
+ * copies as needed; the SSD record of the row it replaces counts as free). 0: refuse it
+ * (RESOURCE_EXHAUSTED, counted), never evict acknowledged durable rows for it. */
+static int durable_room(mfd_store_t *st, const mfd_key_t *key, uint64_t size, const char **why)
+{
+    if (!st->ssd)
+        return 1;
+    const mfd_entry_t *old = mfd_index_find(st->ix, key->b, key->len);
+    uint64_t credit = old && (old->on_ssd || old->ssd_writing) ? old->size : 0;
+    if (ssd_room(st, size > credit ? size - credit : 0))
+        return 1;
+    mfd_count(st->metrics, MFD_C_SSD_FULL, 1);
+    *why = "the SSD budget (ssd_bytes) is full of durable rows: delete rows, raise ssd_bytes, "
+           "or put without durable";
+    return 0;
 }
 
 static void on_write_done(mfd_ssd_job_t *j)
@@ -565,7 +606,9 @@ void mfd_store_evict(mfd_store_t *st, int tier, uint64_t bytes, const uint8_t *p
         mfd_entry_t *e = mfd_lru_coldest(st->ix, MFD_LRU_SSD);
         while (e && *freed_bytes < bytes) {
             mfd_entry_t *next = mfd_lru_warmer(e, MFD_LRU_SSD);
-            if (!e->pins && !e->ssd_writing && e->on_ssd && has_prefix(e, prefix, plen)) {
+            /* Durable rows stay until deleted: Evict is cache pressure, not removal. */
+            if (!e->pins && !e->ssd_writing && e->on_ssd && !e->durable &&
+                has_prefix(e, prefix, plen)) {
                 *freed_bytes += e->size;
                 (*freed_entries)++;
                 mfd_count(st->metrics, MFD_C_EVICT_SSD, 1);
@@ -726,6 +769,19 @@ static mf_status_t check_key(const mf_row_view_t *v, const mfd_key_t *key, const
         *why = "row hash differs from the key's hash";
         return MF_INVALID_ARGUMENT;
     }
+    /* The hash must be the chain's (DESIGN §4): a row can only sit under the key its own
+     * parent and tokens name, so a hit that matches tokens and parent matches the key, and
+     * block 0 hangs off this (block size, namespace, model)'s root. */
+    if (!mf_hash_eq(v->hash, mf_hash_next(v->parent, v->tokens, v->block_size))) {
+        *why = "row hash is not H(parent, tokens)";
+        return MF_INVALID_ARGUMENT;
+    }
+    if (v->block_index == 0 &&
+        !mf_hash_eq(v->parent, mf_hash_root(v->block_size, p.ns, p.ns_len, p.model,
+                                            p.model_len))) {
+        *why = "block 0's parent is not the root hash of its namespace and model";
+        return MF_INVALID_ARGUMENT;
+    }
     return MF_OK;
 }
 
@@ -795,6 +851,8 @@ mf_status_t mfd_store_commit(mfd_store_t *st, const mfd_key_t *key, mfd_ablock_t
     const uint8_t *row = mfd_arena_base(st->arena) + mfd_ablock_offset(blk);
     mf_row_view_t v;
     mf_status_t s = validate(st, key, row, size, &v, why);
+    if (s == MF_OK && durable && !durable_room(st, key, size, why))
+        s = MF_RESOURCE_EXHAUSTED;
     mfd_entry_t *e = s == MF_OK ? mfd_entry_new(key) : NULL;
     if (s == MF_OK && !e) {
         *why = "out of memory";
@@ -861,6 +919,8 @@ mf_status_t mfd_store_commit_gpu(mfd_store_t *st, const mfd_key_t *key, uint32_t
             mfd_count(st->metrics, on_gpu ? MFD_C_GPU_VERIFY_GPU : MFD_C_GPU_VERIFY_HOST, 1);
     }
     (void)have;
+    if (s == MF_OK && durable && !durable_room(st, key, size, why))
+        s = MF_RESOURCE_EXHAUSTED;
     mfd_entry_t *e = s == MF_OK ? mfd_entry_new(key) : NULL;
     uint8_t *head = e ? head_copy(stg, size) : NULL;
     if (s == MF_OK && (!e || !head)) {
@@ -1043,6 +1103,7 @@ static void on_read_done(mfd_ssd_job_t *j)
         mfd_warn("ssd: row of %zu bytes fails validation (%s); dropping it", len,
                  j->why ? j->why : "?");
         mfd_count(st->metrics, MFD_C_DATA_LOSS, 1);
+        mfd_count(st->metrics, MFD_C_SSD_CORRUPT, 1);
         mfd_store_remove(st, e);
     } else if (s == MF_NOT_FOUND) {
         /* The index said it was there: the record vanished (e.g. deleted by hand). */

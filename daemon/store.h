@@ -19,7 +19,11 @@
  * arena has no room) between the same high/low watermarks, per arena. A row may sit on
  * both the GPU and the host tier (a staged copy for a client that cannot map the GPU
  * arena, or gpu_promote); either copy then goes without any copying when evicted.
- * Pinned rows (leases, SSD operations) are never evicted from any tier.
+ * Pinned rows (leases, SSD operations) are never evicted from any tier, and durable rows
+ * (written with sync) never leave the SSD tier but by delete / flush: a durable put that
+ * does not fit ssd_bytes is refused (RESOURCE_EXHAUSTED) instead. A committed row's hash
+ * must be H(parent, tokens) (block 0: parent = the root). An SSD database that cannot be
+ * opened or scanned fails mfd_store_open (ssd_reset: moved aside once, then empty).
  *
  * Ownership: the store owns the index, the arena and the SSD tier. Entries it hands
  * out are owned by the index; pin them (mfd_entry_pin) to keep them past the current

@@ -2,6 +2,7 @@
 #include "tier_ssd.h"
 #include "log.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -10,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -83,6 +85,12 @@ static uint32_t get_u32(const uint8_t *p)
 static uint64_t get_u64(const uint8_t *p)
 {
     return (uint64_t)get_u32(p) | ((uint64_t)get_u32(p + 4) << 32);
+}
+
+/* A RocksDB error string's status: its Status::ToString() starts with the code name. */
+static mf_status_t status_of(const char *rerr)
+{
+    return strncmp(rerr, "Corruption", 10) == 0 ? MF_DATA_LOSS : MF_UNAVAILABLE;
 }
 
 /* Runs one job on a worker thread. */
@@ -165,7 +173,9 @@ static void run_job(mfd_ssd_t *s, mfd_ssd_job_t *j)
             mfd_error("ssd: write: %s; the SSD tier is read-only until restart", err);
         else if (!is_write)
             mfd_error("ssd: read: %s", err);
-        j->status = MF_UNAVAILABLE;
+        j->status = status_of(err);
+        if (j->status == MF_DATA_LOSS)
+            j->why = "RocksDB reports corruption";
         rocksdb_free(err);
     }
 }
@@ -241,16 +251,79 @@ static void on_efd(evutil_socket_t fd, short what, void *arg)
     run_done(arg);
 }
 
+/* RocksDB's own data files in a database directory: what a fresh database (created when
+ * CURRENT is missing) would silently delete. Counts them; *example gets one name. */
+static size_t data_files(const char *path, char *example, size_t exlen)
+{
+    DIR *d = opendir(path);
+    size_t n = 0;
+    if (!d)
+        return 0;
+    for (struct dirent *de; (de = readdir(d));) {
+        const char *nm = de->d_name, *dot = strrchr(nm, '.');
+        if (strncmp(nm, "MANIFEST-", 9) == 0 ||
+            (dot && (!strcmp(dot, ".sst") || !strcmp(dot, ".blob") || !strcmp(dot, ".log")))) {
+            if (!n++)
+                snprintf(example, exlen, "%s", nm);
+        }
+    }
+    closedir(d);
+    return n;
+}
+
+mf_status_t mfd_ssd_set_aside(const char *dir, char *err, size_t errlen)
+{
+    char from[4200], to[4300];
+    snprintf(from, sizeof(from), "%s/rocksdb", dir);
+    long long now = (long long)time(NULL);
+    snprintf(to, sizeof(to), "%s.bad-%lld", from, now);
+    for (int i = 1; i < 100 && access(to, F_OK) == 0; i++) /* two resets in one second */
+        snprintf(to, sizeof(to), "%s.bad-%lld-%d", from, now, i);
+    if (rename(from, to) != 0) {
+        snprintf(err, errlen, "ssd_reset: cannot rename %s to %s: %s", from, to,
+                 strerror(errno));
+        return MF_UNAVAILABLE;
+    }
+    mfd_warn("ssd_reset: the SSD database was moved to %s (nothing deleted); starting "
+             "with an empty SSD tier", to);
+    return MF_OK;
+}
+
+/* Refuses to let RocksDB create a database over the files of one that lost CURRENT. */
+static mf_status_t check_current(const char *path, char *err, size_t errlen)
+{
+    char cur[4300], example[256] = "";
+    snprintf(cur, sizeof(cur), "%s/CURRENT", path);
+    if (access(cur, F_OK) == 0)
+        return MF_OK;
+    size_t n = data_files(path, example, sizeof(example));
+    if (!n)
+        return MF_OK; /* a new database, or an empty directory */
+    snprintf(err, errlen,
+             "SSD tier: %s has %zu RocksDB data files (e.g. %s) but no CURRENT; refusing to "
+             "create a new database over them (that would drop every stored row). Restore "
+             "CURRENT, or start once with --ssd_reset on to move them aside",
+             path, n, example);
+    return MF_FAILED_PRECONDITION;
+}
+
 mf_status_t mfd_ssd_open(const mfd_ssd_options_t *opt, mfd_ssd_t **out, char *err,
                          size_t errlen)
 {
     char path[4200];
     char *rerr = NULL;
+    snprintf(path, sizeof(path), "%s/rocksdb", opt->dir);
+    mf_status_t st = check_current(path, err, errlen);
+    if (st != MF_OK && opt->reset) {
+        mfd_warn("%s", err);
+        st = mfd_ssd_set_aside(opt->dir, err, errlen);
+    }
+    if (st != MF_OK)
+        return st;
     mfd_ssd_t *s = calloc(1, sizeof(*s));
     if (!s)
         return MF_RESOURCE_EXHAUSTED;
     s->efd = -1;
-    snprintf(path, sizeof(path), "%s/rocksdb", opt->dir);
     s->opts = rocksdb_options_create();
     rocksdb_options_set_create_if_missing(s->opts, 1);
     rocksdb_options_increase_parallelism(s->opts, 2);
@@ -267,12 +340,26 @@ mf_status_t mfd_ssd_open(const mfd_ssd_options_t *opt, mfd_ssd_t **out, char *er
     rocksdb_options_set_keep_log_file_num(s->opts, 3);
     rocksdb_options_set_max_log_file_size(s->opts, 4 << 20);
     s->db = rocksdb_open(s->opts, path, &rerr);
+    if (!s->db && opt->reset) {
+        mfd_warn("SSD tier: rocksdb open %s: %s", path, rerr ? rerr : "?");
+        rocksdb_free(rerr);
+        rerr = NULL;
+        if ((st = mfd_ssd_set_aside(opt->dir, err, errlen)) != MF_OK) {
+            rocksdb_options_destroy(s->opts);
+            free(s);
+            return st;
+        }
+        s->db = rocksdb_open(s->opts, path, &rerr);
+    }
     if (!s->db) {
-        snprintf(err, errlen, "rocksdb open %s: %s", path, rerr ? rerr : "?");
+        st = rerr ? status_of(rerr) : MF_UNAVAILABLE;
+        snprintf(err, errlen, "SSD tier: rocksdb open %s: %s (the daemon does not start "
+                 "over a database it cannot read; --ssd_reset on moves it aside)",
+                 path, rerr ? rerr : "?");
         rocksdb_free(rerr);
         rocksdb_options_destroy(s->opts);
         free(s);
-        return MF_UNAVAILABLE;
+        return st;
     }
     s->wo_async = rocksdb_writeoptions_create();
     s->wo_sync = rocksdb_writeoptions_create();
@@ -414,7 +501,8 @@ void mfd_ssd_close(mfd_ssd_t *s)
     free(s);
 }
 
-mf_status_t mfd_ssd_scan(mfd_ssd_t *s, mfd_ssd_scan_cb cb, void *arg)
+mf_status_t mfd_ssd_scan(mfd_ssd_t *s, mfd_ssd_scan_cb cb, void *arg, char *errbuf,
+                         size_t errlen)
 {
     rocksdb_iterator_t *it = rocksdb_create_iterator(s->db, s->ro);
     rocksdb_iter_seek(it, "m", 1);
@@ -435,9 +523,10 @@ mf_status_t mfd_ssd_scan(mfd_ssd_t *s, mfd_ssd_scan_cb cb, void *arg)
     rocksdb_iter_get_error(it, &err);
     rocksdb_iter_destroy(it);
     if (err) {
-        mfd_error("ssd: scan: %s", err);
+        mf_status_t st = status_of(err);
+        snprintf(errbuf, errlen, "SSD tier: scanning the row index: %s", err);
         rocksdb_free(err);
-        return MF_UNAVAILABLE;
+        return st;
     }
     return MF_OK;
 }

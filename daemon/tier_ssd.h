@@ -65,7 +65,9 @@ struct mfd_ssd_job {
     void *arg;
     void *arg2;
     /* results */
-    mf_status_t status;        /* MF_OK, MF_NOT_FOUND (GET), MF_INTERNAL / MF_UNAVAILABLE */
+    mf_status_t status;        /* MF_OK, MF_NOT_FOUND (GET), MF_DATA_LOSS (GET: RocksDB
+                                * reports corruption, or check refused the bytes),
+                                * MF_INTERNAL / MF_UNAVAILABLE */
     uint8_t *out;              /* GET: malloc'd, 16-byte aligned, out_len bytes (no dst) */
     size_t out_len;
     mfd_ssd_job_t *next, *prev; /* the worker's queue (its mutex) */
@@ -75,10 +77,22 @@ struct mfd_ssd_job {
 typedef struct mfd_ssd_options {
     const char *dir;           /* data_dir; the database lives in dir/rocksdb */
     unsigned io_threads;
+    int reset;                 /* ssd_reset: a database that cannot be opened is moved aside */
 } mfd_ssd_options_t;
 
+/*
+ * Opens (or creates) dir/rocksdb. A fresh database is created only where there is none:
+ * a directory holding RocksDB data files (.sst, .blob, .log, MANIFEST-*) but no CURRENT
+ * is refused (MF_FAILED_PRECONDITION; RocksDB would start empty and delete them), and a
+ * database RocksDB cannot open is refused with its status in err (MF_DATA_LOSS for
+ * corruption, else MF_UNAVAILABLE). With opt->reset such a directory is renamed to
+ * dir/rocksdb.bad-SECONDS (mfd_ssd_set_aside) and an empty database created instead.
+ */
 mf_status_t mfd_ssd_open(const mfd_ssd_options_t *opt, mfd_ssd_t **out, char *err,
                          size_t errlen);
+/* Renames dir/rocksdb to dir/rocksdb.bad-SECONDS[-N] (nothing is deleted); logs the new
+ * name. */
+mf_status_t mfd_ssd_set_aside(const char *dir, char *err, size_t errlen);
 /* Registers the completion eventfd with the loop. */
 mf_status_t mfd_ssd_attach(mfd_ssd_t *s, struct event_base *base);
 /* Waits for every queued job and runs the pending callbacks (shutdown). */
@@ -95,10 +109,12 @@ int mfd_ssd_cancel(mfd_ssd_t *s, mfd_ssd_job_t *j);
 /* Jobs submitted whose callbacks have not run yet. */
 size_t mfd_ssd_inflight(const mfd_ssd_t *s);
 
-/* Synchronous scan of the 'm' records (startup, before serving). */
+/* Synchronous scan of the 'm' records (startup, before serving). A RocksDB error (e.g.
+ * a corrupt block) is MF_DATA_LOSS / MF_UNAVAILABLE with its status in err. */
 typedef void (*mfd_ssd_scan_cb)(const uint8_t *key, size_t klen, uint64_t size,
                                 uint32_t block, uint32_t flags, void *arg);
-mf_status_t mfd_ssd_scan(mfd_ssd_t *s, mfd_ssd_scan_cb cb, void *arg);
+mf_status_t mfd_ssd_scan(mfd_ssd_t *s, mfd_ssd_scan_cb cb, void *arg, char *err,
+                         size_t errlen);
 
 /* Builds a 'p' record key; returns its length or 0 when a part is too long. */
 size_t mfd_ssd_profile_key(uint8_t out[MFD_SSD_KEY_MAX], const char *ns,

@@ -65,13 +65,16 @@ static void set_state(crash_t *cr, uint32_t i, int state)
     pthread_mutex_unlock(&cr->mu);
 }
 
-/* Reads one row by prefix; 1 = present and verified, 0 = absent, -1 = I/O, -2 = bad. */
+/* Reads one row by key (a context's block 1 may be stored without its block 0, which a
+ * prefix Get would need); the client checks tokens, parent and hash. 1 = present and
+ * verified, 0 = absent, -1 = I/O, -2 = bad. */
 static int read_row(crash_t *cr, rel_conn_t *c, uint32_t ctx, int block)
 {
-    uint32_t t[NBLK * B], layer = 0;
+    uint32_t t[NBLK * B];
     ctx_tokens(cr, ctx, t);
-    mf_envelope_t *r = rel_get_prefix(c, MODEL, B, &layer, 1, t, (size_t)(block + 1) * B,
-                                      (uint32_t)block, 1, 0);
+    mf_hash128_t parent, h;
+    rel_block_hashes(NS, MODEL, B, t, (uint32_t)block, &parent, &h);
+    mf_envelope_t *r = rel_get_key(c, MODEL, 0, h);
     if (rel_status(r, MAPFLOW__V1__ENVELOPE__BODY_GET_REPLY, c) != 0) {
         if (r)
             mf_envelope_free(r);

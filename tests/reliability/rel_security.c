@@ -231,12 +231,16 @@ static int collision(const char *unix_path)
         return 1;
     uint32_t t1[B], t2[B], layer = 5, blocks = 9;
     rel_tokens(t1, B, 1111);
-    rel_tokens(t2, B, 2222);
-    mf_hash128_t parent, h1;
+    /* t2: a real XXH3-128 collision of t1's block (the daemon refuses a row whose hash
+     * is not H(parent, tokens), so a forced header hash no longer plants one). */
+    REL_CHECK(rel_collide_block(t1, B, t2, 2222) == 0, "no collision built");
+    mf_hash128_t parent, h1, h2;
     rel_block_hashes("victim", MODEL, B, t1, 0, &parent, &h1);
+    rel_block_hashes("victim", MODEL, B, t2, 0, &parent, &h2);
+    REL_CHECK(mf_hash_eq(h1, h2), "t1 and t2 hash differently");
     uint64_t mm0 = rel_counter(&c, "hash_mismatches_total");
-    /* A row of context t2 stored under the key of context t1's block: a forced collision. */
-    rel_row_spec_t rs = {"victim", MODEL, layer, B, t2, 0, MF_CODEC_MASK, 5, &h1};
+    /* A row of context t2, stored under the key of context t1's block. */
+    rel_row_spec_t rs = {"victim", MODEL, layer, B, t2, 0, MF_CODEC_MASK, 5, NULL};
     size_t len;
     uint8_t *row = rel_row(&rs, &len);
     int rc = row ? rel_put(&c, row, len, 0, NULL) : -1;
@@ -263,8 +267,8 @@ static int collision(const char *unix_path)
               (unsigned long long)mm0, (unsigned long long)mm1);
     rel_close(&c);
     rel_result("collision", "hash collision planted",
-               "a row with context B's tokens stored under context A's key (header hash forced "
-               "equal); Lookup, Get copy and Get lease of A",
+               "a row of context B stored under context A's key (B's block a real XXH3-128 "
+               "collision of A's); Lookup, Get copy and Get lease of A",
                "Lookup 0 blocks; Get copy %s, Get lease %s (no lease, no bytes); "
                "hash_mismatches_total +%llu",
                mf_status_name((mf_status_t)outcomes[0]), mf_status_name((mf_status_t)outcomes[1]),

@@ -61,8 +61,8 @@ uint64_t rel_rand(uint64_t *s)
     return z ^ (z >> 31);
 }
 
-pid_t rel_spawn_daemon(const char *bin, const char *sock, const char *data,
-                       const char *const *extra, const char *log)
+pid_t rel_exec_daemon(const char *bin, const char *sock, const char *data,
+                      const char *const *extra, const char *log)
 {
     const char *argv[64];
     int n = 0;
@@ -89,6 +89,30 @@ pid_t rel_spawn_daemon(const char *bin, const char *sock, const char *data,
         execv(bin, (char *const *)argv);
         _exit(127);
     }
+    return pid;
+}
+
+int rel_wait_exit(pid_t pid, int timeout_ms)
+{
+    uint64_t until = rel_now_ms() + (uint64_t)timeout_ms;
+    int status;
+    while (waitpid(pid, &status, WNOHANG) != pid) {
+        if (rel_now_ms() >= until) {
+            kill(pid, SIGKILL);
+            waitpid(pid, NULL, 0);
+            return -1;
+        }
+        usleep(10000);
+    }
+    return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+}
+
+pid_t rel_spawn_daemon(const char *bin, const char *sock, const char *data,
+                       const char *const *extra, const char *log)
+{
+    pid_t pid = rel_exec_daemon(bin, sock, data, extra, log);
+    if (pid < 0)
+        return -1;
     /* Bounded wait: 20 s (a sanitizer build recovering a large RocksDB is slow). */
     uint64_t until = rel_now_ms() + 20000;
     while (rel_now_ms() < until) {
@@ -128,7 +152,9 @@ static int usage(void)
             "       rel_tool load --target T [--clients N] [--seconds S] [--seed S]\n"
             "       rel_tool fault-arena|fault-slow-reader|fault-half-frame|fault-disk-full\n"
             "                |fault-corrupt-put|fault-corrupt-check --target T [--pid PID]\n"
-            "       rel_tool security --unix PATH --tcp HOST:PORT --token TOKEN\n");
+            "       rel_tool security --unix PATH --tcp HOST:PORT --token TOKEN\n"
+            "       rel_tool storage --mapflowd BIN --dir DIR [--part ssd-open|collision|"
+            "durable-full] [--asan BIN]\n");
     return 2;
 }
 
@@ -148,6 +174,8 @@ int main(int argc, char **argv)
         rc = rel_cmd_fault(cmd + 6, argc - 2, argv + 2);
     else if (strcmp(cmd, "security") == 0)
         rc = rel_cmd_security(argc - 2, argv + 2);
+    else if (strcmp(cmd, "storage") == 0)
+        rc = rel_cmd_storage(argc - 2, argv + 2);
     else
         return usage();
     int fails = atomic_load(&rel_failures);

@@ -6,6 +6,7 @@
  *   load      many concurrent clients doing mixed put / lookup / get / release
  *   fault-*   one injected fault each (arena, slow reader, half frame, disk full, corrupt)
  *   security  tokens, namespaces, wire bounds, a planted hash collision
+ *   storage   damaged SSD databases, colliding blocks, a full SSD budget of durable rows
  *
  * Every command prints `RESULT|id|what was tried|how|what happened` lines (the shell
  * turns them into tests/RELIABILITY.md rows) and exits 0 only when every check held.
@@ -39,6 +40,12 @@ long rel_opt_l(int argc, char **argv, const char *name, long dflt);
  * until a Hello on the socket succeeds. Returns the pid or -1. */
 pid_t rel_spawn_daemon(const char *bin, const char *sock, const char *data,
                        const char *const *extra, const char *log);
+/* The same command line, started only (no wait). Returns the pid or -1. */
+pid_t rel_exec_daemon(const char *bin, const char *sock, const char *data,
+                      const char *const *extra, const char *log);
+/* Waits (bounded) for pid to exit: its exit status, 128 + signal, or -1 after SIGKILL
+ * once timeout_ms passed. */
+int rel_wait_exit(pid_t pid, int timeout_ms);
 /* SIGKILL or SIGTERM + wait; returns the exit status (128 + signal when signalled). */
 int rel_stop_daemon(pid_t pid, int sig);
 
@@ -49,5 +56,6 @@ int rel_cmd_crash(int argc, char **argv);
 int rel_cmd_load(int argc, char **argv);
 int rel_cmd_fault(const char *which, int argc, char **argv);
 int rel_cmd_security(int argc, char **argv);
+int rel_cmd_storage(int argc, char **argv);
 
 #endif /* REL_TOOL_H */

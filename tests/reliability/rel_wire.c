@@ -1,5 +1,8 @@
 /* rel_wire — blocking wire client and row helpers for the reliability drivers. */
 #include "rel_wire.h"
+/* The default secret (XXH3_kSecret) is only visible to an inlined copy of xxhash. */
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 #include <errno.h>
 #include <netdb.h>
@@ -354,6 +357,24 @@ mf_envelope_t *rel_get_prefix(rel_conn_t *c, const char *model, uint32_t B,
     return rel_call(c, &env, tokens, ntok * 4);
 }
 
+mf_envelope_t *rel_get_key(rel_conn_t *c, const char *model, uint32_t layer, mf_hash128_t h)
+{
+    uint8_t hash[16];
+    mf_hash_to_le(h, hash);
+    Mapflow__V1__Key k = MAPFLOW__V1__KEY__INIT;
+    k.model = (char *)model;
+    k.layer = layer;
+    k.hash.data = hash;
+    k.hash.len = 16;
+    Mapflow__V1__Key *keys[1] = {&k};
+    Mapflow__V1__Get m = MAPFLOW__V1__GET__INIT;
+    m.n_keys = 1;
+    m.keys = keys;
+    m.mode = MAPFLOW__V1__GET_MODE__GET_COPY;
+    ENV_INIT(env, GET, get, &m);
+    return rel_call(c, &env, NULL, 0);
+}
+
 int rel_release(rel_conn_t *c, const uint64_t *ids, size_t n, uint32_t *released)
 {
     Mapflow__V1__Release m = MAPFLOW__V1__RELEASE__INIT;
@@ -451,6 +472,38 @@ void rel_tokens(uint32_t *t, size_t n, uint64_t seed)
         x ^= x << 17;
         t[i] = 1 + (uint32_t)(x % 120000);
     }
+}
+
+static uint64_t le64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+static void put_word(uint32_t *t, uint64_t v)
+{
+    t[0] = (uint32_t)v;
+    t[1] = (uint32_t)(v >> 32);
+}
+
+int rel_collide_block(uint32_t *blk, uint32_t B, uint32_t *partner, uint64_t seed)
+{
+    if (B != 8 && B != 16)
+        return -1;
+    uint64_t s16 = le64(XXH3_kSecret + 16), s24 = le64(XXH3_kSecret + 24);
+    uint64_t d = seed * 0x9e3779b97f4a7c15ull + 0x632be59bd9b4e019ull;
+    if (d == s24)
+        d++;
+    put_word(blk + B - 4, s16);
+    put_word(blk + B - 2, d);
+    memcpy(partner, blk, (B - 4) * sizeof(uint32_t));
+    put_word(partner + B - 4, s16 + d - s24);
+    put_word(partner + B - 2, s24);
+    mf_hash128_t parent = {seed ^ 0x5bd1e995u, ~seed};
+    mf_hash128_t a = mf_hash_next(parent, blk, B), b = mf_hash_next(parent, partner, B);
+    return mf_hash_eq(a, b) && memcmp(blk, partner, B * sizeof(uint32_t)) != 0 ? 0 : -1;
 }
 
 void rel_block_hashes(const char *ns, const char *model, uint32_t B, const uint32_t *tokens,

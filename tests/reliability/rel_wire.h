@@ -70,6 +70,9 @@ int rel_lookup(rel_conn_t *c, const char *model, uint32_t B, const uint32_t *lay
 mf_envelope_t *rel_get_prefix(rel_conn_t *c, const char *model, uint32_t B,
                               const uint32_t *layers, size_t nl, const uint32_t *tokens,
                               size_t ntok, uint32_t first, uint32_t n, int lease);
+/* Get copy of one row by its key (no prefix: the block's earlier blocks need not be
+ * there); the reply or NULL, the payload in c->payload. */
+mf_envelope_t *rel_get_key(rel_conn_t *c, const char *model, uint32_t layer, mf_hash128_t h);
 int rel_release(rel_conn_t *c, const uint64_t *ids, size_t n, uint32_t *released);
 /* Stats counter by name (UINT64_MAX when missing or on error). */
 uint64_t rel_counter(rel_conn_t *c, const char *name);
@@ -101,6 +104,17 @@ void rel_block_hashes(const char *ns, const char *model, uint32_t B, const uint3
 int rel_row_check(const uint8_t *row, size_t len, const char *ns, const char *model,
                   uint32_t layer, uint32_t B, const uint32_t *tokens, uint32_t i,
                   const char **why);
+
+/*
+ * A real XXH3-128 collision of one block, for any parent (B = 8 or 16: mf_hash_next then
+ * hashes 48 or 80 bytes, XXH3's 17..128-byte path). The last 16 input bytes (tokens B-4..
+ * B-1, as two u64 words x, y) reach the state only as mix16B(x, y) = fold((x ^ s16) *
+ * (y ^ s24)) and as x + y (s = the default secret): with x = s16 or y = s24 the product
+ * is 0, so (s16, d) and (s16 + d - s24, s24) collide. Rewrites blk's last 4 tokens to the
+ * first form (d from seed) and writes the second form into partner (B tokens); checks
+ * the two hashes agree under a random parent. 0, or -1 (other B, or no collision).
+ */
+int rel_collide_block(uint32_t *blk, uint32_t B, uint32_t *partner, uint64_t seed);
 
 /* Deterministic tokens (xorshift), never zero. */
 void rel_tokens(uint32_t *t, size_t n, uint64_t seed);

@@ -9,7 +9,8 @@
 
 REL_SRCS := tests/reliability/rel_tool.c tests/reliability/rel_wire.c \
             tests/reliability/rel_crash.c tests/reliability/rel_load.c \
-            tests/reliability/rel_faults.c tests/reliability/rel_security.c
+            tests/reliability/rel_faults.c tests/reliability/rel_security.c \
+            tests/reliability/rel_storage.c
 REL_OBJS := $(REL_SRCS:%.c=$(OBJ)/%.o)
 REL_TOOL := $(BIN)/tests/rel_tool
 
@@ -26,6 +27,7 @@ $(REL_A): $(OBJ)/tests/reliability/rel_wire.o
 TEST_LINK_A := $(REL_A) $(TEST_LINK_A)
 $(UNIT_BINS) $(REPLAY_BINS): $(REL_A)
 $(OBJ)/tests/fuzz/fuzz_daemon.o: CPPFLAGS += -Itests/reliability
+$(OBJ)/tests/unit/test_daemon_lookup.o: CPPFLAGS += -Itests/reliability
 
 TESTS += $(REL_TOOL)
 test-build: $(REL_TOOL) $(BIN)/mapflowd
@@ -41,7 +43,8 @@ tsan-daemon:
 	  build-tsan/bin/mapflowd
 
 SOAK_SCRIPTS := tests/integration/test_rel_crash.sh tests/integration/test_rel_load.sh \
-                tests/integration/test_rel_faults.sh tests/integration/test_rel_security.sh
+                tests/integration/test_rel_faults.sh tests/integration/test_rel_security.sh \
+                tests/integration/test_rel_storage.sh
 soak: deps
 	@$(MAKE) --no-print-directory $(REL_TOOL) $(BIN)/mapflowd asan-daemon tsan-daemon
 	@MF_SOAK=1 MF_BUILD=$(BUILD) MF_BIN=$(abspath $(BIN)) PYTHON=$(PYTHON) \

@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <cmocka.h>
 
+#include "rel_wire.h"
 #include "test_daemon_util.h"
 
 #define B 16
@@ -21,7 +22,8 @@
 typedef struct fixture {
     td_daemon_t d;
     uint32_t tokens[NB * B];
-    uint32_t other[B];       /* another context's block: what a collided row carries */
+    uint32_t other[NB * B];  /* block i's real collision partner (rel_collide_block): what
+                              * a collided row of block i carries, under the same key */
     unsigned seed;
 } fixture_t;
 
@@ -31,8 +33,9 @@ static int setup(void **state)
     f->seed = 4242;
     for (int i = 0; i < NB * B; i++)
         f->tokens[i] = 7 + (uint32_t)(rand_r(&f->seed) % 60000);
-    for (int i = 0; i < B; i++)
-        f->other[i] = 60007 + (uint32_t)(rand_r(&f->seed) % 60000);
+    for (uint32_t i = 0; i < NB; i++)
+        if (rel_collide_block(f->tokens + i * B, B, f->other + i * B, rand_r(&f->seed)) != 0)
+            return -1;
     if (td_start(&f->d, NULL) != 0)
         return -1;
     *state = f;
@@ -55,7 +58,7 @@ static void put(fixture_t *f, td_cli_t *c, uint32_t layer, uint32_t i, int colli
     size_t size;
     unsigned s = 1000 * layer + i;
     uint8_t *row = td_row_carrying(NS, MODEL, layer, B, f->tokens, i,
-                                   collided ? f->other : NULL, &size, &s);
+                                   collided ? f->other + (size_t)i * B : NULL, &size, &s);
     assert_non_null(row);
     assert_int_equal(td_put(c, MODEL, layer, td_block_hash(NS, MODEL, B, f->tokens, i), row,
                             size, 0, NULL),

@@ -223,7 +223,9 @@ static void td_close(td_cli_t *c)
 
 /* A valid MASK row (2 heads, sink + diagonal) for block i of `tokens` (B each), whose
  * parent and hash are those of `tokens` but whose own block carries `carried` (B tokens;
- * NULL: block i of `tokens`) — a hash collision when they differ. Returns a 16-aligned
+ * NULL: block i of `tokens`) — a hash collision when they differ; the daemon refuses
+ * a row whose hash is not H(parent, carried), so `carried` must be a real collision
+ * partner (tests/reliability rel_collide_block). Returns a 16-aligned
  * malloc'd row; hashes computed from (ns, model) exactly as the daemon does. */
 static inline uint8_t *td_row_carrying(const char *ns, const char *model, uint32_t layer,
                                        uint32_t B, const uint32_t *tokens, uint32_t i,
