@@ -14,6 +14,13 @@
  * and write the whole arena: namespace isolation is enforced by this API, not against
  * a hostile local process — guard the socket's directory and group.
  *
+ * Admin: connections on the admin socket (0600) or with Hello.admin_token may send the
+ * admin requests (ConfigSet, ProfilePut, Flush / Evict of every namespace); the
+ * dispatcher refuses others PERMISSION_DENIED. Peers named by a request must be in config
+ * `peers`. Bounds: hello_timeout / idle_timeout / frame_timeout (tick), max_unsent (output),
+ * max_lookup (per request), reservation_share (per namespace, mfd_ns_acct), and the
+ * listeners pause at the descriptor limit.
+ *
  * Ownership: the server owns the config it was given, the store, every connection and
  * all tickets. Thread safety: everything runs on the loop thread; mfd_server_stop may
  * be called from any thread, even before mfd_server_run starts (it activates an event).
