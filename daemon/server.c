@@ -2178,6 +2178,14 @@ mf_status_t mfd_server_reload(mfd_server_t *s, char *err, size_t errlen)
                      s->config_path, a);
         }
     }
+    /* A peers file may change under the same path: compare what it lists. */
+    if (strcmp(fresh.peer_list, s->cfg.peer_list) != 0) {
+        char *t = s->cfg.peer_list;
+        s->cfg.peer_list = fresh.peer_list;
+        fresh.peer_list = t;
+        mfd_info("reload: peers changed");
+        changed++;
+    }
     mfd_log_set_level((mfd_log_level_t)s->cfg.log_level);
     mfd_config_deinit(&fresh);
     mfd_info("reloaded %s: %zu live keys changed", s->config_path, changed + (size_t)token_changed);
