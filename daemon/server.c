@@ -826,6 +826,16 @@ static void handle_lookup(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Lookup
                        m->n_layers, (unsigned long long)s->cfg.max_batch);
         return;
     }
+    /* One request may hold the loop only so long: every (layer, block) is a probe (and
+     * checked before a peer is asked to do the same work). */
+    size_t nb_req = plen / 4 / m->block_size;
+    if (nb_req > s->cfg.max_lookup || (uint64_t)nb_req * m->n_layers > s->cfg.max_lookup) {
+        mfd_conn_error(c, rid, MF_INVALID_ARGUMENT,
+                       "Lookup: %zu layers x %zu blocks exceed max_lookup %llu (split the "
+                       "request)",
+                       m->n_layers, nb_req, (unsigned long long)s->cfg.max_lookup);
+        return;
+    }
     if (via_peer && m->peer && m->peer[0]) {
         if (peer_refused(c, rid, "Lookup", m->peer))
             return;
@@ -843,14 +853,6 @@ static void handle_lookup(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Lookup
     }
     uint32_t B = m->block_size;
     size_t nb = n_tok / B;
-    /* One request may hold the loop only so long: every (layer, block) is a probe. */
-    if (nb > s->cfg.max_lookup || (uint64_t)nb * m->n_layers > s->cfg.max_lookup) {
-        mfd_conn_error(c, rid, MF_INVALID_ARGUMENT,
-                       "Lookup: %zu layers x %zu blocks exceed max_lookup %llu (split the "
-                       "request)",
-                       m->n_layers, nb, (unsigned long long)s->cfg.max_lookup);
-        goto done;
-    }
     blocks = calloc(m->n_layers, sizeof(*blocks));
     alive = malloc(m->n_layers * sizeof(*alive));
     if (!blocks || !alive || prefix_hashes(c, m->model, B, tokens, nb, &h) != MF_OK) {
