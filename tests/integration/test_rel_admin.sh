@@ -45,7 +45,7 @@ rel_run "$MF_TMP/idle.out" admin-timeouts --unix "$MF_SOCK" || fail "timeouts"
 mf_stop
 
 # Unsent output and the reservation quota.
-mf_fresh --max_frame 1mb --max_unsent 3mb --ssd_bytes 0
+mf_fresh --max_frame 1mb --max_unsent 2mb --ssd_bytes 0
 rel_run "$MF_TMP/unsent.out" admin-unsent --unix "$MF_SOCK" --pid "$MF_PID" || fail "unsent"
 mf_stop
 mf_fresh --host_bytes 8mb --reservation_share 0.5 --ssd_bytes 0

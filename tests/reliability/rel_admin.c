@@ -339,33 +339,60 @@ static int cmd_unsent(int argc, char **argv)
     long pid = rel_opt_l(argc, argv, "--pid", 0);
     if (!unix_path || pid <= 0)
         return 2;
-    enum { B = 64, NB = 8 };
-    uint32_t t[B * NB];
+    enum { B = 64, NB = 8, NREQ = 200 };
+    uint32_t t[B * NB], layers[4] = {0, 1, 2, 3};
     rel_tokens(t, B * NB, 3301);
     rel_conn_t w, r, by;
-    if (!REL_CHECK(rel_open(&w, unix_path, "hog", NULL, 0, 5000) == 0, "writer") ||
-        !REL_CHECK(put_rows(&w, "hog", B, t, NB, MF_CODEC_FP8_E4M3) == 0, "rows: %s", w.err))
+    if (!REL_CHECK(rel_open(&w, unix_path, "hog", NULL, 0, 5000) == 0, "writer"))
         return 1;
+    for (uint32_t l = 0; l < 4; l++) {
+        for (uint32_t b = 0; b < NB; b++) {
+            rel_row_spec_t rs = {"hog", MODEL, l, B, t, b, MF_CODEC_FP8_E4M3, 7 + b, NULL};
+            size_t len;
+            uint8_t *row = rel_row(&rs, &len);
+            REL_CHECK(row && rel_put(&w, row, len, 0, NULL) == 0, "row %u/%u: %s", l, b, w.err);
+            free(row);
+        }
+    }
+    /* How large one reply is (read normally once). */
+    mf_envelope_t *g1 = rel_get_prefix(&w, MODEL, B, layers, 4, t, B * NB, 0, NB, 0);
+    size_t reply = g1 && g1->body_case == MAPFLOW__V1__ENVELOPE__BODY_GET_REPLY ? w.payload_len : 0;
+    if (g1)
+        mf_envelope_free(g1);
+    REL_CHECK(reply > 0, "a Get copy of the context failed");
     rel_close(&w);
     long rss0 = rel_rss_anon_kb((int)pid);
-    /* Get copies of all rows, pipelined, never read: the replies pile up in the daemon. */
+    /* NREQ Get copies in one write, never read: one read of the daemon takes several
+     * (~2 KiB each), so their replies (~0.5 MiB each) pass max_unsent before it can stop
+     * reading. */
     if (!REL_CHECK(rel_open(&r, unix_path, "hog", NULL, 0, 5000) == 0, "reader"))
         return 1;
-    uint32_t layer = 0;
     Mapflow__V1__Get g = MAPFLOW__V1__GET__INIT;
     g.model = MODEL;
     g.block_size = B;
-    g.n_layers = 1;
-    g.layers = &layer;
-    int sent = 0;
-    struct timeval tv = {0, 200000}; /* a send that blocks means the daemon stopped reading */
-    setsockopt(r.fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-    for (; sent < 4000; sent++) {
+    g.n_layers = 4;
+    g.layers = layers;
+    uint8_t *batch = NULL;
+    size_t blen = 0;
+    for (int i = 0; i < NREQ; i++) {
         ENV_INIT(env, GET, get, &g);
-        env.request_id = (uint64_t)sent + 100;
-        if (rel_send(&r, &env, t, sizeof(t)) != 0)
+        env.request_id = (uint64_t)i + 100;
+        uint8_t *f;
+        size_t flen;
+        if (mf_frame_encode(&env, t, sizeof(t), MF_FRAME_DEFAULT_MAX, &f, &flen) != MF_OK)
             break;
+        uint8_t *nb = realloc(batch, blen + flen);
+        if (nb) {
+            memcpy(nb + blen, f, flen);
+            batch = nb;
+            blen += flen;
+        }
+        free(f);
     }
+    struct timeval tv = {0, 500000}; /* a send that blocks means the daemon stopped reading */
+    setsockopt(r.fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    int all_sent = batch && rel_send_raw(&r, batch, blen) == 0;
+    free(batch);
     uint64_t closes = 0;
     long rss1 = rel_rss_anon_kb((int)pid);
     if (REL_CHECK(rel_open(&by, unix_path, "bystander", NULL, 0, 5000) == 0, "bystander")) {
@@ -375,7 +402,7 @@ static int cmd_unsent(int argc, char **argv)
         } while ((closes == 0 || closes == UINT64_MAX) && rel_now_ms() - t0 < 5000 &&
                  !usleep(50000));
         uint32_t blocks = 0;
-        REL_CHECK(rel_lookup(&by, MODEL, B, &layer, 1, t, B * NB, &blocks) == 0,
+        REL_CHECK(rel_lookup(&by, MODEL, B, layers, 1, t, B * NB, &blocks) == 0,
                   "bystander lookup");
         rel_close(&by);
     }
@@ -383,12 +410,13 @@ static int cmd_unsent(int argc, char **argv)
               (unsigned long long)closes);
     rel_close(&r);
     rel_result("unsent", "client never reads its replies (max_unsent)",
-               "max_frame 1mb, max_unsent 3mb: pipelined Get copies of a context's 8 rows "
-               "(FP8, B = 64) without reading",
-               "daemon stopped reading after %d requests and closed the connection "
-               "(connections_closed_total{reason=\"max_unsent\"} %llu); RssAnon %+ld kB; "
-               "bystander served",
-               sent, (unsigned long long)closes, rss1 >= 0 && rss0 >= 0 ? rss1 - rss0 : 0);
+               "max_frame 1mb, max_unsent 2mb: 200 Get copies of a context (4 layers x 8 FP8 "
+               "rows, B = 64) written at once, never read",
+               "replies of %zu KiB each; the connection was closed past max_unsent "
+               "(connections_closed_total{reason=\"max_unsent\"} %llu; all 200 requests "
+               "taken: %s); RssAnon %+ld kB; bystander served",
+               reply / 1024, (unsigned long long)closes, all_sent ? "yes" : "no",
+               rss1 >= 0 && rss0 >= 0 ? rss1 - rss0 : 0);
     return 0;
 }
 
