@@ -1689,6 +1689,25 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
         snprintf(c->creds, sizeof(c->creds), "pid %d uid %u", (int)uc.pid, (unsigned)uc.uid);
 }
 
+/* evhttp's listener calls back with evhttp's argument, not ours: it only stops itself
+ * (libevent would log and retry in a loop) and the tick turns it on again. */
+static void on_http_accept_error(struct evconnlistener *l, void *arg)
+{
+    (void)arg;
+    static uint64_t last_ms, suppressed;
+    int err = EVUTIL_SOCKET_ERROR();
+    uint64_t now = mfd_now_ms();
+    evconnlistener_disable(l);
+    if (last_ms && now - last_ms < 10000) {
+        suppressed++;
+        return;
+    }
+    mfd_warn("http accept: %s; paused for a tick (%llu more such events not logged)",
+             strerror(err), (unsigned long long)suppressed);
+    last_ms = now;
+    suppressed = 0;
+}
+
 /* accept() failed. At the descriptor limit the listening socket stays readable, so
  * accepting on would spin: stop listening until a connection closes (or a tick passes). */
 static void on_accept_error(struct evconnlistener *l, void *arg)
@@ -1880,6 +1899,8 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
     expire_silent(s, now);
     /* Descriptors may come free without a connection closing (RocksDB files, peers). */
     accept_resume(s);
+    if (s->http_l && !s->draining)
+        evconnlistener_enable(s->http_l);
 }
 
 static void on_signal(evutil_socket_t sig, short what, void *arg)
@@ -2003,6 +2024,8 @@ mf_status_t mfd_server_create(mfd_config_t *cfg, const char *config_path,
         goto fail;
     if (s->cfg.http[0] && (st = mfd_http_start(s, err, errlen)) != MF_OK)
         goto fail;
+    if (s->http_l)
+        evconnlistener_set_error_cb(s->http_l, on_http_accept_error);
     s->sig_term = evsignal_new(s->base, SIGTERM, on_signal, s);
     s->sig_int = evsignal_new(s->base, SIGINT, on_signal, s);
     s->sig_hup = evsignal_new(s->base, SIGHUP, on_signal, s);

@@ -88,6 +88,7 @@ struct mfd_server {
     struct mfd_ns_acct *ns_accts; /* namespaces with a live connection */
     char tcp_addr[128], http_addr[128];   /* as bound (actual port) */
     mfd_http_t *http;
+    struct evconnlistener *http_l; /* evhttp's listener (http.c), NULL when off */
     struct event *sig_term, *sig_int, *sig_hup, *tick, *stop_ev;
     mfd_conn_t *conns;
     size_t n_conns;

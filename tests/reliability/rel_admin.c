@@ -721,9 +721,17 @@ static int cmd_fds(int argc, char **argv)
         ENV_INIT(env, HELLO, hello, &h);
         rel_send(&cs[opened], &env, NULL, 0);
     }
+    /* The HTTP listener too (libevent's own accept loop would spin there). */
+    long http_port = rel_opt_l(argc, argv, "--http-port", 0);
+    rel_conn_t hc = {.fd = -1};
+    char hp[64];
+    snprintf(hp, sizeof(hp), "tcp:127.0.0.1:%ld", http_port);
+    int http_dialled = http_port > 0 && rel_dial(&hc, hp, 300) == 0;
     long c0 = cpu_ticks(pid);
     usleep(1000000);
     long c1 = cpu_ticks(pid);
+    if (http_dialled)
+        rel_close(&hc);
     for (int i = 0; i < opened; i++) {
         mf_envelope_t *r = rel_recv(&cs[i], NULL);
         served += r && r->body_case == MAPFLOW__V1__ENVELOPE__BODY_HELLO_REPLY;
@@ -754,7 +762,7 @@ static int cmd_fds(int argc, char **argv)
               (unsigned long long)paused);
     rel_result("fd-limit", "clients exhaust the descriptor limit",
                "mapflowd under ulimit -n 48 (soft = hard), ssd off; 80 connections send "
-               "Hello; then all close and a bystander connects",
+               "Hello, one more dials the HTTP port; then all close and a bystander connects",
                "%d opened, %d served, the rest waited in the backlog; daemon CPU %.2f s in 1 s at the limit "
                "(no accept spin); accept_paused_total %llu; bystander connected %llu ms after "
                "the close",
