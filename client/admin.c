@@ -226,16 +226,30 @@ static mf_status_t take_evict(mf__op_t *op, const mf__reply_t *rep, void *arg)
     return MF_OK;
 }
 
-MF_EXPORT mf_status_t mf_evict(mf_channel_t *ch, mf_tier_t tier, uint64_t bytes,
-                               uint64_t *evicted_bytes, uint64_t *evicted_entries,
-                               int64_t timeout_ms)
+static mf_status_t evict(mf_channel_t *ch, int all, mf_tier_t tier, uint64_t bytes,
+                         uint64_t *evicted_bytes, uint64_t *evicted_entries, int64_t timeout_ms)
 {
     Mapflow__V1__Evict e = MAPFLOW__V1__EVICT__INIT;
     e.tier = (Mapflow__V1__Tier)tier;
     e.bytes = bytes;
+    e.all_namespaces = all;
     ENV(req, EVICT, evict) = &e;
     uint64_t *outs[2] = {evicted_bytes, evicted_entries};
     return call(ch, &req, MAPFLOW__V1__ENVELOPE__BODY_EVICT_REPLY, timeout_ms, take_evict, outs);
+}
+
+MF_EXPORT mf_status_t mf_evict(mf_channel_t *ch, mf_tier_t tier, uint64_t bytes,
+                               uint64_t *evicted_bytes, uint64_t *evicted_entries,
+                               int64_t timeout_ms)
+{
+    return evict(ch, 0, tier, bytes, evicted_bytes, evicted_entries, timeout_ms);
+}
+
+MF_EXPORT mf_status_t mf_evict_all(mf_channel_t *ch, mf_tier_t tier, uint64_t bytes,
+                                   uint64_t *evicted_bytes, uint64_t *evicted_entries,
+                                   int64_t timeout_ms)
+{
+    return evict(ch, 1, tier, bytes, evicted_bytes, evicted_entries, timeout_ms);
 }
 
 static mf_status_t take_flush(mf__op_t *op, const mf__reply_t *rep, void *arg)
@@ -247,12 +261,23 @@ static mf_status_t take_flush(mf__op_t *op, const mf__reply_t *rep, void *arg)
     return MF_OK;
 }
 
-MF_EXPORT mf_status_t mf_flush(mf_channel_t *ch, uint64_t *entries, int64_t timeout_ms)
+static mf_status_t flush(mf_channel_t *ch, int all, uint64_t *entries, int64_t timeout_ms)
 {
     Mapflow__V1__Flush f = MAPFLOW__V1__FLUSH__INIT;
+    f.all_namespaces = all;
     ENV(req, FLUSH, flush) = &f;
     return call(ch, &req, MAPFLOW__V1__ENVELOPE__BODY_FLUSH_REPLY, timeout_ms, take_flush,
                 entries);
+}
+
+MF_EXPORT mf_status_t mf_flush(mf_channel_t *ch, uint64_t *entries, int64_t timeout_ms)
+{
+    return flush(ch, 0, entries, timeout_ms);
+}
+
+MF_EXPORT mf_status_t mf_flush_all(mf_channel_t *ch, uint64_t *entries, int64_t timeout_ms)
+{
+    return flush(ch, 1, entries, timeout_ms);
 }
 
 /* ==== config ========================================================================= */

@@ -489,6 +489,7 @@ static mf_status_t hello(mf_channel_t *ch, mf__conn_t *c, uint64_t rid, int64_t 
     h.protocol_version = MF_PROTOCOL_VERSION;
     h.namespace_ = ch->ns;
     h.token = ch->token ? ch->token : "";
+    h.admin_token = ch->admin_token ? ch->admin_token : "";
     h.client_name = ch->client_name ? ch->client_name : "libmapflow";
     /* On UCX the arena is never mapped here, but asking for it allows RMA on it. */
     h.want_host_arena = ch->want_arena || c->ucx;
@@ -1571,9 +1572,12 @@ static mf_status_t open_params(mf_channel_t *ch, const mf_channel_params_t *p)
     const char *tok = (m & MF_CHANNEL_PARAM_TOKEN) && p->token ? p->token : "";
     const char *cn = (m & MF_CHANNEL_PARAM_CLIENT_NAME) && p->client_name ? p->client_name
                                                                          : "libmapflow";
+    const char *atok = (m & MF_CHANNEL_PARAM_ADMIN_TOKEN) && p->admin_token ? p->admin_token
+                                                                             : "";
     ch->token = mf__strdup(tok);
+    ch->admin_token = mf__strdup(atok);
     ch->client_name = mf__strdup(cn);
-    if (!ch->token || !ch->client_name)
+    if (!ch->token || !ch->admin_token || !ch->client_name)
         return mf__chan_error(ch, MF_RESOURCE_EXHAUSTED, "out of memory");
     return MF_OK;
 }
@@ -1660,6 +1664,9 @@ MF_EXPORT void mf_channel_close(mf_channel_t *ch)
     free(ch->table);
     free(ch->target);
     free(ch->token);
+    if (ch->admin_token) /* a secret: not left in freed memory */
+        explicit_bzero(ch->admin_token, strlen(ch->admin_token));
+    free(ch->admin_token);
     free(ch->client_name);
     pthread_mutex_destroy(&ch->mu);
     free(ch);

@@ -162,6 +162,7 @@ struct mf_channel {
     /* what open was given, kept for reconnects */
     char *target;
     char *token;
+    char *admin_token;       /* "" = none */
     char *client_name;
     int want_arena;
     int remote;                 /* a ucx: target: no mapped arena, rows move by RMA */

@@ -144,6 +144,7 @@ enum mf_channel_param_field {
     MF_CHANNEL_PARAM_RETRY       = 1u << 6, /* default mf_retry_policy_default() */
     MF_CHANNEL_PARAM_VERIFY      = 1u << 7, /* default MF_VERIFY_FULL */
     MF_CHANNEL_PARAM_GPU         = 1u << 8, /* default -1: no GPU mapping */
+    MF_CHANNEL_PARAM_ADMIN_TOKEN = 1u << 9, /* default none */
 };
 
 /*
@@ -185,6 +186,10 @@ typedef struct mf_channel_params {
     mf_retry_policy_t retry; /* MF_CHANNEL_PARAM_RETRY */
     mf_verify_t verify;      /* MF_CHANNEL_PARAM_VERIFY: checks on arena rows */
     int gpu_device;          /* MF_CHANNEL_PARAM_GPU: see GPU arenas below; -1 = none */
+    const char *admin_token; /* the daemon's admin_token: admin calls (config set, profile
+                                put, flush / evict of every namespace) on any listener;
+                                without it only a channel on the daemon's admin socket
+                                (mode 0600) may make them (others: PERMISSION_DENIED) */
 } mf_channel_params_t;
 
 /* Per-call deadline arguments (every call's last parameter, in milliseconds). */
@@ -639,6 +644,12 @@ MF_EXPORT mf_status_t mf_evict(mf_channel_t *ch, mf_tier_t tier, uint64_t bytes,
                                int64_t timeout_ms);
 /* Drops every unpinned entry of the channel's namespace. */
 MF_EXPORT mf_status_t mf_flush(mf_channel_t *ch, uint64_t *entries, int64_t timeout_ms);
+/* mf_evict / mf_flush of every namespace: admin calls (MF_PERMISSION_DENIED on a channel
+ * that is not on the admin socket and has no admin_token). */
+MF_EXPORT mf_status_t mf_evict_all(mf_channel_t *ch, mf_tier_t tier, uint64_t bytes,
+                                   uint64_t *evicted_bytes, uint64_t *evicted_entries,
+                                   int64_t timeout_ms);
+MF_EXPORT mf_status_t mf_flush_all(mf_channel_t *ch, uint64_t *entries, int64_t timeout_ms);
 
 typedef struct mf_config_item {
     char *key;

@@ -18,6 +18,7 @@
 
 #include "mapflow.h"
 #include "mapflow.pb-c.h"
+#include "mf_addr.h"
 
 #define EXIT_DAEMON 1
 #define EXIT_USAGE 2
@@ -29,7 +30,7 @@ static const char usage_text[] =
     "\n"
     "SYNOPSIS\n"
     "    mapflowctl [--socket PATH | --addr HOST:PORT] [--ns NS] [--token T] [--json]\n"
-    "               [--timeout MS] COMMAND [ARGS]\n"
+    "               [--admin-socket PATH] [--admin-token T] [--timeout MS] COMMAND [ARGS]\n"
     "\n"
     "COMMANDS\n"
     "    health                       daemon and tier health (exit 1 if not ok)\n"
@@ -54,14 +55,16 @@ static const char usage_text[] =
     "                                 count\n"
     "    del --model M [--layer L] [--hash HEX]\n"
     "                                 delete one key (with --hash), a layer or a model\n"
-    "    evict --tier gpu|host|ssd [--bytes N]\n"
+    "    evict --tier gpu|host|ssd [--bytes N] [--all-namespaces]\n"
     "                                 demote (gpu -> host -> ssd) / drop (ssd) unpinned\n"
     "                                 entries (N: 0 = to the low watermark; units k, m,\n"
-    "                                 g, t = powers of 1024); a tier that is off fails\n"
-    "    flush                        drop every unpinned entry of the namespace\n"
+    "                                 g, t = powers of 1024); a tier that is off fails;\n"
+    "                                 --all-namespaces: of every namespace (admin)\n"
+    "    flush [--all-namespaces]     drop every unpinned entry of the namespace (of every\n"
+    "                                 namespace: admin)\n"
     "    config get [KEY]             show one key or all\n"
-    "    config set KEY VALUE         change a live key\n"
-    "    profile put --file F         store a mapping profile (encoded MappingProfile)\n"
+    "    config set KEY VALUE         change a live key (admin)\n"
+    "    profile put --file F         store a mapping profile (encoded MappingProfile; admin)\n"
     "    profile get --source S --target T [--out F]\n"
     "                                 fetch one (raw protobuf to F or a pipe; --json: its\n"
     "                                 fields as JSON)\n"
@@ -77,6 +80,13 @@ static const char usage_text[] =
     "                    needs --token; UCX_* variables apply, e.g. UCX_TLS=tcp)\n"
     "    --ns NS         namespace (default \"default\")\n"
     "    --token T       shared token (default: $MAPFLOW_TOKEN)\n"
+    "    --admin-socket PATH\n"
+    "                    the daemon's admin socket, used by the commands marked admin\n"
+    "                    (default: $MAPFLOW_ADMIN_SOCKET, else the socket path with\n"
+    "                    NAME.sock -> NAME-admin.sock); with --addr, admin commands go there\n"
+    "                    and need --admin-token\n"
+    "    --admin-token T the daemon's admin_token, sent in Hello (default:\n"
+    "                    $MAPFLOW_ADMIN_TOKEN)\n"
     "    --json          machine-readable output (every command; errors as\n"
     "                    {\"error\":{...}} on stdout)\n"
     "    --timeout MS    per-call deadline (default 30000)\n"
@@ -92,6 +102,8 @@ typedef struct ctl {
     const char *addr;
     const char *ns;
     const char *token;
+    const char *admin_socket, *admin_token;
+    int admin;               /* this command needs the admin path */
     int json;
     int64_t timeout_ms;
     mf_channel_t *ch;
@@ -309,7 +321,7 @@ typedef struct cmd_opts {
     uint32_t block, page_size, pages, count;
     uint64_t bytes;
     double interval;
-    int durable;
+    int durable, all_ns;
     const char *peer;
 } cmd_opts_t;
 
@@ -323,7 +335,7 @@ static void parse_cmd_opts(int argc, char **argv, cmd_opts_t *o)
         {"source", 1, 0, 's'}, {"target", 1, 0, 'g'},    {"page-size", 1, 0, 'p'},
         {"ns", 1, 0, 'n'},     {"pages", 1, 0, 'P'},     {"page-token", 1, 0, 'k'},
         {"interval", 1, 0, 'i'}, {"count", 1, 0, 'c'},   {"peer", 1, 0, 'e'},
-        {0, 0, 0, 0}};
+        {"all-namespaces", 0, 0, 'A'}, {0, 0, 0, 0}};
     memset(o, 0, sizeof(*o));
     o->layer = -1;
     optind = 1;
@@ -355,6 +367,7 @@ static void parse_cmd_opts(int argc, char **argv, cmd_opts_t *o)
         case 'i': o->interval = parse_seconds(optarg, "--interval"); break;
         case 'c': o->count = parse_u32(optarg, "--count"); break;
         case 'e': o->peer = optarg; break;
+        case 'A': o->all_ns = 1; break;
         default: usage_fail("bad option for %s", argv[0]);
         }
     }
@@ -701,7 +714,8 @@ static int cmd_evict(ctl_t *c, const cmd_opts_t *o)
     if (mf_tier_parse(o->tier, &t) != MF_OK || t == MF_TIER_NONE)
         usage_fail("--tier: '%s' is not gpu, host or ssd", o->tier);
     uint64_t b = 0, e = 0;
-    mf_status_t st = mf_evict(c->ch, t, o->bytes, &b, &e, c->timeout_ms);
+    mf_status_t st = o->all_ns ? mf_evict_all(c->ch, t, o->bytes, &b, &e, c->timeout_ms)
+                               : mf_evict(c->ch, t, o->bytes, &b, &e, c->timeout_ms);
     if (st != MF_OK)
         return fail(c, "evict", st);
     printf(c->json ? "{\"bytes\":%" PRIu64 ",\"entries\":%" PRIu64 "}\n"
@@ -709,10 +723,11 @@ static int cmd_evict(ctl_t *c, const cmd_opts_t *o)
     return 0;
 }
 
-static int cmd_flush(ctl_t *c)
+static int cmd_flush(ctl_t *c, const cmd_opts_t *o)
 {
     uint64_t n = 0;
-    mf_status_t st = mf_flush(c->ch, &n, c->timeout_ms);
+    mf_status_t st = o->all_ns ? mf_flush_all(c->ch, &n, c->timeout_ms)
+                               : mf_flush(c->ch, &n, c->timeout_ms);
     if (st != MF_OK)
         return fail(c, "flush", st);
     printf(c->json ? "{\"entries\":%" PRIu64 "}\n" : "flushed %" PRIu64 " entries\n", n);
@@ -947,6 +962,8 @@ static void check_required(const char *cmd, const cmd_opts_t *o)
         usage_fail("--peer is an option of get and lookup");
     if (o->peer && !strchr(o->peer, ':'))
         usage_fail("--peer: '%s' is not HOST:PORT", o->peer);
+    if (o->all_ns && strcmp(cmd, "flush") && strcmp(cmd, "evict"))
+        usage_fail("--all-namespaces is an option of flush and evict");
 }
 
 static const char *default_socket(char *buf, size_t cap)
@@ -969,16 +986,26 @@ static int connect_ctl(ctl_t *c)
         snprintf(target, sizeof(target), "%s", c->addr);
     else if (c->addr)
         snprintf(target, sizeof(target), "tcp:%s", c->addr);
-    else
+    else if (c->admin && c->admin_socket)
+        snprintf(target, sizeof(target), "unix:%s", c->admin_socket);
+    else if (c->admin) {
+        /* The daemon's default admin socket sits beside its socket (mf_addr.h). */
+        char admin[4096];
+        mf_admin_socket_path(c->socket ? c->socket : default_socket(path, sizeof(path)), admin,
+                             sizeof(admin));
+        snprintf(target, sizeof(target), "unix:%s", admin);
+    } else
         snprintf(target, sizeof(target), "unix:%s",
                  c->socket ? c->socket : default_socket(path, sizeof(path)));
     mf_channel_params_t p = {
         .field_mask = MF_CHANNEL_PARAM_NS | MF_CHANNEL_PARAM_CLIENT_NAME |
-                      MF_CHANNEL_PARAM_TIMEOUT_MS | (c->token ? MF_CHANNEL_PARAM_TOKEN : 0),
+                      MF_CHANNEL_PARAM_TIMEOUT_MS | (c->token ? MF_CHANNEL_PARAM_TOKEN : 0) |
+                      (c->admin && c->admin_token ? MF_CHANNEL_PARAM_ADMIN_TOKEN : 0),
         .ns = c->ns,
         .token = c->token,
         .client_name = "mapflowctl",
         .timeout_ms = c->timeout_ms,
+        .admin_token = c->admin_token,
     };
     mf_status_t st = mf_channel_open(target, &p, &c->ch);
     if (st == MF_OK)
@@ -995,8 +1022,12 @@ int main(int argc, char **argv)
     static const struct option lo[] = {
         {"socket", 1, 0, 's'}, {"addr", 1, 0, 'a'}, {"ns", 1, 0, 'n'},
         {"token", 1, 0, 't'},  {"json", 0, 0, 'j'}, {"timeout", 1, 0, 'T'},
-        {"help", 0, 0, 'h'},   {"version", 0, 0, 'V'}, {0, 0, 0, 0}};
-    ctl_t c = {.ns = "default", .timeout_ms = 30000, .token = getenv("MAPFLOW_TOKEN")};
+        {"help", 0, 0, 'h'},   {"version", 0, 0, 'V'}, {"admin-socket", 1, 0, 'S'},
+        {"admin-token", 1, 0, 'K'}, {0, 0, 0, 0}};
+    const char *env_admin = getenv("MAPFLOW_ADMIN_SOCKET");
+    ctl_t c = {.ns = "default", .timeout_ms = 30000, .token = getenv("MAPFLOW_TOKEN"),
+               .admin_token = getenv("MAPFLOW_ADMIN_TOKEN"),
+               .admin_socket = env_admin && env_admin[0] ? env_admin : NULL};
     int o;
     /* "+": stop at the command word; its options are parsed per command. */
     while ((o = getopt_long(argc, argv, "+h", lo, NULL)) != -1) {
@@ -1005,6 +1036,8 @@ int main(int argc, char **argv)
         case 'a': c.addr = optarg; break;
         case 'n': c.ns = optarg; break;
         case 't': c.token = optarg; break;
+        case 'S': c.admin_socket = optarg; break;
+        case 'K': c.admin_token = optarg; break;
         case 'j': c.json = 1; break;
         case 'T': c.timeout_ms = (int64_t)parse_u64(optarg, "--timeout", 0); break;
         case 'h': fputs(usage_text, stdout); return 0;
@@ -1037,6 +1070,10 @@ int main(int argc, char **argv)
         usage_fail("unknown command '%s'", cmd);
     if (takes_opts)
         check_required(cmd, &co);
+    /* Admin requests go to the admin socket (or carry the admin token over --addr). */
+    c.admin = (takes_opts && co.all_ns) ||
+              (!strcmp(cmd, "config") && cargc > 1 && !strcmp(cargv[1], "set")) ||
+              (!strcmp(cmd, "profile") && cargc > 1 && !strcmp(cargv[1], "put"));
     int rc = connect_ctl(&c);
     if (rc == 0) {
         if (!strcmp(cmd, "health")) rc = cmd_health(&c);
@@ -1047,7 +1084,7 @@ int main(int argc, char **argv)
         else if (!strcmp(cmd, "lookup")) rc = cmd_lookup(&c, &co);
         else if (!strcmp(cmd, "del")) rc = cmd_del(&c, &co);
         else if (!strcmp(cmd, "evict")) rc = cmd_evict(&c, &co);
-        else if (!strcmp(cmd, "flush")) rc = cmd_flush(&c);
+        else if (!strcmp(cmd, "flush")) rc = cmd_flush(&c, &co);
         else if (!strcmp(cmd, "config")) rc = cmd_config(&c, cargc, cargv);
         else rc = cmd_profile(&c, cargc, cargv);
     }

@@ -251,7 +251,7 @@ void mfd_admin_evict(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Evict *m)
     }
     uint64_t bytes, entries;
     uint8_t prefix[MFD_KEY_MAX];
-    size_t plen = key_prefix(c, NULL, prefix);
+    size_t plen = m->all_namespaces ? 0 : key_prefix(c, NULL, prefix);
     mfd_store_evict(&c->srv->store, (int)m->tier, m->bytes, prefix, plen, &bytes, &entries);
     Mapflow__V1__EvictReply rep = MAPFLOW__V1__EVICT_REPLY__INIT;
     rep.bytes = bytes;
@@ -259,12 +259,13 @@ void mfd_admin_evict(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Evict *m)
     REPLY(c, rid, EVICT_REPLY, evict_reply, &rep);
 }
 
-/* Removes matching entries of the connection's namespace; returns how many. */
-static mf_status_t remove_matching(mfd_conn_t *c, const char *model, int has_layer,
+/* Removes matching entries of the connection's namespace (of all with `all`: the
+ * dispatcher let only admin connections ask); returns how many. */
+static mf_status_t remove_matching(mfd_conn_t *c, int all, const char *model, int has_layer,
                                    uint32_t layer, int skip_leased, uint64_t *count)
 {
     uint8_t prefix[MFD_KEY_MAX];
-    size_t plen = key_prefix(c, model, prefix);
+    size_t plen = all ? 0 : key_prefix(c, model, prefix);
     mfd_entry_t **v;
     size_t n;
     *count = 0;
@@ -280,14 +281,21 @@ static mf_status_t remove_matching(mfd_conn_t *c, const char *model, int has_lay
     return MF_OK;
 }
 
-void mfd_admin_flush(mfd_conn_t *c, uint64_t rid)
+void mfd_admin_flush(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Flush *m)
 {
     uint64_t n;
-    if (remove_matching(c, NULL, 0, 0, 1, &n) != MF_OK) {
+    if (remove_matching(c, m->all_namespaces, NULL, 0, 0, 1, &n) != MF_OK) {
         mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED, "Flush: out of memory");
         return;
     }
-    mfd_info("flush: namespace '%s': %llu entries dropped", c->ns, (unsigned long long)n);
+    if (m->all_namespaces) {
+        char who[320];
+        mfd_conn_describe(c, who, sizeof(who));
+        mfd_info("flush: every namespace: %llu entries dropped (by %s)", (unsigned long long)n,
+                 who);
+    } else {
+        mfd_info("flush: namespace '%s': %llu entries dropped", c->ns, (unsigned long long)n);
+    }
     Mapflow__V1__FlushReply rep = MAPFLOW__V1__FLUSH_REPLY__INIT;
     rep.entries = n;
     REPLY(c, rid, FLUSH_REPLY, flush_reply, &rep);
@@ -316,7 +324,7 @@ void mfd_admin_delete(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Delete *m)
             mfd_conn_error(c, rid, MF_INVALID_ARGUMENT, "Delete: give a key or a model");
             return;
         }
-        if (remove_matching(c, m->model, m->has_layer, m->layer, 0, &n) != MF_OK) {
+        if (remove_matching(c, 0, m->model, m->has_layer, m->layer, 0, &n) != MF_OK) {
             mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED, "Delete: out of memory");
             return;
         }
@@ -364,9 +372,10 @@ void mfd_admin_config_get(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Config
 
 void mfd_admin_config_set(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__ConfigSet *m)
 {
-    char err[MFD_CONFIG_ERRLEN];
+    char err[MFD_CONFIG_ERRLEN], who[320];
     const char *key = m->key ? m->key : "";
-    mf_status_t st = mfd_server_config_set(c->srv, key, m->value ? m->value : "", err,
+    mfd_conn_describe(c, who, sizeof(who));
+    mf_status_t st = mfd_server_config_set(c->srv, key, m->value ? m->value : "", who, err,
                                            sizeof(err));
     if (st != MF_OK) {
         mfd_conn_error(c, rid, st, "ConfigSet: %s", err);

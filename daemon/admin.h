@@ -3,6 +3,8 @@
  * ProfilePut, ProfileGet) and Delete, each answering on the requesting connection.
  * Profiles are stored per namespace under (source, target) in the SSD tier's RocksDB
  * (tier_ssd.h 'p' records); with the SSD tier off they are refused (UNAVAILABLE).
+ * ConfigSet, ProfilePut and Flush / Evict of every namespace reach these handlers only
+ * from admin connections (the dispatcher, server.c, refuses others PERMISSION_DENIED).
  * Thread safety: loop thread only.
  */
 #ifndef MFD_ADMIN_H
@@ -13,7 +15,7 @@
 void mfd_admin_list(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__List *m);
 void mfd_admin_stats(mfd_conn_t *c, uint64_t rid);
 void mfd_admin_evict(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Evict *m);
-void mfd_admin_flush(mfd_conn_t *c, uint64_t rid);
+void mfd_admin_flush(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Flush *m);
 void mfd_admin_delete(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Delete *m);
 void mfd_admin_config_get(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__ConfigGet *m);
 void mfd_admin_config_set(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__ConfigSet *m);

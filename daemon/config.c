@@ -1,6 +1,7 @@
 /* config — the settings table and everything generated from it (see config.h). */
 #include "config.h"
 #include "log.h"
+#include "mf_addr.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -65,6 +66,19 @@ static const cdef_t g_table[] = {
      "shared secret TCP and UCX clients (and peer daemons) must present in Hello (empty = "
      "none); also what this daemon presents to its peers",
      "change-me"},
+    {"admin_socket", CT_STR, OFF(admin_socket), "", 0, 0, 0,
+     "unix socket for admin requests (mode 0600: config set, profile put, flush / evict of "
+     "every namespace); empty = beside socket, NAME-admin.sock",
+     "/run/mapflowd/mapflowd-admin.sock"},
+    {"admin_token", CT_STR, OFF(admin_token), "", 0, 0, 1,
+     "secret that makes a connection on any listener an admin one when its Hello carries "
+     "it (empty = admin only on admin_socket)",
+     "change-me-too"},
+    {"peers", CT_STR, OFF(peers), "", 0, 0, 1,
+     "peer daemons (UCX host:port) a Lookup / Get may name, comma-separated, or a file "
+     "(a path with '/': one address per line, '#' comments); others are refused and never "
+     "dialled (empty = none)",
+     "10.0.0.2:9479,10.0.0.3:9479"},
     {"token_file", CT_STR, OFF(token_file), "", 0, 0, 1,
      "file whose first line is the token (instead of token, which shows in the process's "
      "command line when passed as --token); must not be accessible by group or others; "
@@ -115,6 +129,20 @@ static const cdef_t g_table[] = {
      "close a connection whose partial frame has waited this long for the rest of its bytes "
      "(a client that stopped mid-frame holds a connection slot until then); 0 = off",
      NULL},
+    {"hello_timeout", CT_DURATION, OFF(hello_timeout_ms), "10s", 0, 3600 * 1000ull, 1,
+     "close a connection that has not completed Hello this long after it was accepted; "
+     "0 = off", NULL},
+    {"idle_timeout", CT_DURATION, OFF(idle_timeout_ms), "15m", 0, 7 * 24 * 3600 * 1000ull, 1,
+     "close a connection that sent nothing this long (and awaits no reply); 0 = off", NULL},
+    {"max_unsent", CT_SIZE, OFF(max_unsent), "256mb", 1 * MB, 64 * GB, 0,
+     "most reply bytes one connection may leave unread: reading it pauses at half of "
+     "this (or 2 x max_frame), and it is closed beyond it; at least max_frame", NULL},
+    {"max_lookup", CT_COUNT, OFF(max_lookup), "262144", 1, 1u << 26, 1,
+     "most (layer, block) pairs one Lookup may ask about, and most blocks one Lookup or "
+     "Get may hash (bounds the loop time one request takes)", NULL},
+    {"reservation_share", CT_RATIO, OFF(reservation_share), "0.5", 0, 0, 1,
+     "largest share of the host arena one namespace's uncommitted put reservations may "
+     "hold", NULL},
     {"log_level", CT_LEVEL, OFF(log_level), "info", 0, 0, 1,
      "error | warn | info | debug", NULL},
 };
@@ -339,6 +367,105 @@ close_fd:
     return st;
 }
 
+#define PEERS_FILE_MAX (64 * 1024)
+
+/* Appends one address of a peers list (checked like any host:port key) to *list. */
+static mf_status_t add_peer(char **list, size_t *len, const char *a, size_t n, char *err,
+                            size_t errlen)
+{
+    char addr[256];
+    if (n == 0)
+        return MF_OK;
+    if (n >= sizeof(addr)) {
+        set_err(err, errlen, "peers: an address is longer than %zu bytes", sizeof(addr) - 1);
+        return MF_INVALID_ARGUMENT;
+    }
+    memcpy(addr, a, n);
+    addr[n] = 0;
+    for (size_t i = 0; i < n; i++) {
+        if ((unsigned char)addr[i] <= 0x20 || addr[i] == 0x7f) {
+            set_err(err, errlen, "peers: space or control byte in address");
+            return MF_INVALID_ARGUMENT;
+        }
+    }
+    if (check_addr(addr) != MF_OK) {
+        set_err(err, errlen, "peers: '%s' is not host:port", addr);
+        return MF_INVALID_ARGUMENT;
+    }
+    char *nl = realloc(*list, *len + n + 2);
+    if (!nl)
+        return MF_RESOURCE_EXHAUSTED;
+    memcpy(nl + *len, addr, n);
+    nl[*len + n] = '\n';
+    nl[*len + n + 1] = 0;
+    *list = nl;
+    *len += n + 1;
+    return MF_OK;
+}
+
+/* peers: "a:1,b:2" or a file of one address per line. The parsed list is kept as
+ * "\na:1\nb:2\n" so a check is one exact match (no resolution before the decision). */
+static mf_status_t store_peers(mfd_config_t *cfg, const char *value, char *err, size_t errlen)
+{
+    char *text = NULL, *list = strdup("\n");
+    size_t len = 1;
+    mf_status_t st = list ? MF_OK : MF_RESOURCE_EXHAUSTED;
+    int is_file = strchr(value, '/') != NULL;
+    if (st == MF_OK && is_file) {
+        FILE *f = fopen(value, "r");
+        if (!f) {
+            set_err(err, errlen, "peers: %s: %s", value, strerror(errno));
+            st = MF_INVALID_ARGUMENT;
+        } else if (!(text = calloc(1, PEERS_FILE_MAX + 1))) {
+            st = MF_RESOURCE_EXHAUSTED;
+        } else if (fread(text, 1, PEERS_FILE_MAX + 1, f) > PEERS_FILE_MAX) {
+            set_err(err, errlen, "peers: %s is larger than %d bytes", value, PEERS_FILE_MAX);
+            st = MF_INVALID_ARGUMENT;
+        }
+        if (f)
+            fclose(f);
+    }
+    const char *p = is_file ? text : value;
+    while (st == MF_OK && p && *p) {
+        size_t n = strcspn(p, is_file ? "\n#" : ", \t");
+        const char *tok = p;
+        p += n;
+        if (is_file && *p == '#')
+            p += strcspn(p, "\n");
+        while (is_file && n && (tok[n - 1] == ' ' || tok[n - 1] == '\t' || tok[n - 1] == '\r'))
+            n--;
+        while (is_file && n && (*tok == ' ' || *tok == '\t'))
+            tok++, n--;
+        st = add_peer(&list, &len, tok, n, err, errlen);
+        if (*p)
+            p++;
+    }
+    free(text);
+    char *copy = st == MF_OK ? strdup(value) : NULL;
+    if (st == MF_OK && !copy)
+        st = MF_RESOURCE_EXHAUSTED;
+    if (st != MF_OK) {
+        free(list);
+        return st;
+    }
+    free(cfg->peers);
+    cfg->peers = copy;
+    free(cfg->peer_list);
+    cfg->peer_list = list;
+    return MF_OK;
+}
+
+int mfd_config_peer_allowed(const mfd_config_t *cfg, const char *addr)
+{
+    size_t n = strlen(addr);
+    if (!cfg->peer_list || n == 0 || strchr(addr, '\n'))
+        return 0;
+    for (const char *p = cfg->peer_list; (p = strstr(p, addr)); p++)
+        if (p[-1] == '\n' && p[n] == '\n')
+            return 1;
+    return 0;
+}
+
 static void replace_str(char **field, char *value)
 {
     if (*field)
@@ -411,6 +538,8 @@ static mf_status_t store_value(mfd_config_t *cfg, const cdef_t *d, const char *v
         }
         if (d->off == OFF(token) || d->off == OFF(token_file))
             return store_token(cfg, d->off == OFF(token_file), value, err, errlen);
+        if (d->off == OFF(peers))
+            return store_peers(cfg, value, err, errlen);
         char *copy = strdup(value);
         if (!copy)
             return MF_RESOURCE_EXHAUSTED;
@@ -545,7 +674,7 @@ static void format_value(const mfd_config_t *cfg, const cdef_t *d, int redact, c
     case CT_STR:
     case CT_ADDR: {
         const char *s = *(char *const *)field;
-        if (redact && d->off == OFF(token) && s && *s)
+        if (redact && (d->off == OFF(token) || d->off == OFF(admin_token)) && s && *s)
             s = "***";
         snprintf(out, n, "%s", s ? s : "");
         break;
@@ -610,6 +739,8 @@ void mfd_config_deinit(mfd_config_t *cfg)
             *str_field(cfg, &g_table[i]) = NULL;
         }
     }
+    free(cfg->peer_list);
+    cfg->peer_list = NULL;
 }
 
 mf_status_t mfd_config_copy(mfd_config_t *dst, const mfd_config_t *src)
@@ -618,6 +749,8 @@ mf_status_t mfd_config_copy(mfd_config_t *dst, const mfd_config_t *src)
     for (size_t i = 0; i < N_KEYS; i++)
         if (g_table[i].type == CT_STR || g_table[i].type == CT_ADDR)
             *str_field(dst, &g_table[i]) = NULL;
+    if (!(dst->peer_list = strdup(src->peer_list ? src->peer_list : "\n")))
+        return MF_RESOURCE_EXHAUSTED;
     for (size_t i = 0; i < N_KEYS; i++) {
         if (g_table[i].type != CT_STR && g_table[i].type != CT_ADDR)
             continue;
@@ -760,6 +893,25 @@ static mf_status_t make_dirs(const char *path, char *err, size_t errlen)
     return MF_OK;
 }
 
+/* A directory others may write to lets them swap the socket for their own (clients would
+ * then hand it tokens and rows): refuse one that is world-writable and not ours. */
+static mf_status_t check_socket_dir(const char *dir, char *err, size_t errlen)
+{
+    struct stat sb;
+    if (stat(dir, &sb) != 0) {
+        set_err(err, errlen, "socket directory %s: %s", dir, strerror(errno));
+        return MF_PERMISSION_DENIED;
+    }
+    if ((sb.st_mode & S_IWOTH) && sb.st_uid != geteuid()) {
+        set_err(err, errlen,
+                "socket directory %s is world-writable (mode %04o) and owned by uid %u, not "
+                "us (uid %u): anyone could replace the socket; use a private directory",
+                dir, (unsigned)(sb.st_mode & 07777), (unsigned)sb.st_uid, (unsigned)geteuid());
+        return MF_PERMISSION_DENIED;
+    }
+    return MF_OK;
+}
+
 mf_status_t mfd_config_resolve_paths(mfd_config_t *cfg, char *err, size_t errlen)
 {
     char buf[4096];
@@ -786,12 +938,26 @@ mf_status_t mfd_config_resolve_paths(mfd_config_t *cfg, char *err, size_t errlen
         if (st != MF_OK)
             return st;
     }
-    /* The socket's directory, then the data directory. */
-    snprintf(buf, sizeof(buf), "%s", cfg->socket);
-    char *slash = strrchr(buf, '/');
-    if (slash && slash != buf) {
-        *slash = 0;
+    if (!cfg->admin_socket[0]) {
+        mf_admin_socket_path(cfg->socket, buf, sizeof(buf));
+        mf_status_t st = mfd_config_set(cfg, "admin_socket", buf, 0, err, errlen);
+        if (st != MF_OK)
+            return st;
+    }
+    /* The sockets' directories, then the data directory. */
+    const char *socks[2] = {cfg->socket, cfg->admin_socket};
+    for (int i = 0; i < 2; i++) {
+        snprintf(buf, sizeof(buf), "%s", socks[i]);
+        char *slash = strrchr(buf, '/');
+        if (!slash)
+            snprintf(buf, sizeof(buf), ".");
+        else if (slash == buf)
+            buf[1] = 0;
+        else
+            *slash = 0;
         mf_status_t st = make_dirs(buf, err, errlen);
+        if (st == MF_OK)
+            st = check_socket_dir(buf, err, errlen);
         if (st != MF_OK)
             return st;
     }

@@ -34,6 +34,10 @@ typedef struct mfd_config {
     char *ucx;                 /* UCX listener host:port (peers, remote clients), "" = off */
     char *token;               /* shared secret required on TCP; "" = none (the file's
                                   first line when token_file is set) */
+    char *admin_socket;        /* "" = auto (beside socket) until resolved */
+    char *admin_token;         /* Hello.admin_token that makes a connection admin; "" = none */
+    char *peers;               /* as given: addresses or a file */
+    char *peer_list;           /* not a key: peers parsed, "\nHOST:PORT\n..." */
     char *token_file;          /* file holding the token (0600 or stricter); "" = none */
     int token_from_file;       /* token was read from token_file (not a key of its own) */
     uint64_t host_bytes;
@@ -53,6 +57,11 @@ typedef struct mfd_config {
     uint64_t io_threads;
     uint64_t max_connections;
     uint64_t frame_timeout_ms; /* a partial frame older than this closes its connection; 0 = off */
+    uint64_t hello_timeout_ms; /* close a connection without Hello after this; 0 = off */
+    uint64_t idle_timeout_ms;  /* close a silent connection after this; 0 = off */
+    uint64_t max_unsent;       /* close a connection with more reply bytes unread */
+    uint64_t max_lookup;       /* (layer, block) pairs per Lookup; blocks hashed per request */
+    double reservation_share;  /* of the host arena, per namespace's uncommitted puts */
     int log_level;             /* mfd_log_level_t */
 } mfd_config_t;
 
@@ -88,6 +97,9 @@ mf_status_t mfd_config_get(const mfd_config_t *cfg, const char *key, int redact,
  */
 mf_status_t mfd_config_take_token(mfd_config_t *cfg, const mfd_config_t *from, int *changed);
 
+/* Whether addr is one of the configured `peers` (exact host:port text). */
+int mfd_config_peer_allowed(const mfd_config_t *cfg, const char *addr);
+
 /* Reads a config file into cfg. Errors name the file and line. */
 mf_status_t mfd_config_load_file(mfd_config_t *cfg, const char *path, char *err,
                                  size_t errlen);
@@ -95,8 +107,9 @@ mf_status_t mfd_config_load_file(mfd_config_t *cfg, const char *path, char *err,
 mf_status_t mfd_config_parse_text(mfd_config_t *cfg, const char *name, const char *text,
                                   size_t len, char *err, size_t errlen);
 
-/* Fills auto paths (socket, data_dir) from XDG_RUNTIME_DIR / XDG_DATA_HOME / HOME /
- * /tmp, creating the directories (mode 0700). */
+/* Fills auto paths (socket, admin_socket, data_dir) from XDG_RUNTIME_DIR / XDG_DATA_HOME /
+ * HOME / /tmp, creating the directories (mode 0700). A socket directory that is
+ * world-writable and owned by another user is refused (MF_PERMISSION_DENIED). */
 mf_status_t mfd_config_resolve_paths(mfd_config_t *cfg, char *err, size_t errlen);
 
 /* Unit parsers (exported for tests). */

@@ -98,6 +98,7 @@ mf_status_t mfd_http_start(mfd_server_t *s, char *err, size_t errlen)
         snprintf(err, errlen, "http: cannot listen on %s", s->cfg.http);
         return MF_UNAVAILABLE;
     }
+    s->http_l = evhttp_bound_socket_get_listener(bs); /* paused at the fd limit (server.c) */
     mfd_format_bound(evhttp_bound_socket_get_fd(bs), s->http_addr, sizeof(s->http_addr));
     mfd_info("http on %s (/metrics /healthz /readyz)", s->http_addr);
     return MF_OK;
@@ -109,6 +110,7 @@ void mfd_http_stop(mfd_server_t *s)
         return;
     if (s->http->h)
         evhttp_free(s->http->h);
+    s->http_l = NULL;
     free(s->http);
     s->http = NULL;
 }

@@ -60,6 +60,25 @@ const char *mfd_log_level_name(mfd_log_level_t level)
     return (level >= MFD_LOG_ERROR && level <= MFD_LOG_DEBUG) ? level_names[level] : "?";
 }
 
+/* Control bytes from names a client chose (a "\n" would forge a line) become \xNN. */
+static size_t escape_controls(const char *in, size_t n, char *out, size_t cap)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t o = 0;
+    for (size_t i = 0; i < n && o + 4 < cap; i++) {
+        unsigned char ch = (unsigned char)in[i];
+        if (ch >= 0x20 && ch != 0x7f) {
+            out[o++] = (char)ch;
+            continue;
+        }
+        out[o++] = '\\';
+        out[o++] = 'x';
+        out[o++] = hex[ch >> 4];
+        out[o++] = hex[ch & 15];
+    }
+    return o;
+}
+
 void mfd_log(mfd_log_level_t level, const char *fmt, ...)
 {
     if ((int)level > atomic_load(&g_level))
@@ -78,17 +97,13 @@ void mfd_log(mfd_log_level_t level, const char *fmt, ...)
                      tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
                      tm.tm_sec, ts.tv_nsec / 1000000, tags[level]);
     }
+    char msg[1200];
     va_list ap;
     va_start(ap, fmt);
-    int m = vsnprintf(line + n, sizeof(line) - (size_t)n - 1, fmt, ap);
+    int m = vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
-    size_t len = (size_t)n + (m < 0 ? 0 : (size_t)m);
-    if (len > sizeof(line) - 2)
-        len = sizeof(line) - 2;
-    /* A newline inside a message would start a journal entry at the default priority. */
-    for (size_t i = (size_t)n; i < len; i++)
-        if (line[i] == '\n')
-            line[i] = ' ';
+    size_t mlen = m < 0 ? 0 : (size_t)m < sizeof(msg) ? (size_t)m : sizeof(msg) - 1;
+    size_t len = (size_t)n + escape_controls(msg, mlen, line + n, sizeof(line) - (size_t)n - 1);
     line[len++] = '\n';
     /* One write per line: lines from several threads stay whole. */
     ssize_t w = write(STDERR_FILENO, line, len);

@@ -5,6 +5,7 @@
  * config with --check-config), 1 runtime failure, 2 usage or invalid config.
  */
 #include <signal.h>
+#include <sys/resource.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -119,6 +120,16 @@ int main(int argc, char **argv)
     }
     signal(SIGPIPE, SIG_IGN);
     mfd_log_init(); /* before any thread: picks journal priorities or timestamps */
+    /* Each client holds a descriptor: take all the kernel allows this process, so the
+     * limit an operator sets is the hard one (the daemon stops accepting there). */
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rlim_t was = rl.rlim_cur;
+        rl.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) == 0)
+            mfd_info("RLIMIT_NOFILE raised from %llu to %llu", (unsigned long long)was,
+                     (unsigned long long)rl.rlim_max);
+    }
     mfd_server_t *srv;
     if (mfd_server_create(&cfg, config_path, ov, n_ov, &srv, err, sizeof(err)) != MF_OK) {
         mfd_error("cannot start: %s", err);

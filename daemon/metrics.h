@@ -85,8 +85,15 @@
     X(CONN_REJECTED, "connections_rejected_total", "",                                      \
       "connections refused (limit, bad Hello, bad token)")                                 \
     X(CONN_FRAME_TIMEOUT, "connections_closed_total", "reason=\"frame_timeout\"",            \
-      "connections the daemon closed, by reason (frame_timeout: a partial frame waited "   \
-      "longer than frame_timeout)")
+      "connections the daemon closed, by reason (the config key that closed it: a partial " \
+      "frame, no Hello, silence, unread replies)")                                       \
+    X(CONN_HELLO_TIMEOUT, "connections_closed_total", "reason=\"hello_timeout\"", "")        \
+    X(CONN_IDLE_TIMEOUT, "connections_closed_total", "reason=\"idle_timeout\"", "")          \
+    X(CONN_UNSENT, "connections_closed_total", "reason=\"max_unsent\"", "")                  \
+    X(ACCEPT_PAUSED, "accept_paused_total", "",                                             \
+      "times the listeners stopped accepting because the daemon ran out of descriptors")   \
+    X(ADMIN_DENIED, "admin_denied_total", "",                                               \
+      "admin requests and peer names refused with PERMISSION_DENIED")
 
 typedef enum mfd_counter {
 #define MFD_CNT_ENUM_(id, fam, lab, help) MFD_C_##id,

@@ -9,7 +9,7 @@
  * (mfd_peers_remote_arena) hands it the arena's address, size and packed rkey.
  *
  * Fetching (read-through): a Get naming `peer` whose rows are partly missing here comes
- * to mfd_peers_get. One link per (peer address, namespace) — Hello with this daemon's
+ * to mfd_peers_get (server.c passes only peers listed in config `peers`). One link per (peer address, namespace) — Hello with this daemon's
  * `token`, then RemoteArena — asks the peer for leases on exactly the missing keys
  * (Get by keys, GET_LEASE), pulls the rows with pipelined one-sided gets (chunks of
  * MFD_PEER_CHUNK, up to MFD_PEER_WINDOW in flight) straight into reserved blocks of our

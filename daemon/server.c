@@ -44,10 +44,51 @@ typedef struct lease {
 
 static void lease_drop_row(mfd_server_t *s, lease_t *l, uint32_t k);
 
+/* One namespace with a live connection: the bytes its uncommitted reservations hold
+ * (reservation_share bounds them, so one tenant cannot reserve the whole arena). */
+typedef struct mfd_ns_acct {
+    struct mfd_ns_acct *next;
+    unsigned refs;           /* connections bound to it */
+    uint64_t reserved;
+    size_t len;
+    char ns[MFD_NS_MAX + 1];
+} mfd_ns_acct_t;
+
+static mfd_ns_acct_t *acct_get(mfd_server_t *s, const char *ns, size_t len)
+{
+    mfd_ns_acct_t *a;
+    for (a = s->ns_accts; a; a = a->next)
+        if (a->len == len && memcmp(a->ns, ns, len) == 0)
+            break;
+    if (!a && (a = calloc(1, sizeof(*a)))) {
+        memcpy(a->ns, ns, len);
+        a->len = len;
+        a->next = s->ns_accts;
+        s->ns_accts = a;
+    }
+    if (a)
+        a->refs++;
+    return a;
+}
+
+static void acct_put(mfd_server_t *s, mfd_ns_acct_t *a)
+{
+    if (!a || --a->refs)
+        return;
+    for (mfd_ns_acct_t **pp = &s->ns_accts; *pp; pp = &(*pp)->next) {
+        if (*pp == a) {
+            *pp = a->next;
+            break;
+        }
+    }
+    free(a);
+}
+
 /* A put reservation: an arena block (host, or GPU arena `arena`) waiting for PutCommit. */
 typedef struct reservation {
     mfd_ticket_t t;
     mfd_key_t key;
+    mfd_ns_acct_t *acct;     /* counted there until committed or released */
     uint64_t size;
     int durable;
     int gpu;                 /* blk is in GPU arena `arena` */
@@ -56,8 +97,16 @@ typedef struct reservation {
     mfd_ablock_t *blk;
 } reservation_t;
 
+static void reservation_unaccount(reservation_t *r)
+{
+    if (r->acct)
+        r->acct->reserved -= r->size;
+    r->acct = NULL;
+}
+
 static void reservation_free(mfd_server_t *s, reservation_t *r)
 {
+    reservation_unaccount(r);
     if (r->gpu)
         mfd_store_unreserve_gpu(&s->store, r->arena, r->blk);
     else
@@ -83,6 +132,7 @@ static double now_s(void)
 
 static void conn_free(mfd_conn_t *c)
 {
+    acct_put(c->srv, c->acct);
     mf_frame_reader_deinit(&c->rd);
     if (c->out)
         evbuffer_free(c->out);
@@ -102,6 +152,38 @@ static void release_ticket(mfd_ticket_t *t, void *arg)
     } else {
         reservation_free(s, (reservation_t *)t);
     }
+}
+
+static void set_listening(mfd_server_t *s, int on)
+{
+    struct evconnlistener *ls[3] = {s->unix_l, s->admin_l, s->tcp_l};
+    for (int i = 0; i < 3; i++)
+        if (ls[i])
+            (on ? evconnlistener_enable : evconnlistener_disable)(ls[i]);
+}
+
+/* Listeners off at the descriptor limit go back on once one is free (or a tick later). */
+static void accept_resume(mfd_server_t *s)
+{
+    if (!s->accept_paused || s->draining)
+        return;
+    s->accept_paused = 0;
+    set_listening(s, 1);
+}
+
+/* Accept trouble is logged once, then at most every 10 s with the count in between (an
+ * accept loop at the fd limit once wrote 18.8 M lines). */
+static void accept_warn(mfd_server_t *s, const char *what)
+{
+    uint64_t now = mfd_now_ms();
+    if (s->accept_log_ms && now - s->accept_log_ms < 10000) {
+        s->accept_log_suppressed++;
+        return;
+    }
+    mfd_warn("%s (%llu more such events not logged)", what,
+             (unsigned long long)s->accept_log_suppressed);
+    s->accept_log_ms = now;
+    s->accept_log_suppressed = 0;
 }
 
 static void conn_close(mfd_conn_t *c)
@@ -128,6 +210,7 @@ static void conn_close(mfd_conn_t *c)
     s->n_conns--;
     if (c->pending == 0)
         conn_free(c);
+    accept_resume(s); /* a descriptor came free */
 }
 
 void mfd_conn_hold(mfd_conn_t *c)
@@ -157,10 +240,22 @@ static void conn_flush(mfd_conn_t *c)
             break;
     }
     size_t left = evbuffer_get_length(c->out);
+    const mfd_config_t *cfg = &c->srv->cfg;
+    if (left > cfg->max_unsent) {
+        /* Replies to requests read before the pause kept coming: past the cap, close. */
+        mfd_warn("connection %s (%s): %zu reply bytes unread (max_unsent %llu), closing",
+                 c->peer, c->name[0] ? c->name : "no hello", left,
+                 (unsigned long long)cfg->max_unsent);
+        mfd_count(&c->srv->metrics, MFD_C_CONN_UNSENT, 1);
+        conn_close(c);
+        return;
+    }
     if (left > 0) {
         event_add(c->wev, NULL);
         /* Backpressure: a client that does not read its replies stops being read. */
-        if (!c->read_paused && left > 2 * (size_t)c->srv->cfg.max_frame) {
+        uint64_t pause_at = 2 * cfg->max_frame < cfg->max_unsent / 2 ? 2 * cfg->max_frame
+                                                                      : cfg->max_unsent / 2;
+        if (!c->read_paused && left > pause_at) {
             event_del(c->rev);
             c->read_paused = 1;
         }
@@ -245,13 +340,35 @@ static void conn_fail(mfd_conn_t *c, uint64_t rid, mf_status_t code, const char 
 
 /* ==== Hello ========================================================================= */
 
-static int token_equal(const char *a, const char *b)
+/* Length and every byte, in time that depends on the offered length only (the frame
+ * decoder already refused a NUL inside, so strlen is the wire length). */
+static int token_equal(const char *offered, const char *want)
 {
-    size_t la = strlen(a), lb = strlen(b);
-    unsigned char d = (unsigned char)(la != lb);
-    for (size_t i = 0; i < la && i < lb; i++)
-        d |= (unsigned char)(a[i] ^ b[i]);
+    size_t lo = strlen(offered), lw = strlen(want);
+    unsigned char d = (unsigned char)(lo != lw);
+    for (size_t i = 0; i < lo; i++)
+        d |= (unsigned char)(offered[i] ^ (lw ? want[i % lw] : 0));
     return d == 0;
+}
+
+/* Names clients choose (namespace, model, client name) reach logs, keys and file names
+ * of tools: no control bytes (NUL is refused for every string when the frame decodes). */
+static int has_control(const char *p)
+{
+    for (; p && *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f)
+            return 1;
+    return 0;
+}
+
+void mfd_conn_describe(const mfd_conn_t *c, char *out, size_t n)
+{
+    snprintf(out, n, "connection %s (%s%s), client '%s', namespace '%s'", c->peer,
+             c->creds[0] ? c->creds : "no credentials",
+             c->admin == MFD_ADMIN_SOCKET  ? ", admin socket"
+             : c->admin == MFD_ADMIN_TOKEN ? ", admin_token"
+                                           : "",
+             c->name, c->ns);
 }
 
 static void handle_hello(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Hello *h)
@@ -267,9 +384,12 @@ static void handle_hello(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Hello *
         return;
     }
     size_t nl = h->namespace_ ? strlen(h->namespace_) : 0;
-    if (nl < 1 || nl > MFD_NS_MAX) {
+    if (nl < 1 || nl > MFD_NS_MAX || has_control(h->namespace_) ||
+        has_control(h->client_name)) {
         mfd_count(&s->metrics, MFD_C_CONN_REJECTED, 1);
-        conn_fail(c, rid, MF_INVALID_ARGUMENT, "namespace must be 1..128 bytes");
+        conn_fail(c, rid, MF_INVALID_ARGUMENT,
+                  "namespace must be 1..128 bytes; namespace and client_name without control "
+                  "characters");
         return;
     }
     if (c->tp->requires_token && s->cfg.token[0] &&
@@ -277,6 +397,23 @@ static void handle_hello(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Hello *
         mfd_count(&s->metrics, MFD_C_CONN_REJECTED, 1);
         mfd_warn("connection %s: bad token, closing", c->peer);
         conn_fail(c, rid, MF_UNAUTHENTICATED, "token required and not matched");
+        return;
+    }
+    /* An admin_token that is offered must be right: a wrong one is an attack, not a
+     * tenant (and with none configured no Hello can claim admin this way). */
+    if (h->admin_token && h->admin_token[0]) {
+        if (!s->cfg.admin_token[0] || !token_equal(h->admin_token, s->cfg.admin_token)) {
+            mfd_count(&s->metrics, MFD_C_CONN_REJECTED, 1);
+            mfd_warn("connection %s (%s): admin_token refused, closing", c->peer,
+                     c->creds[0] ? c->creds : "no credentials");
+            conn_fail(c, rid, MF_UNAUTHENTICATED, "admin_token not matched");
+            return;
+        }
+        if (!c->admin)
+            c->admin = MFD_ADMIN_TOKEN;
+    }
+    if (!(c->acct = acct_get(s, h->namespace_, nl))) {
+        conn_fail(c, rid, MF_RESOURCE_EXHAUSTED, "out of memory");
         return;
     }
     memcpy(c->ns, h->namespace_, nl);
@@ -319,8 +456,9 @@ static void handle_hello(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Hello *
         c->gpu_arenas = g->n;
     }
     /* Per connection: DEBUG, or a busy node's INFO log is all hellos. */
-    mfd_debug("connection %s: hello from '%s', namespace '%s'%s%s", c->peer, c->name, c->ns,
-             pass_fd ? ", host arena passed" : "", c->gpu_arenas ? ", gpu arenas announced" : "");
+    mfd_debug("connection %s: hello from '%s', namespace '%s'%s%s%s", c->peer, c->name, c->ns,
+              pass_fd ? ", host arena passed" : "", c->gpu_arenas ? ", gpu arenas announced" : "",
+              c->admin ? ", admin" : "");
     if (!pass_fd) {
         REPLY(c, rid, HELLO_REPLY, hello_reply, &r, NULL, 0);
         return;
@@ -374,8 +512,8 @@ static mf_status_t key_from_msg(const mfd_conn_t *c, const Mapflow__V1__Key *k, 
         return MF_INVALID_ARGUMENT;
     }
     size_t ml = k->model ? strlen(k->model) : 0;
-    if (ml < 1 || ml > MFD_MODEL_MAX) {
-        *why = "key.model must be 1..255 bytes";
+    if (ml < 1 || ml > MFD_MODEL_MAX || has_control(k->model)) {
+        *why = "key.model must be 1..255 bytes without control characters";
         return MF_INVALID_ARGUMENT;
     }
     if (k->hash.len != 16) {
@@ -389,8 +527,8 @@ static mf_status_t key_from_msg(const mfd_conn_t *c, const Mapflow__V1__Key *k, 
 static mf_status_t check_model_block(const char *model, uint32_t B, const char **why)
 {
     size_t ml = model ? strlen(model) : 0;
-    if (ml < 1 || ml > MFD_MODEL_MAX) {
-        *why = "model must be 1..255 bytes";
+    if (ml < 1 || ml > MFD_MODEL_MAX || has_control(model)) {
+        *why = "model must be 1..255 bytes without control characters";
         return MF_INVALID_ARGUMENT;
     }
     if (B < MF_ROW_MIN_BLOCK || B > MF_ROW_MAX_BLOCK || (B & (B - 1))) {
@@ -476,6 +614,17 @@ static void handle_put_begin(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Put
                        (unsigned long long)(s->cfg.max_frame < cap ? s->cfg.max_frame : cap));
         return;
     }
+    uint64_t quota = (uint64_t)(s->cfg.reservation_share * (double)cap);
+    if (c->acct && c->acct->reserved + m->size > quota) {
+        mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED,
+                       "PutBegin: namespace '%s' already holds %llu bytes of uncommitted "
+                       "reservations; %llu more exceed its quota of %llu (reservation_share "
+                       "%g of the host arena)",
+                       c->ns, (unsigned long long)c->acct->reserved,
+                       (unsigned long long)m->size, (unsigned long long)quota,
+                       s->cfg.reservation_share);
+        return;
+    }
     reservation_t *r = calloc(1, sizeof(*r));
     if (!r) {
         mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED, "PutBegin: out of memory");
@@ -503,6 +652,9 @@ static void handle_put_begin(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Put
     }
     r->key = key;
     r->size = m->size;
+    r->acct = c->acct;
+    if (r->acct)
+        r->acct->reserved += r->size;
     r->durable = m->durable;
     r->in_arena = r->gpu ? (int)((gpu_mask(c, m->gpu_mapped) >> r->arena) & 1) : c->has_arena;
     mfd_tickets_add(s->tickets, &r->t, MFD_TICKET_RESERVATION, c,
@@ -575,6 +727,7 @@ static void handle_put_commit(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Pu
     if (plen && !r->gpu)
         memcpy(mfd_arena_base(s->store.arena) + mfd_ablock_offset(r->blk), payload, plen);
     mfd_tickets_remove(s->tickets, t);
+    reservation_unaccount(r); /* committing: the block becomes a row (or is freed) */
     commit_op_t *op = calloc(1, sizeof(*op));
     if (!op) {
         reservation_free(s, r);
@@ -644,6 +797,20 @@ static int lookup_row_hit(mfd_server_t *s, key_tmpl_t *kt, uint32_t layer,
     return 1;
 }
 
+/* Peers come from the configuration only: naming any other address would make this
+ * daemon dial it and present its token there. */
+static int peer_refused(mfd_conn_t *c, uint64_t rid, const char *what, const char *peer)
+{
+    if (mfd_config_peer_allowed(&c->srv->cfg, peer))
+        return 0;
+    mfd_count(&c->srv->metrics, MFD_C_ADMIN_DENIED, 1);
+    mfd_debug("%s: %s names peer '%s', which is not in `peers`; refused", what, c->peer,
+              peer);
+    mfd_conn_error(c, rid, MF_PERMISSION_DENIED,
+                   "%s: peer '%s' is not one of this daemon's configured peers", what, peer);
+    return 1;
+}
+
 /* peer_blocks: the peer's answer (resume); via_peer: ask m->peer first. */
 static void handle_lookup(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Lookup *m,
                           const uint8_t *payload, size_t plen, double t0, int via_peer,
@@ -660,7 +827,19 @@ static void handle_lookup(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Lookup
                        m->n_layers, (unsigned long long)s->cfg.max_batch);
         return;
     }
+    /* One request may hold the loop only so long: every (layer, block) is a probe (and
+     * checked before a peer is asked to do the same work). */
+    size_t nb_req = plen / 4 / m->block_size;
+    if (nb_req > s->cfg.max_lookup || (uint64_t)nb_req * m->n_layers > s->cfg.max_lookup) {
+        mfd_conn_error(c, rid, MF_INVALID_ARGUMENT,
+                       "Lookup: %zu layers x %zu blocks exceed max_lookup %llu (split the "
+                       "request)",
+                       m->n_layers, nb_req, (unsigned long long)s->cfg.max_lookup);
+        return;
+    }
     if (via_peer && m->peer && m->peer[0]) {
+        if (peer_refused(c, rid, "Lookup", m->peer))
+            return;
         mfd_peers_lookup(c, rid, m, payload, plen, t0);
         return;
     }
@@ -1166,6 +1345,8 @@ static void handle_get(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Get *m,
                        "Get: GET_LEASE needs the host arena (unix socket, Hello.want_host_arena)");
         goto fail;
     }
+    if (!forced && m->peer && m->peer[0] && peer_refused(c, rid, "Get", m->peer))
+        goto fail;
     size_t n_blocks = 0;
     if (op->prefix_mode) {
         if (check_model_block(m->model, m->block_size, &why) != MF_OK) {
@@ -1205,6 +1386,12 @@ static void handle_get(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Get *m,
     if (op->prefix_mode) {
         /* Hashes of blocks [0, first_block + n_blocks): the chain starts at block 0. */
         size_t upto = m->first_block + n_blocks;
+        if (upto > s->cfg.max_lookup) {
+            mfd_conn_error(c, rid, MF_INVALID_ARGUMENT,
+                           "Get: %zu blocks to hash exceed max_lookup %llu", upto,
+                           (unsigned long long)s->cfg.max_lookup);
+            goto fail;
+        }
         if (prefix_hashes(c, m->model, op->B, op->tokens, upto, &op->h) != MF_OK) {
             mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED, "Get: out of memory");
             goto fail;
@@ -1338,6 +1525,21 @@ void mfd_server_lookup_resume(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Lo
 
 /* ==== dispatch ======================================================================== */
 
+/* Requests that act beyond the caller's namespace or on the daemon itself; NULL = any
+ * connection may send it. */
+static const char *admin_request(const mf_envelope_t *env)
+{
+    switch (env->body_case) {
+    case MAPFLOW__V1__ENVELOPE__BODY_CONFIG_SET: return "ConfigSet";
+    case MAPFLOW__V1__ENVELOPE__BODY_PROFILE_PUT: return "ProfilePut";
+    case MAPFLOW__V1__ENVELOPE__BODY_FLUSH:
+        return env->flush->all_namespaces ? "Flush of every namespace" : NULL;
+    case MAPFLOW__V1__ENVELOPE__BODY_EVICT:
+        return env->evict->all_namespaces ? "Evict of every namespace" : NULL;
+    default: return NULL;
+    }
+}
+
 void mfd_server_dispatch(mfd_conn_t *c, const mf_envelope_t *env, const uint8_t *payload,
                          size_t plen)
 {
@@ -1347,6 +1549,17 @@ void mfd_server_dispatch(mfd_conn_t *c, const mf_envelope_t *env, const uint8_t 
     if (!c->hello_done && env->body_case != MAPFLOW__V1__ENVELOPE__BODY_HELLO) {
         mfd_count(&c->srv->metrics, MFD_C_CONN_REJECTED, 1);
         conn_fail(c, rid, MF_FAILED_PRECONDITION, "the first frame must be Hello");
+        return;
+    }
+    const char *adm = admin_request(env);
+    if (adm && !c->admin) {
+        char who[320];
+        mfd_conn_describe(c, who, sizeof(who));
+        mfd_count(&c->srv->metrics, MFD_C_ADMIN_DENIED, 1);
+        mfd_info("%s refused: %s is not an admin connection", adm, who);
+        mfd_conn_error(c, rid, MF_PERMISSION_DENIED,
+                       "%s needs an admin connection (the admin socket, or Hello.admin_token)",
+                       adm);
         return;
     }
     switch (env->body_case) {
@@ -1368,7 +1581,7 @@ void mfd_server_dispatch(mfd_conn_t *c, const mf_envelope_t *env, const uint8_t 
     case MAPFLOW__V1__ENVELOPE__BODY_LIST: mfd_admin_list(c, rid, env->list); break;
     case MAPFLOW__V1__ENVELOPE__BODY_STATS: mfd_admin_stats(c, rid); break;
     case MAPFLOW__V1__ENVELOPE__BODY_EVICT: mfd_admin_evict(c, rid, env->evict); break;
-    case MAPFLOW__V1__ENVELOPE__BODY_FLUSH: mfd_admin_flush(c, rid); break;
+    case MAPFLOW__V1__ENVELOPE__BODY_FLUSH: mfd_admin_flush(c, rid, env->flush); break;
     case MAPFLOW__V1__ENVELOPE__BODY_CONFIG_GET:
         mfd_admin_config_get(c, rid, env->config_get);
         break;
@@ -1416,6 +1629,7 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
     if (n < 0)
         return;
     mf_frame_reader_commit(&c->rd, (size_t)n);
+    c->last_rx_ms = mfd_now_ms();
     /* Keep the connection alive across dispatch: a handler may close it. */
     mfd_conn_hold(c);
     while (!c->dead && !c->closing) {
@@ -1452,13 +1666,16 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
     mfd_conn_unhold(c);
 }
 
-mf_status_t mfd_server_adopt(mfd_server_t *s, int fd, const mfd_transport_t *tp,
-                             const char *peer_name)
+static mf_status_t adopt(mfd_server_t *s, int fd, const mfd_transport_t *tp,
+                         const char *peer_name, mfd_conn_t **out)
 {
+    *out = NULL;
     if (s->draining || s->n_conns >= s->cfg.max_connections) {
         mfd_count(&s->metrics, MFD_C_CONN_REJECTED, 1);
-        mfd_warn("refusing a %s connection: %s", tp->name,
+        char what[96];
+        snprintf(what, sizeof(what), "refusing a %s connection: %s", tp->name,
                  s->draining ? "draining" : "max_connections reached");
+        accept_warn(s, what);
         close(fd);
         return MF_UNAVAILABLE;
     }
@@ -1484,6 +1701,7 @@ mf_status_t mfd_server_adopt(mfd_server_t *s, int fd, const mfd_transport_t *tp,
         return MF_RESOURCE_EXHAUSTED;
     }
     snprintf(c->peer, sizeof(c->peer), "%s", peer_name);
+    c->accepted_ms = c->last_rx_ms = mfd_now_ms();
     c->next = s->conns;
     if (s->conns)
         s->conns->prev = c;
@@ -1491,13 +1709,20 @@ mf_status_t mfd_server_adopt(mfd_server_t *s, int fd, const mfd_transport_t *tp,
     s->n_conns++;
     mfd_count(&s->metrics, MFD_C_CONN_ACCEPTED, 1);
     event_add(c->rev, NULL);
+    *out = c;
     return MF_OK;
+}
+
+mf_status_t mfd_server_adopt(mfd_server_t *s, int fd, const mfd_transport_t *tp,
+                             const char *peer_name)
+{
+    mfd_conn_t *c;
+    return adopt(s, fd, tp, peer_name, &c);
 }
 
 static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa,
                       int socklen, void *arg)
 {
-    (void)l;
     (void)socklen;
     mfd_server_t *s = arg;
     const mfd_transport_t *tp = sa->sa_family == AF_UNIX ? &mfd_transport_unix
@@ -1511,23 +1736,73 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
     } else if (sa->sa_family == AF_INET6) {
         snprintf(peer, sizeof(peer), "tcp6:#%d", fd);
     } else {
-        snprintf(peer, sizeof(peer), "unix:#%d", fd);
+        snprintf(peer, sizeof(peer), "%s:#%d", l == s->admin_l ? "admin" : "unix", fd);
     }
-    mfd_server_adopt(s, fd, tp, peer);
+    mfd_conn_t *c;
+    if (adopt(s, fd, tp, peer, &c) != MF_OK)
+        return;
+    if (l == s->admin_l)
+        c->admin = MFD_ADMIN_SOCKET;
+    struct ucred uc;
+    socklen_t ul = sizeof(uc);
+    if (sa->sa_family == AF_UNIX && getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &uc, &ul) == 0)
+        snprintf(c->creds, sizeof(c->creds), "pid %d uid %u", (int)uc.pid, (unsigned)uc.uid);
+}
+
+/* evhttp's listener calls back with evhttp's argument, not ours: it only stops itself
+ * (libevent would log and retry in a loop) and the tick turns it on again. */
+static void on_http_accept_error(struct evconnlistener *l, void *arg)
+{
+    (void)arg;
+    static uint64_t last_ms, suppressed;
+    int err = EVUTIL_SOCKET_ERROR();
+    uint64_t now = mfd_now_ms();
+    evconnlistener_disable(l);
+    if (last_ms && now - last_ms < 10000) {
+        suppressed++;
+        return;
+    }
+    mfd_warn("http accept: %s; paused for a tick (%llu more such events not logged)",
+             strerror(err), (unsigned long long)suppressed);
+    last_ms = now;
+    suppressed = 0;
+}
+
+/* accept() failed. At the descriptor limit the listening socket stays readable, so
+ * accepting on would spin: stop listening until a connection closes (or a tick passes). */
+static void on_accept_error(struct evconnlistener *l, void *arg)
+{
+    (void)l;
+    mfd_server_t *s = arg;
+    int err = EVUTIL_SOCKET_ERROR();
+    char what[160];
+    snprintf(what, sizeof(what), "accept: %s%s", strerror(err),
+             err == EMFILE || err == ENFILE ? "; not accepting until a descriptor is free" : "");
+    accept_warn(s, what);
+    if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
+        if (!s->accept_paused)
+            mfd_count(&s->metrics, MFD_C_ACCEPT_PAUSED, 1);
+        s->accept_paused = 1;
+        set_listening(s, 0);
+    }
 }
 
 /* ==== listeners ======================================================================= */
 
-static mf_status_t listen_unix(mfd_server_t *s, char *err, size_t errlen)
+/* The tenant socket (0660) or the admin socket (0600: only our user runs admin requests
+ * through it). */
+static mf_status_t listen_unix(mfd_server_t *s, const char *path, mode_t mode,
+                               struct evconnlistener **out, char *bound, size_t bound_len,
+                               char *err, size_t errlen)
 {
     struct sockaddr_un sun = {0};
     sun.sun_family = AF_UNIX;
-    if (strlen(s->cfg.socket) >= sizeof(sun.sun_path)) {
+    if (strlen(path) >= sizeof(sun.sun_path)) {
         snprintf(err, errlen, "socket path longer than %zu bytes: %s", sizeof(sun.sun_path) - 1,
-                 s->cfg.socket);
+                 path);
         return MF_INVALID_ARGUMENT;
     }
-    strcpy(sun.sun_path, s->cfg.socket);
+    strcpy(sun.sun_path, path);
     struct stat sb;
     if (lstat(sun.sun_path, &sb) == 0) {
         if (!S_ISSOCK(sb.st_mode)) {
@@ -1545,22 +1820,28 @@ static mf_status_t listen_unix(mfd_server_t *s, char *err, size_t errlen)
         }
         unlink(sun.sun_path);
     }
+    /* Created without group/other access at all, then opened up to `mode`: no window in
+     * which another user can connect to the admin socket. */
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0 || bind(fd, (struct sockaddr *)&sun, sizeof(sun)) != 0 ||
-        chmod(sun.sun_path, 0660) != 0 || listen(fd, 128) != 0) {
+    mode_t old = umask(0177);
+    int bad = fd < 0 || bind(fd, (struct sockaddr *)&sun, sizeof(sun)) != 0;
+    umask(old);
+    if (bad || chmod(sun.sun_path, mode) != 0 || listen(fd, 128) != 0) {
         snprintf(err, errlen, "unix socket %s: %s", sun.sun_path, strerror(errno));
         if (fd >= 0)
             close(fd);
         return MF_UNAVAILABLE;
     }
-    s->unix_l = evconnlistener_new(s->base, on_accept, s, LEV_OPT_CLOSE_ON_FREE, -1, fd);
-    if (!s->unix_l) {
+    *out = evconnlistener_new(s->base, on_accept, s, LEV_OPT_CLOSE_ON_FREE, -1, fd);
+    if (!*out) {
         close(fd);
         snprintf(err, errlen, "cannot listen on %s", sun.sun_path);
         return MF_UNAVAILABLE;
     }
-    snprintf(s->unix_path, sizeof(s->unix_path), "%s", sun.sun_path);
-    mfd_info("listening on unix:%s (mode 0660)", s->unix_path);
+    evconnlistener_set_error_cb(*out, on_accept_error);
+    snprintf(bound, bound_len, "%s", sun.sun_path);
+    mfd_info("listening on %s:%s (mode %04o)", out == &s->admin_l ? "admin" : "unix", bound,
+             (unsigned)mode);
     return MF_OK;
 }
 
@@ -1605,6 +1886,7 @@ static mf_status_t listen_tcp(mfd_server_t *s, char *err, size_t errlen)
         snprintf(err, errlen, "tcp: cannot listen on %s: %s", s->cfg.tcp, strerror(errno));
         return MF_UNAVAILABLE;
     }
+    evconnlistener_set_error_cb(s->tcp_l, on_accept_error);
     mfd_format_bound(evconnlistener_get_fd(s->tcp_l), s->tcp_addr, sizeof(s->tcp_addr));
     mfd_info("listening on tcp:%s%s", s->tcp_addr, s->cfg.token[0] ? " (token required)" : "");
     return MF_OK;
@@ -1642,6 +1924,30 @@ static void expire_partial_frames(mfd_server_t *s, uint64_t now)
     }
 }
 
+/* Closes connections that never sent Hello within hello_timeout, or sent nothing for
+ * idle_timeout while awaiting no reply (each holds a descriptor and a slot). */
+static void expire_silent(mfd_server_t *s, uint64_t now)
+{
+    uint64_t hello = s->cfg.hello_timeout_ms, idle = s->cfg.idle_timeout_ms;
+    for (mfd_conn_t *c = s->conns, *next; c; c = next) {
+        next = c->next;
+        if (c->dead || c->closing)
+            continue;
+        if (!c->hello_done && hello && now - c->accepted_ms >= hello) {
+            mfd_info("connection %s: no Hello within hello_timeout (%llu ms), closing", c->peer,
+                     (unsigned long long)hello);
+            mfd_count(&s->metrics, MFD_C_CONN_HELLO_TIMEOUT, 1);
+            conn_close(c);
+        } else if (c->hello_done && idle && !c->pending && !c->read_paused &&
+                   now - c->last_rx_ms >= idle) {
+            mfd_info("connection %s (%s): silent for idle_timeout (%llu ms), closing", c->peer,
+                     c->name, (unsigned long long)idle);
+            mfd_count(&s->metrics, MFD_C_CONN_IDLE_TIMEOUT, 1);
+            conn_close(c);
+        }
+    }
+}
+
 static void on_tick(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
@@ -1650,6 +1956,11 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
     uint64_t now = mfd_now_ms();
     mfd_tickets_expire(s->tickets, now, expire_ticket, s);
     expire_partial_frames(s, now);
+    expire_silent(s, now);
+    /* Descriptors may come free without a connection closing (RocksDB files, peers). */
+    accept_resume(s);
+    if (s->http_l && !s->draining)
+        evconnlistener_enable(s->http_l);
 }
 
 static void on_signal(evutil_socket_t sig, short what, void *arg)
@@ -1749,7 +2060,23 @@ mf_status_t mfd_server_create(mfd_config_t *cfg, const char *config_path,
         snprintf(err, errlen, "cannot attach the SSD tier to the loop");
         goto fail;
     }
-    if ((st = listen_unix(s, err, errlen)) != MF_OK)
+    if (s->cfg.max_unsent < s->cfg.max_frame) {
+        snprintf(err, errlen, "max_unsent (%llu) must be at least max_frame (%llu): one reply "
+                 "may be that large", (unsigned long long)s->cfg.max_unsent,
+                 (unsigned long long)s->cfg.max_frame);
+        st = MF_INVALID_ARGUMENT;
+        goto fail;
+    }
+    if ((st = listen_unix(s, s->cfg.socket, 0660, &s->unix_l, s->unix_path,
+                          sizeof(s->unix_path), err, errlen)) != MF_OK)
+        goto fail;
+    if (strcmp(s->cfg.admin_socket, s->cfg.socket) == 0) {
+        snprintf(err, errlen, "admin_socket must differ from socket (%s)", s->cfg.socket);
+        st = MF_INVALID_ARGUMENT;
+        goto fail;
+    }
+    if ((st = listen_unix(s, s->cfg.admin_socket, 0600, &s->admin_l, s->admin_path,
+                          sizeof(s->admin_path), err, errlen)) != MF_OK)
         goto fail;
     if (s->cfg.tcp[0] && (st = listen_tcp(s, err, errlen)) != MF_OK)
         goto fail;
@@ -1757,6 +2084,8 @@ mf_status_t mfd_server_create(mfd_config_t *cfg, const char *config_path,
         goto fail;
     if (s->cfg.http[0] && (st = mfd_http_start(s, err, errlen)) != MF_OK)
         goto fail;
+    if (s->http_l)
+        evconnlistener_set_error_cb(s->http_l, on_http_accept_error);
     s->sig_term = evsignal_new(s->base, SIGTERM, on_signal, s);
     s->sig_int = evsignal_new(s->base, SIGINT, on_signal, s);
     s->sig_hup = evsignal_new(s->base, SIGHUP, on_signal, s);
@@ -1794,6 +2123,11 @@ mf_status_t mfd_server_run(mfd_server_t *s)
         s->unix_l = NULL;
         unlink(s->unix_path);
     }
+    if (s->admin_l) {
+        evconnlistener_free(s->admin_l);
+        s->admin_l = NULL;
+        unlink(s->admin_path);
+    }
     if (s->tcp_l) {
         evconnlistener_free(s->tcp_l);
         s->tcp_l = NULL;
@@ -1823,6 +2157,10 @@ void mfd_server_destroy(mfd_server_t *s)
     if (s->unix_l) {
         evconnlistener_free(s->unix_l);
         unlink(s->unix_path);
+    }
+    if (s->admin_l) {
+        evconnlistener_free(s->admin_l);
+        unlink(s->admin_path);
     }
     if (s->tcp_l)
         evconnlistener_free(s->tcp_l);
@@ -1858,14 +2196,16 @@ void mfd_server_destroy(mfd_server_t *s)
 /* ==== config ========================================================================== */
 
 mf_status_t mfd_server_config_set(mfd_server_t *s, const char *key, const char *value,
-                                  char *err, size_t errlen)
+                                  const char *who, char *err, size_t errlen)
 {
     mf_status_t st = mfd_config_set(&s->cfg, key, value, 1, err, errlen);
     if (st == MF_OK) {
         mfd_log_set_level((mfd_log_level_t)s->cfg.log_level);
         char v[256];
         mfd_config_get(&s->cfg, key, 1, v, sizeof(v));
-        mfd_info("config: %s = %s", key, v);
+        mfd_info("config: %s = %s (set by %s)", key, v, who);
+    } else {
+        mfd_info("config: set %s refused (by %s): %s", key, who, err);
     }
     return st;
 }
@@ -1906,6 +2246,8 @@ mf_status_t mfd_server_reload(mfd_server_t *s, char *err, size_t errlen)
         mfd_config_set(&fresh, "socket", s->cfg.socket, 0, e2, sizeof(e2));
     if (!fresh.data_dir[0])
         mfd_config_set(&fresh, "data_dir", s->cfg.data_dir, 0, e2, sizeof(e2));
+    if (!fresh.admin_socket[0])
+        mfd_config_set(&fresh, "admin_socket", s->cfg.admin_socket, 0, e2, sizeof(e2));
     /* token / token_file are one setting (a rotated file, or a switch between the two,
      * would fail key by key): take them together. */
     int token_changed = 0;
@@ -1948,6 +2290,15 @@ mf_status_t mfd_server_reload(mfd_server_t *s, char *err, size_t errlen)
             mfd_warn("reload: %s changed in %s but needs a restart; keeping %s", k,
                      s->config_path, a);
         }
+    }
+    /* A peers file may change under the same path: compare what it lists. */
+    if (strcmp(fresh.peer_list, s->cfg.peer_list) != 0) {
+        char *t = s->cfg.peer_list;
+        s->cfg.peer_list = fresh.peer_list;
+        fresh.peer_list = t;
+        mfd_info("reload: peers changed");
+        nlen = append_name(names, sizeof(names), nlen, "peers");
+        changed++;
     }
     mfd_log_set_level((mfd_log_level_t)s->cfg.log_level);
     mfd_config_deinit(&fresh);

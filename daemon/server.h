@@ -14,6 +14,13 @@
  * and write the whole arena: namespace isolation is enforced by this API, not against
  * a hostile local process — guard the socket's directory and group.
  *
+ * Admin: connections on the admin socket (0600) or with Hello.admin_token may send the
+ * admin requests (ConfigSet, ProfilePut, Flush / Evict of every namespace); the
+ * dispatcher refuses others PERMISSION_DENIED. Peers named by a request must be in config
+ * `peers`. Bounds: hello_timeout / idle_timeout / frame_timeout (tick), max_unsent (output),
+ * max_lookup (per request), reservation_share (per namespace, mfd_ns_acct), and the
+ * listeners pause at the descriptor limit.
+ *
  * Ownership: the server owns the config it was given, the store, every connection and
  * all tickets. Thread safety: everything runs on the loop thread; mfd_server_stop may
  * be called from any thread, even before mfd_server_run starts (it activates an event).
@@ -36,6 +43,8 @@
 typedef struct mfd_server mfd_server_t;
 typedef struct mfd_http mfd_http_t;
 
+typedef enum mfd_admin_via { MFD_ADMIN_NO, MFD_ADMIN_SOCKET, MFD_ADMIN_TOKEN } mfd_admin_via_t;
+
 typedef struct mfd_conn {
     mfd_server_t *srv;
     const mfd_transport_t *tp;
@@ -44,16 +53,20 @@ typedef struct mfd_conn {
     struct evbuffer *out;
     mf_frame_reader_t rd;
     int hello_done, has_arena;
+    int admin;               /* mfd_admin_via_t: may run admin requests (server.c) */
+    struct mfd_ns_acct *acct; /* this namespace's reservation bytes (after Hello) */
     size_t gpu_arenas;       /* GPU arenas announced in HelloReply (want_gpu_arena, unix) */
     int closing;             /* flush the output, then close (after a fatal error) */
     int dead;                /* closed; freed when `pending` reaches 0 */
     int read_paused;         /* output backlog too large */
     uint64_t partial_since_ms; /* when the partial frame now buffered began; 0 = none */
+    uint64_t accepted_ms, last_rx_ms; /* hello_timeout / idle_timeout clocks */
     unsigned pending;        /* async operations that will reply later */
     char ns[MFD_NS_MAX + 1];
     size_t ns_len;
     char name[64];           /* Hello.client_name, for logs */
     char peer[80];
+    char creds[48];          /* unix sockets: "pid P uid U" (SO_PEERCRED), for logs */
     uint64_t session_id;
     struct mfd_conn *prev, *next;
 } mfd_conn_t;
@@ -68,10 +81,14 @@ struct mfd_server {
     mfd_metrics_t metrics;
     mfd_tickets_t *tickets;
     uint64_t leased_rows;    /* rows under a lease (a lease ticket covers a Get's rows) */
-    struct evconnlistener *unix_l, *tcp_l;
-    char unix_path[4096];
+    struct evconnlistener *unix_l, *tcp_l, *admin_l;
+    char unix_path[4096], admin_path[4096];
+    int accept_paused;       /* out of descriptors: listeners off until a connection closes */
+    uint64_t accept_log_ms, accept_log_suppressed; /* rate limit of accept warnings */
+    struct mfd_ns_acct *ns_accts; /* namespaces with a live connection */
     char tcp_addr[128], http_addr[128];   /* as bound (actual port) */
     mfd_http_t *http;
+    struct evconnlistener *http_l; /* evhttp's listener (http.c), NULL when off */
     struct event *sig_term, *sig_int, *sig_hup, *tick, *stop_ev;
     mfd_conn_t *conns;
     size_t n_conns;
@@ -97,9 +114,12 @@ void mfd_server_destroy(mfd_server_t *s);
 /* SIGHUP: re-reads the config file and applies changed live keys. */
 mf_status_t mfd_server_reload(mfd_server_t *s, char *err, size_t errlen);
 
-/* Applies a live key (config set / reload) and its side effects (log level). */
+/* Applies a live key (config set / reload) and its side effects (log level); the log
+ * line names `who` made the change. */
 mf_status_t mfd_server_config_set(mfd_server_t *s, const char *key, const char *value,
-                                  char *err, size_t errlen);
+                                  const char *who, char *err, size_t errlen);
+/* "connection unix:#7 (pid 12 uid 1000, admin socket), client 'x', namespace 'y'". */
+void mfd_conn_describe(const mfd_conn_t *c, char *out, size_t n);
 
 /* ---- used by admin.c / http.c (loop thread) ------------------------------------------ */
 

@@ -65,3 +65,12 @@ int mf_addr_is_loopback(const struct sockaddr_storage *ss)
         return IN6_IS_ADDR_LOOPBACK(&((const struct sockaddr_in6 *)ss)->sin6_addr);
     return 0;
 }
+
+void mf_admin_socket_path(const char *socket, char *out, size_t n)
+{
+    size_t l = strlen(socket);
+    if (l > 5 && strcmp(socket + l - 5, ".sock") == 0)
+        snprintf(out, n, "%.*s-admin.sock", (int)(l - 5), socket);
+    else
+        snprintf(out, n, "%s-admin", socket);
+}

@@ -36,6 +36,10 @@ mf_status_t mf_addr_resolve(const char *spec, int passive, struct sockaddr_stora
 /* 1 for 127.0.0.0/8 and ::1. */
 int mf_addr_is_loopback(const struct sockaddr_storage *ss);
 
+/* The daemon's default admin socket beside its unix socket: "D/NAME.sock" becomes
+ * "D/NAME-admin.sock", any other PATH "PATH-admin" (mapflowd and mapflowctl agree). */
+void mf_admin_socket_path(const char *socket, char *out, size_t n);
+
 #ifdef __cplusplus
 }
 #endif

@@ -170,6 +170,55 @@ mf_status_t mf_frame_parse(const void *data, size_t len, uint32_t max_frame,
     return MF_OK;
 }
 
+static int read_varint(const uint8_t **p, const uint8_t *end, uint64_t *v)
+{
+    *v = 0;
+    for (unsigned shift = 0; *p < end && shift < 64; shift += 7) {
+        uint8_t b = *(*p)++;
+        *v |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80))
+            return 0;
+    }
+    return -1;
+}
+
+/* protobuf-c hands strings over as C strings, so one carrying a NUL would be read cut
+ * short ("ab\0cd" as "ab", "token\0junk" as "token"). The message decoded already; walk
+ * its wire bytes with the descriptors and refuse a NUL in any string field. */
+static int strings_have_nul(const ProtobufCMessageDescriptor *d, const uint8_t *p,
+                            size_t len, int depth)
+{
+    const uint8_t *end = p + len;
+    while (p < end) {
+        uint64_t key, n;
+        if (read_varint(&p, end, &key) != 0)
+            return 0; /* unpack accepted it; nothing more to learn here */
+        switch (key & 7) {
+        case 0:
+            if (read_varint(&p, end, &n) != 0)
+                return 0;
+            break;
+        case 1: p += 8; break;
+        case 5: p += 4; break;
+        case 2: {
+            if (read_varint(&p, end, &n) != 0 || n > (uint64_t)(end - p))
+                return 0;
+            const ProtobufCFieldDescriptor *fd =
+                protobuf_c_message_descriptor_get_field(d, (unsigned)(key >> 3));
+            if (fd && fd->type == PROTOBUF_C_TYPE_STRING && memchr(p, 0, (size_t)n))
+                return 1;
+            if (fd && fd->type == PROTOBUF_C_TYPE_MESSAGE && depth < 16 &&
+                strings_have_nul(fd->descriptor, p, (size_t)n, depth + 1))
+                return 1;
+            p += n;
+            break;
+        }
+        default: return 0; /* groups: not in this protocol */
+        }
+    }
+    return 0;
+}
+
 mf_status_t mf_envelope_decode(const mf_frame_t *f, mf_envelope_t **env, const char **why)
 {
     const char *dummy;
@@ -185,6 +234,12 @@ mf_status_t mf_envelope_decode(const mf_frame_t *f, mf_envelope_t **env, const c
         *env = NULL;
         *why = "unknown message type";
         return MF_UNIMPLEMENTED;
+    }
+    if (strings_have_nul(&mapflow__v1__envelope__descriptor, f->msg, f->msg_len, 0)) {
+        mapflow__v1__envelope__free_unpacked(*env, NULL);
+        *env = NULL;
+        *why = "a string field contains a NUL byte";
+        return MF_INVALID_ARGUMENT;
     }
     return MF_OK;
 }

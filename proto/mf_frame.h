@@ -78,8 +78,8 @@ mf_status_t mf_frame_parse(const void *data, size_t len, uint32_t max_frame,
 
 /*
  * Unpacks the Envelope of a frame. MF_INVALID_ARGUMENT "malformed message" when
- * protobuf-c rejects it, MF_UNIMPLEMENTED "unknown message type" when no known body is
- * set. Free with mf_envelope_free.
+ * protobuf-c rejects it or a string field holds a NUL byte (it would be read cut short),
+ * MF_UNIMPLEMENTED "unknown message type" when no known body is set. Free with mf_envelope_free.
  */
 mf_status_t mf_envelope_decode(const mf_frame_t *f, mf_envelope_t **env, const char **why);
 void mf_envelope_free(mf_envelope_t *env);

@@ -1,5 +1,6 @@
 /* bench_mapflow — libmapflow clients for the benchmark (one channel per client thread). */
 #include "bench_mapflow.h"
+#include "mf_addr.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -422,6 +423,13 @@ void mfb_mapflow_settle(const char *target, double max_s, const char *when)
 
 mf_status_t mfb_mapflow_config(const char *target, const char *key, const char *value)
 {
+    /* ConfigSet is an admin request: a unix-socket daemon's admin socket is beside it. */
+    char apath[4096], atarget[4200];
+    if (!strncmp(target, "unix:", 5)) {
+        mf_admin_socket_path(target + 5, apath, sizeof apath);
+        snprintf(atarget, sizeof atarget, "unix:%s", apath);
+        target = atarget;
+    }
     mf_channel_t *ch;
     mf_status_t st = mfb_mapflow_open(target, &ch);
     if (st != MF_OK)

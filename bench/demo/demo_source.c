@@ -15,6 +15,7 @@
 #include "demo_model.h"
 #include "mapflow.h"
 #include "mapflow_kernels.h"
+#include "mf_addr.h"
 #include "mf_profile.h"
 #include "npy.h"
 
@@ -135,15 +136,27 @@ int main(int argc, char **argv)
         if (f)
             fclose(f);
         /* A profile of a few layers is a few KiB; refuse rather than truncate a huge one. */
+        /* ProfilePut is an admin request: a unix-socket daemon's admin socket sits beside
+         * its socket (mf_addr.h); other targets need the channel itself to be admin. */
+        char apath[4096], atarget[4200];
+        mf_channel_t *adm = NULL;
+        if (!strncmp(daemon, "unix:", 5)) {
+            mf_admin_socket_path(daemon + 5, apath, sizeof apath);
+            snprintf(atarget, sizeof atarget, "unix:%s", apath);
+            adm = demo_connect(atarget, ns, "demo-source-admin");
+        }
+        mf_channel_t *pc = adm ? adm : ch;
         st = len == 0 ? MF_NOT_FOUND
              : len == sizeof pb ? MF_OUT_OF_RANGE
-                                : mf_profile_put(ch, pb, len, MF_TIMEOUT_DEFAULT);
+                                : mf_profile_put(pc, pb, len, MF_TIMEOUT_DEFAULT);
         if (st != MF_OK) {
             fprintf(stderr, "source: profile put failed: %s %s\n", mf_status_name(st),
-                    mf_channel_last_error(ch));
+                    mf_channel_last_error(pc));
+            mf_channel_close(adm);
             mf_channel_close(ch);
             return 1;
         }
+        mf_channel_close(adm);
     }
 
     uint32_t n = s.n_tokens, h = s.src_heads, d = s.head_dim, nb = n / block;

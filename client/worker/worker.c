@@ -25,6 +25,7 @@
 #include "gpt.h"
 #include "handoff.h"
 #include "mapflow.h"
+#include "mf_addr.h"
 #include "mf_profile.h"
 #include "tokenizer.h"
 
@@ -74,6 +75,11 @@ static mf_channel_t *connect_daemon(const opts_t *o, int gpu)
                                .gpu_device = gpu };
     if (gpu >= 0)
         cp.field_mask |= MF_CHANNEL_PARAM_GPU;
+    const char *atok = getenv("MAPFLOW_ADMIN_TOKEN");
+    if (atok && atok[0]) {
+        cp.field_mask |= MF_CHANNEL_PARAM_ADMIN_TOKEN;
+        cp.admin_token = atok;
+    }
     mf_channel_t *ch = NULL;
     mf_status_t st = mf_channel_open(o->daemon, &cp, &ch);
     if (st == MF_OK)
@@ -82,6 +88,35 @@ static mf_channel_t *connect_daemon(const opts_t *o, int gpu)
             mf_status_name(st), ch ? mf_channel_last_error(ch) : "");
     mf_channel_close(ch);
     return NULL;
+}
+
+/* ProfilePut is an admin request: with MAPFLOW_ADMIN_TOKEN the daemon channel carries
+ * it; else a unix-socket daemon's admin socket (beside its socket, mf_addr.h) is used,
+ * which only the daemon's user may open. */
+static mf_status_t put_profile(const opts_t *o, mf_channel_t *ch, const char *pb, size_t len,
+                               char *err, size_t errlen)
+{
+    const char *atok = getenv("MAPFLOW_ADMIN_TOKEN");
+    const char *path = !strncmp(o->daemon, "unix:", 5) ? o->daemon + 5
+                       : strchr(o->daemon, ':') ? NULL : o->daemon;
+    mf_channel_t *adm = NULL;
+    char target[4200], apath[4096];
+    if (!(atok && atok[0]) && path) {
+        mf_admin_socket_path(path, apath, sizeof(apath));
+        snprintf(target, sizeof(target), "unix:%s", apath);
+        mf_channel_params_t cp = {.field_mask = MF_CHANNEL_PARAM_NS | MF_CHANNEL_PARAM_CLIENT_NAME,
+                                  .ns = o->ns, .client_name = o->role};
+        if (mf_channel_open(target, &cp, &adm) != MF_OK) {
+            snprintf(err, errlen, "%.256s: %.200s", target, mf_channel_last_error(adm));
+            mf_channel_close(adm);
+            return MF_UNAVAILABLE;
+        }
+    }
+    mf_channel_t *use = adm ? adm : ch;
+    mf_status_t st = mf_profile_put(use, pb, len, MF_TIMEOUT_DEFAULT);
+    snprintf(err, errlen, "%s", st == MF_OK ? "" : mf_channel_last_error(use));
+    mf_channel_close(adm);
+    return st;
 }
 
 /* Text to tokens; the first n (all when n = 0) are kept. */
@@ -145,8 +180,9 @@ static int run_source(const opts_t *o, mfw_backend_t *be, const mfw_gpt_t *m,
         rc = 3;
         goto out;
     }
-    if (!e || (st = mf_profile_put(ch, pb, pb_len, MF_TIMEOUT_DEFAULT)) != MF_OK) {
-        fprintf(stderr, "source: profile put: %s %s\n", mf_status_name(st), mf_channel_last_error(ch));
+    char perr[512] = "";
+    if (!e || (st = put_profile(o, ch, pb, pb_len, perr, sizeof(perr))) != MF_OK) {
+        fprintf(stderr, "source: profile put: %s %s\n", mf_status_name(st), perr);
         goto out;
     }
     uint32_t layers[MFW_MAX_LAYERS];

@@ -21,7 +21,7 @@ M=ucxm
 Bk=16
 
 ucxd_start A --ucx 127.0.0.1:0 --token "$TOKEN"
-ucxd_start B --token "$TOKEN"
+ucxd_start B --token "$TOKEN" --peers "$UCX_A"
 [ -n "$UCX_A" ] || fail "A logged no 'listening on ucx:' line"
 
 "$PYTHON" - "$UT/tok" <<'PY'

@@ -6,7 +6,7 @@
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/../reliability/rel_lib.sh"
 
-mf_fresh --host_bytes 1mb --ssd_bytes 0
+mf_fresh --host_bytes 1mb --ssd_bytes 0 --reservation_share 1 # one tenant may fill it here
 rel_run "$MF_TMP/arena.out" fault-arena --target "$MF_SOCK" || fail "arena / lease-kill"
 v=$(rel_metric 'errors_total{code="RESOURCE_EXHAUSTED"}')
 [ "${v:-0}" -ge 1 ] || fail "errors_total{code=RESOURCE_EXHAUSTED} is '$v'"

@@ -5,7 +5,7 @@
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/../reliability/rel_lib.sh"
 TOKEN=rel-$RANDOM-$RANDOM-secret
-mf_start --tcp 127.0.0.1:0 --token "$TOKEN"
+mf_start --tcp 127.0.0.1:0 --token "$TOKEN" --peers 127.0.0.1:1
 [ -n "$MF_TCP_PORT" ] || fail "no tcp port in the daemon log"
 rel_run "$MF_TMP/sec.out" security --unix "$MF_SOCK" --tcp "127.0.0.1:$MF_TCP_PORT" \
   --token "$TOKEN" || fail "security checks"

@@ -11,7 +11,7 @@ N=24
 SHAPE=(--layers $N --first-block 130 --blocks 1 --size 8000000)
 
 ucxd_start A --ucx 127.0.0.1:0 --host_bytes 512mb --ssd_bytes 0 --max_frame 64mb
-ucxd_start B --host_bytes 512mb --log_level debug --ssd_bytes 0
+ucxd_start B --host_bytes 512mb --log_level debug --ssd_bytes 0 --peers "$UCX_A"
 tool put --socket "$SOCK_A" "${SHAPE[@]}" --seed 3 | sed 's/^/A /'
 
 # The whole Get takes a few hundred ms on loopback TCP; stop A as soon as B says the

@@ -29,7 +29,8 @@ ip -n "$NSA" link set "$VA" up && ip -n "$NSB" link set "$VB" up || fail "links 
 TOKEN=netns-$$
 SHAPE=(--layers 2 --first-block 0 --blocks 5 --size 300000 --vary --seed 11)
 UCXD_WRAP="ip netns exec $NSA" ucxd_start A --ucx "$NET.1:0" --token "$TOKEN"
-UCXD_WRAP="ip netns exec $NSB" ucxd_start B --token "$TOKEN"
+# B lists A, and the same port on its own loopback so that request is dialled (and fails).
+UCXD_WRAP="ip netns exec $NSB" ucxd_start B --token "$TOKEN" --peers "$UCX_A,127.0.0.1:${UCX_A##*:}"
 case "$UCX_A" in "$NET.1:"*) ;; *) fail "A's UCX listener is '$UCX_A', not on $NET.1" ;; esac
 echo "A in $NSA listens on ucx:$UCX_A; B in $NSB"
 

@@ -3,8 +3,9 @@
 # read by a client of B through the peer path (Get.peer = A's UCX listener), bytes
 # identical; the second read is a local hit (no new peer traffic); Lookup.peer counts A's
 # blocks; a partial miss fetches only what is missing; A's leases are released; a daemon
-# peering with the wrong token (and a UCX client with none) is refused; bad or dead peer
-# addresses answer INVALID_ARGUMENT / UNAVAILABLE; a non-loopback UCX listener without a
+# peering with the wrong token (and a UCX client with none) is refused; a peer address
+# not in `peers` answers PERMISSION_DENIED, a dead listed one UNAVAILABLE; a non-loopback
+# UCX listener without a
 # token is refused at start. UCX_TLS=tcp: the cross-daemon path runs over the network
 # transport (sockets on 127.0.0.1), not shared memory.
 source "$(dirname "$0")/../../bench/ucx/daemons.sh"
@@ -13,7 +14,8 @@ TOKEN=t0k3n-$$
 SHAPE=(--layers 3 --first-block 0 --blocks 6 --size 100000 --vary --seed 7)
 
 ucxd_start A --ucx 127.0.0.1:0 --token "$TOKEN"
-ucxd_start B --token "$TOKEN"
+[ -n "$UCX_A" ] || fail "A logged no 'listening on ucx:' line"
+ucxd_start B --token "$TOKEN" --peers "$UCX_A"
 [ -n "$UCX_A" ] || fail "A logged no 'listening on ucx:' line"
 echo "A: ucx $UCX_A; B: no UCX listener (its context starts at the first peer request)"
 
@@ -70,7 +72,7 @@ fi
 grep -q UNAUTHENTICATED "$UT/notoken.err" || fail "no UNAUTHENTICATED for the tokenless client: $(cat "$UT/notoken.err")"
 
 # A daemon peering with the wrong token is refused; nothing lands in its cache.
-ucxd_start C --token "not-$TOKEN"
+ucxd_start C --token "not-$TOKEN" --peers "$UCX_A,127.0.0.1:1"
 out=$(tool get --socket "$SOCK_C" "${SHAPE[@]}" --peer "$UCX_A"); echo "C (wrong token) $out"
 expect_eq "$(field "$out" unauthenticated)" 18 "wrong token: rows UNAUTHENTICATED"
 expect_eq "$(ucxd_metric C mapflowd_tier_entries{tier=\"host\"})" 0 "wrong token: nothing cached"
@@ -78,9 +80,11 @@ expect_eq "$(ucxd_metric C mapflowd_tier_entries{tier=\"host\"})" 0 "wrong token
   || fail "A did not count the refused Hellos"
 [ "$(ucxd_metric C "mapflowd_peer_errors_total{peer=\"$UCX_A\"}")" -ge 1 ] || fail "C counted no peer error"
 
-# Bad and dead peer addresses.
+# Addresses not in `peers` (B lists only A) are refused; a dead listed one is UNAVAILABLE.
 out=$(tool get --socket "$SOCK_C" "${SHAPE[@]}" --peer not-an-address || true)
-expect_eq "$(field "$out" error)" INVALID_ARGUMENT "unparsable peer"
+expect_eq "$(field "$out" error)" PERMISSION_DENIED "unlisted, unparsable peer"
+out=$(tool get --socket "$SOCK_B" "${SHAPE[@]}" --peer 127.0.0.1:1 || true)
+expect_eq "$(field "$out" error)" PERMISSION_DENIED "peer not in B's peers"
 out=$(tool get --socket "$SOCK_C" "${SHAPE[@]}" --peer 127.0.0.1:1)
 expect_eq "$(field "$out" unavailable)" 18 "nobody listens at the peer address"
 tool lookup --socket "$SOCK_C" "${SHAPE[@]}" --peer 127.0.0.1:1 | grep -q 'blocks=0,0,0' \

@@ -43,6 +43,10 @@ class BindingTest(mftest.DaemonTest):
         cls.hashes = mapflow.hash_prefix(NS, MODEL, B, cls.tokens)
         cls.start_daemon(mapflow, "--host_bytes", "64mb")
 
+    def admin_chan(self):
+        # mapflowd's admin socket beside its socket: d.sock -> d-admin.sock
+        return mapflow.Channel("unix:" + self.d.sock[:-len(".sock")] + "-admin.sock", ns=NS)
+
     def chan(self, **kw):
         kw.setdefault("ns", NS)
         return mapflow.Channel("unix:" + self.d.sock, **kw)
@@ -115,6 +119,10 @@ class BindingTest(mftest.DaemonTest):
             self.assertEqual(e.exception.results[1].status, e.exception.code)
             self.assertEqual(list(ch.list()), [])  # nothing sent
             with self.assertRaises(mapflow.MapflowError) as e:
+                ch.config_set("lease_ttl", "15s")  # a tenant channel: not an admin
+            self.assertEqual(e.exception.code, mapflow.PERMISSION_DENIED)
+        with self.admin_chan() as ch:
+            with self.assertRaises(mapflow.MapflowError) as e:
                 ch.config_set("host_bytes", "1gb")  # not live
             self.assertEqual(e.exception.code, mapflow.FAILED_PRECONDITION)
         with self.assertRaises(mapflow.MapflowError) as e:
@@ -140,10 +148,11 @@ class BindingTest(mftest.DaemonTest):
             h = ch.health()
             self.assertTrue(h["ok"])
             self.assertIn("lease_ttl", ch.config_get())
-            self.assertEqual(ch.config_set("lease_ttl", "15s"), ch.config_get("lease_ttl")
-                             ["lease_ttl"][0])
             pb = b"\x0a\x03py1\x12\x03py2\x18\x10"  # MappingProfile{source, target, block 16}
-            ch.profile_put(pb)
+            with self.admin_chan() as adm:  # config set and profile put are admin calls
+                self.assertEqual(adm.config_set("lease_ttl", "15s"),
+                                 ch.config_get("lease_ttl")["lease_ttl"][0])
+                adm.profile_put(pb)
             self.assertEqual(ch.profile_get("py1", "py2"), pb)
             with self.assertRaises(mapflow.MapflowError) as e:
                 ch.profile_get("py1", "nobody")

@@ -154,7 +154,12 @@ static int usage(void)
             "                |fault-corrupt-put|fault-corrupt-check --target T [--pid PID]\n"
             "       rel_tool security --unix PATH --tcp HOST:PORT --token TOKEN\n"
             "       rel_tool storage --mapflowd BIN --dir DIR [--part ssd-open|collision|"
-            "durable-full] [--asan BIN]\n");
+            "durable-full] [--asan BIN]\n"
+            "       rel_tool admin-roles|admin-names --unix PATH --tcp HOST:PORT --token T\n"
+            "                [--admin-token A]\n"
+            "       rel_tool admin-peers|admin-timeouts|admin-lookup --unix PATH\n"
+            "       rel_tool admin-unsent|admin-fds --unix PATH --pid PID [--n N]\n"
+            "       rel_tool admin-quota --unix PATH --host-bytes N\n");
     return 2;
 }
 
@@ -176,6 +181,8 @@ int main(int argc, char **argv)
         rc = rel_cmd_security(argc - 2, argv + 2);
     else if (strcmp(cmd, "storage") == 0)
         rc = rel_cmd_storage(argc - 2, argv + 2);
+    else if (strncmp(cmd, "admin-", 6) == 0)
+        rc = rel_cmd_admin(cmd + 6, argc - 2, argv + 2);
     else
         return usage();
     int fails = atomic_load(&rel_failures);

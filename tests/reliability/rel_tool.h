@@ -7,6 +7,7 @@
  *   fault-*   one injected fault each (arena, slow reader, half frame, disk full, corrupt)
  *   security  tokens, namespaces, wire bounds, a planted hash collision
  *   storage   damaged SSD databases, colliding blocks, a full SSD budget of durable rows
+ *   admin-*   issue 22: the admin boundary, configured peers, connection bounds, names
  *
  * Every command prints `RESULT|id|what was tried|how|what happened` lines (the shell
  * turns them into tests/RELIABILITY.md rows) and exits 0 only when every check held.
@@ -57,5 +58,6 @@ int rel_cmd_load(int argc, char **argv);
 int rel_cmd_fault(const char *which, int argc, char **argv);
 int rel_cmd_security(int argc, char **argv);
 int rel_cmd_storage(int argc, char **argv);
+int rel_cmd_admin(const char *which, int argc, char **argv);
 
 #endif /* REL_TOOL_H */

@@ -207,10 +207,17 @@ int rel_status(const mf_envelope_t *r, int want_case, rel_conn_t *c)
 
 int rel_hello(rel_conn_t *c, const char *ns, const char *token, int want_arena)
 {
+    return rel_hello_admin(c, ns, token, NULL, want_arena);
+}
+
+int rel_hello_admin(rel_conn_t *c, const char *ns, const char *token, const char *admin_token,
+                    int want_arena)
+{
     Mapflow__V1__Hello h = MAPFLOW__V1__HELLO__INIT;
     h.protocol_version = MF_PROTOCOL_VERSION;
     h.namespace_ = (char *)ns;
     h.token = (char *)(token ? token : "");
+    h.admin_token = (char *)(admin_token ? admin_token : "");
     h.client_name = "rel";
     h.want_host_arena = want_arena;
     ENV_INIT(env, HELLO, hello, &h);

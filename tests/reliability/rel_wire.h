@@ -38,6 +38,9 @@ void rel_close(rel_conn_t *c);
 
 /* Hello. Returns 0, the ErrorReply code (> 0), or -1 on I/O failure / close. */
 int rel_hello(rel_conn_t *c, const char *ns, const char *token, int want_arena);
+/* Hello carrying admin_token too (NULL = none). */
+int rel_hello_admin(rel_conn_t *c, const char *ns, const char *token, const char *admin_token,
+                    int want_arena);
 /* dial + hello; -1 / code as rel_hello. */
 int rel_open(rel_conn_t *c, const char *target, const char *ns, const char *token,
              int want_arena, int timeout_ms);

@@ -10,7 +10,7 @@
 REL_SRCS := tests/reliability/rel_tool.c tests/reliability/rel_wire.c \
             tests/reliability/rel_crash.c tests/reliability/rel_load.c \
             tests/reliability/rel_faults.c tests/reliability/rel_security.c \
-            tests/reliability/rel_storage.c
+            tests/reliability/rel_storage.c tests/reliability/rel_admin.c
 REL_OBJS := $(REL_SRCS:%.c=$(OBJ)/%.o)
 REL_TOOL := $(BIN)/tests/rel_tool
 

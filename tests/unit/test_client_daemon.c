@@ -472,8 +472,9 @@ static void test_reservations_reclaimed(void **state)
 {
     (void)state;
     daemon_t d;
+    /* reservation_share 1: this one namespace may reserve (nearly) the whole arena. */
     daemon_start(&d, 0, "--host_bytes", "1mb", "--reservation_ttl", "1s", "--ssd_bytes", "0",
-                 NULL);
+                 "--reservation_share", "1", NULL);
     mf_channel_t *ch = chan(&d, "ns-d", 1);
     uint32_t tokens[3 * B];
     tc_tokens(tokens, 3 * B, 9);

@@ -278,6 +278,50 @@ static void test_token_file(void **state)
     mfd_config_deinit(&c);
 }
 
+/* peers: a list or a file; only exact listed host:port text is allowed; copies keep it. */
+static void test_peers(void **state)
+{
+    (void)state;
+    mfd_config_t c, d;
+    char err[MFD_CONFIG_ERRLEN], a[40], b[40], text[256];
+    assert_int_equal(mfd_config_init(&c), MF_OK);
+    unsigned pa = 1024u + (unsigned)rand() % 60000u, pb = 1024u + (unsigned)rand() % 60000u;
+    snprintf(a, sizeof(a), "10.1.%u.7:%u", pa % 250u, pa);
+    snprintf(b, sizeof(b), "node-%u:%u", pb % 97u, pb);
+    assert_int_equal(mfd_config_peer_allowed(&c, a), 0); /* default: none */
+    snprintf(text, sizeof(text), "%s, %s", a, b);
+    assert_int_equal(mfd_config_set(&c, "peers", text, 1, err, sizeof(err)), MF_OK);
+    assert_int_equal(mfd_config_peer_allowed(&c, a), 1);
+    assert_int_equal(mfd_config_peer_allowed(&c, b), 1);
+    /* Prefixes, suffixes and near misses of listed addresses are not listed. */
+    char near[96];
+    snprintf(near, sizeof(near), "%s0", a);
+    assert_int_equal(mfd_config_peer_allowed(&c, near), 0);
+    assert_int_equal(mfd_config_peer_allowed(&c, a + 1), 0);
+    assert_int_equal(mfd_config_peer_allowed(&c, ""), 0);
+    snprintf(near, sizeof(near), "%s\n%s", a, b);
+    assert_int_equal(mfd_config_peer_allowed(&c, near), 0);
+    assert_int_equal(mfd_config_copy(&d, &c), MF_OK);
+    assert_int_equal(mfd_config_peer_allowed(&d, b), 1);
+    mfd_config_deinit(&d);
+    /* A file: one per line, comments and blanks; then a bad entry keeps the old list. */
+    int n = snprintf(text, sizeof(text), "# peers\n  %s  \n\n%s # rack 2\n", b, a);
+    const char *f = write_file(3, text, (size_t)n, 0644);
+    assert_int_equal(mfd_config_set(&c, "peers", f, 1, err, sizeof(err)), MF_OK);
+    assert_int_equal(mfd_config_peer_allowed(&c, a), 1);
+    assert_int_equal(mfd_config_peer_allowed(&c, b), 1);
+    assert_int_equal(mfd_config_set(&c, "peers", a, 1, err, sizeof(err)), MF_OK);
+    assert_int_equal(mfd_config_peer_allowed(&c, b), 0);
+    assert_int_equal(mfd_config_set(&c, "peers", "nocolon", 1, err, sizeof(err)),
+                     MF_INVALID_ARGUMENT);
+    assert_non_null(strstr(err, "nocolon"));
+    assert_int_equal(mfd_config_set(&c, "peers", "/nonexistent/peers", 1, err, sizeof(err)),
+                     MF_INVALID_ARGUMENT);
+    assert_int_equal(mfd_config_peer_allowed(&c, a), 1);
+    unlink(f);
+    mfd_config_deinit(&c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -287,6 +331,7 @@ int main(void)
         cmocka_unit_test(test_file_parsing),
         cmocka_unit_test(test_sample_parses),
         cmocka_unit_test(test_token_file),
+        cmocka_unit_test(test_peers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

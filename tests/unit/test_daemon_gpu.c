@@ -601,9 +601,14 @@ static void test_promote_on_hit(void **state)
             mf_envelope_t env = MAPFLOW__V1__ENVELOPE__INIT;
             env.body_case = MAPFLOW__V1__ENVELOPE__BODY_CONFIG_SET;
             env.config_set = &cs;
-            mf_envelope_t *r = td_call(&c, &env, NULL, 0);
+            td_cli_t adm; /* config set is an admin request: the admin socket */
+            char adm_path[160];
+            snprintf(adm_path, sizeof(adm_path), "%s/d-admin.sock", d.dir);
+            assert_int_equal(td_connect(&adm, adm_path, NS, 0), 0);
+            mf_envelope_t *r = td_call(&adm, &env, NULL, 0);
             assert_int_equal(r->body_case, MAPFLOW__V1__ENVELOPE__BODY_CONFIG_SET_REPLY);
             mf_envelope_free(r);
+            td_close(&adm);
         }
         /* Round 0: off, host views; round 1: the hit promotes; round 2: device views. */
         mf_envelope_t *r = get_prefix(&c, rs.B, rs.tokens, ntok, &l0, 1, 1, mask);

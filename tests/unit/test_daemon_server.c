@@ -336,10 +336,16 @@ static void test_admin_list_config_profile(void **state)
     assert_int_equal(r->delete_reply->deleted, NB);
     mf_envelope_free(r);
 
-    /* Config: live key set, non-live refused, bad value refused, get reads back. */
+    /* Config: a tenant may not set; on the admin socket a live key is set, a non-live one
+     * refused, a bad value refused; get reads back. */
     Mapflow__V1__ConfigSet cs = MAPFLOW__V1__CONFIG_SET__INIT;
     cs.key = "lease_ttl";
     cs.value = "1500ms";
+    r = td_simple(&c, MAPFLOW__V1__ENVELOPE__BODY_CONFIG_SET, &cs);
+    assert_int_equal(r->error->code, MF_PERMISSION_DENIED);
+    mf_envelope_free(r);
+    td_cli_t tenant = c;
+    assert_int_equal(td_connect(&c, f->d.admin, "ns-l", 0), 0);
     r = td_simple(&c, MAPFLOW__V1__ENVELOPE__BODY_CONFIG_SET, &cs);
     assert_int_equal(r->body_case, MAPFLOW__V1__ENVELOPE__BODY_CONFIG_SET_REPLY);
     assert_string_equal(r->config_set_reply->item->value, "1500ms");
@@ -385,6 +391,9 @@ static void test_admin_list_config_profile(void **state)
     mp.layers = lms;
     Mapflow__V1__ProfilePut pp = MAPFLOW__V1__PROFILE_PUT__INIT;
     pp.profile = &mp;
+    r = td_simple(&tenant, MAPFLOW__V1__ENVELOPE__BODY_PROFILE_PUT, &pp);
+    assert_int_equal(r->error->code, MF_PERMISSION_DENIED);
+    mf_envelope_free(r);
     r = td_simple(&c, MAPFLOW__V1__ENVELOPE__BODY_PROFILE_PUT, &pp);
     assert_int_equal(r->body_case, MAPFLOW__V1__ENVELOPE__BODY_PROFILE_PUT_REPLY);
     mf_envelope_free(r);
@@ -398,6 +407,7 @@ static void test_admin_list_config_profile(void **state)
     assert_int_equal(r->error->code, MF_INVALID_ARGUMENT);
     mf_envelope_free(r);
     td_close(&c);
+    td_close(&tenant);
 }
 
 static void test_watermark_demotion(void **state)

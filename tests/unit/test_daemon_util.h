@@ -26,6 +26,7 @@
 typedef struct td_daemon {
     char dir[256];
     char sock[300];
+    char admin[320];         /* the admin socket mapflowd puts beside sock */
     mfd_server_t *srv;
     pthread_t tid;
 } td_daemon_t;
@@ -45,6 +46,7 @@ static int td_start(td_daemon_t *d, const char *const *extra)
             return -1;
     }
     snprintf(d->sock, sizeof(d->sock), "%s/d.sock", d->dir);
+    snprintf(d->admin, sizeof(d->admin), "%s/d-admin.sock", d->dir);
     mfd_config_t cfg;
     char err[MFD_CONFIG_ERRLEN], data[300];
     snprintf(data, sizeof(data), "%s/data", d->dir);

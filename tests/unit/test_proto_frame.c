@@ -163,6 +163,61 @@ static void test_bad_lengths_and_truncation(void **s)
     mf_frame_reader_deinit(&r);
 }
 
+/* A NUL inside any string field (top level or nested) is refused; NULs in bytes fields
+ * (hashes) are data. The strings are random, the NUL lands at a random place. */
+static void test_nul_in_strings(void **s)
+{
+    (void)s;
+    for (int t = 0; t < 200; t++) {
+        char model[24], tok[16];
+        for (size_t i = 0; i + 1 < sizeof model; i++)
+            model[i] = (char)('a' + rnd() % 26);
+        model[sizeof model - 1] = 0;
+        for (size_t i = 0; i + 1 < sizeof tok; i++)
+            tok[i] = (char)('A' + rnd() % 26);
+        tok[sizeof tok - 1] = 0;
+        uint8_t hash[16] = {0};
+        hash[rnd() % 16] = (uint8_t)(1 + rnd() % 255); /* mostly zero bytes: legal */
+        Mapflow__V1__Key k = MAPFLOW__V1__KEY__INIT;
+        k.model = model;
+        k.hash.data = hash;
+        k.hash.len = 16;
+        Mapflow__V1__PutBegin pb = MAPFLOW__V1__PUT_BEGIN__INIT;
+        pb.key = &k;
+        pb.size = 100 + rnd() % 1000;
+        mf_envelope_t env = MAPFLOW__V1__ENVELOPE__INIT;
+        env.body_case = MAPFLOW__V1__ENVELOPE__BODY_PUT_BEGIN;
+        env.put_begin = &pb;
+        int nested = t % 2;
+        Mapflow__V1__Hello h = MAPFLOW__V1__HELLO__INIT;
+        if (!nested) {
+            h.protocol_version = 1;
+            h.namespace_ = "ns";
+            h.token = tok;
+            env.body_case = MAPFLOW__V1__ENVELOPE__BODY_HELLO;
+            env.hello = &h;
+        }
+        uint8_t buf[256];
+        size_t n = mapflow__v1__envelope__pack(&env, buf);
+        mf_frame_t fr = { buf, n, NULL, 0 };
+        mf_envelope_t *out;
+        const char *why;
+        assert_int_equal(mf_envelope_decode(&fr, &out, &why), MF_OK);
+        mf_envelope_free(out);
+        /* Put a NUL into the string's bytes inside the packed message. */
+        const char *str = nested ? model : tok;
+        size_t sl = strlen(str), at = 0;
+        for (size_t i = 0; i + sl <= n; i++)
+            if (memcmp(buf + i, str, sl) == 0)
+                at = i;
+        assert_true(at > 0);
+        buf[at + 1 + rnd() % (sl - 1)] = 0;
+        assert_int_equal(mf_envelope_decode(&fr, &out, &why), MF_INVALID_ARGUMENT);
+        assert_non_null(strstr(why, "NUL"));
+        assert_null(out);
+    }
+}
+
 static void test_unknown_type_and_garbage(void **s)
 {
     (void)s;
@@ -229,6 +284,7 @@ int main(void)
         cmocka_unit_test(test_oversize_refused_before_body),
         cmocka_unit_test(test_bad_lengths_and_truncation),
         cmocka_unit_test(test_unknown_type_and_garbage),
+        cmocka_unit_test(test_nul_in_strings),
         cmocka_unit_test(test_status_table),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
