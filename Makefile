@@ -41,6 +41,9 @@ ifneq ($(shell sed -n 's/^\#define MF_VERSION_STRING "\(.*\)"$$/\1/p' client/map
 $(error client/mapflow.h: MF_VERSION_STRING is not MAJOR.MINOR.PATCH ($(MF_VERSION)))
 endif
 
+# `make` alone builds (the version rule below would otherwise be the first goal).
+.DEFAULT_GOAL := all
+
 .PHONY: version
 version:
 	@echo $(MF_VERSION)
