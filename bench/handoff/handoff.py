@@ -957,21 +957,6 @@ def best_variant(r, variants):
     return min(ok) if ok else (None, None)
 
 
-def break_even(points):
-    """Density at which speed-up (full ÷ sparse) falls to 1, by linear interpolation
-    between sweep points [(density, speed-up)]; ("> d", extrapolated) past the last."""
-    pts = sorted(points)
-    for (d0, s0), (d1, s1) in zip(pts, pts[1:]):
-        if s0 >= 1.0 > s1:
-            return "%.3f" % (d0 + (s0 - 1.0) * (d1 - d0) / (s0 - s1))
-    if pts and pts[0][1] < 1.0:
-        return "< %.2f (slower at every density)" % pts[0][0]
-    if len(pts) >= 2 and pts[-1][1] < pts[-2][1]:
-        (d0, s0), (d1, s1) = pts[-2], pts[-1]
-        return "> %.2f (extrapolated %.2f)" % (d1, d1 + (s1 - 1.0) * (d1 - d0) / (s0 - s1))
-    return "> %.2f" % pts[-1][0] if pts else "-"
-
-
 def routing(res):
     """sim.py on this run's measured times (the same as `sim.py --from-json handoff.json`)."""
     import sim
@@ -1048,6 +1033,7 @@ def table(res):
 def sweep_table(res):
     """Density sweep at the largest N: speed-up against the target's full (dense cuDNN)
     prefill, per variant and baseline, and the break-even densities."""
+    from model import break_even
     rows = [r for r in res["rows"] if len(r.get("sweep") or []) > 1]
     lines = []
     for r in rows:
@@ -1077,7 +1063,8 @@ def sweep_table(res):
                     extra += ", %.3f, %s" % (x["gamma"], "%.2f" % x["query_aware_share"]
                                              if x.get("query_aware_share") is not None else "-")
                 cells.append("%.1f (%.2f) [%s]" % (ms, full / ms, extra) if ms else
-                             ("error" if "error" in x else "-"))
+                             ("error" if "error" in x else
+                              "selection only [%s]" % extra if x else "-"))
                 if ms:
                     curves[k].append((x.get("keep_density", d["density_eff"]), full / ms))
             x = next((d[v] for v in names if _ttft(d.get(v))), None)

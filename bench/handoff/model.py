@@ -156,6 +156,21 @@ def dense_rate(q_heads, kv_heads, n, d, dev, reps=5):
             "TFLOPs": flops / (med * 1e-3) / 1e12}
 
 
+def break_even(points):
+    """Density at which speed-up (full ÷ sparse) falls to 1, by linear interpolation
+    between sweep points [(density, speed-up)]; ("> d", extrapolated) past the last."""
+    pts = sorted(points)
+    for (d0, s0), (d1, s1) in zip(pts, pts[1:]):
+        if s0 >= 1.0 > s1:
+            return "%.3f" % (d0 + (s0 - 1.0) * (d1 - d0) / (s0 - s1))
+    if pts and pts[0][1] < 1.0:
+        return "< %.2f (slower at every density)" % pts[0][0]
+    if len(pts) >= 2 and pts[-1][1] < pts[-2][1]:
+        (d0, s0), (d1, s1) = pts[-2], pts[-1]
+        return "> %.2f (extrapolated %.2f)" % (d1, d1 + (s1 - 1.0) * (d1 - d0) / (s0 - s1))
+    return "> %.2f" % pts[-1][0] if pts else "-"
+
+
 class Model:
     def __init__(self, shape, device, dtype=torch.bfloat16, seed=0):
         self.s = shape
