@@ -1,29 +1,32 @@
 #!/usr/bin/env python3
-"""Hand-off benchmark at real model shapes (issue 10; bench/handoff/run.sh runs it).
+"""Hand-off benchmark at real model shapes (issues 10, 18; bench/handoff/run.sh runs it).
 
 Source: a Qwen2.5-14B-shaped model (48 layers, 40 heads, 8 KV heads, width 5120); target:
 a Llama-3.1-8B-shaped one (32 layers, 32 heads, 8 KV heads, width 4096, FFN 14336); random
-bf16 weights, RoPE, SDPA (flash backend) for native attention, one H200, one process (the
-target opens its own channel; rows cross through the daemon either way).
+bf16 weights, RoPE, dense attention = SDPA with enable_gqa and torch's own backend (cuDNN
+on the H200; the LSE from the cuDNN op), one H200, one process (the target opens its own
+channel; rows cross through the daemon either way).
 
 Per N (largest first), all in this process, ratios against the target's full prefill:
-  1. target full prefill (TTFT), source full prefill (CUDA events, median of --reps);
-  2. density: the source's Top-P is chosen (bisection on one exported layer's real Q/K)
-     so that the target's mapped heads attend --density of the causal blocks (random
-     weights give unstructured maps: Top-P then sets the density);
-  3. per variant (prob FP8, prob U8_LOG, mask): the source prefills again, extracting
-     each exported layer (mf_extract_cuda; LSE from the flash kernel when torch exposes
-     it) and putting its rows to mapflowd from a second thread while it goes on; the
-     target gets the rows (leases: device pointers in the daemon's GPU arena through CUDA
-     IPC, or host views copied to the GPU) and prefills with mf_apply_cuda on layers ≥ L0
-     (hand-off latency = source done → target's first token); then --reps timed reuse
-     prefills; GPU memory held by rows (daemon stats); rows deleted;
-  4. a FlexPrefill-like baseline: the target's own block-sparse attention on the same
-     layers, blocks chosen at run time from mean-pooled Q/K (128-token blocks, the
-     highest-scoring blocks per row up to the same density, plus sink and diagonal),
-     flex_attention (compiled);
-then a routing simulation (sim.py) on the measured times, the table (printed last), JSON
-and a PNG of TTFT against N.
+  1. target full prefill (TTFT), source full prefill (CUDA events, min / median / max of
+     --reps), one dense attention layer of each (backend, TFLOP/s);
+  2. per density (the sweep --densities at the largest N, --density elsewhere): the
+     source's Top-P is chosen (bisection on one exported layer's real Q/K) so that the
+     target's mapped heads attend that density of the causal blocks (random weights give
+     unstructured maps: Top-P then sets the density);
+  3. per variant (prob FP8, prob U8_LOG, mask; --sweep-variants off the headline): the
+     source prefills again, extracting each exported layer (mf_extract_cuda) and putting
+     its rows to mapflowd from a second thread while it goes on; its cost is its wall
+     time under export (first layer to the last row acknowledged, scratch-slot stalls
+     included); the target gets the rows (leases: device pointers in the daemon's GPU
+     arena through CUDA IPC, or host views copied to the GPU) and prefills with
+     mf_apply_cuda on layers ≥ L0; TTFT = get + prefill to the first token (hand-off
+     latency = source done → target's first token); GPU memory held by rows; rows deleted;
+  4. the block-sparse baselines on the same layers, flex_attention (compiled, 128-token
+     blocks, default options), selection inside the timed prefill (flexprefill.py):
+     FlexPrefill (γ calibrated to the same density) and pooled-QK only;
+then sim.py's workloads on the measured times, the tables (printed last), JSON and a PNG
+of the speed-up over dense against density and N.
 
 Put/get path, chosen at run time and printed: "gpu" when the Python binding has the GPU
 tier API (Channel(gpu_device=…), put_device, rows with .device_ptr), else "host" (rows
@@ -68,7 +71,7 @@ def parse_args(argv=None):
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/handoff"))
     ap.add_argument("--ns", default=os.environ.get("HANDOFF_NS"),
                     help="comma list of N (default 32768,16384,8192; --dry 512,256)")
-    ap.add_argument("--reps", type=int, default=int(os.environ.get("HANDOFF_REPS", "3")))
+    ap.add_argument("--reps", type=int, default=int(os.environ.get("HANDOFF_REPS", "5")))
     ap.add_argument("--density", type=float,
                     default=float(os.environ.get("HANDOFF_DENSITY", "0.10")),
                     help="blocks the target's mapped heads attend (fraction of causal)")
