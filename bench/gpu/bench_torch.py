@@ -238,9 +238,9 @@ def ablation(lib, g, flex, BlockMask, FP, n, goal, reps, warm, log):
     q, k = structured_qk(n, hq, hkv, d)
     v = torch.randn(n, hkv, d, dtype=torch.bfloat16, device="cuda")
     sc = FP.Scores(torch, q, k, 128, 0.1)
-    gam, got = FP.calibrate_gamma(sc, goal, 1024)
-    sel = timings(lambda: FP.Scores(torch, q, k, 128, 0.1).keep(gam, 1024), reps, warm)
-    keep = FP.Scores(torch, q, k, 128, 0.1).keep(gam, 1024)
+    gam, got, mb = FP.calibrate_gamma(sc, goal, 1024)
+    sel = timings(lambda: FP.Scores(torch, q, k, 128, 0.1).keep(gam, mb), reps, warm)
+    keep = FP.Scores(torch, q, k, 128, 0.1).keep(gam, mb)
     qa = float(sc.query_aware.float().mean())
     nb = n // b
     k64 = keep.repeat_interleave(2, 1).repeat_interleave(2, 2)
@@ -256,6 +256,7 @@ def ablation(lib, g, flex, BlockMask, FP, n, goal, reps, warm, log):
     of = flex(qs, kf, vf, block_mask=bm, enable_gqa=True)[0].transpose(0, 1).float()
     rel = float((o - of).norm() / of.norm())
     rec = {"N": n, "goal": goal, "gamma": gam, "keep_density": got, "query_aware_share": qa,
+           "min_budget": mb,
            "selection_ms": sel, "flex128_ms": t_flex, "ours_mask_ms": t_ours,
            "rel_ours_vs_flex": rel}
     log(json.dumps(rec))
@@ -374,7 +375,7 @@ def print_table(res, log):
         exs = " / ".join(f"{ex[k]['ms']:.2f}" if k in ex else "-" for k in ("computed", "given"))
         oc = r.get("ours_compute_ms")
         ocs = f"{_st(oc)} ({r['ms'][1] / oc[1]:.2f})" if oc else "-"
-        log(f"| {r['N']} | {r['backend']} | {_st(r['ms'])} | {r['TFLOPs']:.0f} | {ocs} | {exs} "
+        log(f"| {r['N']} | {r['backend']} ({r.get('kernel', '?')}) | {_st(r['ms'])} | {r['TFLOPs']:.0f} | {ocs} | {exs} "
             f"({r.get('lse')}) | {r['reps']} |")
     log("")
     log("density sweep: x = speed-up over dense SDPA (cuDNN) / over flex at 128-token blocks "
@@ -416,16 +417,17 @@ def print_table(res, log):
     if res.get("ablation"):
         log("")
         log("ablation: FlexPrefill's selection (128-token blocks, γ calibrated to the goal, "
-            "τ 0.1, min_budget 1024, structured Q/K) on flex_attention and on our mask kernel "
-            "(same pairs); x = over dense")
-        log("| N | goal | kept | γ | query-aware | selection ms | sel + flex128 ms (x dense) "
+            "τ 0.1, min_budget 1024 or halved until the goal is reachable, structured Q/K) on "
+            "flex_attention and on our mask kernel (same pairs); x = over dense")
+        log("| N | goal | kept | γ / min_budget | query-aware | selection ms | sel + flex128 ms (x dense) "
             "| sel + our mask ms (x dense) | ours ÷ flex (kernels) | rel ‖ours − flex‖ |")
         log("|---|---|---|---|---|---|---|---|---|---|")
         dense = {r["N"]: r["ms"][1] for r in res["dense"]}
         for a in res["ablation"]:
             dn, s = dense.get(a["N"]), a["selection_ms"][1]
             f, o = a["flex128_ms"][1], a["ours_mask_ms"][1]
-            log(f"| {a['N']} | {a['goal']:.2f} | {a['keep_density']:.3f} | {a['gamma']:.3f} | "
+            log(f"| {a['N']} | {a['goal']:.2f} | {a['keep_density']:.3f} | {a['gamma']:.3f} / "
+                f"{a.get('min_budget', 1024)} | "
                 f"{a['query_aware_share']:.2f} | {_st(a['selection_ms'])} | {s + f:.3f} "
                 f"({dn / (s + f):.2f}) | {s + o:.3f} ({dn / (s + o):.2f}) | {o / f:.2f} | "
                 f"{a['rel_ours_vs_flex']:.1e} |")

@@ -15,7 +15,8 @@ per head, over 128-token blocks, at run time from the target's own Q/K:
   5. the sink block and the diagonal are always kept.
 γ sets the density; the benchmarks calibrate it (calibrate_gamma) so that FlexPrefill
 keeps the same fraction of causal blocks as MapFlow (their own block sizes: 128 here,
-64 for MapFlow) - FlexPrefill's own default is γ = 0.9, τ = 0.1, min_budget = 1024.
+64 for MapFlow) - FlexPrefill's own default is γ = 0.9, τ = 0.1, min_budget = 1024
+(halved by calibrate_gamma where it alone exceeds the density, and reported).
 
 "pooled-QK only" (pooled_keep): the earlier "FlexPrefill-like" selection, kept as a
 second row: the pooled block map alone, per query block the sink, the diagonal and the
@@ -154,21 +155,26 @@ def density(keep):
 
 
 def calibrate_gamma(sc, goal, min_budget=1024, iters=12):
-    """γ (bisection) whose keep is nearest the goal density on these scores; returns
-    (γ, achieved density). The density can stay above the goal where min_budget or the
-    forced blocks already exceed it."""
+    """(γ, achieved density, min_budget): γ by bisection, the keep nearest the goal density
+    on these scores. Where even γ → 0 keeps more than 1.25 × the goal because min_budget
+    tokens of verticals and diagonals touch too many blocks (short N: 1024 tokens are 3 %
+    of 32k but 12.5 % of 8k), min_budget is halved (down to one token) until it does not:
+    the result says which min_budget was used."""
+    mb = min_budget
+    while mb > 1 and density(sc.keep(0.0, mb)) > 1.25 * goal:
+        mb //= 2
     lo, hi = 0.0, 1.0
     best = None
     for _ in range(iters):
         g = 0.5 * (lo + hi)
-        dn = density(sc.keep(g, min_budget))
+        dn = density(sc.keep(g, mb))
         if best is None or abs(dn - goal) < abs(best[1] - goal):
             best = (g, dn)
         if dn > goal:
             hi = g
         else:
             lo = g
-    return best
+    return best[0], best[1], mb
 
 
 def block_mask(t, bm_cls, keep, bf):

@@ -682,7 +682,7 @@ class Bench:
         return {"wall_ms": (t1 - t0) * 1e3, "prefill_done_ms": (t_pre - t0) * 1e3,
                 "extract_ms": ext, "put_thread_ms": putter.put_s * 1e3,
                 "put_tail_ms": (t1 - t_pre) * 1e3, "row_bytes": putter.bytes,
-                "lse": "flash" if lse_used[1] == 0 else
+                "lse": "given (dense op)" if lse_used[1] == 0 else
                 ("computed by extract" if lse_used[0] == 0 else "mixed")}, t1
 
     def target_reuse_attn(self, n, rowsets, modes):
@@ -727,9 +727,10 @@ class Bench:
                 key = (n, density)
                 if key not in self.fp_gamma:
                     self.fp_gamma[key] = FP.calibrate_gamma(sc, density, self.a.min_budget)
-                    log("N=%d density %.2f: FlexPrefill γ %.4f → %.3f on layer %d"
-                        % (n, density, self.fp_gamma[key][0], self.fp_gamma[key][1], i))
-                keep = sc.keep(self.fp_gamma[key][0], self.a.min_budget)
+                    log("N=%d density %.2f: FlexPrefill γ %.4f → %.3f on layer %d "
+                        "(min_budget %d)" % ((n, density) + self.fp_gamma[key][:2] +
+                                             (i, self.fp_gamma[key][2])))
+                keep = sc.keep(self.fp_gamma[key][0], self.fp_gamma[key][2])
                 qa = sc.query_aware
             self.fp_stats.append((keep, qa))
             bm = FP.block_mask(t, self.BlockMask, keep, bf)
@@ -770,7 +771,7 @@ class Bench:
                          gain=1.0 - st[1] / full_ms)
                 if kind == "flexprefill":
                     r.update(gamma=self.fp_gamma[(n, dens)][0], tau=self.a.tau,
-                             min_budget=self.a.min_budget)
+                             min_budget=self.fp_gamma[(n, dens)][2])
                 out[kind] = r
                 log("N=%d density %.2f: %s %.1f ms (%+.1f%% vs full; kept %.3f, query-aware "
                     "%s; first run %.1f s)" % (n, dens, kind, st[1], 100 * (st[1] / full_ms - 1),
@@ -906,9 +907,9 @@ class Bench:
         qx = t.randn(n, self.tgt.s.heads, 32, generator=g).to(t.bfloat16)
         kx = t.randn(n, self.tgt.s.kv_heads, 32, generator=g).to(t.bfloat16)
         sc = FP.Scores(t, qx, kx, 128, self.a.tau)
-        gam, got = FP.calibrate_gamma(sc, dens, self.a.min_budget)
+        gam, got, mb = FP.calibrate_gamma(sc, dens, self.a.min_budget)
         out = {"pooled": {"keep_density": FP.density(FP.pooled_keep(t, qx, kx, dens))},
-               "flexprefill": {"keep_density": got, "gamma": gam,
+               "flexprefill": {"keep_density": got, "gamma": gam, "min_budget": mb,
                                "query_aware_share": float(sc.query_aware.float().mean())}}
         log("N=%d density %.3f: selections (no flex_attention here): %s" % (n, dens, out))
         return out
@@ -981,10 +982,11 @@ def header(res):
         da = r.get("dense_attention")
         if da:
             lines.append("dense attention, N=%d, one layer: target %s %.2f ms (%.0f TFLOP/s), "
-                         "source %s %.2f ms (%.0f TFLOP/s); LSE: %s"
+                         "source %s %.2f ms (%.0f TFLOP/s); kernel %s; LSE: %s"
                          % (r["N"], da["target"]["backend"], da["target"]["ms"][1],
                             da["target"]["TFLOPs"], da["source"]["backend"],
-                            da["source"]["ms"][1], da["source"]["TFLOPs"], da["lse"]))
+                            da["source"]["ms"][1], da["source"]["TFLOPs"],
+                            da["target"].get("kernel", "?"), da["lse"]))
     return lines
 
 

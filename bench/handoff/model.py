@@ -66,10 +66,14 @@ def has_sdpa():
 _LSE = {}
 
 
+def _dev_key(dev):
+    return dev.index if dev.index is not None else torch.cuda.current_device()
+
+
 def sdpa_backend(qs, ks, vs):
     """Name of the backend SDPA picks for [1, H, N, d] causal GQA inputs."""
     try:
-        i = int(torch._fused_sdp_choice(qs, ks, vs, None, 0.0, True, None, True))
+        i = int(torch._fused_sdp_choice(qs, ks, vs, None, 0.0, True, enable_gqa=True))
     except Exception as e:  # noqa: BLE001
         return "unknown (%s)" % type(e).__name__
     names = {0: "math", 1: "flash", 2: "efficient", 3: "cudnn", 4: "overrideable"}
@@ -110,9 +114,10 @@ def _lse_check(dev):
 
 def sdpa_lse(qs, ks, vs):
     """(O [1, Hq, N, d], LSE [Hq, N] fp32, natural log) of causal attention."""
-    how = _LSE.get(qs.device)
+    key = _dev_key(qs.device)
+    how = _LSE.get(key)
     if how is None:
-        how = _LSE[qs.device] = _lse_check(qs.device)
+        how = _LSE[key] = _lse_check(qs.device)
     hq = qs.shape[1]
     if how != "gqa" and ks.shape[1] != hq:
         ks = ks.repeat_interleave(hq // ks.shape[1], 1)
@@ -125,7 +130,7 @@ def sdpa_lse(qs, ks, vs):
 
 def lse_source(dev):
     """How sdpa_lse got its LSE on dev ("cudnn gqa", "cudnn repeat", "flash op")."""
-    how = _LSE.get(dev)
+    how = _LSE.get(_dev_key(dev))
     return {"gqa": "cudnn op, GQA K/V", "repeat": "cudnn op, K/V repeated",
             "flash": "flash op (cuDNN op failed its check)"}.get(how, "not used")
 
@@ -152,8 +157,23 @@ def dense_rate(q_heads, kv_heads, n, d, dev, reps=5):
         ts.append(s.elapsed_time(e))
     med = statistics.median(ts)
     flops = 2.0 * n * n * d * q_heads  # causal: half of 4·N²·d per head
-    return {"backend": sdpa_backend(qs, ks, vs), "ms": [min(ts), med, max(ts)],
-            "TFLOPs": flops / (med * 1e-3) / 1e12}
+    return {"backend": sdpa_backend(qs, ks, vs), "kernel": _kernel_name(f),
+            "ms": [min(ts), med, max(ts)], "TFLOPs": flops / (med * 1e-3) / 1e12}
+
+
+def _kernel_name(f):
+    """The longest-running GPU kernel of f() (the profiler's name, cut to 60 characters):
+    which kernel SDPA's choice really ran."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CUDA]) as p:
+            f()
+            torch.cuda.synchronize()
+        ev = [e for e in p.key_averages() if getattr(e, "device_time_total", 0) > 0]
+        top = max(ev, key=lambda e: e.device_time_total)
+        return top.key[:60]
+    except Exception as e:  # noqa: BLE001
+        return "? (%s)" % type(e).__name__
 
 
 def break_even(points):
