@@ -401,6 +401,11 @@ def summary(ro):
                             "%.3f" % r["ratio"] if "ratio" in r else "-"))
     lines.append("rows ≤ %.1f GB in the daemon (LRU by conversation)"
                  % (ro.get("row_cap_bytes", 0) / 1e9))
+    for v, w in (ro.get("workloads") or {}).items():
+        ns = w["fit"]["lengths"]
+        lines.append("%s: prefill cost a·N + b·N² fitted to N = %s%s" % (
+            v, ns, " (one point: a 0.3 quadratic share assumed, not measured)"
+            if len(ns) == 1 else ""))
     return lines
 
 
