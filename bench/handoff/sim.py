@@ -54,13 +54,15 @@ def pairs(p, d):
     return (p + d) ** 2 - p ** 2
 
 
-def fit(full):
-    """{N: seconds} → (a, b) with a·N + b·N² through the points (least squares; one point:
-    b from the quadratic share 0.3, stated in the output)."""
+def fit(full, attn=None):
+    """{N: seconds} → (a, b) with a·N + b·N² through the points (least squares). One
+    point: b from the measured dense attention time of the whole model at that N (attn,
+    seconds), else a quadratic share of 0.3; the output says which."""
     ns = sorted(full)
     if len(ns) == 1:
         n = ns[0]
-        return 0.7 * full[n] / n, 0.3 * full[n] / n ** 2
+        q = min(attn, full[n]) if attn else 0.3 * full[n]
+        return (full[n] - q) / n, q / n ** 2
     s11 = sum(n * n for n in ns)
     s12 = sum(n ** 3 for n in ns)
     s22 = sum(n ** 4 for n in ns)
@@ -82,9 +84,9 @@ class Model:
     """One model's prefill times: inc(P, Δ), plus (when it reuses rows) the saving per
     pair and the get per token, (when it exports) the export cost per pair."""
 
-    def __init__(self, name, full, save_pp=None, get_pt=None, export_pp=None):
+    def __init__(self, name, full, save_pp=None, get_pt=None, export_pp=None, attn=None):
         self.name, self.full = name, full
-        self.a, self.b = fit(full)
+        self.a, self.b = fit(full, attn)
         self.save_pp, self.get_pt, self.export_pp = save_pp or {}, get_pt or {}, export_pp or {}
 
     def inc(self, p, d):
@@ -116,8 +118,14 @@ def models_from(res, variant):
         save_pp[n] = (r["target_full_ms"] - x["prefill_ms"]) / 1e3 / n ** 2
         get_pt[n] = x.get("get_ms", 0.0) / 1e3 / n
         bytes_pp[n] = float(x.get("row_bytes", 0.0)) / n ** 2
-    src = Model("source", src_full, export_pp=export_pp)
-    tgt = Model("target", tgt_full, save_pp=save_pp, get_pt=get_pt)
+    attn = {}  # one N: the whole model's dense attention there (layers × one layer)
+    da = rows[0].get("dense_attention") if len(rows) == 1 else None
+    for who in ("source", "target"):
+        if da and who in da and res.get(who):
+            attn[who] = res[who]["layers"] * da[who]["ms"][1] / 1e3
+    src = Model("source", src_full, export_pp=export_pp, attn=attn.get("source"))
+    tgt = Model("target", tgt_full, save_pp=save_pp, get_pt=get_pt, attn=attn.get("target"))
+    src.attn_measured = tgt.attn_measured = bool(attn)
     src.bytes_pp = bytes_pp
     return src, tgt
 
@@ -339,7 +347,7 @@ def from_result(res, variants=None, limit_x=2.0, cap=None, n_conv=200, turns=6,
         lengths = sorted(src.full)
         limit = limit_x * max(max(src.full.values()), max(tgt.full.values()))
         w = {"fit": {"source_a_b": [src.a, src.b], "target_a_b": [tgt.a, tgt.b],
-                     "lengths": lengths}}
+                     "lengths": lengths, "attn_measured": src.attn_measured}}
         models = {"src": src, "tgt": tgt}
         conv = routing_trace(lengths, n_conv, turns, user, resp, p_strong, seed)
         w["routing"] = compare(conv, models, think, limit, cap)
@@ -404,8 +412,12 @@ def summary(ro):
     for v, w in (ro.get("workloads") or {}).items():
         ns = w["fit"]["lengths"]
         lines.append("%s: prefill cost a·N + b·N² fitted to N = %s%s" % (
-            v, ns, " (one point: a 0.3 quadratic share assumed, not measured)"
-            if len(ns) == 1 else ""))
+            v, ns, "" if len(ns) > 1 else
+            " (one point: b from the measured dense attention layer × layers, quadratic "
+            "share source %.2f / target %.2f)" % tuple(
+                w["fit"][k][1] * ns[0] ** 2 / (w["fit"][k][0] * ns[0] + w["fit"][k][1] * ns[0] ** 2)
+                for k in ("source_a_b", "target_a_b"))
+            if w["fit"].get("attn_measured") else " (one point: a 0.3 quadratic share assumed)"))
     return lines
 
 
@@ -447,6 +459,8 @@ def self_check():
     m = Model("x", {8192: 0.3, 32768: 1.45})
     assert abs(m.inc(0, 8192) - 0.3) < 1e-9 and abs(m.inc(0, 32768) - 1.45) < 1e-9
     assert abs(m.inc(0, 1000) + m.inc(1000, 500) - m.inc(0, 1500)) < 1e-12
+    a1, b1 = fit({4096: 1.0}, attn=0.4)  # one point: the measured attention is b·N²
+    assert abs(a1 * 4096 - 0.6) < 1e-12 and abs(b1 * 4096 ** 2 - 0.4) < 1e-12
     # 3. Arms: a target turn after the source's reuses exactly the covered share.
     res = synthetic()
     src, tgt = models_from(res, "mask")
