@@ -117,6 +117,8 @@ validation() {
 validation
 
 rc=0
+# --dry also checks the routing simulation's known answers (CPU, ~1 s)
+[ $dry = 1 ] && { "$py" "$here/sim.py" || exit 1; }
 left=$((budget - SECONDS - 10))
 HANDOFF_PATH=$path "$py" "$here/handoff.py" --socket "$sock" --out "$out" \
     --budget "$((left > 30 ? left : 30))" "$@" || rc=$?
