@@ -1049,10 +1049,11 @@ def sweep_table(res):
                      "at 64-token blocks, FlexPrefill's at 128):" % r["N"])
         head = ["goal", "eff"] + ["%s TTFT ms (×)" % v for v in names] + \
             ["FlexPrefill ms (×) [kept, γ, query-aware]", "pooled-QK only ms (×) [kept]",
-             "source wall ms (+%)"]
+             "source wall ms (+%%) (%s)" % ((res.get("sweep_variants") or names)[:1] or ["-"])[0]]
         lines.append("| " + " | ".join(head) + " |")
         lines.append("|" + "---|" * len(head))
-        curves = {k: [] for k in names + ["flexprefill", "pooled"]}
+        curves = {k: [] for k in names + ["%s prefill only" % v for v in names] +
+                  ["flexprefill", "pooled"]}
         for d in r["sweep"]:
             cells = ["%.2f" % d["density_goal"], "%.3f" % d.get("density_eff", 0)]
             for v in names:
@@ -1060,6 +1061,8 @@ def sweep_table(res):
                 cells.append("%.1f (%.2f)" % (ms, full / ms) if ms else "-")
                 if ms:
                     curves[v].append((d["density_eff"], full / ms))
+                    curves[v + " prefill only"].append((d["density_eff"],
+                                                        full / d[v]["prefill_ms"]))
             for k in ("flexprefill", "pooled"):
                 x = d.get(k) or {}
                 ms = x.get("prefill_ms")
@@ -1072,7 +1075,8 @@ def sweep_table(res):
                               "selection only [%s]" % extra if x else "-"))
                 if ms:
                     curves[k].append((x.get("keep_density", d["density_eff"]), full / ms))
-            x = next((d[v] for v in names if _ttft(d.get(v))), None)
+            order = [v for v in res.get("sweep_variants", []) if v in names] + names
+            x = next((d[v] for v in order if _ttft(d.get(v))), None)  # a sweep variant's
             cells.append("%.1f (%+.1f%%)" % (x["wall_ms"], 100 * x["handoff_overhead"])
                          if x else "-")
             lines.append("| " + " | ".join(cells) + " |")

@@ -24,7 +24,7 @@ fi
 export LD_LIBRARY_PATH="$root/.gpu-libs/usr/lib/x86_64-linux-gnu:$root/.gpu-libs/usr/lib/x86_64-linux-gnu/ucx${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PYTHONUNBUFFERED=1
 export MF_COMMIT=${MF_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-sizes=$(env | grep -E '^(HANDOFF_[A-Z_]+|BENCH_GPU_ARGS)=' | sort | sed "s/=\(.*\)/='\1'/" | tr '\n' ' ')
+sizes=$(env | grep -E '^(HANDOFF_[A-Z_]+|BENCH_GPU_ARGS|BUDGET)=' | sort | sed "s/=\(.*\)/='\1'/" | tr '\n' ' ')
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -n 2
 
 # name | seconds | command
