@@ -2,14 +2,15 @@
 """MapFlow kernel benchmark on one GPU (bench/gpu/run.sh runs it; see NOTES.md).
 
 Side by side, per N and block density: our apply (prob FP8, prob U8_LOG, mask), PyTorch
-SDPA dense causal attention (flash backend) and flex_attention with the same block mask,
-plus our extract. Our kernels are called through ctypes on build/lib/libmfkernels_cuda.so
+SDPA dense causal attention (enable_gqa, torch's own backend: cuDNN on the H200) and
+flex_attention with the same kept blocks (128- and 64-token blocks), FlexPrefill's
+selection on flex and on our mask kernel, plus our extract. Our kernels are called through ctypes on build/lib/libmfkernels_cuda.so
 with torch tensors' data_ptr, on torch's current stream. Times: CUDA events, median of
 REPS after warm-up. Rows are built here (bench/gpu/rows.py) from synthetic "real-looking"
 block patterns: sink + local window + a few per-head stripes, tiles random.
 
-  python3 bench/gpu/bench_gpu.py [--ns 4096,16384] [--densities 0.05,0.1] [--no-extract]
-                                 [--self-test]
+  python3 bench/gpu/bench_gpu.py [--ns 32768,65536] [--densities 0.05,0.1,0.2,0.35]
+                                 [--no-extract] [--no-ablation] [--self-test]
 
 --self-test needs no GPU or torch: it builds rows with rows.py and decodes them with the
 library's mf_row_decode (structure and checksum), so the bench's rows are valid rows.
@@ -62,9 +63,10 @@ def load_lib():
     lib = C.CDLL(LIB)
     lib.mf_apply_cuda.restype = C.c_int
     lib.mf_apply_cuda.argtypes = [C.POINTER(ApplyArgs), C.c_void_p, C.POINTER(C.c_char_p)]
-    lib.mf_apply_cuda_impl.restype = C.c_int
-    lib.mf_apply_cuda_impl.argtypes = [C.POINTER(ApplyArgs), C.c_int, C.c_void_p,
-                                       C.POINTER(C.c_char_p)]
+    if hasattr(lib, "mf_apply_cuda_impl"):  # profile_apply.py's per-implementation entry
+        lib.mf_apply_cuda_impl.restype = C.c_int
+        lib.mf_apply_cuda_impl.argtypes = [C.POINTER(ApplyArgs), C.c_int, C.c_void_p,
+                                           C.POINTER(C.c_char_p)]
     lib.mf_extract_cuda.restype = C.c_int
     lib.mf_extract_cuda.argtypes = [C.POINTER(ExtractArgs), C.c_void_p, C.POINTER(C.c_char_p)]
     lib.mf_row_decode.restype = C.c_int
@@ -106,8 +108,13 @@ def self_test():
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--ns", default="4096,16384,32768,65536")
-    ap.add_argument("--densities", default="0.05,0.1,0.2")
+    ap.add_argument("--ns", default="32768,65536")
+    ap.add_argument("--densities", default="0.05,0.1,0.2,0.35",
+                    help="the target's effective densities (fraction of causal blocks)")
+    ap.add_argument("--full-reps-n", dest="full_reps_n", type=int, default=32768,
+                    help="N above which the repetitions halve (at least 5)")
+    ap.add_argument("--no-ablation", dest="no_ablation", action="store_true",
+                    help="skip FlexPrefill's selection on flex / our kernel")
     ap.add_argument("--out", default=None)
     ap.add_argument("--no-extract", action="store_true", help="skip the extract timing")
     ap.add_argument("--self-test", action="store_true")

@@ -1,7 +1,14 @@
-"""The torch half of bench_gpu.py (needs torch and a GPU): times, bytes, FLOPs, table.
+"""The torch half of bench_gpu.py (needs torch and a GPU): times, bytes, FLOPs, tables.
 
-Every apply variant runs through each implementation in the same process (IMPLS: v2, v3,
-and v3 with 2 heads a CTA); v3's outputs are compared with v2's on the same inputs."""
+Issue 18's rules: the dense row is SDPA with enable_gqa and torch's own backend (cuDNN on
+the H200; its name and TFLOP/s printed), never a forced backend; the block-sparse anchor is
+flex_attention on the same kept (head, 64-token block) pairs, at 128-token blocks with its
+default kernel options (its best: partial blocks look the pairs up in a mask_mod) and at
+64-token blocks (BLOCK_M = BLOCK_N = 64); a density sweep of the target's effective
+density with the break-even density against cuDNN; FlexPrefill's selection
+(bench/handoff/flexprefill.py) on flex_attention and on our mask kernel (the ablation:
+what comes from selection, what from the kernel). mf_apply_cuda is whatever the library
+exports (the public API); ≥ 5 repetitions, min / median / max."""
 import ctypes as C
 import json
 import os
@@ -15,6 +22,12 @@ import rows as R
 
 
 def timeit(fn, reps, warm):
+    """Median ms (CUDA events)."""
+    return timings(fn, reps, warm)[1]
+
+
+def timings(fn, reps, warm):
+    """[min, median, max] ms of reps calls after warm ones (CUDA events)."""
     for _ in range(warm):
         fn()
     torch.cuda.synchronize()
@@ -27,7 +40,7 @@ def timeit(fn, reps, warm):
         e.record()
         e.synchronize()
         ts.append(s.elapsed_time(e))
-    return statistics.median(ts)
+    return [min(ts), statistics.median(ts), max(ts)]
 
 
 def ceilings(g):
@@ -42,7 +55,7 @@ def ceilings(g):
     return bw, 2 * 8192 ** 3 / (t * 1e-3) / 1e12
 
 
-# (label, mf_apply_impl_t, MF_V3_HP)
+# (label, mf_apply_impl_t, MF_V3_HP): profile_apply.py's names for the implementations
 IMPLS = (("v2", 2, None), ("v3", 3, None), ("v3hp1", 3, "1"), ("v3hp2", 3, "2"),
          ("v3hp4", 3, "4"))
 OPS = (("prob_fp8", "prob fp8"), ("prob_u8log", "prob u8log"), ("mask", "mask"),
@@ -95,16 +108,16 @@ def run_extract(lib, g, n, stream, log):
     rows = (C.c_void_p * nb)(*[buf.data_ptr() + o for o in offs])
     capa = (C.c_size_t * nb)(*caps)
     out = {}
-    for label, lse in (("computed", None), ("given", "flash")):
+    for label, lse in (("computed", None), ("given", "cudnn")):
         lse_t = None
         if lse:
             try:
+                from model import sdpa_lse
                 qs = q.transpose(0, 1).unsqueeze(0)
-                ks = k.transpose(0, 1).unsqueeze(0).repeat_interleave(hq // hkv, dim=1)
-                res = torch.ops.aten._scaled_dot_product_flash_attention(qs, ks, ks, 0.0, True)
-                lse_t = res[1].reshape(hq, n).float().contiguous()
+                ks = k.transpose(0, 1).unsqueeze(0)
+                lse_t = sdpa_lse(qs, ks, ks)[1].contiguous()
             except Exception as ex:  # noqa: BLE001
-                log(f"extract: no LSE from flash attention ({ex}); skipped")
+                log(f"extract: no LSE from the dense op ({ex}); skipped")
                 continue
         a = g["ExtractArgs"](qkv_struct(g, q, k, None, n, hq, hkv, d),
                              lse_t.data_ptr() if lse_t is not None else None, b, 0.9, R.FP8, 0,
@@ -145,172 +158,193 @@ def build_rows(g, keep, codec, prefixes):
     return buf, offs, tot
 
 
+def eff_patterns(seed, hs, hq, nb, goal):
+    """Source keep [hs, nb, nb] whose target union (head t: sources t, t+1) keeps about
+    `goal` of the causal blocks (the per-head density is rescaled twice)."""
+    causal = nb * (nb + 1) / 2
+    dens = goal
+    for _ in range(3):
+        keep = R.patterns(np.random.default_rng(seed), hs, nb, min(dens, 0.95))
+        tgt = keep | np.roll(keep, -1, axis=0)
+        eff = tgt.sum() / (hq * causal)
+        dens *= goal / max(eff, 1e-9)
+    return keep, tgt, keep.sum() / (hs * causal), eff
+
+
+class Apply:
+    """mf_apply_cuda on rows built from a source keep, W given, one mode for every head."""
+
+    def __init__(self, lib, g, keep, codec, mode, w, q, k, v, o, top_p=1.0):
+        hq, b, nb = g["HQ"], g["B"], keep.shape[1]
+        rng = np.random.default_rng(1)
+        pre = [R.row_prefix(keep, i, codec, b, rng=rng) for i in range(nb)]
+        self.buf, offs, self.tot = build_rows(g, keep, codec, pre)
+        self.ptrs = (C.c_void_p * nb)(*[self.buf.data_ptr() + x for x in offs])
+        self.modes = np.full(hq, mode, dtype=np.uint8)
+        self.tps = np.full(hq, top_p, dtype=np.float32)
+        self.w = np.ascontiguousarray(w, dtype=np.float32)
+        self.lm = g["LayerMap"](hq, keep.shape[0], self.w.ctypes.data, self.modes.ctypes.data,
+                                self.tps.ctypes.data)
+        n = q.shape[0]
+        self.a = g["ApplyArgs"](C.cast(self.ptrs, C.c_void_p), nb, C.pointer(self.lm),
+                                qkv_struct(g, q, k, v, n, hq, k.shape[1], q.shape[2]), b, None,
+                                0, 0, o.data_ptr(), None)
+        self.lib, self.o = lib, o
+        self.stream = torch.cuda.current_stream().cuda_stream
+
+    def __call__(self):
+        why = C.c_char_p()
+        st = self.lib.mf_apply_cuda(C.byref(self.a), self.stream, C.byref(why))
+        if st != 0:
+            raise RuntimeError(f"mf_apply_cuda {st} {why.value}")
+
+    def checked(self, reps, warm):
+        """Timings after one poisoned-output run whose every element must be finite."""
+        self.o.fill_(float("nan"))
+        self()
+        torch.cuda.synchronize()
+        if not bool(torch.isfinite(self.o).all()):
+            raise RuntimeError("mf_apply_cuda left non-finite output")
+        return timings(self, reps, warm)
+
+
+def flex_times(flex, BlockMask, FP, keep64, b, qs, kf, vf, reps, warm):
+    """flex_attention on the kept (head, 64-block) pairs: at 128-token blocks with default
+    kernel options (partial blocks through a mask_mod lookup) and at 64-token blocks with
+    64 × 64 tiles. Returns {"flex128": (stats, visited 128-block density), "flex64": stats}."""
+    dev = torch.from_numpy(keep64).cuda()
+    out = {}
+    try:
+        bm, vis = FP.block_mask_coarse(torch, BlockMask, dev, b, 128)
+        out["flex128"] = (timings(lambda: flex(qs, kf, vf, block_mask=bm, enable_gqa=True),
+                                  reps, warm), vis)
+    except Exception as ex:  # noqa: BLE001
+        out["flex128_error"] = str(ex)[:300]
+    try:
+        bm = FP.block_mask(torch, BlockMask, dev, b)
+        opts = {"BLOCK_M": 64, "BLOCK_N": 64}
+        out["flex64"] = timings(lambda: flex(qs, kf, vf, block_mask=bm, enable_gqa=True,
+                                             kernel_options=opts), reps, warm)
+    except Exception as ex:  # noqa: BLE001
+        out["flex64_error"] = str(ex)[:300]
+    return out
+
+
+def ablation(lib, g, flex, BlockMask, FP, n, goal, reps, warm, log):
+    """FlexPrefill's selection (structured Q/K, γ calibrated to `goal`) timed alone, then
+    its blocks on flex_attention (128-token blocks, default options) and on our mask
+    kernel (each 128 block as its 2 × 2 64-blocks, identity W: the same pairs)."""
+    hq, hkv, d, b = g["HQ"], g["HKV"], g["D"], g["B"]
+    q, k = structured_qk(n, hq, hkv, d)
+    v = torch.randn(n, hkv, d, dtype=torch.bfloat16, device="cuda")
+    sc = FP.Scores(torch, q, k, 128, 0.1)
+    gam, got, mb = FP.calibrate_gamma(sc, goal, 1024)
+    sel = timings(lambda: FP.Scores(torch, q, k, 128, 0.1).keep(gam, mb), reps, warm)
+    keep = FP.Scores(torch, q, k, 128, 0.1).keep(gam, mb)
+    qa = float(sc.query_aware.float().mean())
+    nb = n // b
+    k64 = keep.repeat_interleave(2, 1).repeat_interleave(2, 2)
+    ii = torch.arange(nb, device="cuda")
+    k64 = (k64 & (ii[None, :] <= ii[:, None])[None]).cpu().numpy()
+    qs, kf, vf = (x.transpose(0, 1).unsqueeze(0).contiguous() for x in (q, k, v))
+    bm = FP.block_mask(torch, BlockMask, keep, 128)
+    t_flex = timings(lambda: flex(qs, kf, vf, block_mask=bm, enable_gqa=True), reps, warm)
+    o = torch.empty(n, hq, d, dtype=torch.float32, device="cuda")
+    ap = Apply(lib, g, k64, R.MASK, 2, np.eye(hq, dtype=np.float32), q, k, v, o)
+    t_ours = ap.checked(reps, warm)
+    # our output against flex's on the same pairs (both bf16 inputs, fp32 / bf16 out)
+    of = flex(qs, kf, vf, block_mask=bm, enable_gqa=True)[0].transpose(0, 1).float()
+    rel = float((o - of).norm() / of.norm())
+    rec = {"N": n, "goal": goal, "gamma": gam, "keep_density": got, "query_aware_share": qa,
+           "min_budget": mb,
+           "selection_ms": sel, "flex128_ms": t_flex, "ours_mask_ms": t_ours,
+           "rel_ours_vs_flex": rel}
+    log(json.dumps(rec))
+    del ap
+    return rec
+
+
 def run(lib, args, g):
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                    "handoff"))
+    import flexprefill as FP
+    from model import dense_rate, lse_source
     log = print
     torch.manual_seed(0)
-    rng = np.random.default_rng(0)
     hq, hkv, hs, d, b = g["HQ"], g["HKV"], g["HS"], g["D"], g["B"]
-    stream = torch.cuda.current_stream().cuda_stream
     bw, mm = ceilings(g)
     log(f"ceilings: copy {bw:.2f} TB/s (read+write), bf16 matmul {mm:.0f} TFLOP/s")
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    flex = None
-    try:
-        from torch.nn.attention.flex_attention import BlockMask, flex_attention
-        flex = torch.compile(flex_attention, dynamic=False)
-    except Exception as ex:  # noqa: BLE001
-        log(f"flex_attention unavailable: {ex}")
+    from torch.nn.attention.flex_attention import BlockMask, flex_attention
+    flex = torch.compile(flex_attention, dynamic=False)
     # W: each target head mixes two source heads (t and t+1), the usual shape of a fit.
     w = np.zeros((hq, hs), dtype=np.float32)
     for t in range(hq):
         w[t, t % hs] = 0.75
         w[t, (t + 1) % hs] = 0.25
-    results = {"copy_TBps": bw, "matmul_TFLOPs": mm, "rows": []}
+    results = {"copy_TBps": bw, "matmul_TFLOPs": mm, "rows": [], "dense": [], "ablation": [],
+               "commit": os.environ.get("MF_COMMIT"), "command": os.environ.get("MF_COMMAND"),
+               "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__}
+    dens_list = [float(x) for x in args.densities.split(",")]
     for n in [int(x) for x in args.ns.split(",")]:
+        reps = g["REPS"] if n <= args.full_reps_n else max(5, g["REPS"] // 2)
+        warm = g["WARM"]
         nb = n // b
         q = torch.randn(n, hq, d, dtype=torch.bfloat16, device="cuda")
         k = torch.randn(n, hkv, d, dtype=torch.bfloat16, device="cuda")
         v = torch.randn(n, hkv, d, dtype=torch.bfloat16, device="cuda")
-        qs = q.transpose(0, 1).unsqueeze(0).contiguous()
-        kf = k.transpose(0, 1).unsqueeze(0).contiguous()
-        vf = v.transpose(0, 1).unsqueeze(0).contiguous()
-        ks = kf.repeat_interleave(hq // hkv, dim=1)
-        vs = vf.repeat_interleave(hq // hkv, dim=1)
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            t_sdpa = timeit(lambda: F.scaled_dot_product_attention(qs, ks, vs, is_causal=True),
-                            g["REPS"], g["WARM"])
-        del ks, vs
-        dense_flops = 2.0 * n * n * d * hq  # causal QKᵀ + PV
+        qs, kf, vf = (x.transpose(0, 1).unsqueeze(0).contiguous() for x in (q, k, v))
+        dr = dense_rate(hq, hkv, n, d, q.device, reps)
+        dense_ms = dr["ms"][1]
         ext = {}
         if not args.no_extract:
             try:
-                ext = run_extract(lib, g, n, stream, log)
+                ext = run_extract(lib, g, n, torch.cuda.current_stream().cuda_stream, log)
             except Exception as ex:  # noqa: BLE001
                 log(f"extract N={n}: {ex}")
-        torch.cuda.empty_cache()
+        dr.update(N=n, reps=reps, lse=lse_source(q.device), extract=ext)
         o = torch.empty(n, hq, d, dtype=torch.float32, device="cuda")
-        for dens in [float(x) for x in args.densities.split(",")]:
-            keep = R.patterns(rng, hs, nb, dens)
-            per_head = keep.sum() / (hs * nb * (nb + 1) / 2)
-            tgt = keep | np.roll(keep, -1, axis=0)  # head t's candidates: sources t, t+1
-            eff = tgt.sum() / (hq * nb * (nb + 1) / 2)
-            rec = {"N": n, "density": float(per_head), "eff_density": float(eff),
-                   "sdpa_ms": t_sdpa, "sdpa_TFLOPs": dense_flops / (t_sdpa * 1e-3) / 1e12,
-                   "extract": ext}
-            prefixes = {}
-            for codec in (R.FP8, R.U8LOG, R.MASK):
-                prefixes[codec] = [R.row_prefix(keep, i, codec, b, rng=rng) for i in range(nb)]
-            for label, codec, mode, top_p in (("prob_fp8", R.FP8, 1, 1.0),
-                                              ("prob_u8log", R.U8LOG, 1, 1.0),
-                                              ("mask", R.MASK, 2, 1.0),
-                                              ("mask_tp95", R.MASK, 2, 0.95),
-                                              ("compute", R.FP8, 0, 1.0),
-                                              ("mixed", R.FP8, -1, 1.0)):
-                buf, offs, tot = build_rows(g, keep, codec, prefixes[codec])
-                ptrs = (C.c_void_p * nb)(*[buf.data_ptr() + x for x in offs])
-                if mode < 0:
-                    modes = np.array([MIXED_CYCLE[t % 3] for t in range(hq)], dtype=np.uint8)
-                else:
-                    modes = np.full(hq, mode, dtype=np.uint8)
-                tps = np.full(hq, top_p, dtype=np.float32)
-                lm = g["LayerMap"](hq, hs, w.ctypes.data, modes.ctypes.data, tps.ctypes.data)
-                a = g["ApplyArgs"](C.cast(ptrs, C.c_void_p), nb, C.pointer(lm),
-                                   qkv_struct(g, q, k, v, n, hq, hkv, d), b, None, 0, 0,
-                                   o.data_ptr(), None)
-                why = C.c_char_p()
-                blocks = float(tgt.sum())
-                prob_flops, mask_flops = blocks * 2 * b * b * d, blocks * 4 * b * b * d
-                if mode == 1:
-                    byts = tot + v.numel() * 2 + o.numel() * 4
-                    flops = prob_flops
-                elif mode == 0:
-                    byts = (q.numel() + 2 * k.numel()) * 2 + o.numel() * 4
-                    flops = dense_flops
-                elif mode == 2:
-                    byts = tot + (q.numel() + 2 * k.numel()) * 2 + o.numel() * 4
-                    flops = mask_flops
-                else:  # mixed: each head's share of its mode's work
-                    share = {m: float((modes == m).sum()) / hq for m in (0, 1, 2)}
-                    byts = tot + (q.numel() + 2 * k.numel()) * 2 + o.numel() * 4
-                    flops = (share[1] * prob_flops + share[2] * mask_flops +
-                             share[0] * dense_flops)
-                rec[label] = {}
-                o_v2 = None
-                for iname, impl, hp in IMPLS:
-                    if hp:
-                        os.environ["MF_V3_HP"] = hp
-                    else:
-                        os.environ.pop("MF_V3_HP", None)
-
-                    def call():
-                        st = lib.mf_apply_cuda_impl(C.byref(a), impl, stream, C.byref(why))
-                        if st != 0:
-                            raise RuntimeError(f"mf_apply_cuda {iname} {st} {why.value}")
-                    o.fill_(float("nan"))
-                    try:
-                        call()
-                        torch.cuda.synchronize()
-                    except RuntimeError as ex:
-                        if label not in ("compute", "mixed"):
-                            raise
-                        log(f"{label} {iname}: {ex}")  # new variants never stop the others
-                        continue
-                    finite = bool(torch.isfinite(o).all())
-                    if not finite:
-                        log(f"{label} {iname}: non-finite output")
-                    if o_v2 is None:
-                        o_v2 = o.clone()
-                        rel = 0.0
-                    else:
-                        rel = float((o - o_v2).norm() / o_v2.norm())
-                    t = timeit(call, g["REPS"], g["WARM"])
-                    rec[label][iname] = {
-                        "ms": t, "bytes": byts, "GBps": byts / (t * 1e-3) / 1e9,
-                        "TFLOPs": flops / (t * 1e-3) / 1e12, "rel_vs_v2": rel,
-                        "finite": finite,
-                        "floor_ms": max(byts / (bw * 1e12), flops / (mm * 1e12)) * 1e3}
-                os.environ.pop("MF_V3_HP", None)
-                del o_v2
-                del buf
-            if flex is not None:
+        # our kernel computing dense causal attention (compute mode), once per N
+        try:  # compute mode ignores the rows' blocks: any valid rows will do
+            ap = Apply(lib, g, R.patterns(np.random.default_rng(0), hs, nb, 0.05), R.FP8, 0,
+                       w, q, k, v, o)
+            dr["ours_compute_ms"] = ap.checked(reps, warm)
+            del ap
+        except Exception as ex:  # noqa: BLE001
+            log(f"compute N={n}: {ex}")
+        results["dense"].append(dr)
+        log(json.dumps(dr))
+        for goal in dens_list:
+            keep, tgt, per_head, eff = eff_patterns(n + int(1000 * goal), hs, hq, nb, goal)
+            blocks = float(tgt.sum())
+            rec = {"N": n, "goal": goal, "density": float(per_head), "eff_density": float(eff),
+                   "dense_ms": dr["ms"], "dense_backend": dr["backend"], "reps": reps}
+            for label, codec, mode, fl in (("prob_fp8", R.FP8, 1, 2),
+                                           ("prob_u8log", R.U8LOG, 1, 2),
+                                           ("mask", R.MASK, 2, 4)):
                 try:
-                    dev = torch.from_numpy(tgt).cuda()  # [H, nb, nb]
-                    ii = torch.arange(nb, device="cuda")
-                    full = dev & (ii[None, None, :] < ii[None, :, None])
-                    full_n = full.sum(-1).to(torch.int32)[None]
-                    full_i = torch.argsort((~full).to(torch.int8), dim=-1,
-                                           stable=True).to(torch.int32)[None]
-                    part_n = torch.ones(1, hq, nb, dtype=torch.int32, device="cuda")
-                    part_i = ii.view(1, 1, nb, 1).expand(1, hq, nb, nb).contiguous().to(torch.int32)
-
-                    def causal(bb, h, qi, ki):
-                        return qi >= ki
-                    bm = BlockMask.from_kv_blocks(part_n, part_i, full_n, full_i, BLOCK_SIZE=b,
-                                                  mask_mod=causal)
-                    t_flex = None
-                    for opts in (None, {"BLOCK_M": 64, "BLOCK_N": 64}):
-                        try:
-                            fn = (lambda: flex(qs, kf, vf, block_mask=bm, enable_gqa=True,
-                                               kernel_options=opts))
-                            t_flex = timeit(fn, g["REPS"], g["WARM"])
-                            break
-                        except Exception as ex:  # noqa: BLE001
-                            log(f"flex N={n} options {opts}: {str(ex)[:200]}")
-                    rec["flex_ms"] = t_flex
+                    ap = Apply(lib, g, keep, codec, mode, w, q, k, v, o)
+                    st = ap.checked(reps, warm)
+                    rec[label] = {"ms": st, "row_bytes": ap.tot,
+                                  "TFLOPs": blocks * fl * b * b * d / (st[1] * 1e-3) / 1e12}
+                    del ap
                 except Exception as ex:  # noqa: BLE001
-                    log(f"flex N={n}: {str(ex)[:300]}")
-            mixed = (rec.get("mixed") or {}).get("v2")
-            parts = [(rec.get(k) or {}).get("v2") for k in ("prob_fp8", "mask", "compute")]
-            if mixed and all(parts):
-                shares = [sum(1 for t in range(hq) if MIXED_CYCLE[t % 3] == m) / hq
-                          for m in (1, 2, 0)]
-                rec["mixed_vs_shares"] = {
-                    "mixed_ms": mixed["ms"],
-                    "sum_of_shares_ms": sum(s_ * p["ms"] for s_, p in zip(shares, parts))}
+                    rec[label] = {"error": str(ex)[:300]}
+                    log(f"{label} N={n} goal {goal}: {ex}")
+            rec.update(flex_times(flex, BlockMask, FP, tgt, b, qs, kf, vf, reps, warm))
             results["rows"].append(rec)
             log(json.dumps(rec))
+            torch.cuda.empty_cache()
         del q, k, v, qs, kf, vf, o
         torch.cuda.empty_cache()
+        if not args.no_ablation:
+            for goal in dens_list:
+                try:
+                    results["ablation"].append(ablation(lib, g, flex, BlockMask, FP, n, goal,
+                                                        reps, warm, log))
+                except Exception as ex:  # noqa: BLE001
+                    log(f"ablation N={n} goal {goal}: {str(ex)[:300]}")
+                torch.cuda.empty_cache()
     print_table(results, log)
     if args.out:
         with open(args.out, "w") as f:
@@ -318,48 +352,82 @@ def run(lib, args, g):
     return 0
 
 
+def _st(x):
+    return f"{x[1]:.3f} ({x[0]:.3f}..{x[2]:.3f})"
+
+
 def print_table(res, log):
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                    "handoff"))
+    from model import break_even
     log("")
+    log(f"commit {res.get('commit') or '?'}; command: `{res.get('command') or '?'}`; "
+        f"{res.get('gpu')}; torch {res.get('torch')}; Hq 32, Hkv 8, Hs 32, d 128, B 64, bf16, "
+        "causal; ms = median (min..max)")
     log(f"copy ceiling {res['copy_TBps']:.2f} TB/s, bf16 matmul {res['matmul_TFLOPs']:.0f} TFLOP/s")
-    log("| N | dens | eff | SDPA ms | flex ms | extract ms (% SDPA) |")
-    log("|---|---|---|---|---|---|")
-    for r in res["rows"]:
-        ex = r["extract"].get("computed") or r["extract"].get("given") or {}
-        exs = "-" if not ex else f"{ex['ms']:.2f} ({100 * ex['ms'] / r['sdpa_ms']:.0f}%)"
-        fx = r.get("flex_ms")
-        log(f"| {r['N']} | {r['density']:.3f} | {r['eff_density']:.3f} | {r['sdpa_ms']:.3f} | "
-            f"{'-' if fx is None else f'{fx:.3f}'} | {exs} |")
     log("")
-    log("mixed per-head modes in one launch (v2) vs the sum of its heads' shares of the "
-        "single-mode launches (goal: mixed <= sum)")
-    log("| N | dens | mixed ms | sum of shares ms | mixed / sum |")
-    log("|---|---|---|---|---|")
+    log("| N | dense backend | dense ms | dense TFLOP/s | our compute mode ms (x dense) "
+        "| extract ms, LSE computed / given (LSE from) | reps |")
+    log("|---|---|---|---|---|---|---|")
+    for r in res["dense"]:
+        ex = r.get("extract") or {}
+        exs = " / ".join(f"{ex[k]['ms']:.2f}" if k in ex else "-" for k in ("computed", "given"))
+        oc = r.get("ours_compute_ms")
+        ocs = f"{_st(oc)} ({r['ms'][1] / oc[1]:.2f})" if oc else "-"
+        log(f"| {r['N']} | {r['backend']} ({r.get('kernel', '?')}) | {_st(r['ms'])} | {r['TFLOPs']:.0f} | {ocs} | {exs} "
+            f"({r.get('lse')}) | {r['reps']} |")
+    log("")
+    log("density sweep: x = speed-up over dense SDPA (cuDNN) / over flex at 128-token blocks "
+        "(default options) / over flex at 64-token blocks; same kept (head, 64-block) pairs; "
+        "goal = the target's effective density")
+    log("| N | goal | eff | mask ms | mask x dense / flex128 / flex64 | prob fp8 ms (x dense) "
+        "| prob u8log ms (x dense) | flex128 ms (x dense) [128-blocks visited] "
+        "| flex64 ms (x dense) |")
+    log("|---|---|---|---|---|---|---|---|---|")
+    curves = {}
     for r in res["rows"]:
-        m = r.get("mixed_vs_shares")
-        if m:
-            log(f"| {r['N']} | {r['density']:.3f} | {m['mixed_ms']:.3f} | "
-                f"{m['sum_of_shares_ms']:.3f} | {m['mixed_ms'] / m['sum_of_shares_ms']:.2f} |")
-    names = [x[0] for x in IMPLS]
-    for key, title in OPS:
-        ref = "flex" if key.startswith("mask") else "SDPA"
+        dn = r["dense_ms"][1]
+
+        def ms(key):
+            x = r.get(key)
+            if isinstance(x, dict):
+                return x.get("ms")
+            if isinstance(x, (list, tuple)) and x and isinstance(x[0], list):
+                return x[0]
+            return x
+        m, p8, pu, f128, f64 = (ms(x) for x in ("mask", "prob_fp8", "prob_u8log", "flex128",
+                                               "flex64"))
+        for key, x in (("mask", m), ("prob_fp8", p8), ("prob_u8log", pu), ("flex128", f128),
+                       ("flex64", f64)):
+            if x:
+                curves.setdefault((r["N"], key), []).append((r["eff_density"], dn / x[1]))
+        ratios = " / ".join(f"{y[1] / m[1]:.2f}" if (y and m) else "-"
+                            for y in (r["dense_ms"], f128, f64))
+        vis = r["flex128"][1] if isinstance(r.get("flex128"), (list, tuple)) else None
+        log(f"| {r['N']} | {r['goal']:.2f} | {r['eff_density']:.3f} | {_st(m) if m else '-'} | "
+            f"{ratios} | " + " | ".join(f"{_st(x)} ({dn / x[1]:.2f})" if x else "-"
+                                        for x in (p8, pu)) +
+            f" | {_st(f128) + f' ({dn / f128[1]:.2f}) [{vis:.3f}]' if f128 else '-'} | "
+            f"{_st(f64) + f' ({dn / f64[1]:.2f})' if f64 else '-'} |")
+    log("")
+    for n in sorted({k[0] for k in curves}):
+        log(f"break-even density against dense cuDNN, N={n}: " + "; ".join(
+            f"{key} {break_even(c)}" for (nn, key), c in curves.items() if nn == n))
+    if res.get("ablation"):
         log("")
-        log(f"{title}: ms (x {ref}, GB/s, TFLOP/s); v3 rel = ‖O_v3 − O_v2‖ / ‖O_v2‖")
-        log("| N | dens | " + " | ".join(names) + " | v2/v3 | max rel vs v2 |")
-        log("|---|---|" + "---|" * len(names) + "---|---|")
-        for r in res["rows"]:
-            d = r.get(key)
-            if not d:
-                continue
-            base = r.get("flex_ms") if ref == "flex" else r["sdpa_ms"]
-            cells = []
-            for nm in names:
-                x = d.get(nm)
-                if not x:
-                    cells.append("-")
-                    continue
-                xs = "-" if not base else f"{base / x['ms']:.2f}"
-                cells.append(f"{x['ms']:.3f} ({xs}, {x['GBps']:.0f}, {x['TFLOPs']:.0f})")
-            sp = d["v2"]["ms"] / d["v3"]["ms"] if "v3" in d and "v2" in d else float("nan")
-            rels = f"{max((d[nm]['rel_vs_v2'] for nm in names[1:] if nm in d), default=0.0):.1e}"
-            log(f"| {r['N']} | {r['density']:.3f} | " + " | ".join(cells) +
-                f" | {sp:.2f} | {rels} |")
+        log("ablation: FlexPrefill's selection (128-token blocks, γ calibrated to the goal, "
+            "τ 0.1, min_budget 1024 or halved until the goal is reachable, structured Q/K) on "
+            "flex_attention and on our mask kernel (same pairs); x = over dense")
+        log("| N | goal | kept | γ / min_budget | query-aware | selection ms | sel + flex128 ms (x dense) "
+            "| sel + our mask ms (x dense) | ours ÷ flex (kernels) | rel ‖ours − flex‖ |")
+        log("|---|---|---|---|---|---|---|---|---|---|")
+        dense = {r["N"]: r["ms"][1] for r in res["dense"]}
+        for a in res["ablation"]:
+            dn, s = dense.get(a["N"]), a["selection_ms"][1]
+            f, o = a["flex128_ms"][1], a["ours_mask_ms"][1]
+            log(f"| {a['N']} | {a['goal']:.2f} | {a['keep_density']:.3f} | {a['gamma']:.3f} / "
+                f"{a.get('min_budget', 1024)} | "
+                f"{a['query_aware_share']:.2f} | {_st(a['selection_ms'])} | {s + f:.3f} "
+                f"({dn / (s + f):.2f}) | {s + o:.3f} ({dn / (s + o):.2f}) | {o / f:.2f} | "
+                f"{a['rel_ours_vs_flex']:.1e} |")

@@ -1,29 +1,32 @@
 #!/usr/bin/env python3
-"""Hand-off benchmark at real model shapes (issue 10; bench/handoff/run.sh runs it).
+"""Hand-off benchmark at real model shapes (issues 10, 18; bench/handoff/run.sh runs it).
 
 Source: a Qwen2.5-14B-shaped model (48 layers, 40 heads, 8 KV heads, width 5120); target:
 a Llama-3.1-8B-shaped one (32 layers, 32 heads, 8 KV heads, width 4096, FFN 14336); random
-bf16 weights, RoPE, SDPA (flash backend) for native attention, one H200, one process (the
-target opens its own channel; rows cross through the daemon either way).
+bf16 weights, RoPE, dense attention = SDPA with enable_gqa and torch's own backend (cuDNN
+on the H200; the LSE from the cuDNN op), one H200, one process (the target opens its own
+channel; rows cross through the daemon either way).
 
 Per N (largest first), all in this process, ratios against the target's full prefill:
-  1. target full prefill (TTFT), source full prefill (CUDA events, median of --reps);
-  2. density: the source's Top-P is chosen (bisection on one exported layer's real Q/K)
-     so that the target's mapped heads attend --density of the causal blocks (random
-     weights give unstructured maps: Top-P then sets the density);
-  3. per variant (prob FP8, prob U8_LOG, mask): the source prefills again, extracting
-     each exported layer (mf_extract_cuda; LSE from the flash kernel when torch exposes
-     it) and putting its rows to mapflowd from a second thread while it goes on; the
-     target gets the rows (leases: device pointers in the daemon's GPU arena through CUDA
-     IPC, or host views copied to the GPU) and prefills with mf_apply_cuda on layers ≥ L0
-     (hand-off latency = source done → target's first token); then --reps timed reuse
-     prefills; GPU memory held by rows (daemon stats); rows deleted;
-  4. a FlexPrefill-like baseline: the target's own block-sparse attention on the same
-     layers, blocks chosen at run time from mean-pooled Q/K (128-token blocks, the
-     highest-scoring blocks per row up to the same density, plus sink and diagonal),
-     flex_attention (compiled);
-then a routing simulation (sim.py) on the measured times, the table (printed last), JSON
-and a PNG of TTFT against N.
+  1. target full prefill (TTFT), source full prefill (CUDA events, min / median / max of
+     --reps), one dense attention layer of each (backend, TFLOP/s);
+  2. per density (the sweep --densities at the largest N, --density elsewhere): the
+     source's Top-P is chosen (bisection on one exported layer's real Q/K) so that the
+     target's mapped heads attend that density of the causal blocks (random weights give
+     unstructured maps: Top-P then sets the density);
+  3. per variant (prob FP8, prob U8_LOG, mask; --sweep-variants off the headline): the
+     source prefills again, extracting each exported layer (mf_extract_cuda) and putting
+     its rows to mapflowd from a second thread while it goes on; its cost is its wall
+     time under export (first layer to the last row acknowledged, scratch-slot stalls
+     included); the target gets the rows (leases: device pointers in the daemon's GPU
+     arena through CUDA IPC, or host views copied to the GPU) and prefills with
+     mf_apply_cuda on layers ≥ L0; TTFT = get + prefill to the first token (hand-off
+     latency = source done → target's first token); GPU memory held by rows; rows deleted;
+  4. the block-sparse baselines on the same layers, flex_attention (compiled, 128-token
+     blocks, default options), selection inside the timed prefill (flexprefill.py):
+     FlexPrefill (γ calibrated to the same density) and pooled-QK only;
+then sim.py's workloads on the measured times, the tables (printed last), JSON and a PNG
+of the speed-up over dense against density and N.
 
 Put/get path, chosen at run time and printed: "gpu" when the Python binding has the GPU
 tier API (Channel(gpu_device=…), put_device, rows with .device_ptr), else "host" (rows
@@ -68,10 +71,22 @@ def parse_args(argv=None):
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/handoff"))
     ap.add_argument("--ns", default=os.environ.get("HANDOFF_NS"),
                     help="comma list of N (default 32768,16384,8192; --dry 512,256)")
-    ap.add_argument("--reps", type=int, default=int(os.environ.get("HANDOFF_REPS", "3")))
+    ap.add_argument("--reps", type=int, default=int(os.environ.get("HANDOFF_REPS", "5")))
     ap.add_argument("--density", type=float,
                     default=float(os.environ.get("HANDOFF_DENSITY", "0.10")),
                     help="blocks the target's mapped heads attend (fraction of causal)")
+    ap.add_argument("--densities", default=os.environ.get("HANDOFF_DENSITIES"),
+                    help="comma list: the density sweep, run at the largest N (default "
+                    "0.05,0.10,0.20,0.35 on the GPU, 0.10,0.35 --dry); --density is its headline")
+    ap.add_argument("--sweep-variants", dest="sweep_variants",
+                    default=os.environ.get("HANDOFF_SWEEP_VARIANTS", "mask"),
+                    help="variants run at the sweep's other densities (all at --density)")
+    ap.add_argument("--gamma-tau", dest="tau", type=float,
+                    default=float(os.environ.get("HANDOFF_TAU", "0.1")),
+                    help="FlexPrefill's pattern-test threshold τ")
+    ap.add_argument("--min-budget", dest="min_budget", type=int,
+                    default=int(os.environ.get("HANDOFF_MIN_BUDGET", "1024")),
+                    help="FlexPrefill's min_budget (tokens)")
     ap.add_argument("--l0", type=int, default=int(os.environ.get("HANDOFF_L0", "2")))
     ap.add_argument("--variants", default=os.environ.get("HANDOFF_VARIANTS"),
                     help="default prob_fp8,prob_u8log,mask (two GPUs: prob_fp8)")
@@ -106,11 +121,15 @@ def parse_args(argv=None):
                                                              "32768,16384,8192")
     a.ns = [int(x) for x in a.ns.split(",") if x.strip()]
     a.variants = [v for v in a.variants.split(",") if v]
+    if a.densities is None:
+        a.densities = "0.10,0.35" if a.dry else "0.05,0.10,0.20,0.35"
+    a.densities = sorted({float(x) for x in a.densities.split(",") if x.strip()} | {a.density})
+    a.sweep_variants = [v for v in a.sweep_variants.split(",") if v in a.variants]
     bad = [v for v in a.variants if v not in VARIANTS]
     if bad or not a.ns or any(n % 128 or n < 256 for n in a.ns) or a.reps < 1:
         ap.error("variants from %s; N multiples of 128, ≥ 256; reps ≥ 1" % list(VARIANTS))
-    if not 0.0 < a.density < 1.0:
-        ap.error("--density in (0, 1)")
+    if not all(0.0 < x < 1.0 for x in a.densities):
+        ap.error("--density / --densities in (0, 1)")
     return a
 
 
@@ -133,6 +152,11 @@ class Clock:
 
     def time(self, fn, reps, warm=1):
         """Median ms of reps calls after warm ones; also the last result."""
+        st, out = self.stats(fn, reps, warm)
+        return st[1], out
+
+    def stats(self, fn, reps, warm=1):
+        """([min, median, max] ms of reps calls after warm ones), the last result."""
         out = None
         for _ in range(warm):
             out = fn()
@@ -151,7 +175,7 @@ class Clock:
                 t = time.perf_counter()
                 out = fn()
                 ts.append((time.perf_counter() - t) * 1e3)
-        return statistics.median(ts), out
+        return [min(ts), statistics.median(ts), max(ts)], out
 
     def wall(self, fn):
         self.sync()
@@ -214,28 +238,6 @@ def row_stats(R, rows, hs, w, nb, take):
     eff = ((hm[:, None] & tmask[None, :]) != 0).sum()
     return {"per_head": sum(ents) / (hs * causal), "eff": float(eff) / (w.shape[0] * causal),
             "cols": len(hm) / causal, "entries": ents}
-
-
-def flexprefill_keep(t, q, k, density, bf=128):
-    """FlexPrefill's query-aware selection at a fixed budget: softmax(pooled Q · pooled
-    Kᵀ / √d) over 128-token blocks, per head the sink, the diagonal and the top-scoring
-    others of query block i, ⌈density·(i+1)⌉ blocks in all (as MapFlow's density counts
-    its forced blocks too). q [N, Hq, d], k [N, Hkv, d] → keep [Hq, nb, nb] bool
-    (causal)."""
-    n, hq, d = q.shape
-    hkv, nbf = k.shape[1], n // bf
-    ii = t.arange(nbf, device=q.device)
-    causal_b = ii[None, :] <= ii[:, None]
-    budget = t.clamp(t.ceil(density * (ii + 1).float()) - 2, min=0).long()
-    qp = q.view(nbf, bf, hq, d).mean(1, dtype=t.float32).transpose(0, 1)  # [H, nbf, d]
-    kp = k.view(nbf, bf, hkv, d).mean(1, dtype=t.float32).transpose(0, 1)
-    kp = kp.repeat_interleave(hq // hkv, dim=0)
-    sc = (qp @ kp.transpose(1, 2)) / math.sqrt(d)
-    forced = (ii[None, :] == 0) | (ii[None, :] == ii[:, None])
-    sc = sc.masked_fill(~causal_b | forced, float("-inf")).softmax(-1)
-    rank = sc.argsort(-1, descending=True).argsort(-1)
-    keep = (rank < budget[None, :, None]) & causal_b & ~forced
-    return keep | forced[None]
 
 
 # ==== put / get ===========================================================================
@@ -540,6 +542,8 @@ class Bench:
         self.src_layers = sorted(set(self.map.values()))
         self.store = Store(mapflow, a.socket, a.path, a.dry, torch)
         log("path: %s (%s)" % (self.store.path, self.store.why))
+        import flexprefill
+        self.fp, self.fp_gamma, self.fp_stats = flexprefill, {}, []
         self.flex = None
         if not a.no_flex and self.cuda:
             try:
@@ -552,7 +556,7 @@ class Bench:
         self.res = {"path": self.store.path, "path_why": self.store.why,
                     "target": vars(ts), "source": vars(ss), "l0": self.l0,
                     "mapped_layers": len(self.map), "exported_source_layers":
-                    len(self.src_layers), "block": B, "density_goal": a.density,
+                    len(self.src_layers), "block": B, "density_goal": a.density, "densities": a.densities,
                     "variants": a.variants, "reps": a.reps, "torch": torch.__version__,
                     "gpu_info": self.store.gpu_info, "rows": []}
 
@@ -605,10 +609,11 @@ class Bench:
         return take
 
     # -- steps --
-    def calibrate(self, n, cap, tok32):
-        """Source Top-P giving the goal density on one exported layer, and per-row entry
-        bounds (1.3 × what that layer kept + slack) for the row buffers."""
-        hs, nb, goal = self.src.s.heads, n // B, self.a.density
+    def calibrate(self, n, cap, tok32, goal=None):
+        """Source Top-P giving the goal density (default --density) on one exported layer,
+        and per-row entry bounds (1.3 × what that layer kept + slack) for the row buffers."""
+        hs, nb = self.src.s.heads, n // B
+        goal = self.a.density if goal is None else goal
         q, k, lse = cap["q"], cap["k"], cap.get("lse")
         layer = self.src_layers[len(self.src_layers) // 2]
 
@@ -677,7 +682,7 @@ class Bench:
         return {"wall_ms": (t1 - t0) * 1e3, "prefill_done_ms": (t_pre - t0) * 1e3,
                 "extract_ms": ext, "put_thread_ms": putter.put_s * 1e3,
                 "put_tail_ms": (t1 - t_pre) * 1e3, "row_bytes": putter.bytes,
-                "lse": "flash" if lse_used[1] == 0 else
+                "lse": "given (dense op)" if lse_used[1] == 0 else
                 ("computed by extract" if lse_used[0] == 0 else "mixed")}, t1
 
     def target_reuse_attn(self, n, rowsets, modes):
@@ -699,33 +704,36 @@ class Bench:
             return o.view(n, -1).to(q.dtype)
         return attn
 
-    def flex_attn(self, n, density):
-        """FlexPrefill-like attention for layers ≥ L0 (flexprefill_keep → BlockMask →
-        compiled flex_attention, GQA)."""
-        t = self.t
+    def flex_attn(self, n, density, kind):
+        """Block-sparse baseline attention for layers ≥ L0 on flex_attention (compiled,
+        GQA, 128-token blocks, default kernel options): kind "flexprefill" (FlexPrefill's
+        selection, γ calibrated on the first layer it sees so that it keeps `density` of
+        the causal blocks) or "pooled" (the pooled-QK-only selection at that budget).
+        The selection runs inside the timed prefill, as it does for FlexPrefill.
+        self.fp_stats collects per layer (density, query-aware share) of the last run."""
+        t, FP = self.t, self.fp
         bf = 128
-        nbf = n // bf
-        ii = t.arange(nbf, device=self.dev)
-        bm_cls = self.BlockMask
-
-        def causal(b, h, qi, ki):
-            return qi >= ki
+        self.fp_stats = []
 
         def attn(i, xn, m):
             q, k, v = m.qkv(i, xn)
             if i < self.l0:
                 return m.native_attention(q, k, v)[0]
             hq, d = q.shape[1], q.shape[2]
-            keep = flexprefill_keep(t, q, k, density, bf)
-            if i == self.l0:
-                self.flex_density = float(keep.sum()) / (hq * nbf * (nbf + 1) / 2)
-            full = keep & (ii[None, None, :] < ii[None, :, None])
-            full_n = full.sum(-1).to(t.int32)[None]
-            full_i = t.argsort((~full).to(t.int8), dim=-1, stable=True).to(t.int32)[None]
-            part_n = t.ones(1, hq, nbf, dtype=t.int32, device=self.dev)
-            part_i = ii.view(1, 1, nbf, 1).expand(1, hq, nbf, nbf).contiguous().to(t.int32)
-            bm = bm_cls.from_kv_blocks(part_n, part_i, full_n, full_i, BLOCK_SIZE=bf,
-                                       mask_mod=causal)
+            if kind == "pooled":
+                keep, qa = FP.pooled_keep(t, q, k, density, bf), None
+            else:
+                sc = FP.Scores(t, q, k, bf, self.a.tau)
+                key = (n, density)
+                if key not in self.fp_gamma:
+                    self.fp_gamma[key] = FP.calibrate_gamma(sc, density, self.a.min_budget)
+                    log("N=%d density %.2f: FlexPrefill γ %.4f → %.3f on layer %d "
+                        "(min_budget %d)" % ((n, density) + self.fp_gamma[key][:2] +
+                                             (i, self.fp_gamma[key][2])))
+                keep = sc.keep(self.fp_gamma[key][0], self.fp_gamma[key][2])
+                qa = sc.query_aware
+            self.fp_stats.append((keep, qa))
+            bm = FP.block_mask(t, self.BlockMask, keep, bf)
             q4 = q.transpose(0, 1).unsqueeze(0).contiguous()
             k4 = k.transpose(0, 1).unsqueeze(0).contiguous()
             v4 = v.transpose(0, 1).unsqueeze(0).contiguous()
@@ -733,116 +741,178 @@ class Bench:
             return o[0].transpose(0, 1).reshape(n, hq * d)
         return attn
 
-    def run_n(self, n):
-        a, t = self.a, self.t
+    def fp_summary(self):
+        """Mean kept density and query-aware share over the last run's layers (the keep
+        masks are read here, after the timed runs)."""
+        if not self.fp_stats:
+            return {}
+        dens = [self.fp.density(k) for k, _ in self.fp_stats]
+        qa = [float(x.float().mean()) for _, x in self.fp_stats if x is not None]
+        self.fp_stats = []
+        return {"keep_density": sum(dens) / len(dens),
+                "query_aware_share": (sum(qa) / len(qa)) if qa else None}
+
+    def baseline(self, n, tok, dens, full_ms):
+        """FlexPrefill and pooled-QK-only at one density: {kind: record}."""
+        out = {}
+        for kind in ("flexprefill", "pooled"):
+            if self.left() < 20 + 4 * full_ms / 1e3:
+                log("N=%d density %.2f: %s skipped (time budget)" % (n, dens, kind))
+                continue
+            try:
+                fa = self.flex_attn(n, dens, kind)
+                tc = time.perf_counter()
+                self.tgt.prefill(tok, fa)  # compiles for this N (first time), calibrates γ
+                self.clock.sync()
+                warm_s = time.perf_counter() - tc
+                self.fp_stats = []
+                st, _ = self.clock.stats(lambda: self.tgt.prefill(tok, fa), self.a.reps, warm=0)
+                r = dict(self.fp_summary(), ms=st, prefill_ms=st[1], warm_s=warm_s,
+                         gain=1.0 - st[1] / full_ms)
+                if kind == "flexprefill":
+                    r.update(gamma=self.fp_gamma[(n, dens)][0], tau=self.a.tau,
+                             min_budget=self.fp_gamma[(n, dens)][2])
+                out[kind] = r
+                log("N=%d density %.2f: %s %.1f ms (%+.1f%% vs full; kept %.3f, query-aware "
+                    "%s; first run %.1f s)" % (n, dens, kind, st[1], 100 * (st[1] / full_ms - 1),
+                                              r.get("keep_density", 0),
+                                              r.get("query_aware_share"), warm_s))
+            except Exception as e:  # noqa: BLE001
+                out[kind] = {"error": "%s: %s" % (type(e).__name__, str(e)[:300])}
+                log("N=%d: %s: %s" % (n, kind, out[kind]["error"]))
+        return out
+
+    def variant(self, n, var, dens, tok, tok32, top_p, entries, n_prob, full):
+        """One variant's hand-off at one density: source prefill under export, get, the
+        target's first reuse prefill (hand-off), then timed reuse prefills."""
+        t, reps = self.t, self.a.reps
+        nb = n // B
+        model = "src-%s-%d-%d" % (VARIANTS[var][0], n, round(1000 * dens))
+        names, modes = variant_layers(var, self.src_layers, self.map, n_prob)
+        codecs = {sl: self.mfk.CODECS[x] for sl, x in names.items()}
+        self.store.counts = {}
+        try:
+            srec, t_src_done = self.source_handoff(n, tok, tok32, codecs, top_p, entries,
+                                                   model.encode())
+            gpu_used = self.store.gpu_used()
+            t_get0 = time.perf_counter()
+            layers = {tl: sl for tl, sl in self.map.items()}
+            got, results, staged = self.store.get_layers(model, tok32,
+                                                         sorted(set(layers.values())), nb)
+            get_ms = (time.perf_counter() - t_get0) * 1e3
+            rowsets = {tl: self.mfk.RowSet.at(got[sl][0], got[sl][1], codecs[sl])
+                       for tl, sl in layers.items()}
+            attn = self.target_reuse_attn(n, rowsets, modes)
+            first = self.tgt.prefill(tok, attn)
+            int(first[0])  # the first token is on the host: hand-off done
+            t_first = time.perf_counter()
+            st, _ = self.clock.stats(lambda: self.tgt.prefill(tok, attn), reps, warm=0)
+            ms = st[1]
+            bad = self.be.check()  # rows the kernel refused so far (must stay 0)
+            staged_b = sum(x.numel() for x in staged)
+            self.store.release(results)
+            rowsets = got = staged = attn = None
+            self.store.delete(model)
+            # what a user sees: TTFT = get (leases of every mapped layer) + the prefill
+            # up to the first token on the host; the source's cost = its wall time under
+            # export (first layer to the last row acknowledged, Putter.slot stalls included)
+            v = dict(srec, get_ms=get_ms, handoff_ms=(t_first - t_src_done) * 1e3,
+                     prefill_ms=ms, prefill_ms_stats=st, ttft_ms=ms + get_ms,
+                     gain=1.0 - (ms + get_ms) / full["target_full_ms"],
+                     prefill_gain=1.0 - ms / full["target_full_ms"],
+                     daemon_gpu_bytes=gpu_used, staged_gpu_bytes=staged_b,
+                     bad_rows=bad, counts=dict(self.store.counts),
+                     prob_layers=sum(1 for x in modes.values() if x == "prob"))
+            v["source_extra_ms"] = srec["wall_ms"] - full["source_full_ms"]
+            v["source_wall_ratio"] = srec["wall_ms"] / full["source_full_ms"]
+            v["handoff_overhead"] = v["source_extra_ms"] / full["source_full_ms"]
+            log("N=%d %.2f %s: TTFT %.1f ms (%+.1f%% vs full; prefill %.1f [%.1f..%.1f], get "
+                "%.1f), hand-off %.1f ms, source wall %.1f ms (+%.1f: extract %.1f, put thread "
+                "%.1f, tail %.1f), rows %.2f GB, %s"
+                % (n, dens, var, v["ttft_ms"], -100 * v["gain"], ms, st[0], st[2], get_ms,
+                   v["handoff_ms"], srec["wall_ms"], v["source_extra_ms"], srec["extract_ms"],
+                   srec["put_thread_ms"], srec["put_tail_ms"], srec["row_bytes"] / 1e9,
+                   v["counts"]))
+            return v
+        except Exception as e:  # noqa: BLE001 — one variant failing must not stop the rest
+            import traceback
+            traceback.print_exc()
+            self.store.delete(model)
+            return {"error": "%s: %s" % (type(e).__name__, e)}
+        finally:
+            if self.cuda:
+                t.cuda.empty_cache()
+
+    def run_n(self, n, sweep):
+        """One N: full prefills, then per density of the sweep (the headline --density
+        only unless sweep) the source's Top-P, the variants and the two flex baselines.
+        The headline density's results are also the record's top-level keys."""
+        a = self.a
         tok_np, tok = self.tokens(n)
         tok32 = tok_np.astype(np.uint32)
-        nb = n // B
         rec = {"N": n}
-        reps = a.reps
         # 1. full prefills (the source's warm-up run captures one layer's Q, K, LSE)
-        rec["target_full_ms"], _ = self.clock.time(
-            lambda: self.tgt.prefill(tok, self.dense), reps)
-        log("N=%d: target full prefill %.1f ms" % (n, rec["target_full_ms"]))
+        st, _ = self.clock.stats(lambda: self.tgt.prefill(tok, self.dense), a.reps)
+        rec["target_full_ms"], rec["target_full_ms_stats"] = st[1], st
+        log("N=%d: target full prefill %.1f ms [%.1f..%.1f]" % (n, st[1], st[0], st[2]))
         cap = {}
         cal_layer = self.src_layers[len(self.src_layers) // 2]
         self.src.prefill(tok, self.capture_hook(cal_layer, cap))
-        rec["source_full_ms"], _ = self.clock.time(
-            lambda: self.src.prefill(tok, self.dense), max(1, reps - 1), warm=0)
-        log("N=%d: source full prefill %.1f ms" % (n, rec["source_full_ms"]))
-        # 2. density
-        top_p, st, entries = self.calibrate(n, cap, tok32)
-        cap.clear()
-        self.be.pool.pop("cal", None) if hasattr(self.be, "pool") else None
-        rec.update(source_top_p=top_p, density_per_head=st["per_head"],
-                   density_eff=st["eff"], row_columns=st["cols"])
-        per_layer, n_prob = n_prob_layers(self, n, st)
-        rec.update(prob_row_bytes_per_layer_est=per_layer, prob_layers=n_prob)
-        # 3. variants
-        need = 25.0  # seconds a variant takes, updated with the last one at this N
-        for var in a.variants:
-            if self.left() < need:
-                log("N=%d %s: skipped (time budget: %.0f s left, ~%.0f s needed)"
-                    % (n, var, self.left(), need))
+        st, _ = self.clock.stats(lambda: self.src.prefill(tok, self.dense), a.reps, warm=0)
+        rec["source_full_ms"], rec["source_full_ms_stats"] = st[1], st
+        log("N=%d: source full prefill %.1f ms [%.1f..%.1f]" % (n, st[1], st[0], st[2]))
+        if self.cuda:
+            from model import dense_rate, lse_source
+            ts, ss = self.tgt.s, self.src.s
+            rec["dense_attention"] = {
+                "target": dense_rate(ts.heads, ts.kv_heads, n, ts.head_dim, self.dev, a.reps),
+                "source": dense_rate(ss.heads, ss.kv_heads, n, ss.head_dim, self.dev, a.reps),
+                "lse": lse_source(self.dev)}
+            log("N=%d: dense attention one layer: %s" % (n, rec["dense_attention"]))
+        rec["sweep"] = []
+        for dens in (a.densities if sweep else [a.density]):
+            if rec["sweep"] and self.left() < 60:
+                log("N=%d density %.2f: skipped (time budget: %.0f s left)"
+                    % (n, dens, self.left()))
                 continue
-            tv = time.perf_counter()
-            model = "src-%s-%d" % (VARIANTS[var][0], n)
-            names, modes = variant_layers(var, self.src_layers, self.map, n_prob)
-            codecs = {sl: self.mfk.CODECS[x] for sl, x in names.items()}
-            self.store.counts = {}
-            try:
-                srec, t_src_done = self.source_handoff(n, tok, tok32, codecs, top_p, entries,
-                                                       model.encode())
-                gpu_used = self.store.gpu_used()
-                t_get0 = time.perf_counter()
-                layers = {tl: sl for tl, sl in self.map.items()}
-                got, results, staged = self.store.get_layers(model, tok32,
-                                                             sorted(set(layers.values())), nb)
-                get_ms = (time.perf_counter() - t_get0) * 1e3
-                rowsets = {tl: self.mfk.RowSet.at(got[sl][0], got[sl][1], codecs[sl])
-                           for tl, sl in layers.items()}
-                attn = self.target_reuse_attn(n, rowsets, modes)
-                first = self.tgt.prefill(tok, attn)
-                int(first[0])  # the first token is on the host: hand-off done
-                t_first = time.perf_counter()
-                ms, _ = self.clock.time(lambda: self.tgt.prefill(tok, attn), reps, warm=0)
-                bad = self.be.check()  # rows the kernel refused so far (must stay 0)
-                staged_b = sum(x.numel() for x in staged)
-                self.store.release(results)
-                rowsets = got = staged = attn = None
-                self.store.delete(model)
-                v = dict(srec, get_ms=get_ms, handoff_ms=(t_first - t_src_done) * 1e3,
-                         prefill_ms=ms, ttft_ms=ms + get_ms,
-                         gain=1.0 - ms / rec["target_full_ms"],
-                         daemon_gpu_bytes=gpu_used, staged_gpu_bytes=staged_b,
-                         bad_rows=bad, counts=dict(self.store.counts),
-                         prob_layers=sum(1 for x in modes.values() if x == "prob"))
-                v["source_extra_ms"] = srec["wall_ms"] - rec["source_full_ms"]
-                v["handoff_overhead"] = (srec["extract_ms"] + srec["put_tail_ms"] + get_ms) / \
-                    rec["source_full_ms"]
-                rec[var] = v
-                log("N=%d %s: prefill %.1f ms (%.1f%% vs full), get %.1f ms, hand-off %.1f ms,"
-                    " source +%.1f ms (extract %.1f, put thread %.1f, tail %.1f), rows %.2f GB,"
-                    " %s" % (n, var, ms, -100 * v["gain"], get_ms, v["handoff_ms"],
-                             v["source_extra_ms"], srec["extract_ms"], srec["put_thread_ms"],
-                             srec["put_tail_ms"], srec["row_bytes"] / 1e9, v["counts"]))
-            except Exception as e:  # noqa: BLE001 — one variant failing must not stop the rest
-                import traceback
-                traceback.print_exc()
-                rec[var] = {"error": "%s: %s" % (type(e).__name__, e)}
-                self.store.delete(model)
-            if self.cuda:
-                t.cuda.empty_cache()
-            need = 1.1 * (time.perf_counter() - tv)
-        # 4. FlexPrefill-like baseline (compiling takes most of it)
-        if self.flex is not None and self.left() > 30 + 4 * rec["target_full_ms"] / 1e3:
-            try:
-                fa = self.flex_attn(n, rec["density_eff"])
-                tc = time.perf_counter()
-                self.tgt.prefill(tok, fa)  # compiles for this N
-                self.clock.sync()
-                rec["flex_compile_s"] = time.perf_counter() - tc
-                rec["flex_ms"], _ = self.clock.time(lambda: self.tgt.prefill(tok, fa), reps,
-                                                    warm=0)
-                rec["flex_gain"] = 1.0 - rec["flex_ms"] / rec["target_full_ms"]
-                rec["flex_keep_density"] = self.flex_density
-                log("N=%d: FlexPrefill-like %.1f ms (%.1f%% vs full; compile %.0f s)"
-                    % (n, rec["flex_ms"], -100 * rec["flex_gain"], rec["flex_compile_s"]))
-            except Exception as e:  # noqa: BLE001
-                rec["flex_error"] = "%s: %s" % (type(e).__name__, str(e)[:300])
-                log("N=%d: flex: %s" % (n, rec["flex_error"]))
-        elif self.flex is not None:
-            log("N=%d: FlexPrefill-like skipped (time budget)" % n)
-        if not self.cuda:  # --dry: no flex_attention on old CPU torch; check the selection
-            g = t.Generator().manual_seed(n)
-            qx = t.randn(n, self.tgt.s.heads, 32, generator=g).to(t.bfloat16)
-            kx = t.randn(n, self.tgt.s.kv_heads, 32, generator=g).to(t.bfloat16)
-            keep = flexprefill_keep(t, qx, kx, rec["density_eff"])
-            nbf = n // 128
-            rec["flex_keep_density"] = float(keep.sum()) / (keep.shape[0] * nbf * (nbf + 1) / 2)
-            log("N=%d: FlexPrefill-like selection (no flex_attention here): density %.3f"
-                % (n, rec["flex_keep_density"]))
+            d = {"density_goal": dens}
+            top_p, cst, entries = self.calibrate(n, cap, tok32, dens)
+            d.update(source_top_p=top_p, density_per_head=cst["per_head"],
+                     density_eff=cst["eff"], row_columns=cst["cols"])
+            per_layer, n_prob = n_prob_layers(self, n, cst)
+            d.update(prob_row_bytes_per_layer_est=per_layer, prob_layers=n_prob)
+            head = dens == a.density
+            for var in (a.variants if head else a.sweep_variants):
+                if self.left() < 25 + 6 * rec["source_full_ms"] / 1e3:
+                    log("N=%d %.2f %s: skipped (time budget: %.0f s left)"
+                        % (n, dens, var, self.left()))
+                    continue
+                d[var] = self.variant(n, var, dens, tok, tok32, top_p, entries, n_prob, rec)
+            if self.flex is not None:
+                d.update(self.baseline(n, tok, d["density_eff"], rec["target_full_ms"]))
+            elif not self.cuda:  # --dry: no flex_attention on old CPU torch; check selections
+                d.update(self.dry_selection(n, d["density_eff"]))
+            rec["sweep"].append(d)
+            if head:
+                rec.update({k: x for k, x in d.items() if k != "density_goal"})
+        cap.clear()
+        if hasattr(self.be, "pool"):
+            self.be.pool.pop("cal", None)
         return rec
+
+    def dry_selection(self, n, dens):
+        """--dry: both flex baselines' selections on random Q/K (no flex_attention here)."""
+        t, FP = self.t, self.fp
+        g = t.Generator().manual_seed(n)
+        qx = t.randn(n, self.tgt.s.heads, 32, generator=g).to(t.bfloat16)
+        kx = t.randn(n, self.tgt.s.kv_heads, 32, generator=g).to(t.bfloat16)
+        sc = FP.Scores(t, qx, kx, 128, self.a.tau)
+        gam, got, mb = FP.calibrate_gamma(sc, dens, self.a.min_budget)
+        out = {"pooled": {"keep_density": FP.density(FP.pooled_keep(t, qx, kx, dens))},
+               "flexprefill": {"keep_density": got, "gamma": gam, "min_budget": mb,
+                               "query_aware_share": float(sc.query_aware.float().mean())}}
+        log("N=%d density %.3f: selections (no flex_attention here): %s" % (n, dens, out))
+        return out
 
     def run(self):
         ctx = self.t.cuda.stream(self.stream) if self.cuda else _Null()
@@ -857,11 +927,13 @@ class Bench:
                     log("N=%d: skipped (time budget: %.0f s left)" % (n, self.left()))
                     continue
                 tn = time.perf_counter()
-                r = self.run_n(n)
+                r = self.run_n(n, n == max(self.a.ns))
                 r["elapsed_s"] = time.perf_counter() - tn
                 self.res["rows"].append(r)
                 if self.cuda:
                     self.t.cuda.empty_cache()
+        self.res["gpu"] = self.t.cuda.get_device_name(0) if self.cuda else "CPU (--dry)"
+        self.res["sweep_variants"] = self.a.sweep_variants
         self.res["gpu_total_bytes"] = (self.t.cuda.get_device_properties(0).total_memory
                                        if self.cuda else None)
         self.res["row_budget_bytes"] = self.a.row_bytes or None
@@ -877,9 +949,15 @@ class _Null:
         return False
 
 
+def _ttft(x):
+    """A variant's TTFT (get + prefill), or its prefill where no get was timed."""
+    if not isinstance(x, dict) or "prefill_ms" not in x:
+        return None
+    return x.get("ttft_ms", x["prefill_ms"])
+
+
 def best_variant(r, variants):
-    ok = [(r[v]["prefill_ms"], v) for v in variants if isinstance(r.get(v), dict)
-          and "prefill_ms" in r[v]]
+    ok = [(_ttft(r.get(v)), v) for v in variants if _ttft(r.get(v)) is not None]
     return min(ok) if ok else (None, None)
 
 
@@ -891,38 +969,65 @@ def routing(res):
 
 # ==== report ==============================================================================
 
+def _cell(ms, full):
+    return "%.1f (%+.1f%%)" % (ms, 100 * (ms / full - 1)) if ms else "-"
+
+
+def header(res):
+    """Commit, command, dense backend lines (every table starts with them)."""
+    lines = ["commit %s; command: `%s`; %s; torch %s; reps %d (min / median / max)"
+             % (res.get("commit") or "?", res.get("command") or "?", res.get("gpu") or "?",
+                res.get("torch"), res.get("reps", 0))]
+    for r in res["rows"]:
+        da = r.get("dense_attention")
+        if da:
+            lines.append("dense attention, N=%d, one layer: target %s %.2f ms (%.0f TFLOP/s), "
+                         "source %s %.2f ms (%.0f TFLOP/s); kernel %s; LSE: %s"
+                         % (r["N"], da["target"]["backend"], da["target"]["ms"][1],
+                            da["target"]["TFLOPs"], da["source"]["backend"],
+                            da["source"]["ms"][1], da["source"]["TFLOPs"],
+                            da["target"].get("kernel", "?"), da["lse"]))
+    return lines
+
+
 def table(res):
-    lines = []
+    lines = header(res) + [""]
     vs = res["variants"]
-    head = ["N", "dens head/eff", "target full ms"] + ["%s ms (Δ)" % v for v in vs] + \
-        ["flex-like ms (Δ)", "best vs flex", "source ms", "extract ms", "put tail ms",
-         "get ms", "overhead % src", "hand-off ms", "rows GB"]
+    head = ["N", "dens head/eff", "target full ms (min..max)"] + \
+        ["%s TTFT ms (Δ)" % v for v in vs] + \
+        ["FlexPrefill ms (Δ)", "pooled-QK only ms (Δ)", "best vs FlexPrefill",
+         "source full ms", "source wall under export ms (+%)", "extract ms", "get ms",
+         "hand-off ms", "rows GB"]
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "---|" * len(head))
     for r in res["rows"]:
         full = r["target_full_ms"]
+        fs = r.get("target_full_ms_stats") or [full, full, full]
         cells = [str(r["N"]), "%.3f/%.3f" % (r.get("density_per_head", 0),
-                                             r.get("density_eff", 0)), "%.1f" % full]
+                                             r.get("density_eff", 0)),
+                 "%.1f (%.1f..%.1f)" % (full, fs[0], fs[2])]
         for v in vs:
             x = r.get(v) or {}
-            cells.append("%.1f (%+.1f%%)" % (x["prefill_ms"], -100 * x["gain"])
-                         if "prefill_ms" in x else ("error" if "error" in x else "-"))
-        fx = r.get("flex_ms")
-        cells.append("%.1f (%+.1f%%)" % (fx, 100 * (fx / full - 1)) if fx else "-")
+            cells.append(_cell(_ttft(x), full) if _ttft(x) else ("error" if "error" in x else "-"))
+        fx = (r.get("flexprefill") or {}).get("prefill_ms")
+        cells.append(_cell(fx, full))
+        cells.append(_cell((r.get("pooled") or {}).get("prefill_ms"), full))
         ms, bv = best_variant(r, vs)
         cells.append("%+.1f%% (%s)" % (100 * (1 - ms / fx), bv) if fx and ms else "-")
         cells.append("%.1f" % r["source_full_ms"])
         x = r.get(bv) or {}
         if x:
             gb = x.get("daemon_gpu_bytes") or x.get("staged_gpu_bytes") or 0
-            cells += ["%.1f" % x["extract_ms"], "%.1f" % x["put_tail_ms"], "%.1f" % x["get_ms"],
-                      "%.1f" % (100 * x["handoff_overhead"]), "%.1f" % x["handoff_ms"],
+            cells += ["%.1f (%+.1f%%)" % (x["wall_ms"], 100 * x.get("handoff_overhead", 0)),
+                      "%.1f" % x["extract_ms"], "%.1f" % x["get_ms"], "%.1f" % x["handoff_ms"],
                       "%.2f (%.2f)" % (x["row_bytes"] / 1e9, gb / 1e9)]
         else:
-            cells += ["-"] * 6
+            cells += ["-"] * 5
         lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    lines += sweep_table(res)
     ro = res.get("routing", {})
-    if ro.get("variants"):
+    if ro.get("workloads") or ro.get("variants"):
         import sim
         lines.append("")
         lines += sim.summary(ro)
@@ -930,7 +1035,60 @@ def table(res):
     return "\n".join(lines)
 
 
+def sweep_table(res):
+    """Density sweep at the largest N: speed-up against the target's full (dense cuDNN)
+    prefill, per variant and baseline, and the break-even densities."""
+    from model import break_even
+    rows = [r for r in res["rows"] if len(r.get("sweep") or []) > 1]
+    lines = []
+    for r in rows:
+        full = r["target_full_ms"]
+        names = [v for v in res["variants"] if any(isinstance(d.get(v), dict) and
+                                                   _ttft(d.get(v)) for d in r["sweep"])]
+        lines.append("density sweep at N=%d (speed-up = dense TTFT ÷ TTFT; MapFlow densities "
+                     "at 64-token blocks, FlexPrefill's at 128):" % r["N"])
+        head = ["goal", "eff"] + ["%s TTFT ms (×)" % v for v in names] + \
+            ["FlexPrefill ms (×) [kept, γ, query-aware]", "pooled-QK only ms (×) [kept]",
+             "source wall ms (+%%) (%s)" % ((res.get("sweep_variants") or names)[:1] or ["-"])[0]]
+        lines.append("| " + " | ".join(head) + " |")
+        lines.append("|" + "---|" * len(head))
+        curves = {k: [] for k in names + ["%s prefill only" % v for v in names] +
+                  ["flexprefill", "pooled"]}
+        for d in r["sweep"]:
+            cells = ["%.2f" % d["density_goal"], "%.3f" % d.get("density_eff", 0)]
+            for v in names:
+                ms = _ttft(d.get(v))
+                cells.append("%.1f (%.2f)" % (ms, full / ms) if ms else "-")
+                if ms:
+                    curves[v].append((d["density_eff"], full / ms))
+                    curves[v + " prefill only"].append((d["density_eff"],
+                                                        full / d[v]["prefill_ms"]))
+            for k in ("flexprefill", "pooled"):
+                x = d.get(k) or {}
+                ms = x.get("prefill_ms")
+                extra = "%.3f" % x.get("keep_density", 0)
+                if k == "flexprefill" and "gamma" in x:
+                    extra += ", %.3f, %s" % (x["gamma"], "%.2f" % x["query_aware_share"]
+                                             if x.get("query_aware_share") is not None else "-")
+                cells.append("%.1f (%.2f) [%s]" % (ms, full / ms, extra) if ms else
+                             ("error" if "error" in x else
+                              "selection only [%s]" % extra if x else "-"))
+                if ms:
+                    curves[k].append((x.get("keep_density", d["density_eff"]), full / ms))
+            order = [v for v in res.get("sweep_variants", []) if v in names] + names
+            x = next((d[v] for v in order if _ttft(d.get(v))), None)  # a sweep variant's
+            cells.append("%.1f (%+.1f%%)" % (x["wall_ms"], 100 * x["handoff_overhead"])
+                         if x else "-")
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("break-even density against dense (speed-up 1): " + "; ".join(
+            "%s %s" % (k, break_even(c)) for k, c in curves.items() if c))
+        lines.append("")
+    return lines
+
+
 def plot(res, path):
+    """Speed-up (dense TTFT ÷ TTFT) against density at the largest N and against N at the
+    headline density: MapFlow's variants, FlexPrefill, pooled-QK only; 1 = dense cuDNN."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -939,28 +1097,44 @@ def plot(res, path):
         log("no plot: %s" % e)
         return
     rows = sorted(res["rows"], key=lambda r: r["N"])
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    if not rows:
+        return
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
+    names = list(res["variants"]) + ["flexprefill", "pooled"]
+    label = {"flexprefill": "FlexPrefill (flex_attention)", "pooled": "pooled-QK only (flex)"}
+
+    def ms_of(d, k):
+        return _ttft(d.get(k)) if k in res["variants"] else (d.get(k) or {}).get("prefill_ms")
+    big = rows[-1]
+    for k in names:
+        pts = [(d.get("density_eff", d["density_goal"]) if k in res["variants"] else
+                (d.get(k) or {}).get("keep_density", d.get("density_eff")),
+                big["target_full_ms"] / ms_of(d, k))
+               for d in big.get("sweep", []) if ms_of(d, k)]
+        if len(pts) > 1 or (pts and k not in res.get("sweep_variants", [])):
+            pts.sort()
+            ax1.plot([100 * p[0] for p in pts], [p[1] for p in pts], marker="o",
+                     label=label.get(k, "MapFlow " + k))
+    ax1.axhline(1.0, color="k", lw=0.8, ls="--", label="dense SDPA (cuDNN)")
+    ax1.set_xlabel("kept causal blocks (%%), N = %dk" % (big["N"] // 1024))
+    ax1.set_ylabel("TTFT speed-up vs dense")
+    ax1.grid(alpha=0.3)
+    ax1.legend(fontsize=7)
     ns = [r["N"] for r in rows]
-    series = [("target full", [r["target_full_ms"] for r in rows])]
-    for v in res["variants"]:
-        series.append(("MapFlow " + v + " (get + prefill)",
-                       [r[v]["ttft_ms"] if "ttft_ms" in (r.get(v) or {}) else None
-                        for r in rows]))
-    series.append(("FlexPrefill-like", [r.get("flex_ms") for r in rows]))
-    series.append(("source full", [r["source_full_ms"] for r in rows]))
-    for name, ys in series:
-        pts = [(x, y) for x, y in zip(ns, ys) if y]
+    for k in names:
+        pts = [(r["N"], r["target_full_ms"] / ms_of(r, k)) for r in rows if ms_of(r, k)]
         if pts:
-            ax.plot([p[0] for p in pts], [p[1] / 1e3 for p in pts], marker="o", label=name)
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(ns)
-    ax.set_xticklabels(["%dk" % (n // 1024) if n >= 1024 else str(n) for n in ns])
-    ax.set_xlabel("context N (tokens)")
-    ax.set_ylabel("TTFT (s)")
-    ax.set_title("Hand-off TTFT, %s → %s (path %s)" % (res["source"]["name"],
-                                                        res["target"]["name"], res["path"]))
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+            ax2.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
+                     label=label.get(k, "MapFlow " + k))
+    ax2.axhline(1.0, color="k", lw=0.8, ls="--")
+    ax2.set_xscale("log", base=2)
+    ax2.set_xticks(ns)
+    ax2.set_xticklabels(["%dk" % (n // 1024) if n >= 1024 else str(n) for n in ns])
+    ax2.set_xlabel("context N (tokens), density %.2f" % res["density_goal"])
+    ax2.grid(alpha=0.3)
+    fig.suptitle("Hand-off %s → %s: speed-up over dense (path %s, commit %s)"
+                 % (res["source"]["name"], res["target"]["name"], res["path"],
+                    res.get("commit") or "?"), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     log("plot: %s" % path)
@@ -981,6 +1155,9 @@ def main(argv=None):
         b = Bench(a)
     res = b.run()
     res["elapsed_s"] = time.time() - T0
+    res["commit"] = os.environ.get("MF_COMMIT")
+    res["command"] = os.environ.get("MF_COMMAND") or " ".join(["bench/handoff/handoff.py"] +
+                                                                (argv or sys.argv[1:]))
     with open(os.path.join(a.out, "handoff.json"), "w") as f:
         json.dump(res, f, indent=1, default=str)
     if two is None:

@@ -7,9 +7,10 @@ which block it is, and the benchmark sets the density through the source's Top-P
 
 prefill(tokens, attn) runs the whole prompt and returns the first generated token; for
 every layer it calls attn(layer, x_norm, model) which must return the attention output
-[N, Hq·d] (before o_proj). native_attention() is the dense one (SDPA, flash backend when
-it exists; a math fallback for old CPU torch in --dry); qkv() projects and applies RoPE,
-optionally only for the last rows of Q (prob mode needs Q for its exact rows only).
+[N, Hq·d] (before o_proj). native_attention() is the dense one (SDPA with enable_gqa and
+torch's own backend, cuDNN on the H200; a math fallback for old CPU torch in --dry); qkv()
+projects and applies RoPE, optionally only for the last rows of Q (prob mode needs Q for
+its exact rows only).
 Layout of Q/K/V: [N, H, d] contiguous, which is what the MapFlow kernels take.
 
 Single-threaded: one model per process thread that calls it.
@@ -55,6 +56,139 @@ def tiny(shape, layers, heads, kv_heads, head_dim, ffn, vocab=512):
 
 def has_sdpa():
     return hasattr(F, "scaled_dot_product_attention")
+
+
+# ==== the dense baseline: what a user of torch gets =======================================
+# SDPA with enable_gqa and torch's own backend choice (cuDNN on the H200 with torch 2.11:
+# 1.7× torch's FlashAttention-2, issue 18); never a forced backend. The LSE comes from
+# the cuDNN op at the same speed; whether it takes unrepeated (GQA) K/V is checked once
+# against SDPA and a float reference (else K/V are repeated for it).
+_LSE = {}
+
+
+def _dev_key(dev):
+    return dev.index if dev.index is not None else torch.cuda.current_device()
+
+
+def sdpa_backend(qs, ks, vs):
+    """Name of the backend SDPA picks for [1, H, N, d] causal GQA inputs."""
+    try:
+        i = int(torch._fused_sdp_choice(qs, ks, vs, None, 0.0, True, enable_gqa=True))
+    except Exception as e:  # noqa: BLE001
+        return "unknown (%s)" % type(e).__name__
+    names = {0: "math", 1: "flash", 2: "efficient", 3: "cudnn", 4: "overrideable"}
+    return names.get(i, str(i))
+
+
+def _cudnn_lse(qs, ks, vs):
+    r = torch.ops.aten._scaled_dot_product_cudnn_attention(qs, ks, vs, None, True, 0.0,
+                                                            True, False)
+    return r[0], r[1].reshape(qs.shape[1], qs.shape[2]).float()
+
+
+def _lse_check(dev):
+    """How the cuDNN op is called: "gqa" (K/V as they are), "repeat" (K/V repeated), or
+    "flash" when cuDNN fails (torch's flash op, labelled as such in the results)."""
+    g = torch.Generator(device=dev).manual_seed(7)
+    n, hq, hkv, d = 1024, 8, 2, 128
+    q, k, v = (torch.randn(1, h, n, d, device=dev, generator=g).to(torch.bfloat16)
+               for h in (hq, hkv, hkv))
+    kr, vr = k.repeat_interleave(hq // hkv, 1), v.repeat_interleave(hq // hkv, 1)
+    sc = (q.double() @ kr.double().transpose(-1, -2)) / math.sqrt(d)
+    sc = sc.masked_fill(torch.ones(n, n, dtype=torch.bool, device=dev).triu(1), float("-inf"))
+    lse_ref = torch.logsumexp(sc, -1)[0]
+    o_ref = torch.softmax(sc, -1) @ vr.double()
+
+    def ok(o, lse):
+        eo = float((o.double() - o_ref).norm() / o_ref.norm())
+        el = float((lse.double() - lse_ref).abs().max())
+        return eo < 1e-2 and el < 1e-2
+    for how, kk, vv in (("gqa", k, v), ("repeat", kr, vr)):
+        try:
+            if ok(*_cudnn_lse(q, kk, vv)):
+                return how
+        except Exception:  # noqa: BLE001
+            pass
+    return "flash"
+
+
+def sdpa_lse(qs, ks, vs):
+    """(O [1, Hq, N, d], LSE [Hq, N] fp32, natural log) of causal attention."""
+    key = _dev_key(qs.device)
+    how = _LSE.get(key)
+    if how is None:
+        how = _LSE[key] = _lse_check(qs.device)
+    hq = qs.shape[1]
+    if how != "gqa" and ks.shape[1] != hq:
+        ks = ks.repeat_interleave(hq // ks.shape[1], 1)
+        vs = vs.repeat_interleave(hq // vs.shape[1], 1)
+    if how == "flash":
+        r = torch.ops.aten._scaled_dot_product_flash_attention(qs, ks, vs, 0.0, True)
+        return r[0], r[1].reshape(hq, qs.shape[2]).float()
+    return _cudnn_lse(qs, ks, vs)
+
+
+def lse_source(dev):
+    """How sdpa_lse got its LSE on dev ("cudnn gqa", "cudnn repeat", "flash op")."""
+    how = _LSE.get(_dev_key(dev))
+    return {"gqa": "cudnn op, GQA K/V", "repeat": "cudnn op, K/V repeated",
+            "flash": "flash op (cuDNN op failed its check)"}.get(how, "not used")
+
+
+def dense_rate(q_heads, kv_heads, n, d, dev, reps=5):
+    """SDPA's backend and its ms (min, median, max) and TFLOP/s at the median, causal,
+    for one [N, H, d] layer: the dense row every table prints."""
+    import statistics
+    g = torch.Generator(device=dev).manual_seed(n)
+    qs, ks, vs = (torch.randn(1, h, n, d, device=dev, generator=g).to(torch.bfloat16)
+                  for h in (q_heads, kv_heads, kv_heads))
+
+    def f():
+        return F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
+    f()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        f()
+        e.record()
+        e.synchronize()
+        ts.append(s.elapsed_time(e))
+    med = statistics.median(ts)
+    flops = 2.0 * n * n * d * q_heads  # causal: half of 4·N²·d per head
+    return {"backend": sdpa_backend(qs, ks, vs), "kernel": _kernel_name(f),
+            "ms": [min(ts), med, max(ts)], "TFLOPs": flops / (med * 1e-3) / 1e12}
+
+
+def _kernel_name(f):
+    """The longest-running GPU kernel of f() (the profiler's name, cut to 60 characters):
+    which kernel SDPA's choice really ran."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CUDA]) as p:
+            f()
+            torch.cuda.synchronize()
+        ev = [e for e in p.key_averages() if getattr(e, "device_time_total", 0) > 0]
+        top = max(ev, key=lambda e: e.device_time_total)
+        return top.key[:60]
+    except Exception as e:  # noqa: BLE001
+        return "? (%s)" % type(e).__name__
+
+
+def break_even(points):
+    """Density at which speed-up (full ÷ sparse) falls to 1, by linear interpolation
+    between sweep points [(density, speed-up)]; ("> d", extrapolated) past the last."""
+    pts = sorted(points)
+    for (d0, s0), (d1, s1) in zip(pts, pts[1:]):
+        if s0 >= 1.0 > s1:
+            return "%.3f" % (d0 + (s0 - 1.0) * (d1 - d0) / (s0 - s1))
+    if pts and pts[0][1] < 1.0:
+        return "< %.2f (slower at every density)" % pts[0][0]
+    if len(pts) >= 2 and pts[-1][1] < pts[-2][1]:
+        (d0, s0), (d1, s1) = pts[-2], pts[-1]
+        return "> %.2f (extrapolated %.2f)" % (d1, d1 + (s1 - 1.0) * (d1 - d0) / (s0 - s1))
+    return "> %.2f" % pts[-1][0] if pts else "-"
 
 
 class Model:
@@ -142,34 +276,27 @@ class Model:
 
     def native_attention(self, q, k, v, want_lse=False):
         """Dense causal attention of [N, H, d] Q and [N, Hkv, d] K, V → ([N, Hq·d], LSE
-        [Hq, N] fp32 or None). LSE comes free from the flash kernel (aten's
-        _scaled_dot_product_flash_attention returns it); None when unavailable."""
+        [Hq, N] fp32 or None): SDPA with enable_gqa and torch's own backend choice (cuDNN
+        on the H200), the LSE from the cuDNN op (sdpa_lse); a math fallback for old CPU
+        torch in --dry (LSE None: extract computes it)."""
         n, hq, d = q.shape
-        rep = hq // k.shape[1]
-        qs = q.transpose(0, 1).unsqueeze(0)
-        ks = k.transpose(0, 1).unsqueeze(0).repeat_interleave(rep, dim=1)
-        vs = v.transpose(0, 1).unsqueeze(0).repeat_interleave(rep, dim=1)
-        lse = None
-        if self.device.type == "cuda" and want_lse:
-            try:
-                res = torch.ops.aten._scaled_dot_product_flash_attention(qs, ks, vs, 0.0, True)
-                o, lse = res[0], res[1].reshape(hq, n).float()
+        qs, ks, vs = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
+        if self.device.type == "cuda":
+            if want_lse:
+                o, lse = sdpa_lse(qs, ks, vs)
                 return o[0].transpose(0, 1).reshape(n, hq * d), lse
-            except Exception:  # noqa: BLE001 — older torch: LSE from extract instead
-                lse = None
+            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
+            return o[0].transpose(0, 1).reshape(n, hq * d), None
+        rep = hq // k.shape[1]
+        ks, vs = ks.repeat_interleave(rep, dim=1), vs.repeat_interleave(rep, dim=1)
         if has_sdpa():
-            if self.device.type == "cuda":
-                from torch.nn.attention import SDPBackend, sdpa_kernel
-                with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                    o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
-            else:
-                o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
+            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
         else:  # CPU torch < 2.0 (--dry only)
             sc = (qs.float() @ ks.float().transpose(-1, -2)) / math.sqrt(d)
             sc = sc.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1),
                                 float("-inf"))
             o = (torch.softmax(sc, -1) @ vs.float()).to(q.dtype)
-        return o[0].transpose(0, 1).reshape(n, hq * d), lse
+        return o[0].transpose(0, 1).reshape(n, hq * d), None
 
     def prefill(self, tokens, attn):
         """tokens: int64 [N] on the device. Returns the first token (int tensor, on device)."""

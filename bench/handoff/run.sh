@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Hand-off benchmark at real model shapes (issue 10) on one GPU, in one call: starts
 # mapflowd (unix socket in a temp dir, GPU tier on when the Python binding can use it),
-# runs bench/handoff/handoff.py (source → mapflowd → target, FlexPrefill-like baseline,
-# routing simulation), stops the daemon and prints the table last.
+# runs bench/handoff/handoff.py (source → mapflowd → target against dense SDPA/cuDNN,
+# FlexPrefill and pooled-QK-only on flex_attention, a density sweep at the largest N,
+# sim.py's three workloads), stops the daemon and prints the tables last.
 #   bench/handoff/run.sh [--dry] [handoff.py args]
 # Output in $OUT (default bench/results/tmp/handoff): handoff.json, handoff.png, table.md,
 # run.log, daemon.log.
-# Env: HANDOFF_NS (N list, default 32768,16384,8192), HANDOFF_REPS (3), HANDOFF_DENSITY
-# (0.10), HANDOFF_L0 (2), HANDOFF_VARIANTS (prob_fp8,prob_u8log,mask), HANDOFF_FLEX (1),
+# Env: HANDOFF_NS (N list, default 32768,16384,8192), HANDOFF_REPS (5), HANDOFF_DENSITY
+# (0.10, the headline), HANDOFF_DENSITIES (the sweep at the largest N, default
+# 0.05,0.10,0.20,0.35), HANDOFF_SWEEP_VARIANTS (mask), HANDOFF_TAU / HANDOFF_MIN_BUDGET
+# (FlexPrefill's τ 0.1 / 1024), HANDOFF_L0 (2), HANDOFF_VARIANTS (prob_fp8,prob_u8log,mask),
+# HANDOFF_FLEX (1),
 # HANDOFF_PATH (auto|gpu|host), BUDGET (seconds for the whole run, default 290),
 # HANDOFF_GPU_MB / HANDOFF_HOST_MB (daemon tiers), PYTHON, MAPFLOWD,
 # HANDOFF_FAKECUDA (--dry only: a fake CUDA driver .so, e.g. build/lib/tests/libfakecuda.so,
@@ -113,6 +117,8 @@ validation() {
 validation
 
 rc=0
+# --dry also checks the routing simulation's known answers (CPU, ~1 s)
+[ $dry = 1 ] && { "$py" "$here/sim.py" || exit 1; }
 left=$((budget - SECONDS - 10))
 HANDOFF_PATH=$path "$py" "$here/handoff.py" --socket "$sock" --out "$out" \
     --budget "$((left > 30 ? left : 30))" "$@" || rc=$?

@@ -1,44 +1,38 @@
 #!/usr/bin/env python3
-"""Routing simulation for the hand-off benchmark (issue 10): throughput at a P90 TTFT limit.
+"""Serving simulations on the hand-off benchmark's measured times (issue 18).
 
-The issue: "a bounded trace of multi-turn requests sharing long prefixes, alternating
-between the two models; throughput at a P90 TTFT limit with and without MapFlow".
-
-Trace: `n_conv` conversations open at Poisson times (rate λ conversations/s); each has
-`turns` requests that alternate source model, target model, source, … on one shared
-prefix of N tokens (N drawn uniformly from the measured lengths); the next turn arrives
-`think` seconds after the previous one's first token. One GPU serves both models'
-prefills one at a time, first come first served (both models resident, as in the
-benchmark). A request's TTFT = queueing + its service time. Service times, from the
-measurements (handoff.json, per N and per variant):
-  without MapFlow: source = its full prefill, target = its full prefill;
-  with MapFlow:    source = full prefill + extract (sum of the mf_extract calls' CUDA
-                   events; they run inline, between layers) + put tail (puts still
-                   running after the source's last layer: the source counts as done
-                   only once its rows are in the daemon). The put thread's time before
-                   that overlaps the next layers and is not counted: the measured
-                   prefill wall time under the put thread (prefill_done_ms) is not used,
-                   because in run 1 it was inflated by the daemon's per-row DtoH
-                   validation holding the source's scratch buffers;
-                   target = get (all mapped layers' leases) + reuse prefill.
-No KV prefix caching across turns (each turn prefills its whole context; a model's own
-KV from two turns ago would shrink both arms alike).
-
-P90 limit: `limit_x` × the slowest single request's full service time (the largest
-source/target full prefill over the measured N, i.e. the 32k source prefill), the same
-limit for both arms. At low load each arm's P90 is its slowest common request's service
-time, so the limit is met by both as long as MapFlow's slowest request (source + extract
-+ tail) stays under it; `idle_p90` in the output shows it.
-
-Sweep: λ on a geometric grid (offered GPU load 0.02 … 2 of the without-MapFlow arm); the
-largest grid λ such that it and every smaller grid λ meet the limit, refined by bisection
-up to the next grid point. Reported per arm: that λ (conversations/s), the offered
-request rate λ·turns, the trace's throughput there (requests / makespan) and its P90;
-the ratio of the two arms' λ is the throughput gain at the limit.
+What is counted (both arms alike unless said):
+  - vLLM-style prefix caching in both arms: a model's later turn on a conversation reuses
+    its own KV of everything it saw (its prompt and its own response) and prefills only
+    the tokens added since; prefixes grow (each turn appends user and response tokens);
+  - a prefill of Δ new tokens on a cached prefix of P costs a·Δ + b·((P+Δ)² − P²): a and
+    b per model fitted (least squares) to its measured full prefills (dense SDPA, cuDNN),
+    so inc(0, N) is the measured full prefill and increments add up;
+  - with MapFlow the exporting model pays its measured wall time under export: (wall −
+    full) at N per causal (query, key) pair, times the pairs it prefills; the rows it
+    exports cover the tokens it prefilled (not its generated response);
+  - a reusing target saves, on the covered share of its new tokens, the measured saving
+    of its reuse prefill per pair ((full − reuse prefill) / N² at the nearest measured N)
+    and pays the get (leases of every mapped layer), per covered token;
+  - one GPU serves every model's prefills, first come first served; decode is not
+    modelled (it would occupy the GPU alike in both arms); TTFT = queueing + prefill.
+Workloads (all printed by --from-json):
+  (a) routing: multi-turn conversations on a long prompt (N from the measured lengths);
+      each turn a router sends to the strong (source-shaped, exports) or the weak (target-
+      shaped, reuses) model, the same choices in both arms; throughput (conversations/s)
+      at a P90 TTFT limit (limit_x × the slowest full prefill), ratio with ÷ without;
+  (b) agent pipeline: per round the 14B-shaped source plans (exports), the 8B-shaped
+      target refines, a 3B-shaped model summarises (its times are the 8B ones scaled by
+      FLOPs: not measured), each reading everything so far; one pipeline alone on the
+      GPU: the hand-off pause (the next model's TTFT) saved per round;
+  (c) fan-out: one source prefill serving k = 1, 2, 4 different target models (each its
+      own cache); throughput at the P90 limit, ratio with ÷ without.
+Rows live in the daemon's row memory (LRU by conversation, bytes per pair from the run);
+evicted rows are gone (the host tier is not modelled).
 
 Pure Python, deterministic (seeded).
   python3 bench/handoff/sim.py                     self-check (known answers)
-  python3 bench/handoff/sim.py --from-json F.json  recompute from a benchmark's JSON
+  python3 bench/handoff/sim.py --from-json F.json  all three workloads from a run's JSON
 """
 import argparse
 import heapq
@@ -46,111 +40,218 @@ import json
 import random
 import sys
 
+# Llama-3.2-3B shape against Llama-3.1-8B: (layers, heads, head dim, width, FFN) for the
+# FLOP scaling of workload (b)'s summariser.
+SHAPE_3B = {"layers": 28, "heads": 24, "head_dim": 128, "width": 3072, "ffn": 8192}
+ROW_CAP = 45875 * 1048576.0  # the daemon's row memory in run.sh's GPU setting
 
-def trace(n_conv, lengths, seed=1):
-    """[(unit-rate exponential gap, N)] per conversation."""
-    rng = random.Random(seed)
-    return [(rng.expovariate(1.0), rng.choice(lengths)) for _ in range(n_conv)]
+
+# ==== cost model ==========================================================================
+
+def pairs(p, d):
+    """Causal (query, key) pairs of Δ new queries on a cached prefix of P (× 2: N² for a
+    full prefill of N)."""
+    return (p + d) ** 2 - p ** 2
 
 
-def simulate(conv, rate, turns, think, make_svc):
-    """conv: [(gap at rate 1, N)]; make_svc() → a fresh svc(conversation, turn, N) →
-    seconds (it may keep state: the daemon's rows). One FCFS server: requests are served
-    in ready-time order, so svc sees them in service order.
+def fit(full, attn=None):
+    """{N: seconds} → (a, b) with a·N + b·N² through the points (least squares). One
+    point: b from the measured dense attention time of the whole model at that N (attn,
+    seconds), else a quadratic share of 0.3; the output says which."""
+    ns = sorted(full)
+    if len(ns) == 1:
+        n = ns[0]
+        q = min(attn, full[n]) if attn else 0.3 * full[n]
+        return (full[n] - q) / n, q / n ** 2
+    s11 = sum(n * n for n in ns)
+    s12 = sum(n ** 3 for n in ns)
+    s22 = sum(n ** 4 for n in ns)
+    y1 = sum(n * full[n] for n in ns)
+    y2 = sum(n * n * full[n] for n in ns)
+    det = s11 * s22 - s12 * s12
+    a, b = (y1 * s22 - y2 * s12) / det, (s11 * y2 - s12 * y1) / det
+    if a < 0 or b < 0:  # keep both terms physical
+        b = max(0.0, b)
+        a = max(0.0, (y1 - b * s12) / s11)
+    return a, b
+
+
+def nearest(d, n):
+    return d[min(d, key=lambda m: abs(m - n))]
+
+
+class Model:
+    """One model's prefill times: inc(P, Δ), plus (when it reuses rows) the saving per
+    pair and the get per token, (when it exports) the export cost per pair."""
+
+    def __init__(self, name, full, save_pp=None, get_pt=None, export_pp=None, attn=None):
+        self.name, self.full = name, full
+        self.a, self.b = fit(full, attn)
+        self.save_pp, self.get_pt, self.export_pp = save_pp or {}, get_pt or {}, export_pp or {}
+
+    def inc(self, p, d):
+        return self.a * d + self.b * pairs(p, d)
+
+    def scaled(self, name, lin, att):
+        """The same model with linear work × lin and attention work × att (FLOP ratios)."""
+        m = Model(name, {n: v for n, v in self.full.items()})
+        m.a, m.b = self.a * lin, self.b * att
+        m.save_pp = {n: v * att for n, v in self.save_pp.items()}
+        m.get_pt = {n: v * SHAPE_3B["layers"] / 32 for n, v in self.get_pt.items()}
+        return m
+
+
+def models_from(res, variant):
+    """(source, target) Models from handoff.json rows for one variant, or None."""
+    rows = [r for r in res.get("rows", []) if isinstance(r.get(variant), dict)
+            and "prefill_ms" in r[variant]]
+    if not rows:
+        return None
+    src_full = {r["N"]: r["source_full_ms"] / 1e3 for r in rows}
+    tgt_full = {r["N"]: r["target_full_ms"] / 1e3 for r in rows}
+    export_pp, save_pp, get_pt, bytes_pp = {}, {}, {}, {}
+    for r in rows:
+        n, x = r["N"], r[variant]
+        wall = x.get("wall_ms", r["source_full_ms"] + x.get("extract_ms", 0) +
+                     x.get("put_tail_ms", 0))
+        export_pp[n] = max(0.0, wall - r["source_full_ms"]) / 1e3 / n ** 2
+        save_pp[n] = (r["target_full_ms"] - x["prefill_ms"]) / 1e3 / n ** 2
+        get_pt[n] = x.get("get_ms", 0.0) / 1e3 / n
+        bytes_pp[n] = float(x.get("row_bytes", 0.0)) / n ** 2
+    attn = {}  # one N: the whole model's dense attention there (layers × one layer)
+    da = rows[0].get("dense_attention") if len(rows) == 1 else None
+    for who in ("source", "target"):
+        if da and who in da and res.get(who):
+            attn[who] = res[who]["layers"] * da[who]["ms"][1] / 1e3
+    src = Model("source", src_full, export_pp=export_pp, attn=attn.get("source"))
+    tgt = Model("target", tgt_full, save_pp=save_pp, get_pt=get_pt, attn=attn.get("target"))
+    src.attn_measured = tgt.attn_measured = bool(attn)
+    src.bytes_pp = bytes_pp
+    return src, tgt
+
+
+def model_3b(tgt, shape8b):
+    """The 3B-shaped summariser: the 8B target scaled by FLOPs (linear and attention)."""
+    s = SHAPE_3B
+    w8, f8, l8 = shape8b["width"], shape8b["ffn"], shape8b["layers"]
+    lin8 = l8 * (4 * w8 * w8 + 3 * w8 * f8)
+    lin3 = s["layers"] * (4 * s["width"] ** 2 + 3 * s["width"] * s["ffn"])
+    att8 = l8 * shape8b["heads"] * (shape8b["width"] // shape8b["heads"])
+    att3 = s["layers"] * s["heads"] * s["head_dim"]
+    return tgt.scaled("target-3b (scaled)", lin3 / lin8, att3 / att8)
+
+
+# ==== conversations =======================================================================
+
+class Conv:
+    """One conversation's state in one arm: context length, each model's cached prefix,
+    the token spans whose rows were exported (rows of the exporting model)."""
+
+    def __init__(self):
+        self.ctx = 0
+        self.cached = {}
+        self.spans = []  # [(start, end)] exported
+        self.bytes = 0.0  # their rows' bytes
+
+    def covered(self, p, e):
+        return sum(max(0, min(e, b) - max(p, a)) for a, b in self.spans)
+
+
+class Arm:
+    """Service times of one arm. mapflow: exporters pay export and record spans; other
+    models reuse rows of covered tokens. rows: LRU {conversation: bytes} under cap."""
+
+    def __init__(self, models, mapflow, cap=0.0, free_export=False):
+        self.m, self.mapflow, self.cap, self.free = models, mapflow, cap, free_export
+        self.convs = {}
+        self.lru, self.used = {}, 0.0
+        self.hits = self.reuse_tokens = self.new_tokens = 0
+
+    def _drop(self, c):
+        self.used -= self.lru.pop(c, 0.0)
+        if c in self.convs:
+            self.convs[c].spans, self.convs[c].bytes = [], 0.0
+
+    def __call__(self, c, turn):
+        """turn: (model key, user tokens appended first, response tokens, exports,
+        last turn of the conversation) → seconds of GPU prefill."""
+        key, user, resp, exports, last = turn
+        st = self.convs.setdefault(c, Conv())
+        st.ctx += user
+        m = self.m[key]
+        p = st.cached.get(key, 0)
+        d = st.ctx - p
+        s = m.inc(p, d)
+        self.new_tokens += d
+        if self.mapflow and exports:
+            if not self.free:
+                s += nearest(m.export_pp, st.ctx) * pairs(p, d)
+            b = nearest(getattr(m, "bytes_pp", {0: 0.0}), st.ctx) * pairs(p, d)
+            self.used -= self.lru.pop(c, 0.0)
+            tot = st.bytes + b
+            while self.cap and self.lru and self.used + tot > self.cap:
+                self._drop(next(iter(self.lru)))
+            if not self.cap or tot <= self.cap:
+                st.spans.append((p, st.ctx))
+                st.bytes = tot
+                self.lru[c] = tot
+                self.used += tot
+            else:
+                st.spans, st.bytes = [], 0.0
+        elif self.mapflow and m.save_pp and c in self.lru:
+            cov = st.covered(p, st.ctx)
+            if cov:
+                self.hits += 1
+                self.reuse_tokens += cov
+                self.lru[c] = self.lru.pop(c)
+                s -= nearest(m.save_pp, st.ctx) * pairs(p, d) * cov / d
+                s += nearest(m.get_pt, st.ctx) * cov
+        st.ctx += resp
+        st.cached[key] = st.ctx  # its own response's KV is in its cache
+        if last:
+            self._drop(c)
+            self.convs.pop(c, None)
+        return max(s, 0.0)
+
+
+def simulate(convs, rate, think, arm):
+    """convs: [(gap at rate 1, [turn, …])]; one FCFS server; the next turn of a
+    conversation is ready `think` s after the previous one's first token.
     Returns (sorted TTFTs, makespan)."""
-    svc = make_svc()
-    t = 0.0
-    ev = []  # (ready time, seq, conversation, turn)
-    seq = 0
-    for c, (gap, _) in enumerate(conv):
+    t, ev, seq = 0.0, [], 0
+    for c, (gap, _) in enumerate(convs):
         t += gap / rate
         heapq.heappush(ev, (t, seq, c, 0))
         seq += 1
-    free = 0.0
-    ttft = []
+    free, ttft = 0.0, []
     while ev:
         arr, _, c, k = heapq.heappop(ev)
-        free = max(arr, free) + svc(c, k, conv[c][1])
+        free = max(arr, free) + arm(c, convs[c][1][k])
         ttft.append(free - arr)
-        if k + 1 < turns:
+        if k + 1 < len(convs[c][1]):
             heapq.heappush(ev, (free + think, seq, c, k + 1))
             seq += 1
     ttft.sort()
     return ttft, free
 
 
-class MapFlowArm:
-    """Service times with MapFlow, and the daemon's rows. export="every": every source
-    turn extracts and puts (as measured per hand-off); "first": a source turn extracts
-    only when its conversation's rows are not in the daemon (the prefix is shared, so
-    rows of an earlier turn still cover it); "free": as "every" but the export costs
-    nothing (the ceiling: masses fused into the source's attention, puts hidden). A target turn reuses rows when they are in
-    the daemon, else prefills in full. Rows live in an LRU of `cap` bytes (the daemon's
-    GPU row memory; what it evicts counts as gone: demotion to the 8 GiB host tier is
-    not modelled) and are deleted when their conversation's last turn is served."""
-
-    def __init__(self, times, turns, export="every", cap=0.0):
-        self.t, self.turns, self.export, self.cap = times, turns, export, cap
-        self.lru = {}  # conversation → row bytes, oldest first
-        self.used = 0.0
-        self.hits = self.misses = self.extracts = 0
-
-    def _drop(self, c):
-        self.used -= self.lru.pop(c, 0.0)
-
-    def __call__(self, c, k, n):
-        x = self.t[n]
-        last = k + 1 == self.turns
-        if k % 2 == 0:  # source
-            if self.export == "first" and c in self.lru:
-                self.lru[c] = self.lru.pop(c)
-                s = x["src_full"]
-            else:
-                self.extracts += 1
-                self._drop(c)
-                b = x.get("row_bytes", 0.0)
-                while self.cap and self.lru and self.used + b > self.cap:
-                    self._drop(next(iter(self.lru)))
-                if not self.cap or b <= self.cap:
-                    self.lru[c] = b
-                    self.used += b
-                s = x["src_full" if self.export == "free" else "src_mf"]
-        else:  # target
-            if c in self.lru:
-                self.hits += 1
-                self.lru[c] = self.lru.pop(c)
-                s = x["tgt_mf"]
-            else:
-                self.misses += 1
-                s = x["tgt_full"]
-        if last:
-            self._drop(c)
-        return s
-
-
 def p90(xs):
     return xs[min(len(xs) - 1, int(0.9 * len(xs)))]
 
 
-def max_rate(conv, turns, think, make_svc, limit, grid, iters=40):
-    """Largest λ meeting the limit: grid sweep (stops at the first miss), then bisection
-    between the last hit and the first miss. Returns a dict with the P90 per grid λ."""
+def max_rate(convs, think, make_arm, limit, grid, iters=30):
+    """Largest λ meeting the P90 limit: grid sweep to the first miss, then bisection."""
     def p90_at(r):
-        return p90(simulate(conv, r, turns, think, make_svc)[0])
-    sweep = []
+        return p90(simulate(convs, r, think, make_arm())[0])
     last_ok = miss = None
     for r in grid:
-        q = p90_at(r)
-        sweep.append(q)
-        if q > limit:
+        if p90_at(r) > limit:
             miss = r
             break
         last_ok = r
-    sweep += [None] * (len(grid) - len(sweep))
     idle = p90_at(grid[0] * 1e-3)
     if last_ok is None:
-        return {"rate": 0.0, "req_rate": 0.0, "throughput": 0.0, "p90": sweep[0],
-                "idle_p90": idle, "sweep_p90": sweep}
+        return {"rate": 0.0, "idle_p90": idle}
     if miss is not None:
         lo, hi = last_ok, miss
         for _ in range(iters):
@@ -160,197 +261,269 @@ def max_rate(conv, turns, think, make_svc, limit, grid, iters=40):
             else:
                 hi = mid
         last_ok = lo
-    svc = []
-    tt, span = simulate(conv, last_ok, turns, think, lambda: svc.append(make_svc()) or svc[0])
-    out = {"rate": last_ok, "req_rate": last_ok * turns, "throughput": len(tt) / span,
-           "p90": p90(tt), "idle_p90": idle, "saturated_grid": miss is None,
-           "sweep_p90": sweep}
-    if isinstance(svc[0], MapFlowArm):
-        out.update(extracts=svc[0].extracts, target_hits=svc[0].hits,
-                   target_misses=svc[0].misses)
-    return out
+    arm = make_arm()
+    tt, span = simulate(convs, last_ok, think, arm)
+    return {"rate": last_ok, "throughput": len(tt) / span, "p90": p90(tt), "idle_p90": idle,
+            "saturated_grid": miss is None, "target_hits": arm.hits,
+            "reused_token_share": arm.reuse_tokens / max(1, arm.new_tokens)}
 
 
-def service_times(rows, variant):
-    """Seconds (and row bytes) per N from handoff.json rows for one variant; N without
-    the variant are left out."""
-    out = {}
-    for r in rows:
-        x = r.get(variant)
-        if not isinstance(x, dict) or "prefill_ms" not in x:
-            continue
-        out[r["N"]] = {"src_full": r["source_full_ms"] / 1e3,
-                       "src_mf": (r["source_full_ms"] + x["extract_ms"] + x["put_tail_ms"]) / 1e3,
-                       "tgt_full": r["target_full_ms"] / 1e3,
-                       "tgt_mf": (x["get_ms"] + x["prefill_ms"]) / 1e3,
-                       "row_bytes": float(x.get("row_bytes", 0))}
-    return out
-
-
-def run(times, n_conv=200, turns=4, think=5.0, limit_x=2.0, seed=1, points=48,
-        export="every", cap=0.0):
-    """times: {N: {src_full, src_mf, tgt_full, tgt_mf[, row_bytes]}} in seconds."""
-    ns = sorted(times)
-    if not ns:
-        return {"skipped": "no N with all four times"}
-    conv = trace(n_conv, ns, seed)
-
-    def base(c, k, n):
-        return times[n]["src_full" if k % 2 == 0 else "tgt_full"]
-
-    slowest = max(max(v["src_full"], v["tgt_full"]) for v in times.values())
-    limit = limit_x * slowest
-    # λ grid: offered load λ·(service per conversation) from 0.02 to 2 without MapFlow
-    work = sum(base(0, k, n) for _, n in conv for k in range(turns)) / len(conv)
+def compare(convs, models, think, limit, cap, points=40, free=False):
+    """Both arms on one trace: λ grid from offered load 0.02 to 2 of the arm without."""
+    base = Arm(models, False)
+    work = sum(base(c, tr) for c, (_, ts) in enumerate(convs) for tr in ts) / len(convs)
     grid = [0.02 / work * (100.0 ** (i / (points - 1))) for i in range(points)]
-    wo = max_rate(conv, turns, think, lambda: base, limit, grid)
-    wi = max_rate(conv, turns, think, lambda: MapFlowArm(times, turns, export, cap),
-                  limit, grid)
-    out = {"lengths": ns, "conversations": n_conv, "turns": turns, "think_s": think,
-           "export": export, "row_cap_bytes": cap, "limit_x": limit_x,
-           "slowest_full_s": slowest, "p90_limit_s": limit, "grid_rate": grid,
-           "without": wo, "with": wi, "times_s": times}
+    wo = max_rate(convs, think, lambda: Arm(models, False), limit, grid)
+    wi = max_rate(convs, think, lambda: Arm(models, True, cap, free), limit, grid)
+    out = {"without": wo, "with": wi, "p90_limit_s": limit}
     if wo["rate"] > 0:
         out["ratio"] = wi["rate"] / wo["rate"]
     return out
 
 
-# the daemon's row memory in run.sh's GPU setting: 80 % of the 56 GiB arena
-ROW_CAP = 45875 * 1048576.0
+def routing_trace(lengths, n_conv, turns, user, resp, p_strong, seed):
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n_conv):
+        n0 = rng.choice(lengths)
+        ts = []
+        for k in range(turns):
+            strong = k == 0 or rng.random() < p_strong  # the long prompt goes to the strong
+            ts.append(("src" if strong else "tgt", n0 if k == 0 else user, resp, strong,
+                       k + 1 == turns))
+        out.append((rng.expovariate(1.0), ts))
+    return out
 
 
-def from_result(res, variants=None, limit_xs=(2.0,), exports=("every", "first", "free"),
-                cap=None, **kw):
-    """Routing per variant × export mode × limit multiple from a handoff.json result."""
+def fanout_trace(lengths, n_conv, k, resp, seed):
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n_conv):
+        n0 = rng.choice(lengths)
+        ts = [("src", n0, resp, True, False)]
+        ts += [("tgt%d" % j, 0, 0, False, j + 1 == k) for j in range(k)]
+        out.append((rng.expovariate(1.0), ts))
+    return out
+
+
+def pipeline(models, n0, rounds, out_tokens, cap):
+    """Workload (b) alone on the GPU: per round plan (source), refine (8B), summarise
+    (3B); each model's TTFT is the pause the pipeline waits before it. Returns per-round
+    pauses without / with and what MapFlow saves."""
+    res = []
+    arms = {False: Arm(models, False), True: Arm(models, True, cap)}
+    for r in range(rounds):
+        row = {}
+        for mf, arm in arms.items():
+            ts = [arm(0, ("src", n0 if r == 0 else out_tokens, out_tokens, True, False)),
+                  arm(0, ("tgt", 0, out_tokens, False, False)),
+                  arm(0, ("t3b", 0, out_tokens, False, False))]
+            row["with" if mf else "without"] = ts
+        wo, wi = row["without"], row["with"]
+        row["pause_saved_s"] = (wo[1] + wo[2]) - (wi[1] + wi[2])
+        row["round_saved_s"] = sum(wo) - sum(wi)
+        res.append(row)
+    return res
+
+
+# ==== from a run ==========================================================================
+
+def from_result(res, variants=None, limit_x=2.0, cap=None, n_conv=200, turns=6,
+                user=512, resp=256, p_strong=0.5, think=5.0, seed=1, rounds=4):
+    """All three workloads per variant from a handoff.json result."""
     variants = variants or res.get("variants") or []
-    if cap is None:
-        cap = float(res.get("row_budget_bytes") or ROW_CAP)
-    out = {"counted": "without: full prefills; with: source = full prefill + extract + put "
-                      "tail when it exports, target = get + reuse prefill when its rows are "
-                      "in the daemon (else full); P90 limit = limit_x × slowest full request",
-           "row_cap_bytes": cap, "variants": {}}
+    cap = float(res.get("row_budget_bytes") or ROW_CAP) if cap is None else cap
+    out = {"counted": __doc__.split("What is counted")[1].split("Workloads")[0].strip(),
+           "row_cap_bytes": cap, "workloads": {}, "params": {
+               "conversations": n_conv, "turns": turns, "user_tokens": user,
+               "response_tokens": resp, "p_strong": p_strong, "think_s": think,
+               "limit_x": limit_x, "rounds": rounds, "seed": seed}}
+    tshape = res.get("target") or {"layers": 32, "heads": 32, "width": 4096, "ffn": 14336}
     for v in variants:
-        t = service_times(res.get("rows", []), v)
-        if not t:
+        ms = models_from(res, v)
+        if ms is None:
             continue
-        out["variants"][v] = {"%s/%g" % (e, x): run(t, limit_x=x, export=e, cap=cap, **kw)
-                              for e in exports for x in limit_xs}
+        src, tgt = ms
+        lengths = sorted(src.full)
+        limit = limit_x * max(max(src.full.values()), max(tgt.full.values()))
+        w = {"fit": {"source_a_b": [src.a, src.b], "target_a_b": [tgt.a, tgt.b],
+                     "lengths": lengths, "attn_measured": src.attn_measured}}
+        models = {"src": src, "tgt": tgt}
+        conv = routing_trace(lengths, n_conv, turns, user, resp, p_strong, seed)
+        w["routing"] = compare(conv, models, think, limit, cap)
+        w["routing_free_export"] = compare(conv, models, think, limit, cap, free=True)
+        t3 = model_3b(tgt, tshape)
+        w["pipeline"] = {n: pipeline({"src": src, "tgt": tgt, "t3b": t3}, n, rounds, resp, cap)
+                         for n in lengths}
+        w["fanout"] = {}
+        for k in (1, 2, 4):
+            mk = dict({"src": src}, **{"tgt%d" % j: tgt for j in range(k)})
+            conv = fanout_trace(lengths, n_conv, k, resp, seed)
+            w["fanout"][k] = compare(conv, mk, 0.0, limit, cap)
+        out["workloads"][v] = w
     return out
 
 
 def summary(ro):
-    """Markdown table lines for table.md and the results file."""
-    lines = ["| routing variant | source exports | P90 limit s | without: conv/s (req/s) "
-             "| with: conv/s (req/s) | with ÷ without | idle P90 without / with s "
-             "| target reuse hits |",
+    """Markdown lines of the three workloads."""
+    p = ro.get("params", {})
+    lines = ["(a) routing, strong (source, exports) / weak (target, reuses), prefix caching "
+             "in both arms: %d conversations × %d turns (+%d user, +%d response tokens a "
+             "turn, strong p=%.2f), think %.0f s; P90 limit %g × slowest full prefill"
+             % (p.get("conversations", 0), p.get("turns", 0), p.get("user_tokens", 0),
+                p.get("response_tokens", 0), p.get("p_strong", 0), p.get("think_s", 0),
+                p.get("limit_x", 0)),
+             "| variant | P90 limit s | without conv/s | with conv/s | with ÷ without | "
+             "free export ÷ without | weak turns reusing | reused share of new tokens |",
              "|---|---|---|---|---|---|---|---|"]
-    for v, byx in (ro.get("variants") or {}).items():
-        for key, r in byx.items():
-            wo, wi = r["without"], r["with"]
-            h, m = wi.get("target_hits", 0), wi.get("target_misses", 0)
-            lines.append("| %s | %s | %.2f (%g × %.2f) | %.4f (%.3f) | %.4f (%.3f) | %s "
-                         "| %.2f / %.2f | %d / %d |"
-                         % (v, r["export"], r["p90_limit_s"], r["limit_x"],
-                            r["slowest_full_s"], wo["rate"], wo["req_rate"], wi["rate"],
-                            wi["req_rate"],
-                            "%.3f (%+.1f%%)" % (r["ratio"], 100 * (r["ratio"] - 1))
-                            if "ratio" in r else "-", wo["idle_p90"], wi["idle_p90"],
-                            h, h + m))
-    if ro.get("variants"):
-        r = next(iter(next(iter(ro["variants"].values())).values()))
-        lines.append("")
-        lines.append("routing: %d conversations × %d turns (source, target, …) on one "
-                     "prefix each, N ∈ %s, think %.0f s, one GPU FCFS; rows ≤ %.1f GB in "
-                     "the daemon (LRU)" % (r["conversations"], r["turns"], r["lengths"],
-                                          r["think_s"], ro["row_cap_bytes"] / 1e9))
+    for v, w in (ro.get("workloads") or {}).items():
+        r, f = w["routing"], w["routing_free_export"]
+        lines.append("| %s | %.2f | %.4f | %.4f | %s | %s | %d | %.3f |"
+                     % (v, r["p90_limit_s"], r["without"]["rate"], r["with"]["rate"],
+                        "%.3f" % r["ratio"] if "ratio" in r else "-",
+                        "%.3f" % f["ratio"] if "ratio" in f else "-",
+                        r["with"].get("target_hits", 0),
+                        r["with"].get("reused_token_share", 0.0)))
+    lines += ["", "(b) agent pipeline 14B-shaped plans → 8B-shaped refines → 3B-shaped "
+              "summarises (3B = 8B times scaled by FLOPs, not measured), %d rounds, +%d "
+              "tokens a step; hand-off pause = the next model's TTFT" % (p.get("rounds", 0),
+                                                                        p.get("response_tokens", 0)),
+              "| variant | N | round 1 pause without / with s | saved round 1 s | saved later "
+              "rounds s (mean) | round total saved s (incl. export) |", "|---|---|---|---|---|---|"]
+    for v, w in (ro.get("workloads") or {}).items():
+        for n, rs in w["pipeline"].items():
+            r1 = rs[0]
+            later = [x["pause_saved_s"] for x in rs[1:]] or [0.0]
+            lines.append("| %s | %s | %.3f / %.3f | %.3f | %.4f | %.3f |"
+                         % (v, n, r1["without"][1] + r1["without"][2],
+                            r1["with"][1] + r1["with"][2], r1["pause_saved_s"],
+                            sum(later) / len(later), r1["round_saved_s"]))
+    lines += ["", "(c) fan-out: one source prefill serving k target models (each its own "
+              "cache), throughput at the P90 limit",
+              "| variant | k | without groups/s | with groups/s | with ÷ without |",
+              "|---|---|---|---|---|"]
+    for v, w in (ro.get("workloads") or {}).items():
+        for k, r in w["fanout"].items():
+            lines.append("| %s | %s | %.4f | %.4f | %s |"
+                         % (v, k, r["without"]["rate"], r["with"]["rate"],
+                            "%.3f" % r["ratio"] if "ratio" in r else "-"))
+    lines.append("rows ≤ %.1f GB in the daemon (LRU by conversation)"
+                 % (ro.get("row_cap_bytes", 0) / 1e9))
+    for v, w in (ro.get("workloads") or {}).items():
+        ns = w["fit"]["lengths"]
+        lines.append("%s: prefill cost a·N + b·N² fitted to N = %s%s" % (
+            v, ns, "" if len(ns) > 1 else
+            " (one point: b from the measured dense attention layer × layers, quadratic "
+            "share source %.2f / target %.2f)" % tuple(
+                w["fit"][k][1] * ns[0] ** 2 / (w["fit"][k][0] * ns[0] + w["fit"][k][1] * ns[0] ** 2)
+                for k in ("source_a_b", "target_a_b"))
+            if w["fit"].get("attn_measured") else " (one point: a 0.3 quadratic share assumed)"))
     return lines
 
 
+# ==== self-check ==========================================================================
+
+def synthetic():
+    """A handoff.json-shaped result with made-up but plausible times (for --dry and the
+    self-check; never a result)."""
+    rows = []
+    for n, sf, tf, wall, pre, get in ((8192, 570., 300., 700., 250., 20.),
+                                      (16384, 1300., 700., 1600., 560., 35.),
+                                      (32768, 3400., 1450., 4300., 1150., 60.)):
+        rows.append({"N": n, "source_full_ms": sf, "target_full_ms": tf,
+                     "mask": {"wall_ms": wall, "prefill_ms": pre, "get_ms": get,
+                              "row_bytes": 68e6 * (n / 32768) ** 2}})
+    return {"variants": ["mask"], "rows": rows,
+            "target": {"layers": 32, "heads": 32, "width": 4096, "ffn": 14336}}
+
+
 def self_check():
-    # 1. Known answer: one request per "conversation" (turns = 1), evenly spaced
-    # arrivals, constant service s. Request i's TTFT = s + i·(s − 1/λ) once λ > 1/s, so
-    # the P90 (request i = 900 of 1000) reaches L at 1/λ = s − (L − s)/900.
-    conv = [(1.0, 1)] * 1000
-    L = 2.0
+    # 1. FCFS known answer: one-turn conversations, even arrivals, constant service s;
+    # request i's TTFT = s + i·(s − 1/λ), so the P90 (request 900 of 1000) reaches L at
+    # 1/λ = s − (L − s)/900.
+    class Const:
+        hits = reuse_tokens = new_tokens = 0
+
+        def __init__(self, s):
+            self.s = s
+
+        def __call__(self, c, turn):
+            return self.s
+    convs = [(1.0, [None])] * 1000
     grid = [0.1 * 1.1 ** i for i in range(60)]
     for s in (1.0, 0.8):
-        got = max_rate(conv, 1, 0.0, lambda: (lambda c, k, n: s), L, grid)["rate"]
-        want = 1.0 / (s - (L - s) / 900)
-        assert abs(got / want - 1) < 1e-9, (s, got, want)
-    # 2. Identical arms: ratio exactly 1, every target turn reuses.
-    t = {8192: {"src_full": 0.57, "src_mf": 0.57, "tgt_full": 0.30, "tgt_mf": 0.30,
-                "row_bytes": 2.7e9},
-         32768: {"src_full": 3.42, "src_mf": 3.42, "tgt_full": 1.83, "tgt_mf": 1.83,
-                 "row_bytes": 35.7e9}}
-    r = run(t)
-    assert r["ratio"] == 1.0, r["ratio"]
-    assert r["with"]["target_hits"] == 400 and r["with"]["extracts"] == 400, r["with"]
-    # 3. MapFlow faster on every request: not slower; idle P90 within the limit.
-    t2 = {n: dict(v, src_mf=v["src_full"] * 0.99, tgt_mf=v["tgt_full"] * 0.6)
-          for n, v in t.items()}
-    r2 = run(t2)
-    assert r2["ratio"] > 1.0, r2["ratio"]
-    assert r2["without"]["idle_p90"] <= r2["p90_limit_s"] >= r2["with"]["idle_p90"]
-    # 4. Slower on every request: not faster.
-    t3 = {n: dict(v, src_mf=v["src_full"] * 1.3, tgt_mf=v["tgt_full"] * 1.01)
-          for n, v in t.items()}
-    assert run(t3)["ratio"] < 1.0
-    # 5. Export once per conversation: 200 extracts at low load (no eviction when the
-    # LRU is unbounded); a cap below one 32k prefix's rows: 32k targets never reuse.
-    a = MapFlowArm(t2, 4, "first")
-    assert [a(0, k, 32768) for k in range(4)] == [t2[32768][x] for x in
-                                                  ("src_mf", "tgt_mf", "src_full", "tgt_mf")]
-    assert a.extracts == 1 and a.hits == 2 and not a.lru
-    b = MapFlowArm(t2, 4, "every", cap=10e9)
-    assert [b(0, k, 32768) for k in range(2)] == [t2[32768]["src_mf"], t2[32768]["tgt_full"]]
-    b(1, 0, 8192), b(2, 0, 8192), b(3, 0, 8192), b(4, 0, 8192)  # 4 × 2.7 GB > 10 GB
-    assert 1 not in b.lru and b.used <= 10e9 and b(2, 1, 8192) == t2[8192]["tgt_mf"]
-    f = MapFlowArm(t3, 4, "free")
-    assert [f(0, k, 8192) for k in range(2)] == [t3[8192]["src_full"], t3[8192]["tgt_mf"]]
-    # 6. --from-json path: a handoff.json-shaped result gives the expected times.
-    res = {"variants": ["mask"], "rows": [
-        {"N": 32768, "source_full_ms": 3420.0, "target_full_ms": 1830.0,
-         "mask": {"extract_ms": 800.0, "put_tail_ms": 30.0, "get_ms": 50.0,
-                  "prefill_ms": 1180.0, "row_bytes": 68e6}}]}
-    st = service_times(res["rows"], "mask")[32768]
-    assert abs(st["src_mf"] - 4.25) < 1e-9 and abs(st["tgt_mf"] - 1.23) < 1e-9, st
-    ro = from_result(res)
-    assert "ratio" in ro["variants"]["mask"]["every/2"], ro
-    print("sim self-check ok: known-answer max rates %.6f / %.6f conv/s; identical arms "
-          "ratio 1; faster arm ratio %.3f; residency (export first / LRU cap) ok"
-          % (1 / (1 - 1 / 900), 1 / (0.8 - 1.2 / 900), r2["ratio"]))
+        got = max_rate(convs, 0.0, lambda: Const(s), 2.0, grid)["rate"]
+        want = 1.0 / (s - (2.0 - s) / 900)
+        assert abs(got / want - 1) < 1e-6, (s, got, want)
+    # 2. The cost model: inc(0, N) is the measured full prefill for two points; pieces add.
+    m = Model("x", {8192: 0.3, 32768: 1.45})
+    assert abs(m.inc(0, 8192) - 0.3) < 1e-9 and abs(m.inc(0, 32768) - 1.45) < 1e-9
+    assert abs(m.inc(0, 1000) + m.inc(1000, 500) - m.inc(0, 1500)) < 1e-12
+    a1, b1 = fit({4096: 1.0}, attn=0.4)  # one point: the measured attention is b·N²
+    assert abs(a1 * 4096 - 0.6) < 1e-12 and abs(b1 * 4096 ** 2 - 0.4) < 1e-12
+    # 3. Arms: a target turn after the source's reuses exactly the covered share.
+    res = synthetic()
+    src, tgt = models_from(res, "mask")
+    arm = Arm({"src": src, "tgt": tgt}, True)
+    s0 = arm(0, ("src", 32768, 0, True, False))
+    n = 32768
+    assert abs(src.inc(0, n) / 3.4 - 1) < 0.05 and abs(tgt.inc(0, n) / 1.45 - 1) < 0.05
+    assert abs(s0 - (src.inc(0, n) + 0.9)) < 1e-9, s0  # + (wall − full) under export
+    s1 = arm(0, ("tgt", 0, 0, False, True))
+    assert abs(s1 - (tgt.inc(0, n) - 0.3 + 0.06)) < 1e-9, s1  # − saving + get
+    base = Arm({"src": src, "tgt": tgt}, False)
+    assert abs(base(0, ("src", n, 0, True, False)) - src.inc(0, n)) < 1e-12
+    # prefix caching: the second turn of the same model prefills only the new tokens
+    assert abs(base(0, ("src", 512, 0, True, True)) - src.inc(32768, 512)) < 1e-12
+    # 4. Identical arms (no export cost, no saving): ratio exactly 1.
+    for r in res["rows"]:
+        r["mask"].update(wall_ms=r["source_full_ms"], prefill_ms=r["target_full_ms"], get_ms=0)
+    ro = from_result(res, n_conv=60, turns=4)
+    w = ro["workloads"]["mask"]
+    assert w["routing"]["ratio"] == 1.0 and w["fanout"][2]["ratio"] == 1.0, w["routing"]
+    # 5. A faster target with free export gains; the synthetic run's fan-out gains with k.
+    ro = from_result(synthetic(), n_conv=60, turns=4)
+    w = ro["workloads"]["mask"]
+    assert w["routing_free_export"]["ratio"] > 1.0, w["routing_free_export"]
+    fk = [w["fanout"][k]["ratio"] for k in (1, 2, 4)]
+    assert fk[0] < fk[1] < fk[2], fk
+    assert w["pipeline"][32768][0]["pause_saved_s"] > 0
+    print("sim self-check ok: known-answer max rates, cost model additive, reuse share, "
+          "identical arms ratio 1; synthetic fan-out k=1,2,4: %s" % ", ".join(
+              "%.3f" % x for x in fk))
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--from-json", help="handoff.json of a benchmark run")
+    ap.add_argument("--synthetic", action="store_true",
+                    help="run the workloads on made-up times (CPU check of the printing)")
     ap.add_argument("--variants", help="comma list (default: the run's variants)")
-    ap.add_argument("--limit-x", default="2",
-                    help="comma list: P90 limit as multiples of the slowest full request")
-    ap.add_argument("--export", default="every,first,free",
-                    help="comma list of source export modes: every, first, free")
+    ap.add_argument("--limit-x", type=float, default=2.0,
+                    help="P90 limit as a multiple of the slowest full prefill")
     ap.add_argument("--row-cap-gb", type=float,
                     help="daemon row memory (default: the run's, else %.1f GB)" % (ROW_CAP / 1e9))
     ap.add_argument("--conversations", type=int, default=200)
-    ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--turns", type=int, default=6)
     ap.add_argument("--think", type=float, default=5.0)
-    ap.add_argument("--out", help="write the routing JSON here")
+    ap.add_argument("--out", help="write the JSON here")
     a = ap.parse_args(argv)
-    if not a.from_json:
+    if not a.from_json and not a.synthetic:
         self_check()
         return 0
-    with open(a.from_json) as f:
-        res = json.load(f)
-    ro = from_result(res, a.variants.split(",") if a.variants else None,
-                     tuple(float(x) for x in a.limit_x.split(",")),
-                     tuple(a.export.split(",")),
+    if a.synthetic:
+        res = synthetic()
+    else:
+        with open(a.from_json) as f:
+            res = json.load(f)
+    ro = from_result(res, a.variants.split(",") if a.variants else None, a.limit_x,
                      a.row_cap_gb * 1e9 if a.row_cap_gb else None,
                      n_conv=a.conversations, turns=a.turns, think=a.think)
     for line in summary(ro):
         print(line)
     if a.out:
         with open(a.out, "w") as f:
-            json.dump(ro, f, indent=1)
+            json.dump(ro, f, indent=1, default=str)
     return 0
 
 

@@ -17,6 +17,7 @@ if [ $missing = 0 ]; then
     exit 0
 fi
 mkdir -p "$data"
+data=$(cd "$data" && pwd)  # the work below runs in a temporary folder
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cd "$tmp"

@@ -7,6 +7,10 @@
 # (bench/handoff/run.sh). Each step has a time limit; logs and results are packed into
 # $OUT (at most 8 files come back) and a summary table is printed last.
 # Usage: tests/gpu/all.sh [STEP ...]   (default: every step; names as in the table)
+# Every table in bench/results/handoff.md and gpu.md comes from the kernels-bench and
+# handoff steps (issue 18); sizes through the env of bench/handoff/run.sh (HANDOFF_*) and
+# bench/gpu/run.sh (BENCH_GPU_ARGS). MF_COMMIT (default: git's HEAD) and each step's
+# command (with those variables) go into the results.
 # Binaries come from a bundle made by tests/gpu/bundle.sh when .gpu-carry/bundle.tar.xz
 # exists (the CUDA binaries are too large to carry unpacked).
 set -u
@@ -20,6 +24,8 @@ if [ -f .gpu-carry/bundle.tar.xz ]; then
 fi
 export LD_LIBRARY_PATH="$root/.gpu-libs/usr/lib/x86_64-linux-gnu:$root/.gpu-libs/usr/lib/x86_64-linux-gnu/ucx${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PYTHONUNBUFFERED=1
+export MF_COMMIT=${MF_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+sizes=$(env | grep -E '^(HANDOFF_[A-Z_]+|BENCH_GPU_ARGS|BUDGET)=' | sort | sed "s/=\(.*\)/='\1'/" | tr '\n' ' ')
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -n 2
 
 # name | seconds | command
@@ -28,8 +34,8 @@ steps=(
   "tier-smoke|75|bash tests/gpu/tier_smoke.sh 1g"
   "worker-check|35|bash tests/gpu/worker_check.sh"
   "dlpack|40|${PYTHON:-python3} tests/gpu/test_dlpack_gpu.py"
-  "kernels-bench|150|bash bench/gpu/run.sh"
-  "handoff|170|bash bench/handoff/run.sh"
+  "kernels-bench|${KBENCH_LIMIT:-150}|bash bench/gpu/run.sh"
+  "handoff|${HANDOFF_LIMIT:-300}|bash bench/handoff/run.sh"
   "handoff-2gpu|230|bash bench/handoff/two_gpu.sh"
 )
 want=" $* "
@@ -40,7 +46,8 @@ for s in "${steps[@]}"; do
     mkdir -p "$res/$name"
     echo "==== $name (limit ${secs}s): $cmd"
     t0=$(date +%s)
-    OUT="$res/$name" timeout -k 10 "$secs" bash -c "$cmd" >"$res/$name/stdout.log" 2>&1
+    MF_COMMAND="${sizes}tests/gpu/all.sh $name" OUT="$res/$name" \
+        timeout -k 10 "$secs" bash -c "$cmd" >"$res/$name/stdout.log" 2>&1
     rc=$?
     t=$(( $(date +%s) - t0 ))
     tail -n 40 "$res/$name/stdout.log"
@@ -51,6 +58,7 @@ cp "$res/handoff/handoff.png" "$res/handoff/handoff.json" "$out/" 2>/dev/null
 cp "$res/handoff-2gpu/two_gpu.md" "$out/" 2>/dev/null
 cp "$res/handoff-2gpu/handoff.json" "$out/handoff-2gpu.json" 2>/dev/null
 cp "$res/kernels-bench/bench.json" "$out/kernels-bench.json" 2>/dev/null
+cp "$res/handoff/table.md" "$out/handoff-table.md" 2>/dev/null
 tar -cJf "$out/logs.tar.xz" -C "$res" . 2>/dev/null
 echo "==== summary"
 printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"

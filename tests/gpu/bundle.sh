@@ -7,7 +7,7 @@
 set -eu
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
-[ -d .gpu-libs ] || /work/shared/tools/gpu-runtime-libs.sh .gpu-libs
+[ -d .gpu-libs ] || ../shared/tools/gpu-runtime-libs.sh .gpu-libs  # beside the checkout
 for l in libcmocka.so.0 libevent_core-2.1.so.7; do
     [ -e ".gpu-libs/usr/lib/x86_64-linux-gnu/$l" ] || cp -L "/lib/x86_64-linux-gnu/$l" .gpu-libs/usr/lib/x86_64-linux-gnu/
 done
