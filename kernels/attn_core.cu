@@ -7,10 +7,13 @@
  * and wgmma reads (rows of 128 bytes, 1024-byte atoms). Barriers: q_full; per stage
  * k_full / v_full (TMA transaction counts; V separate so QKᵀ starts before V lands) and
  * empty (one arrival per consumer warp, after its last wgmma on that stage has completed).
- * A consumer warpgroup per key tile: S = Q·Kᵀ (wgmma, A and B from shared memory), the
- * causal mask on tiles that cross its diagonal, online softmax in registers (scores in
- * log2 units, the 1/sqrt(d)·log2(e) scale folded into one FFMA before ex2), O *= alpha,
- * O += P·V (wgmma with P from registers as the A operand, V transposed from shared memory).
+ * A consumer warpgroup per key tile x: S = Q·Kᵀ (wgmma, A and B from shared memory) is
+ * issued together with O += P·V of tile x − 1 (wgmma with P from registers as the A
+ * operand, V transposed from shared memory), so the softmax of x (causal mask on tiles
+ * that cross its diagonal, online softmax in registers, scores in log2 units with the
+ * 1/sqrt(d)·log2(e) scale folded into one FFMA before ex2) runs while that P·V does; then
+ * O *= alpha. The two consumer warpgroups take turns issuing (ping-pong, named barriers),
+ * so one's softmax also overlaps the other's GEMMs.
  * O (fp32) goes straight from the accumulators to global memory: each quad writes 32
  * contiguous bytes of a row, whole sectors. */
 #include <cuda.h>
@@ -132,7 +135,26 @@ template <> __device__ __forceinline__ void wgmma_rs<__half, 128>(float (&d)[64]
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wgmma_wait()
+{
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/* Pins registers an async wgmma reads or writes to this point of the program: the compiler
+ * may neither move their uses above the wait nor reuse them before it. */
+template <int N> __device__ __forceinline__ void fence_regs(float (&r)[N])
+{
+#pragma unroll
+    for (int x = 0; x < N; x++)
+        asm volatile("" : "+f"(r[x])::"memory");
+}
+template <int N> __device__ __forceinline__ void fence_regs(uint32_t (&r)[N][4])
+{
+#pragma unroll
+    for (int x = 0; x < N; x++)
+#pragma unroll
+        for (int y = 0; y < 4; y++)
+            asm volatile("" : "+r"(r[x][y])::"memory");
+}
 
 /* Shared-memory matrix descriptor, 128-byte swizzle. K-major tiles (Q, K): rows of 128 B,
  * SBO = 1024 (8-row groups), LBO unused (16); a k16 step advances the start by 32 B inside
@@ -313,18 +335,44 @@ core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUte
     for (int x = 0; x < D / 2; x++)
         o[x] = 0.0f;
     const float sl2 = p.scale_log2;
-    bool used = false;
+    bool used = false, have_prev = false;
+    int ps = 0;          /* stage of the previous tile, whose P·V is still to issue */
+    uint32_t pph = 0;
+    float sc[BN / 2];
+    uint32_t pa[BN / 16][4];
+    /* Ping-pong: the two consumer warpgroups take turns issuing their GEMMs (named
+     * barriers 1 + c), so one's softmax runs while the other's wgmmas use the tensor
+     * cores. Every warpgroup takes its turn at every list entry (and once more for the
+     * last P·V), used or not, so the turns stay matched; warpgroup 1 gives the first turn
+     * and skips the very last hand-over. */
+    auto turn_wait = [&]() { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + c) : "memory"); };
+    auto turn_give = [&]() { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - c) : "memory"); };
+    /* O += P·V of the previous tile (issue only) */
+    auto issue_pv = [&]() {
+        bar_wait(&v_full[ps], pph);
+        uint32_t va = smem_addr(sm + C::OFF_V + ps * C::KV_BYTES);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++)
+            wgmma_rs<T, D>(o, pa[kk], sdesc(va + kk * 2048, p.v_lbo, p.v_sbo), 1);
+        wgmma_commit();
+    };
+    auto release = [&](int st) {
+        __syncwarp();
+        if (lane == 0)
+            bar_arrive(&empty[st]);
+    };
+    if (c == 1)
+        turn_give();
     bar_wait(q_full, 0);
     for (int x = 0; x < count; x++) {
         int s = x % C::STAGES;
         uint32_t ph = (x / C::STAGES) & 1;
+        bool mine = s_f[x] & (1 << c);
         bar_wait(&k_full[s], ph);
-        if (s_f[x] & (1 << c)) {
-            used = true;
-            uint32_t j0 = (uint32_t)s_j[x] * BN;
+        turn_wait();
+        if (mine) { /* S = Q·Kᵀ */
             uint32_t ka = smem_addr(sm + C::OFF_K + s * C::KV_BYTES);
-            uint32_t va = smem_addr(sm + C::OFF_V + s * C::KV_BYTES);
-            float sc[BN / 2];
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < D / 16; kk++)
@@ -333,7 +381,18 @@ core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUte
                                 sdesc(ka + (kk / 4) * C::KV_HALF + (kk % 4) * 32, 16, 1024),
                                 kk > 0);
             wgmma_commit();
-            wgmma_wait0();
+        }
+        if (have_prev)
+            issue_pv();
+        turn_give();
+        float alpha[2] = { 1.0f, 1.0f };
+        if (mine) {
+            if (have_prev)
+                wgmma_wait<1>();
+            else
+                wgmma_wait<0>();
+            fence_regs(sc);
+            uint32_t j0 = (uint32_t)s_j[x] * BN;
             if (j0 + BN - 1 > r0) { /* crosses this warpgroup's diagonal */
 #pragma unroll
                 for (int jj = 0; jj < BN / 8; jj++)
@@ -344,7 +403,6 @@ core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUte
                             sc[4 * jj + e] = -INFINITY;
                     }
             }
-            float alpha[2];
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 float mx = -INFINITY;
@@ -366,14 +424,14 @@ core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUte
                 l[r] = l[r] * alpha[r] + sum;
                 mrow[r] = mn;
             }
-            uint32_t pa[BN / 16][4];
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; kk++) {
-                pa[kk][0] = elem<T>::pack(sc[8 * kk + 0], sc[8 * kk + 1]);
-                pa[kk][1] = elem<T>::pack(sc[8 * kk + 2], sc[8 * kk + 3]);
-                pa[kk][2] = elem<T>::pack(sc[8 * kk + 4], sc[8 * kk + 5]);
-                pa[kk][3] = elem<T>::pack(sc[8 * kk + 6], sc[8 * kk + 7]);
-            }
+        }
+        if (have_prev) { /* the previous tile's P·V is done: its stage is free */
+            wgmma_wait<0>();
+            fence_regs(o);
+            fence_regs(pa);
+            release(ps);
+        }
+        if (mine) {
 #pragma unroll
             for (int x2 = 0; x2 < D / 8; x2++) {
                 o[4 * x2 + 0] *= alpha[0];
@@ -381,17 +439,32 @@ core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUte
                 o[4 * x2 + 2] *= alpha[1];
                 o[4 * x2 + 3] *= alpha[1];
             }
-            bar_wait(&v_full[s], ph);
-            wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < BN / 16; kk++)
-                wgmma_rs<T, D>(o, pa[kk], sdesc(va + kk * 2048, p.v_lbo, p.v_sbo), 1);
-            wgmma_commit();
-            wgmma_wait0();
+            for (int kk = 0; kk < BN / 16; kk++) {
+                pa[kk][0] = elem<T>::pack(sc[8 * kk + 0], sc[8 * kk + 1]);
+                pa[kk][1] = elem<T>::pack(sc[8 * kk + 2], sc[8 * kk + 3]);
+                pa[kk][2] = elem<T>::pack(sc[8 * kk + 4], sc[8 * kk + 5]);
+                pa[kk][3] = elem<T>::pack(sc[8 * kk + 6], sc[8 * kk + 7]);
+            }
+            used = true;
+            have_prev = true;
+            ps = s;
+            pph = ph;
+        } else {
+            release(s);
+            have_prev = false;
         }
-        __syncwarp();
-        if (lane == 0)
-            bar_arrive(&empty[s]);
+    }
+    turn_wait();
+    if (have_prev)
+        issue_pv();
+    if (c == 0)
+        turn_give();
+    if (have_prev) {
+        wgmma_wait<0>();
+        fence_regs(o);
+        fence_regs(pa);
+        release(ps);
     }
     if (!used)
         return;
