@@ -335,16 +335,16 @@ core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUte
     for (int x = 0; x < D / 2; x++)
         o[x] = 0.0f;
     const float sl2 = p.scale_log2;
-    bool used = false, have_prev = false;
+    bool used = false;
     int ps = 0;          /* stage of the previous tile, whose P·V is still to issue */
     uint32_t pph = 0;
     float sc[BN / 2];
     uint32_t pa[BN / 16][4];
     /* Ping-pong: the two consumer warpgroups take turns issuing their GEMMs (named
      * barriers 1 + c), so one's softmax runs while the other's wgmmas use the tensor
-     * cores. Every warpgroup takes its turn at every list entry (and once more for the
-     * last P·V), used or not, so the turns stay matched; warpgroup 1 gives the first turn
-     * and skips the very last hand-over. */
+     * cores. Both take a turn at every list entry (a tile only the other's block kept
+     * is computed and masked whole) and once more for the last P·V, so the turns stay
+     * matched; warpgroup 1 gives the first turn and skips the very last hand-over. */
     auto turn_wait = [&]() { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + c) : "memory"); };
     auto turn_give = [&]() { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - c) : "memory"); };
     /* O += P·V of the previous tile (issue only) */
@@ -362,110 +362,108 @@ core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUte
         if (lane == 0)
             bar_arrive(&empty[st]);
     };
+    auto issue_s = [&](int st) { /* S = Q·Kᵀ (issue only) */
+        uint32_t ka = smem_addr(sm + C::OFF_K + st * C::KV_BYTES);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++)
+            wgmma_ss<T, BN>(sc, sdesc(qa + (kk / 4) * C::Q_HALF + (kk % 4) * 32, 16, 1024),
+                            sdesc(ka + (kk / 4) * C::KV_HALF + (kk % 4) * 32, 16, 1024),
+                            kk > 0);
+        wgmma_commit();
+    };
+    /* Online softmax of S (tile x) in place; a tile this warpgroup's block did not keep
+     * is masked whole (P = 0, alpha = 1): every wgmma stays on the non-divergent path. */
+    auto softmax = [&](int x, float alpha[2]) {
+        bool mine = s_f[x] & (1 << c);
+        used |= mine;
+        uint32_t j0 = (uint32_t)s_j[x] * BN;
+        if (!mine || j0 + BN - 1 > r0) { /* crosses this warpgroup's diagonal */
+#pragma unroll
+            for (int jj = 0; jj < BN / 8; jj++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    uint32_t key = j0 + 8 * jj + 2 * u + (e & 1);
+                    if (!mine || key > row[e >> 1])
+                        sc[4 * jj + e] = -INFINITY;
+                }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int jj = 0; jj < BN / 8; jj++)
+                mx = fmaxf(mx, fmaxf(sc[4 * jj + 2 * r], sc[4 * jj + 2 * r + 1]));
+            mx = quad_max(mx);
+            float mn = fmaxf(mrow[r], mx * sl2);
+            float base = mn == -INFINITY ? 0.0f : mn, sum = 0.0f;
+#pragma unroll
+            for (int jj = 0; jj < BN / 8; jj++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    float pv = ex2(fmaf(sc[4 * jj + 2 * r + e], sl2, -base));
+                    sc[4 * jj + 2 * r + e] = pv;
+                    sum += pv;
+                }
+            alpha[r] = ex2(mrow[r] - base);
+            l[r] = l[r] * alpha[r] + sum;
+            mrow[r] = mn;
+        }
+    };
+    auto rescale_pack = [&](const float alpha[2]) {
+#pragma unroll
+        for (int x2 = 0; x2 < D / 8; x2++) {
+            o[4 * x2 + 0] *= alpha[0];
+            o[4 * x2 + 1] *= alpha[0];
+            o[4 * x2 + 2] *= alpha[1];
+            o[4 * x2 + 3] *= alpha[1];
+        }
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) {
+            pa[kk][0] = elem<T>::pack(sc[8 * kk + 0], sc[8 * kk + 1]);
+            pa[kk][1] = elem<T>::pack(sc[8 * kk + 2], sc[8 * kk + 3]);
+            pa[kk][2] = elem<T>::pack(sc[8 * kk + 4], sc[8 * kk + 5]);
+            pa[kk][3] = elem<T>::pack(sc[8 * kk + 6], sc[8 * kk + 7]);
+        }
+    };
     if (c == 1)
         turn_give();
     bar_wait(q_full, 0);
-    for (int x = 0; x < count; x++) {
-        int s = x % C::STAGES;
-        uint32_t ph = (x / C::STAGES) & 1;
-        bool mine = s_f[x] & (1 << c);
-        bar_wait(&k_full[s], ph);
-        turn_wait();
-        if (mine) { /* S = Q·Kᵀ */
-            uint32_t ka = smem_addr(sm + C::OFF_K + s * C::KV_BYTES);
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < D / 16; kk++)
-                wgmma_ss<T, BN>(sc,
-                                sdesc(qa + (kk / 4) * C::Q_HALF + (kk % 4) * 32, 16, 1024),
-                                sdesc(ka + (kk / 4) * C::KV_HALF + (kk % 4) * 32, 16, 1024),
-                                kk > 0);
-            wgmma_commit();
-        }
-        if (have_prev)
-            issue_pv();
-        turn_give();
-        float alpha[2] = { 1.0f, 1.0f };
-        if (mine) {
-            if (have_prev)
-                wgmma_wait<1>();
-            else
-                wgmma_wait<0>();
-            fence_regs(sc);
-            uint32_t j0 = (uint32_t)s_j[x] * BN;
-            if (j0 + BN - 1 > r0) { /* crosses this warpgroup's diagonal */
-#pragma unroll
-                for (int jj = 0; jj < BN / 8; jj++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        uint32_t key = j0 + 8 * jj + 2 * u + (e & 1);
-                        if (key > row[e >> 1])
-                            sc[4 * jj + e] = -INFINITY;
-                    }
-            }
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                float mx = -INFINITY;
-#pragma unroll
-                for (int jj = 0; jj < BN / 8; jj++)
-                    mx = fmaxf(mx, fmaxf(sc[4 * jj + 2 * r], sc[4 * jj + 2 * r + 1]));
-                mx = quad_max(mx);
-                float mn = fmaxf(mrow[r], mx * sl2);
-                float base = mn == -INFINITY ? 0.0f : mn, sum = 0.0f;
-#pragma unroll
-                for (int jj = 0; jj < BN / 8; jj++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        float pv = ex2(fmaf(sc[4 * jj + 2 * r + e], sl2, -base));
-                        sc[4 * jj + 2 * r + e] = pv;
-                        sum += pv;
-                    }
-                alpha[r] = ex2(mrow[r] - base);
-                l[r] = l[r] * alpha[r] + sum;
-                mrow[r] = mn;
-            }
-        }
-        if (have_prev) { /* the previous tile's P·V is done: its stage is free */
-            wgmma_wait<0>();
-            fence_regs(o);
-            fence_regs(pa);
-            release(ps);
-        }
-        if (mine) {
-#pragma unroll
-            for (int x2 = 0; x2 < D / 8; x2++) {
-                o[4 * x2 + 0] *= alpha[0];
-                o[4 * x2 + 1] *= alpha[0];
-                o[4 * x2 + 2] *= alpha[1];
-                o[4 * x2 + 3] *= alpha[1];
-            }
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; kk++) {
-                pa[kk][0] = elem<T>::pack(sc[8 * kk + 0], sc[8 * kk + 1]);
-                pa[kk][1] = elem<T>::pack(sc[8 * kk + 2], sc[8 * kk + 3]);
-                pa[kk][2] = elem<T>::pack(sc[8 * kk + 4], sc[8 * kk + 5]);
-                pa[kk][3] = elem<T>::pack(sc[8 * kk + 6], sc[8 * kk + 7]);
-            }
-            used = true;
-            have_prev = true;
-            ps = s;
-            pph = ph;
-        } else {
-            release(s);
-            have_prev = false;
-        }
-    }
+    float alpha[2];
+    bar_wait(&k_full[0], 0); /* tile 0: no P·V before it */
     turn_wait();
-    if (have_prev)
+    issue_s(0);
+    turn_give();
+    wgmma_wait<0>();
+    fence_regs(sc);
+    softmax(0, alpha);
+    rescale_pack(alpha);
+    for (int x = 1; x < count; x++) {
+        int s = x % C::STAGES;
+        bar_wait(&k_full[s], (x / C::STAGES) & 1);
+        turn_wait();
+        issue_s(s);
         issue_pv();
-    if (c == 0)
         turn_give();
-    if (have_prev) {
-        wgmma_wait<0>();
+        wgmma_wait<1>();
+        fence_regs(sc);
+        softmax(x, alpha);
+        wgmma_wait<0>(); /* the previous tile's P·V is done: its stage is free */
         fence_regs(o);
         fence_regs(pa);
         release(ps);
+        rescale_pack(alpha);
+        ps = s;
+        pph = (x / C::STAGES) & 1;
     }
+    turn_wait();
+    issue_pv();
+    if (c == 0)
+        turn_give();
+    wgmma_wait<0>();
+    fence_regs(o);
+    fence_regs(pa);
+    release(ps);
     if (!used)
         return;
 #pragma unroll
