@@ -6,7 +6,8 @@
  * K and V tiles [BN][D], all as 64-column halves in the 128-byte swizzle that TMA writes
  * and wgmma reads (rows of 128 bytes, 1024-byte atoms). Barriers: q_full; per stage
  * k_full / v_full (TMA transaction counts; V separate so QKᵀ starts before V lands) and
- * empty (one arrival per consumer warp, after its last wgmma on that stage has completed).
+ * k_empty / v_empty (one arrival per consumer warp once its wgmma reading that K or V tile
+ * has completed: K is free right after S, long before V, so the next K load can start early).
  * A consumer warpgroup per key tile x: S = Q·Kᵀ (wgmma, A and B from shared memory) is
  * issued together with O += P·V of tile x − 1 (wgmma with P from registers as the A
  * operand, V transposed from shared memory), so the softmax of x (causal mask on tiles
@@ -21,6 +22,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "attn_core.cuh"
 #include "mf_cuda_common.cuh"
@@ -208,7 +210,7 @@ struct core_params {
     float *o, *lse;
     const uint32_t *keep;
     uint32_t n, hq, hkv, n_tiles, nb, words, pair;
-    uint32_t v_lbo, v_sbo; /* V descriptor offsets (TEMP: MF_CORE_VSWAP=1 swaps them) */
+    uint32_t pingpong; /* 1: the consumer warpgroups take turns (MF_CORE_PINGPONG=0: off) */
     float scale_log2;
 };
 
@@ -221,7 +223,7 @@ template <int D, int BN> struct cfg {
     static constexpr uint32_t Q_BYTES = HALVES * Q_HALF, KV_BYTES = HALVES * KV_HALF;
     static constexpr uint32_t OFF_K = Q_BYTES, OFF_V = OFF_K + STAGES * KV_BYTES;
     static constexpr uint32_t OFF_BAR = OFF_V + STAGES * KV_BYTES;
-    static constexpr uint32_t OFF_LIST = OFF_BAR + 8 * (1 + 3 * STAGES);
+    static constexpr uint32_t OFF_LIST = OFF_BAR + 8 * (1 + 4 * STAGES);
     static constexpr uint32_t SMEM = OFF_LIST + MAX_TILES * 3 + 16 + 1024; /* + alignment slack */
 };
 
@@ -278,7 +280,8 @@ core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUte
     extern __shared__ uint8_t sm_raw[];
     uint8_t *sm = reinterpret_cast<uint8_t *>(((uintptr_t)sm_raw + 1023) & ~(uintptr_t)1023);
     uint64_t *q_full = reinterpret_cast<uint64_t *>(sm + C::OFF_BAR);
-    uint64_t *k_full = q_full + 1, *v_full = k_full + C::STAGES, *empty = v_full + C::STAGES;
+    uint64_t *k_full = q_full + 1, *v_full = k_full + C::STAGES, *k_empty = v_full + C::STAGES,
+             *v_empty = k_empty + C::STAGES;
     uint16_t *s_j = reinterpret_cast<uint16_t *>(sm + C::OFF_LIST);
     uint8_t *s_f = reinterpret_cast<uint8_t *>(s_j + MAX_TILES);
     int *s_cnt = reinterpret_cast<int *>(s_f + MAX_TILES);
@@ -286,37 +289,46 @@ core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUte
     uint32_t kvh = t / (p.hq / p.hkv);
     int wg = threadIdx.x / 128;
     if (threadIdx.x < 32) {
-        int cnt = build_list<BN>(p, m, t, s_j, s_f);
-        if (threadIdx.x == 0) {
-            *s_cnt = cnt;
+        if (threadIdx.x == 0) { /* Q does not depend on the list: its load overlaps the build */
             bar_init(q_full, 1);
             for (int s = 0; s < C::STAGES; s++) {
                 bar_init(&k_full[s], 1);
                 bar_init(&v_full[s], 1);
-                bar_init(&empty[s], 8);
+                bar_init(&k_empty[s], 8);
+                bar_init(&v_empty[s], 8);
             }
             asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-        }
-    }
-    __syncthreads();
-    int count = *s_cnt;
-    if (count == 0)
-        return;
-    if (wg == 0) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
-        if (threadIdx.x == 0) {
             bar_expect(q_full, C::Q_BYTES);
             for (int h = 0; h < C::HALVES; h++)
                 tma_load(sm + h * C::Q_HALF, &tq, q_full, 64 * h, (int)t, (int)(128 * m));
+        }
+        __syncwarp();
+        int cnt = build_list<BN>(p, m, t, s_j, s_f);
+        if (threadIdx.x == 0)
+            *s_cnt = cnt;
+    }
+    __syncthreads();
+    int count = *s_cnt;
+    if (count == 0) { /* not this kernel's tile: let the Q copy land before the CTA ends */
+        if (threadIdx.x == 0)
+            bar_wait(q_full, 0);
+        return;
+    }
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+        if (threadIdx.x == 0) {
             for (int x = 0; x < count; x++) {
                 int s = x % C::STAGES;
-                if (x >= C::STAGES)
-                    bar_wait(&empty[s], ((x / C::STAGES) & 1) ^ 1);
+                uint32_t free_ph = ((x / C::STAGES) & 1) ^ 1;
                 int row = (int)s_j[x] * BN;
                 uint8_t *kd = sm + C::OFF_K + s * C::KV_BYTES, *vd = sm + C::OFF_V + s * C::KV_BYTES;
+                if (x >= C::STAGES)
+                    bar_wait(&k_empty[s], free_ph);
                 bar_expect(&k_full[s], C::KV_BYTES);
                 for (int h = 0; h < C::HALVES; h++)
                     tma_load(kd + h * C::KV_HALF, &tk, &k_full[s], 64 * h, (int)kvh, row);
+                if (x >= C::STAGES)
+                    bar_wait(&v_empty[s], free_ph);
                 bar_expect(&v_full[s], C::KV_BYTES);
                 for (int h = 0; h < C::HALVES; h++)
                     tma_load(vd + h * C::KV_HALF, &tv, &v_full[s], 64 * h, (int)kvh, row);
@@ -345,8 +357,14 @@ core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUte
      * cores. Both take a turn at every list entry (a tile only the other's block kept
      * is computed and masked whole) and once more for the last P·V, so the turns stay
      * matched; warpgroup 1 gives the first turn and skips the very last hand-over. */
-    auto turn_wait = [&]() { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + c) : "memory"); };
-    auto turn_give = [&]() { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - c) : "memory"); };
+    auto turn_wait = [&]() {
+        if (p.pingpong)
+            asm volatile("bar.sync %0, 256;\n" ::"r"(1 + c) : "memory");
+    };
+    auto turn_give = [&]() {
+        if (p.pingpong)
+            asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - c) : "memory");
+    };
     /* O += P·V of the previous tile (issue only) */
     auto issue_pv = [&]() {
         bar_wait(&v_full[ps], pph);
@@ -354,13 +372,13 @@ core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUte
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++)
-            wgmma_rs<T, D>(o, pa[kk], sdesc(va + kk * 2048, p.v_lbo, p.v_sbo), 1);
+            wgmma_rs<T, D>(o, pa[kk], sdesc(va + kk * 2048, C::KV_HALF, 1024), 1);
         wgmma_commit();
     };
-    auto release = [&](int st) {
+    auto release = [&](uint64_t *bar) {
         __syncwarp();
         if (lane == 0)
-            bar_arrive(&empty[st]);
+            bar_arrive(bar);
     };
     auto issue_s = [&](int st) { /* S = Q·Kᵀ (issue only) */
         uint32_t ka = smem_addr(sm + C::OFF_K + st * C::KV_BYTES);
@@ -436,6 +454,7 @@ core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUte
     turn_give();
     wgmma_wait<0>();
     fence_regs(sc);
+    release(&k_empty[0]);
     softmax(0, alpha);
     rescale_pack(alpha);
     for (int x = 1; x < count; x++) {
@@ -447,11 +466,12 @@ core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUte
         turn_give();
         wgmma_wait<1>();
         fence_regs(sc);
+        release(&k_empty[s]);
         softmax(x, alpha);
-        wgmma_wait<0>(); /* the previous tile's P·V is done: its stage is free */
+        wgmma_wait<0>(); /* the previous tile's P·V is done: its V is free */
         fence_regs(o);
         fence_regs(pa);
-        release(ps);
+        release(&v_empty[ps]);
         rescale_pack(alpha);
         ps = s;
         pph = (x / C::STAGES) & 1;
@@ -463,7 +483,7 @@ core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUte
     wgmma_wait<0>();
     fence_regs(o);
     fence_regs(pa);
-    release(ps);
+    release(&v_empty[ps]);
     if (!used)
         return;
 #pragma unroll
@@ -591,12 +611,8 @@ mf_status_t core_launch(const core_args &a, cudaStream_t s, const char **why)
     p.words = a.words;
     p.pair = a.keep && a.block == 64;
     p.scale_log2 = MF_LOG2E / sqrtf((float)a.d);
-    p.v_lbo = bn * 128;
-    p.v_sbo = 1024;
-    if (getenv("MF_CORE_VSWAP")) {
-        p.v_lbo = 1024;
-        p.v_sbo = bn * 128;
-    }
+    const char *pp = getenv("MF_CORE_PINGPONG"); /* for the bench's A/B runs */
+    p.pingpong = !(pp && !strcmp(pp, "0"));
     if ((a.keep ? a.nb : (a.n + bn - 1) / bn) > MAX_TILES) {
         *why = "the attention core takes at most 2048 key tiles";
         return MF_UNIMPLEMENTED;

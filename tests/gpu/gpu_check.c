@@ -13,8 +13,9 @@
  *            v2 for prob heads; v2, v3, and at B64 d128 v3 with 1, 2 and 4 heads a CTA),
  *            with head modes mixed inside a KV group or uniform per group.
  * One line per case, a summary table last; exit status 1 on any failure.
- * Usage: gpu_check [--small] [--seed S]   (--small: one tiny case each, for
- * compute-sanitizer). Single-threaded tool; owns everything it allocates.
+ * Usage: gpu_check [--small] [--no-v3] [--seed S]   (--small: one tiny case each, for
+ * compute-sanitizer; --no-v3: without the v3 baseline, whose racecheck hazard is known).
+ * Single-threaded tool; owns everything it allocates.
  */
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -39,6 +40,7 @@ typedef struct result {
 } result_t;
 static result_t g_res[MAX_RESULTS];
 static int g_nres;
+static int g_no_v3; /* --no-v3: skip the v3 baseline (racecheck of the product's kernels) */
 
 static void report(const char *name, const char *metric, double value, double limit, int pass)
 {
@@ -571,6 +573,8 @@ static int check_apply(const app_case_t *c, uint64_t seed)
     for (size_t v = 0; v < sizeof(impls) / sizeof(impls[0]); v++) {
         if (impls[v].hp && !(c->b == 64 && c->d == 128))
             continue; /* the pack-size variants exist at B64 d128 only */
+        if (g_no_v3 && impls[v].impl == MF_APPLY_IMPL_V3)
+            continue;
         char label[128];
         snprintf(label, sizeof(label), "apply %s %s", impls[v].label, base);
         name = label;
@@ -653,10 +657,12 @@ int main(int argc, char **argv)
     for (int x = 1; x < argc; x++) {
         if (!strcmp(argv[x], "--small"))
             small = 1;
+        else if (!strcmp(argv[x], "--no-v3"))
+            g_no_v3 = 1;
         else if (!strcmp(argv[x], "--seed") && x + 1 < argc)
             seed = strtoull(argv[++x], NULL, 0);
         else {
-            fprintf(stderr, "usage: gpu_check [--small] [--seed S]\n");
+            fprintf(stderr, "usage: gpu_check [--small] [--no-v3] [--seed S]\n");
             return 2;
         }
     }
