@@ -221,16 +221,14 @@ template <int D, int BN> struct cfg {
     static constexpr int HALVES = D / 64;
     static constexpr uint32_t Q_HALF = 128 * 128, KV_HALF = BN * 128;   /* bytes */
     static constexpr uint32_t Q_BYTES = HALVES * Q_HALF, KV_BYTES = HALVES * KV_HALF;
-    static constexpr uint32_t OFF_K = 2 * Q_BYTES, OFF_V = OFF_K + STAGES * KV_BYTES;
+    static constexpr uint32_t OFF_K = Q_BYTES, OFF_V = OFF_K + STAGES * KV_BYTES;
     static constexpr uint32_t OFF_BAR = OFF_V + STAGES * KV_BYTES;
-    static constexpr int N_BARS = 8 + 4 * STAGES; /* q full/empty, list full/empty ×2; ring */
-    static constexpr uint32_t OFF_LIST = OFF_BAR + 8 * N_BARS;
-    static constexpr uint32_t LIST_BYTES = MAX_TILES * 3;
-    static constexpr uint32_t SMEM = OFF_LIST + 2 * LIST_BYTES + 16 + 1024; /* + alignment slack */
+    static constexpr uint32_t OFF_LIST = OFF_BAR + 8 * (1 + 4 * STAGES);
+    static constexpr uint32_t SMEM = OFF_LIST + MAX_TILES * 3 + 16 + 1024; /* + alignment slack */
 };
 
 /* The tile's key-tile list: s_j[x] and s_f[x] (bit c: consumer warpgroup c multiplies it).
- * One warp builds it. */
+ * Warp 0 builds it; the caller syncs. */
 template <int BN>
 __device__ __forceinline__ int build_list(const core_params &p, uint32_t m, uint32_t t,
                                           uint16_t *s_j, uint8_t *s_f)
@@ -273,18 +271,6 @@ __device__ __forceinline__ int build_list(const core_params &p, uint32_t m, uint
     return cnt;
 }
 
-/* Work item w (of n_tiles · hq, heaviest query tiles first): tile m, head t. */
-__device__ __forceinline__ void item_of(const core_params &p, uint32_t w, uint32_t *m, uint32_t *t)
-{
-    *m = p.n_tiles - 1 - w / p.hq;
-    *t = w % p.hq;
-}
-
-/* Persistent: gridDim.x CTAs walk the work items w = blockIdx.x + k·gridDim.x. The
- * producer warp runs ahead: it builds item k's list into list buffer k % 2, loads its Q
- * into Q buffer (its index among non-empty items) % 2 and streams its K / V tiles into the
- * ring, whose counter runs on across items, so the next item's loads overlap this item's
- * last tiles and epilogue. */
 template <typename T, int D, int BN>
 __global__ void __launch_bounds__(384, 1)
 core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
@@ -293,95 +279,84 @@ core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUte
     typedef cfg<D, BN> C;
     extern __shared__ uint8_t sm_raw[];
     uint8_t *sm = reinterpret_cast<uint8_t *>(((uintptr_t)sm_raw + 1023) & ~(uintptr_t)1023);
-    uint64_t *bars = reinterpret_cast<uint64_t *>(sm + C::OFF_BAR);
-    uint64_t *q_full = bars, *q_empty = bars + 2, *l_full = bars + 4, *l_empty = bars + 6;
-    uint64_t *k_full = bars + 8, *v_full = k_full + C::STAGES, *k_empty = v_full + C::STAGES,
+    uint64_t *q_full = reinterpret_cast<uint64_t *>(sm + C::OFF_BAR);
+    uint64_t *k_full = q_full + 1, *v_full = k_full + C::STAGES, *k_empty = v_full + C::STAGES,
              *v_empty = k_empty + C::STAGES;
-    uint8_t *lists = sm + C::OFF_LIST;
-    int *s_cnt = reinterpret_cast<int *>(lists + 2 * C::LIST_BYTES);
-    auto list_j = [&](int lb) { return reinterpret_cast<uint16_t *>(lists + lb * C::LIST_BYTES); };
-    auto list_f = [&](int lb) { return lists + lb * C::LIST_BYTES + 2 * MAX_TILES; };
-    const uint32_t total = p.n_tiles * p.hq;
+    uint16_t *s_j = reinterpret_cast<uint16_t *>(sm + C::OFF_LIST);
+    uint8_t *s_f = reinterpret_cast<uint8_t *>(s_j + MAX_TILES);
+    int *s_cnt = reinterpret_cast<int *>(s_f + MAX_TILES);
+    uint32_t m = p.n_tiles - 1 - blockIdx.x / p.hq, t = blockIdx.x % p.hq;
+    uint32_t kvh = t / (p.hq / p.hkv);
     int wg = threadIdx.x / 128;
-    if (threadIdx.x == 0) {
-        for (int b = 0; b < 2; b++) {
-            bar_init(&q_full[b], 1);
-            bar_init(&q_empty[b], 8);
-            bar_init(&l_full[b], 32);
-            bar_init(&l_empty[b], 8);
+    if (threadIdx.x < 32) {
+        if (threadIdx.x == 0) { /* Q does not depend on the list: its load overlaps the build */
+            bar_init(q_full, 1);
+            for (int s = 0; s < C::STAGES; s++) {
+                bar_init(&k_full[s], 1);
+                bar_init(&v_full[s], 1);
+                bar_init(&k_empty[s], 8);
+                bar_init(&v_empty[s], 8);
+            }
+            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+            bar_expect(q_full, C::Q_BYTES);
+            for (int h = 0; h < C::HALVES; h++)
+                tma_load(sm + h * C::Q_HALF, &tq, q_full, 64 * h, (int)t, (int)(128 * m));
         }
-        for (int s = 0; s < C::STAGES; s++) {
-            bar_init(&k_full[s], 1);
-            bar_init(&v_full[s], 1);
-            bar_init(&k_empty[s], 8);
-            bar_init(&v_empty[s], 8);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        __syncwarp();
+        int cnt = build_list<BN>(p, m, t, s_j, s_f);
+        if (threadIdx.x == 0)
+            *s_cnt = cnt;
     }
     __syncthreads();
+    int count = *s_cnt;
+    if (count == 0) { /* not this kernel's tile: let the Q copy land before the CTA ends */
+        if (threadIdx.x == 0)
+            bar_wait(q_full, 0);
+        return;
+    }
     if (wg == 0) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
-        if (threadIdx.x >= 32)
-            return;
-        int lane = threadIdx.x;
-        uint32_t it = 0, nq = 0, k = 0;
-        for (uint32_t w = blockIdx.x; w < total; w += gridDim.x, k++) {
-            uint32_t m, t;
-            item_of(p, w, &m, &t);
-            int lb = k & 1;
-            if (k >= 2 && lane == 0)
-                bar_wait(&l_empty[lb], ((k / 2) & 1) ^ 1);
-            __syncwarp();
-            int cnt = build_list<BN>(p, m, t, list_j(lb), list_f(lb));
-            if (lane == 0)
-                s_cnt[lb] = cnt;
-            bar_arrive(&l_full[lb]); /* every lane: its own list writes are released */
-            if (cnt == 0)
-                continue;
-            if (lane == 0) {
-                int qb = nq & 1;
-                uint32_t kvh = t / (p.hq / p.hkv);
-                if (nq >= 2)
-                    bar_wait(&q_empty[qb], ((nq / 2) & 1) ^ 1);
-                bar_expect(&q_full[qb], C::Q_BYTES);
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+        if (threadIdx.x == 0) {
+            for (int x = 0; x < count; x++) {
+                int s = x % C::STAGES;
+                uint32_t free_ph = ((x / C::STAGES) & 1) ^ 1;
+                int row = (int)s_j[x] * BN;
+                uint8_t *kd = sm + C::OFF_K + s * C::KV_BYTES, *vd = sm + C::OFF_V + s * C::KV_BYTES;
+                if (x >= C::STAGES)
+                    bar_wait(&k_empty[s], free_ph);
+                bar_expect(&k_full[s], C::KV_BYTES);
                 for (int h = 0; h < C::HALVES; h++)
-                    tma_load(sm + qb * C::Q_BYTES + h * C::Q_HALF, &tq, &q_full[qb], 64 * h,
-                             (int)t, (int)(128 * m));
-                const uint16_t *lj = list_j(lb);
-                for (int x = 0; x < cnt; x++, it++) {
-                    int s = it % C::STAGES;
-                    uint32_t free_ph = ((it / C::STAGES) & 1) ^ 1;
-                    int row = (int)lj[x] * BN;
-                    uint8_t *kd = sm + C::OFF_K + s * C::KV_BYTES, *vd = sm + C::OFF_V + s * C::KV_BYTES;
-                    if (it >= C::STAGES)
-                        bar_wait(&k_empty[s], free_ph);
-                    bar_expect(&k_full[s], C::KV_BYTES);
-                    for (int h = 0; h < C::HALVES; h++)
-                        tma_load(kd + h * C::KV_HALF, &tk, &k_full[s], 64 * h, (int)kvh, row);
-                    if (it >= C::STAGES)
-                        bar_wait(&v_empty[s], free_ph);
-                    bar_expect(&v_full[s], C::KV_BYTES);
-                    for (int h = 0; h < C::HALVES; h++)
-                        tma_load(vd + h * C::KV_HALF, &tv, &v_full[s], 64 * h, (int)kvh, row);
-                }
+                    tma_load(kd + h * C::KV_HALF, &tk, &k_full[s], 64 * h, (int)kvh, row);
+                if (x >= C::STAGES)
+                    bar_wait(&v_empty[s], free_ph);
+                bar_expect(&v_full[s], C::KV_BYTES);
+                for (int h = 0; h < C::HALVES; h++)
+                    tma_load(vd + h * C::KV_HALF, &tv, &v_full[s], 64 * h, (int)kvh, row);
             }
-            it = __shfl_sync(0xffffffffu, it, 0);
-            nq++;
         }
         return;
     }
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
     int c = wg - 1, tid = threadIdx.x - 128 * wg, w = tid / 32, lane = tid & 31;
     int g = lane >> 2, u = lane & 3;
+    uint32_t r0 = 128 * m + 64 * c;              /* this warpgroup's first query row */
+    uint32_t row[2] = { r0 + 16 * w + g, r0 + 16 * w + g + 8 };
+    uint32_t qa = smem_addr(sm) + c * 64 * 128;
+    float o[D / 2], mrow[2] = { -INFINITY, -INFINITY }, l[2] = { 0.0f, 0.0f };
+#pragma unroll
+    for (int x = 0; x < D / 2; x++)
+        o[x] = 0.0f;
     const float sl2 = p.scale_log2;
-    float o[D / 2], mrow[2], l[2], sc[BN / 2];
+    bool used = false;
+    int ps = 0;          /* stage of the previous tile, whose P·V is still to issue */
+    uint32_t pph = 0;
+    float sc[BN / 2];
     uint32_t pa[BN / 16][4];
     /* Ping-pong: the two consumer warpgroups take turns issuing their GEMMs (named
      * barriers 1 + c), so one's softmax runs while the other's wgmmas use the tensor
      * cores. Both take a turn at every list entry (a tile only the other's block kept
      * is computed and masked whole) and once more for the last P·V, so the turns stay
-     * matched within each item; warpgroup 1 gives each item's first turn and skips its
-     * last hand-over. */
+     * matched; warpgroup 1 gives the first turn and skips the very last hand-over. */
     auto turn_wait = [&]() {
         if (p.pingpong)
             asm volatile("bar.sync %0, 256;\n" ::"r"(1 + c) : "memory");
@@ -390,169 +365,139 @@ core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUte
         if (p.pingpong)
             asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - c) : "memory");
     };
+    /* O += P·V of the previous tile (issue only) */
+    auto issue_pv = [&]() {
+        bar_wait(&v_full[ps], pph);
+        uint32_t va = smem_addr(sm + C::OFF_V + ps * C::KV_BYTES);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++)
+            wgmma_rs<T, D>(o, pa[kk], sdesc(va + kk * 2048, C::KV_HALF, 1024), 1);
+        wgmma_commit();
+    };
     auto release = [&](uint64_t *bar) {
         __syncwarp();
         if (lane == 0)
             bar_arrive(bar);
     };
-    uint32_t it = 0, nq = 0, k = 0;
-    for (uint32_t wi = blockIdx.x; wi < total; wi += gridDim.x, k++) {
-        uint32_t m, t;
-        item_of(p, wi, &m, &t);
-        int lb = k & 1;
-        bar_wait(&l_full[lb], (k / 2) & 1);
-        int count = s_cnt[lb];
-        const uint16_t *s_j = list_j(lb);
-        const uint8_t *s_f = list_f(lb);
-        if (count == 0) {
-            release(&l_empty[lb]);
-            continue;
+    auto issue_s = [&](int st) { /* S = Q·Kᵀ (issue only) */
+        uint32_t ka = smem_addr(sm + C::OFF_K + st * C::KV_BYTES);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++)
+            wgmma_ss<T, BN>(sc, sdesc(qa + (kk / 4) * C::Q_HALF + (kk % 4) * 32, 16, 1024),
+                            sdesc(ka + (kk / 4) * C::KV_HALF + (kk % 4) * 32, 16, 1024),
+                            kk > 0);
+        wgmma_commit();
+    };
+    /* Online softmax of S (tile x) in place; a tile this warpgroup's block did not keep
+     * is masked whole (P = 0, alpha = 1): every wgmma stays on the non-divergent path. */
+    auto softmax = [&](int x, float alpha[2]) {
+        bool mine = s_f[x] & (1 << c);
+        used |= mine;
+        uint32_t j0 = (uint32_t)s_j[x] * BN;
+        if (!mine || j0 + BN - 1 > r0) { /* crosses this warpgroup's diagonal */
+#pragma unroll
+            for (int jj = 0; jj < BN / 8; jj++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    uint32_t key = j0 + 8 * jj + 2 * u + (e & 1);
+                    if (!mine || key > row[e >> 1])
+                        sc[4 * jj + e] = -INFINITY;
+                }
         }
-        int qb = nq & 1;
-        uint32_t r0 = 128 * m + 64 * c; /* this warpgroup's first query row */
-        uint32_t row[2] = { r0 + 16 * w + g, r0 + 16 * w + g + 8 };
-        uint32_t qa = smem_addr(sm + qb * C::Q_BYTES) + c * 64 * 128;
 #pragma unroll
-        for (int x = 0; x < D / 2; x++)
-            o[x] = 0.0f;
-        mrow[0] = mrow[1] = -INFINITY;
-        l[0] = l[1] = 0.0f;
-        bool used = false;
-        int ps = it % C::STAGES; /* stage of the previous tile, whose P·V is still to issue */
-        uint32_t pph = (it / C::STAGES) & 1;
-        auto issue_pv = [&]() { /* O += P·V of the previous tile (issue only) */
-            bar_wait(&v_full[ps], pph);
-            uint32_t va = smem_addr(sm + C::OFF_V + ps * C::KV_BYTES);
-            wgmma_fence();
+        for (int r = 0; r < 2; r++) {
+            float mx = -INFINITY;
 #pragma unroll
-            for (int kk = 0; kk < BN / 16; kk++)
-                wgmma_rs<T, D>(o, pa[kk], sdesc(va + kk * 2048, C::KV_HALF, 1024), 1);
-            wgmma_commit();
-        };
-        auto issue_s = [&](int st) { /* S = Q·Kᵀ (issue only) */
-            uint32_t ka = smem_addr(sm + C::OFF_K + st * C::KV_BYTES);
-            wgmma_fence();
+            for (int jj = 0; jj < BN / 8; jj++)
+                mx = fmaxf(mx, fmaxf(sc[4 * jj + 2 * r], sc[4 * jj + 2 * r + 1]));
+            mx = quad_max(mx);
+            float mn = fmaxf(mrow[r], mx * sl2);
+            float base = mn == -INFINITY ? 0.0f : mn, sum = 0.0f;
 #pragma unroll
-            for (int kk = 0; kk < D / 16; kk++)
-                wgmma_ss<T, BN>(sc, sdesc(qa + (kk / 4) * C::Q_HALF + (kk % 4) * 32, 16, 1024),
-                                sdesc(ka + (kk / 4) * C::KV_HALF + (kk % 4) * 32, 16, 1024),
-                                kk > 0);
-            wgmma_commit();
-        };
-        /* Online softmax of S (tile x) in place; a tile this warpgroup's block did not keep
-         * is masked whole (P = 0, alpha = 1): every wgmma stays on the non-divergent path. */
-        auto softmax = [&](int x, float alpha[2]) {
-            bool mine = s_f[x] & (1 << c);
-            used |= mine;
-            uint32_t j0 = (uint32_t)s_j[x] * BN;
-            if (!mine || j0 + BN - 1 > r0) { /* crosses this warpgroup's diagonal */
+            for (int jj = 0; jj < BN / 8; jj++)
 #pragma unroll
-                for (int jj = 0; jj < BN / 8; jj++)
+                for (int e = 0; e < 2; e++) {
+                    float pv = ex2(fmaf(sc[4 * jj + 2 * r + e], sl2, -base));
+                    sc[4 * jj + 2 * r + e] = pv;
+                    sum += pv;
+                }
+            alpha[r] = ex2(mrow[r] - base);
+            l[r] = l[r] * alpha[r] + sum;
+            mrow[r] = mn;
+        }
+    };
+    auto rescale_pack = [&](const float alpha[2]) {
 #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        uint32_t key = j0 + 8 * jj + 2 * u + (e & 1);
-                        if (!mine || key > row[e >> 1])
-                            sc[4 * jj + e] = -INFINITY;
-                    }
-            }
+        for (int x2 = 0; x2 < D / 8; x2++) {
+            o[4 * x2 + 0] *= alpha[0];
+            o[4 * x2 + 1] *= alpha[0];
+            o[4 * x2 + 2] *= alpha[1];
+            o[4 * x2 + 3] *= alpha[1];
+        }
 #pragma unroll
-            for (int r = 0; r < 2; r++) {
-                float mx = -INFINITY;
-#pragma unroll
-                for (int jj = 0; jj < BN / 8; jj++)
-                    mx = fmaxf(mx, fmaxf(sc[4 * jj + 2 * r], sc[4 * jj + 2 * r + 1]));
-                mx = quad_max(mx);
-                float mn = fmaxf(mrow[r], mx * sl2);
-                float base = mn == -INFINITY ? 0.0f : mn, sum = 0.0f;
-#pragma unroll
-                for (int jj = 0; jj < BN / 8; jj++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        float pv = ex2(fmaf(sc[4 * jj + 2 * r + e], sl2, -base));
-                        sc[4 * jj + 2 * r + e] = pv;
-                        sum += pv;
-                    }
-                alpha[r] = ex2(mrow[r] - base);
-                l[r] = l[r] * alpha[r] + sum;
-                mrow[r] = mn;
-            }
-        };
-        auto rescale_pack = [&](const float alpha[2]) {
-#pragma unroll
-            for (int x2 = 0; x2 < D / 8; x2++) {
-                o[4 * x2 + 0] *= alpha[0];
-                o[4 * x2 + 1] *= alpha[0];
-                o[4 * x2 + 2] *= alpha[1];
-                o[4 * x2 + 3] *= alpha[1];
-            }
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; kk++) {
-                pa[kk][0] = elem<T>::pack(sc[8 * kk + 0], sc[8 * kk + 1]);
-                pa[kk][1] = elem<T>::pack(sc[8 * kk + 2], sc[8 * kk + 3]);
-                pa[kk][2] = elem<T>::pack(sc[8 * kk + 4], sc[8 * kk + 5]);
-                pa[kk][3] = elem<T>::pack(sc[8 * kk + 6], sc[8 * kk + 7]);
-            }
-        };
-        if (c == 1)
-            turn_give();
-        bar_wait(&q_full[qb], (nq / 2) & 1);
-        float alpha[2];
-        bar_wait(&k_full[ps], pph); /* tile 0: no P·V before it */
-        turn_wait();
-        issue_s(ps);
+        for (int kk = 0; kk < BN / 16; kk++) {
+            pa[kk][0] = elem<T>::pack(sc[8 * kk + 0], sc[8 * kk + 1]);
+            pa[kk][1] = elem<T>::pack(sc[8 * kk + 2], sc[8 * kk + 3]);
+            pa[kk][2] = elem<T>::pack(sc[8 * kk + 4], sc[8 * kk + 5]);
+            pa[kk][3] = elem<T>::pack(sc[8 * kk + 6], sc[8 * kk + 7]);
+        }
+    };
+    if (c == 1)
         turn_give();
-        wgmma_wait<0>();
-        fence_regs(sc);
-        release(&k_empty[ps]);
-        softmax(0, alpha);
-        rescale_pack(alpha);
-        for (int x = 1; x < count; x++) {
-            uint32_t gi = it + x;
-            int s = gi % C::STAGES;
-            bar_wait(&k_full[s], (gi / C::STAGES) & 1);
-            turn_wait();
-            issue_s(s);
-            issue_pv();
-            turn_give();
-            wgmma_wait<1>();
-            fence_regs(sc);
-            release(&k_empty[s]);
-            softmax(x, alpha);
-            wgmma_wait<0>(); /* the previous tile's P·V is done: its V is free */
-            fence_regs(o);
-            fence_regs(pa);
-            release(&v_empty[ps]);
-            rescale_pack(alpha);
-            ps = s;
-            pph = (gi / C::STAGES) & 1;
-        }
+    bar_wait(q_full, 0);
+    float alpha[2];
+    bar_wait(&k_full[0], 0); /* tile 0: no P·V before it */
+    turn_wait();
+    issue_s(0);
+    turn_give();
+    wgmma_wait<0>();
+    fence_regs(sc);
+    release(&k_empty[0]);
+    softmax(0, alpha);
+    rescale_pack(alpha);
+    for (int x = 1; x < count; x++) {
+        int s = x % C::STAGES;
+        bar_wait(&k_full[s], (x / C::STAGES) & 1);
         turn_wait();
+        issue_s(s);
         issue_pv();
-        if (c == 0)
-            turn_give();
-        wgmma_wait<0>();
+        turn_give();
+        wgmma_wait<1>();
+        fence_regs(sc);
+        release(&k_empty[s]);
+        softmax(x, alpha);
+        wgmma_wait<0>(); /* the previous tile's P·V is done: its V is free */
         fence_regs(o);
         fence_regs(pa);
         release(&v_empty[ps]);
-        release(&q_empty[qb]);
-        release(&l_empty[lb]); /* s_j / s_f read for the last time above */
-        it += count;
-        nq++;
-        if (!used)
+        rescale_pack(alpha);
+        ps = s;
+        pph = (x / C::STAGES) & 1;
+    }
+    turn_wait();
+    issue_pv();
+    if (c == 0)
+        turn_give();
+    wgmma_wait<0>();
+    fence_regs(o);
+    fence_regs(pa);
+    release(&v_empty[ps]);
+    if (!used)
+        return;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float lt = quad_sum(l[r]), inv = 1.0f / lt;
+        if (row[r] >= p.n)
             continue;
+        float *dst = p.o + ((size_t)row[r] * p.hq + t) * D + 2 * u;
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            float lt = quad_sum(l[r]), inv = 1.0f / lt;
-            if (row[r] >= p.n)
-                continue;
-            float *dst = p.o + ((size_t)row[r] * p.hq + t) * D + 2 * u;
-#pragma unroll
-            for (int x2 = 0; x2 < D / 8; x2++)
-                *reinterpret_cast<float2 *>(dst + 8 * x2) =
-                    make_float2(o[4 * x2 + 2 * r] * inv, o[4 * x2 + 2 * r + 1] * inv);
-            if (p.lse && u == 0)
-                p.lse[(size_t)t * p.n + row[r]] = (mrow[r] + log2f(lt)) * MF_LN2;
-        }
+        for (int x2 = 0; x2 < D / 8; x2++)
+            *reinterpret_cast<float2 *>(dst + 8 * x2) =
+                make_float2(o[4 * x2 + 2 * r] * inv, o[4 * x2 + 2 * r + 1] * inv);
+        if (p.lse && u == 0)
+            p.lse[(size_t)t * p.n + row[r]] = (mrow[r] + log2f(lt)) * MF_LN2;
     }
 }
 
@@ -601,12 +546,7 @@ mf_status_t launch(const core_args &a, const core_params &p, cudaStream_t s, con
         *why = "could not raise the attention core's shared-memory limit";
         return MF_INTERNAL;
     }
-    int dev = 0, sms = 132;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-        return cuda_status(cudaGetLastError(), why);
-    uint32_t items = p.n_tiles * p.hq, grid = items < (uint32_t)sms ? items : (uint32_t)sms;
-    core_kernel<T, D, BN><<<grid, 384, smem, s>>>(tq, tk, tv, p);
+    core_kernel<T, D, BN><<<p.n_tiles * p.hq, 384, smem, s>>>(tq, tk, tv, p);
     return cuda_status(cudaGetLastError(), why);
 }
 
