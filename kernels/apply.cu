@@ -11,7 +11,11 @@
  *  - mask: mixed masses per column in double (bit-exact with the reference), Top-P
  *    sorted in shared memory, then attention over the kept blocks (online softmax).
  *  - compute: the same attention loop over every block j ≤ i.
- * Rows whose header disagrees are counted in bad_rows and computed exactly. */
+ * Rows whose header disagrees are counted in bad_rows and computed exactly.
+ * With the core (MF_APPLY_IMPL_CORE, sm_90, B ∈ {64, 128}) this kernel runs prob blocks only
+ * (p.core): prepass_kernel decides each (query block, head)'s mode the same way, writes the
+ * mask / compute blocks' key-block bitmaps for the sm_90a core (attn_core.cu) and counts the
+ * bad rows. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
