@@ -13,8 +13,10 @@
  *    union of their kept sets once, and each warpgroup multiplies only the tiles its own
  *    block kept. A query block with no bit set is not this kernel's (O there untouched).
  *
- * Thread safety: no global state except a once-resolved driver entry point
- * (cuTensorMapEncodeTiled through cudaGetDriverEntryPointByVersion); any thread, any stream.
+ * The environment's MF_CORE_PINGPONG=0 turns the consumer warpgroups' turn-taking off (an A/B
+ * switch for bench/gpu/core_bench.py; bench/gpu/NOTES.md). Thread safety: no global state
+ * except a once-resolved driver entry point (cuTensorMapEncodeTiled through
+ * cudaGetDriverEntryPointByVersion); any thread, any stream.
  */
 #ifndef MF_ATTN_CORE_CUH
 #define MF_ATTN_CORE_CUH
