@@ -11,12 +11,17 @@
  *  - mask: mixed masses per column in double (bit-exact with the reference), Top-P
  *    sorted in shared memory, then attention over the kept blocks (online softmax).
  *  - compute: the same attention loop over every block j ≤ i.
- * Rows whose header disagrees are counted in bad_rows and computed exactly. */
+ * Rows whose header disagrees are counted in bad_rows and computed exactly.
+ * With the core (MF_APPLY_IMPL_CORE, sm_90, B ∈ {64, 128}) this kernel runs prob blocks only
+ * (p.core): prepass_kernel decides each (query block, head)'s mode the same way, writes the
+ * mask / compute blocks' key-block bitmaps for the sm_90a core (attn_core.cu) and counts the
+ * bad rows. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "apply_internal.cuh"
+#include "attn_core.cuh"
 
 using namespace mfc;
 
@@ -231,8 +236,8 @@ template <class S> __global__ void __launch_bounds__(S::THREADS) apply_kernel(ap
 {
     extern __shared__ __align__(16) uint8_t sm[];
     __shared__ float s_w[MF_ROW_MAX_HEADS];
-    __shared__ int s_cnt, s_kept;
-    __shared__ double s_acc0, s_target;
+    __shared__ int s_cnt;
+    __shared__ sel_shared s_sel;
     uint8_t *work = sm + smem_plan<S>::q;
     uint16_t *s_col = reinterpret_cast<uint16_t *>(work + smem_plan<S>::work);
     uint16_t *s_j = s_col + MF_CUDA_MAX_BLOCKS;
@@ -243,26 +248,19 @@ template <class S> __global__ void __launch_bounds__(S::THREADS) apply_kernel(ap
     bool all[2] = { true, true };
     if (mode != MF_HEAD_COMPUTE) {
         row = row_open(p.rows[i]);
-        bool ok = row.block_index == i && row.block_size == S::B && row.n_heads == p.hs &&
-                  row.n_cols >= 1 && row.n_cols <= i + 1 &&
-                  !(mode == MF_HEAD_PROB && row.codec == MF_CODEC_MASK);
-        if (!ok) {
-            if (threadIdx.x == 0 && p.bad)
+        if (!row_usable(row, i, S::B, p.hs, mode)) {
+            if (threadIdx.x == 0 && p.bad && !p.core) /* the core's pre-pass counts them */
                 atomicAdd(p.bad, 1u);
             mode = MF_HEAD_COMPUTE;
         }
     }
+    if (p.core && mode != MF_HEAD_PROB)
+        return; /* the attention core has it */
     if (mode == MF_HEAD_COMPUTE) {
         attend<S>(p, sm, i, t, (int)i + 1, [](int x) { return (uint32_t)x; }, all);
         return;
     }
-    for (uint32_t s = threadIdx.x; s < MF_ROW_MAX_HEADS; s += blockDim.x)
-        s_w[s] = s < p.hs ? p.w[(size_t)t * p.hs + s] : 0.0f;
-    __syncthreads();
-    unsigned long long wmask = 0;
-    for (uint32_t s = 0; s < p.hs; s++)
-        if (s_w[s] > 0.0f)
-            wmask |= 1ull << s;
+    unsigned long long wmask = load_w(p, t, s_w);
     if (mode == MF_HEAD_PROB) {
         unsigned long long *s_hm =
             reinterpret_cast<unsigned long long *>(work + smem_plan<S>::meta);
@@ -290,56 +288,7 @@ template <class S> __global__ void __launch_bounds__(S::THREADS) apply_kernel(ap
             attend<S>(p, sm, i, t, (int)i + 1, [](int x) { return (uint32_t)x; }, need);
         return;
     }
-    /* mask: mixed masses (double, source heads ascending, as the reference sums) */
-    double *mall = reinterpret_cast<double *>(work);
-    double *cm = mall + MF_CUDA_MAX_BLOCKS;
-    uint32_t *cj = reinterpret_cast<uint32_t *>(cm + MF_CUDA_MAX_BLOCKS);
-    for (uint32_t c = threadIdx.x; c < row.n_cols; c += blockDim.x) {
-        unsigned long long hm = row.head_mask[c], rel = hm & wmask;
-        double mm = 0.0;
-        for (; rel; rel &= rel - 1) {
-            uint32_t s = __ffsll((long long)rel) - 1;
-            mm += (double)s_w[s] * (double)mass_decode(row.mass[entry_of(row.col_off[c], hm, s)]);
-        }
-        mall[c] = mm;
-        s_keep[c] = (hm & wmask) ? 1 : 0; /* candidate */
-    }
-    __syncthreads();
-    double tp = p.top_p ? (double)p.top_p[t] : 1.0;
-    if (threadIdx.x == 0) {
-        double total = 0.0, acc0 = 0.0;
-        int n = 0;
-        for (uint32_t c = 0; c < row.n_cols; c++) {
-            uint32_t j = row.cols[c];
-            if (!s_keep[c])
-                continue;
-            total += mall[c];
-            if (j == 0 || j == i)
-                continue;
-            cm[n] = mall[c];
-            cj[n++] = c; /* column index; ties go to the lower c, i.e. the lower j */
-        }
-        if (row.cols[0] == 0 && s_keep[0])
-            acc0 += mall[0];
-        if (i > 0 && row.cols[row.n_cols - 1] == i && s_keep[row.n_cols - 1])
-            acc0 += mall[row.n_cols - 1];
-        s_cnt = n;
-        s_acc0 = acc0;
-        s_target = tp * total;
-    }
-    __syncthreads();
-    int n = s_cnt;
-    if (tp < 1.0 && i + 1 > 2) {
-        for (uint32_t c = threadIdx.x; c < row.n_cols; c += blockDim.x) {
-            uint32_t j = row.cols[c];
-            if (j != 0 && j != i)
-                s_keep[c] = 0;
-        }
-        int kept = topp_sorted(cm, cj, n, s_acc0, s_target, &s_kept);
-        for (int x = threadIdx.x; x < kept; x += blockDim.x)
-            s_keep[cj[x]] = 1;
-    }
-    __syncthreads();
+    mask_select(row, i, p.top_p ? (double)p.top_p[t] : 1.0, s_w, wmask, work, s_keep, &s_sel);
     /* blocks 0 and i are always attended, candidates or not */
     list_columns(row, s_col, s_j, &s_cnt, [&](uint32_t c) {
         uint32_t j = row.cols[c];
@@ -359,6 +308,57 @@ template <class S> __global__ void __launch_bounds__(S::THREADS) apply_kernel(ap
     }
     __syncthreads();
     attend<S>(p, sm, i, t, s_cnt, [&](int x) { return (uint32_t)s_j[x]; }, all);
+}
+
+/* The core's pre-pass, one CTA per (query block i, target head t): the block's effective
+ * mode as v2 decides it (exact blocks, missing or disagreeing rows: compute), then its
+ * key-block bitmap keep[(t·nb + i)·words ..]: compute → every j ≤ i; mask → mask_select's
+ * kept columns plus blocks 0 and i; prob → empty (v2 computes it). */
+__global__ void __launch_bounds__(128) prepass_kernel(app_params p, uint32_t b,
+                                                      uint32_t *keep, uint32_t words)
+{
+    extern __shared__ __align__(16) uint8_t work[];
+    __shared__ float s_w[MF_ROW_MAX_HEADS];
+    __shared__ sel_shared s_sel;
+    __shared__ uint32_t s_bits[MF_CUDA_MAX_BLOCKS / 32];
+    uint8_t *s_keep = work + SEL_BYTES;
+    uint32_t i = blockIdx.x / p.ht, t = blockIdx.x % p.ht;
+    uint32_t mode = p.exact[i] ? MF_HEAD_COMPUTE : p.mode[t];
+    uint32_t *dst = keep + ((size_t)t * p.nb_all + i) * words;
+    row_dev row;
+    if (mode != MF_HEAD_COMPUTE) {
+        row = row_open(p.rows[i]);
+        if (!row_usable(row, i, b, p.hs, mode)) {
+            if (threadIdx.x == 0 && p.bad)
+                atomicAdd(p.bad, 1u);
+            mode = MF_HEAD_COMPUTE;
+        }
+    }
+    if (mode != MF_HEAD_MASK) {
+        for (uint32_t w = threadIdx.x; w < words; w += blockDim.x) {
+            uint32_t lo = 32 * w, v = 0;
+            if (mode == MF_HEAD_COMPUTE && lo <= i)
+                v = i - lo >= 31 ? 0xffffffffu : (2u << (i - lo)) - 1u;
+            dst[w] = v;
+        }
+        return;
+    }
+    unsigned long long wmask = load_w(p, t, s_w);
+    for (uint32_t w = threadIdx.x; w < words; w += blockDim.x)
+        s_bits[w] = 0;
+    mask_select(row, i, p.top_p ? (double)p.top_p[t] : 1.0, s_w, wmask, work, s_keep, &s_sel);
+    for (uint32_t c = threadIdx.x; c < row.n_cols; c += blockDim.x)
+        if (s_keep[c]) {
+            uint32_t j = row.cols[c];
+            atomicOr(&s_bits[j / 32], 1u << (j % 32));
+        }
+    if (threadIdx.x == 0) { /* always attended, candidates or not */
+        atomicOr(&s_bits[0], 1u);
+        atomicOr(&s_bits[i / 32], 1u << (i % 32));
+    }
+    __syncthreads();
+    for (uint32_t w = threadIdx.x; w < words; w += blockDim.x)
+        dst[w] = s_bits[w];
 }
 
 template <class S> mf_status_t launch(const app_params &p, cudaStream_t st)
@@ -449,29 +449,28 @@ uint32_t build_packs(apply_pack *pk, const uint8_t *mode, uint32_t ht, uint32_t 
     return n;
 }
 
-/* DEFAULT → MF_APPLY_IMPL (v2 | v3) from the environment, else the built-in default. */
+/* DEFAULT → MF_APPLY_IMPL (core | v2 | v3) from the environment, else the built-in default. */
 mf_status_t resolve_impl(mf_apply_impl_t *impl, const char **why)
 {
-    if (*impl == MF_APPLY_IMPL_V2 || *impl == MF_APPLY_IMPL_V3)
+    if (*impl == MF_APPLY_IMPL_V2 || *impl == MF_APPLY_IMPL_V3 || *impl == MF_APPLY_IMPL_CORE)
         return MF_OK;
     if (*impl != MF_APPLY_IMPL_DEFAULT) {
         *why = "unknown apply implementation";
         return MF_INVALID_ARGUMENT;
     }
     const char *e = getenv("MF_APPLY_IMPL");
+    static const struct { const char *name; mf_apply_impl_t impl; } names[] = {
+        { "core", MF_APPLY_IMPL_CORE }, { "v2", MF_APPLY_IMPL_V2 }, { "v3", MF_APPLY_IMPL_V3 } };
     if (!e || !*e) {
         *impl = MF_APPLY_IMPL_BUILTIN;
         return MF_OK;
     }
-    if (!strcmp(e, "v2")) {
-        *impl = MF_APPLY_IMPL_V2;
-        return MF_OK;
-    }
-    if (!strcmp(e, "v3")) {
-        *impl = MF_APPLY_IMPL_V3;
-        return MF_OK;
-    }
-    *why = "MF_APPLY_IMPL must be v2 or v3";
+    for (size_t x = 0; x < sizeof(names) / sizeof(names[0]); x++)
+        if (!strcmp(e, names[x].name)) {
+            *impl = names[x].impl;
+            return MF_OK;
+        }
+    *why = "MF_APPLY_IMPL must be core, v2 or v3";
     return MF_INVALID_ARGUMENT;
 }
 
@@ -517,7 +516,15 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
     size_t o_rows = sc.take(all * sizeof(void *)), o_w = sc.take((size_t)ht * hs * 4),
            o_tp = sc.take(ht * 4), o_mode = sc.take(ht), o_ex = sc.take(all),
            o_pk = sc.take((size_t)ht * sizeof(apply_pack));
-    uint8_t *host = (uint8_t *)calloc(1, sc.used);
+    /* The core where it covers the shape (else v2 does every block): keep bitmaps after
+     * the constants, written by the pre-pass (never copied from the host). */
+    const char *no_core = "";
+    bool use_core = impl == MF_APPLY_IMPL_CORE && (b == 64 || b == 128) &&
+                    core_supported(a->tgt.head_dim, a->tgt.dtype, &no_core) == MF_OK &&
+                    !(((uintptr_t)a->tgt.q | (uintptr_t)a->tgt.k | (uintptr_t)a->tgt.v) & 15);
+    uint32_t words = (all + 31) / 32;
+    size_t host_used = sc.used, o_keep = use_core ? sc.take((size_t)ht * all * words * 4) : 0;
+    uint8_t *host = (uint8_t *)calloc(1, host_used);
     if (!host) {
         *why = "out of host memory for apply constants";
         return MF_RESOURCE_EXHAUSTED;
@@ -538,7 +545,7 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
     cudaStream_t s = stream;
     st = cuda_status(cudaMallocAsync((void **)&sc.base, sc.used, s), why);
     if (st == MF_OK) {
-        st = cuda_status(cudaMemcpyAsync(sc.base, host, sc.used, cudaMemcpyHostToDevice, s), why);
+        st = cuda_status(cudaMemcpyAsync(sc.base, host, host_used, cudaMemcpyHostToDevice, s), why);
         if (st == MF_OK) {
             app_params p;
             memset(&p, 0, sizeof(p));
@@ -561,13 +568,41 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
             p.n_rows = a->n_rows;
             p.nb_all = all;
             p.scale_log2 = MF_LOG2E / sqrtf((float)a->tgt.head_dim);
-            if (impl == MF_APPLY_IMPL_V3)
-                st = apply_v3_launch(p, b, a->tgt.head_dim, a->tgt.dtype, s);
-            else if (a->tgt.dtype == MF_DTYPE_F16)
-                st = launch_t<__half>(p, b, a->tgt.head_dim, s);
-            else
-                st = launch_t<__nv_bfloat16>(p, b, a->tgt.head_dim, s);
-            if (st == MF_INTERNAL)
+            bool any_prob = false;
+            for (uint32_t t = 0; t < ht; t++)
+                any_prob |= a->map->mode[t] == MF_HEAD_PROB;
+            if (use_core) {
+                uint32_t *keep = (uint32_t *)(sc.base + o_keep);
+                prepass_kernel<<<all * ht, 128, SEL_BYTES + MF_CUDA_MAX_BLOCKS, s>>>(p, b, keep,
+                                                                                      words);
+                st = cuda_status(cudaGetLastError(), why);
+                core_args ca = {};
+                ca.q = a->tgt.q;
+                ca.k = a->tgt.k;
+                ca.v = a->tgt.v;
+                ca.dtype = a->tgt.dtype;
+                ca.n = n;
+                ca.hq = ht;
+                ca.hkv = a->tgt.n_kv_heads;
+                ca.d = a->tgt.head_dim;
+                ca.o = a->o;
+                ca.keep = keep;
+                ca.block = b;
+                ca.nb = all;
+                ca.words = words;
+                if (st == MF_OK)
+                    st = core_launch(ca, s, why);
+                p.core = 1;
+            }
+            if (st == MF_OK && !(use_core && !any_prob)) { /* v2 (prob heads only with the core) */
+                if (impl == MF_APPLY_IMPL_V3)
+                    st = apply_v3_launch(p, b, a->tgt.head_dim, a->tgt.dtype, s);
+                else if (a->tgt.dtype == MF_DTYPE_F16)
+                    st = launch_t<__half>(p, b, a->tgt.head_dim, s);
+                else
+                    st = launch_t<__nv_bfloat16>(p, b, a->tgt.head_dim, s);
+            }
+            if (st == MF_INTERNAL && !**why)
                 *why = "could not raise the kernel's shared-memory limit";
             if (st == MF_OK)
                 st = cuda_status(cudaGetLastError(), why);

@@ -1,7 +1,7 @@
 /*
- * apply_internal — what apply.cu (v2 kernel, host entry) and apply_v3.cu (GQA-packed
- * kernel) share: the launch parameters, the head packs of v3, the column lister and the
- * tile-piece decoder. Internal to kernels/; host and device code, no global state.
+ * apply_internal — what apply.cu (v2 kernel, the core's mask pre-pass, host entry) and
+ * apply_v3.cu (GQA-packed kernel) share: the launch parameters, the head packs of v3, the
+ * row check, mask-mode selection, the column lister and the tile-piece decoder. Internal to kernels/; host and device code, no global state.
  */
 #ifndef MF_APPLY_INTERNAL_CUH
 #define MF_APPLY_INTERNAL_CUH
@@ -30,6 +30,7 @@ struct app_params {
     const apply_pack *packs; /* v3 only: [n_packs] */
     uint32_t *bad;
     uint32_t n, ht, hkv, hs, n_rows, nb_all, n_packs;
+    uint32_t core;         /* v2: the attention core does every block but prob ones */
     float scale_log2;
 };
 
@@ -44,6 +45,95 @@ uint32_t apply_v3_heads_per_cta(uint32_t b, uint32_t d);
  * MF_INTERNAL when the shared-memory limit cannot be raised. */
 mf_status_t apply_v3_launch(const app_params &p, uint32_t b, uint32_t d, mf_dtype_t dtype,
                             cudaStream_t st);
+
+/* Scalars the mask selection shares across the CTA (in shared memory). */
+struct sel_shared {
+    int cnt, kept;
+    double acc0, target;
+};
+
+/* A row usable for (query block i, mode): its header agrees with the launch; else the
+ * block is computed exactly (and counted in bad_rows). */
+__device__ __forceinline__ bool row_usable(const row_dev &row, uint32_t i, uint32_t b,
+                                           uint32_t hs, uint32_t mode)
+{
+    return row.block_index == i && row.block_size == b && row.n_heads == hs &&
+           row.n_cols >= 1 && row.n_cols <= i + 1 &&
+           !(mode == MF_HEAD_PROB && row.codec == MF_CODEC_MASK);
+}
+
+/* Target head t's W row into s_w (0 past hs); returns the mask of its source heads with
+ * W > 0. Every thread of the CTA calls (one barrier). */
+__device__ __forceinline__ unsigned long long load_w(const app_params &p, uint32_t t, float *s_w)
+{
+    for (uint32_t s = threadIdx.x; s < MF_ROW_MAX_HEADS; s += blockDim.x)
+        s_w[s] = s < p.hs ? p.w[(size_t)t * p.hs + s] : 0.0f;
+    __syncthreads();
+    unsigned long long wmask = 0;
+    for (uint32_t s = 0; s < p.hs; s++)
+        if (s_w[s] > 0.0f)
+            wmask |= 1ull << s;
+    return wmask;
+}
+
+/* Mask mode's selection for query block i (mf_apply_ref): mixed masses in double, source
+ * heads ascending as the reference sums, then mf_topp_select's rule over the candidates
+ * (columns with a head in wmask). s_keep[c] = 1 for the kept columns c < n_cols; blocks 0
+ * and i are attended whether kept or not (the caller adds them). work: SEL_BYTES of shared
+ * memory. Every thread of the CTA calls; ends with a CTA barrier. */
+__device__ __forceinline__ void mask_select(const row_dev &row, uint32_t i, double tp,
+                                            const float *s_w, unsigned long long wmask,
+                                            uint8_t *work, uint8_t *s_keep, sel_shared *ss)
+{
+    double *mall = reinterpret_cast<double *>(work);
+    double *cm = mall + MF_CUDA_MAX_BLOCKS;
+    uint32_t *cj = reinterpret_cast<uint32_t *>(cm + MF_CUDA_MAX_BLOCKS);
+    for (uint32_t c = threadIdx.x; c < row.n_cols; c += blockDim.x) {
+        unsigned long long hm = row.head_mask[c], rel = hm & wmask;
+        double mm = 0.0;
+        for (; rel; rel &= rel - 1) {
+            uint32_t s = __ffsll((long long)rel) - 1;
+            mm += (double)s_w[s] * (double)mass_decode(row.mass[entry_of(row.col_off[c], hm, s)]);
+        }
+        mall[c] = mm;
+        s_keep[c] = (hm & wmask) ? 1 : 0; /* candidate */
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double total = 0.0, acc0 = 0.0;
+        int n = 0;
+        for (uint32_t c = 0; c < row.n_cols; c++) {
+            uint32_t j = row.cols[c];
+            if (!s_keep[c])
+                continue;
+            total += mall[c];
+            if (j == 0 || j == i)
+                continue;
+            cm[n] = mall[c];
+            cj[n++] = c; /* column index; ties go to the lower c, i.e. the lower j */
+        }
+        if (row.cols[0] == 0 && s_keep[0])
+            acc0 += mall[0];
+        if (i > 0 && row.cols[row.n_cols - 1] == i && s_keep[row.n_cols - 1])
+            acc0 += mall[row.n_cols - 1];
+        ss->cnt = n;
+        ss->acc0 = acc0;
+        ss->target = tp * total;
+    }
+    __syncthreads();
+    int n = ss->cnt;
+    if (tp < 1.0 && i + 1 > 2) {
+        for (uint32_t c = threadIdx.x; c < row.n_cols; c += blockDim.x) {
+            uint32_t j = row.cols[c];
+            if (j != 0 && j != i)
+                s_keep[c] = 0;
+        }
+        int kept = topp_sorted(cm, cj, n, ss->acc0, ss->target, &ss->kept);
+        for (int x = threadIdx.x; x < kept; x += blockDim.x)
+            s_keep[cj[x]] = 1;
+    }
+    __syncthreads();
+}
 
 /* Warp 0 lists the columns c < n_cols with pred(c), in order: s_j[x] = j (s_col[x] = c,
  * s_hm, s_coff copied when given). Then the whole CTA syncs. */

@@ -82,30 +82,46 @@ typedef struct mf_apply_cuda_args {
 } mf_apply_cuda_args_t;
 
 /*
- * Target side (mf_apply_ref), one launch per layer: each (query block, target head) runs
+ * Target side (mf_apply_ref): each (query block, target head) runs
  * its head's mode — prob (tiles mixed with W on chip, × V, renormalised), mask (mixed
  * masses → Top-P → attention over the kept blocks with the target's Q, K, V) or compute
  * (dense causal, our own tensor-core kernel; no cuDNN / cuBLAS) — reading each row's
- * union columns once.
+ * union columns once. v2 is one launch per layer; on sm_90 mask / compute heads run on the
+ * attention core instead (see mf_apply_impl_t): a pre-pass launch, the core, and v2 for
+ * prob heads when there are any.
  */
 mf_status_t mf_apply_cuda(const mf_apply_cuda_args_t *a, mf_cuda_stream_t stream,
                           const char **why);
 
 /*
- * Which apply kernel runs. v2: one CTA per (query block, target head). v3: one CTA per
- * (query block, pack), a pack being target heads that share a KV head and a mode (up to
- * 4; 2 at B = 128; at B = 64, d = 128 the environment's MF_V3_HP = 1 | 2 | 4, default 1),
- * each K / V tile read once for the pack, with a 3-deep V / tile ring. Both compute the
- * same function (gpu_check runs both); v3 is not faster yet (bench/gpu/NOTES.md), so the
- * built-in default stays v2. DEFAULT: the environment's MF_APPLY_IMPL (v2 | v3) when set,
- * else MF_APPLY_IMPL_BUILTIN.
+ * Dense causal attention (mf_attention_dense_ref) on the sm_90a attention core
+ * (kernels/attn_core.cu: wgmma, TMA, warp-specialised): o [N, Hq, d] float32 and, if lse
+ * != NULL, LSE [Hq, N] (natural log of the scaled scores), both device buffers. Q/K/V F16
+ * or BF16, d ∈ {64, 128}, N ≤ 2048 · 128, base pointers 16-byte aligned. MF_UNIMPLEMENTED
+ * (with *why) off an sm_90 device or for other shapes.
+ */
+mf_status_t mf_attention_dense_cuda(const mf_qkv_t *t, float *o, float *lse,
+                                    mf_cuda_stream_t stream, const char **why);
+
+/*
+ * Which apply kernel runs. core: on an sm_90 device at B ∈ {64, 128} (else as v2), mask and
+ * compute heads and every exact block run on the sm_90a attention core (a pre-pass kernel
+ * mixes the masses, selects Top-P and writes per-(head, query block) block bitmaps; the
+ * core pairs adjacent 64-row query blocks into 128-row tiles), prob heads on v2. v2: one
+ * CTA per (query block, target head), every mode. v3: one CTA per (query block, pack), a
+ * pack being target heads that share a KV head and a mode (up to 4; 2 at B = 128; at B = 64,
+ * d = 128 the environment's MF_V3_HP = 1 | 2 | 4, default 1), a labelled baseline, slower
+ * than v2 (bench/gpu/NOTES.md). All compute the same function (gpu_check runs each).
+ * DEFAULT: the environment's MF_APPLY_IMPL (core | v2 | v3) when set, else
+ * MF_APPLY_IMPL_BUILTIN.
  */
 typedef enum mf_apply_impl {
     MF_APPLY_IMPL_DEFAULT = 0,
     MF_APPLY_IMPL_V2 = 2,
     MF_APPLY_IMPL_V3 = 3,
+    MF_APPLY_IMPL_CORE = 4,
 } mf_apply_impl_t;
-#define MF_APPLY_IMPL_BUILTIN MF_APPLY_IMPL_V2
+#define MF_APPLY_IMPL_BUILTIN MF_APPLY_IMPL_CORE
 
 /* mf_apply_cuda with an explicit implementation (mf_apply_cuda = DEFAULT). */
 mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_apply_impl_t impl,

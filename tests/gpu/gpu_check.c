@@ -6,12 +6,16 @@
  *   extract: every GPU row decodes (structure + xxh3 checksum); block masses within 1e-3
  *            of float64; kept sets equal to the reference's, or a valid Top-P set within
  *            the 1e-3 mass tolerance; tiles within twice the codec bound; mass bytes ±1.
+ *   dense:   the sm_90a core (mf_attention_dense_cuda): ‖O − O64‖ / ‖O64‖ ≤ 2e-3, LSE within
+ *            1e-3, every element written.
  *   apply:   ‖O − O_ref‖ / ‖O_ref‖ ≤ 2e-3 per head mode, every element written; each case
- *            runs every implementation (v2, v3, and at B64 d128 v3 with 1, 2 and 4 heads a CTA),
+ *            runs every implementation (core: the sm_90a core for mask / compute heads with
+ *            v2 for prob heads; v2, v3, and at B64 d128 v3 with 1, 2 and 4 heads a CTA),
  *            with head modes mixed inside a KV group or uniform per group.
  * One line per case, a summary table last; exit status 1 on any failure.
- * Usage: gpu_check [--small] [--seed S]   (--small: one tiny case each, for
- * compute-sanitizer). Single-threaded tool; owns everything it allocates.
+ * Usage: gpu_check [--small] [--no-v3] [--seed S]   (--small: one tiny case each, for
+ * compute-sanitizer; --no-v3: without the v3 baseline, whose racecheck hazard is known).
+ * Single-threaded tool; owns everything it allocates.
  */
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -36,6 +40,7 @@ typedef struct result {
 } result_t;
 static result_t g_res[MAX_RESULTS];
 static int g_nres;
+static int g_no_v3; /* --no-v3: skip the v3 baseline (racecheck of the product's kernels) */
 
 static void report(const char *name, const char *metric, double value, double limit, int pass)
 {
@@ -403,6 +408,71 @@ static int check_extract(const ext_case_t *c, uint64_t seed)
     return pass;
 }
 
+/* mf_attention_dense_cuda (the sm_90a core's dense iterator) against float64: O and LSE.
+ * Skipped, and reported as such, off an sm_90 device. */
+static int check_dense(mf_dtype_t dt, uint32_t d, uint32_t n, uint32_t hq, uint32_t hkv,
+                       uint64_t seed)
+{
+    char name[96];
+    snprintf(name, sizeof(name), "dense core %s d%u N%u H%u/%u",
+             dt == MF_DTYPE_F16 ? "f16" : "bf16", d, n, hq, hkv);
+    tensors_t t;
+    tensors_make(&t, seed, dt, n, hq, hkv, d);
+    size_t on = (size_t)n * hq * d, ln = (size_t)hq * n;
+    double *o64 = malloc(on * sizeof(double)), *lse64 = malloc(ln * sizeof(double));
+    float *o = malloc(on * 4), *lse = malloc(ln * 4), *d_o, *d_lse;
+    if (!o64 || !lse64 || !o || !lse || mf_attention_dense_ref(&t.host, o64, lse64) != MF_OK) {
+        fprintf(stderr, "%s: dense reference failed\n", name);
+        exit(2);
+    }
+    CK(cudaMalloc((void **)&d_o, on * 4));
+    CK(cudaMalloc((void **)&d_lse, ln * 4));
+    CK(cudaMemset(d_o, 0xff, on * 4)); /* NaN poison */
+    CK(cudaMemset(d_lse, 0xff, ln * 4));
+    const char *why = "";
+    mf_status_t st = mf_attention_dense_cuda(&t.dev, d_o, d_lse, 0, &why);
+    int pass = 1;
+    if (st == MF_UNIMPLEMENTED) {
+        printf("%s: skipped: %s\n", name, why);
+    } else {
+        if (st != MF_OK)
+            printf("%s: mf_attention_dense_cuda: %s (%s)\n", name, mf_status_name(st), why);
+        CK(cudaDeviceSynchronize());
+        CK(cudaGetLastError());
+        CK(cudaMemcpy(o, d_o, on * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(lse, d_lse, ln * 4, cudaMemcpyDeviceToHost));
+        double num = 0, den = 0, lerr = 0;
+        size_t unwritten = 0;
+        for (size_t x = 0; x < on; x++) {
+            if (!isfinite(o[x])) {
+                unwritten++;
+                continue;
+            }
+            num += (o[x] - o64[x]) * (o[x] - o64[x]);
+            den += o64[x] * o64[x];
+        }
+        for (size_t x = 0; x < ln; x++) {
+            double e = isfinite(lse[x]) ? fabs(lse[x] - lse64[x]) : INFINITY;
+            if (!(e <= lerr))
+                lerr = e;
+        }
+        double rel = den > 0 ? sqrt(num / den) : INFINITY;
+        pass = st == MF_OK && unwritten == 0;
+        report(name, "unwritten", (double)unwritten, 0, pass);
+        report(name, "rel err O", rel, 2e-3, rel <= 2e-3);
+        report(name, "LSE max |err|", lerr, 1e-3, lerr <= 1e-3);
+        pass &= rel <= 2e-3 && lerr <= 1e-3;
+    }
+    free(o64);
+    free(lse64);
+    free(o);
+    free(lse);
+    cudaFree(d_o);
+    cudaFree(d_lse);
+    tensors_free(&t);
+    return pass;
+}
+
 typedef struct app_case {
     mf_dtype_t dt;
     uint32_t b, d, n, ht, hkv, hs;
@@ -492,6 +562,7 @@ static int check_apply(const app_case_t *c, uint64_t seed)
     CK(cudaMalloc((void **)&d_o, on * 4));
     CK(cudaMalloc((void **)&dbad, 4));
     static const struct { const char *label; mf_apply_impl_t impl; const char *hp; } impls[] = {
+        { "core", MF_APPLY_IMPL_CORE, NULL },
         { "v2", MF_APPLY_IMPL_V2, NULL },
         { "v3", MF_APPLY_IMPL_V3, NULL },
         { "v3hp2", MF_APPLY_IMPL_V3, "2" },
@@ -502,6 +573,8 @@ static int check_apply(const app_case_t *c, uint64_t seed)
     for (size_t v = 0; v < sizeof(impls) / sizeof(impls[0]); v++) {
         if (impls[v].hp && !(c->b == 64 && c->d == 128))
             continue; /* the pack-size variants exist at B64 d128 only */
+        if (g_no_v3 && impls[v].impl == MF_APPLY_IMPL_V3)
+            continue;
         char label[128];
         snprintf(label, sizeof(label), "apply %s %s", impls[v].label, base);
         name = label;
@@ -584,10 +657,12 @@ int main(int argc, char **argv)
     for (int x = 1; x < argc; x++) {
         if (!strcmp(argv[x], "--small"))
             small = 1;
+        else if (!strcmp(argv[x], "--no-v3"))
+            g_no_v3 = 1;
         else if (!strcmp(argv[x], "--seed") && x + 1 < argc)
             seed = strtoull(argv[++x], NULL, 0);
         else {
-            fprintf(stderr, "usage: gpu_check [--small] [--seed S]\n");
+            fprintf(stderr, "usage: gpu_check [--small] [--no-v3] [--seed S]\n");
             return 2;
         }
     }
@@ -602,7 +677,9 @@ int main(int argc, char **argv)
         fails += !check_extract(&e, seed);
         fails += !check_apply(&a, seed + 1);
         fails += !check_apply(&a1, seed + 2);
-        cases = 3;
+        fails += !check_dense(MF_DTYPE_BF16, 128, 300, 4, 2, seed + 3);
+        fails += !check_dense(MF_DTYPE_F16, 64, 200, 2, 1, seed + 4);
+        cases = 5;
     } else {
         for (int ci = 0; ci < 5; ci++) {
             ext_case_t e = { ci & 1 ? MF_DTYPE_BF16 : MF_DTYPE_F16, 64, ci < 3 ? 128 : 64,
@@ -635,6 +712,11 @@ int main(int argc, char **argv)
         fails += !check_apply(&a6, seed + 34);
         fails += !check_apply(&a7, seed + 35);
         cases += 6;
+        fails += !check_dense(MF_DTYPE_BF16, 128, 2500, 4, 1, seed + 40);
+        fails += !check_dense(MF_DTYPE_F16, 128, 1000, 8, 2, seed + 41);
+        fails += !check_dense(MF_DTYPE_BF16, 64, 1100, 4, 4, seed + 42);
+        fails += !check_dense(MF_DTYPE_F16, 64, 640, 6, 2, seed + 43);
+        cases += 4;
     }
     printf("\n== gpu_check summary (seed %llu) ==\n", (unsigned long long)seed);
     printf("%-52s %-18s %-10s %-8s %s\n", "case", "metric", "value", "limit", "result");

@@ -1,0 +1,290 @@
+#!/usr/bin/env python3
+"""Timing of the sm_90a attention core (kernels/attn_core.cu) against the baselines a user
+would pick, on one H200 (bench/gpu/NOTES.md has the floors and the versions).
+
+  dense: mf_attention_dense_cuda vs F.scaled_dot_product_attention(is_causal=True,
+         enable_gqa=True) with torch's default backend (named in the output), bf16,
+         Hq 32 / Hkv 8, d 128; our O is also compared with SDPA's (rel err).
+  mask:  mf_apply_cuda_impl(core) in mask mode (MASK-codec rows, W = identity, top_p 1, so
+         head t keeps exactly the pattern's blocks of source head t: sink + window +
+         stripes at 5 / 10 / 20 / 35 %), pre-pass included, vs v2 on the same rows and vs
+         flex_attention on the same kept (head, 64-block) pairs: BLOCK_SIZE 128 with default
+         kernel options (the exact 64-block pattern as mask_mod on partial 128-blocks), and
+         64-token blocks (BLOCK_M = BLOCK_N = 64). Core vs v2 rel err printed.
+Times: CUDA events, median of --reps (≥ 7) after warm-up. A table is printed last and the
+numbers go to --out as JSON.
+
+  python3 bench/gpu/core_bench.py [--ns 16384,32768,65536] [--densities 0.05,0.1,0.2,0.35]
+                                  [--reps 9] [--out core.json] [--no-flex] [--no-mask]
+"""
+import argparse
+import ctypes as C
+import json
+import os
+import statistics
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_gpu as BG  # noqa: E402  (ctypes structures and the library path)
+import rows as R  # noqa: E402
+
+HQ, HKV, D, B = 32, 8, 128, 64
+IMPL_V2, IMPL_CORE = 2, 4
+
+
+def timeit(fn, reps, warm=2):
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        s = torch.cuda.Event(enable_timing=True)
+        e = torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        ts.append(s.elapsed_time(e))
+    return statistics.median(ts), min(ts), max(ts)
+
+
+def sdpa_backend(fn):
+    """Name of the longest CUDA kernel one call of fn runs (which SDPA backend it took)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    ev = sorted(prof.key_averages(), key=lambda e: -getattr(e, "device_time_total",
+                                                               getattr(e, "cuda_time_total", 0)))
+    return ev[0].key[:90] if ev else "?"
+
+
+def load():
+    lib = BG.load_lib()
+    lib.mf_attention_dense_cuda.restype = C.c_int
+    lib.mf_attention_dense_cuda.argtypes = [C.POINTER(BG.Qkv), C.c_void_p, C.c_void_p,
+                                            C.c_void_p, C.POINTER(C.c_char_p)]
+    return lib
+
+
+def bench_dense(lib, n, reps, log):
+    q = torch.randn(n, HQ, D, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(n, HKV, D, dtype=torch.bfloat16, device="cuda")
+    v = torch.randn(n, HKV, D, dtype=torch.bfloat16, device="cuda")
+    o = torch.empty(n, HQ, D, dtype=torch.float32, device="cuda")
+    lse = torch.empty(HQ, n, dtype=torch.float32, device="cuda")
+    t = BG.Qkv(q.data_ptr(), k.data_ptr(), v.data_ptr(), 2, n, HQ, HKV, D)
+    why = C.c_char_p()
+    stream = torch.cuda.current_stream().cuda_stream
+
+    def ours():
+        st = lib.mf_attention_dense_cuda(C.byref(t), o.data_ptr(), lse.data_ptr(), stream,
+                                         C.byref(why))
+        if st != 0:
+            raise RuntimeError(f"mf_attention_dense_cuda {st} {why.value}")
+    o.fill_(float("nan"))
+    ours()
+    torch.cuda.synchronize()
+    qs = q.transpose(0, 1).unsqueeze(0)
+    ks = k.transpose(0, 1).unsqueeze(0)
+    vs = v.transpose(0, 1).unsqueeze(0)
+    qs, ks, vs = qs.contiguous(), ks.contiguous(), vs.contiguous()
+
+    def sdpa():
+        return F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
+    ref = sdpa()[0].transpose(0, 1).float()  # [n, HQ, D]
+    rel = float((o - ref).norm() / ref.norm())
+    finite = bool(torch.isfinite(o).all())
+    backend = sdpa_backend(sdpa)
+    t_ours = timeit(ours, reps)
+    t_sdpa = timeit(sdpa, reps)
+    flops = 2.0 * n * n * D * HQ  # causal: half of 4·N²·d per head
+    rec = {"N": n, "ours_ms": t_ours[0], "ours_minmax": t_ours[1:], "sdpa_ms": t_sdpa[0],
+           "sdpa_minmax": t_sdpa[1:], "ours_TFLOPs": flops / t_ours[0] / 1e9,
+           "sdpa_TFLOPs": flops / t_sdpa[0] / 1e9, "rel_vs_sdpa": rel, "finite": finite,
+           "sdpa_kernel": backend}
+    log(json.dumps(rec))
+    del q, k, v, o, lse, qs, ks, vs, ref
+    torch.cuda.empty_cache()
+    return rec
+
+
+def flex_masks(keep, n, b):
+    """BlockMasks for flex on the kept pairs keep[h, i, j] (64-blocks): BLOCK_SIZE 64 (full
+    below the diagonal, the diagonal partial) and 128 (a 128-block is full when its four
+    64-blocks are kept and below the diagonal, partial when any is kept)."""
+    from torch.nn.attention.flex_attention import BlockMask
+    h, nb, _ = keep.shape
+    dev = torch.from_numpy(keep).cuda()
+    out = {}
+    ii = torch.arange(nb, device="cuda")
+    full = dev & (ii[None, None, :] < ii[None, :, None])
+
+    def causal(bb, hh, qi, ki):
+        return qi >= ki
+
+    def kv_lists(full_b, part_b):
+        fn = full_b.sum(-1).to(torch.int32)[None]
+        fi = torch.argsort((~full_b).to(torch.int8), dim=-1, stable=True).to(torch.int32)[None]
+        pn = part_b.sum(-1).to(torch.int32)[None]
+        pi = torch.argsort((~part_b).to(torch.int8), dim=-1, stable=True).to(torch.int32)[None]
+        return pn, pi, fn, fi
+    pn, pi, fn, fi = kv_lists(full, dev & ~full)
+    out[64] = BlockMask.from_kv_blocks(pn, pi, fn, fi, BLOCK_SIZE=b, mask_mod=causal)
+    nb2 = (nb + 1) // 2
+    pad = torch.zeros(h, 2 * nb2, 2 * nb2, dtype=torch.bool, device="cuda")
+    pad[:, :nb, :nb] = dev
+    q4 = pad.view(h, nb2, 2, nb2, 2)
+    any2 = q4.any(4).any(2)
+    jj = torch.arange(nb2, device="cuda")
+    all2 = q4.all(4).all(2) & (jj[None, None, :] < jj[None, :, None])
+    table = dev  # mask_mod: the exact 64-block pattern, causal
+
+    def pattern(bb, hh, qi, ki):
+        return (qi >= ki) & table[hh, qi // b, ki // b]
+    pn, pi, fn, fi = kv_lists(all2, any2 & ~all2)
+    out[128] = BlockMask.from_kv_blocks(pn, pi, fn, fi, BLOCK_SIZE=2 * b, mask_mod=pattern)
+    return out
+
+
+def bench_mask(lib, n, dens, reps, rng, flex, log):
+    nb = n // B
+    keep = R.patterns(rng, HQ, nb, dens)
+    kept = float(keep.sum())
+    per_head = kept / (HQ * nb * (nb + 1) / 2)
+    q = torch.randn(n, HQ, D, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(n, HKV, D, dtype=torch.bfloat16, device="cuda")
+    v = torch.randn(n, HKV, D, dtype=torch.bfloat16, device="cuda")
+    o = torch.empty(n, HQ, D, dtype=torch.float32, device="cuda")
+    prefixes = [R.row_prefix(keep, i, R.MASK, B, rng=rng) for i in range(nb)]
+    offs, tot = [], 0
+    for _, lay in prefixes:
+        offs.append(tot)
+        tot += R.align16(lay["total"])
+    host = np.zeros(tot, dtype=np.uint8)
+    for (pre, lay), off in zip(prefixes, offs):
+        host[off:off + len(pre)] = np.frombuffer(pre, dtype=np.uint8)
+        R.seal(host[off:off + lay["total"]])
+    buf = torch.from_numpy(host).cuda()
+    ptrs = (C.c_void_p * nb)(*[buf.data_ptr() + x for x in offs])
+    w = np.eye(HQ, dtype=np.float32)
+    modes = np.full(HQ, 2, dtype=np.uint8)
+    tps = np.ones(HQ, dtype=np.float32)
+    lm = BG.LayerMap(HQ, HQ, w.ctypes.data, modes.ctypes.data, tps.ctypes.data)
+    a = BG.ApplyArgs(C.cast(ptrs, C.c_void_p), nb, C.pointer(lm),
+                     BG.Qkv(q.data_ptr(), k.data_ptr(), v.data_ptr(), 2, n, HQ, HKV, D), B,
+                     None, 0, 0, o.data_ptr(), None)
+    why = C.c_char_p()
+    stream = torch.cuda.current_stream().cuda_stream
+    flops = kept * 4 * B * B * D
+    rec = {"N": n, "density": per_head, "kept_blocks": kept, "TFLOP": flops / 1e12}
+    outs = {}
+    for name, impl in (("core", IMPL_CORE), ("v2", IMPL_V2)):
+        def call():
+            st = lib.mf_apply_cuda_impl(C.byref(a), impl, stream, C.byref(why))
+            if st != 0:
+                raise RuntimeError(f"mf_apply_cuda {name} {st} {why.value}")
+        o.fill_(float("nan"))
+        call()
+        torch.cuda.synchronize()
+        outs[name] = o.clone()
+        t = timeit(call, reps)
+        rec[name + "_ms"] = t[0]
+        rec[name + "_TFLOPs"] = flops / t[0] / 1e9
+    rec["core_finite"] = bool(torch.isfinite(outs["core"]).all())
+    rec["core_rel_vs_v2"] = float((outs["core"] - outs["v2"]).norm() / outs["v2"].norm())
+    if flex is not None:
+        qs = q.transpose(0, 1).unsqueeze(0).contiguous()
+        ks = k.transpose(0, 1).unsqueeze(0).contiguous()
+        vs = v.transpose(0, 1).unsqueeze(0).contiguous()
+        try:
+            bms = flex_masks(keep, n, B)
+            for bs, opts in ((128, None), (64, {"BLOCK_M": 64, "BLOCK_N": 64})):
+                try:
+                    def fn():
+                        return flex(qs, ks, vs, block_mask=bms[bs], enable_gqa=True,
+                                    kernel_options=opts)
+                    ref = fn()[0].transpose(0, 1).float()
+                    rec[f"flex{bs}_rel_vs_core"] = float((outs["core"] - ref).norm() /
+                                                         ref.norm())
+                    del ref
+                    rec[f"flex{bs}_ms"] = timeit(fn, reps)[0]
+                except Exception as ex:  # noqa: BLE001
+                    log(f"flex {bs} N={n}: {str(ex)[:300]}")
+        except Exception as ex:  # noqa: BLE001
+            log(f"flex masks N={n}: {str(ex)[:300]}")
+        del qs, ks, vs
+    log(json.dumps(rec))
+    del q, k, v, o, buf, outs
+    torch.cuda.empty_cache()
+    return rec
+
+
+def table(res, log):
+    log("\n| N | ours dense ms (TFLOP/s) | SDPA default ms (TFLOP/s) | ours/SDPA | rel err | SDPA kernel |")
+    log("|---|---|---|---|---|---|")
+    for r in res["dense"]:
+        log(f"| {r['N']} | {r['ours_ms']:.3f} ({r['ours_TFLOPs']:.0f}) | {r['sdpa_ms']:.3f} "
+            f"({r['sdpa_TFLOPs']:.0f}) | {r['sdpa_ms'] / r['ours_ms']:.2f}x | "
+            f"{r['rel_vs_sdpa']:.1e} | {r['sdpa_kernel'][:40]} |")
+    if res["mask"]:
+        log("\n| N | density | core ms (TFLOP/s) | v2 ms | flex128 ms | flex64 ms | core vs flex128 |"
+            " core/cuDNN per block | rel vs v2 |")
+        log("|---|---|---|---|---|---|---|---|---|")
+    dense = {r["N"]: r for r in res["dense"]}
+    for r in res["mask"]:
+        f128, f64 = r.get("flex128_ms"), r.get("flex64_ms")
+        sd = dense.get(r["N"])
+        per_block = r["core_TFLOPs"] / sd["sdpa_TFLOPs"] if sd else float("nan")
+        log(f"| {r['N']} | {r['density']:.3f} | {r['core_ms']:.3f} ({r['core_TFLOPs']:.0f}) | "
+            f"{r['v2_ms']:.3f} | {f128 if f128 is None else round(f128, 3)} | "
+            f"{f64 if f64 is None else round(f64, 3)} | "
+            f"{(f128 / r['core_ms']) if f128 else float('nan'):.2f}x | {per_block:.2f} | "
+            f"{r['core_rel_vs_v2']:.1e} |")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ns", default="16384,32768,65536")
+    ap.add_argument("--mask-ns", default="32768")
+    ap.add_argument("--densities", default="0.05,0.1,0.2,0.35")
+    ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--no-flex", action="store_true")
+    ap.add_argument("--no-mask", action="store_true")
+    args = ap.parse_args()
+    if args.reps < 7:
+        ap.error("--reps must be at least 7 (medians of >= 7)")
+    log = print
+    lib = load()
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    log(f"device {torch.cuda.get_device_name()} torch {torch.__version__} "
+        f"cudnn {torch.backends.cudnn.version()}")
+    res = {"dense": [], "mask": []}
+    for n in [int(x) for x in args.ns.split(",") if x]:
+        res["dense"].append(bench_dense(lib, n, args.reps, log))
+    flex = None
+    if not args.no_flex and not args.no_mask:
+        try:
+            from torch.nn.attention.flex_attention import flex_attention
+            flex = torch.compile(flex_attention, dynamic=False)
+        except Exception as ex:  # noqa: BLE001
+            log(f"flex_attention unavailable: {ex}")
+    if not args.no_mask:
+        for n in [int(x) for x in args.mask_ns.split(",") if x]:
+            for dens in [float(x) for x in args.densities.split(",")]:
+                res["mask"].append(bench_mask(lib, n, dens, args.reps, rng, flex, log))
+    table(res, log)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

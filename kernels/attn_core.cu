@@ -1,0 +1,661 @@
+/* attn_core — the sm_90a attention core (attn_core.cuh says what it computes).
+ *
+ * CTA = 3 warpgroups (384 threads): warpgroup 0 is the producer (one thread issues every
+ * TMA copy; setmaxnreg 24), warpgroups 1 and 2 the consumers (setmaxnreg 240), each owning
+ * 64 query rows of the 128-row tile. Shared memory: Q [128][D] and a STAGES-deep ring of
+ * K and V tiles [BN][D], all as 64-column halves in the 128-byte swizzle that TMA writes
+ * and wgmma reads (rows of 128 bytes, 1024-byte atoms). Barriers: q_full; per stage
+ * k_full / v_full (TMA transaction counts; V separate so QKᵀ starts before V lands) and
+ * k_empty / v_empty (one arrival per consumer warp once its wgmma reading that K or V tile
+ * has completed: K is free right after S, long before V, so the next K load can start early).
+ * A consumer warpgroup per key tile x: S = Q·Kᵀ (wgmma, A and B from shared memory) is
+ * issued together with O += P·V of tile x − 1 (wgmma with P from registers as the A
+ * operand, V transposed from shared memory), so the softmax of x (causal mask on tiles
+ * that cross its diagonal, online softmax in registers, scores in log2 units with the
+ * 1/sqrt(d)·log2(e) scale folded into one FFMA before ex2) runs while that P·V does; then
+ * O *= alpha. The two consumer warpgroups take turns issuing (ping-pong, named barriers),
+ * so one's softmax also overlaps the other's GEMMs.
+ * O (fp32) goes straight from the accumulators to global memory: each quad writes 32
+ * contiguous bytes of a row, whole sectors. */
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn_core.cuh"
+#include "mf_cuda_common.cuh"
+
+namespace mfc {
+namespace {
+
+/* ---- wgmma m64nNk16, f32 accumulators (PTX; generated, one per type and N) ----------- */
+
+template <typename T, int N>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t da, uint64_t db, int acc);
+template <typename T, int N>
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t db,
+                                         int acc);
+template <> __device__ __forceinline__ void wgmma_ss<__nv_bfloat16, 64>(float (&d)[32], uint64_t da, uint64_t db, int acc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(da), "l"(db), "r"(acc));
+}
+template <> __device__ __forceinline__ void wgmma_rs<__nv_bfloat16, 64>(float (&d)[32], const uint32_t (&a)[4], uint64_t db, int acc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+}
+template <> __device__ __forceinline__ void wgmma_ss<__nv_bfloat16, 128>(float (&d)[64], uint64_t da, uint64_t db, int acc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db), "r"(acc));
+}
+template <> __device__ __forceinline__ void wgmma_rs<__nv_bfloat16, 128>(float (&d)[64], const uint32_t (&a)[4], uint64_t db, int acc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+}
+template <> __device__ __forceinline__ void wgmma_ss<__half, 64>(float (&d)[32], uint64_t da, uint64_t db, int acc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(da), "l"(db), "r"(acc));
+}
+template <> __device__ __forceinline__ void wgmma_rs<__half, 64>(float (&d)[32], const uint32_t (&a)[4], uint64_t db, int acc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+}
+template <> __device__ __forceinline__ void wgmma_ss<__half, 128>(float (&d)[64], uint64_t da, uint64_t db, int acc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db), "r"(acc));
+}
+template <> __device__ __forceinline__ void wgmma_rs<__half, 128>(float (&d)[64], const uint32_t (&a)[4], uint64_t db, int acc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wgmma_wait()
+{
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/* Pins registers an async wgmma reads or writes to this point of the program: the compiler
+ * may neither move their uses above the wait nor reuse them before it. */
+template <int N> __device__ __forceinline__ void fence_regs(float (&r)[N])
+{
+#pragma unroll
+    for (int x = 0; x < N; x++)
+        asm volatile("" : "+f"(r[x])::"memory");
+}
+template <int N> __device__ __forceinline__ void fence_regs(uint32_t (&r)[N][4])
+{
+#pragma unroll
+    for (int x = 0; x < N; x++)
+#pragma unroll
+        for (int y = 0; y < 4; y++)
+            asm volatile("" : "+r"(r[x][y])::"memory");
+}
+
+/* Shared-memory matrix descriptor, 128-byte swizzle. K-major tiles (Q, K): rows of 128 B,
+ * SBO = 1024 (8-row groups), LBO unused (16); a k16 step advances the start by 32 B inside
+ * the swizzle row. V read transposed (MN-major): LBO = the distance between the two
+ * 64-column halves, SBO = 1024 between 8-key groups; a k16 step advances 16 rows. */
+__device__ __forceinline__ uint64_t sdesc(uint32_t saddr, uint32_t lbo, uint32_t sbo)
+{
+    return (uint64_t)((saddr & 0x3ffffu) >> 4) | (uint64_t)((lbo >> 4) & 0x3fffu) << 16 |
+           (uint64_t)((sbo >> 4) & 0x3fffu) << 32 | 1ull << 62;
+}
+
+/* ---- mbarrier / TMA ------------------------------------------------------------------ */
+
+__device__ __forceinline__ void bar_init(uint64_t *b, uint32_t count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(b)), "r"(count));
+}
+__device__ __forceinline__ void bar_expect(uint64_t *b, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(b)),
+                 "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bar_arrive(uint64_t *b)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(b)) : "memory");
+}
+__device__ __forceinline__ void bar_wait(uint64_t *b, uint32_t parity)
+{
+    asm volatile("{\n.reg .pred p;\nWAIT_%=:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra WAIT_%=;\n}\n" ::"r"(smem_addr(b)), "r"(parity) : "memory");
+}
+/* Box {64 columns, 1 head, rows} of a [N][H][D] tensor at (col, head, row) into dst. */
+__device__ __forceinline__ void tma_load(void *dst, const CUtensorMap *tm, uint64_t *bar,
+                                         int col, int head, int row)
+{
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4}], [%5];\n"
+                 ::"r"(smem_addr(dst)), "l"(tm), "r"(col), "r"(head), "r"(row),
+                 "r"(smem_addr(bar)) : "memory");
+}
+
+__device__ __forceinline__ float ex2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+struct core_params {
+    float *o, *lse;
+    const uint32_t *keep;
+    uint32_t n, hq, hkv, n_tiles, nb, words, pair;
+    uint32_t pingpong; /* 1: the consumer warpgroups take turns (MF_CORE_PINGPONG=0: off) */
+    float scale_log2;
+};
+
+#define MAX_TILES 2048
+
+template <int D, int BN> struct cfg {
+    static constexpr int STAGES = BN == 128 ? 2 : 4;
+    static constexpr int HALVES = D / 64;
+    static constexpr uint32_t Q_HALF = 128 * 128, KV_HALF = BN * 128;   /* bytes */
+    static constexpr uint32_t Q_BYTES = HALVES * Q_HALF, KV_BYTES = HALVES * KV_HALF;
+    static constexpr uint32_t OFF_K = Q_BYTES, OFF_V = OFF_K + STAGES * KV_BYTES;
+    static constexpr uint32_t OFF_BAR = OFF_V + STAGES * KV_BYTES;
+    static constexpr uint32_t OFF_LIST = OFF_BAR + 8 * (1 + 4 * STAGES);
+    static constexpr uint32_t SMEM = OFF_LIST + MAX_TILES * 3 + 16 + 1024; /* + alignment slack */
+};
+
+/* The tile's key-tile list: s_j[x] and s_f[x] (bit c: consumer warpgroup c multiplies it).
+ * Warp 0 builds it; the caller syncs. */
+template <int BN>
+__device__ __forceinline__ int build_list(const core_params &p, uint32_t m, uint32_t t,
+                                          uint16_t *s_j, uint8_t *s_f)
+{
+    int lane = threadIdx.x & 31, cnt = 0;
+    if (!p.keep) { /* dense causal: tile j for warpgroup c iff its first key ≤ c's last row */
+        uint32_t last = min(128 * m + 127, p.n - 1), nt = last / BN + 1;
+        for (uint32_t x = lane; x < nt; x += 32) {
+            uint8_t f = 0;
+            for (int c = 0; c < 2; c++) {
+                uint32_t r0 = 128 * m + 64 * c;
+                if (r0 < p.n && x * BN <= min(r0 + 63, p.n - 1))
+                    f |= (uint8_t)(1 << c);
+            }
+            s_j[x] = (uint16_t)x;
+            s_f[x] = f;
+        }
+        return (int)nt;
+    }
+    uint32_t ia = p.pair ? 2 * m : m, ib = p.pair ? 2 * m + 1 : m;
+    const uint32_t *ka = p.keep + ((size_t)t * p.nb + ia) * p.words;
+    const uint32_t *kb = ib < p.nb ? p.keep + ((size_t)t * p.nb + ib) * p.words : nullptr;
+    uint32_t nw = (min(ib, p.nb - 1)) / 32 + 1;
+    for (uint32_t w0 = 0; w0 < nw; w0 += 32) {
+        uint32_t w = w0 + lane, a = w < nw ? ka[w] : 0u, b = (w < nw && kb) ? kb[w] : 0u;
+        uint32_t u = a | b, c = __popc(u), incl = c;
+        for (int o = 1; o < 32; o <<= 1) {
+            uint32_t y = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o)
+                incl += y;
+        }
+        int at = cnt + (int)(incl - c);
+        for (; u; u &= u - 1) {
+            int bit = __ffs(u) - 1;
+            s_j[at] = (uint16_t)(32 * w + bit);
+            s_f[at++] = (uint8_t)(((a >> bit) & 1u) | (((b >> bit) & 1u) << 1));
+        }
+        cnt += (int)__shfl_sync(0xffffffffu, incl, 31);
+    }
+    return cnt;
+}
+
+template <typename T, int D, int BN>
+__global__ void __launch_bounds__(384, 1)
+core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+            const __grid_constant__ CUtensorMap tv, const core_params p)
+{
+    typedef cfg<D, BN> C;
+    extern __shared__ uint8_t sm_raw[];
+    uint8_t *sm = reinterpret_cast<uint8_t *>(((uintptr_t)sm_raw + 1023) & ~(uintptr_t)1023);
+    uint64_t *q_full = reinterpret_cast<uint64_t *>(sm + C::OFF_BAR);
+    uint64_t *k_full = q_full + 1, *v_full = k_full + C::STAGES, *k_empty = v_full + C::STAGES,
+             *v_empty = k_empty + C::STAGES;
+    uint16_t *s_j = reinterpret_cast<uint16_t *>(sm + C::OFF_LIST);
+    uint8_t *s_f = reinterpret_cast<uint8_t *>(s_j + MAX_TILES);
+    int *s_cnt = reinterpret_cast<int *>(s_f + MAX_TILES);
+    uint32_t m = p.n_tiles - 1 - blockIdx.x / p.hq, t = blockIdx.x % p.hq;
+    uint32_t kvh = t / (p.hq / p.hkv);
+    int wg = threadIdx.x / 128;
+    if (threadIdx.x < 32) {
+        if (threadIdx.x == 0) { /* Q does not depend on the list: its load overlaps the build */
+            bar_init(q_full, 1);
+            for (int s = 0; s < C::STAGES; s++) {
+                bar_init(&k_full[s], 1);
+                bar_init(&v_full[s], 1);
+                bar_init(&k_empty[s], 8);
+                bar_init(&v_empty[s], 8);
+            }
+            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+            bar_expect(q_full, C::Q_BYTES);
+            for (int h = 0; h < C::HALVES; h++)
+                tma_load(sm + h * C::Q_HALF, &tq, q_full, 64 * h, (int)t, (int)(128 * m));
+        }
+        __syncwarp();
+        int cnt = build_list<BN>(p, m, t, s_j, s_f);
+        if (threadIdx.x == 0)
+            *s_cnt = cnt;
+    }
+    __syncthreads();
+    int count = *s_cnt;
+    if (count == 0) { /* not this kernel's tile: let the Q copy land before the CTA ends */
+        if (threadIdx.x == 0)
+            bar_wait(q_full, 0);
+        return;
+    }
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+        if (threadIdx.x == 0) {
+            for (int x = 0; x < count; x++) {
+                int s = x % C::STAGES;
+                uint32_t free_ph = ((x / C::STAGES) & 1) ^ 1;
+                int row = (int)s_j[x] * BN;
+                uint8_t *kd = sm + C::OFF_K + s * C::KV_BYTES, *vd = sm + C::OFF_V + s * C::KV_BYTES;
+                if (x >= C::STAGES)
+                    bar_wait(&k_empty[s], free_ph);
+                bar_expect(&k_full[s], C::KV_BYTES);
+                for (int h = 0; h < C::HALVES; h++)
+                    tma_load(kd + h * C::KV_HALF, &tk, &k_full[s], 64 * h, (int)kvh, row);
+                if (x >= C::STAGES)
+                    bar_wait(&v_empty[s], free_ph);
+                bar_expect(&v_full[s], C::KV_BYTES);
+                for (int h = 0; h < C::HALVES; h++)
+                    tma_load(vd + h * C::KV_HALF, &tv, &v_full[s], 64 * h, (int)kvh, row);
+            }
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+    int c = wg - 1, tid = threadIdx.x - 128 * wg, w = tid / 32, lane = tid & 31;
+    int g = lane >> 2, u = lane & 3;
+    uint32_t r0 = 128 * m + 64 * c;              /* this warpgroup's first query row */
+    uint32_t row[2] = { r0 + 16 * w + g, r0 + 16 * w + g + 8 };
+    uint32_t qa = smem_addr(sm) + c * 64 * 128;
+    float o[D / 2], mrow[2] = { -INFINITY, -INFINITY }, l[2] = { 0.0f, 0.0f };
+#pragma unroll
+    for (int x = 0; x < D / 2; x++)
+        o[x] = 0.0f;
+    const float sl2 = p.scale_log2;
+    bool used = false;
+    int ps = 0;          /* stage of the previous tile, whose P·V is still to issue */
+    uint32_t pph = 0;
+    float sc[BN / 2];
+    uint32_t pa[BN / 16][4];
+    /* Ping-pong: the two consumer warpgroups take turns issuing their GEMMs (named
+     * barriers 1 + c), so one's softmax runs while the other's wgmmas use the tensor
+     * cores. Both take a turn at every list entry (a tile only the other's block kept
+     * is computed and masked whole) and once more for the last P·V, so the turns stay
+     * matched; warpgroup 1 gives the first turn and skips the very last hand-over. */
+    auto turn_wait = [&]() {
+        if (p.pingpong)
+            asm volatile("bar.sync %0, 256;\n" ::"r"(1 + c) : "memory");
+    };
+    auto turn_give = [&]() {
+        if (p.pingpong)
+            asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - c) : "memory");
+    };
+    /* O += P·V of the previous tile (issue only) */
+    auto issue_pv = [&]() {
+        bar_wait(&v_full[ps], pph);
+        uint32_t va = smem_addr(sm + C::OFF_V + ps * C::KV_BYTES);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++)
+            wgmma_rs<T, D>(o, pa[kk], sdesc(va + kk * 2048, C::KV_HALF, 1024), 1);
+        wgmma_commit();
+    };
+    auto release = [&](uint64_t *bar) {
+        __syncwarp();
+        if (lane == 0)
+            bar_arrive(bar);
+    };
+    auto issue_s = [&](int st) { /* S = Q·Kᵀ (issue only) */
+        uint32_t ka = smem_addr(sm + C::OFF_K + st * C::KV_BYTES);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++)
+            wgmma_ss<T, BN>(sc, sdesc(qa + (kk / 4) * C::Q_HALF + (kk % 4) * 32, 16, 1024),
+                            sdesc(ka + (kk / 4) * C::KV_HALF + (kk % 4) * 32, 16, 1024),
+                            kk > 0);
+        wgmma_commit();
+    };
+    /* Online softmax of S (tile x) in place; a tile this warpgroup's block did not keep
+     * is masked whole (P = 0, alpha = 1): every wgmma stays on the non-divergent path. */
+    auto softmax = [&](int x, float alpha[2]) {
+        bool mine = s_f[x] & (1 << c);
+        used |= mine;
+        uint32_t j0 = (uint32_t)s_j[x] * BN;
+        if (!mine || j0 + BN - 1 > r0) { /* crosses this warpgroup's diagonal */
+#pragma unroll
+            for (int jj = 0; jj < BN / 8; jj++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    uint32_t key = j0 + 8 * jj + 2 * u + (e & 1);
+                    if (!mine || key > row[e >> 1])
+                        sc[4 * jj + e] = -INFINITY;
+                }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int jj = 0; jj < BN / 8; jj++)
+                mx = fmaxf(mx, fmaxf(sc[4 * jj + 2 * r], sc[4 * jj + 2 * r + 1]));
+            mx = quad_max(mx);
+            float mn = fmaxf(mrow[r], mx * sl2);
+            float base = mn == -INFINITY ? 0.0f : mn, sum = 0.0f;
+#pragma unroll
+            for (int jj = 0; jj < BN / 8; jj++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    float pv = ex2(fmaf(sc[4 * jj + 2 * r + e], sl2, -base));
+                    sc[4 * jj + 2 * r + e] = pv;
+                    sum += pv;
+                }
+            alpha[r] = ex2(mrow[r] - base);
+            l[r] = l[r] * alpha[r] + sum;
+            mrow[r] = mn;
+        }
+    };
+    auto rescale_pack = [&](const float alpha[2]) {
+#pragma unroll
+        for (int x2 = 0; x2 < D / 8; x2++) {
+            o[4 * x2 + 0] *= alpha[0];
+            o[4 * x2 + 1] *= alpha[0];
+            o[4 * x2 + 2] *= alpha[1];
+            o[4 * x2 + 3] *= alpha[1];
+        }
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) {
+            pa[kk][0] = elem<T>::pack(sc[8 * kk + 0], sc[8 * kk + 1]);
+            pa[kk][1] = elem<T>::pack(sc[8 * kk + 2], sc[8 * kk + 3]);
+            pa[kk][2] = elem<T>::pack(sc[8 * kk + 4], sc[8 * kk + 5]);
+            pa[kk][3] = elem<T>::pack(sc[8 * kk + 6], sc[8 * kk + 7]);
+        }
+    };
+    if (c == 1)
+        turn_give();
+    bar_wait(q_full, 0);
+    float alpha[2];
+    bar_wait(&k_full[0], 0); /* tile 0: no P·V before it */
+    turn_wait();
+    issue_s(0);
+    turn_give();
+    wgmma_wait<0>();
+    fence_regs(sc);
+    release(&k_empty[0]);
+    softmax(0, alpha);
+    rescale_pack(alpha);
+    for (int x = 1; x < count; x++) {
+        int s = x % C::STAGES;
+        bar_wait(&k_full[s], (x / C::STAGES) & 1);
+        turn_wait();
+        issue_s(s);
+        issue_pv();
+        turn_give();
+        wgmma_wait<1>();
+        fence_regs(sc);
+        release(&k_empty[s]);
+        softmax(x, alpha);
+        wgmma_wait<0>(); /* the previous tile's P·V is done: its V is free */
+        fence_regs(o);
+        fence_regs(pa);
+        release(&v_empty[ps]);
+        rescale_pack(alpha);
+        ps = s;
+        pph = (x / C::STAGES) & 1;
+    }
+    turn_wait();
+    issue_pv();
+    if (c == 0)
+        turn_give();
+    wgmma_wait<0>();
+    fence_regs(o);
+    fence_regs(pa);
+    release(&v_empty[ps]);
+    if (!used)
+        return;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float lt = quad_sum(l[r]), inv = 1.0f / lt;
+        if (row[r] >= p.n)
+            continue;
+        float *dst = p.o + ((size_t)row[r] * p.hq + t) * D + 2 * u;
+#pragma unroll
+        for (int x2 = 0; x2 < D / 8; x2++)
+            *reinterpret_cast<float2 *>(dst + 8 * x2) =
+                make_float2(o[4 * x2 + 2 * r] * inv, o[4 * x2 + 2 * r + 1] * inv);
+        if (p.lse && u == 0)
+            p.lse[(size_t)t * p.n + row[r]] = (mrow[r] + log2f(lt)) * MF_LN2;
+    }
+}
+
+/* ---- host ----------------------------------------------------------------------------- */
+
+PFN_cuTensorMapEncodeTiled_v12000 g_encode;
+pthread_once_t g_encode_once = PTHREAD_ONCE_INIT;
+void encode_resolve()
+{
+    void *fn = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+        g_encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+}
+
+/* [N][H][d] as a 3-d tensor (d, H, N); box {64, 1, rows}, 128-byte swizzle. */
+bool encode(CUtensorMap *tm, const void *base, mf_dtype_t dt, uint32_t n, uint32_t h,
+            uint32_t d, uint32_t rows)
+{
+    cuuint64_t dims[3] = { d, h, n };
+    cuuint64_t strides[2] = { (cuuint64_t)d * 2, (cuuint64_t)h * d * 2 };
+    cuuint32_t box[3] = { 64, 1, rows }, estr[3] = { 1, 1, 1 };
+    return g_encode(tm, dt == MF_DTYPE_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                           : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                    3, const_cast<void *>(base), dims, strides, box, estr,
+                    CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <typename T, int D, int BN>
+mf_status_t launch(const core_args &a, const core_params &p, cudaStream_t s, const char **why)
+{
+    CUtensorMap tq, tk, tv;
+    if (!encode(&tq, a.q, a.dtype, a.n, a.hq, D, 128) ||
+        !encode(&tk, a.k, a.dtype, a.n, a.hkv, D, BN) ||
+        !encode(&tv, a.v, a.dtype, a.n, a.hkv, D, BN)) {
+        *why = "cuTensorMapEncodeTiled failed (tensor base or strides not 16-byte aligned?)";
+        return MF_INTERNAL;
+    }
+    size_t smem = cfg<D, BN>::SMEM;
+    if (cudaFuncSetAttribute(core_kernel<T, D, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)smem) != cudaSuccess) {
+        *why = "could not raise the attention core's shared-memory limit";
+        return MF_INTERNAL;
+    }
+    core_kernel<T, D, BN><<<p.n_tiles * p.hq, 384, smem, s>>>(tq, tk, tv, p);
+    return cuda_status(cudaGetLastError(), why);
+}
+
+template <typename T>
+mf_status_t launch_t(const core_args &a, const core_params &p, uint32_t bn, cudaStream_t s,
+                     const char **why)
+{
+    if (a.d == 128)
+        return bn == 128 ? launch<T, 128, 128>(a, p, s, why) : launch<T, 128, 64>(a, p, s, why);
+    return bn == 128 ? launch<T, 64, 128>(a, p, s, why) : launch<T, 64, 64>(a, p, s, why);
+}
+
+} /* namespace */
+
+mf_status_t core_supported(uint32_t d, mf_dtype_t dtype, const char **why)
+{
+    int dev = 0, major = 0, minor = 0;
+    if (d != 64 && d != 128) {
+        *why = "the attention core supports head dims 64 and 128";
+        return MF_UNIMPLEMENTED;
+    }
+    if (dtype != MF_DTYPE_F16 && dtype != MF_DTYPE_BF16) {
+        *why = "the attention core takes F16 or BF16 tensors";
+        return MF_UNIMPLEMENTED;
+    }
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess ||
+        major != 9 || minor != 0) {
+        *why = "the attention core needs an sm_90 (Hopper) device";
+        return MF_UNIMPLEMENTED;
+    }
+    pthread_once(&g_encode_once, encode_resolve);
+    if (!g_encode) {
+        *why = "the driver has no cuTensorMapEncodeTiled";
+        return MF_UNIMPLEMENTED;
+    }
+    return MF_OK;
+}
+
+mf_status_t core_launch(const core_args &a, cudaStream_t s, const char **why)
+{
+    pthread_once(&g_encode_once, encode_resolve);
+    if (!g_encode) {
+        *why = "the driver has no cuTensorMapEncodeTiled";
+        return MF_UNIMPLEMENTED;
+    }
+    uint32_t bn = a.keep ? a.block : 128;
+    if (bn != 64 && bn != 128) {
+        *why = "the attention core's key blocks are 64 or 128";
+        return MF_UNIMPLEMENTED;
+    }
+    core_params p;
+    p.o = a.o;
+    p.lse = a.lse;
+    p.keep = a.keep;
+    p.n = a.n;
+    p.hq = a.hq;
+    p.hkv = a.hkv;
+    p.n_tiles = (a.n + 127) / 128;
+    p.nb = a.nb;
+    p.words = a.words;
+    p.pair = a.keep && a.block == 64;
+    p.scale_log2 = MF_LOG2E / sqrtf((float)a.d);
+    const char *pp = getenv("MF_CORE_PINGPONG"); /* for the bench's A/B runs */
+    p.pingpong = !(pp && !strcmp(pp, "0"));
+    if ((a.keep ? a.nb : (a.n + bn - 1) / bn) > MAX_TILES) {
+        *why = "the attention core takes at most 2048 key tiles";
+        return MF_UNIMPLEMENTED;
+    }
+    if (a.dtype == MF_DTYPE_F16)
+        return launch_t<__half>(a, p, bn, s, why);
+    return launch_t<__nv_bfloat16>(a, p, bn, s, why);
+}
+
+} /* namespace mfc */
+
+extern "C" mf_status_t mf_attention_dense_cuda(const mf_qkv_t *t, float *o, float *lse,
+                                               mf_cuda_stream_t stream, const char **why)
+{
+    using namespace mfc;
+    const char *dummy;
+    if (!why)
+        why = &dummy;
+    *why = "";
+    if (!t || !o) {
+        *why = "tensors and output O are required";
+        return MF_INVALID_ARGUMENT;
+    }
+    mf_status_t st = mf_qkv_check(t, 1, why);
+    if (st != MF_OK)
+        return st;
+    st = core_supported(t->head_dim, t->dtype, why);
+    if (st != MF_OK)
+        return st;
+    if (((uintptr_t)t->q | (uintptr_t)t->k | (uintptr_t)t->v) & 15) {
+        *why = "Q, K and V must be 16-byte aligned";
+        return MF_INVALID_ARGUMENT;
+    }
+    core_args a = {};
+    a.q = t->q;
+    a.k = t->k;
+    a.v = t->v;
+    a.dtype = t->dtype;
+    a.n = t->n_tokens;
+    a.hq = t->n_q_heads;
+    a.hkv = t->n_kv_heads;
+    a.d = t->head_dim;
+    a.o = o;
+    a.lse = lse;
+    return core_launch(a, stream, why);
+}

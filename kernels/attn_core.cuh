@@ -1,0 +1,53 @@
+/*
+ * attn_core — the Hopper (sm_90a) attention core: causal softmax attention of 128-row
+ * query tiles over a list of key tiles, with wgmma, TMA into an mbarrier ring, one
+ * producer warp and two consumer warpgroups (64 query rows each). Only attn_core.cu is
+ * built for sm_90a; this header is the host-side interface the other kernels/ sources
+ * call (no device code). Internal to kernels/.
+ *
+ * The block iterator is the only thing that differs between uses:
+ *  - dense (keep == NULL): every key j ≤ row, key tiles of 128;
+ *  - lists (keep != NULL): per (head, query block of `block` rows) a bitmap of kept key
+ *    blocks (keep[(t·nb + i)·words + j/32] bit j%32), key tiles of `block` keys. A 128-row
+ *    tile pairs query blocks 2m, 2m + 1 (block 64) or is block m (block 128); it walks the
+ *    union of their kept sets once, and each warpgroup multiplies only the tiles its own
+ *    block kept. A query block with no bit set is not this kernel's (O there untouched).
+ *
+ * The environment's MF_CORE_PINGPONG=0 turns the consumer warpgroups' turn-taking off (an A/B
+ * switch for bench/gpu/core_bench.py; bench/gpu/NOTES.md). Thread safety: no global state
+ * except a once-resolved driver entry point (cuTensorMapEncodeTiled through
+ * cudaGetDriverEntryPointByVersion); any thread, any stream.
+ */
+#ifndef MF_ATTN_CORE_CUH
+#define MF_ATTN_CORE_CUH
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "mapflow_kernels.h"
+
+namespace mfc {
+
+struct core_args {
+    const void *q, *k, *v;  /* device [N, Hq | Hkv, d] */
+    mf_dtype_t dtype;       /* F16 or BF16 */
+    uint32_t n, hq, hkv, d; /* d ∈ {64, 128} */
+    float *o;               /* device [N, Hq, d] */
+    float *lse;             /* device [Hq, N] natural log, or NULL */
+    const uint32_t *keep;   /* device bitmaps (lists mode) or NULL (dense) */
+    uint32_t block;         /* lists mode: 64 or 128 */
+    uint32_t nb, words;     /* lists mode: query blocks ceil(N / block); words per bitmap */
+};
+
+/* MF_OK when the core runs (d, dtype) on the current device (compute capability 9.0);
+ * MF_UNIMPLEMENTED with *why otherwise. */
+mf_status_t core_supported(uint32_t d, mf_dtype_t dtype, const char **why);
+
+/* Queues the core on stream s. Shapes are the caller's to have checked (mf_qkv_check,
+ * core_supported); returns MF_INTERNAL when a tensor map cannot be encoded or the
+ * shared-memory limit cannot be raised, a CUDA status for a launch error. */
+mf_status_t core_launch(const core_args &a, cudaStream_t s, const char **why);
+
+} /* namespace mfc */
+
+#endif /* MF_ATTN_CORE_CUH */
