@@ -119,7 +119,7 @@ class _Params(C.Structure):
     _fields_ = [("field_mask", C.c_uint64), ("ns", C.c_char_p), ("token", C.c_char_p),
                 ("client_name", C.c_char_p), ("want_arena", C.c_int),
                 ("timeout_ms", C.c_int64), ("max_frame", C.c_uint32), ("retry", _Retry),
-                ("verify", C.c_int), ("gpu_device", C.c_int)]
+                ("verify", C.c_int), ("gpu_device", C.c_int), ("admin_token", C.c_char_p)]
 
 
 class _GpuArenaInfo(C.Structure):
@@ -1055,7 +1055,7 @@ class CompletionQueue:
 # ==== channel ============================================================================
 
 _PARAM_NS, _PARAM_TOKEN, _PARAM_NAME, _PARAM_ARENA, _PARAM_TIMEOUT, _PARAM_FRAME, \
-    _PARAM_RETRY, _PARAM_VERIFY, _PARAM_GPU = (1 << i for i in range(9))
+    _PARAM_RETRY, _PARAM_VERIFY, _PARAM_GPU, _PARAM_ADMIN_TOKEN = (1 << i for i in range(10))
 
 
 class Channel:
@@ -1063,7 +1063,9 @@ class Channel:
     rows then move one-sided and come back as copies, see mapflow.h) bound to one
     namespace. retry: dict of mf_retry_policy_t fields (max_retries, initial_backoff_ms,
     max_backoff_ms, multiplier, jitter) overriding the defaults. gpu_device: this
-    process's CUDA ordinal in which the daemon's GPU arenas are mapped (None: no GPU)."""
+    process's CUDA ordinal in which the daemon's GPU arenas are mapped (None: no GPU).
+    admin_token: the daemon's admin_token, for admin calls (config set, profile put,
+    flush / evict of every namespace) on a channel that is not on the admin socket."""
 
     _core: Optional[_Chan] = None  # set once the C object exists (close / __del__ check it)
     _gpu = -1
@@ -1072,10 +1074,10 @@ class Channel:
                  client_name: str = "mapflow-python", want_arena: bool = False,
                  timeout_ms: int = 30000, max_frame: int = 0,
                  retry: Optional[Dict[str, Union[int, float]]] = None,
-                 gpu_device: Optional[int] = None):
+                 gpu_device: Optional[int] = None, admin_token: Optional[str] = None):
         p = _Params()
         p.field_mask = _PARAM_NS | _PARAM_NAME | _PARAM_ARENA | _PARAM_TIMEOUT
-        self._strs = [_b(ns), _b(client_name), _b(token or "")]
+        self._strs = [_b(ns), _b(client_name), _b(token or ""), _b(admin_token or "")]
         p.ns, p.client_name = self._strs[0], self._strs[1]
         if token:
             p.field_mask |= _PARAM_TOKEN
@@ -1095,6 +1097,9 @@ class Channel:
         if gpu_device is not None:
             p.field_mask |= _PARAM_GPU
             p.gpu_device = int(gpu_device)
+        if admin_token:
+            p.field_mask |= _PARAM_ADMIN_TOKEN
+            p.admin_token = self._strs[3]
         h = _P()
         st = _lib.mf_channel_open(_b(target), C.byref(p), C.byref(h))
         if st != OK:
