@@ -56,7 +56,7 @@ def ceilings(g):
 
 
 # (label, mf_apply_impl_t, MF_V3_HP): profile_apply.py's names for the implementations
-IMPLS = (("v2", 2, None), ("v3", 3, None), ("v3hp1", 3, "1"), ("v3hp2", 3, "2"),
+IMPLS = (("core", 4, None), ("v2", 2, None), ("v3", 3, None), ("v3hp1", 3, "1"), ("v3hp2", 3, "2"),
          ("v3hp4", 3, "4"))
 OPS = (("prob_fp8", "prob fp8"), ("prob_u8log", "prob u8log"), ("mask", "mask"),
        ("mask_tp95", "mask tp.95"), ("compute", "compute (dense causal, our kernel)"),
