@@ -188,11 +188,34 @@ def xattn_scores(q, k, b, stride):
     return p.reshape(h, nb, c, nb, c).sum((2, 4))
 
 
-def xattn_keep(q, k, b, stride, tau):
+def xattn_scores_torch(t, q, k, b, stride):
+    """xattn_scores on the device of torch tensors q, k [N, H, d] (t: the torch module,
+    imported by the caller): the same cells, for long windows (the test checks the two
+    agree); returns NumPy float64."""
+    n, h, d = q.shape
+    if b % stride or n % b:
+        raise ValueError("xattn_scores: stride %d must divide B %d, B must divide N %d" % (
+            stride, b, n))
+    m = n // stride
+    qf = q.float().transpose(0, 1).reshape(h, m, stride, d)
+    kf = k.float().transpose(0, 1).reshape(h, m, stride, d)
+    qr = qf.flip(2).reshape(h, m, stride * d)
+    kr = kf.reshape(h, m, stride * d)
+    s = (qr @ kr.transpose(1, 2)) / (math.sqrt(d) * stride)
+    i = t.arange(m, device=q.device)
+    p = s.masked_fill(i[None, :] > i[:, None], float("-inf")).double().softmax(-1)
+    c = b // stride
+    nb = n // b
+    return p.reshape(h, nb, c, nb, c).sum((2, 4)).cpu().numpy()
+
+
+def xattn_keep(q, k, b, stride, tau, t=None):
     """XAttention's selection: per head and query block, the sink, the diagonal and the
     fewest other blocks whose cumulative score reaches τ of the row (select_mask with
-    W = I over every causal block)."""
-    sc = xattn_scores(q, k, b, stride)
+    W = I over every causal block). With t (the torch module), q and k are torch tensors
+    and the scores are computed on their device."""
+    sc = xattn_scores_torch(t, q, k, b, stride) if t is not None else \
+        xattn_scores(q, k, b, stride)
     h = sc.shape[0]
     return select_mask(lower(h, sc.shape[1]), sc, np.eye(h, dtype=np.float32),
                        np.full(h, tau))
@@ -223,20 +246,20 @@ def calibrate_top_p(src, tgt, w, src_p, recall, grid=TOPP_GRID):
     return np.asarray(grid, np.float32)[g], rec[np.arange(ht), g]
 
 
-def split_calib(total, n, cal_windows, dev_windows):
-    """Window starts in the calibration split (total tokens): calibration windows (n tokens
-    each) spread over its first part, dev windows (n + 1 tokens: inputs and next-token
-    targets) back to back in the rest, never overlapping. Returns (cal_starts, dev_starts);
-    fewer windows where the split is short (at least one of each, or ValueError)."""
-    dev_need = dev_windows * (n + 1)
-    if total < 2 * (n + 1):
-        raise ValueError("split_calib: %d tokens for windows of %d" % (total, n))
-    cut = max(n, total - dev_need)
-    cut = min(cut, total - (n + 1))
-    cal_count = max(1, min(cal_windows, cut // n))
+def split_calib(total, cal_n, cal_windows, dev_n, dev_windows):
+    """Window starts in the calibration split (total tokens): calibration windows (cal_n
+    tokens each) spread over its first part, dev windows (dev_n + 1 tokens: inputs and
+    next-token targets) back to back in the rest, never overlapping. Returns (cal_starts,
+    dev_starts); fewer windows where the split is short (at least one of each, or
+    ValueError)."""
+    if total < cal_n + dev_n + 1 or cal_n < 1 or dev_n < 1:
+        raise ValueError("split_calib: %d tokens for windows of %d + %d" % (total, cal_n,
+                                                                           dev_n))
+    cut = min(max(cal_n, total - dev_windows * (dev_n + 1)), total - (dev_n + 1))
+    cal_count = max(1, min(cal_windows, cut // cal_n))
     stride = cut // cal_count
     cal = [w * stride for w in range(cal_count)]
-    dev = list(range(cut, total - n, n + 1))[:dev_windows]
+    dev = list(range(cut, total - dev_n, dev_n + 1))[:max(1, dev_windows)]
     return cal, dev
 
 

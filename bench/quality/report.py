@@ -121,6 +121,124 @@ def goals(res):
     return "\n".join(out)
 
 
+def ci_cell(r, key, f):
+    """'value [lo, hi]' of one number with its window-bootstrap 95 % interval."""
+    if r is None or r.get(key) is None:
+        return "–"
+    ci = (r.get("ci") or {}).get(key)
+    return (f % r[key]) + (" [%s, %s]" % (f % ci[0], f % ci[1]) if ci else "")
+
+
+def methods_section(res):
+    """The verdict, the dev-chosen operating point of every method (issue 21) and prob
+    mode per layer; '' for results without them."""
+    ops = res.get("operating_points")
+    if not ops:
+        return ""
+    v = res.get("verdict", {})
+    c = res["config"]
+    if v.get("met") is None:
+        top = "**Not decided:** %s." % v.get("why", "no operating points")
+    else:
+        mf, b = ops["mapflow-mask"], ops[v["best_target_side"]]
+        top = ("**MapFlow mask %s the target-side estimators**: at Δppl ≤ +1 %% and "
+               "agreement ≥ 97 %% (thresholds chosen on the dev split) its effective density "
+               "is %.3f against %.3f for the best target-side estimator (%s): %.2f× (goal "
+               "≤ 0.8×: %s)." % ("beats" if v["met"] else "does not beat",
+                                 mf["effective_density"], b["effective_density"],
+                                 v["best_target_side"], v["ratio"],
+                                 "met" if v["met"] else "missed"))
+    lines = [top, "",
+             "Operating points (ctx %d, B %d; chosen on %d dev windows of the calibration "
+             "split, never on the test splits; [95 %% window-bootstrap interval]; effective "
+             "density = 1 − FLOPs skipped, over all target attention, the worse split; "
+             "density = attended share of the mapped heads' causal blocks):" % (
+                 c["ctx"], c["block"], c.get("dev_windows", 0)), "",
+             "| method | knob = dev choice | eff. density | density | FLOPs skipped in | "
+             "FLOPs skipped out | Δppl in | Δppl out | agree in | agree out | KL in | KL out | "
+             "bounds (point / CI) |", "|" + "---|" * 13]
+    for m, r in ops.items():
+        if not r.get("variant"):
+            lines.append("| %s | %s: none of %s within the bounds on dev |%s" % (
+                m, r["knob"], r["swept"], " – |" * 11))
+            continue
+        i, o = r["in"], r["out"]
+        lines.append("| %s | %s = %g (`%s`) | %.3f | %s | %s | %s | %s | %s | %s | %s | %s | "
+                     "%s | %s / %s |" % (
+                         m, r["knob"], r["value"], r["variant"], r["effective_density"],
+                         fmt(r.get("density"), "%.3f"), ci_cell(i, "skipped_pct", "%.1f"),
+                         ci_cell(o, "skipped_pct", "%.1f"), ci_cell(i, "dppl_pct", "%+.2f"),
+                         ci_cell(o, "dppl_pct", "%+.2f"), ci_cell(i, "agree_pct", "%.1f"),
+                         ci_cell(o, "agree_pct", "%.1f"), ci_cell(i, "kl", "%.4f"),
+                         ci_cell(o, "kl", "%.4f"), "yes" if r["passes_test"] else "no",
+                         "yes" if r["passes_test_ci"] else "no"))
+    g = [m for m, r in ops.items() if r.get("goal_50pct")]
+    lines += ["", "- Goal (≥ 50 %% of the target's attention FLOPs skipped within the bounds, "
+              "intervals included, both test splits): %s." % (
+                  "met by " + ", ".join(g) if g else "missed by every method")]
+    pm = res.get("prob_mode", {})
+    if pm.get("variant"):
+        lines.append("- Prob mode at Δppl ≤ +2 %% (dev-chosen: `%s`): share of heads in prob "
+                     "mode per target layer %s; test Δppl %s / %s." % (
+                         pm["variant"], " ".join("%.0f%%" % (100 * x) for x in
+                                                 pm["per_layer"]),
+                         ci_cell(pm["in"], "dppl_pct", "%+.2f"),
+                         ci_cell(pm["out"], "dppl_pct", "%+.2f")))
+    else:
+        lines.append("- Prob mode: no calibrated profile within Δppl ≤ +2 % on dev.")
+    return "\n".join(lines) + "\n\n"
+
+
+def plot_methods(res, path):
+    """Every method's sweep: FLOPs skipped against Δppl, KL and agreement (the worse test
+    split, with its interval), the dev-chosen operating point starred."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    m = merged(res)
+    ops = res["operating_points"]
+    fig, ax = plt.subplots(1, 3, figsize=(18, 5.5))
+    colors = plt.get_cmap("tab10").colors
+    keys = (("dppl_pct", max, "Δ perplexity (%, the worse test split)"),
+            ("kl", max, "KL(target ‖ variant) per token, the worse split"),
+            ("agree_pct", min, "top-1 agreement (%, the worse split)"))
+    for mi, method in enumerate(ops):
+        vs = sorted((v for v in m.values() if v["spec"].get("method") == method and
+                     v["in"].get("skipped_pct") is not None),
+                    key=lambda v: v["in"]["skipped_pct"])
+        if not vs:
+            continue
+        x = [min(v["in"]["skipped_pct"], v["out"]["skipped_pct"]) for v in vs]
+        for a, (k, fn, lab) in zip(ax, keys):
+            y, lo, hi = [], [], []
+            for v in vs:
+                s = "in" if fn(v["in"][k], v["out"][k]) == v["in"][k] else "out"
+                y.append(v[s][k])
+                ci = (v[s].get("ci") or {}).get(k, [v[s][k], v[s][k]])
+                lo.append(v[s][k] - ci[0])
+                hi.append(ci[1] - v[s][k])
+            a.errorbar(x, y, yerr=[lo, hi], color=colors[mi % 10], marker="o", ms=4,
+                       capsize=2, label=method)
+            op = ops[method].get("variant")
+            if op in m:
+                v = m[op]
+                s = "in" if fn(v["in"][k], v["out"][k]) == v["in"][k] else "out"
+                a.plot([min(v["in"]["skipped_pct"], v["out"]["skipped_pct"])], [v[s][k]],
+                       marker="*", ms=14, color=colors[mi % 10], ls="none")
+            a.set_xlabel("target attention FLOPs skipped (%, the worse split)")
+            a.set_ylabel(lab)
+    ax[0].axhline(1.0, color="k", ls=":", lw=1)
+    ax[2].axhline(97.0, color="k", ls=":", lw=1)
+    for a in ax:
+        a.axvline(50, color="k", ls=":", lw=1)
+    ax[0].legend(fontsize=8)
+    c = res["config"]
+    fig.suptitle("MapFlow mask vs target-side estimators (ctx %d, B %d; ★ = dev-chosen "
+                 "operating point)" % (c["ctx"], c["block"]))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def plot(res, path):
     import matplotlib
     matplotlib.use("Agg")
@@ -186,13 +304,14 @@ def main():
                 "FLOPs/density from %d windows per split, backend %s" % (
                     c["block"], c["recompute_last"], c["cal_windows"], c["cal_n"],
                     c["acct_windows"], c["backend"]))
-    text = "\n".join(head) + "\n\n" + goals(res) + "\n\n" + table(res) + "\n"
+    text = methods_section(res) + "\n".join(head) + "\n\n" + goals(res) + "\n\n" + \
+        table(res) + "\n"
     with open(sys.argv[2], "w") as f:
         f.write(text + "\n## Calibration (mapflow-calibrate)\n\n```\n" +
                 res.get("calibration_summary", "") + "```\n")
     if len(sys.argv) > 3:
         try:
-            plot(res, sys.argv[3])
+            (plot_methods if res.get("operating_points") else plot)(res, sys.argv[3])
         except Exception as ex:  # noqa: BLE001  (the table matters more than the plot)
             print("report: no plot:", ex, file=sys.stderr)
     print(text)

@@ -82,6 +82,16 @@ class XAttention(unittest.TestCase):
         dens = [S.xattn_keep(q, k, b, st, t).sum() for t in (0.5, 0.8, 0.95)]
         self.assertTrue(dens[0] <= dens[1] <= dens[2])
 
+    def test_torch_scores_agree(self):
+        try:
+            import torch
+        except ImportError:
+            self.skipTest("no torch")
+        q = self.rng.standard_normal((256, 3, 16)).astype(np.float32) * 2
+        k = self.rng.standard_normal((256, 3, 16)).astype(np.float32) * 2
+        got = S.xattn_scores_torch(torch, torch.from_numpy(q), torch.from_numpy(k), 32, 8)
+        np.testing.assert_allclose(got, S.xattn_scores(q, k, 32, 8), rtol=1e-5, atol=1e-7)
+
     def test_bad_stride(self):
         q = np.ones((64, 1, 4), np.float32)
         with self.assertRaises(ValueError):
@@ -178,22 +188,24 @@ class Rows(unittest.TestCase):
 class Splits(unittest.TestCase):
     def test_no_leak(self):
         rng = np.random.default_rng(3)
-        for _ in range(200):
-            n = int(rng.integers(16, 300))
-            total = int(rng.integers(2 * (n + 1), 40 * n))
+        for _ in range(300):
+            n, m = int(rng.integers(16, 300)), int(rng.integers(16, 300))
+            total = int(rng.integers(n + m + 1, 40 * (n + m)))
             cw, dw = int(rng.integers(1, 10)), int(rng.integers(1, 10))
-            cal, dev = S.split_calib(total, n, cw, dw)
+            cal, dev = S.split_calib(total, n, cw, m, dw)
             self.assertTrue(1 <= len(cal) <= cw and 1 <= len(dev) <= dw)
             used = np.zeros(total + 1, int)
             for s in cal:
                 used[s:s + n] += 1
             for s in dev:
-                self.assertLessEqual(s + n + 1, total)
-                used[s:s + n + 1] += 1
-            self.assertLessEqual(used.max(), 1, (total, n, cw, dw))
-            self.assertLess(max(c + n for c in cal), min(dev) + 1)
+                self.assertLessEqual(s + m + 1, total)
+                used[s:s + m + 1] += 1
+            self.assertLessEqual(used.max(), 1, (total, n, m, cw, dw))
+            self.assertLessEqual(max(c + n for c in cal), min(dev))
+            if total >= cw * n + dw * (m + 1):
+                self.assertEqual((len(cal), len(dev)), (cw, dw))
         with self.assertRaises(ValueError):
-            S.split_calib(100, 64, 2, 2)
+            S.split_calib(100, 64, 2, 64, 2)
 
 
 def windows(rng, nw, shift):
