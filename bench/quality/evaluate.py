@@ -605,6 +605,15 @@ def emu_check(src, tgt, tokens, plan, b, p, r, dev):
 TARGET_SIDE = ("xattention", "flexprefill", "pooled-qk")
 
 
+def _plain(x):
+    """NumPy scalars and arrays for json.dump."""
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    raise TypeError("not JSON: %r" % type(x))
+
+
 def _numbers(r):
     keys = ("dppl_pct", "kl", "agree_pct", "skipped_pct", "density", "ci", "windows")
     return {k: r.get(k) for k in keys}
@@ -654,7 +663,7 @@ def operating_points(res, vs, cal):
     if mf.get("variant") and best:
         m, b = min(best, key=lambda x: x[1]["effective_density"])
         ratio = mf["effective_density"] / b["effective_density"]
-        verdict.update(best_target_side=m, ratio=ratio, met=ratio <= 0.8)
+        verdict.update(best_target_side=m, ratio=float(ratio), met=bool(ratio <= 0.8))
     else:
         verdict.update(met=None, why="no dev-chosen operating point for %s" % (
             "MapFlow mask" if not mf.get("variant") else "any target-side estimator"))
@@ -849,7 +858,7 @@ def main():
         with open(trp) as f:
             res["train"] = json.load(f)
     with open(os.path.join(args.out, "quality.json"), "w") as f:
-        json.dump(res, f, indent=1)
+        json.dump(res, f, indent=1, default=_plain)
     log("wrote", os.path.join(args.out, "quality.json"), "ref checks:", CHECKED[0])
     return 0
 

@@ -2,12 +2,14 @@
 """quality.json (evaluate.py) → a Markdown report and the trade-off plot.
 
   report.py QUALITY_JSON OUT_MD [OUT_PNG]
+  report.py --summary OUT_MD QUALITY_JSON...   (appends every run's operating points)
 
 The table is printed last on stdout too. Goals (MapFlow issue 8): at ≥ 50 % of the target's
 attention FLOPs skipped, Δppl ≤ +1 % and top-1 agreement ≥ 97 % (both test splits); the
 largest share of heads in prob mode with Δppl ≤ +2 %; the controls clearly worse.
 """
 import json
+import os
 import sys
 
 
@@ -277,7 +279,43 @@ def plot(res, path):
     fig.savefig(path, dpi=110)
 
 
+def summary(paths):
+    """The operating points of several runs (seeds, block sizes) side by side."""
+    lines = ["## Every run: effective density at the dev-chosen operating point (✓: within "
+             "the bounds on both test splits, intervals included)", "",
+             "| run | seed (source, target) | ctx | B | verdict (ratio) | " +
+             " | ".join(METHODS) + " |", "|" + "---|" * (5 + len(METHODS))]
+    for p in paths:
+        with open(p) as f:
+            res = json.load(f)
+        c, ops, v = res["config"], res.get("operating_points", {}), res.get("verdict", {})
+        tr = res.get("train", {})
+        seeds = "%s, %s" % (tr.get("source", {}).get("seed", "–"),
+                            tr.get("target", {}).get("seed", "–"))
+        cells = []
+        for m in METHODS:
+            r = ops.get(m, {})
+            cells.append("%.3f%s" % (r["effective_density"], " ✓" if r["passes_test_ci"]
+                                     else "") if r.get("variant") else "none")
+        verdict = "–" if v.get("met") is None else "%s (%.2f×)" % (
+            "met" if v["met"] else "missed", v["ratio"])
+        lines.append("| %s | %s | %d | %d | %s | %s |" % (
+            os.path.basename(os.path.dirname(p)) or ".", seeds, c["ctx"], c["block"],
+            verdict, " | ".join(cells)))
+    return "\n".join(lines) + "\n"
+
+
+METHODS = ("mapflow-mask", "oracle", "xattention", "flexprefill", "pooled-qk",
+           "random-w-calibrated")
+
+
 def main():
+    if sys.argv[1] == "--summary":  # report.py --summary OUT_MD QUALITY_JSON...
+        text = summary(sys.argv[3:])
+        with open(sys.argv[2], "a") as f:
+            f.write("\n" + text)
+        print(text)
+        return
     with open(sys.argv[1]) as f:
         res = json.load(f)
     c, sp = res["config"], res["splits"]
