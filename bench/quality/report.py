@@ -285,10 +285,12 @@ def summary(paths):
              "the bounds on both test splits, intervals included)", "",
              "| run | seed (source, target) | ctx | B | verdict (ratio) | " +
              " | ".join(METHODS) + " |", "|" + "---|" * (5 + len(METHODS))]
-    for p in paths:
+    groups = {}
+    for n, p in enumerate(paths):
         with open(p) as f:
             res = json.load(f)
         c, ops, v = res["config"], res.get("operating_points", {}), res.get("verdict", {})
+        groups.setdefault((c["ctx"], c["block"]), []).append((ops, v))
         tr = res.get("train", {})
         seeds = "%s, %s" % (tr.get("source", {}).get("seed", "–"),
                             tr.get("target", {}).get("seed", "–"))
@@ -300,8 +302,20 @@ def summary(paths):
         verdict = "–" if v.get("met") is None else "%s (%.2f×)" % (
             "met" if v["met"] else "missed", v["ratio"])
         lines.append("| %s | %s | %d | %d | %s | %s |" % (
-            os.path.basename(os.path.dirname(p)) or ".", seeds, c["ctx"], c["block"],
-            verdict, " | ".join(cells)))
+            "first" if n == 0 else os.path.basename(os.path.dirname(p)), seeds, c["ctx"],
+            c["block"], verdict, " | ".join(cells)))
+    # across seeds: the range of each method's effective density, and the verdicts
+    lines += ["", "Across seeds (min – max effective density; runs within the bounds):", ""]
+    for (ctx, b), runs in sorted(groups.items()):
+        cells = []
+        for m in METHODS:
+            d = [o[m]["effective_density"] for o, _ in runs if o.get(m, {}).get("variant")]
+            ok = sum(1 for o, _ in runs if o.get(m, {}).get("passes_test_ci"))
+            cells.append("%s: %s (%d/%d)" % (m, "%.3f – %.3f" % (min(d), max(d)) if d
+                                             else "none", ok, len(runs)))
+        met = sum(1 for _, v in runs if v.get("met"))
+        lines.append("- ctx %d, B %d, %d seed(s): verdict met in %d; %s." % (
+            ctx, b, len(runs), met, "; ".join(cells)))
     return "\n".join(lines) + "\n"
 
 

@@ -10,7 +10,9 @@
 # Env: OUT (results; default bench/results/tmp/quality), WORK (models, tokens; default
 # bench/quality/data/work, work-smoke with --smoke), PYTHON (python3), BUDGET (seconds for
 # the whole run, default 540: the evaluation stops adding test windows in time),
-# SRC_SECONDS / TGT_SECONDS (wall clock per model, default 240 each, both at once),
+# PAIR (fast: the 6x8 -> 4x6 pair at 2048 tokens; long: 12x12 -> 8x8 at 8192, B = 64 and
+# 32, method sweeps only), SEEDS (training seed indices, default "0"), BLOCKS,
+# SRC_SECONDS / TGT_SECONDS (wall clock per model, default 240 each, 180 long, all at once),
 # SMALL_SECONDS (the small pair, both models in turn, default 200; 0: none), CTX (2048),
 # BACKEND (cuda | ref; default cuda when torch sees a GPU), MF_CUDA_LIB / MF_REF_LIB (the
 # kernel libraries; default build/lib/...), TRAIN_ARGS / SMALL_ARGS / EVAL_ARGS (more
@@ -58,15 +60,15 @@ if [ $smoke = 1 ]; then
 else
     # PAIR=fast (default): the 6×8 → 4×6 pair at 2048 tokens, B = 32, every variant;
     # PAIR=long: a 12×12 → 8×8 pair trained at 8192 tokens, evaluated at B = 64 and at
-    # B = 32 (the method sweeps only; calibration on 4 windows of 2048 tokens: dense maps
+    # B = 32 (the method sweeps only; calibration on 3 windows of 2048 tokens: dense maps
     # of 8192 tokens do not fit the calibration's host memory)
     pair=${PAIR:-fast}
     if [ "$pair" = long ]; then
-        ctx=${CTX:-8192}; small_s=${SMALL_SECONDS:-0}; blocks=${BLOCKS:-64 32}
+        ctx=${CTX:-8192}; small_s=${SMALL_SECONDS:-0}; blocks=${BLOCKS:-64 32}; secs=180
         shape="--src 12,12,768 --tgt 8,8,512 --batch ${BATCH:-4}"
-        eargs="--methods-only --cal-n 2048 --cal-windows 4 --dev-windows 8 --windows 12"
+        eargs="--methods-only --cal-n 2048 --cal-windows 3 --dev-windows 8 --windows 12"
     elif [ "$pair" = fast ]; then
-        ctx=${CTX:-2048}; small_s=${SMALL_SECONDS:-200}; blocks=${BLOCKS:-32}
+        ctx=${CTX:-2048}; small_s=${SMALL_SECONDS:-200}; blocks=${BLOCKS:-32}; secs=240
         shape=""; eargs=""
     else
         echo "run.sh: PAIR must be fast or long, not '$pair'" >&2; exit 2
@@ -78,7 +80,7 @@ else
     mkdir -p "$sw"
     seed_work() { [ "$1" = "${seeds[0]}" ] && echo "$work" || echo "$work/seed$1"; }
     T=("$py" "$here/train.py" --data "$here/data" --ctx "$ctx"
-       --src-seconds "${SRC_SECONDS:-240}" --tgt-seconds "${TGT_SECONDS:-240}" $shape
+       --src-seconds "${SRC_SECONDS:-$secs}" --tgt-seconds "${TGT_SECONDS:-$secs}" $shape
        ${TRAIN_ARGS:-})
     S=("$py" "$here/train_small.py" --data "$here/data" --work "$sw" --device "$small_dev"
        --tokenizer "$root/bench/models/tokenizer.txt" --chars 0 --jobs 8 --batch 64
