@@ -128,10 +128,10 @@ def parse_rows(rows, heads, nb):
 
 def keep_rows(keep, b, layer=0, model=b"target", seal=None):
     """Mask rows (proto/mf_row.h) of a target-side selection keep [H, nb, nb] (causal):
-    (buffer uint8, 16-aligned offsets, sizes), the sink and diagonal added. The masses are arbitrary (1..255): the apply
-    kernel at Top-P 1 attends every column of the row. seal(row) writes the checksum
-    (mf_row_seal through a kernel library); None leaves it zero (parse_row_list does not
-    read it)."""
+    (buffer uint8, 16-aligned offsets, sizes), the sink and diagonal added. The masses
+    are arbitrary (1..255): the apply kernel at Top-P 1 attends every column of the row.
+    seal(row) writes the checksum (mf_row_seal through a kernel library); None leaves it
+    zero (parse_row_list does not read it)."""
     h, nb, _ = keep.shape
     if h > 64:
         raise ValueError("keep_rows: %d heads (a row holds at most 64)" % h)
@@ -170,7 +170,7 @@ def softmax_causal(s):
 def xattn_scores(q, k, b, stride):
     """XAttention's block scores [H, nb, nb] from Q, K [N, H, d] (arXiv 2503.16428): the
     strided reshape sums, per stride-S cell, the S products along its antidiagonal
-    (query iS+S−1−s with key jS+s); scaled by 1/(√d·S) (the mean of those products), row
+    (query iS+S−1−s with key jS+s); scaled by 1/(√d·S) as XAttention's code does, row
     softmax over cells j ≤ i, summed to B/S × B/S cells per block. Rows sum to B/S."""
     n, h, d = q.shape
     if b % stride or n % b:

@@ -174,6 +174,17 @@ def methods_section(res):
                          ci_cell(o, "agree_pct", "%.1f"), ci_cell(i, "kl", "%.4f"),
                          ci_cell(o, "kl", "%.4f"), "yes" if r["passes_test"] else "no",
                          "yes" if r["passes_test_ci"] else "no"))
+    mf = ops.get("mapflow-mask", {})
+    if mf.get("variant"):
+        x0 = 100.0 * (1.0 - mf["effective_density"])
+        cells = []
+        for m in ops:
+            y = matched(res, m, x0)
+            if y:
+                cells.append("%s Δppl %+.2f %%, agreement %.1f %%" % (m, y[0], y[1]))
+        lines += ["", "- At MapFlow mask's operating point (%.1f %% of FLOPs skipped), each "
+                  "sweep interpolated linearly (the worse test split; sweeps not spanning "
+                  "it left out): %s." % (x0, "; ".join(cells) or "–")]
     g = [m for m, r in ops.items() if r.get("goal_50pct")]
     lines += ["", "- Goal (≥ 50 %% of the target's attention FLOPs skipped within the bounds, "
               "intervals included, both test splits): %s." % (
@@ -189,6 +200,20 @@ def methods_section(res):
     else:
         lines.append("- Prob mode: no calibrated profile within Δppl ≤ +2 % on dev.")
     return "\n".join(lines) + "\n\n"
+
+
+def matched(res, method, x0):
+    """(Δppl, agreement) of a method's sweep at x0 % FLOPs skipped, linear between the
+    two nearest swept points (the worse test split); None outside the swept range."""
+    pts = sorted((min(v["in"]["skipped_pct"], v["out"]["skipped_pct"]),
+                  worst(v, "dppl_pct"), worst(v, "agree_pct", min))
+                 for v in merged(res).values() if v["spec"].get("method") == method and
+                 v["in"].get("skipped_pct") is not None)
+    for a, b in zip(pts, pts[1:]):
+        if a[0] <= x0 <= b[0]:
+            f = 0.0 if b[0] == a[0] else (x0 - a[0]) / (b[0] - a[0])
+            return a[1] + f * (b[1] - a[1]), a[2] + f * (b[2] - a[2])
+    return None
 
 
 def plot_methods(res, path):

@@ -3,8 +3,9 @@
 
 One byte-level BPE (8k) trained on the train split, shared by both models; a source
 (default 6 layers × 8 heads × 512) and a target (4 × 6 × 384), head dim 64, context CTX,
-trained separately (seeds 1 and 2; --seed k: 1 + 10k and 2 + 10k) for a wall-clock budget each (train_clock: the schedule
-follows the clock, so two models can share one GPU as two processes). Stages: prepare
+trained separately (seeds 1 and 2; --seed k: 1 + 10k and 2 + 10k) for a wall-clock
+budget each (train_clock: the schedule follows the clock, so two models can share one GPU
+as two processes). Stages: prepare
 (tok.json, tokens_{train,calib,in,out}.npy, prep.json), source / target (WORK/<name>.
 safetensors fp32, <name>.json: config, steps, tokens, epochs, held-out loss at each quarter
 of the time, own test perplexity), meta (meta.json: the configs; train.json); all = each
