@@ -247,19 +247,28 @@ def calibrate_top_p(src, tgt, w, src_p, recall, grid=TOPP_GRID):
 
 
 def split_calib(total, cal_n, cal_windows, dev_n, dev_windows):
-    """Window starts in the calibration split (total tokens): calibration windows (cal_n
-    tokens each) spread over its first part, dev windows (dev_n + 1 tokens: inputs and
-    next-token targets) back to back in the rest, never overlapping. Returns (cal_starts,
-    dev_starts); fewer windows where the split is short (at least one of each, or
-    ValueError)."""
-    if total < cal_n + dev_n + 1 or cal_n < 1 or dev_n < 1:
-        raise ValueError("split_calib: %d tokens for windows of %d + %d" % (total, cal_n,
-                                                                           dev_n))
-    cut = min(max(cal_n, total - dev_windows * (dev_n + 1)), total - (dev_n + 1))
-    cal_count = max(1, min(cal_windows, cut // cal_n))
-    stride = cut // cal_count
-    cal = [w * stride for w in range(cal_count)]
-    dev = list(range(cut, total - dev_n, dev_n + 1))[:max(1, dev_windows)]
+    """Window starts in the calibration split (total tokens, the training texts' held-out
+    tails one after another): the split is cut into cal_windows + dev_windows equal slots,
+    dev windows (dev_n + 1 tokens: inputs and next-token targets) in slots spread evenly
+    over it (so dev sees every text, as the calibration does), calibration windows (cal_n
+    tokens) in the others, each at its slot's start: never overlapping. Returns
+    (cal_starts, dev_starts); fewer windows where the split is short (at least one of
+    each, or ValueError)."""
+    need = max(cal_n, dev_n + 1)
+    if cal_n < 1 or dev_n < 1 or total < 2 * need:
+        raise ValueError("split_calib: %d tokens for windows of %d and %d" % (total, cal_n,
+                                                                             dev_n + 1))
+    cw, dw = max(1, cal_windows), max(1, dev_windows)
+    while total // (cw + dw) < need:  # shorter split: fewer windows, both kinds kept
+        if cw >= dw:
+            cw -= 1
+        else:
+            dw -= 1
+    k = cw + dw
+    slot = total // k
+    dev_slots = {int((i + 0.5) * k / dw) for i in range(dw)}
+    cal = [j * slot for j in range(k) if j not in dev_slots]
+    dev = [j * slot for j in sorted(dev_slots)]
     return cal, dev
 
 

@@ -219,7 +219,7 @@ def calibrate(args, src, tgt, dev):
     masses ({"src", "tgt"}: per window, per layer [H, nb, nb]); sets args.dev_starts."""
     cal = np.load(os.path.join(args.work, "tokens_calib.npy")).astype(np.int64)
     n = args.cal_n
-    # calibration windows first, the dev windows (thresholds are chosen there) after them
+    # calibration and dev windows (thresholds are chosen there) interleaved, disjoint
     try:
         starts, args.dev_starts = BS.split_calib(len(cal), n, args.cal_windows, args.test_ctx,
                                                  args.dev_windows)
@@ -716,8 +716,8 @@ def main():
     ap.add_argument("--methods-only", action="store_true",
                     help="only the trade-off sweeps of SWEEPS (the long configuration)")
     ap.add_argument("--dev-windows", type=int, default=16,
-                    help="dev windows (thresholds are chosen there), after the calibration "
-                    "windows in the calibration split")
+                    help="dev windows (thresholds are chosen there), between the calibration "
+                    "windows of the calibration split")
     ap.add_argument("--xattn-stride", type=int, default=8, help="XAttention's stride S")
     ap.add_argument("--fp-tau", type=float, default=0.1, help="FlexPrefill's JS threshold")
     ap.add_argument("--fp-min-budget", type=int, default=0,
@@ -752,7 +752,7 @@ def main():
              for s in ("in", "out")}
     starts = {s: [w * ctx for w in range(min(args.windows, (len(a) - 1) // ctx))]
               for s, a in tests.items()}
-    # dev: windows of the calibration split after the calibration windows (split_calib)
+    # dev: windows of the calibration split beside the calibration windows (split_calib)
     tests["dev"] = np.load(os.path.join(args.work, "tokens_calib.npy")).astype(np.int64)
     starts["dev"] = args.dev_starts
     nwin = {s: len(x) for s, x in starts.items()}

@@ -190,7 +190,7 @@ class Splits(unittest.TestCase):
         rng = np.random.default_rng(3)
         for _ in range(300):
             n, m = int(rng.integers(16, 300)), int(rng.integers(16, 300))
-            total = int(rng.integers(n + m + 1, 40 * (n + m)))
+            total = int(rng.integers(2 * max(n, m + 1), 40 * (n + m)))
             cw, dw = int(rng.integers(1, 10)), int(rng.integers(1, 10))
             cal, dev = S.split_calib(total, n, cw, m, dw)
             self.assertTrue(1 <= len(cal) <= cw and 1 <= len(dev) <= dw)
@@ -201,9 +201,11 @@ class Splits(unittest.TestCase):
                 self.assertLessEqual(s + m + 1, total)
                 used[s:s + m + 1] += 1
             self.assertLessEqual(used.max(), 1, (total, n, m, cw, dw))
-            self.assertLessEqual(max(c + n for c in cal), min(dev))
-            if total >= cw * n + dw * (m + 1):
+            if total >= (cw + dw) * max(n, m + 1):
                 self.assertEqual((len(cal), len(dev)), (cw, dw))
+            if len(dev) >= 2 and len(cal) >= 2:  # dev spread over the split, not its tail
+                self.assertLess(min(dev), total / 2)
+                self.assertGreater(max(dev), total / 2)
         with self.assertRaises(ValueError):
             S.split_calib(100, 64, 2, 64, 2)
 
