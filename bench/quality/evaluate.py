@@ -29,7 +29,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "handoff"))
+import blocksel as BS  # noqa: E402
+import flexprefill as FP  # noqa: E402  (FlexPrefill's selection, shared with bench/handoff)
 import mfk  # noqa: E402
 import model as M  # noqa: E402
 
@@ -50,7 +54,12 @@ CONFIGS = [
     ("r0.99-php", dict(mask_min_recall=0.99, per_head_top_p=1)),
     ("r0.97-php-minl0=1", dict(mask_min_recall=0.97, per_head_top_p=1, min_l0=1)),
     ("r0.97-php-minl0=2", dict(mask_min_recall=0.97, per_head_top_p=1, min_l0=2)),
+    ("r0.9-php-noprob", dict(mask_min_recall=0.9, per_head_top_p=1, **NO_PROB)),
+    ("r0.95-php-noprob", dict(mask_min_recall=0.95, per_head_top_p=1, **NO_PROB)),
     ("r0.97-php-noprob", dict(mask_min_recall=0.97, per_head_top_p=1, **NO_PROB)),
+    ("r0.98-php-noprob", dict(mask_min_recall=0.98, per_head_top_p=1, **NO_PROB)),
+    ("r0.99-php-noprob", dict(mask_min_recall=0.99, per_head_top_p=1, **NO_PROB)),
+    ("r0.995-php-noprob", dict(mask_min_recall=0.995, per_head_top_p=1, **NO_PROB)),
     ("r0.9-php-prob0.3", dict(mask_min_recall=0.9, per_head_top_p=1, prob_max_error=0.3)),
     ("r0.9-php-prob0.5", dict(mask_min_recall=0.9, per_head_top_p=1, prob_max_error=0.5)),
     # 16-token blocks: the CUDA kernels take B ≥ 32, so these profiles are applied by the
@@ -62,6 +71,18 @@ CONFIGS = [
 ]
 IAM_CONFIG = "r0.9-php"  # its IAM-style argmax profile is evaluated too
 ROW_TOP_P = 0.95         # the source rows' Top-P for calibrated profiles (= mask_top_p)
+MAPFLOW_MASK = "r0.97-php-noprob"  # its mapped layers are every method's layers
+# The trade-off sweeps (issue 21): method → knob values; every one runs through the same
+# apply path (mask heads; target-side selections as rows with W = I, Top-P 1), on the same
+# layers, with the same forced sink/diagonal blocks and recompute policy.
+SWEEPS = {
+    "mapflow-mask": ("R", (0.9, 0.95, 0.97, 0.98, 0.99, 0.995)),   # calibrated, per-head Top-P
+    "oracle": ("top_p", (0.8, 0.9, 0.95, 0.97, 0.98, 0.99)),      # the target's own masses
+    "xattention": ("tau", (0.8, 0.9, 0.95, 0.97, 0.99)),
+    "flexprefill": ("gamma", (0.8, 0.9, 0.95, 0.97, 0.99)),
+    "pooled-qk": ("density", (0.2, 0.3, 0.4, 0.5, 0.6, 0.7)),
+    "random-w-calibrated": ("R", (0.95, 0.98, 0.99)),
+}
 
 
 def log(*a):
@@ -194,20 +215,27 @@ def jsonable(fit):
 
 def calibrate(args, src, tgt, dev):
     """{config: {"fit": all target layers, "profile": read back from its .pb}}, the IAM
-    profile, the JSON of every fit and the summary text."""
+    profile, the JSON of every fit, the summary text and the calibration windows' block
+    masses ({"src", "tgt"}: per window, per layer [H, nb, nb]); sets args.dev_starts."""
     cal = np.load(os.path.join(args.work, "tokens_calib.npy")).astype(np.int64)
     n = args.cal_n
-    if n * args.cal_windows > len(cal):
-        n = args.cal_n = max(args.block, len(cal) // max(1, args.cal_windows))
-    count = min(args.cal_windows, len(cal) // n)
-    if count < 1:
-        raise SystemExit("evaluate: calibration split too short")
-    stride = len(cal) // count
+    # calibration and dev windows (thresholds are chosen there) interleaved, disjoint
+    try:
+        starts, args.dev_starts = BS.split_calib(len(cal), n, args.cal_windows, args.test_ctx,
+                                                 args.dev_windows)
+    except ValueError as ex:
+        raise SystemExit("evaluate: calibration split too short: %s" % ex)
+    count = len(starts)
     t = time.time()
     cb = mfk.Calib(src.cfg.n_layer, src.cfg.n_head, tgt.cfg.n_layer, tgt.cfg.n_head)
-    for w in range(count):
-        idx = torch.from_numpy(cal[w * stride:w * stride + n])[None].to(dev)
-        cb.add(dense_maps(src, idx), dense_maps(tgt, idx))
+    bm = {"src": [], "tgt": []}  # block masses per window: the random-W control's calibration
+    for w in starts:
+        idx = torch.from_numpy(cal[w:w + n])[None].to(dev)
+        ms, mt = dense_maps(src, idx), dense_maps(tgt, idx)
+        cb.add(ms, mt)
+        bm["src"].append([BS.block_masses(x, args.block) for x in ms])
+        bm["tgt"].append([BS.block_masses(x, args.block) for x in mt])
+        del ms, mt
     log("calibration maps: %d windows of %d tokens, added in %.1f s" % (count, n,
                                                                        time.time() - t))
     common = dict(min_l0=0, block_size=args.block, recompute_last=args.recompute_last,
@@ -228,7 +256,7 @@ def calibrate(args, src, tgt, dev):
         text.append(summary_text(name, kw, fit, count))
     cb.close()
     log("calibration fits: %d settings in %.1f s" % (len(CONFIGS), time.time() - t))
-    return out, iam, js, "\n".join(text)
+    return out, iam, js, "\n".join(text), bm
 
 
 # ---- variants -----------------------------------------------------------------------------
@@ -254,9 +282,12 @@ def variants(cal, lt):
                           kind="calib", cfg=name, l0=cal[name]["profile"]["l0"],
                           policy="profile", codec="mask", p=ROW_TOP_P, emu=True, block=b))
             continue
-        v.append(dict(name="cal-" + name, group=group, kind="calib", cfg=name,
-                      l0=cal[name]["profile"]["l0"], policy="profile", codec="fp8",
-                      p=ROW_TOP_P))
+        d = dict(name="cal-" + name, group=group, kind="calib", cfg=name,
+                 l0=cal[name]["profile"]["l0"], policy="profile", codec="fp8", p=ROW_TOP_P)
+        if php and kw.get("prob_max_error") == NO_PROB["prob_max_error"] and not b and \
+                not kw.get("min_l0"):
+            d.update(method="mapflow-mask", knob=kw["mask_min_recall"])
+        v.append(d)
     for r in (0, 4):  # recompute the last R query blocks exactly (the profile says 1)
         v.append(dict(name="cal-r0.97-php-R%d" % r, group="recompute last R", kind="calib",
                       cfg="r0.97-php", l0=cal["r0.97-php"]["profile"]["l0"],
@@ -274,10 +305,26 @@ def variants(cal, lt):
                       policy="mask", codec="mask", p=p))
     v.append(dict(name="uniform-L0=1", group="control", kind="uniform", l0=1,
                   policy="uniform", codec="none", p=1.0))
-    for l0, ps in ((0, (0.8, 0.9, 0.95, 0.99)), (1, (0.9, 0.95))):
-        for p in ps:
-            v.append(dict(name="own-p%g-L0=%d" % (p, l0), group="own top-p L0=%d" % l0,
-                          kind="own", l0=l0, policy="own", codec="mask", p=p))
+    l0m = cal[MAPFLOW_MASK]["profile"]["l0"]  # the layers MapFlow mask maps
+    for p in SWEEPS["oracle"][1]:  # the target's own exact block masses, Top-P
+        v.append(dict(name="own-p%g-L0=%d" % (p, l0m), group="oracle (own Top-P)",
+                      kind="own", l0=l0m, policy="own", codec="mask", p=p, method="oracle",
+                      knob=p))
+    for p in (0.9, 0.95):
+        v.append(dict(name="own-p%g-L0=%d" % (p, l0m + 1), group="own top-p L0=%d" % (l0m + 1),
+                      kind="own", l0=l0m + 1, policy="own", codec="mask", p=p))
+    # target-side estimators from the target's own Q, K of the same forward pass
+    for method, sel in (("xattention", "xattn"), ("flexprefill", "flexprefill"),
+                        ("pooled-qk", "pooled")):
+        knob = SWEEPS[method][0]
+        for x in SWEEPS[method][1]:
+            v.append(dict(name="%s-%s%g" % (method, knob, x), group=method, kind="target",
+                          sel=sel, l0=l0m, policy="target", codec="mask", p=1.0,
+                          method=method, knob=x))
+    for r in SWEEPS["random-w-calibrated"][1]:  # random W, then the per-head Top-P rule
+        v.append(dict(name="random-cal-r%g" % r, group="control", kind="random-cal",
+                      l0=l0m, policy="mask", codec="mask", p=ROW_TOP_P, recall=r,
+                      method="random-w-calibrated", knob=r))
     # The emulation at B = 32 next to the kernels' own numbers (the same rules: the pairs
     # must agree), then at B = 16: the target's own Top-P bound and the fitted W.
     v.append(dict(name="emu-cal-r0.97-php-noprob", group="emulated B=32 (check)",
@@ -295,8 +342,9 @@ def variants(cal, lt):
     return v
 
 
-def layer_plans(var, cal, iam, ht, hs, lt, seed):
-    """{t: (source layer, W, mode, top_p)} for the mapped layers of a variant."""
+def layer_plans(var, cal, iam, ht, hs, lt, seed, bm=None):
+    """{t: (source layer, W, mode, top_p)} for the mapped layers of a variant (bm: the
+    calibration windows' block masses, for the calibrated random-W control)."""
     rng = np.random.default_rng(seed)
     plans = {}
     if var["kind"] in ("calib", "iam-calib"):  # the profile as calibrated
@@ -307,16 +355,22 @@ def layer_plans(var, cal, iam, ht, hs, lt, seed):
         return plans
     fit = cal[CONFIGS[0][0]]["fit"]["layers"]  # every target layer's W and source layer
     for t in range(var["l0"], lt):
-        if var["kind"] in ("own", "uniform"):
+        if var["kind"] in ("own", "uniform", "target"):
             plans[t] = (t, np.eye(ht, dtype=np.float32), np.full(ht, mfk.MASK_MODE, np.uint8),
                         np.ones(ht, np.float32))
             continue
         lm = fit[t]
         w = (lm["base_w"] if var["kind"] == "iam" else lm["w"]).copy()
-        if var["kind"] == "random":
+        if var["kind"] in ("random", "random-cal"):
             w = rng.dirichlet(np.ones(hs), size=ht).astype(np.float32)
         mode = np.full(ht, mfk.PROB if var["policy"] == "prob" else mfk.MASK_MODE, np.uint8)
-        plans[t] = (lm["source"], w, mode, np.full(ht, var["p"], np.float32))
+        top_p = np.full(ht, var["p"], np.float32)
+        if var["kind"] == "random-cal":  # the per-head Top-P rule of calibrate.c for this W
+            top_p, rec = BS.calibrate_top_p([x[lm["source"]] for x in bm["src"]],
+                                            [x[t] for x in bm["tgt"]], w, ROW_TOP_P,
+                                            var["recall"])
+            mode[rec < var["recall"]] = mfk.COMPUTE  # as the rule: no Top-P reaches R
+        plans[t] = (lm["source"], w, mode, top_p)
     return plans
 
 
@@ -332,6 +386,17 @@ class Acc:
         self.row_bytes = self.row_tokens = 0.0
         self.heads = np.zeros(2)       # prob heads, heads (all target layers)
         self.windows = 0
+        # per window (the bootstrap): nll, kl, agree, tokens, work (qk + pv), dense
+        self.win = {k: [] for k in ("nll", "kl", "agree", "tokens", "work", "dense")}
+        self._mark = (0.0,) * 6
+
+    def close_window(self):
+        """Appends this window's sums (the totals' change since the last call)."""
+        now = (self.nll, self.kl, self.agree, self.tokens, self.work[0] + self.work[1],
+               self.dense)
+        for k, a, b in zip(("nll", "kl", "agree", "tokens", "work", "dense"), now, self._mark):
+            self.win[k].append(float(a - b))
+        self._mark = now
 
     def result(self, base):
         r = {"windows": self.windows, "tokens": int(self.tokens),
@@ -347,6 +412,10 @@ class Acc:
         r["row_bytes_per_token_layer"] = (self.row_bytes / self.row_tokens
                                           if self.row_tokens else 0.0)
         r["prob_head_share"] = float(self.heads[0] / self.heads[1]) if self.heads[1] else 0.0
+        if base is not None and base.tokens and len(self.win["tokens"]) == \
+                len(base.win["tokens"]):
+            r["ci"] = BS.bootstrap(dict(self.win, base_nll=base.win["nll"]), ARGS.boot,
+                                   seed=ARGS.seed)
         return r
 
 
@@ -423,6 +492,12 @@ def run_target(tgt, idx, be, plans, var, win, acc, acct, ht, hs):
                 stats_pairs = win.emu_rows(src_l, b, var["p"])
             o = mfk.emu_apply(stats_pairs[0], stats_pairs[1], w, mode, top_p, qh, kh, vh, b,
                               args_r)
+        elif var["policy"] == "target":  # a target-side estimator's blocks, as mask rows
+            kf = target_keep(var, qh, kh, b, n)
+            o, st = be.apply(mfk.keep_rowset(be, kf, t), w, mode, top_p, qh, kh, vh, args_r)
+            stats_pairs = (kf, kf.astype(np.float64))
+            if st is not None and acct:
+                check_stats(st, stats_pairs, w, mode, top_p, b, args_r, nb)
         elif var["policy"] == "own":
             rows = be.extract(qh, kh, var["p"], mfk.CODECS["mask"], t, win.tokens, ("own", t))
             o, _ = be.apply(rows, w, mode, top_p, qh, kh, vh, args_r)
@@ -450,6 +525,22 @@ def run_target(tgt, idx, be, plans, var, win, acc, acct, ht, hs):
     args_r = var.get("recompute", ARGS.recompute_last)
     acc.heads[1] += ht * tgt.cfg.n_layer
     return tgt(idx, attn=hook)[0].float()
+
+
+def target_keep(var, q, k, b, n):
+    """The blocks a target-side estimator keeps from the target's own Q, K [N, H, d] at
+    block b, with the sink and the diagonal: keep [H, nb, nb] bool (NumPy)."""
+    if var["sel"] == "xattn":
+        keep = BS.xattn_keep(q, k, b, ARGS.xattn_stride, var["knob"], t=torch)
+    elif var["sel"] == "flexprefill":
+        sc = FP.Scores(torch, q, k, bf=b, tau=ARGS.fp_tau)
+        keep = sc.keep(var["knob"], ARGS.fp_min_budget or max(1, n // 32)).cpu().numpy()
+    else:
+        keep = FP.pooled_keep(torch, q, k, var["knob"], bf=b).cpu().numpy()
+    nb = n // b
+    ii = np.arange(nb)
+    forced = (ii[None, :] == 0) | (ii[None, :] == ii[:, None])
+    return (keep | forced[None]) & (ii[None, :] <= ii[:, None])[None]
 
 
 def check_stats(st, parsed, w, mode, top_p, b, r, nb):
@@ -511,6 +602,97 @@ def emu_check(src, tgt, tokens, plan, b, p, r, dev):
     return out
 
 
+TARGET_SIDE = ("xattention", "flexprefill", "pooled-qk")
+
+
+def _plain(x):
+    """NumPy scalars and arrays for json.dump."""
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    raise TypeError("not JSON: %r" % type(x))
+
+
+def _numbers(r):
+    keys = ("dppl_pct", "kl", "agree_pct", "skipped_pct", "density", "ci", "windows")
+    return {k: r.get(k) for k in keys}
+
+
+def operating_points(res, vs, cal):
+    """Per method of SWEEPS: the knob value chosen on the dev split (the most FLOPs skipped
+    with Δppl ≤ +1 % and agreement ≥ 97 %), then its numbers on the test splits; and the
+    verdict of MapFlow mask against the best target-side estimator at that quality
+    (effective density = 1 − FLOPs skipped, over all of the target's attention). The
+    "operating_points" key of quality.json (README: bench/handoff reads density, top_p,
+    R from it)."""
+    sp = res["splits"]
+    ops = {}
+    for method, (knob, _) in SWEEPS.items():
+        pts = [dict(name=v["name"], knob=v["knob"], dev=sp["dev"]["variants"][v["name"]],
+                    test={s: sp[s]["variants"][v["name"]] for s in ("in", "out")})
+               for v in vs if v.get("method") == method and v["name"] in sp["dev"]["variants"]]
+        rec = {"knob": knob, "swept": [p["knob"] for p in pts], "variant": None}
+        op = BS.operating_point(pts)
+        if op is not None:
+            t = op["test"]
+            rec.update(variant=op["name"], value=op["knob"], dev=_numbers(op["dev"]),
+                       **{s: _numbers(t[s]) for s in t})
+            rec["density"] = t["in"].get("density")
+            rec["effective_density"] = 1.0 - 0.01 * min(t[s]["skipped_pct"] for s in t)
+            rec["passes_test"] = all(BS.passes(t[s]) for s in t)
+            rec["passes_test_ci"] = all(BS.passes(t[s], strict=True) for s in t)
+            rec["goal_50pct"] = rec["passes_test_ci"] and all(
+                t[s]["skipped_pct"] >= 50.0 for s in t)
+            spec = next(v for v in vs if v["name"] == op["name"])
+            if method == "mapflow-mask":
+                prof = cal[spec["cfg"]]["profile"]["layers"].values()
+                tp = [float(x) for lm in prof for x, md in zip(lm["top_p"], lm["mode"])
+                      if md == mfk.MASK_MODE]
+                rec.update(R=op["knob"], top_p=float(np.mean(tp)) if tp else None,
+                           row_top_p=ROW_TOP_P, profile=spec["cfg"] + ".pb")
+            elif method == "random-w-calibrated":
+                rec.update(R=op["knob"])
+            elif method == "oracle":
+                rec.update(top_p=op["knob"])
+        ops[method] = rec
+    mf = ops.get("mapflow-mask", {})
+    best = [(m, ops[m]) for m in TARGET_SIDE if ops.get(m, {}).get("variant")]
+    verdict = {"rule": "MapFlow mask's effective density ≤ 0.8 × the best target-side "
+               "estimator's, both at their dev-chosen operating points"}
+    if mf.get("variant") and best:
+        m, b = min(best, key=lambda x: x[1]["effective_density"])
+        ratio = mf["effective_density"] / b["effective_density"]
+        verdict.update(best_target_side=m, ratio=float(ratio), met=bool(ratio <= 0.8))
+    else:
+        verdict.update(met=None, why="no dev-chosen operating point for %s" % (
+            "MapFlow mask" if not mf.get("variant") else "any target-side estimator"))
+    return ops, verdict
+
+
+def prob_mode(res, vs, cal, lt):
+    """The calibrated profile with the most heads in prob mode whose dev Δppl ≤ +2 %
+    (chosen on dev), its share of prob heads per target layer, and its test numbers."""
+    sp = res["splits"]
+    best = None
+    for v in vs:
+        if v["kind"] != "calib" or v["name"] not in sp["dev"]["variants"]:
+            continue
+        d = sp["dev"]["variants"][v["name"]]
+        if d["dppl_pct"] > 2.0:
+            continue
+        layers = cal[v["cfg"]]["profile"]["layers"]
+        share = [float((layers[t]["mode"] == mfk.PROB).mean()) if t in layers else 0.0
+                 for t in range(lt)]
+        key = (sum(share), d.get("skipped_pct") or 0.0)
+        if best is None or key > best[0]:
+            best = (key, v["name"], share, d)
+    if best is None:
+        return {"variant": None}
+    return {"variant": best[1], "per_layer": best[2], "dev": _numbers(best[3]),
+            **{s: _numbers(sp[s]["variants"][best[1]]) for s in ("in", "out")}}
+
+
 def main():
     global ARGS
     ap = argparse.ArgumentParser()
@@ -531,6 +713,17 @@ def main():
     ap.add_argument("--deadline", type=float, default=1e9, help="seconds; then stop adding "
                     "windows (every variant sees the same windows)")
     ap.add_argument("--only", default="", help="comma-separated variant names (smoke test)")
+    ap.add_argument("--methods-only", action="store_true",
+                    help="only the trade-off sweeps of SWEEPS (the long configuration)")
+    ap.add_argument("--dev-windows", type=int, default=16,
+                    help="dev windows (thresholds are chosen there), between the calibration "
+                    "windows of the calibration split")
+    ap.add_argument("--xattn-stride", type=int, default=8, help="XAttention's stride S")
+    ap.add_argument("--fp-tau", type=float, default=0.1, help="FlexPrefill's JS threshold")
+    ap.add_argument("--fp-min-budget", type=int, default=0,
+                    help="FlexPrefill's min_budget tokens (default N/32: its 1024 at 32k)")
+    ap.add_argument("--boot", type=int, default=1000, help="bootstrap resamples")
+    ap.add_argument("--seed", type=int, default=7, help="random W and the bootstrap")
     args = ARGS = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     dev = torch.device("cuda" if args.backend == "cuda" else "cpu")
@@ -538,19 +731,31 @@ def main():
         meta = json.load(f)
     src = M.load_model(meta["source"], os.path.join(args.work, "source.safetensors"), dev)
     tgt = M.load_model(meta["target"], os.path.join(args.work, "target.safetensors"), dev)
-    ctx = args.ctx or meta["ctx"]
+    ctx = args.test_ctx = args.ctx or meta["ctx"]
     args.cal_n = args.cal_n or ctx
+    if args.block % args.xattn_stride or ctx % args.block or ctx % 128:
+        raise SystemExit("evaluate: ctx %d must be a multiple of 128 and of B %d; the "
+                         "XAttention stride %d must divide B" % (ctx, args.block,
+                                                                 args.xattn_stride))
     lt, ht, hs = tgt.cfg.n_layer, tgt.cfg.n_head, src.cfg.n_head
     be = mfk.Cuda(args.block) if args.backend == "cuda" else mfk.Ref(args.block)
-    cal, iam, cal_json, cal_summary = calibrate(args, src, tgt, dev)
+    cal, iam, cal_json, cal_summary, bm = calibrate(args, src, tgt, dev)
     vs = variants(cal, lt)
     if args.only:
         keep = set(args.only.split(","))
         vs = [v for v in vs if v["name"] in keep]
-    plans = {v["name"]: layer_plans(v, cal, iam, ht, hs, lt, seed=7) for v in vs}
+    if args.methods_only:
+        vs = [v for v in vs if "method" in v]
+    plans = {v["name"]: layer_plans(v, cal, iam, ht, hs, lt, args.seed, bm) for v in vs}
+    del bm
     tests = {s: np.load(os.path.join(args.work, "tokens_%s.npy" % s)).astype(np.int64)
              for s in ("in", "out")}
-    nwin = {s: min(args.windows, (len(a) - 1) // ctx) for s, a in tests.items()}
+    starts = {s: [w * ctx for w in range(min(args.windows, (len(a) - 1) // ctx))]
+              for s, a in tests.items()}
+    # dev: windows of the calibration split beside the calibration windows (split_calib)
+    tests["dev"] = np.load(os.path.join(args.work, "tokens_calib.npy")).astype(np.int64)
+    starts["dev"] = args.dev_starts
+    nwin = {s: len(x) for s, x in starts.items()}
     accs = {s: {v["name"]: Acc(lt) for v in vs} for s in tests}
     base = {s: Acc(lt) for s in tests}
     sdpa = {s: Acc(lt) for s in tests}
@@ -571,7 +776,8 @@ def main():
             except Exception as ex:  # noqa: BLE001  (a check, not the evaluation)
                 log("emulation check %s failed: %r" % (v["name"], ex))
                 checks.append({"variant": v["name"], "error": repr(ex)})
-    order = [(s, w) for w in range(max(nwin.values())) for s in ("in", "out") if w < nwin[s]]
+    order = [(s, w) for w in range(max(nwin.values())) for s in ("dev", "in", "out")
+             if w < nwin[s]]
     log("test: %s windows of %d tokens, %d variants, backend %s, B %d" % (
         nwin, ctx, len(vs), be.name, args.block))
     with torch.no_grad():
@@ -579,7 +785,8 @@ def main():
             if time.time() - T0 > args.deadline:
                 log("deadline: stopping at window %d of %s" % (w, s))
                 break
-            seq = torch.from_numpy(tests[s][w * ctx:(w + 1) * ctx + 1]).to(dev)
+            w0 = starts[s][w]
+            seq = torch.from_numpy(tests[s][w0:w0 + ctx + 1]).to(dev)
             idx, tgt_ids = seq[None, :-1], seq[1:]
             src_qk = {}
 
@@ -587,7 +794,7 @@ def main():
                 src_qk[layer] = (to_kernel(q), to_kernel(k))
                 return M.causal_attention(q, k, v)
             src(idx, attn=grab)
-            win = Window(be, src_qk, tests[s][w * ctx:(w + 1) * ctx].astype(np.uint32), args)
+            win = Window(be, src_qk, tests[s][w0:w0 + ctx].astype(np.uint32), args)
             acct = w < args.acct_windows
             ba = base[s]
             logits_b = run_target(tgt, idx, be, {}, {"policy": "compute"}, win, ba, acct, ht, hs)
@@ -598,6 +805,7 @@ def main():
             ba.windows += 1
             ba.dense += 2 * ht * lt * mfk.pair_counts(ctx // args.block, args.block).sum() * acct
             ba.acct_windows += acct
+            ba.close_window()
             lp_s = F.log_softmax(tgt(idx)[0].float(), -1)
             sdpa[s].nll += float(F.nll_loss(lp_s, tgt_ids, reduction="sum"))
             sdpa[s].tokens += ctx
@@ -621,6 +829,7 @@ def main():
                     a.dense += 2 * ht * lt * mfk.pair_counts(ctx // args.block,
                                                              args.block).sum()
                     a.acct_windows += 1
+                a.close_window()
             if w % 8 == 0:
                 log("window %d of %s done" % (w, s))
     if be.check():
@@ -628,7 +837,10 @@ def main():
     res = {"config": {"block": args.block, "recompute_last": args.recompute_last, "ctx": ctx,
                       "cal_windows": args.cal_windows, "cal_n": args.cal_n,
                       "backend": be.name, "source": meta["source"], "target": meta["target"],
-                      "acct_windows": args.acct_windows, "ref_checks": CHECKED[0]},
+                      "acct_windows": args.acct_windows, "ref_checks": CHECKED[0],
+                      "dev_windows": len(args.dev_starts), "xattn_stride": args.xattn_stride,
+                      "fp_tau": args.fp_tau, "fp_min_budget": args.fp_min_budget or ctx // 32,
+                      "boot": args.boot, "seed": args.seed},
            "calibration": cal_json, "calibration_summary": cal_summary,
            "profile_l0": {n: c["profile"]["l0"] for n, c in cal.items()},
            "variants": [v for v in vs if v["name"] not in failed],
@@ -639,12 +851,14 @@ def main():
         res["splits"][s] = {"base": bres,
                             "variants": {n: a.result(base[s]) for n, a in accs[s].items()
                                          if n not in failed}}
+    res["operating_points"], res["verdict"] = operating_points(res, vs, cal)
+    res["prob_mode"] = prob_mode(res, vs, cal, lt)
     trp = os.path.join(args.work, "train.json")
     if os.path.exists(trp):
         with open(trp) as f:
             res["train"] = json.load(f)
     with open(os.path.join(args.out, "quality.json"), "w") as f:
-        json.dump(res, f, indent=1)
+        json.dump(res, f, indent=1, default=_plain)
     log("wrote", os.path.join(args.out, "quality.json"), "ref checks:", CHECKED[0])
     return 0
 

@@ -17,7 +17,6 @@ The ctypes structures come from bench/gpu/bench_gpu.py (the CUDA layouts).
 """
 import ctypes as C
 import os
-import struct
 import sys
 
 import numpy as np
@@ -30,8 +29,11 @@ ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.environ.get("MF_GPU_PY", os.path.join(ROOT, "bench", "gpu")))
 import rows as R  # noqa: E402
 from bench_gpu import ApplyArgs, ExtractArgs, LayerMap, Qkv  # noqa: E402
+sys.path.insert(0, HERE)
+# the kernels' selection rules and the row parser, NumPy only (tested without torch)
+from blocksel import (COMPUTE, MASK_MODE, PROB, keep_rows, pair_counts,  # noqa: E402,F401
+                      parse_row_list, select_mask, work)
 
-COMPUTE, PROB, MASK_MODE = 0, 1, 2
 CODECS = {"mask": R.MASK, "fp16": R.FP16, "bf16": R.BF16, "fp8": R.FP8, "u8log": R.U8LOG}
 F16, BF16 = 1, 2
 MODEL = b"source"
@@ -355,86 +357,43 @@ class Calib:
             self.c = C.c_void_p()
 
 
-HDR = struct.Struct("<IHBBQIIIHHIIfI")
-
-
 def parse_rows(rows, heads, nb):
     """keep [Hs, nb, nb] bool and mass [Hs, nb, nb] (decoded, 0 where not kept)."""
-    keep = np.zeros((heads, nb, nb), dtype=bool)
-    mass = np.zeros((heads, nb, nb), dtype=np.float64)
-    bits = np.uint64(1) << np.arange(heads, dtype=np.uint64)
-    for r in rows.host():
-        (magic, _, codec, mlen, _, total, _, i, b, h, ncols, ne, _, _) = HDR.unpack_from(
-            r.tobytes()[:HDR.size])
-        if magic != R.MAGIC or h != heads or total != len(r):
-            raise RuntimeError("parse_rows: bad row header (block %d)" % i)
-        lay = R.layout(codec, b, ncols, ne, mlen)
-        cols = np.frombuffer(r[lay["cols"]:lay["cols"] + 4 * ncols].tobytes(), np.uint32)
-        off = np.frombuffer(r[lay["col_off"]:lay["col_off"] + 4 * ncols].tobytes(), np.uint32)
-        hm = np.frombuffer(r[lay["head_mask"]:lay["head_mask"] + 8 * ncols].tobytes(), np.uint64)
-        q = r[lay["mass"]:lay["mass"] + ne].astype(np.float64)
-        present = (hm[:, None] & bits[None, :]) != 0               # [C, H]
-        rank = np.cumsum(present, axis=1) - 1                      # entry rank in column
-        ent = off[:, None].astype(np.int64) + rank                 # [C, H]
-        cc, hh = np.nonzero(present)
-        keep[hh, i, cols[cc]] = True
-        mass[hh, i, cols[cc]] = (q[ent[cc, hh]] / 255.0) ** 2
-    return keep, mass
+    return parse_row_list(rows.host(), heads, nb)
 
 
-def pair_counts(nb, b):
-    """pairs[i, j]: causal (query, key) pairs of block (i, j)."""
-    i = np.arange(nb)[:, None]
-    j = np.arange(nb)[None, :]
-    return np.where(j < i, b * b, np.where(j == i, b * (b + 1) // 2, 0)).astype(np.float64)
+def keep_rowset(be, keep, layer=0):
+    """A target-side selection keep [H, nb, nb] as mask rows for be.apply (W = I, mode
+    mask, Top-P 1: the kernel attends exactly keep plus the forced blocks), checksummed by
+    mf_row_seal of the reference library; on the device for Cuda."""
+    buf, offs, sizes = keep_rows(keep, be.b, layer, seal=_seal())
+    if be.name == "cuda":
+        dbuf = torch.from_numpy(buf).to("cuda")
+        return RowSet(dbuf, offs, sizes, dbuf.data_ptr(), R.MASK)
+    raw = np.zeros(len(buf) + 16, dtype=np.uint8)
+    pad = (-raw.ctypes.data) % 16
+    hb = raw[pad:pad + len(buf)]
+    hb[:] = buf
+    rs = RowSet(hb, offs, sizes, hb.ctypes.data, R.MASK)
+    rs.keepalive = raw
+    return rs
 
 
-def select_mask(keep, mass, w, top_p):
-    """The mask-mode selection of mf_apply_ref for every target head: sel [Ht, nb, nb]."""
-    hs, nb, _ = keep.shape
-    ht = w.shape[0]
-    cand = np.einsum("ts,sij->tij", (w > 0).astype(np.float64), keep.astype(np.float64)) > 0
-    mix = np.einsum("ts,sij->tij", w.astype(np.float64), mass)
-    i = np.arange(nb)[:, None]
-    j = np.arange(nb)[None, :]
-    forced = np.broadcast_to((j == 0) | (j == i), (ht, nb, nb))
-    tot = np.where(cand, mix, 0).sum(-1, keepdims=True)
-    # forced blocks first, then candidates by mass (ties to lower j), others never
-    key = np.where(forced, 3.0, np.where(cand & (j < i), mix, -1.0))
-    order = np.argsort(-key, axis=-1, kind="stable")
-    m_sorted = np.take_along_axis(np.where(forced | cand, mix, 0), order, -1)
-    acc_before = np.cumsum(m_sorted, -1) - m_sorted
-    ok_sorted = np.take_along_axis(key, order, -1) > -1
-    tp = np.asarray(top_p, dtype=np.float64)[:, None, None]
-    take = ok_sorted & ((np.take_along_axis(forced, order, -1)) |
-                        (acc_before < tp * tot) | (tp >= 1.0))
-    sel = np.zeros_like(take)
-    np.put_along_axis(sel, order, take, -1)
-    return sel & (j <= i)
+_SEAL = []
 
 
-def work(keep, mass, w, mode, top_p, b, exact_last):
-    """(qk_pairs, pv_pairs, attended_pairs, dense_pairs) of one layer over all target heads;
-    attended/dense over the mapped heads on reused (non-exact) query blocks only."""
-    hs, nb, _ = keep.shape
-    pairs = pair_counts(nb, b)
-    dense_row = pairs.sum(-1)
-    exact = np.arange(nb) >= nb - exact_last
-    union = np.einsum("ts,sij->tij", (w > 0).astype(np.float64), keep.astype(np.float64)) > 0
-    sel = select_mask(keep, mass, w, top_p)
-    qk = pv = att = den = 0.0
-    for t in range(w.shape[0]):
-        if mode[t] == COMPUTE:
-            qk += dense_row.sum()
-            pv += dense_row.sum()
-            continue
-        used = union[t] if mode[t] == PROB else sel[t]
-        rows_pairs = (used * pairs).sum(-1)
-        qk += dense_row[exact].sum() + (0 if mode[t] == PROB else rows_pairs[~exact].sum())
-        pv += dense_row[exact].sum() + rows_pairs[~exact].sum()
-        att += rows_pairs[~exact].sum()
-        den += dense_row[~exact].sum()
-    return qk, pv, att, den
+def _seal():
+    """mf_row_seal of libmfkernels_ref.so as a function of one row (uint8 array)."""
+    if not _SEAL:
+        lib = _cdll("MF_REF_LIB", "libmfkernels_ref.so",
+                    {"mf_row_seal": [C.c_void_p, C.c_size_t]})
+
+        def seal(row):
+            st = lib.mf_row_seal(row.ctypes.data, len(row))
+            if st != 0:
+                raise RuntimeError("mf_row_seal: status %d" % st)
+        _SEAL.append(seal)
+    return _SEAL[0]
 
 
 # ---- the kernels' rules in PyTorch (block sizes the CUDA kernels do not take) -------------

@@ -2,12 +2,14 @@
 """quality.json (evaluate.py) → a Markdown report and the trade-off plot.
 
   report.py QUALITY_JSON OUT_MD [OUT_PNG]
+  report.py --summary OUT_MD QUALITY_JSON...   (appends every run's operating points)
 
 The table is printed last on stdout too. Goals (MapFlow issue 8): at ≥ 50 % of the target's
 attention FLOPs skipped, Δppl ≤ +1 % and top-1 agreement ≥ 97 % (both test splits); the
 largest share of heads in prob mode with Δppl ≤ +2 %; the controls clearly worse.
 """
 import json
+import os
 import sys
 
 
@@ -121,6 +123,149 @@ def goals(res):
     return "\n".join(out)
 
 
+def ci_cell(r, key, f):
+    """'value [lo, hi]' of one number with its window-bootstrap 95 % interval."""
+    if r is None or r.get(key) is None:
+        return "–"
+    ci = (r.get("ci") or {}).get(key)
+    return (f % r[key]) + (" [%s, %s]" % (f % ci[0], f % ci[1]) if ci else "")
+
+
+def methods_section(res):
+    """The verdict, the dev-chosen operating point of every method (issue 21) and prob
+    mode per layer; '' for results without them."""
+    ops = res.get("operating_points")
+    if not ops:
+        return ""
+    v = res.get("verdict", {})
+    c = res["config"]
+    if v.get("met") is None:
+        top = "**Not decided:** %s." % v.get("why", "no operating points")
+    else:
+        mf, b = ops["mapflow-mask"], ops[v["best_target_side"]]
+        top = ("**MapFlow mask %s the target-side estimators**: at Δppl ≤ +1 %% and "
+               "agreement ≥ 97 %% (thresholds chosen on the dev split) its effective density "
+               "is %.3f against %.3f for the best target-side estimator (%s): %.2f× (goal "
+               "≤ 0.8×: %s)." % ("beats" if v["met"] else "does not beat",
+                                 mf["effective_density"], b["effective_density"],
+                                 v["best_target_side"], v["ratio"],
+                                 "met" if v["met"] else "missed"))
+    lines = [top, "",
+             "Operating points (ctx %d, B %d; chosen on %d dev windows of the calibration "
+             "split, never on the test splits; [95 %% window-bootstrap interval]; effective "
+             "density = 1 − FLOPs skipped, over all target attention, the worse split; "
+             "density = attended share of the mapped heads' causal blocks):" % (
+                 c["ctx"], c["block"], c.get("dev_windows", 0)), "",
+             "| method | knob = dev choice | eff. density | density | FLOPs skipped in | "
+             "FLOPs skipped out | Δppl in | Δppl out | agree in | agree out | KL in | KL out | "
+             "bounds (point / CI) |", "|" + "---|" * 13]
+    for m, r in ops.items():
+        if not r.get("variant"):
+            lines.append("| %s | %s: none of %s within the bounds on dev |%s" % (
+                m, r["knob"], r["swept"], " – |" * 11))
+            continue
+        i, o = r["in"], r["out"]
+        lines.append("| %s | %s = %g (`%s`) | %.3f | %s | %s | %s | %s | %s | %s | %s | %s | "
+                     "%s | %s / %s |" % (
+                         m, r["knob"], r["value"], r["variant"], r["effective_density"],
+                         fmt(r.get("density"), "%.3f"), ci_cell(i, "skipped_pct", "%.1f"),
+                         ci_cell(o, "skipped_pct", "%.1f"), ci_cell(i, "dppl_pct", "%+.2f"),
+                         ci_cell(o, "dppl_pct", "%+.2f"), ci_cell(i, "agree_pct", "%.1f"),
+                         ci_cell(o, "agree_pct", "%.1f"), ci_cell(i, "kl", "%.4f"),
+                         ci_cell(o, "kl", "%.4f"), "yes" if r["passes_test"] else "no",
+                         "yes" if r["passes_test_ci"] else "no"))
+    mf = ops.get("mapflow-mask", {})
+    if mf.get("variant"):
+        x0 = 100.0 * (1.0 - mf["effective_density"])
+        cells = []
+        for m in ops:
+            y = matched(res, m, x0)
+            if y:
+                cells.append("%s Δppl %+.2f %%, agreement %.1f %%" % (m, y[0], y[1]))
+        lines += ["", "- At MapFlow mask's operating point (%.1f %% of FLOPs skipped), each "
+                  "sweep interpolated linearly (the worse test split; sweeps not spanning "
+                  "it left out): %s." % (x0, "; ".join(cells) or "–")]
+    g = [m for m, r in ops.items() if r.get("goal_50pct")]
+    lines += ["", "- Goal (≥ 50 %% of the target's attention FLOPs skipped within the bounds, "
+              "intervals included, both test splits): %s." % (
+                  "met by " + ", ".join(g) if g else "missed by every method")]
+    pm = res.get("prob_mode", {})
+    if pm.get("variant"):
+        lines.append("- Prob mode at Δppl ≤ +2 %% (dev-chosen: `%s`): share of heads in prob "
+                     "mode per target layer %s; test Δppl %s / %s." % (
+                         pm["variant"], " ".join("%.0f%%" % (100 * x) for x in
+                                                 pm["per_layer"]),
+                         ci_cell(pm["in"], "dppl_pct", "%+.2f"),
+                         ci_cell(pm["out"], "dppl_pct", "%+.2f")))
+    else:
+        lines.append("- Prob mode: no calibrated profile within Δppl ≤ +2 % on dev.")
+    return "\n".join(lines) + "\n\n"
+
+
+def matched(res, method, x0):
+    """(Δppl, agreement) of a method's sweep at x0 % FLOPs skipped, linear between the
+    two nearest swept points (the worse test split); None outside the swept range."""
+    pts = sorted((min(v["in"]["skipped_pct"], v["out"]["skipped_pct"]),
+                  worst(v, "dppl_pct"), worst(v, "agree_pct", min))
+                 for v in merged(res).values() if v["spec"].get("method") == method and
+                 v["in"].get("skipped_pct") is not None)
+    for a, b in zip(pts, pts[1:]):
+        if a[0] <= x0 <= b[0]:
+            f = 0.0 if b[0] == a[0] else (x0 - a[0]) / (b[0] - a[0])
+            return a[1] + f * (b[1] - a[1]), a[2] + f * (b[2] - a[2])
+    return None
+
+
+def plot_methods(res, path):
+    """Every method's sweep: FLOPs skipped against Δppl, KL and agreement (the worse test
+    split, with its interval), the dev-chosen operating point starred."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    m = merged(res)
+    ops = res["operating_points"]
+    fig, ax = plt.subplots(1, 3, figsize=(18, 5.5))
+    colors = plt.get_cmap("tab10").colors
+    keys = (("dppl_pct", max, "Δ perplexity (%, the worse test split)"),
+            ("kl", max, "KL(target ‖ variant) per token, the worse split"),
+            ("agree_pct", min, "top-1 agreement (%, the worse split)"))
+    for mi, method in enumerate(ops):
+        vs = sorted((v for v in m.values() if v["spec"].get("method") == method and
+                     v["in"].get("skipped_pct") is not None),
+                    key=lambda v: v["in"]["skipped_pct"])
+        if not vs:
+            continue
+        x = [min(v["in"]["skipped_pct"], v["out"]["skipped_pct"]) for v in vs]
+        for a, (k, fn, lab) in zip(ax, keys):
+            y, lo, hi = [], [], []
+            for v in vs:
+                s = "in" if fn(v["in"][k], v["out"][k]) == v["in"][k] else "out"
+                y.append(v[s][k])
+                ci = (v[s].get("ci") or {}).get(k, [v[s][k], v[s][k]])
+                lo.append(v[s][k] - ci[0])
+                hi.append(ci[1] - v[s][k])
+            a.errorbar(x, y, yerr=[lo, hi], color=colors[mi % 10], marker="o", ms=4,
+                       capsize=2, label=method)
+            op = ops[method].get("variant")
+            if op in m:
+                v = m[op]
+                s = "in" if fn(v["in"][k], v["out"][k]) == v["in"][k] else "out"
+                a.plot([min(v["in"]["skipped_pct"], v["out"]["skipped_pct"])], [v[s][k]],
+                       marker="*", ms=14, color=colors[mi % 10], ls="none")
+            a.set_xlabel("target attention FLOPs skipped (%, the worse split)")
+            a.set_ylabel(lab)
+    ax[0].axhline(1.0, color="k", ls=":", lw=1)
+    ax[2].axhline(97.0, color="k", ls=":", lw=1)
+    for a in ax:
+        a.axvline(50, color="k", ls=":", lw=1)
+    ax[0].legend(fontsize=8)
+    c = res["config"]
+    fig.suptitle("MapFlow mask vs target-side estimators (ctx %d, B %d; ★ = dev-chosen "
+                 "operating point)" % (c["ctx"], c["block"]))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def plot(res, path):
     import matplotlib
     matplotlib.use("Agg")
@@ -159,7 +304,57 @@ def plot(res, path):
     fig.savefig(path, dpi=110)
 
 
+def summary(paths):
+    """The operating points of several runs (seeds, block sizes) side by side."""
+    lines = ["## Every run: effective density at the dev-chosen operating point (✓: within "
+             "the bounds on both test splits, intervals included)", "",
+             "| run | seed (source, target) | ctx | B | verdict (ratio) | " +
+             " | ".join(METHODS) + " |", "|" + "---|" * (5 + len(METHODS))]
+    groups = {}
+    for n, p in enumerate(paths):
+        with open(p) as f:
+            res = json.load(f)
+        c, ops, v = res["config"], res.get("operating_points", {}), res.get("verdict", {})
+        groups.setdefault((c["ctx"], c["block"]), []).append((ops, v))
+        tr = res.get("train", {})
+        seeds = "%s, %s" % (tr.get("source", {}).get("seed", "–"),
+                            tr.get("target", {}).get("seed", "–"))
+        cells = []
+        for m in METHODS:
+            r = ops.get(m, {})
+            cells.append("%.3f%s" % (r["effective_density"], " ✓" if r["passes_test_ci"]
+                                     else "") if r.get("variant") else "none")
+        verdict = "–" if v.get("met") is None else "%s (%.2f×)" % (
+            "met" if v["met"] else "missed", v["ratio"])
+        lines.append("| %s | %s | %d | %d | %s | %s |" % (
+            "first" if n == 0 else os.path.basename(os.path.dirname(p)), seeds, c["ctx"],
+            c["block"], verdict, " | ".join(cells)))
+    # across seeds: the range of each method's effective density, and the verdicts
+    lines += ["", "Across seeds (min – max effective density; runs within the bounds):", ""]
+    for (ctx, b), runs in sorted(groups.items()):
+        cells = []
+        for m in METHODS:
+            d = [o[m]["effective_density"] for o, _ in runs if o.get(m, {}).get("variant")]
+            ok = sum(1 for o, _ in runs if o.get(m, {}).get("passes_test_ci"))
+            cells.append("%s: %s (%d/%d)" % (m, "%.3f – %.3f" % (min(d), max(d)) if d
+                                             else "none", ok, len(runs)))
+        met = sum(1 for _, v in runs if v.get("met"))
+        lines.append("- ctx %d, B %d, %d seed(s): verdict met in %d; %s." % (
+            ctx, b, len(runs), met, "; ".join(cells)))
+    return "\n".join(lines) + "\n"
+
+
+METHODS = ("mapflow-mask", "oracle", "xattention", "flexprefill", "pooled-qk",
+           "random-w-calibrated")
+
+
 def main():
+    if sys.argv[1] == "--summary":  # report.py --summary OUT_MD QUALITY_JSON...
+        text = summary(sys.argv[3:])
+        with open(sys.argv[2], "a") as f:
+            f.write("\n" + text)
+        print(text)
+        return
     with open(sys.argv[1]) as f:
         res = json.load(f)
     c, sp = res["config"], res["splits"]
@@ -186,13 +381,14 @@ def main():
                 "FLOPs/density from %d windows per split, backend %s" % (
                     c["block"], c["recompute_last"], c["cal_windows"], c["cal_n"],
                     c["acct_windows"], c["backend"]))
-    text = "\n".join(head) + "\n\n" + goals(res) + "\n\n" + table(res) + "\n"
+    text = methods_section(res) + "\n".join(head) + "\n\n" + goals(res) + "\n\n" + \
+        table(res) + "\n"
     with open(sys.argv[2], "w") as f:
         f.write(text + "\n## Calibration (mapflow-calibrate)\n\n```\n" +
                 res.get("calibration_summary", "") + "```\n")
     if len(sys.argv) > 3:
         try:
-            plot(res, sys.argv[3])
+            (plot_methods if res.get("operating_points") else plot)(res, sys.argv[3])
         except Exception as ex:  # noqa: BLE001  (the table matters more than the plot)
             print("report: no plot:", ex, file=sys.stderr)
     print(text)

@@ -3,8 +3,9 @@
 
 One byte-level BPE (8k) trained on the train split, shared by both models; a source
 (default 6 layers × 8 heads × 512) and a target (4 × 6 × 384), head dim 64, context CTX,
-trained separately (seeds 1 and 2) for a wall-clock budget each (train_clock: the schedule
-follows the clock, so two models can share one GPU as two processes). Stages: prepare
+trained separately (seeds 1 and 2; --seed k: 1 + 10k and 2 + 10k) for a wall-clock
+budget each (train_clock: the schedule follows the clock, so two models can share one GPU
+as two processes). Stages: prepare
 (tok.json, tokens_{train,calib,in,out}.npy, prep.json), source / target (WORK/<name>.
 safetensors fp32, <name>.json: config, steps, tokens, epochs, held-out loss at each quarter
 of the time, own test perplexity), meta (meta.json: the configs; train.json); all = each
@@ -182,6 +183,7 @@ def train_model(args, name, dev):
     with open(os.path.join(args.work, "prep.json")) as f:
         prep = json.load(f)
     opt, seed, lr = MODELS[name]
+    seed += 10 * args.seed  # --seed k: another training of the same shapes (issue 21)
     nl, nh, dm = (int(x) for x in getattr(args, opt).split(","))
     cfg = M.Cfg(prep["vocab"], nl, nh, dm, args.ctx)
     data = torch.from_numpy(np.load(os.path.join(args.work, "tokens_train.npy"))
@@ -192,6 +194,7 @@ def train_model(args, name, dev):
                                                        args.batch, args.ctx))
     m, st = train_clock(cfg, data, secs, seed, args.batch, lr, dev, val=val)
     st["params"] = sum(p.numel() for p in m.parameters())
+    st["seed"] = seed
     st["epochs"] = st["tokens"] / len(data)
     for split in ("in", "out"):
         arr = np.load(os.path.join(args.work, "tokens_%s.npy" % split))
@@ -238,6 +241,8 @@ def main():
     ap.add_argument("--tgt-seconds", type=float, default=55)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--test-windows", type=int, default=48)
+    ap.add_argument("--seed", type=int, default=0,
+                    help="training seed index k (model seeds 1 + 10k, 2 + 10k)")
     ap.add_argument("--retrain", action="store_true")
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
