@@ -592,28 +592,32 @@ static mf_status_t verify_row(const get_arg_t *x, size_t i, mf_row_ref_t *r, uns
     if (st != MF_OK)
         return MF_DATA_LOSS;
     const mf_row_view_t *v = &r->view;
+    mf_row_want_t w = {.fields = MF_MATCH_MODEL | MF_MATCH_LAYER};
     if (x->keys) {
         const mf_key_t *k = &x->keys[i];
-        if (v->layer != k->layer || !mf_hash_eq(v->hash, k->hash) ||
-            v->model_len != strlen(k->model) || memcmp(v->model, k->model, v->model_len)) {
-            *why = "row does not carry the requested key";
+        w.fields |= MF_MATCH_HASH;
+        w.model = k->model;
+        w.model_len = strlen(k->model);
+        w.layer = k->layer;
+        w.hash = k->hash;
+    } else {
+        size_t t0 = (size_t)r->block * x->block_size;
+        if (t0 + x->block_size > x->n_tokens) {
+            *why = "row's block lies past the request's tokens";
             return MF_DATA_LOSS;
         }
-        r->layer = v->layer;
-        r->block = v->block_index;
-        return MF_OK;
+        w.fields |= MF_MATCH_BLOCK | MF_MATCH_TOKENS;
+        w.model = x->model;
+        w.model_len = strlen(x->model);
+        w.layer = r->layer;
+        w.block_index = r->block;
+        w.block_size = x->block_size;
+        w.tokens = x->tokens + t0;
     }
-    if (v->layer != r->layer || v->block_index != r->block || v->block_size != x->block_size ||
-        v->model_len != strlen(x->model) || memcmp(v->model, x->model, v->model_len)) {
-        *why = "row does not carry the requested model, layer or block";
+    if (!mf_row_match(v, &w, why))
         return MF_DATA_LOSS;
-    }
-    size_t t0 = (size_t)r->block * x->block_size;
-    if (t0 + x->block_size > x->n_tokens ||
-        memcmp(v->tokens, x->tokens + t0, x->block_size * sizeof(uint32_t))) {
-        *why = "row tokens differ from the request";
-        return MF_DATA_LOSS;
-    }
+    r->layer = v->layer;
+    r->block = v->block_index;
     return MF_OK;
 }
 
