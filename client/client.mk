@@ -4,6 +4,7 @@
 # client/mapflow.h).
 
 CLIENT_LIB_SRCS := client/channel.c client/cq.c client/calls.c client/admin.c client/gpu.c \
+                   client/arena_ops.c \
                    client/transport_ucx.c client/abi.c
 CLIENT_LIB_OBJS := $(CLIENT_LIB_SRCS:%.c=$(OBJ)/%.o)
 MAPFLOW_A       := $(LIB)/libmapflow.a
