@@ -337,9 +337,10 @@ static mf_status_t reply_status(const mf_envelope_t *env, int want_case, char *e
         uint32_t code = env->error->code;
         mf_status_t st = (code != 0 && mf_status_valid((int)code)) ? (mf_status_t)code
                                                                    : MF_UNKNOWN;
-        errf(err, "%s: %s", mf_status_name((int)st),
-             env->error->message && env->error->message[0] ? env->error->message
-                                                           : mf_strerror((int)st));
+        /* The message only: the status travels as the return value, and every caller
+         * that prints both (mapflowctl, the Python binding) adds the name itself. */
+        errf(err, "%s", env->error->message && env->error->message[0] ? env->error->message
+                                                                     : mf_strerror((int)st));
         return st;
     }
     errf(err, "daemon answered %s where %s was expected",
