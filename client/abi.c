@@ -34,6 +34,7 @@ static const mf_abi_field_t layout[] = {
     M_(mf_channel_params_t, want_arena), M_(mf_channel_params_t, timeout_ms),
     M_(mf_channel_params_t, max_frame), M_(mf_channel_params_t, retry),
     M_(mf_channel_params_t, verify), M_(mf_channel_params_t, gpu_device),
+    M_(mf_channel_params_t, admin_token),
     T_(mf_server_info_t), M_(mf_server_info_t, daemon_version),
     M_(mf_server_info_t, session_id), M_(mf_server_info_t, host_arena_bytes),
     M_(mf_server_info_t, max_frame), M_(mf_server_info_t, max_batch),

@@ -119,7 +119,7 @@ class _Params(C.Structure):
     _fields_ = [("field_mask", C.c_uint64), ("ns", C.c_char_p), ("token", C.c_char_p),
                 ("client_name", C.c_char_p), ("want_arena", C.c_int),
                 ("timeout_ms", C.c_int64), ("max_frame", C.c_uint32), ("retry", _Retry),
-                ("verify", C.c_int), ("gpu_device", C.c_int)]
+                ("verify", C.c_int), ("gpu_device", C.c_int), ("admin_token", C.c_char_p)]
 
 
 class _GpuArenaInfo(C.Structure):
