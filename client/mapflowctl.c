@@ -3,7 +3,10 @@
  *
  * Exit codes: 0 ok, 1 error reported by the daemon (or a failed check such as an
  * unhealthy daemon), 2 usage, 3 cannot connect. Machine output (--json) goes to stdout,
- * diagnostics to stderr. Single-threaded tool; exit() only from main's helpers here.
+ * diagnostics to stderr; with --json every failure is also one {"error": ...} object on
+ * stdout (report()). The commands are one table (`commands`): dispatch, `help`,
+ * `CMD --help` and the manual read it. Single-threaded tool; exit() only from main's
+ * helpers here.
  */
 #include <errno.h>
 #include <getopt.h>
