@@ -390,7 +390,11 @@ class MapflowError(Exception):
     def __init__(self, code: int, message: str = ""):
         self.code = int(code)
         self.status = STATUS.get(self.code, "UNKNOWN")
-        self.message = message  # libmapflow's messages never carry the status name
+        # The C library's messages may start with the status name already.
+        prefix = self.status + ": "
+        while message.startswith(prefix):
+            message = message[len(prefix):]
+        self.message = message
         super().__init__("%s: %s" % (self.status, message) if message else self.status)
 
     def __reduce__(self):
