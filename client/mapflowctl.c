@@ -11,22 +11,17 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
-#include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "ctl.h"
 #include "mapflow.h"
 #include "mapflow.pb-c.h"
 #include "mf_addr.h"
 #include "mf_parse.h"
-
-#define EXIT_DAEMON 1
-#define EXIT_USAGE 2
-#define EXIT_CONNECT 3
 
 /* The sections of the manual around COMMANDS, which comes from the command table. */
 static const char usage_head[] =
@@ -82,52 +77,6 @@ typedef struct ctl {
     mf_channel_t *ch;
 } ctl_t;
 
-/* --json, global because usage errors are found before (and while) a ctl_t is filled. */
-static int g_json;
-static const char *g_cmd; /* the command word, once known: usage errors point at its help */
-
-static void json_strn(const char *s, size_t n);
-
-static void json_error(mf_status_t st, const char *msg)
-{
-    printf("{\"error\":{\"code\":%d,\"status\":\"%s\",\"message\":", (int)st,
-           mf_status_name(st));
-    json_strn(msg, strlen(msg));
-    printf("}}\n");
-    fflush(stdout);
-}
-
-/* Every failure is reported here: "mapflowctl: WHAT: STATUS: message" on stderr and, with
- * --json, the error object on stdout (its message is "WHAT: message"). */
-static __attribute__((format(printf, 3, 4))) void report(mf_status_t st, const char *what,
-                                                          const char *fmt, ...)
-{
-    char msg[1024], full[1200];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "mapflowctl: %s: %s%s%s\n", what, mf_status_name(st), msg[0] ? ": " : "",
-            msg);
-    snprintf(full, sizeof(full), "%s%s%s", what, msg[0] ? ": " : "", msg);
-    if (g_json)
-        json_error(st, full);
-}
-
-static __attribute__((noreturn, format(printf, 1, 2))) void usage_fail(const char *fmt, ...)
-{
-    char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "mapflowctl: %s\n(see mapflowctl %s%s--help)\n", msg, g_cmd ? g_cmd : "",
-            g_cmd ? " " : "");
-    if (g_json)
-        json_error(MF_INVALID_ARGUMENT, msg);
-    exit(EXIT_USAGE);
-}
-
 /* Reports a failed call and returns the exit code it maps to. */
 static int fail(ctl_t *c, const char *what, mf_status_t st)
 {
@@ -135,206 +84,7 @@ static int fail(ctl_t *c, const char *what, mf_status_t st)
     return st == MF_UNAVAILABLE ? EXIT_CONNECT : EXIT_DAEMON;
 }
 
-/* A local file that cannot be read or written, as a status. */
-static int file_fail(const char *path, int rc)
-{
-    int e = errno;
-    report(e == ENOENT ? MF_NOT_FOUND : e == EACCES ? MF_PERMISSION_DENIED : MF_INTERNAL, path,
-           "%s", strerror(e));
-    return rc;
-}
-
 /* ==== parsing helpers ================================================================ */
-
-static uint64_t parse_u64(const char *s, const char *what)
-{
-    char *end;
-    errno = 0;
-    if (!s || !*s || *s == '-')
-        usage_fail("%s: expected a number", what);
-    unsigned long long v = strtoull(s, &end, 0);
-    if (errno || *end)
-        usage_fail("%s: '%s' is not a valid number", what, s);
-    return (uint64_t)v;
-}
-
-/* A size in the daemon's grammar (mf_parse.h), so `--bytes 512b` means what
- * `config set host_bytes 512b` does. */
-static uint64_t parse_size(const char *s, const char *what)
-{
-    uint64_t v;
-    if (mf_parse_size(s, &v) != MF_OK)
-        usage_fail("%s: '%s' is not a size (e.g. 512b, 64mb, 1.5GiB)", what, s);
-    return v;
-}
-
-static uint32_t parse_u32(const char *s, const char *what)
-{
-    uint64_t v = parse_u64(s, what);
-    if (v > UINT32_MAX)
-        usage_fail("%s: %s is out of range", what, s);
-    return (uint32_t)v;
-}
-
-/* Seconds, fractions allowed: 0.001 .. 86400. */
-static double parse_seconds(const char *s, const char *what)
-{
-    char *end;
-    errno = 0;
-    double v = s ? strtod(s, &end) : 0;
-    if (!s || !*s || errno || *end || !(v >= 0.001 && v <= 86400))
-        usage_fail("%s: '%s' is not a number of seconds in [0.001, 86400]", what, s ? s : "");
-    return v;
-}
-
-/* Hex text → bytes (page tokens); the caller frees *out. */
-static size_t parse_hex_bytes(const char *s, const char *what, uint8_t **out)
-{
-    size_t n = strlen(s);
-    if (n == 0 || n % 2 || n > 4096)
-        usage_fail("%s: expected an even number of hex digits", what);
-    uint8_t *b = malloc(n / 2);
-    if (!b)
-        usage_fail("out of memory");
-    for (size_t i = 0; i < n / 2; i++) {
-        unsigned v;
-        if (sscanf(s + 2 * i, "%2x", &v) != 1 || !strchr("0123456789abcdefABCDEF", s[2 * i]) ||
-            !strchr("0123456789abcdefABCDEF", s[2 * i + 1]))
-            usage_fail("%s: '%s' is not hex", what, s);
-        b[i] = (uint8_t)v;
-    }
-    *out = b;
-    return n / 2;
-}
-
-static void print_hex(FILE *f, const uint8_t *b, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        fprintf(f, "%02x", b[i]);
-}
-
-/* "0,1,4-7" → layers; the caller frees *out. */
-static size_t parse_layers(const char *s, uint32_t **out)
-{
-    size_t n = 0, cap = 16;
-    uint32_t *v = malloc(cap * sizeof(*v));
-    char *dup = strdup(s ? s : "");
-    if (!v || !dup)
-        usage_fail("out of memory");
-    char *save = NULL;
-    for (char *tok = strtok_r(dup, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        char *dash = strchr(tok, '-');
-        if (dash)
-            *dash = '\0';
-        uint32_t lo = parse_u32(tok, "--layers"), hi = dash ? parse_u32(dash + 1, "--layers") : lo;
-        if (hi < lo || hi - lo > 65536)
-            usage_fail("--layers: bad range %u-%u", lo, hi);
-        for (uint64_t l = lo; l <= hi; l++) {
-            if (n == cap) {
-                cap *= 2;
-                v = realloc(v, cap * sizeof(*v));
-                if (!v)
-                    usage_fail("out of memory");
-            }
-            v[n++] = (uint32_t)l;
-        }
-    }
-    free(dup);
-    if (n == 0)
-        usage_fail("--layers: empty list");
-    *out = v;
-    return n;
-}
-
-/* Reads a whole file; *len receives its size. NULL (and errno set) on failure. */
-static void *read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    size_t cap = 1 << 16, n = 0;
-    uint8_t *b = aligned_alloc(16, cap);
-    while (b) {
-        size_t r = fread(b + n, 1, cap - n, f);
-        n += r;
-        if (r == 0)
-            break;
-        if (n == cap) {
-            uint8_t *nb = aligned_alloc(16, cap * 2);
-            if (nb)
-                memcpy(nb, b, n);
-            free(b);
-            b = nb;
-            cap *= 2;
-        }
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        free(b);
-        errno = EIO;
-        return NULL;
-    }
-    *len = n;
-    return b;
-}
-
-static uint32_t *read_tokens(const char *path, size_t *n)
-{
-    if (!path)
-        usage_fail("--tokens FILE is required");
-    size_t len;
-    uint32_t *t = read_file(path, &len);
-    if (!t)
-        exit(file_fail(path, EXIT_USAGE));
-    if (len % 4)
-        usage_fail("%s: %zu bytes is not a whole number of u32 tokens", path, len);
-    *n = len / 4;
-    return t;
-}
-
-static int write_file(const char *path, const void *data, size_t len)
-{
-    FILE *f = fopen(path, "wb");
-    int bad = !f || fwrite(data, 1, len, f) != len;
-    if (f && fclose(f) != 0)
-        bad = 1;
-    return bad ? file_fail(path, EXIT_DAEMON) : 0;
-}
-
-/* Prints a JSON string literal of n bytes (control characters as \u00XX). */
-static void json_strn(const char *s, size_t n)
-{
-    putchar('"');
-    for (size_t i = 0; i < n; i++) {
-        unsigned char ch = (unsigned char)s[i];
-        if (ch == '"' || ch == '\\')
-            printf("\\%c", ch);
-        else if (ch < 0x20)
-            printf("\\u%04x", ch);
-        else
-            putchar(ch);
-    }
-    putchar('"');
-}
-
-static void json_str(const char *s)
-{
-    json_strn(s, strlen(s));
-}
-
-/* A name from the daemon (or a row) for a terminal: control characters, DEL and the
- * backslash as \xNN, so a model name cannot move the cursor or forge a line. */
-static void text_strn(const char *s, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        unsigned char ch = (unsigned char)s[i];
-        if (ch < 0x20 || ch == 0x7f || ch == '\\')
-            printf("\\x%02x", ch);
-        else
-            putchar(ch);
-    }
-}
 
 /* Command-level options: getopt_long over argv after the command word. */
 typedef struct cmd_opts {
@@ -428,48 +178,7 @@ static void parse_cmd_opts(int argc, char **argv, cmd_opts_t *o, const cmd_t *cm
         usage_fail("%s: unexpected argument '%s'", cmd->name, argv[optind]);
 }
 
-static void need(const void *v, const char *opt, const char *cmd)
-{
-    if (!v)
-        usage_fail("%s needs %s", cmd, opt);
-}
-
-static mf_hash128_t parse_hash(const char *s)
-{
-    mf_hash128_t h;
-    if (mf_hash_from_hex(s, &h) != MF_OK)
-        usage_fail("--hash: '%s' is not 32 hex digits", s);
-    return h;
-}
-
 /* ==== commands ======================================================================= */
-
-static void print_tiers(const mf_tier_stats_t *t, size_t n, int json)
-{
-    for (size_t i = 0; i < n; i++) {
-        if (json)
-            printf("%s{\"tier\":\"%s\",\"enabled\":%s,\"used_bytes\":%" PRIu64
-                   ",\"capacity_bytes\":%" PRIu64 ",\"entries\":%" PRIu64,
-                   i ? "," : "", mf_tier_name(t[i].tier), t[i].enabled ? "true" : "false",
-                   t[i].used_bytes, t[i].capacity_bytes, t[i].entries);
-        else
-            printf("tier %-4s %-3s used %" PRIu64 " / %" PRIu64 " bytes, %" PRIu64
-                   " entries", mf_tier_name(t[i].tier), t[i].enabled ? "on" : "off",
-                   t[i].used_bytes, t[i].capacity_bytes, t[i].entries);
-        /* An operator's first question about a tier that is off is why. */
-        if (json) {
-            if (!t[i].enabled) {
-                printf(",\"why_off\":");
-                json_str(t[i].why_off);
-            }
-            printf("}");
-        } else {
-            if (!t[i].enabled && t[i].why_off[0])
-                printf(" (off: %s)", t[i].why_off);
-            printf("\n");
-        }
-    }
-}
 
 static int cmd_health(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
 {
@@ -490,104 +199,6 @@ static int cmd_health(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
         print_tiers(h.tiers, h.n_tiers, 0);
     }
     return h.ok ? 0 : EXIT_DAEMON;
-}
-
-/* Prometheus naming: counters end in _total (or are a histogram's _count); everything
- * else (leases, reservations, backlog, arena use) is a gauge, which has no rate. */
-static int is_counter(const char *name)
-{
-    size_t n = strcspn(name, "{");
-    return (n > 6 && !strncmp(name + n - 6, "_total", 6)) ||
-           (n > 6 && !strncmp(name + n - 6, "_count", 6));
-}
-
-static double counter_rate(const mf_stats_t *s, const mf_stats_t *prev, size_t i, double dt)
-{
-    int found = 0;
-    uint64_t was = prev ? mf_stats_counter(prev, s->counters[i].name, &found) : 0;
-    uint64_t now = s->counters[i].value;
-    /* A counter that went down (a daemon restart) counts from zero. */
-    return found && dt > 0 ? (double)(now >= was ? now - was : now) / dt : 0;
-}
-
-static void print_stats_json(const mf_stats_t *s, const mf_stats_t *prev, double dt)
-{
-    printf("{\"uptime_ms\":%" PRIu64 ",\"connections\":%u,\"tiers\":[", s->uptime_ms,
-           s->connections);
-    print_tiers(s->tiers, s->n_tiers, 1);
-    printf("],\"counters\":{");
-    for (size_t i = 0; i < s->n_counters; i++) {
-        printf("%s", i ? "," : "");
-        json_str(s->counters[i].name);
-        printf(":%" PRIu64, s->counters[i].value);
-    }
-    printf("}");
-    if (prev) { /* per second over the last interval, counters only */
-        printf(",\"interval_s\":%.3f,\"rates\":{", dt);
-        for (size_t i = 0, k = 0; i < s->n_counters; i++) {
-            if (!is_counter(s->counters[i].name))
-                continue;
-            printf("%s", k++ ? "," : "");
-            json_str(s->counters[i].name);
-            printf(":%.3f", counter_rate(s, prev, i, dt));
-        }
-        printf("}");
-    }
-    printf("}\n");
-}
-
-/* The watch view of --interval: tiers on one line, the counters that are not zero with
- * their rates, the gauges packed a few per line, and a count of the zero counters. */
-static void print_stats_watch(const mf_stats_t *s, const mf_stats_t *prev, double dt)
-{
-    printf("uptime %" PRIu64 " ms, %u connections;", s->uptime_ms, s->connections);
-    for (size_t i = 0; i < s->n_tiers; i++) {
-        const mf_tier_stats_t *t = &s->tiers[i];
-        if (t->enabled)
-            printf(" %s %" PRIu64 "/%" PRIu64 " B %" PRIu64 " entries%s", mf_tier_name(t->tier),
-                   t->used_bytes, t->capacity_bytes, t->entries, i + 1 < s->n_tiers ? "," : "");
-        else
-            printf(" %s off%s", mf_tier_name(t->tier), i + 1 < s->n_tiers ? "," : "");
-    }
-    printf("\n");
-    size_t zero = 0, col = 0;
-    for (size_t i = 0; i < s->n_counters; i++) {
-        const mf_counter_t *k = &s->counters[i];
-        if (!is_counter(k->name))
-            continue;
-        if (k->value == 0) {
-            zero++;
-            continue;
-        }
-        printf("  %-44s %14" PRIu64, k->name, k->value);
-        if (prev)
-            printf(" %12.1f/s", counter_rate(s, prev, i, dt));
-        printf("\n");
-    }
-    for (size_t i = 0; i < s->n_counters; i++) {
-        const mf_counter_t *k = &s->counters[i];
-        if (is_counter(k->name))
-            continue;
-        int w = printf("%s%s %" PRIu64, col ? "  " : "  gauges: ", k->name, k->value);
-        col += w > 0 ? (size_t)w : 0;
-        if (col > 80) {
-            printf("\n");
-            col = 0;
-        }
-    }
-    printf("%s  (%zu counters at 0)\n", col ? "\n" : "", zero);
-}
-
-static void print_stats(const mf_stats_t *s, int json)
-{
-    if (json) {
-        print_stats_json(s, NULL, 0);
-        return;
-    }
-    printf("uptime %" PRIu64 " ms, %u connections\n", s->uptime_ms, s->connections);
-    print_tiers(s->tiers, s->n_tiers, 0);
-    for (size_t i = 0; i < s->n_counters; i++)
-        printf("%s %" PRIu64 "\n", s->counters[i].name, s->counters[i].value);
 }
 
 static double mono_s(void)
@@ -643,24 +254,6 @@ static int prep_stats(int argc, char **argv, cmd_opts_t *o)
     if (o->count && o->interval <= 0)
         usage_fail("--count needs --interval");
     return 0;
-}
-
-static void print_entry(const mf_entry_info_t *e, int json, int first)
-{
-    char hex[MF_HASH_HEX_LEN + 1];
-    mf_hash_to_hex(e->hash, hex);
-    if (json) {
-        printf("%s{\"model\":", first ? "" : ",");
-        json_str(e->model);
-        printf(",\"layer\":%u,\"block\":%u,\"hash\":\"%s\",\"size\":%" PRIu64
-               ",\"tier\":\"%s\",\"on_ssd\":%s,\"pins\":%u,\"last_access_ms\":%" PRIu64 "}",
-               e->layer, e->block, hex, e->size, mf_tier_name(e->tier),
-               e->on_ssd ? "true" : "false", e->pins, e->last_access_ms);
-        return;
-    }
-    text_strn(e->model, strlen(e->model));
-    printf("\t%u\t%u\t%s\t%" PRIu64 "\t%s%s\t%u\n", e->layer, e->block, hex, e->size,
-           mf_tier_name(e->tier), e->on_ssd && e->tier != MF_TIER_SSD ? "+ssd" : "", e->pins);
 }
 
 /* Every page (or --pages P from --page-token), fetched before anything is printed, so a
@@ -978,25 +571,6 @@ static int cmd_flush(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
     return 0;
 }
 
-static void print_items(const mf_config_item_t *it, size_t n, int json)
-{
-    if (json)
-        printf("{");
-    for (size_t i = 0; i < n; i++) {
-        if (json) {
-            printf("%s", i ? "," : "");
-            json_str(it[i].key);
-            printf(":{\"value\":");
-            json_str(it[i].value);
-            printf(",\"live\":%s}", it[i].live ? "true" : "false");
-        } else {
-            printf("%s %s%s\n", it[i].key, it[i].value, it[i].live ? "" : "  # restart");
-        }
-    }
-    if (json)
-        printf("}\n");
-}
-
 static int prep_config_get(int argc, char **argv, cmd_opts_t *o)
 {
     (void)argv, (void)o;
@@ -1036,67 +610,6 @@ static int cmd_config_set(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
         return fail(c, "config set", st);
     print_items(it, it ? 1 : 0, c->json);
     mf_config_items_free(it, it ? 1 : 0);
-    return 0;
-}
-
-static void json_float(float f)
-{
-    if (isfinite(f))
-        printf("%.9g", (double)f);
-    else
-        printf("null");
-}
-
-/* A MappingProfile (proto/mapflow.proto) as JSON, field names as in the .proto. */
-static int print_profile_json(const void *pb, size_t len, const char *out)
-{
-    static const char *const modes[] = {"compute", "prob", "mask"};
-    Mapflow__V1__MappingProfile *p = mapflow__v1__mapping_profile__unpack(NULL, len, pb);
-    if (!p) {
-        report(MF_DATA_LOSS, "profile get", "the daemon returned an undecodable profile");
-        return EXIT_DAEMON;
-    }
-    printf("{\"source_model\":");
-    json_str(p->source_model ? p->source_model : "");
-    printf(",\"target_model\":");
-    json_str(p->target_model ? p->target_model : "");
-    printf(",\"block_size\":%u,\"l0\":%u,\"target_layers\":%u,\"created_by\":", p->block_size,
-           p->l0, p->target_layers);
-    json_str(p->created_by ? p->created_by : "");
-    printf(",\"recompute\":{\"last_blocks\":%u,\"first_blocks\":%u}",
-           p->recompute ? p->recompute->last_blocks : 0,
-           p->recompute ? p->recompute->first_blocks : 0);
-    printf(",\"bytes\":%zu", len);
-    if (out) {
-        printf(",\"out\":");
-        json_str(out);
-    }
-    printf(",\"layers\":[");
-    for (size_t i = 0; i < p->n_layers; i++) {
-        const Mapflow__V1__LayerMap *l = p->layers[i];
-        printf("%s{\"target_layer\":%u,\"source_layer\":%u,\"target_heads\":%u,"
-               "\"source_heads\":%u,\"error\":", i ? "," : "", l->target_layer,
-               l->source_layer, l->target_heads, l->source_heads);
-        json_float(l->error);
-        printf(",\"w\":[");
-        for (size_t k = 0; k < l->n_w; k++) {
-            printf("%s", k ? "," : "");
-            json_float(l->w[k]);
-        }
-        printf("],\"heads\":[");
-        for (size_t k = 0; k < l->n_heads; k++) {
-            const Mapflow__V1__HeadProfile *h = l->heads[k];
-            printf("%s{\"mode\":\"%s\",\"error\":", k ? "," : "",
-                   (unsigned)h->mode < 3 ? modes[h->mode] : "unknown");
-            json_float(h->error);
-            printf(",\"top_p\":");
-            json_float(h->top_p);
-            printf("}");
-        }
-        printf("]}");
-    }
-    printf("]}\n");
-    mapflow__v1__mapping_profile__free_unpacked(p, NULL);
     return 0;
 }
 
