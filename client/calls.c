@@ -248,22 +248,10 @@ static int put_step(mf__op_t *op, const mf__reply_t *rep)
         st = mf__gpu_write_row(op->ch->gpu, a->base + off, p->row, p->on_device, p->len,
                                p->head, sizeof(p->head), op->err, sizeof(op->err));
     } else if (br->in_arena) {
-        uint64_t bytes = c->ucx ? c->remote_bytes : c->arena_bytes;
-        if ((!c->arena && !c->ucx) || off % MF_ROW_ALIGN || off > bytes || p->len > bytes - off)
+        if (off % MF_ROW_ALIGN || off > c->arena_reach || p->len > c->arena_reach - off)
             return mf__op_error(op, MF_INTERNAL, "daemon reserved arena bytes [%llu, +%zu) "
                                 "outside its arena", (unsigned long long)off, p->len);
-        const void *row = NULL;
-        if (c->ucx) { /* one-sided write, flushed: the bytes are there before PutCommit */
-            if ((st = put_host_row(op, &row)) == MF_OK) {
-                mf__ucx_rma_t v = {off, (void *)row, p->len};
-                st = mf__ucx_put(c->ucx, &v, 1, op->deadline, op->err, sizeof(op->err));
-            }
-        } else if (p->on_device) { /* straight from the device into the host arena */
-            st = mf__gpu_copy(op->ch->gpu, MF__DTOH, (uintptr_t)(c->arena + off),
-                              (uintptr_t)p->row, p->len, op->err, sizeof(op->err));
-        } else {
-            memcpy(c->arena + off, p->row, p->len);
-        }
+        st = c->aops->write(op, off, p->row, p->len, p->on_device);
     } else {
         st = put_host_row(op, &payload);
         plen = p->len;
@@ -592,28 +580,32 @@ static mf_status_t verify_row(const get_arg_t *x, size_t i, mf_row_ref_t *r, uns
     if (st != MF_OK)
         return MF_DATA_LOSS;
     const mf_row_view_t *v = &r->view;
+    mf_row_want_t w = {.fields = MF_MATCH_MODEL | MF_MATCH_LAYER};
     if (x->keys) {
         const mf_key_t *k = &x->keys[i];
-        if (v->layer != k->layer || !mf_hash_eq(v->hash, k->hash) ||
-            v->model_len != strlen(k->model) || memcmp(v->model, k->model, v->model_len)) {
-            *why = "row does not carry the requested key";
+        w.fields |= MF_MATCH_HASH;
+        w.model = k->model;
+        w.model_len = strlen(k->model);
+        w.layer = k->layer;
+        w.hash = k->hash;
+    } else {
+        size_t t0 = (size_t)r->block * x->block_size;
+        if (t0 + x->block_size > x->n_tokens) {
+            *why = "row's block lies past the request's tokens";
             return MF_DATA_LOSS;
         }
-        r->layer = v->layer;
-        r->block = v->block_index;
-        return MF_OK;
+        w.fields |= MF_MATCH_BLOCK | MF_MATCH_TOKENS;
+        w.model = x->model;
+        w.model_len = strlen(x->model);
+        w.layer = r->layer;
+        w.block_index = r->block;
+        w.block_size = x->block_size;
+        w.tokens = x->tokens + t0;
     }
-    if (v->layer != r->layer || v->block_index != r->block || v->block_size != x->block_size ||
-        v->model_len != strlen(x->model) || memcmp(v->model, x->model, v->model_len)) {
-        *why = "row does not carry the requested model, layer or block";
+    if (!mf_row_match(v, &w, why))
         return MF_DATA_LOSS;
-    }
-    size_t t0 = (size_t)r->block * x->block_size;
-    if (t0 + x->block_size > x->n_tokens ||
-        memcmp(v->tokens, x->tokens + t0, x->block_size * sizeof(uint32_t))) {
-        *why = "row tokens differ from the request";
-        return MF_DATA_LOSS;
-    }
+    r->layer = v->layer;
+    r->block = v->block_index;
     return MF_OK;
 }
 
@@ -660,37 +652,18 @@ static size_t plan_leased_rows(const Mapflow__V1__GetReply *gr, uint64_t bytes, 
 }
 
 /*
- * Copy gets on a channel with the mapped arena: the reply leased the rows where they
- * sit; copy them into one aligned buffer (*copy, the caller's from now on) and release
- * the leases. One memcpy per row instead of the daemon writing them into the socket and
- * this side reading and copying them again.
+ * The reply leased the rows where they sit in the daemon's host arena; read them all
+ * into one aligned buffer (*copy, the caller's from now on) with the connection's arena
+ * ops and release the leases. Copy gets on a mapped arena: one memcpy per row instead of
+ * the daemon writing them into the socket and this side reading and copying them again;
+ * on UCX: one-sided reads, all in flight at once.
  */
-static mf_status_t copy_from_arena(mf__op_t *op, const Mapflow__V1__GetReply *gr, size_t *off,
-                                   uint8_t **copy)
+static mf_status_t gather_rows(mf__op_t *op, const Mapflow__V1__GetReply *gr, size_t *off,
+                               uint8_t **copy)
 {
     const mf__conn_t *c = mf__op_conn(op);
     size_t n;
-    size_t total = plan_leased_rows(gr, c->arena ? c->arena_bytes : 0, off, &n);
-    *copy = aligned_alloc(16, total ? total : 16);
-    if (*copy)
-        for (size_t i = 0; i < gr->n_rows; i++)
-            if (off[i] != SIZE_MAX)
-                memcpy(*copy + off[i], c->arena + gr->rows[i]->arena_offset,
-                       gr->rows[i]->length);
-    release_reply_leases(op, gr);
-    if (!*copy)
-        return (mf_status_t)mf__op_error(op, MF_RESOURCE_EXHAUSTED, "out of memory");
-    return MF_OK;
-}
-
-/* UCX: the reply leased the rows where they sit in the daemon's arena; read them all
- * one-sided into one aligned buffer (*copy, the caller's from now on), release the leases. */
-static mf_status_t fetch_remote(mf__op_t *op, const Mapflow__V1__GetReply *gr, size_t *off,
-                                uint8_t **copy)
-{
-    const mf__conn_t *c = mf__op_conn(op);
-    size_t n;
-    size_t total = plan_leased_rows(gr, c->remote_bytes, off, &n);
+    size_t total = plan_leased_rows(gr, c->arena_reach, off, &n);
     mf__ucx_rma_t *v = malloc((n ? n : 1) * sizeof(*v));
     *copy = aligned_alloc(16, total ? total : 16);
     mf_status_t st = MF_OK;
@@ -701,7 +674,7 @@ static mf_status_t fetch_remote(mf__op_t *op, const Mapflow__V1__GetReply *gr, s
             if (off[i] != SIZE_MAX)
                 v[k++] = (mf__ucx_rma_t){gr->rows[i]->arena_offset, *copy + off[i],
                                          gr->rows[i]->length};
-        st = mf__ucx_get(c->ucx, v, n, op->deadline, op->err, sizeof(op->err));
+        st = c->aops->read(op, v, n);
     }
     free(v);
     release_reply_leases(op, gr);
@@ -730,12 +703,13 @@ static mf_status_t get_result_build(mf__op_t *op, const mf__reply_t *rep, const 
         return (mf_status_t)mf__op_error(op, MF_RESOURCE_EXHAUSTED, "out of memory");
     res->rows = calloc(gr->n_rows ? gr->n_rows : 1, sizeof(mf_row_ref_t));
     /* rows laid out in one buffer after a one-sided read or a copy out of the arena */
-    int gathered = c->ucx || (x->arena_copy && x->single == GET_MANY);
+    int remote = c->aops->remote;
+    int gathered = remote || (x->arena_copy && x->single == GET_MANY);
     size_t *roff = gathered ? malloc((gr->n_rows ? gr->n_rows : 1) * sizeof(*roff)) : NULL;
     uint8_t *copy = NULL;
-    int copy_mode = x->mode == MF_GET_COPY && !c->ucx && !x->arena_copy;
+    int copy_mode = x->mode == MF_GET_COPY && !remote && !x->arena_copy;
     /* The daemon checksummed every row at commit; HEADER skips doing it again here. */
-    unsigned flags = !c->ucx && !copy_mode && op->ch->verify == MF_VERIFY_HEADER
+    unsigned flags = !remote && !copy_mode && op->ch->verify == MF_VERIFY_HEADER
                          ? MF_ROW_NO_CHECKSUM : 0;
     if (copy_mode && rep->payload_len)
         copy = res->priv_ = aligned_alloc(16, ((size_t)rep->payload_len + 15) & ~(size_t)15);
@@ -749,8 +723,7 @@ static mf_status_t get_result_build(mf__op_t *op, const mf__reply_t *rep, const 
     if (copy)
         memcpy(copy, rep->payload, rep->payload_len);
     if (gathered) {
-        mf_status_t st = c->ucx ? fetch_remote(op, gr, roff, &copy)
-                                : copy_from_arena(op, gr, roff, &copy);
+        mf_status_t st = gather_rows(op, gr, roff, &copy);
         if (st != MF_OK) {
             free(roff);
             mf_get_result_free(res);
@@ -768,7 +741,7 @@ static mf_status_t get_result_build(mf__op_t *op, const mf__reply_t *rep, const 
         r->block = rr->block;
         r->tier = (mf_tier_t)rr->tier;
         /* UCX and arena copies: released after the copy */
-        r->lease_id = c->ucx || x->arena_copy ? 0 : rr->lease_id;
+        r->lease_id = remote || x->arena_copy ? 0 : rr->lease_id;
         if (r->status != MF_OK)
             continue;
         r->length = rr->length;

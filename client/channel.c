@@ -337,9 +337,10 @@ static mf_status_t reply_status(const mf_envelope_t *env, int want_case, char *e
         uint32_t code = env->error->code;
         mf_status_t st = (code != 0 && mf_status_valid((int)code)) ? (mf_status_t)code
                                                                    : MF_UNKNOWN;
-        errf(err, "%s: %s", mf_status_name((int)st),
-             env->error->message && env->error->message[0] ? env->error->message
-                                                           : mf_strerror((int)st));
+        /* The message only: the status travels as the return value, and every caller
+         * that prints both (mapflowctl, the Python binding) adds the name itself. */
+        errf(err, "%s", env->error->message && env->error->message[0] ? env->error->message
+                                                                     : mf_strerror((int)st));
         return st;
     }
     errf(err, "daemon answered %s where %s was expected",
@@ -523,6 +524,8 @@ static mf_status_t hello(mf_channel_t *ch, mf__conn_t *c, uint64_t rid, int64_t 
          * caller copies them to its device: pinned, that HtoD is direct DMA. */
         if (st == MF_OK && c->arena && mf__gpu_usable(ch->gpu) && env_on("MAPFLOW_HOST_PIN"))
             c->arena_pin = mf__gpu_pin_start(ch->gpu, c->arena, c->arena_bytes);
+        if (st == MF_OK)
+            c->aops = mf__arena_ops_pick(c, &c->arena_reach);
         if (st == MF_OK && h.want_gpu_arena && hr->n_gpu_arenas) {
             if (mf__gpu_set_parse(&c->gpu, hr) != MF_OK) {
                 errf(err, "out of memory");
@@ -974,6 +977,7 @@ static void do_disconnect(mf_channel_t *ch, mf_status_t st, const char *why)
     ch->conn.arena_bytes = 0;
     ch->conn.arena_pin = NULL;
     ch->conn.daemon_version = NULL;
+    ch->conn.aops = mf__arena_ops_pick(&ch->conn, &ch->conn.arena_reach); /* none now */
     while (ch->outq) {
         mf__outbuf_t *b = ch->outq;
         ch->outq = b->next;
@@ -1503,7 +1507,7 @@ static mf_status_t group_run(mf__op_t *g, int64_t timeout_ms)
     g->state = MF__OP_IN_FLIGHT;
     g->deadline = deadline_of(ch, timeout_ms);
     /* A quarter of the arena (the daemon's host tier); 16 MiB without one. */
-    uint64_t arena = ch->conn.arena_bytes ? ch->conn.arena_bytes : ch->conn.remote_bytes;
+    uint64_t arena = ch->conn.arena_reach;
     g->window_budget = arena ? arena / 4 : (16u << 20);
     __atomic_add_fetch(&g->refs, 1, __ATOMIC_ACQ_REL); /* the engine's */
     do_group_pump(ch, g);
@@ -1695,7 +1699,7 @@ MF_EXPORT void mf_channel_info(const mf_channel_t *ch, mf_server_info_t *out)
     pthread_mutex_lock((pthread_mutex_t *)&ch->mu);
     out->daemon_version = ch->conn.daemon_version ? ch->conn.daemon_version : "";
     out->session_id = ch->conn.session_id;
-    out->host_arena_bytes = ch->conn.arena_bytes ? ch->conn.arena_bytes : ch->conn.remote_bytes;
+    out->host_arena_bytes = ch->conn.arena_reach;
     out->max_frame = ch->conn.server_max_frame;
     out->max_batch = ch->conn.max_batch;
     out->gpu_tier = ch->conn.gpu_tier;

@@ -135,8 +135,27 @@ struct mf_call {
     void (*group_kid_done)(mf__op_t *kid); /* lock held */
 };
 
+/*
+ * How rows reach the daemon's host arena on one connection, picked once at connect
+ * (client/arena_ops.c): memcpy and device→arena copies into the mapped arena, one-sided
+ * UCX RMA into the daemon's, or nothing (no arena). Callers check ranges against the
+ * connection's arena_reach first; the ops run on the I/O thread inside a step.
+ */
+typedef struct mf__arena_ops {
+    const char *name;           /* "mapped", "ucx", "none" */
+    /* 1: rows cannot be viewed in place; reads copy them here and the leases go back */
+    int remote;
+    /* Writes len bytes of src (device memory when on_device) at arena offset off. */
+    mf_status_t (*write)(mf__op_t *op, uint64_t off, const void *src, size_t len,
+                         int on_device);
+    /* Reads the n pieces (arena offset → local host memory), all before returning. */
+    mf_status_t (*read)(mf__op_t *op, const mf__ucx_rma_t *v, size_t n);
+} mf__arena_ops_t;
+
 /* The connection a channel currently talks over (replaced by a reconnect). */
 typedef struct mf__conn {
+    const mf__arena_ops_t *aops; /* set at connect; never NULL on an open connection */
+    uint64_t arena_reach;       /* bytes aops reaches: [0, arena_reach) */
     int fd;                     /* -1 on a UCX connection */
     int is_unix;
     mf__ucx_t *ucx;             /* ucx:HOST:PORT: frames as active messages, rows by RMA */
@@ -271,6 +290,10 @@ void mf__send_oneway(mf_channel_t *ch, const mf_envelope_t *env);
  * preferred one (PutBegin.gpu_arena). Takes the lock; mf__do_* expect it held. */
 uint64_t mf__chan_gpu_mapped(mf_channel_t *ch);
 void mf__do_gpu_want(mf_channel_t *ch, uint64_t *mapped, uint32_t *preferred);
+
+/* The host-arena ops of connection c (after Hello: its arena mapped or its remote arena
+ * known); *reach receives the bytes they reach. */
+const mf__arena_ops_t *mf__arena_ops_pick(const mf__conn_t *c, uint64_t *reach);
 
 /* Copies a C string into a newly malloc'd one (NULL stays NULL). */
 char *mf__strdup(const char *s);

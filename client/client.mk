@@ -4,6 +4,7 @@
 # client/mapflow.h).
 
 CLIENT_LIB_SRCS := client/channel.c client/cq.c client/calls.c client/admin.c client/gpu.c \
+                   client/arena_ops.c \
                    client/transport_ucx.c client/abi.c
 CLIENT_LIB_OBJS := $(CLIENT_LIB_SRCS:%.c=$(OBJ)/%.o)
 MAPFLOW_A       := $(LIB)/libmapflow.a
@@ -49,10 +50,11 @@ $(MAPFLOW_SO): $(MAPFLOW_SO_REAL) mf-client-links
 	$(Q)ln -sfn $(notdir $<) $(LIB)/libmapflow.so.$(MF_MAJOR)
 	$(Q)ln -sfn libmapflow.so.$(MF_MAJOR) $@
 
-$(BIN)/mapflowctl: $(OBJ)/client/mapflowctl.o $(MAPFLOW_A)
+CTL_OBJS := $(OBJ)/client/mapflowctl.o $(OBJ)/client/ctl_io.o $(OBJ)/client/ctl_print.o
+$(BIN)/mapflowctl: $(CTL_OBJS) $(MAPFLOW_A)
 	@mkdir -p $(dir $@)
 	@[ "$(V)" != 0 ] || echo "  LD    $@"
-	$(Q)$(CC) $(ALL_CFLAGS) $(LDFLAGS) $< -o $@ $(MAPFLOW_A) $(LDLIBS_BASE)
+	$(Q)$(CC) $(ALL_CFLAGS) $(LDFLAGS) $(CTL_OBJS) -o $@ $(MAPFLOW_A) $(LDLIBS_BASE)
 
 LIBS += $(MAPFLOW_A) $(MAPFLOW_SO_REAL) $(MAPFLOW_SO)
 BINS += $(BIN)/mapflowctl

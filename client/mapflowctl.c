@@ -3,77 +3,43 @@
  *
  * Exit codes: 0 ok, 1 error reported by the daemon (or a failed check such as an
  * unhealthy daemon), 2 usage, 3 cannot connect. Machine output (--json) goes to stdout,
- * diagnostics to stderr. Single-threaded tool; exit() only from main's helpers here.
+ * diagnostics to stderr; with --json every failure is also one {"error": ...} object on
+ * stdout (report()). The commands are one table (`commands`): dispatch, `help`,
+ * `CMD --help` and the manual read it. Single-threaded tool; exit() only from main's
+ * helpers here.
  */
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
-#include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "ctl.h"
 #include "mapflow.h"
 #include "mapflow.pb-c.h"
 #include "mf_addr.h"
+#include "mf_parse.h"
 
-#define EXIT_DAEMON 1
-#define EXIT_USAGE 2
-#define EXIT_CONNECT 3
-
-static const char usage_text[] =
+/* The sections of the manual around COMMANDS, which comes from the command table. */
+static const char usage_head[] =
     "NAME\n"
     "    mapflowctl - talk to a mapflowd daemon\n"
     "\n"
     "SYNOPSIS\n"
     "    mapflowctl [--socket PATH | --addr HOST:PORT] [--ns NS] [--token T] [--json]\n"
     "               [--admin-socket PATH] [--admin-token T] [--timeout MS] COMMAND [ARGS]\n"
+    "    mapflowctl help [COMMAND] | COMMAND --help\n"
     "\n"
-    "COMMANDS\n"
-    "    health                       daemon and tier health (exit 1 if not ok)\n"
-    "    stats [--interval S [--count N]]\n"
-    "                                 tiers and counters; with --interval, again every S\n"
-    "                                 seconds (watch-style) with per-second rates of the\n"
-    "                                 counters, N samples (default: until interrupted)\n"
-    "    ls [--model M] [--layer L] [--page-size N] [--pages P] [--page-token T]\n"
-    "                                 list entries of the namespace: every page, or P pages\n"
-    "                                 from token T (hex); the token of the page after them\n"
-    "                                 is printed (stderr; \"next_page_token\" with --json)\n"
-    "    put --row FILE [--row FILE...] [--durable]\n"
-    "                                 store encoded rows (all in one batch); the key is\n"
-    "                                 read from the row\n"
-    "    get --model M --layer L --hash HEX --out FILE [--peer H:P]\n"
-    "                                 fetch one row by key into FILE; with --peer, a row\n"
-    "                                 missing here is read through from the daemon whose\n"
-    "                                 UCX listener is H:P (and cached here)\n"
-    "    lookup --model M --block B --tokens FILE --layers LIST [--peer H:P]\n"
-    "                                 cached leading blocks per layer (LIST: 0,1,4-7); with\n"
-    "                                 --peer, the larger of this daemon's and the peer's\n"
-    "                                 count\n"
-    "    del --model M [--layer L] [--hash HEX]\n"
-    "                                 delete one key (with --hash), a layer or a model\n"
-    "    evict --tier gpu|host|ssd [--bytes N] [--all-namespaces]\n"
-    "                                 demote (gpu -> host -> ssd) / drop (ssd) unpinned\n"
-    "                                 entries (N: 0 = to the low watermark; units k, m,\n"
-    "                                 g, t = powers of 1024); a tier that is off fails;\n"
-    "                                 --all-namespaces: of every namespace (admin)\n"
-    "    flush [--all-namespaces]     drop every unpinned entry of the namespace (of every\n"
-    "                                 namespace: admin)\n"
-    "    config get [KEY]             show one key or all\n"
-    "    config set KEY VALUE         change a live key (admin)\n"
-    "    profile put --file F         store a mapping profile (encoded MappingProfile; admin)\n"
-    "    profile get --source S --target T [--out F]\n"
-    "                                 fetch one (raw protobuf to F or a pipe; --json: its\n"
-    "                                 fields as JSON)\n"
-    "    hash --model M --block B --tokens FILE [--ns NS]\n"
-    "                                 print one prefix hash per full block (no daemon)\n"
+    "COMMANDS\n";
+static const char usage_tail[] =
     "\n"
     "OPTIONS\n"
-    "    --socket PATH   unix socket (default: $MAPFLOW_SOCKET, else\n"
-    "                    $XDG_RUNTIME_DIR/mapflowd/mapflowd.sock, else\n"
+    "    --socket PATH   unix socket (default: $MAPFLOW_SOCKET, else the daemon's own default:\n"
+    "                    /run/mapflowd/mapflowd.sock (systemd unit, DaemonSet) if that\n"
+    "                    socket exists, else $XDG_RUNTIME_DIR/mapflowd/mapflowd.sock, else\n"
     "                    /tmp/mapflowd-$UID/mapflowd.sock)\n"
     "    --addr H:P      TCP instead of the unix socket (needs --token if the daemon has one);\n"
     "                    ucx:H:P: UCX to the daemon's ucx listener (rows move one-sided;\n"
@@ -87,12 +53,14 @@ static const char usage_text[] =
     "                    and need --admin-token\n"
     "    --admin-token T the daemon's admin_token, sent in Hello (default:\n"
     "                    $MAPFLOW_ADMIN_TOKEN)\n"
-    "    --json          machine-readable output (every command; errors as\n"
-    "                    {\"error\":{...}} on stdout)\n"
+    "    --json          machine-readable output (every command); every failure, usage and\n"
+    "                    connect failures included, is {\"error\":{\"code\":N,\"status\":S,\n"
+    "                    \"message\":M}} on stdout (the exit status as below)\n"
     "    --timeout MS    per-call deadline (default 30000)\n"
     "\n"
     "FILES\n"
     "    Token files are raw little-endian u32 arrays. Rows are the proto/mf_row.h format.\n"
+    "    Sizes take the daemon's grammar: 512, 512b, 4k, 64mb, 1.5GiB (powers of 1024).\n"
     "\n"
     "EXIT STATUS\n"
     "    0 ok, 1 error from the daemon, 2 usage, 3 cannot connect.\n";
@@ -109,207 +77,14 @@ typedef struct ctl {
     mf_channel_t *ch;
 } ctl_t;
 
-static __attribute__((noreturn, format(printf, 1, 2))) void usage_fail(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("mapflowctl: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fputs("\n(see mapflowctl --help)\n", stderr);
-    exit(EXIT_USAGE);
-}
-
 /* Reports a failed call and returns the exit code it maps to. */
 static int fail(ctl_t *c, const char *what, mf_status_t st)
 {
-    const char *msg = c->ch ? mf_channel_last_error(c->ch) : "";
-    fprintf(stderr, "mapflowctl: %s: %s%s%s\n", what, mf_status_name(st), msg[0] ? ": " : "",
-            msg);
-    if (c->json)
-        printf("{\"error\":{\"code\":%d,\"status\":\"%s\"}}\n", (int)st, mf_status_name(st));
+    report(st, what, "%s", c->ch ? mf_channel_last_error(c->ch) : "");
     return st == MF_UNAVAILABLE ? EXIT_CONNECT : EXIT_DAEMON;
 }
 
 /* ==== parsing helpers ================================================================ */
-
-static uint64_t parse_u64(const char *s, const char *what, int units)
-{
-    char *end;
-    errno = 0;
-    if (!s || !*s || *s == '-')
-        usage_fail("%s: expected a number", what);
-    unsigned long long v = strtoull(s, &end, 0);
-    int shift = 0;
-    if (units && *end) {
-        const char *u = "kmgt";
-        const char *p = strchr(u, *end | 0x20);
-        if (p) {
-            shift = 10 * (int)(p - u + 1);
-            end++;
-            if ((*end | 0x20) == 'i')
-                end++;
-            if ((*end | 0x20) == 'b')
-                end++;
-        }
-    }
-    if (errno || *end || (shift && v > (UINT64_MAX >> shift)))
-        usage_fail("%s: '%s' is not a valid number", what, s);
-    return (uint64_t)v << shift;
-}
-
-static uint32_t parse_u32(const char *s, const char *what)
-{
-    uint64_t v = parse_u64(s, what, 0);
-    if (v > UINT32_MAX)
-        usage_fail("%s: %s is out of range", what, s);
-    return (uint32_t)v;
-}
-
-/* Seconds, fractions allowed: 0.001 .. 86400. */
-static double parse_seconds(const char *s, const char *what)
-{
-    char *end;
-    errno = 0;
-    double v = s ? strtod(s, &end) : 0;
-    if (!s || !*s || errno || *end || !(v >= 0.001 && v <= 86400))
-        usage_fail("%s: '%s' is not a number of seconds in [0.001, 86400]", what, s ? s : "");
-    return v;
-}
-
-/* Hex text → bytes (page tokens); the caller frees *out. */
-static size_t parse_hex_bytes(const char *s, const char *what, uint8_t **out)
-{
-    size_t n = strlen(s);
-    if (n == 0 || n % 2 || n > 4096)
-        usage_fail("%s: expected an even number of hex digits", what);
-    uint8_t *b = malloc(n / 2);
-    if (!b)
-        usage_fail("out of memory");
-    for (size_t i = 0; i < n / 2; i++) {
-        unsigned v;
-        if (sscanf(s + 2 * i, "%2x", &v) != 1 || !strchr("0123456789abcdefABCDEF", s[2 * i]) ||
-            !strchr("0123456789abcdefABCDEF", s[2 * i + 1]))
-            usage_fail("%s: '%s' is not hex", what, s);
-        b[i] = (uint8_t)v;
-    }
-    *out = b;
-    return n / 2;
-}
-
-static void print_hex(FILE *f, const uint8_t *b, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        fprintf(f, "%02x", b[i]);
-}
-
-/* "0,1,4-7" → layers; the caller frees *out. */
-static size_t parse_layers(const char *s, uint32_t **out)
-{
-    size_t n = 0, cap = 16;
-    uint32_t *v = malloc(cap * sizeof(*v));
-    char *dup = strdup(s ? s : "");
-    if (!v || !dup)
-        usage_fail("out of memory");
-    char *save = NULL;
-    for (char *tok = strtok_r(dup, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        char *dash = strchr(tok, '-');
-        if (dash)
-            *dash = '\0';
-        uint32_t lo = parse_u32(tok, "--layers"), hi = dash ? parse_u32(dash + 1, "--layers") : lo;
-        if (hi < lo || hi - lo > 65536)
-            usage_fail("--layers: bad range %u-%u", lo, hi);
-        for (uint64_t l = lo; l <= hi; l++) {
-            if (n == cap) {
-                cap *= 2;
-                v = realloc(v, cap * sizeof(*v));
-                if (!v)
-                    usage_fail("out of memory");
-            }
-            v[n++] = (uint32_t)l;
-        }
-    }
-    free(dup);
-    if (n == 0)
-        usage_fail("--layers: empty list");
-    *out = v;
-    return n;
-}
-
-/* Reads a whole file; *len receives its size. NULL (and errno set) on failure. */
-static void *read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    size_t cap = 1 << 16, n = 0;
-    uint8_t *b = aligned_alloc(16, cap);
-    while (b) {
-        size_t r = fread(b + n, 1, cap - n, f);
-        n += r;
-        if (r == 0)
-            break;
-        if (n == cap) {
-            uint8_t *nb = aligned_alloc(16, cap * 2);
-            if (nb)
-                memcpy(nb, b, n);
-            free(b);
-            b = nb;
-            cap *= 2;
-        }
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        free(b);
-        errno = EIO;
-        return NULL;
-    }
-    *len = n;
-    return b;
-}
-
-static uint32_t *read_tokens(const char *path, size_t *n)
-{
-    if (!path)
-        usage_fail("--tokens FILE is required");
-    size_t len;
-    uint32_t *t = read_file(path, &len);
-    if (!t) {
-        fprintf(stderr, "mapflowctl: %s: %s\n", path, strerror(errno));
-        exit(EXIT_USAGE);
-    }
-    if (len % 4)
-        usage_fail("%s: %zu bytes is not a whole number of u32 tokens", path, len);
-    *n = len / 4;
-    return t;
-}
-
-static int write_file(const char *path, const void *data, size_t len)
-{
-    FILE *f = fopen(path, "wb");
-    if (!f || fwrite(data, 1, len, f) != len || fclose(f) != 0) {
-        fprintf(stderr, "mapflowctl: %s: %s\n", path, strerror(errno));
-        return EXIT_DAEMON;
-    }
-    return 0;
-}
-
-/* Prints a JSON string literal (the only escaping our values need). */
-static void json_str(const char *s)
-{
-    putchar('"');
-    for (; *s; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\')
-            printf("\\%c", ch);
-        else if (ch < 0x20)
-            printf("\\u%04x", ch);
-        else
-            putchar(ch);
-    }
-    putchar('"');
-}
 
 /* Command-level options: getopt_long over argv after the command word. */
 typedef struct cmd_opts {
@@ -325,22 +100,51 @@ typedef struct cmd_opts {
     const char *peer;
 } cmd_opts_t;
 
-static void parse_cmd_opts(int argc, char **argv, cmd_opts_t *o)
+/*
+ * The command table: dispatch, `mapflowctl help`, `CMD --help` and the COMMANDS section
+ * of --help all read it. opts: the cmd_opts letters (below) the command takes; prepare:
+ * usage checks before connecting (so they exit 2, not 3), returning 1 when the command
+ * needs the admin path; fn runs it (argv: the words from the command on).
+ */
+typedef struct cmd {
+    const char *name;
+    int (*fn)(ctl_t *c, int argc, char **argv, const cmd_opts_t *o);
+    int (*prepare)(int argc, char **argv, cmd_opts_t *o);
+    const char *opts;
+    int local;               /* needs no daemon */
+    const char *usage;       /* synopsis lines, then indented description lines */
+} cmd_t;
+
+static const struct option cmd_lo[] = {
+    {"model", 1, 0, 'm'},  {"layer", 1, 0, 'l'},     {"hash", 1, 0, 'H'},
+    {"out", 1, 0, 'o'},    {"tokens", 1, 0, 't'},    {"layers", 1, 0, 'L'},
+    {"block", 1, 0, 'b'},  {"tier", 1, 0, 'T'},      {"bytes", 1, 0, 'B'},
+    {"row", 1, 0, 'r'},    {"durable", 0, 0, 'd'},   {"file", 1, 0, 'f'},
+    {"source", 1, 0, 's'}, {"target", 1, 0, 'g'},    {"page-size", 1, 0, 'p'},
+    {"ns", 1, 0, 'n'},     {"pages", 1, 0, 'P'},     {"page-token", 1, 0, 'k'},
+    {"interval", 1, 0, 'i'}, {"count", 1, 0, 'c'},   {"peer", 1, 0, 'e'},
+    {"all-namespaces", 0, 0, 'A'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+
+static void print_cmd_usage(FILE *f, const cmd_t *cmd);
+
+/* Options of cmd from argv (argv[0]: the word before them); --help prints cmd's usage
+ * and exits 0; an option of another command is a usage error naming it. */
+static void parse_cmd_opts(int argc, char **argv, cmd_opts_t *o, const cmd_t *cmd)
 {
-    static const struct option lo[] = {
-        {"model", 1, 0, 'm'},  {"layer", 1, 0, 'l'},     {"hash", 1, 0, 'H'},
-        {"out", 1, 0, 'o'},    {"tokens", 1, 0, 't'},    {"layers", 1, 0, 'L'},
-        {"block", 1, 0, 'b'},  {"tier", 1, 0, 'T'},      {"bytes", 1, 0, 'B'},
-        {"row", 1, 0, 'r'},    {"durable", 0, 0, 'd'},   {"file", 1, 0, 'f'},
-        {"source", 1, 0, 's'}, {"target", 1, 0, 'g'},    {"page-size", 1, 0, 'p'},
-        {"ns", 1, 0, 'n'},     {"pages", 1, 0, 'P'},     {"page-token", 1, 0, 'k'},
-        {"interval", 1, 0, 'i'}, {"count", 1, 0, 'c'},   {"peer", 1, 0, 'e'},
-        {"all-namespaces", 0, 0, 'A'}, {0, 0, 0, 0}};
     memset(o, 0, sizeof(*o));
     o->layer = -1;
     optind = 1;
-    int c;
-    while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+    opterr = 0;
+    int c, li = -1;
+    while ((c = getopt_long(argc, argv, "", cmd_lo, &li)) != -1) {
+        if (c == 'h') {
+            print_cmd_usage(stdout, cmd);
+            exit(0);
+        }
+        if (c == '?' || c == ':')
+            usage_fail("%s: bad option '%s'", cmd->name, argv[optind - 1]);
+        if (!strchr(cmd->opts, c))
+            usage_fail("--%s is not an option of %s", cmd_lo[li].name, cmd->name);
         switch (c) {
         case 'm': o->model = optarg; break;
         case 'l': o->layer = parse_u32(optarg, "--layer"); break;
@@ -350,7 +154,7 @@ static void parse_cmd_opts(int argc, char **argv, cmd_opts_t *o)
         case 'L': o->layers = optarg; break;
         case 'b': o->block = parse_u32(optarg, "--block"); break;
         case 'T': o->tier = optarg; break;
-        case 'B': o->bytes = parse_u64(optarg, "--bytes", 1); break;
+        case 'B': o->bytes = parse_size(optarg, "--bytes"); break;
         case 'r':
             if (o->n_rows == 64)
                 usage_fail("at most 64 --row files");
@@ -368,56 +172,17 @@ static void parse_cmd_opts(int argc, char **argv, cmd_opts_t *o)
         case 'c': o->count = parse_u32(optarg, "--count"); break;
         case 'e': o->peer = optarg; break;
         case 'A': o->all_ns = 1; break;
-        default: usage_fail("bad option for %s", argv[0]);
         }
     }
-}
-
-static void need(const void *v, const char *opt, const char *cmd)
-{
-    if (!v)
-        usage_fail("%s needs %s", cmd, opt);
-}
-
-static mf_hash128_t parse_hash(const char *s)
-{
-    mf_hash128_t h;
-    if (mf_hash_from_hex(s, &h) != MF_OK)
-        usage_fail("--hash: '%s' is not 32 hex digits", s);
-    return h;
+    if (optind < argc)
+        usage_fail("%s: unexpected argument '%s'", cmd->name, argv[optind]);
 }
 
 /* ==== commands ======================================================================= */
 
-static void print_tiers(const mf_tier_stats_t *t, size_t n, int json)
+static int cmd_health(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
 {
-    for (size_t i = 0; i < n; i++) {
-        if (json)
-            printf("%s{\"tier\":\"%s\",\"enabled\":%s,\"used_bytes\":%" PRIu64
-                   ",\"capacity_bytes\":%" PRIu64 ",\"entries\":%" PRIu64,
-                   i ? "," : "", mf_tier_name(t[i].tier), t[i].enabled ? "true" : "false",
-                   t[i].used_bytes, t[i].capacity_bytes, t[i].entries);
-        else
-            printf("tier %-4s %-3s used %" PRIu64 " / %" PRIu64 " bytes, %" PRIu64
-                   " entries", mf_tier_name(t[i].tier), t[i].enabled ? "on" : "off",
-                   t[i].used_bytes, t[i].capacity_bytes, t[i].entries);
-        /* An operator's first question about a tier that is off is why. */
-        if (json) {
-            if (!t[i].enabled) {
-                printf(",\"why_off\":");
-                json_str(t[i].why_off);
-            }
-            printf("}");
-        } else {
-            if (!t[i].enabled && t[i].why_off[0])
-                printf(" (off: %s)", t[i].why_off);
-            printf("\n");
-        }
-    }
-}
-
-static int cmd_health(ctl_t *c)
-{
+    (void)argc, (void)argv, (void)o;
     mf_health_t h;
     mf_status_t st = mf_health(c->ch, &h, c->timeout_ms);
     if (st != MF_OK)
@@ -436,47 +201,6 @@ static int cmd_health(ctl_t *c)
     return h.ok ? 0 : EXIT_DAEMON;
 }
 
-static void print_stats(const mf_stats_t *s, const mf_stats_t *prev, double dt, int json)
-{
-    if (json) {
-        printf("{\"uptime_ms\":%" PRIu64 ",\"connections\":%u,\"tiers\":[", s->uptime_ms,
-               s->connections);
-        print_tiers(s->tiers, s->n_tiers, 1);
-        printf("],\"counters\":{");
-        for (size_t i = 0; i < s->n_counters; i++) {
-            printf("%s", i ? "," : "");
-            json_str(s->counters[i].name);
-            printf(":%" PRIu64, s->counters[i].value);
-        }
-        printf("}");
-    } else {
-        printf("uptime %" PRIu64 " ms, %u connections\n", s->uptime_ms, s->connections);
-        print_tiers(s->tiers, s->n_tiers, 0);
-    }
-    /* Rates: per second over the last interval; a counter that went down (a daemon
-     * restart) counts from zero. */
-    if (json && prev)
-        printf(",\"interval_s\":%.3f,\"rates\":{", dt);
-    for (size_t i = 0, k = 0; i < s->n_counters; i++) {
-        int found = 0;
-        uint64_t was = prev ? mf_stats_counter(prev, s->counters[i].name, &found) : 0;
-        uint64_t now = s->counters[i].value;
-        double rate = found && dt > 0 ? (double)(now >= was ? now - was : now) / dt : 0;
-        if (json && prev) {
-            printf("%s", k++ ? "," : "");
-            json_str(s->counters[i].name);
-            printf(":%.3f", rate);
-        } else if (!json && prev) {
-            printf("%-40s %16" PRIu64 " %12.1f/s\n", s->counters[i].name, now, rate);
-        } else if (!json) {
-            printf("%s %" PRIu64 "\n", s->counters[i].name, now);
-        }
-    }
-    if (json)
-        printf("%s}\n", prev ? "}" : "");
-    fflush(stdout);
-}
-
 static double mono_s(void)
 {
     struct timespec ts;
@@ -484,11 +208,12 @@ static double mono_s(void)
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-static int cmd_stats(ctl_t *c, const cmd_opts_t *o)
+static int cmd_stats(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
 {
+    (void)argc, (void)argv;
     mf_stats_t *prev = NULL;
     double t_prev = 0;
-    int rc = 0;
+    int rc = 0, tty = isatty(1);
     for (uint32_t n = 0;; n++) {
         mf_stats_t *s;
         mf_status_t st = mf_stats(c->ch, &s, c->timeout_ms);
@@ -497,9 +222,18 @@ static int cmd_stats(ctl_t *c, const cmd_opts_t *o)
             break;
         }
         double t = mono_s();
-        if (o->interval > 0 && !c->json && isatty(1))
-            printf("\033[H\033[2J"); /* watch-style: redraw in place */
-        print_stats(s, prev, t - t_prev, c->json);
+        if (o->interval <= 0)
+            print_stats(s, c->json);
+        else if (c->json)
+            print_stats_json(s, prev, t - t_prev);
+        else {
+            if (tty)
+                printf("\033[H\033[J"); /* redraw in place: home, clear below */
+            else if (n)
+                printf("\n");
+            print_stats_watch(s, prev, t - t_prev);
+        }
+        fflush(stdout);
         mf_stats_free(prev);
         prev = s;
         t_prev = t;
@@ -514,18 +248,37 @@ static int cmd_stats(ctl_t *c, const cmd_opts_t *o)
     return rc;
 }
 
-static int cmd_ls(ctl_t *c, const cmd_opts_t *o)
+static int prep_stats(int argc, char **argv, cmd_opts_t *o)
 {
+    (void)argc, (void)argv;
+    if (o->count && o->interval <= 0)
+        usage_fail("--count needs --interval");
+    return 0;
+}
+
+/* Every page (or --pages P from --page-token), fetched before anything is printed, so a
+ * failure on a later page leaves stdout with one error object, not half a list. JSON:
+ * always {"entries": [...], "next_page_token": hex | null}. */
+static int cmd_ls(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
+{
+    (void)argc, (void)argv;
     uint8_t *token = NULL;
-    size_t token_len = 0, shown = 0;
+    size_t token_len = 0, n_pages = 0, cap = 0;
+    mf_list_page_t **pages = NULL;
+    int rc = 0;
     if (o->page_token)
         token_len = parse_hex_bytes(o->page_token, "--page-token", &token);
-    /* With --pages the JSON is an object carrying the token of the next page; without,
-     * the plain list of every entry (as before). */
-    int paged = o->pages > 0;
-    if (c->json)
-        printf(paged ? "{\"entries\":[" : "[");
-    for (uint32_t page = 0; !paged || page < o->pages; page++) {
+    for (uint32_t page = 0; !o->pages || page < o->pages; page++) {
+        if (n_pages == cap) {
+            cap = cap ? 2 * cap : 8;
+            mf_list_page_t **np = realloc(pages, cap * sizeof(*np));
+            if (!np) {
+                report(MF_RESOURCE_EXHAUSTED, "ls", "out of memory");
+                rc = EXIT_DAEMON;
+                break;
+            }
+            pages = np;
+        }
         mf_list_page_t *p;
         mf_status_t st = mf_list(c->ch, o->model, o->layer, o->page_size, token, token_len, &p,
                                  c->timeout_ms);
@@ -533,70 +286,68 @@ static int cmd_ls(ctl_t *c, const cmd_opts_t *o)
         token = NULL;
         token_len = 0;
         if (st != MF_OK) {
-            if (c->json)
-                printf(paged ? "]}\n" : "]\n");
-            return fail(c, "ls", st);
-        }
-        for (size_t i = 0; i < p->n_entries; i++, shown++) {
-            const mf_entry_info_t *e = &p->entries[i];
-            char hex[MF_HASH_HEX_LEN + 1];
-            mf_hash_to_hex(e->hash, hex);
-            if (c->json) {
-                printf("%s{\"model\":", shown ? "," : "");
-                json_str(e->model);
-                printf(",\"layer\":%u,\"block\":%u,\"hash\":\"%s\",\"size\":%" PRIu64
-                       ",\"tier\":\"%s\",\"on_ssd\":%s,\"pins\":%u,\"last_access_ms\":%" PRIu64
-                       "}", e->layer, e->block, hex, e->size, mf_tier_name(e->tier),
-                       e->on_ssd ? "true" : "false", e->pins, e->last_access_ms);
-            } else {
-                printf("%s\t%u\t%u\t%s\t%" PRIu64 "\t%s%s\t%u\n", e->model, e->layer,
-                       e->block, hex, e->size, mf_tier_name(e->tier),
-                       e->on_ssd && e->tier != MF_TIER_SSD ? "+ssd" : "", e->pins);
-            }
-        }
-        if (p->next_page_token_len) {
-            token = p->next_page_token;
-            token_len = p->next_page_token_len;
-            p->next_page_token = NULL;
-        }
-        mf_list_page_free(p);
-        if (!token)
+            rc = fail(c, "ls", st);
             break;
-    }
-    if (c->json && paged) {
-        printf("],\"next_page_token\":");
-        if (token) {
-            putchar('"');
-            print_hex(stdout, token, token_len);
-            putchar('"');
-        } else {
-            printf("null");
         }
-        printf("}\n");
-    } else if (c->json) {
-        printf("]\n");
-    } else if (token) {
-        fprintf(stderr, "next page: --page-token ");
-        print_hex(stderr, token, token_len);
-        fputc('\n', stderr);
+        pages[n_pages++] = p;
+        if (!p->next_page_token_len)
+            break;
+        token = p->next_page_token;
+        token_len = p->next_page_token_len;
+        p->next_page_token = NULL;
     }
+    if (rc == 0) {
+        size_t shown = 0;
+        if (c->json)
+            printf("{\"entries\":[");
+        for (size_t k = 0; k < n_pages; k++)
+            for (size_t i = 0; i < pages[k]->n_entries; i++, shown++)
+                print_entry(&pages[k]->entries[i], c->json, shown == 0);
+        if (c->json) {
+            printf("],\"next_page_token\":");
+            if (token) {
+                putchar('"');
+                print_hex(stdout, token, token_len);
+                putchar('"');
+            } else {
+                printf("null");
+            }
+            printf("}\n");
+        } else if (token) {
+            fprintf(stderr, "next page: --page-token ");
+            print_hex(stderr, token, token_len);
+            fputc('\n', stderr);
+        }
+    }
+    for (size_t k = 0; k < n_pages; k++)
+        mf_list_page_free(pages[k]);
+    free(pages);
     free(token);
+    return rc;
+}
+
+static int prep_ls(int argc, char **argv, cmd_opts_t *o)
+{
+    (void)argc, (void)argv;
+    if (o->page_token) {
+        uint8_t *t;
+        parse_hex_bytes(o->page_token, "--page-token", &t);
+        free(t);
+    }
     return 0;
 }
 
-static int cmd_put(ctl_t *c, const cmd_opts_t *o)
+static int cmd_put(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
 {
-    if (o->n_rows == 0)
-        usage_fail("put needs --row FILE");
+    (void)argc, (void)argv;
     mf_put_item_t items[64];
     for (int i = 0; i < o->n_rows; i++) {
         items[i] = (mf_put_item_t){0};
         items[i].row = read_file(o->rows[i], &items[i].len);
         if (!items[i].row) {
-            fprintf(stderr, "mapflowctl: %s: %s\n", o->rows[i], strerror(errno));
             for (int k = 0; k < i; k++)
                 free((void *)items[k].row);
-            return EXIT_USAGE;
+            return file_fail(o->rows[i], EXIT_USAGE);
         }
     }
     /* One batch: every PutBegin goes out at once (a round trip for all, not per row). */
@@ -606,8 +357,12 @@ static int cmd_put(ctl_t *c, const cmd_opts_t *o)
     for (int i = 0; i < o->n_rows; i++) {
         const mf_put_result_t *r = &items[i].result;
         if (items[i].status != MF_OK) {
-            if (rc == 0)
-                rc = fail(c, o->rows[i], st);
+            /* One line per row that failed; the batch's message is its first failure's. */
+            int first = rc == 0;
+            report(items[i].status, o->rows[i], "%s",
+                   first ? mf_channel_last_error(c->ch) : mf_strerror(items[i].status));
+            if (first)
+                rc = st == MF_UNAVAILABLE ? EXIT_CONNECT : EXIT_DAEMON;
             free((void *)items[i].row);
             continue;
         }
@@ -618,27 +373,35 @@ static int cmd_put(ctl_t *c, const cmd_opts_t *o)
         if (c->json) {
             printf("{\"file\":");
             json_str(o->rows[i]);
-            printf(",\"model\":\"%.*s\",\"layer\":%u,\"block\":%u,\"hash\":\"%s\",\"size\":%zu,"
-                   "\"tier\":\"%s\",\"durable\":%s,\"replaced\":%s}\n", (int)v.model_len,
-                   v.model, v.layer, v.block_index, hex, items[i].len, mf_tier_name(r->tier),
+            printf(",\"model\":");
+            json_strn(v.model, v.model_len);
+            printf(",\"layer\":%u,\"block\":%u,\"hash\":\"%s\",\"size\":%zu,"
+                   "\"tier\":\"%s\",\"durable\":%s,\"replaced\":%s}\n", v.layer,
+                   v.block_index, hex, items[i].len, mf_tier_name(r->tier),
                    r->durable ? "true" : "false", r->replaced ? "true" : "false");
         } else {
-            printf("put %.*s layer %u block %u %s (%zu bytes) -> %s%s%s\n", (int)v.model_len,
-                   v.model, v.layer, v.block_index, hex, items[i].len, mf_tier_name(r->tier),
-                   r->durable ? ", durable" : "", r->replaced ? ", replaced" : "");
+            printf("put ");
+            text_strn(v.model, v.model_len);
+            printf(" layer %u block %u %s (%zu bytes) -> %s%s%s\n", v.layer, v.block_index, hex,
+                   items[i].len, mf_tier_name(r->tier), r->durable ? ", durable" : "",
+                   r->replaced ? ", replaced" : "");
         }
         free((void *)items[i].row);
     }
     return rc;
 }
 
-static int cmd_get(ctl_t *c, const cmd_opts_t *o)
+static int prep_put(int argc, char **argv, cmd_opts_t *o)
 {
-    need(o->model, "--model", "get");
-    need(o->hash, "--hash", "get");
-    need(o->out, "--out", "get");
-    if (o->layer < 0)
-        usage_fail("get needs --layer");
+    (void)argc, (void)argv;
+    if (o->n_rows == 0)
+        usage_fail("put needs --row FILE");
+    return 0;
+}
+
+static int cmd_get(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
+{
+    (void)argc, (void)argv;
     mf_key_t k = {o->model, (uint32_t)o->layer, parse_hash(o->hash)};
     mf_get_result_t *r;
     mf_status_t st = mf_get_keys_peer(c->ch, o->peer, &k, 1, MF_GET_COPY, &r, c->timeout_ms);
@@ -647,22 +410,65 @@ static int cmd_get(ctl_t *c, const cmd_opts_t *o)
     st = r->rows[0].status;
     int rc = st == MF_OK ? write_file(o->out, r->rows[0].data, r->rows[0].length)
                          : fail(c, "get", st);
-    if (rc == 0 && c->json)
-        printf("{\"out\":\"%s\",\"size\":%zu,\"tier\":\"%s\"}\n", o->out, r->rows[0].length,
+    if (rc == 0 && c->json) {
+        printf("{\"out\":");
+        json_str(o->out);
+        printf(",\"size\":%zu,\"tier\":\"%s\"}\n", r->rows[0].length,
                mf_tier_name(r->rows[0].tier));
-    else if (rc == 0)
+    } else if (rc == 0) {
         printf("%zu bytes from %s -> %s\n", r->rows[0].length, mf_tier_name(r->rows[0].tier),
                o->out);
+    }
     mf_get_result_free(r);
     return rc;
 }
 
-static int cmd_lookup(ctl_t *c, const cmd_opts_t *o)
+static void check_peer(const cmd_opts_t *o)
 {
+    if (o->peer && !strchr(o->peer, ':'))
+        usage_fail("--peer: '%s' is not HOST:PORT", o->peer);
+}
+
+/* The daemon's block-size rule (mf_row.h), applied before anything is hashed or sent. */
+static void check_block(const cmd_opts_t *o, const char *cmd)
+{
+    if (!o->block)
+        usage_fail("%s needs --block B", cmd);
+    if (!mf_row_block_size_ok(o->block))
+        usage_fail("--block: %u is not a power of two in [%d, %d] (the daemon's rule)",
+                   o->block, MF_ROW_MIN_BLOCK, MF_ROW_MAX_BLOCK);
+}
+
+static int prep_get(int argc, char **argv, cmd_opts_t *o)
+{
+    (void)argc, (void)argv;
+    need(o->model, "--model", "get");
+    need(o->hash, "--hash", "get");
+    need(o->out, "--out", "get");
+    if (o->layer < 0)
+        usage_fail("get needs --layer");
+    parse_hash(o->hash);
+    check_peer(o);
+    return 0;
+}
+
+static int prep_lookup(int argc, char **argv, cmd_opts_t *o)
+{
+    (void)argc, (void)argv;
     need(o->model, "--model", "lookup");
     need(o->layers, "--layers", "lookup");
-    if (!o->block)
-        usage_fail("lookup needs --block B");
+    need(o->tokens, "--tokens", "lookup");
+    check_block(o, "lookup");
+    check_peer(o);
+    uint32_t *layers;
+    parse_layers(o->layers, &layers);
+    free(layers);
+    return 0;
+}
+
+static int cmd_lookup(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
+{
+    (void)argc, (void)argv;
     size_t nt;
     uint32_t *tokens = read_tokens(o->tokens, &nt), *layers, total = 0;
     size_t nl = parse_layers(o->layers, &layers);
@@ -688,14 +494,23 @@ static int cmd_lookup(ctl_t *c, const cmd_opts_t *o)
     return rc;
 }
 
-static int cmd_del(ctl_t *c, const cmd_opts_t *o)
+static int prep_del(int argc, char **argv, cmd_opts_t *o)
 {
+    (void)argc, (void)argv;
     need(o->model, "--model", "del");
+    if (o->hash && o->layer < 0)
+        usage_fail("del --hash needs --layer");
+    if (o->hash)
+        parse_hash(o->hash);
+    return 0;
+}
+
+static int cmd_del(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
+{
+    (void)argc, (void)argv;
     uint64_t n = 0;
     mf_status_t st;
     if (o->hash) {
-        if (o->layer < 0)
-            usage_fail("del --hash needs --layer");
         mf_key_t k = {o->model, (uint32_t)o->layer, parse_hash(o->hash)};
         st = mf_delete(c->ch, &k, &n, c->timeout_ms);
     } else {
@@ -707,12 +522,33 @@ static int cmd_del(ctl_t *c, const cmd_opts_t *o)
     return 0;
 }
 
-static int cmd_evict(ctl_t *c, const cmd_opts_t *o)
+static mf_tier_t evict_tier(const cmd_opts_t *o)
 {
     mf_tier_t t;
     need(o->tier, "--tier gpu|host|ssd", "evict");
     if (mf_tier_parse(o->tier, &t) != MF_OK || t == MF_TIER_NONE)
         usage_fail("--tier: '%s' is not gpu, host or ssd", o->tier);
+    return t;
+}
+
+/* --all-namespaces is an admin request. */
+static int prep_evict(int argc, char **argv, cmd_opts_t *o)
+{
+    (void)argc, (void)argv;
+    evict_tier(o);
+    return o->all_ns;
+}
+
+static int prep_flush(int argc, char **argv, cmd_opts_t *o)
+{
+    (void)argc, (void)argv;
+    return o->all_ns;
+}
+
+static int cmd_evict(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
+{
+    (void)argc, (void)argv;
+    mf_tier_t t = evict_tier(o);
     uint64_t b = 0, e = 0;
     mf_status_t st = o->all_ns ? mf_evict_all(c->ch, t, o->bytes, &b, &e, c->timeout_ms)
                                : mf_evict(c->ch, t, o->bytes, &b, &e, c->timeout_ms);
@@ -723,8 +559,9 @@ static int cmd_evict(ctl_t *c, const cmd_opts_t *o)
     return 0;
 }
 
-static int cmd_flush(ctl_t *c, const cmd_opts_t *o)
+static int cmd_flush(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
 {
+    (void)argc, (void)argv;
     uint64_t n = 0;
     mf_status_t st = o->all_ns ? mf_flush_all(c->ch, &n, c->timeout_ms)
                                : mf_flush(c->ch, &n, c->timeout_ms);
@@ -734,159 +571,142 @@ static int cmd_flush(ctl_t *c, const cmd_opts_t *o)
     return 0;
 }
 
-static void print_items(const mf_config_item_t *it, size_t n, int json)
+static int prep_config_get(int argc, char **argv, cmd_opts_t *o)
 {
-    if (json)
-        printf("{");
-    for (size_t i = 0; i < n; i++) {
-        if (json) {
-            printf("%s", i ? "," : "");
-            json_str(it[i].key);
-            printf(":{\"value\":");
-            json_str(it[i].value);
-            printf(",\"live\":%s}", it[i].live ? "true" : "false");
-        } else {
-            printf("%s %s%s\n", it[i].key, it[i].value, it[i].live ? "" : "  # restart");
-        }
-    }
-    if (json)
-        printf("}\n");
+    (void)argv, (void)o;
+    if (argc > 2)
+        usage_fail("config get takes at most one KEY");
+    return 0;
 }
 
-static int cmd_config(ctl_t *c, int argc, char **argv)
+/* An admin request. */
+static int prep_config_set(int argc, char **argv, cmd_opts_t *o)
 {
-    if (argc < 2)
-        usage_fail("config get [KEY] | config set KEY VALUE");
+    (void)argv, (void)o;
+    if (argc != 3)
+        usage_fail("config set takes KEY VALUE");
+    return 1;
+}
+
+static int cmd_config_get(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
+{
+    (void)o;
     mf_config_item_t *it = NULL;
     size_t n = 0;
-    mf_status_t st;
-    if (strcmp(argv[1], "get") == 0 && argc <= 3) {
-        st = mf_config_get(c->ch, argc == 3 ? argv[2] : "", &it, &n, c->timeout_ms);
-    } else if (strcmp(argv[1], "set") == 0 && argc == 4) {
-        st = mf_config_set(c->ch, argv[2], argv[3], &it, c->timeout_ms);
-        n = it ? 1 : 0;
-    } else {
-        usage_fail("config get [KEY] | config set KEY VALUE");
-    }
+    mf_status_t st = mf_config_get(c->ch, argc == 2 ? argv[1] : "", &it, &n, c->timeout_ms);
     if (st != MF_OK)
-        return fail(c, "config", st);
+        return fail(c, "config get", st);
     print_items(it, n, c->json);
     mf_config_items_free(it, n);
     return 0;
 }
 
-static void json_float(float f)
+static int cmd_config_set(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
 {
-    if (isfinite(f))
-        printf("%.9g", (double)f);
-    else
-        printf("null");
-}
-
-/* A MappingProfile (proto/mapflow.proto) as JSON, field names as in the .proto. */
-static int print_profile_json(const void *pb, size_t len, const char *out)
-{
-    static const char *const modes[] = {"compute", "prob", "mask"};
-    Mapflow__V1__MappingProfile *p = mapflow__v1__mapping_profile__unpack(NULL, len, pb);
-    if (!p) {
-        fprintf(stderr, "mapflowctl: the daemon returned an undecodable profile\n");
-        return EXIT_DAEMON;
-    }
-    printf("{\"source_model\":");
-    json_str(p->source_model ? p->source_model : "");
-    printf(",\"target_model\":");
-    json_str(p->target_model ? p->target_model : "");
-    printf(",\"block_size\":%u,\"l0\":%u,\"target_layers\":%u,\"created_by\":", p->block_size,
-           p->l0, p->target_layers);
-    json_str(p->created_by ? p->created_by : "");
-    printf(",\"recompute\":{\"last_blocks\":%u,\"first_blocks\":%u}",
-           p->recompute ? p->recompute->last_blocks : 0,
-           p->recompute ? p->recompute->first_blocks : 0);
-    printf(",\"bytes\":%zu", len);
-    if (out) {
-        printf(",\"out\":");
-        json_str(out);
-    }
-    printf(",\"layers\":[");
-    for (size_t i = 0; i < p->n_layers; i++) {
-        const Mapflow__V1__LayerMap *l = p->layers[i];
-        printf("%s{\"target_layer\":%u,\"source_layer\":%u,\"target_heads\":%u,"
-               "\"source_heads\":%u,\"error\":", i ? "," : "", l->target_layer,
-               l->source_layer, l->target_heads, l->source_heads);
-        json_float(l->error);
-        printf(",\"w\":[");
-        for (size_t k = 0; k < l->n_w; k++) {
-            printf("%s", k ? "," : "");
-            json_float(l->w[k]);
-        }
-        printf("],\"heads\":[");
-        for (size_t k = 0; k < l->n_heads; k++) {
-            const Mapflow__V1__HeadProfile *h = l->heads[k];
-            printf("%s{\"mode\":\"%s\",\"error\":", k ? "," : "",
-                   (unsigned)h->mode < 3 ? modes[h->mode] : "unknown");
-            json_float(h->error);
-            printf(",\"top_p\":");
-            json_float(h->top_p);
-            printf("}");
-        }
-        printf("]}");
-    }
-    printf("]}\n");
-    mapflow__v1__mapping_profile__free_unpacked(p, NULL);
+    (void)argc, (void)o;
+    mf_config_item_t *it = NULL;
+    mf_status_t st = mf_config_set(c->ch, argv[1], argv[2], &it, c->timeout_ms);
+    if (st != MF_OK)
+        return fail(c, "config set", st);
+    print_items(it, it ? 1 : 0, c->json);
+    mf_config_items_free(it, it ? 1 : 0);
     return 0;
 }
 
-static int cmd_profile(ctl_t *c, int argc, char **argv)
+/* Decoded here first: a file that is not a MappingProfile is a usage error, and what was
+ * stored (source → target, shape, bytes) is said afterwards. An admin request. */
+static int prep_profile_put(int argc, char **argv, cmd_opts_t *o)
 {
-    if (argc < 2)
-        usage_fail("profile put --file F | profile get --source S --target T [--out F]");
-    const char *sub = argv[1];
-    cmd_opts_t o;
-    parse_cmd_opts(argc - 1, argv + 1, &o);
-    if (strcmp(sub, "put") == 0) {
-        need(o.file, "--file", "profile put");
-        size_t len;
-        void *pb = read_file(o.file, &len);
-        if (!pb) {
-            fprintf(stderr, "mapflowctl: %s: %s\n", o.file, strerror(errno));
-            return EXIT_USAGE;
-        }
-        mf_status_t st = mf_profile_put(c->ch, pb, len, c->timeout_ms);
+    (void)argc, (void)argv;
+    need(o->file, "--file", "profile put");
+    return 1;
+}
+
+static int cmd_profile_put(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
+{
+    (void)argc, (void)argv;
+    size_t len;
+    void *pb = read_file(o->file, &len);
+    if (!pb)
+        return file_fail(o->file, EXIT_USAGE);
+    Mapflow__V1__MappingProfile *p = mapflow__v1__mapping_profile__unpack(NULL, len, pb);
+    if (!p) {
         free(pb);
-        if (st != MF_OK)
-            return fail(c, "profile put", st);
-        printf(c->json ? "{\"stored\":true}\n" : "stored\n");
-        return 0;
+        report(MF_INVALID_ARGUMENT, o->file, "not an encoded mapflow.v1.MappingProfile");
+        return EXIT_USAGE;
     }
-    if (strcmp(sub, "get") != 0)
-        usage_fail("profile put|get");
-    need(o.source, "--source", "profile get");
-    need(o.target, "--target", "profile get");
+    mf_status_t st = mf_profile_put(c->ch, pb, len, c->timeout_ms);
+    free(pb);
+    int rc = 0;
+    const char *src = p->source_model ? p->source_model : "";
+    const char *tgt = p->target_model ? p->target_model : "";
+    if (st != MF_OK) {
+        rc = fail(c, "profile put", st);
+    } else if (c->json) {
+        printf("{\"stored\":true,\"ns\":");
+        json_str(c->ns);
+        printf(",\"source_model\":");
+        json_str(src);
+        printf(",\"target_model\":");
+        json_str(tgt);
+        printf(",\"block_size\":%u,\"layers\":%zu,\"bytes\":%zu}\n", p->block_size,
+               p->n_layers, len);
+    } else {
+        printf("stored profile ");
+        text_strn(src, strlen(src));
+        printf(" -> ");
+        text_strn(tgt, strlen(tgt));
+        printf(" (namespace ");
+        text_strn(c->ns, strlen(c->ns));
+        printf(", block %u, %zu layers, %zu bytes)\n", p->block_size, p->n_layers, len);
+    }
+    mapflow__v1__mapping_profile__free_unpacked(p, NULL);
+    return rc;
+}
+
+static int prep_profile_get(int argc, char **argv, cmd_opts_t *o)
+{
+    (void)argc, (void)argv;
+    need(o->source, "--source", "profile get");
+    need(o->target, "--target", "profile get");
+    return 0;
+}
+
+static int cmd_profile_get(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
+{
+    (void)argc, (void)argv;
     void *pb;
     size_t len;
-    mf_status_t st = mf_profile_get(c->ch, o.source, o.target, &pb, &len, c->timeout_ms);
+    mf_status_t st = mf_profile_get(c->ch, o->source, o->target, &pb, &len, c->timeout_ms);
     if (st != MF_OK)
         return fail(c, "profile get", st);
     int rc = 0;
-    if (o.out)
-        rc = write_file(o.out, pb, len);
+    if (o->out)
+        rc = write_file(o->out, pb, len);
     if (c->json && rc == 0)
-        rc = print_profile_json(pb, len, o.out);
-    else if (o.out)
+        rc = print_profile_json(pb, len, o->out);
+    else if (o->out)
         ;
     else if (isatty(1))
         printf("%zu bytes (use --out FILE)\n", len);
     else
-        rc = fwrite(pb, 1, len, stdout) == len ? 0 : EXIT_DAEMON;
+        rc = fwrite(pb, 1, len, stdout) == len ? 0 : file_fail("stdout", EXIT_DAEMON);
     free(pb);
     return rc;
 }
 
-static int cmd_hash(const ctl_t *c, const cmd_opts_t *o)
+static int prep_hash(int argc, char **argv, cmd_opts_t *o)
 {
+    (void)argc, (void)argv;
     need(o->model, "--model", "hash");
-    if (!o->block)
-        usage_fail("hash needs --block B");
+    need(o->tokens, "--tokens", "hash");
+    check_block(o, "hash");
+    return 0;
+}
+
+static int cmd_hash(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
+{
+    (void)argc, (void)argv;
     size_t nt;
     uint32_t *tokens = read_tokens(o->tokens, &nt);
     size_t nb = nt / o->block, n = 0;
@@ -895,14 +715,13 @@ static int cmd_hash(const ctl_t *c, const cmd_opts_t *o)
     mf_status_t st = h ? mf_hash_prefix(ns, o->model, o->block, tokens, nt, h, nb, &n)
                        : MF_RESOURCE_EXHAUSTED;
     if (st != MF_OK) {
-        fprintf(stderr, "mapflowctl: hash: %s\n", mf_strerror(st));
+        report(st, "hash", "%s", mf_strerror(st));
         free(h);
         free(tokens);
         return EXIT_USAGE;
     }
-    if (c->json)
-        printf("{\"ns\":");
     if (c->json) {
+        printf("{\"ns\":");
         json_str(ns);
         printf(",\"model\":");
         json_str(o->model);
@@ -923,59 +742,157 @@ static int cmd_hash(const ctl_t *c, const cmd_opts_t *o)
     return 0;
 }
 
-/* ==== main =========================================================================== */
+static int cmd_help(ctl_t *c, int argc, char **argv, const cmd_opts_t *o);
+static int prep_help(int argc, char **argv, cmd_opts_t *o);
 
-/* Required options, checked before connecting so usage errors exit 2, not 3. */
-static void check_required(const char *cmd, const cmd_opts_t *o)
+static const cmd_t commands[] = {
+    {"health", cmd_health, NULL, "", 0,
+     "health\n"
+     "    daemon and tier health (exit 1 if not ok)\n"},
+    {"stats", cmd_stats, prep_stats, "ic", 0,
+     "stats [--interval S [--count N]]\n"
+     "    tiers and counters; with --interval, again every S seconds, redrawn in place:\n"
+     "    the counters that are not zero with per-second rates, the gauges (no rates)\n"
+     "    a few per line; N samples (default: until interrupted)\n"},
+    {"ls", cmd_ls, prep_ls, "mlpPk", 0,
+     "ls [--model M] [--layer L] [--page-size N] [--pages P] [--page-token T]\n"
+     "    list entries of the namespace: every page, or P pages from token T (hex); the\n"
+     "    token of the page after them is printed (stderr; --json: {\"entries\": [...],\n"
+     "    \"next_page_token\": T or null}); control characters in names as \\xNN\n"},
+    {"put", cmd_put, prep_put, "rd", 0,
+     "put --row FILE [--row FILE...] [--durable]\n"
+     "    store encoded rows (all in one batch); the key is read from the row\n"},
+    {"get", cmd_get, prep_get, "mlHoe", 0,
+     "get --model M --layer L --hash HEX --out FILE [--peer H:P]\n"
+     "    fetch one row by key into FILE; with --peer, a row missing here is read through\n"
+     "    from the daemon whose UCX listener is H:P (and cached here)\n"},
+    {"lookup", cmd_lookup, prep_lookup, "mbtLe", 0,
+     "lookup --model M --block B --tokens FILE --layers LIST [--peer H:P]\n"
+     "    cached leading blocks per layer (LIST: 0,1,4-7); with --peer, the larger of this\n"
+     "    daemon's and the peer's count\n"},
+    {"del", cmd_del, prep_del, "mlH", 0,
+     "del --model M [--layer L] [--hash HEX]\n"
+     "    delete one key (with --hash), a layer or a model\n"},
+    {"evict", cmd_evict, prep_evict, "TBA", 0,
+     "evict --tier gpu|host|ssd [--bytes N] [--all-namespaces]\n"
+     "    demote (gpu -> host -> ssd) / drop (ssd) unpinned entries (N: a size, 0 = to\n"
+     "    the low watermark); a tier that is off fails; --all-namespaces: of every\n"
+     "    namespace (admin)\n"},
+    {"flush", cmd_flush, prep_flush, "A", 0,
+     "flush [--all-namespaces]\n"
+     "    drop every unpinned entry of the namespace (of every namespace: admin)\n"},
+    {"config get", cmd_config_get, prep_config_get, NULL, 0,
+     "config get [KEY]\n"
+     "    show one key or all\n"},
+    {"config set", cmd_config_set, prep_config_set, NULL, 0,
+     "config set KEY VALUE\n"
+     "    change a live key (admin)\n"},
+    {"profile put", cmd_profile_put, prep_profile_put, "f", 0,
+     "profile put --file F\n"
+     "    store a mapping profile (encoded MappingProfile; admin) and say which\n"},
+    {"profile get", cmd_profile_get, prep_profile_get, "sgo", 0,
+     "profile get --source S --target T [--out F]\n"
+     "    fetch one (raw protobuf to F or a pipe; --json: its fields as JSON)\n"},
+    {"hash", cmd_hash, prep_hash, "mbtn", 1,
+     "hash --model M --block B --tokens FILE [--ns NS]\n"
+     "    print one prefix hash per full block (no daemon; B as the daemon allows it)\n"},
+    {"help", cmd_help, prep_help, NULL, 1,
+     "help [COMMAND]\n"
+     "    this manual, or the usage of one command (as COMMAND --help)\n"},
+};
+#define N_COMMANDS (sizeof(commands) / sizeof(commands[0]))
+
+static void print_cmd_usage(FILE *f, const cmd_t *cmd)
 {
-    if (!strcmp(cmd, "get")) {
-        need(o->model, "--model", cmd);
-        need(o->hash, "--hash", cmd);
-        need(o->out, "--out", cmd);
-        if (o->layer < 0)
-            usage_fail("get needs --layer");
-        parse_hash(o->hash);
-    } else if (!strcmp(cmd, "lookup")) {
-        need(o->model, "--model", cmd);
-        need(o->layers, "--layers", cmd);
-        need(o->tokens, "--tokens", cmd);
-        if (!o->block)
-            usage_fail("lookup needs --block B");
-    } else if (!strcmp(cmd, "del")) {
-        need(o->model, "--model", cmd);
-        if (o->hash && o->layer < 0)
-            usage_fail("del --hash needs --layer");
-    } else if (!strcmp(cmd, "evict")) {
-        need(o->tier, "--tier gpu|host|ssd", cmd);
-    } else if (!strcmp(cmd, "put") && o->n_rows == 0) {
-        usage_fail("put needs --row FILE");
-    } else if (!strcmp(cmd, "ls") && o->page_token) {
-        uint8_t *t;
-        parse_hex_bytes(o->page_token, "--page-token", &t);
-        free(t);
-    }
-    if (o->count && o->interval <= 0)
-        usage_fail("--count needs --interval");
-    if (o->interval > 0 && strcmp(cmd, "stats"))
-        usage_fail("--interval is an option of stats");
-    if (o->peer && strcmp(cmd, "get") && strcmp(cmd, "lookup"))
-        usage_fail("--peer is an option of get and lookup");
-    if (o->peer && !strchr(o->peer, ':'))
-        usage_fail("--peer: '%s' is not HOST:PORT", o->peer);
-    if (o->all_ns && strcmp(cmd, "flush") && strcmp(cmd, "evict"))
-        usage_fail("--all-namespaces is an option of flush and evict");
+    fprintf(f, "usage: mapflowctl [OPTIONS] %s", cmd->usage);
 }
+
+static void print_manual(FILE *f)
+{
+    fputs(usage_head, f);
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        for (const char *l = commands[i].usage; *l;) {
+            size_t n = strcspn(l, "\n");
+            fprintf(f, "    %.*s\n", (int)n, l);
+            l += n + (l[n] == '\n');
+        }
+    fputs(usage_tail, f);
+}
+
+/* The command that argv's first words name (NULL: none); *words: how many it took. */
+static const cmd_t *find_cmd(int argc, char **argv, int *words)
+{
+    for (size_t i = 0; i < N_COMMANDS; i++) {
+        const char *name = commands[i].name, *sp = strchr(name, ' ');
+        size_t n1 = sp ? (size_t)(sp - name) : strlen(name);
+        if (strlen(argv[0]) != n1 || strncmp(argv[0], name, n1))
+            continue;
+        if (!sp) {
+            *words = 1;
+            return &commands[i];
+        }
+        if (argc > 1 && !strcmp(argv[1], sp + 1)) {
+            *words = 2;
+            return &commands[i];
+        }
+    }
+    return NULL;
+}
+
+/* The sub-commands of a group word ("profile": "put, get"), for its usage error. */
+static int group_words(const char *word, char *out, size_t cap)
+{
+    size_t len = 0, n = 0;
+    out[0] = '\0';
+    for (size_t i = 0; i < N_COMMANDS; i++) {
+        const char *name = commands[i].name, *sp = strchr(name, ' ');
+        if (sp && (size_t)(sp - name) == strlen(word) && !strncmp(name, word, strlen(word))) {
+            int w = snprintf(out + len, cap - len, "%s%s", n++ ? ", " : "", sp + 1);
+            if (w > 0 && (size_t)w < cap - len)
+                len += (size_t)w;
+        }
+    }
+    return n > 0;
+}
+
+static int prep_help(int argc, char **argv, cmd_opts_t *o)
+{
+    (void)o;
+    int words;
+    if (argc > 1 && !find_cmd(argc - 1, argv + 1, &words)) {
+        char subs[256];
+        if (!group_words(argv[1], subs, sizeof(subs)))
+            usage_fail("help: unknown command '%s'", argv[1]);
+    }
+    return 0;
+}
+
+static int cmd_help(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
+{
+    (void)c, (void)o;
+    int words;
+    const cmd_t *cmd = argc > 1 ? find_cmd(argc - 1, argv + 1, &words) : NULL;
+    if (cmd) {
+        print_cmd_usage(stdout, cmd);
+    } else if (argc > 1) { /* a group word: every command of the group */
+        for (size_t i = 0; i < N_COMMANDS; i++)
+            if (!strncmp(commands[i].name, argv[1], strlen(argv[1])) &&
+                commands[i].name[strlen(argv[1])] == ' ')
+                print_cmd_usage(stdout, &commands[i]);
+    } else {
+        print_manual(stdout);
+    }
+    return 0;
+}
+
+/* ==== main =========================================================================== */
 
 static const char *default_socket(char *buf, size_t cap)
 {
     const char *env = getenv("MAPFLOW_SOCKET");
     if (env && env[0])
         return env;
-    const char *xdg = getenv("XDG_RUNTIME_DIR");
-    if (xdg && xdg[0])
-        snprintf(buf, cap, "%s/mapflowd/mapflowd.sock", xdg);
-    else
-        snprintf(buf, cap, "/tmp/mapflowd-%u/mapflowd.sock", (unsigned)getuid());
+    mf_default_socket_path(buf, cap, 0); /* the daemon's rule (mf_addr.h) */
     return buf;
 }
 
@@ -1010,8 +927,7 @@ static int connect_ctl(ctl_t *c)
     mf_status_t st = mf_channel_open(target, &p, &c->ch);
     if (st == MF_OK)
         return 0;
-    fprintf(stderr, "mapflowctl: %s: %s: %s\n", target, mf_status_name(st),
-            mf_channel_last_error(c->ch));
+    report(st, target, "%s", mf_channel_last_error(c->ch));
     if (st == MF_INVALID_ARGUMENT)
         return EXIT_USAGE;
     return st == MF_UNAVAILABLE || st == MF_DEADLINE_EXCEEDED ? EXIT_CONNECT : EXIT_DAEMON;
@@ -1028,7 +944,15 @@ int main(int argc, char **argv)
     ctl_t c = {.ns = "default", .timeout_ms = 30000, .token = getenv("MAPFLOW_TOKEN"),
                .admin_token = getenv("MAPFLOW_ADMIN_TOKEN"),
                .admin_socket = env_admin && env_admin[0] ? env_admin : NULL};
+    /* --json anywhere before the command: usage errors met on the way are JSON too. */
+    for (int i = 1; i < argc && argv[i][0] == '-'; i++) {
+        g_json |= !strcmp(argv[i], "--json");
+        for (const struct option *l = lo; l->name; l++)
+            if (l->has_arg && !strcmp(argv[i] + 2, l->name))
+                i++; /* skip the option's value */
+    }
     int o;
+    opterr = 0;
     /* "+": stop at the command word; its options are parsed per command. */
     while ((o = getopt_long(argc, argv, "+h", lo, NULL)) != -1) {
         switch (o) {
@@ -1039,55 +963,52 @@ int main(int argc, char **argv)
         case 'S': c.admin_socket = optarg; break;
         case 'K': c.admin_token = optarg; break;
         case 'j': c.json = 1; break;
-        case 'T': c.timeout_ms = (int64_t)parse_u64(optarg, "--timeout", 0); break;
-        case 'h': fputs(usage_text, stdout); return 0;
+        case 'T': c.timeout_ms = (int64_t)parse_u64(optarg, "--timeout"); break;
+        case 'h': print_manual(stdout); return 0;
         case 'V': printf("mapflowctl %s\n", mf_version()); return 0;
-        default: usage_fail("unknown option");
+        default: usage_fail("unknown option '%s'", argv[optind - 1]);
         }
     }
+    g_json = c.json;
     if (optind >= argc)
-        usage_fail("no command given");
+        usage_fail("no command given (mapflowctl help lists them)");
     if (c.socket && c.addr)
         usage_fail("--socket and --addr exclude each other");
-    int cargc = argc - optind;
+    int cargc = argc - optind, words = 0;
     char **cargv = argv + optind;
-    const char *cmd = cargv[0];
-    cmd_opts_t co;
-    int takes_opts = strcmp(cmd, "config") != 0 && strcmp(cmd, "profile") != 0;
-    if (takes_opts)
-        parse_cmd_opts(cargc, cargv, &co);
-    if (takes_opts && optind < cargc)
-        usage_fail("%s: unexpected argument '%s'", cmd, cargv[optind]);
-    if (strcmp(cmd, "hash") == 0)
-        return cmd_hash(&c, &co);
-
-    static const char *const known[] = {"health", "stats", "ls", "put", "get", "lookup",
-                                        "del", "evict", "flush", "config", "profile"};
-    size_t k;
-    for (k = 0; k < sizeof(known) / sizeof(known[0]) && strcmp(cmd, known[k]); k++)
-        ;
-    if (k == sizeof(known) / sizeof(known[0]))
-        usage_fail("unknown command '%s'", cmd);
-    if (takes_opts)
-        check_required(cmd, &co);
-    /* Admin requests go to the admin socket (or carry the admin token over --addr). */
-    c.admin = (takes_opts && co.all_ns) ||
-              (!strcmp(cmd, "config") && cargc > 1 && !strcmp(cargv[1], "set")) ||
-              (!strcmp(cmd, "profile") && cargc > 1 && !strcmp(cargv[1], "put"));
-    int rc = connect_ctl(&c);
-    if (rc == 0) {
-        if (!strcmp(cmd, "health")) rc = cmd_health(&c);
-        else if (!strcmp(cmd, "stats")) rc = cmd_stats(&c, &co);
-        else if (!strcmp(cmd, "ls")) rc = cmd_ls(&c, &co);
-        else if (!strcmp(cmd, "put")) rc = cmd_put(&c, &co);
-        else if (!strcmp(cmd, "get")) rc = cmd_get(&c, &co);
-        else if (!strcmp(cmd, "lookup")) rc = cmd_lookup(&c, &co);
-        else if (!strcmp(cmd, "del")) rc = cmd_del(&c, &co);
-        else if (!strcmp(cmd, "evict")) rc = cmd_evict(&c, &co);
-        else if (!strcmp(cmd, "flush")) rc = cmd_flush(&c, &co);
-        else if (!strcmp(cmd, "config")) rc = cmd_config(&c, cargc, cargv);
-        else rc = cmd_profile(&c, cargc, cargv);
+    const cmd_t *cmd = find_cmd(cargc, cargv, &words);
+    if (!cmd) {
+        char subs[256];
+        if (!group_words(cargv[0], subs, sizeof(subs)))
+            usage_fail("unknown command '%s' (mapflowctl help lists them)", cargv[0]);
+        if (cargc > 1 && !strcmp(cargv[1], "--help")) {
+            char *hv[] = {"help", cargv[0]};
+            return cmd_help(&c, 2, hv, NULL);
+        }
+        g_cmd = cargv[0];
+        usage_fail("%s: expected one of: %s", cargv[0], subs);
     }
+    g_cmd = cmd->name;
+    /* From here argv[0] is the command's last word, as getopt expects. */
+    cargc -= words - 1;
+    cargv += words - 1;
+    cmd_opts_t co;
+    memset(&co, 0, sizeof(co));
+    co.layer = -1;
+    if (cmd->opts) {
+        parse_cmd_opts(cargc, cargv, &co, cmd);
+    } else {
+        for (int i = 1; i < cargc; i++)
+            if (!strcmp(cargv[i], "--help")) {
+                print_cmd_usage(stdout, cmd);
+                return 0;
+            }
+    }
+    /* Admin requests go to the admin socket (or carry the admin token over --addr). */
+    c.admin = cmd->prepare ? cmd->prepare(cargc, cargv, &co) : 0;
+    int rc = cmd->local ? 0 : connect_ctl(&c);
+    if (rc == 0)
+        rc = cmd->fn(&c, cargc, cargv, &co);
     mf_channel_close(c.ch);
     return rc;
 }

@@ -2,6 +2,7 @@
 #include "config.h"
 #include "log.h"
 #include "mf_addr.h"
+#include "mf_parse.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -45,8 +46,9 @@ typedef struct cdef {
 
 static const cdef_t g_table[] = {
     {"socket", CT_STR, OFF(socket), "", 0, 0, 0,
-     "unix socket for same-node clients (mode 0660); empty = $XDG_RUNTIME_DIR/mapflowd/"
-     "mapflowd.sock or /tmp/mapflowd-UID/mapflowd.sock",
+     "unix socket for same-node clients (mode 0660); empty = /run/mapflowd/mapflowd.sock "
+     "if /run/mapflowd is writable, else $XDG_RUNTIME_DIR/mapflowd/mapflowd.sock, else "
+     "/tmp/mapflowd-UID/mapflowd.sock (mapflowctl looks in the same order)",
      "/run/mapflowd/mapflowd.sock"},
     {"data_dir", CT_STR, OFF(data_dir), "", 0, 0, 0,
      "directory of the SSD tier (RocksDB); empty = $XDG_DATA_HOME/mapflowd or "
@@ -187,84 +189,6 @@ int mfd_config_is_live(const char *key)
 }
 
 /* ---- unit parsers ----------------------------------------------------------------- */
-
-/* Splits "123unit" into a number and a lower-case unit; no sign, no garbage. */
-static mf_status_t split_number(const char *s, double *num, char unit[8])
-{
-    while (isspace((unsigned char)*s))
-        s++;
-    if (!isdigit((unsigned char)*s) && *s != '.')
-        return MF_INVALID_ARGUMENT;
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || !isfinite(v) || v < 0)
-        return MF_INVALID_ARGUMENT;
-    for (const char *p = s; p < end; p++) /* plain decimals only: no hex, no exponent */
-        if (!isdigit((unsigned char)*p) && *p != '.')
-            return MF_INVALID_ARGUMENT;
-    while (isspace((unsigned char)*end))
-        end++;
-    size_t n = 0;
-    while (*end && !isspace((unsigned char)*end)) {
-        if (n >= 7 || !isalpha((unsigned char)*end))
-            return MF_INVALID_ARGUMENT;
-        unit[n++] = (char)tolower((unsigned char)*end++);
-    }
-    unit[n] = 0;
-    while (isspace((unsigned char)*end))
-        end++;
-    if (*end)
-        return MF_INVALID_ARGUMENT;
-    *num = v;
-    return MF_OK;
-}
-
-mf_status_t mfd_parse_size(const char *s, uint64_t *out)
-{
-    static const struct {
-        const char *u;
-        uint64_t mul;
-    } units[] = {{"", 1},       {"b", 1},       {"k", KB},  {"kb", KB}, {"kib", KB},
-                 {"m", MB},     {"mb", MB},     {"mib", MB}, {"g", GB}, {"gb", GB},
-                 {"gib", GB},   {"t", TB},      {"tb", TB}, {"tib", TB}};
-    double v;
-    char unit[8];
-    if (split_number(s, &v, unit) != MF_OK)
-        return MF_INVALID_ARGUMENT;
-    for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
-        if (strcmp(unit, units[i].u) == 0) {
-            double bytes = v * (double)units[i].mul;
-            if (bytes >= 18446744073709551616.0 || bytes != floor(bytes))
-                return MF_INVALID_ARGUMENT; /* overflow or a fraction of a byte */
-            *out = (uint64_t)bytes;
-            return MF_OK;
-        }
-    }
-    return MF_INVALID_ARGUMENT;
-}
-
-mf_status_t mfd_parse_duration_ms(const char *s, uint64_t *out)
-{
-    static const struct {
-        const char *u;
-        double mul;
-    } units[] = {{"", 1000}, {"ms", 1}, {"s", 1000}, {"m", 60000}, {"h", 3600000}};
-    double v;
-    char unit[8];
-    if (split_number(s, &v, unit) != MF_OK)
-        return MF_INVALID_ARGUMENT;
-    for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
-        if (strcmp(unit, units[i].u) == 0) {
-            double ms = v * units[i].mul;
-            if (ms >= 1e15 || ms != floor(ms))
-                return MF_INVALID_ARGUMENT;
-            *out = (uint64_t)ms;
-            return MF_OK;
-        }
-    }
-    return MF_INVALID_ARGUMENT;
-}
 
 static mf_status_t parse_count(const char *s, uint64_t *out)
 {
@@ -548,10 +472,10 @@ static mf_status_t store_value(mfd_config_t *cfg, const cdef_t *d, const char *v
         return MF_OK;
     }
     case CT_SIZE:
-        st = mfd_parse_size(value, &u);
+        st = mf_parse_size(value, &u);
         break;
     case CT_DURATION:
-        st = mfd_parse_duration_ms(value, &u);
+        st = mf_parse_duration_ms(value, &u);
         break;
     case CT_COUNT:
         st = parse_count(value, &u);
@@ -915,14 +839,10 @@ static mf_status_t check_socket_dir(const char *dir, char *err, size_t errlen)
 mf_status_t mfd_config_resolve_paths(mfd_config_t *cfg, char *err, size_t errlen)
 {
     char buf[4096];
-    const char *xr = getenv("XDG_RUNTIME_DIR");
     const char *xd = getenv("XDG_DATA_HOME");
     const char *home = getenv("HOME");
     if (!cfg->socket[0]) {
-        if (xr && xr[0] == '/' && access(xr, W_OK) == 0)
-            snprintf(buf, sizeof(buf), "%s/mapflowd/mapflowd.sock", xr);
-        else
-            snprintf(buf, sizeof(buf), "/tmp/mapflowd-%u/mapflowd.sock", (unsigned)getuid());
+        mf_default_socket_path(buf, sizeof(buf), 1);
         mf_status_t st = mfd_config_set(cfg, "socket", buf, 0, err, errlen);
         if (st != MF_OK)
             return st;

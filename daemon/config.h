@@ -112,10 +112,6 @@ mf_status_t mfd_config_parse_text(mfd_config_t *cfg, const char *name, const cha
  * world-writable and owned by another user is refused (MF_PERMISSION_DENIED). */
 mf_status_t mfd_config_resolve_paths(mfd_config_t *cfg, char *err, size_t errlen);
 
-/* Unit parsers (exported for tests). */
-mf_status_t mfd_parse_size(const char *s, uint64_t *out);
-mf_status_t mfd_parse_duration_ms(const char *s, uint64_t *out);
-
 void mfd_config_print_help(FILE *f);
 void mfd_config_print_sample(FILE *f);
 

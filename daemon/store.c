@@ -681,70 +681,36 @@ void mfd_store_unreserve_gpu(mfd_store_t *st, uint32_t arena, mfd_ablock_t *blk)
 
 /* ---- rows ------------------------------------------------------------------------- */
 
-/* The hit check of a row validated before: header fields read once each (a client
- * may be writing the arena), tokens at their fixed offset, nothing read past len. */
-static mf_status_t row_verify_head(const uint8_t *row, size_t len, const uint32_t *tokens,
-                                   uint32_t block_size, mf_hash128_t parent,
-                                   mf_hash128_t hash, const char **why)
-{
-    const mf_row_header_t *h = (const mf_row_header_t *)row;
-    if (len < MF_ROW_HEADER || ((uintptr_t)row & (MF_ROW_ALIGN - 1)) ||
-        h->magic != MF_ROW_MAGIC || h->version != MF_ROW_VERSION || h->total_size != len) {
-        *why = "stored row's header is damaged";
-        return MF_DATA_LOSS;
-    }
-    if (!tokens)
-        return MF_OK;
-    size_t model_len = h->model_len;
-    size_t toff = (MF_ROW_HEADER + model_len + MF_ROW_ALIGN - 1) & ~(size_t)(MF_ROW_ALIGN - 1);
-    if (model_len < 1 || toff + (size_t)block_size * 4 > len) {
-        *why = "stored row's header is damaged";
-        return MF_DATA_LOSS;
-    }
-    uint8_t p[16], hh[16];
-    mf_hash_to_le(parent, p);
-    mf_hash_to_le(hash, hh);
-    if (h->block_size != block_size || memcmp(h->parent, p, 16) || memcmp(h->hash, hh, 16) ||
-        memcmp(row + toff, tokens, (size_t)block_size * sizeof(uint32_t))) {
-        *why = "stored row's tokens or parent hash differ from the request";
-        return MF_NOT_FOUND;
-    }
-    return MF_OK;
-}
-
 /* Marks e's layer in its block index node from a row validated in full just now. */
 static void note_row(mfd_store_t *st, mfd_entry_t *e, const uint8_t *row, size_t len)
 {
-    const mf_row_header_t *h = (const mf_row_header_t *)row;
-    if (len < MF_ROW_HEADER)
+    mf_row_view_t v;
+    const char *why;
+    if (mf_row_peek(row, len, &v, &why) != MF_OK)
         return;
-    size_t toff = (MF_ROW_HEADER + (size_t)h->model_len + MF_ROW_ALIGN - 1) &
-                  ~(size_t)(MF_ROW_ALIGN - 1);
-    if (toff + (size_t)h->block_size * 4 > len)
-        return;
-    mfd_index_block_note(st->ix, e, h->block_size, h->parent, (const uint32_t *)(row + toff));
+    uint8_t parent[16];
+    mf_hash_to_le(v.parent, parent);
+    mfd_index_block_note(st->ix, e, v.block_size, parent, v.tokens);
 }
 
 mf_status_t mfd_row_verify(const uint8_t *row, size_t len, int full_checksum,
                            const uint32_t *tokens, uint32_t block_size,
                            mf_hash128_t parent, mf_hash128_t hash, const char **why)
 {
-    if (!full_checksum)
-        return row_verify_head(row, len, tokens, block_size, parent, hash, why);
+    /* Without the checksum: the hit check of a row validated at commit, its header read
+     * once (a client may be writing the arena), nothing read past len. */
     mf_row_view_t v;
-    mf_status_t s = mf_row_decode(row, len, 0, &v, why);
+    mf_status_t s = full_checksum ? mf_row_decode(row, len, 0, &v, why)
+                                  : mf_row_peek(row, len, &v, why);
     if (s != MF_OK)
         return MF_DATA_LOSS;
     if (!tokens)
         return MF_OK;
-    if (v.block_size != block_size || !mf_hash_eq(v.hash, hash) ||
-        !mf_hash_eq(v.parent, parent) ||
-        memcmp(v.tokens, tokens, (size_t)block_size * sizeof(uint32_t)) != 0) {
-        /* Another context under the same key (a hash collision): not this map. */
-        *why = "stored row's tokens or parent hash differ from the request";
-        return MF_NOT_FOUND;
-    }
-    return MF_OK;
+    mf_row_want_t w = {.fields = MF_MATCH_TOKENS | MF_MATCH_PARENT | MF_MATCH_HASH,
+                       .block_size = block_size, .parent = parent, .hash = hash,
+                       .tokens = tokens};
+    /* Another context under the same key (a hash collision): not this map. */
+    return mf_row_match(&v, &w, why) ? MF_OK : MF_NOT_FOUND;
 }
 
 /* The decoded row must be the one its key names. */

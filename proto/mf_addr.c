@@ -5,7 +5,9 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 mf_status_t mf_addr_split(const char *spec, char *host, size_t cap, uint16_t *port,
                           int allow_port0)
@@ -73,4 +75,16 @@ void mf_admin_socket_path(const char *socket, char *out, size_t n)
         snprintf(out, n, "%.*s-admin.sock", (int)(l - 5), socket);
     else
         snprintf(out, n, "%s-admin", socket);
+}
+
+void mf_default_socket_path(char *out, size_t n, int listen)
+{
+    const char *xr = getenv("XDG_RUNTIME_DIR");
+    if (listen ? access(MF_SYSTEM_SOCKET_DIR, W_OK | X_OK) == 0
+               : access(MF_SYSTEM_SOCKET, F_OK) == 0)
+        snprintf(out, n, "%s", MF_SYSTEM_SOCKET);
+    else if (xr && xr[0] == '/' && access(xr, W_OK) == 0)
+        snprintf(out, n, "%s/mapflowd/mapflowd.sock", xr);
+    else
+        snprintf(out, n, "/tmp/mapflowd-%u/mapflowd.sock", (unsigned)getuid());
 }

@@ -40,6 +40,18 @@ int mf_addr_is_loopback(const struct sockaddr_storage *ss);
  * "D/NAME-admin.sock", any other PATH "PATH-admin" (mapflowd and mapflowctl agree). */
 void mf_admin_socket_path(const char *socket, char *out, size_t n);
 
+/*
+ * The default unix socket, one rule for mapflowd (listen = 1) and its clients (0):
+ *   1. MF_SYSTEM_SOCKET, the path of the systemd unit and the DaemonSet, when its
+ *      directory /run/mapflowd exists and (listen) is writable or (client) holds the socket;
+ *   2. else $XDG_RUNTIME_DIR/mapflowd/mapflowd.sock when XDG_RUNTIME_DIR is absolute and
+ *      writable;
+ *   3. else /tmp/mapflowd-UID/mapflowd.sock.
+ */
+#define MF_SYSTEM_SOCKET_DIR "/run/mapflowd"
+#define MF_SYSTEM_SOCKET MF_SYSTEM_SOCKET_DIR "/mapflowd.sock"
+void mf_default_socket_path(char *out, size_t n, int listen);
+
 #ifdef __cplusplus
 }
 #endif

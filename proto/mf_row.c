@@ -62,7 +62,7 @@ static int codec_has_scales(mf_codec_t c)
     return c == MF_CODEC_FP8_E4M3 || c == MF_CODEC_U8_LOG;
 }
 
-static int block_size_ok(uint32_t b)
+int mf_row_block_size_ok(uint32_t b)
 {
     return b >= MF_ROW_MIN_BLOCK && b <= MF_ROW_MAX_BLOCK && (b & (b - 1)) == 0;
 }
@@ -71,7 +71,7 @@ mf_status_t mf_row_layout(mf_codec_t codec, uint32_t block_size, uint32_t n_head
                           uint32_t n_cols, uint32_t n_entries, uint32_t model_len,
                           mf_row_layout_t *o)
 {
-    if (!o || (unsigned)codec >= MF_CODEC_COUNT || !block_size_ok(block_size) ||
+    if (!o || (unsigned)codec >= MF_CODEC_COUNT || !mf_row_block_size_ok(block_size) ||
         n_heads < 1 || n_heads > MF_ROW_MAX_HEADS || model_len < 1 ||
         model_len > MF_ROW_MAX_MODEL || n_cols < 1 ||
         (uint64_t)n_entries > (uint64_t)n_cols * n_heads)
@@ -197,7 +197,7 @@ mf_status_t mf_row_init(void *buf, size_t cap, const mf_row_spec_t *spec,
         *why = "top_p must be in (0, 1]";
         return MF_INVALID_ARGUMENT;
     }
-    if (!block_size_ok(spec->block_size) || spec->n_heads < 1 ||
+    if (!mf_row_block_size_ok(spec->block_size) || spec->n_heads < 1 ||
         spec->n_heads > MF_ROW_MAX_HEADS || (unsigned)spec->codec >= MF_CODEC_COUNT) {
         *why = "block size, head count or codec out of range";
         return MF_INVALID_ARGUMENT;
@@ -379,7 +379,7 @@ mf_status_t mf_row_decode(const void *buf, size_t len, unsigned flags,
         FAIL(MF_INVALID_ARGUMENT, "unknown codec");
     if (h->flags != 0)
         FAIL(MF_INVALID_ARGUMENT, "reserved flags set");
-    if (!block_size_ok(h->block_size))
+    if (!mf_row_block_size_ok(h->block_size))
         FAIL(MF_INVALID_ARGUMENT, "block size not a power of two in [8, 256]");
     if (h->n_heads < 1 || h->n_heads > MF_ROW_MAX_HEADS)
         FAIL(MF_INVALID_ARGUMENT, "head count out of range (1..64)");
@@ -457,4 +457,61 @@ float mf_row_tile_value(const mf_row_view_t *v, uint32_t entry, uint32_t q, uint
     const uint8_t *t = (const uint8_t *)v->tiles + (size_t)entry * v->tile_bytes;
     return tile_elem(v->codec, t, (size_t)q * v->block_size + k,
                      v->scales ? v->scales[entry] : 0.0f);
+}
+
+mf_status_t mf_row_peek(const void *buf, size_t len, mf_row_view_t *v, const char **why)
+{
+    mf_row_header_t h;
+    *why = "stored row's header is damaged";
+    if (!buf || len < MF_ROW_HEADER || ((uintptr_t)buf & (MF_ROW_ALIGN - 1)))
+        return MF_DATA_LOSS;
+    memcpy(&h, buf, sizeof(h)); /* each field read once */
+    size_t toff = (MF_ROW_HEADER + (size_t)h.model_len + MF_ROW_ALIGN - 1) &
+                  ~(size_t)(MF_ROW_ALIGN - 1);
+    if (h.magic != MF_ROW_MAGIC || h.version != MF_ROW_VERSION || h.total_size != len ||
+        h.model_len < 1 || toff + (size_t)h.block_size * 4 > len)
+        return MF_DATA_LOSS;
+    const uint8_t *p = buf;
+    memset(v, 0, sizeof(*v));
+    v->base = p;
+    v->size = len;
+    v->codec = (mf_codec_t)h.codec;
+    v->layer = h.layer;
+    v->block_index = h.block_index;
+    v->block_size = h.block_size;
+    v->n_heads = h.n_heads;
+    v->n_cols = h.n_cols;
+    v->n_entries = h.n_entries;
+    v->top_p = h.top_p;
+    v->model = (const char *)(p + MF_ROW_HEADER);
+    v->model_len = h.model_len;
+    v->parent = mf_hash_from_le(h.parent);
+    v->hash = mf_hash_from_le(h.hash);
+    v->tokens = (const uint32_t *)(p + toff);
+    *why = "";
+    return MF_OK;
+}
+
+int mf_row_match(const mf_row_view_t *v, const mf_row_want_t *w, const char **why)
+{
+    unsigned f = w->fields;
+    if ((f & MF_MATCH_MODEL) &&
+        (v->model_len != w->model_len || memcmp(v->model, w->model, w->model_len)))
+        *why = "row's model differs from the request";
+    else if ((f & MF_MATCH_LAYER) && v->layer != w->layer)
+        *why = "row's layer differs from the request";
+    else if ((f & MF_MATCH_BLOCK) && v->block_index != w->block_index)
+        *why = "row's block index differs from the request";
+    else if ((f & MF_MATCH_BLOCK_SIZE) && v->block_size != w->block_size)
+        *why = "row's block size differs from the request";
+    else if ((f & MF_MATCH_PARENT) && !mf_hash_eq(v->parent, w->parent))
+        *why = "row's parent hash differs from the request";
+    else if ((f & MF_MATCH_HASH) && !mf_hash_eq(v->hash, w->hash))
+        *why = "row's hash differs from the request";
+    else if ((f & MF_MATCH_TOKENS) == MF_MATCH_TOKENS && w->tokens &&
+             memcmp(v->tokens, w->tokens, (size_t)w->block_size * sizeof(uint32_t)))
+        *why = "row's tokens differ from the request";
+    else
+        return 1;
+    return 0;
 }

@@ -173,6 +173,41 @@ mf_status_t mf_row_build(void *buf, size_t cap, const mf_row_spec_t *spec,
 mf_status_t mf_row_decode(const void *buf, size_t len, unsigned flags,
                           mf_row_view_t *view, const char **why);
 
+/* 1 when b is a block size rows may have: a power of two in [8, 256] (the one rule the
+ * builder, the decoder, the daemon and mapflowctl apply). */
+int mf_row_block_size_ok(uint32_t b);
+
+/*
+ * The header of a row validated in full before (e.g. at commit), read once into a copy
+ * (another process may be writing the memory) and checked for what a hit reads: magic,
+ * version, total_size == len, the model and the block's tokens inside len. Fills the
+ * view's header fields, model and tokens; cols, masks, masses, scales and tiles are NULL.
+ * MF_DATA_LOSS and *why when the header is damaged.
+ */
+mf_status_t mf_row_peek(const void *buf, size_t len, mf_row_view_t *view, const char **why);
+
+/* What a caller asked for, compared by mf_row_match: only the fields whose MF_MATCH_* bit
+ * is set. MF_MATCH_TOKENS compares block_size tokens and implies MF_MATCH_BLOCK_SIZE. */
+#define MF_MATCH_MODEL      0x01u
+#define MF_MATCH_LAYER      0x02u
+#define MF_MATCH_BLOCK      0x04u /* block_index */
+#define MF_MATCH_BLOCK_SIZE 0x08u
+#define MF_MATCH_PARENT     0x10u
+#define MF_MATCH_HASH       0x20u
+#define MF_MATCH_TOKENS     0x48u /* with MF_MATCH_BLOCK_SIZE */
+typedef struct mf_row_want {
+    unsigned fields;
+    const char *model;       /* model_len bytes, no terminator needed */
+    size_t model_len;
+    uint32_t layer, block_index, block_size;
+    mf_hash128_t parent, hash;
+    const uint32_t *tokens;  /* block_size tokens */
+} mf_row_want_t;
+
+/* 1 when the row of view v is the one w asks for; else 0, and *why (static) names the
+ * first field that differs. The row check of the client's gets and the daemon's hits. */
+int mf_row_match(const mf_row_view_t *v, const mf_row_want_t *w, const char **why);
+
 /* Entry index of (column c, head h), or -1 when head h does not keep column c. */
 static inline int64_t mf_row_entry(const mf_row_view_t *v, uint32_t c, uint32_t h)
 {

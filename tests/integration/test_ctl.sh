@@ -73,7 +73,9 @@ ctl --ns "$NS" --json lookup --model "$M" --block $Bk --tokens "$MF_TMP/tok" --l
 ctl --ns "$NS" evict --tier host --bytes 1g >/dev/null || fail "evict"
 ctl --ns "$NS" --json ls | "$PYTHON" -c '
 import json, sys
-e = json.load(sys.stdin)
+d = json.load(sys.stdin)
+e = d["entries"]
+assert d["next_page_token"] is None, d
 assert len(e) == 5 and all(x["tier"] == "ssd" for x in e), e'
 for i in 0 4 5; do get_cmp $i; done
 

@@ -11,34 +11,35 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "mf_parse.h"
 
 static void test_units(void **state)
 {
     (void)state;
     uint64_t v;
-    assert_int_equal(mfd_parse_size("512", &v), MF_OK);
+    assert_int_equal(mf_parse_size("512", &v), MF_OK);
     assert_int_equal(v, 512);
-    assert_int_equal(mfd_parse_size("4kb", &v), MF_OK);
+    assert_int_equal(mf_parse_size("4kb", &v), MF_OK);
     assert_int_equal(v, 4096);
-    assert_int_equal(mfd_parse_size("1.5GiB", &v), MF_OK);
+    assert_int_equal(mf_parse_size("1.5GiB", &v), MF_OK);
     assert_int_equal(v, 1536ull << 20);
-    assert_int_equal(mfd_parse_size("2T", &v), MF_OK);
+    assert_int_equal(mf_parse_size("2T", &v), MF_OK);
     assert_int_equal(v, 2ull << 40);
-    assert_int_equal(mfd_parse_size(" 64 mb ", &v), MF_OK);
+    assert_int_equal(mf_parse_size(" 64 mb ", &v), MF_OK);
     assert_int_equal(v, 64ull << 20);
     const char *bad[] = {"", "-1", "1xb", "mb", "1.5b", "99999999999tb", "1 2", "0x10", NULL};
     for (int i = 0; bad[i]; i++)
-        assert_int_equal(mfd_parse_size(bad[i], &v), MF_INVALID_ARGUMENT);
-    assert_int_equal(mfd_parse_duration_ms("30s", &v), MF_OK);
+        assert_int_equal(mf_parse_size(bad[i], &v), MF_INVALID_ARGUMENT);
+    assert_int_equal(mf_parse_duration_ms("30s", &v), MF_OK);
     assert_int_equal(v, 30000);
-    assert_int_equal(mfd_parse_duration_ms("250ms", &v), MF_OK);
+    assert_int_equal(mf_parse_duration_ms("250ms", &v), MF_OK);
     assert_int_equal(v, 250);
-    assert_int_equal(mfd_parse_duration_ms("2", &v), MF_OK); /* bare = seconds */
+    assert_int_equal(mf_parse_duration_ms("2", &v), MF_OK); /* bare = seconds */
     assert_int_equal(v, 2000);
-    assert_int_equal(mfd_parse_duration_ms("1h", &v), MF_OK);
+    assert_int_equal(mf_parse_duration_ms("1h", &v), MF_OK);
     assert_int_equal(v, 3600000);
-    assert_int_equal(mfd_parse_duration_ms("0.5ms", &v), MF_INVALID_ARGUMENT);
-    assert_int_equal(mfd_parse_duration_ms("5d", &v), MF_INVALID_ARGUMENT);
+    assert_int_equal(mf_parse_duration_ms("0.5ms", &v), MF_INVALID_ARGUMENT);
+    assert_int_equal(mf_parse_duration_ms("5d", &v), MF_INVALID_ARGUMENT);
 }
 
 /* Every key: the default reads back, and set(get(x)) is a fixed point. */

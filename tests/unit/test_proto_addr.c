@@ -3,7 +3,11 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "mf_addr.h"
@@ -51,11 +55,40 @@ static void test_resolve_and_loopback(void **state)
     assert_int_equal(mf_addr_resolve("1.2.3.4:x", 1, &ss, &sl), MF_INVALID_ARGUMENT);
 }
 
+/* The default socket rule daemon and mapflowctl share: /run/mapflowd when usable, else a
+ * writable absolute XDG_RUNTIME_DIR, else /tmp/mapflowd-UID. */
+static void test_default_socket(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/mf-xdg-XXXXXX", out[4096], want[4200], tmp[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(tmp, sizeof(tmp), "/tmp/mapflowd-%u/mapflowd.sock", (unsigned)getuid());
+    int sys_listen = access(MF_SYSTEM_SOCKET_DIR, W_OK | X_OK) == 0;
+    int sys_client = access(MF_SYSTEM_SOCKET, F_OK) == 0;
+    setenv("XDG_RUNTIME_DIR", dir, 1);
+    snprintf(want, sizeof(want), "%s/mapflowd/mapflowd.sock", dir);
+    for (int listen = 0; listen < 2; listen++) {
+        int sys = listen ? sys_listen : sys_client;
+        mf_default_socket_path(out, sizeof(out), listen);
+        assert_string_equal(out, sys ? MF_SYSTEM_SOCKET : want);
+        setenv("XDG_RUNTIME_DIR", "relative/dir", 1); /* not absolute: skipped */
+        mf_default_socket_path(out, sizeof(out), listen);
+        assert_string_equal(out, sys ? MF_SYSTEM_SOCKET : tmp);
+        unsetenv("XDG_RUNTIME_DIR");
+        mf_default_socket_path(out, sizeof(out), listen);
+        assert_string_equal(out, sys ? MF_SYSTEM_SOCKET : tmp);
+        setenv("XDG_RUNTIME_DIR", dir, 1);
+    }
+    unsetenv("XDG_RUNTIME_DIR");
+    rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_split),
         cmocka_unit_test(test_resolve_and_loopback),
+        cmocka_unit_test(test_default_socket),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

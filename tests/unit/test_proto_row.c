@@ -379,6 +379,68 @@ static void test_builder_rejects(void **s)
     assert_int_equal(mf_row_decode(buf + 1, 100, 0, &(mf_row_view_t){ 0 }, &why), MF_INVALID_ARGUMENT);
 }
 
+/* mf_row_peek sees the header decode sees; mf_row_match accepts the row's own fields and
+ * names the one field that was changed in the request. */
+static void test_peek_and_match(void **s)
+{
+    (void)s;
+    for (int trial = 0; trial < 40; trial++) {
+        gen_row_t g;
+        gen(&g, MF_CODEC_MASK, 96);
+        mf_row_view_t d, p;
+        const char *why = NULL;
+        assert_int_equal(mf_row_decode(g.buf, g.size, 0, &d, &why), MF_OK);
+        assert_int_equal(mf_row_peek(g.buf, g.size, &p, &why), MF_OK);
+        assert_int_equal(p.layer, d.layer);
+        assert_int_equal(p.block_index, d.block_index);
+        assert_int_equal(p.block_size, d.block_size);
+        assert_int_equal(p.model_len, d.model_len);
+        assert_ptr_equal(p.model, d.model);
+        assert_ptr_equal(p.tokens, d.tokens);
+        assert_true(mf_hash_eq(p.parent, d.parent) && mf_hash_eq(p.hash, d.hash));
+        assert_null(p.cols);
+        /* a truncated length or a damaged magic is DATA_LOSS */
+        assert_int_equal(mf_row_peek(g.buf, g.size - 16, &p, &why), MF_DATA_LOSS);
+        g.buf[rnd() % 4] ^= (uint8_t)(1u << (rnd() % 8));
+        assert_int_equal(mf_row_peek(g.buf, g.size, &p, &why), MF_DATA_LOSS);
+
+        uint32_t tok[256];
+        memcpy(tok, g.tokens, sizeof(tok));
+        mf_row_want_t w = {.fields = MF_MATCH_MODEL | MF_MATCH_LAYER | MF_MATCH_BLOCK |
+                                     MF_MATCH_PARENT | MF_MATCH_HASH | MF_MATCH_TOKENS,
+                           .model = g.spec.model, .model_len = strlen(g.spec.model),
+                           .layer = g.spec.layer, .block_index = g.spec.block_index,
+                           .block_size = g.spec.block_size, .parent = g.spec.parent,
+                           .hash = g.spec.hash, .tokens = tok};
+        assert_true(mf_row_match(&d, &w, &why));
+        static const char *const field[] = {"model", "layer", "block index", "block size",
+                                            "parent", "hash", "tokens"};
+        int k = (int)(rnd() % 7);
+        mf_row_want_t bad = w;
+        switch (k) {
+        case 0: bad.model_len--; break;
+        case 1: bad.layer ^= 1u + rnd() % 7; break;
+        case 2: bad.block_index += 1 + rnd() % 9; break;
+        case 3: bad.block_size *= 2; break;
+        case 4: bad.parent.lo ^= 1ull << (rnd() % 64); break;
+        case 5: bad.hash.hi ^= 1ull << (rnd() % 64); break;
+        default: tok[rnd() % g.spec.block_size] ^= 1u + rnd() % 1000; break;
+        }
+        why = NULL;
+        assert_false(mf_row_match(&d, &bad, &why));
+        assert_non_null(strstr(why, field[k]));
+        /* a field left out of `fields` is not compared */
+        bad.fields &= k == 6 ? ~(MF_MATCH_TOKENS & ~MF_MATCH_BLOCK_SIZE)
+                             : ~(1u << (k < 6 ? k : 0));
+        if (k != 3)
+            assert_true(mf_row_match(&d, &bad, &why));
+        gen_free(&g);
+    }
+    for (uint32_t b = 0; b < 600; b++)
+        assert_int_equal(mf_row_block_size_ok(b),
+                         b >= 8 && b <= 256 && (b & (b - 1)) == 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -390,6 +452,7 @@ int main(void)
         cmocka_unit_test(test_malformed_classes),
         cmocka_unit_test(test_random_corruption),
         cmocka_unit_test(test_builder_rejects),
+        cmocka_unit_test(test_peek_and_match),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
