@@ -10,7 +10,7 @@
 #ifndef MFD_ADMIN_H
 #define MFD_ADMIN_H
 
-#include "server.h"
+#include "conn.h"
 
 void mfd_admin_list(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__List *m);
 void mfd_admin_stats(mfd_conn_t *c, uint64_t rid);

@@ -1,6 +1,6 @@
 /* store — placement, write-through, demotion, promotion (see store.h). */
 #include "store.h"
-#include "lease.h"
+#include "ticket.h"
 #include "log.h"
 
 #include <stdlib.h>
