@@ -11,6 +11,9 @@
 
 #define READ_CHUNK (64u << 10)
 
+const mfd_transport_t mfd_transport_unix = {"unix", 0, 1};
+const mfd_transport_t mfd_transport_tcp = {"tcp", 1, 0};
+
 /* ==== connections: output ============================================================ */
 
 static void conn_free(mfd_conn_t *c)

@@ -34,6 +34,17 @@ typedef struct mfd_server mfd_server_t;
 typedef struct mfd_conn mfd_conn_t;
 typedef struct mfd_http mfd_http_t;
 
+/* How a connection reached the daemon: unix and tcp (listen.c), ucx (peer.c: a bridged
+ * UCX endpoint). */
+typedef struct mfd_transport {
+    const char *name;          /* "unix", "tcp", "ucx" */
+    int requires_token;        /* Hello.token must match config `token` */
+    int can_pass_fds;          /* SCM_RIGHTS possible (host arena) */
+} mfd_transport_t;
+
+extern const mfd_transport_t mfd_transport_unix;
+extern const mfd_transport_t mfd_transport_tcp;
+
 typedef enum mfd_admin_via { MFD_ADMIN_NO, MFD_ADMIN_SOCKET, MFD_ADMIN_TOKEN } mfd_admin_via_t;
 
 struct mfd_conn {

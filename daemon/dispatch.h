@@ -11,6 +11,8 @@
  * open the socket can read and write it, so namespace isolation is enforced by this API,
  * not against a hostile local process — guard the socket's directory and group.
  *
+ * Ownership: Hello binds the connection to its namespace (and takes the namespace's
+ * reservation account, lease.h); nothing else is kept between requests here.
  * Thread safety: loop thread only.
  */
 #ifndef MFD_DISPATCH_H

@@ -38,7 +38,7 @@
 #include <stdint.h>
 #include "mapflow.pb-c.h"
 #include "mf_status.h"
-#include "tier.h"
+#include "conn.h"
 #include "ucx.h"
 
 #define MFD_PEER_CHUNK ((size_t)1 << 20)
