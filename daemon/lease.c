@@ -37,17 +37,14 @@ void mfd_acct_put(mfd_server_t *s, mfd_ns_acct_t *a)
 void mfd_reservation_unaccount(mfd_reservation_t *r)
 {
     if (r->acct)
-        r->acct->reserved -= r->size;
+        r->acct->reserved -= r->slot.size;
     r->acct = NULL;
 }
 
 void mfd_reservation_free(mfd_server_t *s, mfd_reservation_t *r)
 {
     mfd_reservation_unaccount(r);
-    if (r->gpu)
-        mfd_store_unreserve_gpu(&s->store, r->arena, r->blk);
-    else
-        mfd_store_unreserve(&s->store, r->blk);
+    mfd_store_unplace(&s->store, &r->slot);
     free(r);
 }
 

@@ -39,17 +39,14 @@ typedef struct mfd_ns_acct {
     char ns[MFD_NS_MAX + 1];
 } mfd_ns_acct_t;
 
-/* A put reservation: an arena block (host, or GPU arena `arena`) waiting for PutCommit. */
+/* A put reservation: a store slot (host or GPU arena block) waiting for PutCommit. */
 typedef struct mfd_reservation {
     mfd_ticket_t t;
     mfd_key_t key;
-    mfd_ns_acct_t *acct;     /* counted there until committed or released */
-    uint64_t size;
+    mfd_ns_acct_t *acct;     /* counted there (slot.size bytes) until committed or released */
     int durable;
-    int gpu;                 /* blk is in GPU arena `arena` */
     int in_arena;            /* the client writes the row itself (no payload) */
-    uint32_t arena;
-    mfd_ablock_t *blk;
+    mfd_slot_t slot;
 } mfd_reservation_t;
 
 /* The account of namespace ns (created on first use, one more reference); NULL on OOM. */

@@ -147,20 +147,9 @@ void mfd_rows_put_begin(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__PutBegin
         mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED, "PutBegin: out of memory");
         return;
     }
-    /* Placement: the GPU tier when on (unless the client asked for host), else host; each
-     * falls back to the other when it has no room. */
-    mf_status_t st = MF_UNAVAILABLE;
     int pref = m->gpu_arena ? (int)m->gpu_arena - 1 : -1;
-    if (s->store.gpu && m->want_tier != MAPFLOW__V1__TIER__TIER_HOST)
-        st = mfd_store_reserve_gpu(&s->store, m->size, pref, &r->arena, &r->blk);
-    r->gpu = st == MF_OK;
-    if (st != MF_OK)
-        st = mfd_store_reserve(&s->store, m->size, &r->blk);
-    if (st != MF_OK && s->store.gpu && m->want_tier == MAPFLOW__V1__TIER__TIER_HOST) {
-        st = mfd_store_reserve_gpu(&s->store, m->size, pref, &r->arena, &r->blk);
-        r->gpu = st == MF_OK;
-    }
-    if (st != MF_OK) {
+    if (mfd_store_place(&s->store, m->size, m->want_tier == MAPFLOW__V1__TIER__TIER_HOST, pref,
+                        &r->slot) != MF_OK) {
         free(r);
         mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED,
                        "PutBegin: no room for %llu bytes in the %s arena (pinned or reserved)",
@@ -168,21 +157,21 @@ void mfd_rows_put_begin(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__PutBegin
         return;
     }
     r->key = key;
-    r->size = m->size;
     r->acct = c->acct;
     if (r->acct)
-        r->acct->reserved += r->size;
+        r->acct->reserved += r->slot.size;
     r->durable = m->durable;
-    r->in_arena = r->gpu ? (int)((gpu_mask(c, m->gpu_mapped) >> r->arena) & 1) : c->has_arena;
+    r->in_arena = r->slot.gpu ? (int)((gpu_mask(c, m->gpu_mapped) >> r->slot.arena) & 1)
+                              : c->has_arena;
     mfd_tickets_add(s->tickets, &r->t, MFD_TICKET_RESERVATION, c,
                     mfd_now_ms() + s->cfg.reservation_ttl_ms);
     Mapflow__V1__PutBeginReply rep = MAPFLOW__V1__PUT_BEGIN_REPLY__INIT;
     rep.reservation_id = r->t.id;
     rep.in_arena = r->in_arena;
-    rep.arena_offset = r->in_arena ? mfd_ablock_offset(r->blk) : 0;
+    rep.arena_offset = r->in_arena ? mfd_slot_offset(&r->slot) : 0;
     rep.ttl_ms = s->cfg.reservation_ttl_ms;
-    rep.tier = r->gpu ? MAPFLOW__V1__TIER__TIER_GPU : MAPFLOW__V1__TIER__TIER_HOST;
-    rep.gpu_arena = r->gpu ? r->arena : 0;
+    rep.tier = r->slot.gpu ? MAPFLOW__V1__TIER__TIER_GPU : MAPFLOW__V1__TIER__TIER_HOST;
+    rep.gpu_arena = r->slot.gpu ? r->slot.arena : 0;
     MFD_REPLY(c, rid, PUT_BEGIN_REPLY, put_begin_reply, &rep, NULL, 0);
 }
 
@@ -228,21 +217,18 @@ void mfd_rows_put_commit(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__PutComm
         return;
     }
     mfd_reservation_t *r = (mfd_reservation_t *)t;
-    if ((plen || !r->in_arena) && plen != r->size) {
+    if ((plen || !r->in_arena) && plen != r->slot.size) {
         mfd_conn_error(c, rid, MF_INVALID_ARGUMENT,
                        "PutCommit: payload of %zu bytes, reservation is %llu", plen,
-                       (unsigned long long)r->size);
+                       (unsigned long long)r->slot.size);
         mfd_ticket_release(t, s);
         return;
     }
-    if (plen && r->gpu &&
-        mfd_gpu_write(s->store.gpu, r->arena, r->blk, payload, plen) != MF_OK) {
+    if (plen && mfd_store_write(&s->store, &r->slot, payload, plen) != MF_OK) {
         mfd_conn_error(c, rid, MF_INTERNAL, "PutCommit: copy into the GPU arena failed");
         mfd_ticket_release(t, s);
         return;
     }
-    if (plen && !r->gpu)
-        memcpy(mfd_arena_base(s->store.arena) + mfd_ablock_offset(r->blk), payload, plen);
     mfd_tickets_remove(s->tickets, t);
     mfd_reservation_unaccount(r); /* committing: the block becomes a row (or is freed) */
     commit_op_t *op = calloc(1, sizeof(*op));
@@ -251,15 +237,13 @@ void mfd_rows_put_commit(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__PutComm
         mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED, "PutCommit: out of memory");
         return;
     }
-    *op = (commit_op_t){c, rid, 0, r->gpu, t0};
+    *op = (commit_op_t){c, rid, 0, r->slot.gpu, t0};
     int pending, durable, replaced;
     const char *why = "invalid row";
-    mf_status_t st =
-        r->gpu ? mfd_store_commit_gpu(&s->store, &r->key, r->arena, r->blk, r->size, r->durable,
-                                      on_commit_synced, op, &pending, &durable, &replaced, &why)
-               : mfd_store_commit(&s->store, &r->key, r->blk, r->size, r->durable,
-                                  on_commit_synced, op, &pending, &durable, &replaced, &why);
-    int gpu = r->gpu;
+    mf_status_t st = mfd_store_commit_slot(&s->store, &r->key, &r->slot, r->durable,
+                                           on_commit_synced, op, &pending, &durable, &replaced,
+                                           &why);
+    int gpu = r->slot.gpu;
     free(r);
     if (st != MF_OK) {
         free(op);

@@ -1175,3 +1175,62 @@ void mfd_store_read(mfd_store_t *st, mfd_entry_t *e, int promote, mfd_store_read
     j->arg = r;
     mfd_ssd_submit(st->ssd, j);
 }
+
+/* ---- a put's row, tier-blind (store.h) ----------------------------------------------- */
+
+mf_status_t mfd_store_place(mfd_store_t *st, uint64_t size, int prefer_host, int pref,
+                            mfd_slot_t *out)
+{
+    mf_status_t s = MF_UNAVAILABLE;
+    *out = (mfd_slot_t){NULL, size, 0, 0};
+    if (st->gpu && !prefer_host)
+        s = mfd_store_reserve_gpu(st, size, pref, &out->arena, &out->blk);
+    out->gpu = s == MF_OK;
+    if (s != MF_OK)
+        s = mfd_store_reserve(st, size, &out->blk);
+    if (s != MF_OK && st->gpu && prefer_host) {
+        s = mfd_store_reserve_gpu(st, size, pref, &out->arena, &out->blk);
+        out->gpu = s == MF_OK;
+    }
+    return s == MF_OK ? MF_OK : MF_RESOURCE_EXHAUSTED;
+}
+
+void mfd_store_unplace(mfd_store_t *st, mfd_slot_t *slot)
+{
+    if (!slot->blk)
+        return;
+    if (slot->gpu)
+        mfd_store_unreserve_gpu(st, slot->arena, slot->blk);
+    else
+        mfd_store_unreserve(st, slot->blk);
+    slot->blk = NULL;
+}
+
+uint64_t mfd_slot_offset(const mfd_slot_t *slot)
+{
+    return mfd_ablock_offset(slot->blk);
+}
+
+mf_status_t mfd_store_write(mfd_store_t *st, const mfd_slot_t *slot, const void *src,
+                            size_t len)
+{
+    if (len > slot->size)
+        return MF_INVALID_ARGUMENT;
+    if (slot->gpu)
+        return mfd_gpu_write(st->gpu, slot->arena, slot->blk, src, len);
+    memcpy(mfd_arena_base(st->arena) + mfd_ablock_offset(slot->blk), src, len);
+    return MF_OK;
+}
+
+mf_status_t mfd_store_commit_slot(mfd_store_t *st, const mfd_key_t *key, mfd_slot_t *slot,
+                                  int durable, mfd_store_done_cb done, void *arg,
+                                  int *pending, int *is_durable, int *replaced,
+                                  const char **why)
+{
+    mfd_ablock_t *blk = slot->blk;
+    slot->blk = NULL;
+    return slot->gpu ? mfd_store_commit_gpu(st, key, slot->arena, blk, slot->size, durable,
+                                            done, arg, pending, is_durable, replaced, why)
+                     : mfd_store_commit(st, key, blk, slot->size, durable, done, arg,
+                                        pending, is_durable, replaced, why);
+}
