@@ -1,5 +1,6 @@
 /* rows — Put, Lookup, Get and Release: the data-path requests (see rows.h). */
 #include "rows.h"
+#include "keys.h"
 #include "lease.h"
 #include "log.h"
 #include "peer.h"
@@ -19,98 +20,6 @@ static uint64_t gpu_mask(const mfd_conn_t *c, uint64_t asked)
     return n ? asked & (n >= 64 ? ~0ull : (1ull << n) - 1) : 0;
 }
 
-/* ==== keys ============================================================================ */
-
-static mf_status_t key_from_msg(const mfd_conn_t *c, const Mapflow__V1__Key *k, mfd_key_t *out,
-                                const char **why)
-{
-    if (!k) {
-        *why = "missing key";
-        return MF_INVALID_ARGUMENT;
-    }
-    size_t ml = k->model ? strlen(k->model) : 0;
-    if (ml < 1 || ml > MFD_MODEL_MAX || mfd_has_control(k->model)) {
-        *why = "key.model must be 1..255 bytes without control characters";
-        return MF_INVALID_ARGUMENT;
-    }
-    if (k->hash.len != 16) {
-        *why = "key.hash must be 16 bytes";
-        return MF_INVALID_ARGUMENT;
-    }
-    mfd_key_make(out, c->ns, c->ns_len, k->model, ml, k->layer, k->hash.data);
-    return MF_OK;
-}
-
-static mf_status_t check_model_block(const char *model, uint32_t B, const char **why)
-{
-    size_t ml = model ? strlen(model) : 0;
-    if (ml < 1 || ml > MFD_MODEL_MAX || mfd_has_control(model)) {
-        *why = "model must be 1..255 bytes without control characters";
-        return MF_INVALID_ARGUMENT;
-    }
-    if (B < MF_ROW_MIN_BLOCK || B > MF_ROW_MAX_BLOCK || (B & (B - 1))) {
-        *why = "block_size must be a power of two in [8, 256]";
-        return MF_INVALID_ARGUMENT;
-    }
-    return MF_OK;
-}
-
-/* Aligned copy of the u32 tokens of a payload (frames are not 4-byte aligned). */
-static mf_status_t tokens_from_payload(const uint8_t *p, size_t len, uint32_t **out,
-                                       size_t *n, const char **why)
-{
-    if (len % 4) {
-        *why = "token payload length is not a multiple of 4";
-        return MF_INVALID_ARGUMENT;
-    }
-    *n = len / 4;
-    *out = malloc(len ? len : 4);
-    if (!*out) {
-        *why = "out of memory";
-        return MF_RESOURCE_EXHAUSTED;
-    }
-    memcpy(*out, p, len);
-    return MF_OK;
-}
-
-/* Hashes h(-1) .. h(n-1) into hashes[0..n] (hashes[0] = root). */
-static mf_status_t prefix_hashes(const mfd_conn_t *c, const char *model, uint32_t B,
-                                 const uint32_t *tokens, size_t n_blocks, mf_hash128_t **out)
-{
-    mf_hash128_t *h = malloc((n_blocks + 1) * sizeof(*h));
-    if (!h)
-        return MF_RESOURCE_EXHAUSTED;
-    h[0] = mf_hash_root(B, c->ns, c->ns_len, model, strlen(model));
-    for (size_t b = 0; b < n_blocks; b++)
-        h[b + 1] = mf_hash_next(h[b], tokens + b * B, B);
-    *out = h;
-    return MF_OK;
-}
-
-/* The key of (namespace, model) built once; each probe patches layer and hash in. */
-typedef struct key_tmpl {
-    mfd_key_t k;
-    size_t at;               /* offset of the layer (then the hash) in k.b */
-} key_tmpl_t;
-
-static void key_tmpl_init(key_tmpl_t *t, const mfd_conn_t *c, const char *model)
-{
-    static const uint8_t zero[16];
-    mfd_key_make(&t->k, c->ns, c->ns_len, model, strlen(model), 0, zero);
-    t->at = t->k.len - 20u;
-}
-
-static const mfd_key_t *key_tmpl_set(key_tmpl_t *t, uint32_t layer, mf_hash128_t h)
-{
-    uint8_t *p = t->k.b + t->at;
-    p[0] = (uint8_t)(layer >> 24);
-    p[1] = (uint8_t)(layer >> 16);
-    p[2] = (uint8_t)(layer >> 8);
-    p[3] = (uint8_t)layer;
-    mf_hash_to_le(h, p + 4);
-    return &t->k;
-}
-
 /* ==== Put ============================================================================= */
 
 void mfd_rows_put_begin(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__PutBegin *m)
@@ -118,7 +27,7 @@ void mfd_rows_put_begin(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__PutBegin
     mfd_server_t *s = c->srv;
     const char *why = NULL;
     mfd_key_t key;
-    if (key_from_msg(c, m->key, &key, &why) != MF_OK) {
+    if (mfd_keys_from_msg(c, m->key, &key, &why) != MF_OK) {
         mfd_conn_error(c, rid, MF_INVALID_ARGUMENT, "PutBegin: %s", why);
         return;
     }
@@ -278,11 +187,11 @@ void mfd_rows_put_abort(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__PutAbort
 /* The hit check of one (layer, block) that the block index does not vouch for: reads
  * the row (header, parent, tokens); a row only on the SSD tier counts as present (Get
  * verifies it when read). A row that passes marks its layer in the block index. */
-static int lookup_row_hit(mfd_server_t *s, key_tmpl_t *kt, uint32_t layer,
+static int lookup_row_hit(mfd_server_t *s, mfd_keys_tmpl_t *kt, uint32_t layer,
                           const mf_hash128_t *h, size_t b, const uint32_t *tok, uint32_t B,
                           const uint8_t parent[16])
 {
-    mfd_entry_t *e = mfd_store_find(&s->store, key_tmpl_set(kt, layer, h[b + 1]));
+    mfd_entry_t *e = mfd_store_find(&s->store, mfd_keys_tmpl_set(kt, layer, h[b + 1]));
     if (!e)
         return 0;
     const uint8_t *row = mfd_store_head(&s->store, e); /* a GPU-only row: its head copy */
@@ -323,7 +232,7 @@ static void handle_lookup(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Lookup
 {
     mfd_server_t *s = c->srv;
     const char *why = NULL;
-    if (check_model_block(m->model, m->block_size, &why) != MF_OK) {
+    if (mfd_keys_check_model_block(m->model, m->block_size, &why) != MF_OK) {
         mfd_conn_error(c, rid, MF_INVALID_ARGUMENT, "Lookup: %s", why);
         return;
     }
@@ -352,7 +261,7 @@ static void handle_lookup(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Lookup
     mf_hash128_t *h = NULL;
     uint32_t *blocks = NULL, *alive = NULL;
     size_t n_tok;
-    mf_status_t st = tokens_from_payload(payload, plen, &tokens, &n_tok, &why);
+    mf_status_t st = mfd_keys_tokens(payload, plen, &tokens, &n_tok, &why);
     if (st != MF_OK) {
         mfd_conn_error(c, rid, st, "Lookup: %s", why);
         return;
@@ -361,13 +270,13 @@ static void handle_lookup(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Lookup
     size_t nb = n_tok / B;
     blocks = calloc(m->n_layers, sizeof(*blocks));
     alive = malloc(m->n_layers * sizeof(*alive));
-    if (!blocks || !alive || prefix_hashes(c, m->model, B, tokens, nb, &h) != MF_OK) {
+    if (!blocks || !alive || mfd_keys_prefix_hashes(c, m->model, B, tokens, nb, &h) != MF_OK) {
         mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED, "Lookup: out of memory");
         goto done;
     }
     uint64_t hit_blocks = 0;
-    key_tmpl_t kt;
-    key_tmpl_init(&kt, c, m->model);
+    mfd_keys_tmpl_t kt;
+    mfd_keys_tmpl_init(&kt, c, m->model);
     /* Blocks outer, layers inner: one block-index probe and one token compare per block;
      * a layer leaves `alive` at its first miss (only leading blocks count). */
     uint8_t bk[MFD_BKEY_MAX], parent[16];
@@ -460,7 +369,7 @@ struct get_op {
     uint32_t *tokens;        /* prefix mode: all tokens */
     mf_hash128_t *h;         /* h[0] = root, h[b + 1] = block b */
     uint32_t first, nb;      /* prefix mode: blocks [first, first + nb) of each layer */
-    key_tmpl_t kt;           /* prefix mode: (namespace, model) key */
+    mfd_keys_tmpl_t kt;           /* prefix mode: (namespace, model) key */
     size_t n_rows, outstanding;
     get_row_t *rows;
     double t0;
@@ -517,7 +426,7 @@ static int block_verified(get_op_t *op, size_t n_layers, uint32_t j)
     uint8_t parent[16], bk[MFD_BKEY_MAX];
     mf_hash_to_le(op->h[j], parent);
     const uint32_t *tok = op->tokens + (size_t)j * op->B;
-    const mfd_key_t *k = key_tmpl_set(&op->kt, op->rows[0].ref.layer, op->h[j + 1]);
+    const mfd_key_t *k = mfd_keys_tmpl_set(&op->kt, op->rows[0].ref.layer, op->h[j + 1]);
     const mfd_block_t *b = mfd_index_block_find(st->ix, bk, mfd_bkey_of(k->b, k->len, bk));
     if (!b)
         return 1;
@@ -525,7 +434,7 @@ static int block_verified(get_op_t *op, size_t n_layers, uint32_t j)
         return 1;
     for (size_t l = 0; l < n_layers; l++) {
         mfd_entry_t *e = mfd_store_find(
-            st, key_tmpl_set(&op->kt, op->rows[l * op->nb].ref.layer, op->h[j + 1]));
+            st, mfd_keys_tmpl_set(&op->kt, op->rows[l * op->nb].ref.layer, op->h[j + 1]));
         const uint8_t *row = e ? mfd_store_head(st, e) : NULL;
         const char *why;
         if (row && mfd_row_verify(row, e->size, 0, tok, op->B, op->h[j], op->h[j + 1], &why) ==
@@ -839,7 +748,7 @@ static void get_find_rows(get_op_t *op, const Mapflow__V1__Get *m, const mf_stat
     mfd_server_t *s = op->c->srv;
     size_t budget = s->cfg.max_frame - 4 - 256 - op->n_rows * 64;
     size_t off = 0;
-    key_tmpl_t *kt = &op->kt;
+    mfd_keys_tmpl_t *kt = &op->kt;
     const char *why = NULL;
     for (size_t i = 0; i < op->n_rows; i++) {
         get_row_t *r = &op->rows[i];
@@ -852,8 +761,8 @@ static void get_find_rows(get_op_t *op, const Mapflow__V1__Get *m, const mf_stat
             r->block_rel = (uint32_t)(m->first_block + b);
             r->ref.layer = m->layers[l];
             r->ref.block = r->block_rel;
-            kp = key_tmpl_set(kt, m->layers[l], op->h[r->block_rel + 1]);
-        } else if (key_from_msg(op->c, m->keys[i], &k, &why) != MF_OK) {
+            kp = mfd_keys_tmpl_set(kt, m->layers[l], op->h[r->block_rel + 1]);
+        } else if (mfd_keys_from_msg(op->c, m->keys[i], &k, &why) != MF_OK) {
             r->ref.status = MF_INVALID_ARGUMENT;
             continue;
         } else {
@@ -946,12 +855,12 @@ void mfd_rows_get(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Get *m,
         goto fail;
     size_t n_blocks = 0;
     if (op->prefix_mode) {
-        if (check_model_block(m->model, m->block_size, &why) != MF_OK) {
+        if (mfd_keys_check_model_block(m->model, m->block_size, &why) != MF_OK) {
             mfd_conn_error(c, rid, MF_INVALID_ARGUMENT, "Get: %s", why);
             goto fail;
         }
         size_t n_tok;
-        mf_status_t st = tokens_from_payload(payload, plen, &op->tokens, &n_tok, &why);
+        mf_status_t st = mfd_keys_tokens(payload, plen, &op->tokens, &n_tok, &why);
         if (st != MF_OK) {
             mfd_conn_error(c, rid, st, "Get: %s", why);
             goto fail;
@@ -989,7 +898,7 @@ void mfd_rows_get(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Get *m,
                            (unsigned long long)s->cfg.max_lookup);
             goto fail;
         }
-        if (prefix_hashes(c, m->model, op->B, op->tokens, upto, &op->h) != MF_OK) {
+        if (mfd_keys_prefix_hashes(c, m->model, op->B, op->tokens, upto, &op->h) != MF_OK) {
             mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED, "Get: out of memory");
             goto fail;
         }
@@ -1000,7 +909,7 @@ void mfd_rows_get(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Get *m,
         goto fail;
     }
     if (op->prefix_mode) {
-        key_tmpl_init(&op->kt, c, m->model);
+        mfd_keys_tmpl_init(&op->kt, c, m->model);
         op->first = m->first_block;
         op->nb = (uint32_t)n_blocks;
     }
