@@ -681,63 +681,29 @@ static void resolve_row(get_op_t *op, get_row_t *r)
     mfd_server_t *s = op->c->srv;
     mfd_entry_t *e = r->e;
     mfd_store_touch(&s->store, e);
-    if (op->lease_mode && e->gpu && ((op->gpu_mapped >> e->gpu_arena) & 1)) {
-        /* A device view: the client mapped this arena. The hit check reads the head copy. */
-        r->ref.tier = MAPFLOW__V1__TIER__TIER_GPU;
-        r->ref.gpu_arena = e->gpu_arena;
-        verify_row(op, r, mfd_store_head(&s->store, e));
-        return;
-    }
-    /* A client that cannot reach the row's GPU arena gets it staged in the host arena
-     * (the entry keeps that copy; the lease pins it like any host row). */
-    if (op->lease_mode && !e->host && e->gpu &&
-        mfd_store_stage_host(&s->store, e) != MF_OK) {
-        r->ref.status = MF_RESOURCE_EXHAUSTED;
-        return;
-    }
-    const uint8_t *bytes = mfd_store_bytes(&s->store, e);
-    if (op->lease_mode && e->host) {
-        r->ref.tier = MAPFLOW__V1__TIER__TIER_HOST;
-        verify_row(op, r, bytes);
-        mfd_store_promote_gpu(&s->store, e);
-        return;
-    }
     if (!op->lease_mode && r->ref.status != MF_OK)
         return; /* OUT_OF_RANGE: no room in this reply */
-    if (!op->lease_mode && !e->host && e->gpu) {
-        /* GET_COPY of a GPU row: DtoH into a buffer the reply sends. */
-        r->buf = aligned_alloc(64, mfd_arena_round(e->size));
-        if (!r->buf || mfd_store_gpu_read(&s->store, e, r->buf) != MF_OK) {
-            r->ref.status = r->buf ? MF_INTERNAL : MF_RESOURCE_EXHAUSTED;
-            return;
-        }
-        r->ref.tier = MAPFLOW__V1__TIER__TIER_GPU;
-        verify_row(op, r, r->buf);
-        r->src = r->buf;
+    mfd_view_t v;
+    mf_status_t st = mfd_store_view(&s->store, e, op->lease_mode, op->gpu_mapped, &v);
+    if (st != MF_OK) {
+        r->ref.status = st;
         return;
     }
-    if (!op->lease_mode && bytes) {
-        r->ref.tier = e->host ? MAPFLOW__V1__TIER__TIER_HOST : MAPFLOW__V1__TIER__TIER_SSD;
-        verify_row(op, r, bytes);
-        if (r->ref.status != MF_OK)
-            return;
-        if (e->host) {
-            r->src = bytes; /* the host block stays put while the row is pinned */
-            mfd_store_promote_gpu(&s->store, e);
-            return;
-        }
-        /* A demotion copy is freed when its write completes, maybe before the reply. */
-        r->buf = malloc(e->size);
-        if (!r->buf) {
-            r->ref.status = MF_RESOURCE_EXHAUSTED;
-            return;
-        }
-        memcpy(r->buf, bytes, e->size);
-        r->src = r->buf;
+    if (v.need_read) {
+        op->outstanding++;
+        mfd_store_read(&s->store, e, 1, on_get_read, r);
         return;
     }
-    op->outstanding++;
-    mfd_store_read(&s->store, e, 1, on_get_read, r);
+    r->ref.tier = v.tier;
+    if (op->lease_mode && v.tier == MAPFLOW__V1__TIER__TIER_GPU)
+        r->ref.gpu_arena = v.gpu_arena;
+    r->buf = v.owned; /* freed with the op unless the reply takes it */
+    verify_row(op, r, v.bytes);
+    if (!op->lease_mode && r->ref.status == MF_OK)
+        r->src = v.bytes;
+    /* gpu_promote: a host hit gets a GPU copy (a lease's even when its check failed). */
+    if (v.tier == MAPFLOW__V1__TIER__TIER_HOST && (op->lease_mode || r->ref.status == MF_OK))
+        mfd_store_promote_gpu(&s->store, e);
 }
 
 /* Pass 1: finds (and pins) each row's entry, lays the copy payload out (bounded by

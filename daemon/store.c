@@ -1234,3 +1234,53 @@ mf_status_t mfd_store_commit_slot(mfd_store_t *st, const mfd_key_t *key, mfd_slo
                      : mfd_store_commit(st, key, blk, slot->size, durable, done, arg,
                                         pending, is_durable, replaced, why);
 }
+
+/* ---- a Get's row, tier-blind (store.h) ------------------------------------------------ */
+
+mf_status_t mfd_store_view(mfd_store_t *st, mfd_entry_t *e, int lease, uint64_t gpu_mapped,
+                           mfd_view_t *v)
+{
+    *v = (mfd_view_t){0};
+    if (lease && e->gpu && ((gpu_mapped >> e->gpu_arena) & 1)) {
+        /* A device view: the client mapped this arena. The hit check reads the head copy. */
+        v->tier = MAPFLOW__V1__TIER__TIER_GPU;
+        v->gpu_arena = e->gpu_arena;
+        v->bytes = mfd_store_head(st, e);
+        return MF_OK;
+    }
+    /* A client that cannot reach the row's GPU arena gets it staged in the host arena
+     * (the entry keeps that copy; the lease pins it like any host row). */
+    if (lease && !e->host && e->gpu && mfd_store_stage_host(st, e) != MF_OK)
+        return MF_RESOURCE_EXHAUSTED;
+    const uint8_t *bytes = mfd_store_bytes(st, e);
+    if (e->host) {
+        v->tier = MAPFLOW__V1__TIER__TIER_HOST;
+        v->bytes = bytes; /* the host block stays put while the row is pinned */
+        return MF_OK;
+    }
+    if (!lease && e->gpu) {
+        /* GET_COPY of a GPU row: DtoH into a buffer the reply sends. */
+        uint8_t *buf = aligned_alloc(64, mfd_arena_round(e->size));
+        if (!buf)
+            return MF_RESOURCE_EXHAUSTED;
+        if (mfd_store_gpu_read(st, e, buf) != MF_OK) {
+            free(buf);
+            return MF_INTERNAL;
+        }
+        v->tier = MAPFLOW__V1__TIER__TIER_GPU;
+        v->bytes = v->owned = buf;
+        return MF_OK;
+    }
+    if (!lease && bytes) {
+        /* A demotion copy is freed when its write completes, maybe before the reply. */
+        uint8_t *buf = malloc(e->size);
+        if (!buf)
+            return MF_RESOURCE_EXHAUSTED;
+        memcpy(buf, bytes, e->size);
+        v->tier = MAPFLOW__V1__TIER__TIER_SSD;
+        v->bytes = v->owned = buf;
+        return MF_OK;
+    }
+    v->need_read = 1;
+    return MF_OK;
+}

@@ -38,6 +38,7 @@
 #include "arena.h"
 #include "config.h"
 #include "index.h"
+#include "mapflow.pb-c.h"
 #include "metrics.h"
 #include "mf_row.h"
 #include "tier_gpu.h"
@@ -137,6 +138,27 @@ mf_status_t mfd_store_stage_host(mfd_store_t *st, mfd_entry_t *e);
 void mfd_store_promote_gpu(mfd_store_t *st, mfd_entry_t *e);
 /* Row bytes held in memory (host block or a demotion copy), or NULL (SSD only). */
 const uint8_t *mfd_store_bytes(const mfd_store_t *st, const mfd_entry_t *e);
+/* ---- a Get's row, tier-blind: which copy a client gets (rows.c) -----------------------
+ * lease: the client reads the row in place (GET_LEASE; it maps the host arena and the GPU
+ * arenas of gpu_mapped, bit i = arena i); else it gets the bytes in the reply (GET_COPY). */
+typedef struct mfd_view {
+    Mapflow__V1__Tier tier;    /* where the client's copy is (SSD: a demotion copy) */
+    uint32_t gpu_arena;        /* tier GPU, lease */
+    const uint8_t *bytes;      /* the hit check's bytes (a GPU lease: the head copy); copy
+                                  mode: the bytes to send */
+    uint8_t *owned;            /* copy mode: malloc'd bytes (DtoH, demotion copy) the
+                                  caller now owns and frees; NULL: bytes is the host block,
+                                  stable while e is pinned */
+    int need_read;             /* only on the SSD tier: mfd_store_read it */
+} mfd_view_t;
+
+/* The tier matrix of a hit (e pinned): a mapped GPU arena → a device view; a GPU row for a
+ * lease client that did not map it → staged in the host arena; a host row → the host
+ * block; GET_COPY of a GPU row → DtoH; a demotion copy → copied; else need_read.
+ * MF_RESOURCE_EXHAUSTED (no room to stage, no memory), MF_INTERNAL (DtoH failed). */
+mf_status_t mfd_store_view(mfd_store_t *st, mfd_entry_t *e, int lease, uint64_t gpu_mapped,
+                           mfd_view_t *v);
+
 /* Marks a hit for the LRUs. */
 void mfd_store_touch(mfd_store_t *st, mfd_entry_t *e);
 

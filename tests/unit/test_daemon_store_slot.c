@@ -2,8 +2,8 @@
  * unplace) on a real store (host tier, no GPU, no SSD): placement without a GPU tier
  * lands on the host whatever is preferred, writes land at the slot's offset and are
  * bounded by its size, a full arena refuses RESOURCE_EXHAUSTED and recovers when slots
- * go back, a valid row commits (visible, bytes equal) and a corrupted one is refused with
- * its block returned. Random rows and tokens, seeded per run. */
+ * go back, a valid row commits (visible, bytes equal; its view is the host block) and a
+ * corrupted one is refused with its block returned. Random rows and tokens, seeded per run. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -160,6 +160,17 @@ static void test_commit_valid_and_corrupt(void **state)
     assert_non_null(e->host);
     assert_int_equal(e->size, size);
     assert_memory_equal(mfd_store_bytes(&f->st, e), row, size);
+
+    /* Its view, either mode, with any GPU mask: the host block itself (nothing owned). */
+    for (int lease = 0; lease < 2; lease++) {
+        mfd_view_t v;
+        assert_int_equal(mfd_store_view(&f->st, e, lease, (uint64_t)rand_r(&f->seed), &v),
+                         MF_OK);
+        assert_int_equal(v.tier, MAPFLOW__V1__TIER__TIER_HOST);
+        assert_false(v.need_read);
+        assert_null(v.owned);
+        assert_ptr_equal(v.bytes, mfd_store_bytes(&f->st, e));
+    }
     free(row);
 }
 
