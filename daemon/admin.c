@@ -7,14 +7,7 @@
 #include <string.h>
 #include <time.h>
 
-#define REPLY(c, rid, CASE, field, msg)                                                 \
-    do {                                                                                \
-        mf_envelope_t env_ = MAPFLOW__V1__ENVELOPE__INIT;                                 \
-        env_.request_id = (rid);                                                        \
-        env_.body_case = MAPFLOW__V1__ENVELOPE__BODY_##CASE;                            \
-        env_.field = (msg);                                                             \
-        mfd_conn_reply((c), &env_, NULL, 0);                                            \
-    } while (0)
+#define REPLY(c, rid, CASE, field, msg) MFD_REPLY(c, rid, CASE, field, msg, NULL, 0)
 
 /* u8 ns_len | ns [| u8 model_len | model]: the key prefix of a namespace (and model). */
 static size_t key_prefix(const mfd_conn_t *c, const char *model, uint8_t *out)
@@ -375,8 +368,8 @@ void mfd_admin_config_set(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Config
     char err[MFD_CONFIG_ERRLEN], who[320];
     const char *key = m->key ? m->key : "";
     mfd_conn_describe(c, who, sizeof(who));
-    mf_status_t st = mfd_server_config_set(c->srv, key, m->value ? m->value : "", who, err,
-                                           sizeof(err));
+    mf_status_t st = mfd_config_apply(&c->srv->cfg, key, m->value ? m->value : "", who, err,
+                                      sizeof(err));
     if (st != MF_OK) {
         mfd_conn_error(c, rid, st, "ConfigSet: %s", err);
         return;

@@ -4,13 +4,17 @@
  * Profiles are stored per namespace under (source, target) in the SSD tier's RocksDB
  * (tier_ssd.h 'p' records); with the SSD tier off they are refused (UNAVAILABLE).
  * ConfigSet, ProfilePut and Flush / Evict of every namespace reach these handlers only
- * from admin connections (the dispatcher, server.c, refuses others PERMISSION_DENIED).
- * Thread safety: loop thread only.
+ * from admin connections (dispatch.c refuses others PERMISSION_DENIED). Every other request
+ * acts inside the connection's namespace only.
+ *
+ * Ownership: nothing outlives a request except a profile job on the SSD worker, which owns
+ * its packed record and holds the connection until it replies.
+ * Thread safety: loop thread only (the SSD job's completion runs on the loop too).
  */
 #ifndef MFD_ADMIN_H
 #define MFD_ADMIN_H
 
-#include "server.h"
+#include "conn.h"
 
 void mfd_admin_list(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__List *m);
 void mfd_admin_stats(mfd_conn_t *c, uint64_t rid);

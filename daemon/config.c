@@ -940,3 +940,18 @@ void mfd_config_print_sample(FILE *f)
             fprintf(f, "#%s %s\n", d->name, d->example ? d->example : "");
     }
 }
+
+mf_status_t mfd_config_apply(mfd_config_t *cfg, const char *key, const char *value,
+                             const char *who, char *err, size_t errlen)
+{
+    mf_status_t st = mfd_config_set(cfg, key, value, 1, err, errlen);
+    if (st == MF_OK) {
+        mfd_log_set_level((mfd_log_level_t)cfg->log_level);
+        char v[256];
+        mfd_config_get(cfg, key, 1, v, sizeof(v));
+        mfd_info("config: %s = %s (set by %s)", key, v, who);
+    } else {
+        mfd_info("config: set %s refused (by %s): %s", key, who, err);
+    }
+    return st;
+}

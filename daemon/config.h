@@ -85,6 +85,10 @@ int mfd_config_is_live(const char *key);      /* -1 unknown key */
  */
 mf_status_t mfd_config_set(mfd_config_t *cfg, const char *key, const char *value,
                            int live_only, char *err, size_t errlen);
+/* A live key set at run time (ConfigSet): mfd_config_set(live_only) plus its side effects
+ * (the log level); the log line names `who` made the change. */
+mf_status_t mfd_config_apply(mfd_config_t *cfg, const char *key, const char *value,
+                             const char *who, char *err, size_t errlen);
 
 /* Current value in canonical text (token shown as "***" when `redact`). */
 mf_status_t mfd_config_get(const mfd_config_t *cfg, const char *key, int redact,

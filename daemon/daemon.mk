@@ -2,8 +2,9 @@
 # Everything except main.c goes into libmfdaemon.a so unit tests link the real modules.
 
 DAEMON_SRCS := daemon/log.c daemon/config.c daemon/oalloc.c daemon/arena.c daemon/index.c \
-               daemon/tier_ssd.c daemon/lease.c daemon/store.c daemon/metrics.c \
-               daemon/http.c daemon/notify.c daemon/server.c daemon/admin.c daemon/tier.c \
+               daemon/tier_ssd.c daemon/ticket.c daemon/store.c daemon/metrics.c \
+               daemon/http.c daemon/notify.c daemon/conn.c daemon/listen.c daemon/lease.c \
+               daemon/keys.c daemon/rows.c daemon/dispatch.c daemon/daemon.c daemon/admin.c \
                daemon/ucx.c daemon/peer.c daemon/tier_gpu.c daemon/gpu_verify_ptx.c
 DAEMON_OBJS := $(DAEMON_SRCS:%.c=$(OBJ)/%.o)
 DAEMON_A    := $(LIB)/libmfdaemon.a
@@ -22,7 +23,8 @@ endif
 endif
 $(DAEMON_OBJS) $(OBJ)/daemon/main.o: CPPFLAGS += -DMFD_VERSION='"$(MF_VERSION)"'
 # The -D above is not a file make can see: rebuild the users of MFD_VERSION on a bump.
-$(OBJ)/daemon/main.o $(OBJ)/daemon/server.o: client/mapflow.h
+$(OBJ)/daemon/main.o $(OBJ)/daemon/conn.o $(OBJ)/daemon/dispatch.o $(OBJ)/daemon/daemon.o: \
+    client/mapflow.h
 
 # The GPU tier's row-checksum kernels (gpu_verify.cu): PTX by nvcc where it exists, embedded
 # into mapflowd by gpu_verify_ptx.c (.incbin); without nvcc rows are validated on the host.

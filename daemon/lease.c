@@ -1,117 +1,91 @@
-/* lease — id/owner/deadline tickets for leases and reservations (see lease.h). */
+/* lease — lease groups, reservations and namespace accounts (see lease.h). */
 #include "lease.h"
 
 #include <stdlib.h>
-#include <time.h>
+#include <string.h>
 
-#define N_BUCKETS 4096
-
-struct mfd_tickets {
-    mfd_ticket_t *buckets[N_BUCKETS];
-    mfd_ticket_t *head;
-    uint64_t next_id;
-    size_t count[3];
-};
-
-uint64_t mfd_now_ms(void)
+mfd_ns_acct_t *mfd_acct_get(mfd_server_t *s, const char *ns, size_t len)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+    mfd_ns_acct_t *a;
+    for (a = s->ns_accts; a; a = a->next)
+        if (a->len == len && memcmp(a->ns, ns, len) == 0)
+            break;
+    if (!a && (a = calloc(1, sizeof(*a)))) {
+        memcpy(a->ns, ns, len);
+        a->len = len;
+        a->next = s->ns_accts;
+        s->ns_accts = a;
+    }
+    if (a)
+        a->refs++;
+    return a;
 }
 
-mf_status_t mfd_tickets_create(mfd_tickets_t **out)
+void mfd_acct_put(mfd_server_t *s, mfd_ns_acct_t *a)
 {
-    mfd_tickets_t *t = calloc(1, sizeof(*t));
-    if (!t)
-        return MF_RESOURCE_EXHAUSTED;
-    t->next_id = 1;
-    *out = t;
-    return MF_OK;
-}
-
-void mfd_tickets_destroy(mfd_tickets_t *t)
-{
-    free(t);
-}
-
-mf_status_t mfd_tickets_add(mfd_tickets_t *tab, mfd_ticket_t *t, int kind, void *owner,
-                            uint64_t deadline_ms)
-{
-    t->id = tab->next_id++;
-    t->kind = kind;
-    t->owner = owner;
-    t->deadline_ms = deadline_ms;
-    mfd_ticket_t **b = &tab->buckets[t->id % N_BUCKETS];
-    t->hnext = *b;
-    *b = t;
-    t->prev = NULL;
-    t->next = tab->head;
-    if (tab->head)
-        tab->head->prev = t;
-    tab->head = t;
-    tab->count[kind]++;
-    return MF_OK;
-}
-
-mfd_ticket_t *mfd_tickets_find(mfd_tickets_t *tab, uint64_t id, int kind, void *owner)
-{
-    for (mfd_ticket_t *t = tab->buckets[id % N_BUCKETS]; t; t = t->hnext)
-        if (t->id == id)
-            return t->kind == kind && t->owner == owner ? t : NULL;
-    return NULL;
-}
-
-void mfd_tickets_remove(mfd_tickets_t *tab, mfd_ticket_t *t)
-{
-    mfd_ticket_t **pp = &tab->buckets[t->id % N_BUCKETS];
-    while (*pp && *pp != t)
-        pp = &(*pp)->hnext;
-    if (!*pp)
+    if (!a || --a->refs)
         return;
-    *pp = t->hnext;
-    if (t->prev)
-        t->prev->next = t->next;
-    else
-        tab->head = t->next;
-    if (t->next)
-        t->next->prev = t->prev;
-    t->prev = t->next = t->hnext = NULL;
-    tab->count[t->kind]--;
-}
-
-/* Walks the list; `next` is read before cb so cb may remove (and free) the ticket. */
-static size_t walk(mfd_tickets_t *tab, int mode, uint64_t now, void *owner, mfd_ticket_cb cb,
-                   void *arg)
-{
-    size_t n = 0;
-    for (mfd_ticket_t *t = tab->head, *nx; t; t = nx) {
-        nx = t->next;
-        int hit = mode == 0 ? t->deadline_ms <= now : mode == 1 ? t->owner == owner : 1;
-        if (hit) {
-            cb(t, arg);
-            n++;
+    for (mfd_ns_acct_t **pp = &s->ns_accts; *pp; pp = &(*pp)->next) {
+        if (*pp == a) {
+            *pp = a->next;
+            break;
         }
     }
+    free(a);
+}
+
+void mfd_reservation_unaccount(mfd_reservation_t *r)
+{
+    if (r->acct)
+        r->acct->reserved -= r->slot.size;
+    r->acct = NULL;
+}
+
+void mfd_reservation_free(mfd_server_t *s, mfd_reservation_t *r)
+{
+    mfd_reservation_unaccount(r);
+    mfd_store_unplace(&s->store, &r->slot);
+    free(r);
+}
+
+void mfd_lease_drop_row(mfd_server_t *s, mfd_lease_t *l, uint32_t k)
+{
+    mfd_entry_t *e = l->e[k];
+    l->e[k] = NULL;
+    l->live--;
+    s->leased_rows--;
+    e->leases--;
+    mfd_index_unpin(s->store.ix, e);
+}
+
+void mfd_ticket_release(mfd_ticket_t *t, void *arg)
+{
+    mfd_server_t *s = arg;
+    mfd_tickets_remove(s->tickets, t);
+    if (t->kind == MFD_TICKET_LEASE) {
+        mfd_lease_t *l = (mfd_lease_t *)t;
+        for (uint32_t k = 0; k < l->n; k++)
+            if (l->e[k])
+                mfd_lease_drop_row(s, l, k);
+        free(l);
+    } else {
+        mfd_reservation_free(s, (mfd_reservation_t *)t);
+    }
+}
+
+void mfd_ticket_expire(mfd_ticket_t *t, void *arg)
+{
+    mfd_server_t *s = arg;
+    mfd_count(&s->metrics, t->kind == MFD_TICKET_LEASE ? MFD_C_LEASES_EXPIRED
+                                                       : MFD_C_RESERVATIONS_EXPIRED,
+              t->kind == MFD_TICKET_LEASE ? ((mfd_lease_t *)t)->live : 1);
+    mfd_ticket_release(t, s);
+}
+
+size_t mfd_lease_release_owner(mfd_server_t *s, mfd_conn_t *c)
+{
+    size_t n = mfd_tickets_of_owner(s->tickets, c, mfd_ticket_release, s);
+    mfd_acct_put(s, c->acct);
+    c->acct = NULL;
     return n;
-}
-
-size_t mfd_tickets_expire(mfd_tickets_t *tab, uint64_t now_ms, mfd_ticket_cb cb, void *arg)
-{
-    return walk(tab, 0, now_ms, NULL, cb, arg);
-}
-
-size_t mfd_tickets_of_owner(mfd_tickets_t *tab, void *owner, mfd_ticket_cb cb, void *arg)
-{
-    return walk(tab, 1, 0, owner, cb, arg);
-}
-
-size_t mfd_tickets_all(mfd_tickets_t *tab, mfd_ticket_cb cb, void *arg)
-{
-    return walk(tab, 2, 0, NULL, cb, arg);
-}
-
-size_t mfd_tickets_count(const mfd_tickets_t *tab, int kind)
-{
-    return (kind >= 1 && kind <= 2) ? tab->count[kind] : 0;
 }

@@ -1,14 +1,13 @@
 /*
- * lease — tickets with an id, an owner and a deadline: read leases (a pin on an entry)
- * and put reservations (an arena block waiting for its commit). The server embeds an
- * mfd_ticket_t at the start of its lease / reservation structs.
+ * lease — what a connection holds between requests: lease groups (the pins on the rows
+ * one GET_LEASE Get handed out), put reservations (an arena block waiting for its
+ * PutCommit) and the per-namespace account of reserved bytes that reservation_share
+ * bounds. Both kinds are tickets (ticket.h) owned by the connection: Release / PutCommit
+ * find them by id and owner, the tick expires them, and a closing connection drops them.
  *
- * A ticket is found by id only together with its owner (the connection), so one
- * client can never release or commit another's. Expiry is a sweep over all tickets
- * (called from a loop timer); disconnect releases an owner's tickets the same way.
- *
- * Ownership: the table links tickets but never allocates or frees them: the callback
- * given to the sweep / owner walk removes and frees each one. Ids are never reused.
+ * Ownership: a group or reservation is allocated by its handler (rows.c) and freed here
+ * when it is released, expired or its owner closes; accounts are reference-counted by the
+ * connections bound to the namespace (Hello takes one, close drops it).
  * Thread safety: loop thread only.
  */
 #ifndef MFD_LEASE_H
@@ -16,40 +15,57 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "mf_status.h"
+#include "conn.h"
+#include "store.h"
+#include "ticket.h"
 
-enum { MFD_TICKET_LEASE = 1, MFD_TICKET_RESERVATION = 2 };
+/* A lease group: pins on the rows one Get leased, owned by a connection. Row k's
+ * lease id is (t.id << MFD_LEASE_ROW_BITS) | k, so every row keeps its own id (Release of
+ * one id releases that row) while a Get costs one ticket, not one per row. */
+#define MFD_LEASE_ROW_BITS 20    /* max_batch ≤ 2^20 rows */
+typedef struct mfd_lease {
+    mfd_ticket_t t;          /* first: tickets are cast back to leases */
+    uint32_t n, live;        /* rows leased, rows not yet released */
+    mfd_entry_t *e[];        /* NULL once released */
+} mfd_lease_t;
 
-typedef struct mfd_ticket {
-    uint64_t id;
-    uint64_t deadline_ms;
-    void *owner;
-    int kind;
-    struct mfd_ticket *hnext, *prev, *next;
-} mfd_ticket_t;
+/* One namespace with a live connection: the bytes its uncommitted reservations hold
+ * (reservation_share bounds them, so one tenant cannot reserve the whole arena). */
+typedef struct mfd_ns_acct {
+    struct mfd_ns_acct *next;
+    unsigned refs;           /* connections bound to it */
+    uint64_t reserved;
+    size_t len;
+    char ns[MFD_NS_MAX + 1];
+} mfd_ns_acct_t;
 
-typedef struct mfd_tickets mfd_tickets_t;
-typedef void (*mfd_ticket_cb)(mfd_ticket_t *t, void *arg);
+/* A put reservation: a store slot (host or GPU arena block) waiting for PutCommit. */
+typedef struct mfd_reservation {
+    mfd_ticket_t t;
+    mfd_key_t key;
+    mfd_ns_acct_t *acct;     /* counted there (slot.size bytes) until committed or released */
+    int durable;
+    int in_arena;            /* the client writes the row itself (no payload) */
+    mfd_slot_t slot;
+} mfd_reservation_t;
 
-mf_status_t mfd_tickets_create(mfd_tickets_t **out);
-/* Caller must have emptied the table (mfd_tickets_all). */
-void mfd_tickets_destroy(mfd_tickets_t *t);
+/* The account of namespace ns (created on first use, one more reference); NULL on OOM. */
+mfd_ns_acct_t *mfd_acct_get(mfd_server_t *s, const char *ns, size_t len);
+void mfd_acct_put(mfd_server_t *s, mfd_ns_acct_t *a);
 
-/* Assigns t->id and links t. */
-mf_status_t mfd_tickets_add(mfd_tickets_t *tab, mfd_ticket_t *t, int kind, void *owner,
-                            uint64_t deadline_ms);
-/* NULL unless a ticket of that id, kind and owner exists. */
-mfd_ticket_t *mfd_tickets_find(mfd_tickets_t *tab, uint64_t id, int kind, void *owner);
-void mfd_tickets_remove(mfd_tickets_t *tab, mfd_ticket_t *t);
+/* Takes r's bytes off its namespace's account (it is being committed or freed). */
+void mfd_reservation_unaccount(mfd_reservation_t *r);
+/* Unaccounts r, gives its block back to the store and frees it (not in the table). */
+void mfd_reservation_free(mfd_server_t *s, mfd_reservation_t *r);
 
-/* cb for every ticket past its deadline / of that owner / at all; cb must remove it. */
-size_t mfd_tickets_expire(mfd_tickets_t *tab, uint64_t now_ms, mfd_ticket_cb cb, void *arg);
-size_t mfd_tickets_of_owner(mfd_tickets_t *tab, void *owner, mfd_ticket_cb cb, void *arg);
-size_t mfd_tickets_all(mfd_tickets_t *tab, mfd_ticket_cb cb, void *arg);
+/* Drops leased row k of group l (release, expiry, disconnect). */
+void mfd_lease_drop_row(mfd_server_t *s, mfd_lease_t *l, uint32_t k);
 
-size_t mfd_tickets_count(const mfd_tickets_t *tab, int kind);
-
-/* CLOCK_MONOTONIC in milliseconds. */
-uint64_t mfd_now_ms(void);
+/* mfd_ticket_cb (arg = the server): removes a lease group or reservation and frees it. */
+void mfd_ticket_release(mfd_ticket_t *t, void *arg);
+/* mfd_ticket_cb for the expiry sweep: counts the expiry, then releases. */
+void mfd_ticket_expire(mfd_ticket_t *t, void *arg);
+/* A connection closes: its tickets and its namespace account go; returns the tickets. */
+size_t mfd_lease_release_owner(mfd_server_t *s, mfd_conn_t *c);
 
 #endif /* MFD_LEASE_H */

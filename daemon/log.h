@@ -8,6 +8,8 @@
  * The level is a process-wide atomic, so config set/SIGHUP may change it while the
  * SSD worker threads log. Each line is written with one write(2) so lines from
  * different threads never interleave. No allocation; messages longer than 1 KiB are cut.
+ * Ownership: the level and the line format are the only state (process-wide); stderr is
+ * the caller's.
  * Thread safety: mfd_log_init once from main before other threads start; every other
  * function may be called from any thread.
  */

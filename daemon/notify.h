@@ -3,6 +3,8 @@
  * RELOADING (with MONOTONIC_USEC) and STOPPING. Built with libsystemd when
  * MF_HAVE_SYSTEMD is defined; otherwise every call is a no-op. Outside systemd
  * (no NOTIFY_SOCKET) the calls do nothing either.
+ * Ownership: no state; daemon.c sends READY once serving, RELOADING / READY around a
+ * SIGHUP, STOPPING when draining begins.
  * Thread safety: any thread (sd_notify is stateless).
  */
 #ifndef MFD_NOTIFY_H

@@ -2,7 +2,7 @@
 #include "peer.h"
 #include "log.h"
 #include "mf_addr.h"
-#include "server.h"
+#include "conn.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -75,13 +75,6 @@ struct mfd_peers {
     int destroying;
 };
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static peer_stat_t *stat_for(mfd_peers_t *ps, const char *addr)
 {
     for (size_t i = 0; i < ps->n_stats; i++)
@@ -100,7 +93,7 @@ static peer_stat_t *stat_for(mfd_peers_t *ps, const char *addr)
 
 static mf_status_t adopt(void *arg, int fd, const char *name)
 {
-    return mfd_server_adopt(arg, fd, &mfd_transport_ucx, name);
+    return mfd_conn_adopt(arg, fd, &mfd_transport_ucx, name, NULL);
 }
 
 static mf_status_t ensure_ucx(mfd_peers_t *ps, const char *listen, char *err, size_t errlen)
@@ -494,7 +487,7 @@ static void fetch_check_done(fetch_t *f)
     if (f->unfinished || f->batches_out || f->inflight)
         return;
     fetch_release(f);
-    mfd_hist_observe(&f->ps->hist, now_s() - f->t0);
+    mfd_hist_observe(&f->ps->hist, mfd_now_s() - f->t0);
     if (f->timer)
         event_free(f->timer);
     f->sink->all_done(f);
@@ -694,7 +687,7 @@ static mf_status_t fetch_start(mfd_peers_t *ps, fetch_t *f, const char *addr, co
     f->ps = ps;
     f->l = l;
     f->unfinished = f->n;
-    f->t0 = now_s();
+    f->t0 = mfd_now_s();
     link_when_ready(l, fetch_on_ready, f);
     return MF_OK;
 }
@@ -715,6 +708,8 @@ typedef struct rt {
     uint32_t *block;         /* fetch row → block (prefix Get) */
     mfd_ablock_t **blk;
     size_t n_rows;           /* rows of the client's Get */
+    mfd_peer_get_done done;  /* the Get's operation resumes */
+    void *done_arg;
 } rt_t;
 
 static mf_status_t rt_place(fetch_t *f, size_t i, uint64_t len, uint8_t **dst)
@@ -791,7 +786,7 @@ static void rt_free(rt_t *rt)
     free(rt);
 }
 
-/* Runs the client's Get again, locally, with the peer's failures filled in. */
+/* Hands the client's Get back to its operation, with the peer's failures filled in. */
 static void rt_finish(rt_t *rt, const frow_t *rows, size_t n, mf_status_t all)
 {
     mfd_conn_t *c = rt->c;
@@ -799,10 +794,11 @@ static void rt_finish(rt_t *rt, const frow_t *rows, size_t n, mf_status_t all)
     Mapflow__V1__Get *g = mapflow__v1__get__unpack(NULL, rt->req_len, rt->req);
     if (!forced || !g) {
         mfd_conn_error(c, rt->rid, MF_RESOURCE_EXHAUSTED, "Get: out of memory");
+        rt->done(rt->done_arg, NULL, NULL);
     } else {
         for (size_t i = 0; i < n; i++)
             forced[rt->index[i]] = rows ? rows[i].st : all;
-        mfd_server_get_resume(c, rt->rid, g, rt->payload, rt->plen, rt->t0, forced);
+        rt->done(rt->done_arg, g, forced);
     }
     if (g)
         mapflow__v1__get__free_unpacked(g, NULL);
@@ -820,7 +816,7 @@ static const fsink_t rt_sink = {rt_place, rt_row_done, rt_all_done};
 
 void mfd_peers_get(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Get *m,
                    const uint8_t *payload, size_t plen, double t0, const uint32_t *missing,
-                   size_t n_missing)
+                   size_t n_missing, mfd_peer_get_done done, void *done_arg)
 {
     mfd_server_t *s = c->srv;
     mfd_peers_t *ps = s->peers;
@@ -834,6 +830,8 @@ void mfd_peers_get(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Get *m,
     rt->c = c;
     rt->rid = rid;
     rt->t0 = t0;
+    rt->done = done;
+    rt->done_arg = done_arg;
     rt->req_len = mapflow__v1__get__get_packed_size(m);
     rt->req = malloc(rt->req_len ? rt->req_len : 1);
     rt->payload = malloc(plen ? plen : 4);
@@ -898,6 +896,7 @@ void mfd_peers_get(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Get *m,
         free(f);
         if (st == MF_INVALID_ARGUMENT) {
             mfd_conn_error(c, rid, st, "Get: peer '%s': %s", m->peer, err);
+            done(done_arg, NULL, NULL);
             mfd_conn_unhold(c);
             rt_free(rt);
             return;
@@ -912,6 +911,7 @@ oom:
     if (rt)
         rt_free(rt);
     mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED, "Get: out of memory");
+    done(done_arg, NULL, NULL);
 }
 
 /* ==== Lookup through a peer ============================================================ */
@@ -926,6 +926,7 @@ typedef struct lk {
     size_t req_len;
     uint8_t *payload;
     size_t plen;
+    mfd_peer_lookup_done done;
 } lk_t;
 
 static void lk_finish(lk_t *k, const uint32_t *blocks, size_t n)
@@ -934,7 +935,7 @@ static void lk_finish(lk_t *k, const uint32_t *blocks, size_t n)
     if (!m)
         mfd_conn_error(k->c, k->rid, MF_RESOURCE_EXHAUSTED, "Lookup: out of memory");
     else
-        mfd_server_lookup_resume(k->c, k->rid, m, k->payload, k->plen, k->t0, blocks, n);
+        k->done(k->c, k->rid, m, k->payload, k->plen, k->t0, blocks, n);
     if (m)
         mapflow__v1__lookup__free_unpacked(m, NULL);
     mfd_conn_unhold(k->c);
@@ -986,7 +987,8 @@ static void lk_on_ready(void *arg, mf_status_t st, const char *why)
 }
 
 void mfd_peers_lookup(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Lookup *m,
-                      const uint8_t *payload, size_t plen, double t0)
+                      const uint8_t *payload, size_t plen, double t0,
+                      mfd_peer_lookup_done done)
 {
     mfd_peers_t *ps = c->srv->peers;
     char err[256];
@@ -1000,6 +1002,7 @@ void mfd_peers_lookup(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Lookup *m,
         return;
     }
     k->ps = ps;
+    k->done = done;
     k->c = c;
     k->rid = rid;
     k->t0 = t0;

@@ -9,13 +9,13 @@
  * (mfd_peers_remote_arena) hands it the arena's address, size and packed rkey.
  *
  * Fetching (read-through): a Get naming `peer` whose rows are partly missing here comes
- * to mfd_peers_get (server.c passes only peers listed in config `peers`). One link per (peer address, namespace) — Hello with this daemon's
+ * to mfd_peers_get (rows.c passes only peers listed in config `peers`). One link per (peer address, namespace) — Hello with this daemon's
  * `token`, then RemoteArena — asks the peer for leases on exactly the missing keys
  * (Get by keys, GET_LEASE), pulls the rows with pipelined one-sided gets (chunks of
  * MFD_PEER_CHUNK, up to MFD_PEER_WINDOW in flight) straight into reserved blocks of our
  * own arena, releases the leases, verifies each row (checksum, and for a prefix Get its
- * tokens and parent hash) and commits it; only then does the Get run again locally
- * (mfd_server_get_resume), so nothing half-written is ever visible. Rows the peer could
+ * tokens and parent hash) and commits it; only then does the Get's operation resume
+ * (the mfd_peer_get_done callback), so nothing half-written is ever visible. Rows the peer could
  * not deliver carry the reason: UNAVAILABLE (peer dead, unreachable or too slow — the
  * transfer must end within the peer's lease TTL), UNAUTHENTICATED (token refused),
  * DATA_LOSS (failed verification), NOT_FOUND, RESOURCE_EXHAUSTED (no room here).
@@ -38,7 +38,7 @@
 #include <stdint.h>
 #include "mapflow.pb-c.h"
 #include "mf_status.h"
-#include "tier.h"
+#include "conn.h"
 #include "ucx.h"
 
 #define MFD_PEER_CHUNK ((size_t)1 << 20)
@@ -60,15 +60,30 @@ void mfd_peers_stop_listening(mfd_peers_t *ps);
 void mfd_peers_destroy(mfd_peers_t *ps);
 mfd_ucx_t *mfd_peers_ucx(const mfd_peers_t *ps);
 
-/* ---- dispatch hooks (server.c) --------------------------------------------------------- */
+/* ---- request hooks (dispatch.c, rows.c) ---------------------------------------------- */
 
 void mfd_peers_remote_arena(struct mfd_conn *c, uint64_t rid);
-/* m is the client's Get; missing[] the indexes (layer-major row order) not found here. */
+
+/* A read-through fetch is over. m is the client's Get (the peer's copy, valid during the
+ * call) and forced[i] (non-zero) row i's status when it is still missing here; both NULL
+ * when this module already answered the client with an error (the caller only frees). */
+typedef void (*mfd_peer_get_done)(void *arg, const Mapflow__V1__Get *m,
+                                  const mf_status_t *forced);
+/* m is the client's Get; missing[] the indexes (layer-major row order) not found here.
+ * done(arg, ...) runs exactly once, maybe before this returns. */
 void mfd_peers_get(struct mfd_conn *c, uint64_t rid, const Mapflow__V1__Get *m,
                    const uint8_t *payload, size_t plen, double t0, const uint32_t *missing,
-                   size_t n_missing);
+                   size_t n_missing, mfd_peer_get_done done, void *done_arg);
+
+/* The peer's per-layer leading-block counts (NULL: it did not answer); m, payload: the
+ * client's Lookup. Not called when the request failed here (the client got the error). */
+typedef void (*mfd_peer_lookup_done)(struct mfd_conn *c, uint64_t rid,
+                                     const Mapflow__V1__Lookup *m, const uint8_t *payload,
+                                     size_t plen, double t0, const uint32_t *peer_blocks,
+                                     size_t n_peer_blocks);
 void mfd_peers_lookup(struct mfd_conn *c, uint64_t rid, const Mapflow__V1__Lookup *m,
-                      const uint8_t *payload, size_t plen, double t0);
+                      const uint8_t *payload, size_t plen, double t0,
+                      mfd_peer_lookup_done done);
 
 /* Prometheus text of the peer metrics (malloc'd; NULL on OOM). */
 char *mfd_peers_metrics(const mfd_peers_t *ps, size_t *len);

@@ -1,6 +1,6 @@
 /* store — placement, write-through, demotion, promotion (see store.h). */
 #include "store.h"
-#include "lease.h"
+#include "ticket.h"
 #include "log.h"
 
 #include <stdlib.h>
@@ -1140,4 +1140,113 @@ void mfd_store_read(mfd_store_t *st, mfd_entry_t *e, int promote, mfd_store_read
     j->cb = on_read_done;
     j->arg = r;
     mfd_ssd_submit(st->ssd, j);
+}
+
+/* ---- a put's row, tier-blind (store.h) ----------------------------------------------- */
+
+mf_status_t mfd_store_place(mfd_store_t *st, uint64_t size, int prefer_host, int pref,
+                            mfd_slot_t *out)
+{
+    mf_status_t s = MF_UNAVAILABLE;
+    *out = (mfd_slot_t){NULL, size, 0, 0};
+    if (st->gpu && !prefer_host)
+        s = mfd_store_reserve_gpu(st, size, pref, &out->arena, &out->blk);
+    out->gpu = s == MF_OK;
+    if (s != MF_OK)
+        s = mfd_store_reserve(st, size, &out->blk);
+    if (s != MF_OK && st->gpu && prefer_host) {
+        s = mfd_store_reserve_gpu(st, size, pref, &out->arena, &out->blk);
+        out->gpu = s == MF_OK;
+    }
+    return s == MF_OK ? MF_OK : MF_RESOURCE_EXHAUSTED;
+}
+
+void mfd_store_unplace(mfd_store_t *st, mfd_slot_t *slot)
+{
+    if (!slot->blk)
+        return;
+    if (slot->gpu)
+        mfd_store_unreserve_gpu(st, slot->arena, slot->blk);
+    else
+        mfd_store_unreserve(st, slot->blk);
+    slot->blk = NULL;
+}
+
+uint64_t mfd_slot_offset(const mfd_slot_t *slot)
+{
+    return mfd_ablock_offset(slot->blk);
+}
+
+mf_status_t mfd_store_write(mfd_store_t *st, const mfd_slot_t *slot, const void *src,
+                            size_t len)
+{
+    if (len > slot->size)
+        return MF_INVALID_ARGUMENT;
+    if (slot->gpu)
+        return mfd_gpu_write(st->gpu, slot->arena, slot->blk, src, len);
+    memcpy(mfd_arena_base(st->arena) + mfd_ablock_offset(slot->blk), src, len);
+    return MF_OK;
+}
+
+mf_status_t mfd_store_commit_slot(mfd_store_t *st, const mfd_key_t *key, mfd_slot_t *slot,
+                                  int durable, mfd_store_done_cb done, void *arg,
+                                  int *pending, int *is_durable, int *replaced,
+                                  const char **why)
+{
+    mfd_ablock_t *blk = slot->blk;
+    slot->blk = NULL;
+    return slot->gpu ? mfd_store_commit_gpu(st, key, slot->arena, blk, slot->size, durable,
+                                            done, arg, pending, is_durable, replaced, why)
+                     : mfd_store_commit(st, key, blk, slot->size, durable, done, arg,
+                                        pending, is_durable, replaced, why);
+}
+
+/* ---- a Get's row, tier-blind (store.h) ------------------------------------------------ */
+
+mf_status_t mfd_store_view(mfd_store_t *st, mfd_entry_t *e, int lease, uint64_t gpu_mapped,
+                           mfd_view_t *v)
+{
+    *v = (mfd_view_t){0};
+    if (lease && e->gpu && ((gpu_mapped >> e->gpu_arena) & 1)) {
+        /* A device view: the client mapped this arena. The hit check reads the head copy. */
+        v->tier = MAPFLOW__V1__TIER__TIER_GPU;
+        v->gpu_arena = e->gpu_arena;
+        v->bytes = mfd_store_head(st, e);
+        return MF_OK;
+    }
+    /* A client that cannot reach the row's GPU arena gets it staged in the host arena
+     * (the entry keeps that copy; the lease pins it like any host row). */
+    if (lease && !e->host && e->gpu && mfd_store_stage_host(st, e) != MF_OK)
+        return MF_RESOURCE_EXHAUSTED;
+    const uint8_t *bytes = mfd_store_bytes(st, e);
+    if (e->host) {
+        v->tier = MAPFLOW__V1__TIER__TIER_HOST;
+        v->bytes = bytes; /* the host block stays put while the row is pinned */
+        return MF_OK;
+    }
+    if (!lease && e->gpu) {
+        /* GET_COPY of a GPU row: DtoH into a buffer the reply sends. */
+        uint8_t *buf = aligned_alloc(64, mfd_arena_round(e->size));
+        if (!buf)
+            return MF_RESOURCE_EXHAUSTED;
+        if (mfd_store_gpu_read(st, e, buf) != MF_OK) {
+            free(buf);
+            return MF_INTERNAL;
+        }
+        v->tier = MAPFLOW__V1__TIER__TIER_GPU;
+        v->bytes = v->owned = buf;
+        return MF_OK;
+    }
+    if (!lease && bytes) {
+        /* A demotion copy is freed when its write completes, maybe before the reply. */
+        uint8_t *buf = malloc(e->size);
+        if (!buf)
+            return MF_RESOURCE_EXHAUSTED;
+        memcpy(buf, bytes, e->size);
+        v->tier = MAPFLOW__V1__TIER__TIER_SSD;
+        v->bytes = v->owned = buf;
+        return MF_OK;
+    }
+    v->need_read = 1;
+    return MF_OK;
 }

@@ -38,6 +38,7 @@
 #include "arena.h"
 #include "config.h"
 #include "index.h"
+#include "mapflow.pb-c.h"
 #include "metrics.h"
 #include "mf_row.h"
 #include "tier_gpu.h"
@@ -95,6 +96,34 @@ mf_status_t mfd_store_commit_gpu(mfd_store_t *st, const mfd_key_t *key, uint32_t
                                  mfd_store_done_cb done, void *arg, int *pending,
                                  int *is_durable, int *replaced, const char **why);
 
+/* ---- a put's row, tier-blind: place, write, commit (rows.c, lease.c) --------------------
+ * A slot is a reserved block for one row in the host arena or a GPU arena; the caller
+ * holds it until it commits (the store takes the block) or unplaces it. */
+typedef struct mfd_slot {
+    mfd_ablock_t *blk;
+    uint64_t size;
+    uint32_t arena;            /* gpu: which GPU arena */
+    int gpu;                   /* blk is in GPU arena `arena`, else in the host arena */
+} mfd_slot_t;
+
+/* Places a row of `size` bytes: the GPU tier when on (arena `pref`, -1: the roomiest)
+ * unless prefer_host, else the host tier; each falls back to the other when it has no
+ * room. MF_RESOURCE_EXHAUSTED when neither has (pinned or reserved). */
+mf_status_t mfd_store_place(mfd_store_t *st, uint64_t size, int prefer_host, int pref,
+                            mfd_slot_t *out);
+void mfd_store_unplace(mfd_store_t *st, mfd_slot_t *slot);
+/* The slot's offset in its arena (what a client that maps the arena writes to). */
+uint64_t mfd_slot_offset(const mfd_slot_t *slot);
+/* Copies len (= slot->size) bytes of the row into the slot (HtoD for a GPU slot). */
+mf_status_t mfd_store_write(mfd_store_t *st, const mfd_slot_t *slot, const void *src,
+                            size_t len);
+/* mfd_store_commit or mfd_store_commit_gpu by the slot's tier; takes the slot's block
+ * over either way (slot->blk is NULL on return). */
+mf_status_t mfd_store_commit_slot(mfd_store_t *st, const mfd_key_t *key, mfd_slot_t *slot,
+                                  int durable, mfd_store_done_cb done, void *arg,
+                                  int *pending, int *is_durable, int *replaced,
+                                  const char **why);
+
 mfd_entry_t *mfd_store_find(mfd_store_t *st, const mfd_key_t *key);
 /* Bytes for the hit check (mfd_row_verify with full_checksum 0: header and tokens only):
  * the row in memory (mfd_store_bytes) or, for a GPU-only row, its head copy. NULL when the
@@ -109,6 +138,27 @@ mf_status_t mfd_store_stage_host(mfd_store_t *st, mfd_entry_t *e);
 void mfd_store_promote_gpu(mfd_store_t *st, mfd_entry_t *e);
 /* Row bytes held in memory (host block or a demotion copy), or NULL (SSD only). */
 const uint8_t *mfd_store_bytes(const mfd_store_t *st, const mfd_entry_t *e);
+/* ---- a Get's row, tier-blind: which copy a client gets (rows.c) -----------------------
+ * lease: the client reads the row in place (GET_LEASE; it maps the host arena and the GPU
+ * arenas of gpu_mapped, bit i = arena i); else it gets the bytes in the reply (GET_COPY). */
+typedef struct mfd_view {
+    Mapflow__V1__Tier tier;    /* where the client's copy is (SSD: a demotion copy) */
+    uint32_t gpu_arena;        /* tier GPU, lease */
+    const uint8_t *bytes;      /* the hit check's bytes (a GPU lease: the head copy); copy
+                                  mode: the bytes to send */
+    uint8_t *owned;            /* copy mode: malloc'd bytes (DtoH, demotion copy) the
+                                  caller now owns and frees; NULL: bytes is the host block,
+                                  stable while e is pinned */
+    int need_read;             /* only on the SSD tier: mfd_store_read it */
+} mfd_view_t;
+
+/* The tier matrix of a hit (e pinned): a mapped GPU arena → a device view; a GPU row for a
+ * lease client that did not map it → staged in the host arena; a host row → the host
+ * block; GET_COPY of a GPU row → DtoH; a demotion copy → copied; else need_read.
+ * MF_RESOURCE_EXHAUSTED (no room to stage, no memory), MF_INTERNAL (DtoH failed). */
+mf_status_t mfd_store_view(mfd_store_t *st, mfd_entry_t *e, int lease, uint64_t gpu_mapped,
+                           mfd_view_t *v);
+
 /* Marks a hit for the LRUs. */
 void mfd_store_touch(mfd_store_t *st, mfd_entry_t *e);
 

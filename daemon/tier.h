@@ -1,14 +1,12 @@
 /*
- * tier — the seam where tiers and transports plug in (DESIGN §7).
+ * tier — what every tier reports: mfd_tier_info_t, the Stats / Health / metrics view of
+ * the host tier (arena.h), the SSD tier (tier_ssd.h) and the GPU tier (tier_gpu.h: a
+ * cuMemAlloc arena per device, exported as CUDA IPC handles; off, with why, without a
+ * driver or GPU). A plain description, filled by mfd_server_tiers (conn.c) from the store.
+ * (Transports — unix, TCP, UCX — are conn.h's mfd_transport_t.)
  *
- * A tier reports mfd_tier_info_t (the Stats / Health / metrics view): the host tier
- * (arena.h), the SSD tier (tier_ssd.h) and the GPU tier (tier_gpu.h: a cuMemAlloc arena
- * per device, exported as CUDA IPC handles; off, with why, without a driver or GPU).
- * A transport (unix socket and TCP today; UCX later) is a listener
- * that hands accepted byte streams to the server: mfd_transport_t below is what a UCX
- * listener will implement.
- *
- * Thread safety: loop thread only.
+ * Ownership: the strings point into the store or static text, valid while it is open.
+ * Thread safety: none of its own (data only); filled on the loop thread.
  */
 #ifndef MFD_TIER_H
 #define MFD_TIER_H
@@ -23,15 +21,5 @@ typedef struct mfd_tier_info {
     uint64_t used_bytes, capacity_bytes, entries;
     const char *why_off;       /* when !enabled */
 } mfd_tier_info_t;
-
-/* A control-plane transport: starts listening and reports its bound address. */
-typedef struct mfd_transport {
-    const char *name;          /* "unix", "tcp", later "ucx" */
-    int requires_token;        /* Hello.token must match config `token` */
-    int can_pass_fds;          /* SCM_RIGHTS possible (host arena) */
-} mfd_transport_t;
-
-extern const mfd_transport_t mfd_transport_unix;
-extern const mfd_transport_t mfd_transport_tcp;
 
 #endif /* MFD_TIER_H */

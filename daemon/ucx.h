@@ -11,7 +11,7 @@
  * `adopt` callback (the server serves it like any accepted stream: Hello and token, a
  * namespace, leases that die with the connection, backpressure); ucx.c moves whole frames
  * between the other end and the endpoint. Why: one connection implementation in
- * server.c for every transport. Only control frames cross the pair — rows move by
+ * conn.c for every transport. Only control frames cross the pair — rows move by
  * one-sided RMA on the arena — so the extra copy is small.
  * Client side (peer.c, tools): mfd_ucx_connect returns an endpoint whose frames arrive
  * whole at a callback; mfd_ucx_get / mfd_ucx_put move bytes one-sided through the

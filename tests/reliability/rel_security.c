@@ -75,7 +75,7 @@ static int tcp_token(const char *tcp, const char *token)
                "Hello",
                "%d/4 refused UNAUTHENTICATED and closed; pre-Hello request FAILED_PRECONDITION "
                "and closed: %s; right token accepted: %s; comparison constant-time over the "
-               "bytes (server.c token_equal)",
+               "bytes (dispatch.c token_equal)",
                refused, pre ? "yes" : "NO", good ? "yes" : "NO");
     return 0;
 }

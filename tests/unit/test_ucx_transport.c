@@ -12,7 +12,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 
-#include "lease.h"
+#include "ticket.h"
 #include "mf_frame.h"
 #include "ucx.h"
 
