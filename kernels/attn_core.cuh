@@ -37,7 +37,16 @@ struct core_args {
     const uint32_t *keep;   /* device bitmaps (lists mode) or NULL (dense) */
     uint32_t block;         /* lists mode: 64 or 128 */
     uint32_t nb, words;     /* lists mode: query blocks ceil(N / block); words per bitmap */
+    /* dense mode, optional: block masses of 64-blocks [Hq][N/64][N/64] (0 above the
+     * diagonal); lscr holds nslots ℓ slots of core_mass_slot_floats(n) fp32, slot_busy
+     * nslots zeroed words (left zero). nslots ≥ the device's SM count. */
+    float *mass, *lscr;
+    uint32_t *slot_busy;
+    uint32_t nslots;
 };
+
+/* fp32 words of one ℓ slot (128 rows × the 64-key blocks of N, rounded to 128-key tiles). */
+static inline size_t core_mass_slot_floats(uint32_t n) { return (size_t)((n + 127) / 128) * 256; }
 
 /* MF_OK when the core runs (d, dtype) on the current device (compute capability 9.0);
  * MF_UNIMPLEMENTED with *why otherwise. */
