@@ -16,7 +16,11 @@
  * O *= alpha. The two consumer warpgroups take turns issuing (ping-pong, named barriers),
  * so one's softmax also overlaps the other's GEMMs.
  * O (fp32) goes straight from the accumulators to global memory: each quad writes 32
- * contiguous bytes of a row, whole sectors. */
+ * contiguous bytes of a row, whole sectors.
+ * Masses (MASS = true, dense, 128-key tiles): the softmax keeps the row sum of each 64-key
+ * half apart and stores ℓ = base + log2(sum) per (row, half) into the CTA's ℓ slot; after
+ * the loop each warpgroup (= one 64-row query block) turns ℓ − LSE into its mass row.
+ * Rationale and measurements: bench/gpu/NOTES.md (issue 20). */
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <math.h>

@@ -13,6 +13,10 @@
  *    union of their kept sets once, and each warpgroup multiplies only the tiles its own
  *    block kept. A query block with no bit set is not this kernel's (O there untouched).
  *
+ * Dense mode can also return B = 64 block masses (core_args.mass: mf_attention_masses_cuda):
+ * per-64-key block-local log-sum-exps kept in an ℓ slot per CTA, reduced against the final
+ * LSE at the tile's end (attn_core.cu says how).
+ *
  * The environment's MF_CORE_PINGPONG=0 turns the consumer warpgroups' turn-taking off (an A/B
  * switch for bench/gpu/core_bench.py; bench/gpu/NOTES.md). Thread safety: no global state
  * except a once-resolved driver entry point (cuTensorMapEncodeTiled through
