@@ -16,7 +16,11 @@
  * O *= alpha. The two consumer warpgroups take turns issuing (ping-pong, named barriers),
  * so one's softmax also overlaps the other's GEMMs.
  * O (fp32) goes straight from the accumulators to global memory: each quad writes 32
- * contiguous bytes of a row, whole sectors. */
+ * contiguous bytes of a row, whole sectors.
+ * Masses (MASS = true, dense, 128-key tiles): the softmax keeps the row sum of each 64-key
+ * half apart and stores ℓ = base + log2(sum) per (row, half) into the CTA's ℓ slot; after
+ * the loop each warpgroup (= one 64-row query block) turns ℓ − LSE into its mass row.
+ * Rationale and measurements: bench/gpu/NOTES.md (issue 20). */
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <math.h>
@@ -212,9 +216,16 @@ struct core_params {
     uint32_t n, hq, hkv, n_tiles, nb, words, pair;
     uint32_t pingpong; /* 1: the consumer warpgroups take turns (MF_CORE_PINGPONG=0: off) */
     float scale_log2;
+    /* masses (core_kernel<…, MASS = true>, dense only): block-local log2-sum-exp ℓ of each
+     * (row, 64-key block) in a per-CTA slot of lscr ([j][128 rows] fp32, nslots slots, a
+     * slot taken by CAS on slot_busy), reduced into mass [Hq][nbm][nbm] at the end. */
+    float *lscr, *mass;
+    uint32_t *slot_busy;
+    uint32_t nslots, slot_floats, nbm;
 };
 
 #define MAX_TILES 2048
+#define MASS_MIN_SMEM (116u * 1024u) /* > half of an SM's 228 KiB */
 
 template <int D, int BN> struct cfg {
     static constexpr int STAGES = BN == 128 ? 2 : 4;
@@ -224,7 +235,8 @@ template <int D, int BN> struct cfg {
     static constexpr uint32_t OFF_K = Q_BYTES, OFF_V = OFF_K + STAGES * KV_BYTES;
     static constexpr uint32_t OFF_BAR = OFF_V + STAGES * KV_BYTES;
     static constexpr uint32_t OFF_LIST = OFF_BAR + 8 * (1 + 4 * STAGES);
-    static constexpr uint32_t SMEM = OFF_LIST + MAX_TILES * 3 + 16 + 1024; /* + alignment slack */
+    static constexpr uint32_t OFF_LSE2 = OFF_LIST + MAX_TILES * 3 + 16;  /* [128] fp32 */
+    static constexpr uint32_t SMEM = OFF_LSE2 + 512 + 1024; /* + alignment slack */
 };
 
 /* The tile's key-tile list: s_j[x] and s_f[x] (bit c: consumer warpgroup c multiplies it).
@@ -271,7 +283,7 @@ __device__ __forceinline__ int build_list(const core_params &p, uint32_t m, uint
     return cnt;
 }
 
-template <typename T, int D, int BN>
+template <typename T, int D, int BN, bool MASS>
 __global__ void __launch_bounds__(384, 1)
 core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
             const __grid_constant__ CUtensorMap tv, const core_params p)
@@ -285,6 +297,7 @@ core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUte
     uint16_t *s_j = reinterpret_cast<uint16_t *>(sm + C::OFF_LIST);
     uint8_t *s_f = reinterpret_cast<uint8_t *>(s_j + MAX_TILES);
     int *s_cnt = reinterpret_cast<int *>(s_f + MAX_TILES);
+    float *s_lse2 = reinterpret_cast<float *>(sm + C::OFF_LSE2);
     uint32_t m = p.n_tiles - 1 - blockIdx.x / p.hq, t = blockIdx.x % p.hq;
     uint32_t kvh = t / (p.hq / p.hkv);
     int wg = threadIdx.x / 128;
@@ -306,6 +319,19 @@ core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUte
         int cnt = build_list<BN>(p, m, t, s_j, s_f);
         if (threadIdx.x == 0)
             *s_cnt = cnt;
+        if (MASS && threadIdx.x == 0) {
+            /* An ℓ slot for this CTA's lifetime: at most one CTA per SM is resident (the
+             * launcher asks for more than half the shared memory), so nslots = #SMs always
+             * has a free one; starting at %smid makes the first CAS succeed in practice.
+             * A slot, not a per-(head, tile) array: the working set stays ~#SMs·128·nb·4
+             * bytes, small enough to live in L2 (a CTA reads back what it wrote). */
+            uint32_t sid;
+            asm volatile("mov.u32 %0, %%smid;\n" : "=r"(sid));
+            uint32_t x = sid % p.nslots;
+            while (atomicCAS(&p.slot_busy[x], 0u, 1u) != 0u)
+                x = x + 1 == p.nslots ? 0 : x + 1;
+            s_cnt[1] = (int)x;
+        }
     }
     __syncthreads();
     int count = *s_cnt;
@@ -352,6 +378,7 @@ core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUte
     uint32_t pph = 0;
     float sc[BN / 2];
     uint32_t pa[BN / 16][4];
+    float *lslot = MASS ? p.lscr + (size_t)s_cnt[1] * p.slot_floats : nullptr;
     /* Ping-pong: the two consumer warpgroups take turns issuing their GEMMs (named
      * barriers 1 + c), so one's softmax runs while the other's wgmmas use the tensor
      * cores. Both take a turn at every list entry (a tile only the other's block kept
@@ -414,15 +441,35 @@ core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUte
                 mx = fmaxf(mx, fmaxf(sc[4 * jj + 2 * r], sc[4 * jj + 2 * r + 1]));
             mx = quad_max(mx);
             float mn = fmaxf(mrow[r], mx * sl2);
-            float base = mn == -INFINITY ? 0.0f : mn, sum = 0.0f;
+            float base = mn == -INFINITY ? 0.0f : mn, sum = 0.0f, sub[BN / 64];
 #pragma unroll
-            for (int jj = 0; jj < BN / 8; jj++)
+            for (int b = 0; b < BN / 64; b++) {
+                sub[b] = 0.0f;
 #pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    float pv = ex2(fmaf(sc[4 * jj + 2 * r + e], sl2, -base));
-                    sc[4 * jj + 2 * r + e] = pv;
-                    sum += pv;
+                for (int jj = 8 * b; jj < 8 * b + 8; jj++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        float pv = ex2(fmaf(sc[4 * jj + 2 * r + e], sl2, -base));
+                        sc[4 * jj + 2 * r + e] = pv;
+                        sub[b] += pv;
+                    }
+                sum += sub[b];
+            }
+            if (MASS) {
+                /* ℓ of this row over each 64-key block of the tile (log2 units, relative to
+                 * the running max: exp2(ℓ − LSE2) is then the block's share of the row). Lane
+                 * u of the quad stores block u; a block above the row gives −inf, unread. */
+                float mine_sum = 0.0f;
+#pragma unroll
+                for (int b = 0; b < BN / 64; b++) {
+                    float qs = quad_sum(sub[b]);
+                    if (u == b)
+                        mine_sum = qs;
                 }
+                if (u < BN / 64)
+                    __stcg(lslot + (size_t)(j0 / 64 + u) * 128 + (row[r] - 128 * m),
+                           base + __log2f(mine_sum));
+            }
             alpha[r] = ex2(mrow[r] - base);
             l[r] = l[r] * alpha[r] + sum;
             mrow[r] = mn;
@@ -484,11 +531,13 @@ core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUte
     fence_regs(o);
     fence_regs(pa);
     release(&v_empty[ps]);
-    if (!used)
+    if (!MASS && !used)
         return;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         float lt = quad_sum(l[r]), inv = 1.0f / lt;
+        if (MASS && u == 0)
+            s_lse2[row[r] - 128 * m] = mrow[r] + log2f(lt);
         if (row[r] >= p.n)
             continue;
         float *dst = p.o + ((size_t)row[r] * p.hq + t) * D + 2 * u;
@@ -498,6 +547,41 @@ core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUte
                 make_float2(o[4 * x2 + 2 * r] * inv, o[4 * x2 + 2 * r + 1] * inv);
         if (p.lse && u == 0)
             p.lse[(size_t)t * p.n + row[r]] = (mrow[r] + log2f(lt)) * MF_LN2;
+    }
+    if (MASS) {
+        /* mass[t][i][j] = mean over the block's 64 rows of exp2(ℓ[q][j] − LSE2[q]): one
+         * thread a key block, rows summed in order (deterministic), ℓ read back through L2
+         * (the bar.sync orders this warpgroup's stores before the loads). Blocks above the
+         * diagonal get 0; the last block, when partial, has no mass row. */
+        asm volatile("bar.sync %0, 128;\n" ::"r"(3 + c) : "memory");
+        uint32_t i = 2 * m + c;
+        if (64 * (i + 1) <= p.n) {
+            float *out = p.mass + ((size_t)t * p.nbm + i) * p.nbm;
+            for (uint32_t j = tid; j < p.nbm; j += 128) {
+                float acc = 0.0f;
+                if (j <= i) {
+                    const float4 *lj = reinterpret_cast<const float4 *>(lslot + (size_t)j * 128 +
+                                                                        64 * c);
+                    const float *lq = s_lse2 + 64 * c;
+#pragma unroll 4
+                    for (int q4 = 0; q4 < 16; q4++) {
+                        float4 v = __ldcg(lj + q4);
+                        acc += ex2(v.x - lq[4 * q4 + 0]);
+                        acc += ex2(v.y - lq[4 * q4 + 1]);
+                        acc += ex2(v.z - lq[4 * q4 + 2]);
+                        acc += ex2(v.w - lq[4 * q4 + 3]);
+                    }
+                    acc *= 1.0f / 64.0f;
+                }
+                out[j] = acc;
+            }
+        }
+        /* both warpgroups are done with the slot: give it back */
+        asm volatile("bar.sync 5, 256;\n" ::: "memory");
+        if (c == 0 && tid == 0) {
+            __threadfence();
+            atomicExch(&p.slot_busy[s_cnt[1]], 0u);
+        }
     }
 }
 
@@ -530,7 +614,7 @@ bool encode(CUtensorMap *tm, const void *base, mf_dtype_t dt, uint32_t n, uint32
                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <typename T, int D, int BN>
+template <typename T, int D, int BN, bool MASS>
 mf_status_t launch(const core_args &a, const core_params &p, cudaStream_t s, const char **why)
 {
     CUtensorMap tq, tk, tv;
@@ -541,12 +625,14 @@ mf_status_t launch(const core_args &a, const core_params &p, cudaStream_t s, con
         return MF_INTERNAL;
     }
     size_t smem = cfg<D, BN>::SMEM;
-    if (cudaFuncSetAttribute(core_kernel<T, D, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)smem) != cudaSuccess) {
+    if (MASS && smem < MASS_MIN_SMEM) /* one CTA per SM: the ℓ slots count on it */
+        smem = MASS_MIN_SMEM;
+    if (cudaFuncSetAttribute(core_kernel<T, D, BN, MASS>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess) {
         *why = "could not raise the attention core's shared-memory limit";
         return MF_INTERNAL;
     }
-    core_kernel<T, D, BN><<<p.n_tiles * p.hq, 384, smem, s>>>(tq, tk, tv, p);
+    core_kernel<T, D, BN, MASS><<<p.n_tiles * p.hq, 384, smem, s>>>(tq, tk, tv, p);
     return cuda_status(cudaGetLastError(), why);
 }
 
@@ -554,9 +640,14 @@ template <typename T>
 mf_status_t launch_t(const core_args &a, const core_params &p, uint32_t bn, cudaStream_t s,
                      const char **why)
 {
+    if (p.mass) /* dense only: 128-key tiles */
+        return a.d == 128 ? launch<T, 128, 128, true>(a, p, s, why)
+                          : launch<T, 64, 128, true>(a, p, s, why);
     if (a.d == 128)
-        return bn == 128 ? launch<T, 128, 128>(a, p, s, why) : launch<T, 128, 64>(a, p, s, why);
-    return bn == 128 ? launch<T, 64, 128>(a, p, s, why) : launch<T, 64, 64>(a, p, s, why);
+        return bn == 128 ? launch<T, 128, 128, false>(a, p, s, why)
+                         : launch<T, 128, 64, false>(a, p, s, why);
+    return bn == 128 ? launch<T, 64, 128, false>(a, p, s, why)
+                     : launch<T, 64, 64, false>(a, p, s, why);
 }
 
 } /* namespace */
@@ -599,7 +690,7 @@ mf_status_t core_launch(const core_args &a, cudaStream_t s, const char **why)
         *why = "the attention core's key blocks are 64 or 128";
         return MF_UNIMPLEMENTED;
     }
-    core_params p;
+    core_params p = {};
     p.o = a.o;
     p.lse = a.lse;
     p.keep = a.keep;
@@ -613,6 +704,18 @@ mf_status_t core_launch(const core_args &a, cudaStream_t s, const char **why)
     p.scale_log2 = MF_LOG2E / sqrtf((float)a.d);
     const char *pp = getenv("MF_CORE_PINGPONG"); /* for the bench's A/B runs */
     p.pingpong = !(pp && !strcmp(pp, "0"));
+    if (a.mass) {
+        if (a.keep || !a.lscr || !a.slot_busy || !a.nslots) {
+            *why = "masses need the dense iterator and an ℓ scratch";
+            return MF_INTERNAL;
+        }
+        p.mass = a.mass;
+        p.lscr = a.lscr;
+        p.slot_busy = a.slot_busy;
+        p.nslots = a.nslots;
+        p.slot_floats = 2 * p.n_tiles * 128;
+        p.nbm = a.n / 64;
+    }
     if ((a.keep ? a.nb : (a.n + bn - 1) / bn) > MAX_TILES) {
         *why = "the attention core takes at most 2048 key tiles";
         return MF_UNIMPLEMENTED;
@@ -658,4 +761,104 @@ extern "C" mf_status_t mf_attention_dense_cuda(const mf_qkv_t *t, float *o, floa
     a.o = o;
     a.lse = lse;
     return core_launch(a, stream, why);
+}
+
+/* Slots for the ℓ scratch: one per SM (at most one mass CTA is resident on each). */
+static mf_status_t mass_slots(uint32_t *nslots, const char **why)
+{
+    int dev = 0, sms = 0;
+    mf_status_t st = mfc::cuda_status(cudaGetDevice(&dev), why);
+    if (st == MF_OK)
+        st = mfc::cuda_status(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev),
+                              why);
+    if (st == MF_OK && sms < 1) {
+        *why = "the device reports no multiprocessors";
+        st = MF_INTERNAL;
+    }
+    *nslots = (uint32_t)sms;
+    return st;
+}
+
+extern "C" size_t mf_attention_masses_scratch(uint32_t n_tokens)
+{
+    const char *why;
+    uint32_t nslots;
+    if (n_tokens < 1 || mass_slots(&nslots, &why) != MF_OK)
+        return 0;
+    return ((size_t)nslots * 4 + 255) / 256 * 256 +
+           (size_t)nslots * mfc::core_mass_slot_floats(n_tokens) * 4;
+}
+
+extern "C" mf_status_t mf_attention_masses_cuda(const mf_qkv_t *t, uint32_t block_size,
+                                                float *o, float *lse, float *mass,
+                                                void *scratch, size_t scratch_bytes,
+                                                mf_cuda_stream_t stream, const char **why)
+{
+    using namespace mfc;
+    const char *dummy;
+    if (!why)
+        why = &dummy;
+    *why = "";
+    if (!t || !o || !mass) {
+        *why = "tensors, output O and the mass output are required";
+        return MF_INVALID_ARGUMENT;
+    }
+    if (block_size != 64) {
+        *why = "fused block masses are computed for B = 64 only";
+        return MF_UNIMPLEMENTED;
+    }
+    mf_status_t st = mf_qkv_check(t, 1, why);
+    if (st != MF_OK)
+        return st;
+    if (t->n_tokens < block_size) {
+        *why = "N must hold at least one full block";
+        return MF_INVALID_ARGUMENT;
+    }
+    st = core_supported(t->head_dim, t->dtype, why);
+    if (st != MF_OK)
+        return st;
+    if (((uintptr_t)t->q | (uintptr_t)t->k | (uintptr_t)t->v) & 15) {
+        *why = "Q, K and V must be 16-byte aligned";
+        return MF_INVALID_ARGUMENT;
+    }
+    uint32_t nslots;
+    st = mass_slots(&nslots, why);
+    if (st != MF_OK)
+        return st;
+    size_t flags = ((size_t)nslots * 4 + 255) / 256 * 256;
+    size_t need = flags + (size_t)nslots * core_mass_slot_floats(t->n_tokens) * 4;
+    cudaStream_t s = stream;
+    uint8_t *base = (uint8_t *)scratch, *owned = nullptr;
+    if (scratch && (scratch_bytes < need || ((uintptr_t)scratch & 255))) {
+        *why = "scratch smaller than mf_attention_masses_scratch(N) or not 256-byte aligned";
+        return MF_INVALID_ARGUMENT;
+    }
+    if (!scratch) {
+        st = cuda_status(cudaMallocAsync((void **)&owned, need, s), why);
+        if (st != MF_OK)
+            return st;
+        base = owned;
+    }
+    st = cuda_status(cudaMemsetAsync(base, 0, (size_t)nslots * 4, s), why);
+    if (st == MF_OK) {
+        core_args a = {};
+        a.q = t->q;
+        a.k = t->k;
+        a.v = t->v;
+        a.dtype = t->dtype;
+        a.n = t->n_tokens;
+        a.hq = t->n_q_heads;
+        a.hkv = t->n_kv_heads;
+        a.d = t->head_dim;
+        a.o = o;
+        a.lse = lse;
+        a.mass = mass;
+        a.lscr = (float *)(base + flags);
+        a.slot_busy = (uint32_t *)base;
+        a.nslots = nslots;
+        st = core_launch(a, s, why);
+    }
+    if (owned)
+        cudaFreeAsync(owned, s);
+    return st;
 }

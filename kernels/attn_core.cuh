@@ -13,6 +13,10 @@
  *    union of their kept sets once, and each warpgroup multiplies only the tiles its own
  *    block kept. A query block with no bit set is not this kernel's (O there untouched).
  *
+ * Dense mode can also return B = 64 block masses (core_args.mass: mf_attention_masses_cuda):
+ * per-64-key block-local log-sum-exps kept in an ℓ slot per CTA, reduced against the final
+ * LSE at the tile's end (attn_core.cu says how).
+ *
  * The environment's MF_CORE_PINGPONG=0 turns the consumer warpgroups' turn-taking off (an A/B
  * switch for bench/gpu/core_bench.py; bench/gpu/NOTES.md). Thread safety: no global state
  * except a once-resolved driver entry point (cuTensorMapEncodeTiled through
@@ -37,7 +41,16 @@ struct core_args {
     const uint32_t *keep;   /* device bitmaps (lists mode) or NULL (dense) */
     uint32_t block;         /* lists mode: 64 or 128 */
     uint32_t nb, words;     /* lists mode: query blocks ceil(N / block); words per bitmap */
+    /* dense mode, optional: block masses of 64-blocks [Hq][N/64][N/64] (0 above the
+     * diagonal); lscr holds nslots ℓ slots of core_mass_slot_floats(n) fp32, slot_busy
+     * nslots zeroed words (left zero). nslots ≥ the device's SM count. */
+    float *mass, *lscr;
+    uint32_t *slot_busy;
+    uint32_t nslots;
 };
+
+/* fp32 words of one ℓ slot (128 rows × the 64-key blocks of N, rounded to 128-key tiles). */
+static inline size_t core_mass_slot_floats(uint32_t n) { return (size_t)((n + 127) / 128) * 256; }
 
 /* MF_OK when the core runs (d, dtype) on the current device (compute capability 9.0);
  * MF_UNIMPLEMENTED with *why otherwise. */

@@ -104,6 +104,27 @@ mf_status_t mf_attention_dense_cuda(const mf_qkv_t *t, float *o, float *lse,
                                     mf_cuda_stream_t stream, const char **why);
 
 /*
+ * mf_attention_dense_cuda that also returns the exact block masses of B = 64 blocks, as
+ * mf_extract_ref defines them (mass[h][i][j] = mean over the rows r of block i of
+ * Σ_{k in block j, k ≤ r} exp(s[r][k] − LSE[r])), from the same pass: the online softmax's
+ * per-64-key row sums are kept as block-local log-sum-exps in an L2-sized scratch and
+ * reduced against the final LSE at the end of each query tile. mass: device
+ * [Hq][N/64][N/64] fp32 (mf_extract_cuda's mass_out layout with i0 = 0, i1 = N/64), 0 above
+ * the diagonal; a partial last block has no mass row. lse may be NULL. scratch: device,
+ * 256-byte aligned, ≥ mf_attention_masses_scratch(N) bytes, not used by another call at
+ * the same time; NULL allocates it on the stream (cudaMallocAsync) for this call.
+ * MF_UNIMPLEMENTED for B ≠ 64 and where mf_attention_dense_cuda is.
+ */
+mf_status_t mf_attention_masses_cuda(const mf_qkv_t *t, uint32_t block_size, float *o,
+                                     float *lse, float *mass, void *scratch,
+                                     size_t scratch_bytes, mf_cuda_stream_t stream,
+                                     const char **why);
+
+/* Scratch bytes mf_attention_masses_cuda needs at N tokens on the current device (0 when
+ * the device cannot be queried or N = 0). */
+size_t mf_attention_masses_scratch(uint32_t n_tokens);
+
+/*
  * Which apply kernel runs. core: on an sm_90 device at B ∈ {64, 128} (else as v2), mask and
  * compute heads and every exact block run on the sm_90a attention core (a pre-pass kernel
  * mixes the masses, selects Top-P and writes per-(head, query block) block bitmaps; the

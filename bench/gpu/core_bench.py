@@ -11,11 +11,17 @@ would pick, on one H200 (bench/gpu/NOTES.md has the floors and the versions).
          flex_attention on the same kept (head, 64-block) pairs: BLOCK_SIZE 128 with default
          kernel options (the exact 64-block pattern as mask_mod on partial 128-blocks), and
          64-token blocks (BLOCK_M = BLOCK_N = 64). Core vs v2 rel err printed.
+  masses: mf_attention_masses_cuda (O, LSE and B = 64 block masses in one pass) vs cuDNN
+         dense on the same layer, vs our dense core alone, and vs the current extract path
+         (mf_extract_cuda, MASK codec: masses + Top-P 0.9 + rows + seal, with the LSE given),
+         bf16, d 128, Hq/Hkv from --mass-heads, structured Q/K (bench_torch.structured_qk);
+         fused masses vs extract's mass_out max |diff| printed.
 Times: CUDA events, median of --reps (≥ 7) after warm-up. A table is printed last and the
 numbers go to --out as JSON.
 
   python3 bench/gpu/core_bench.py [--ns 16384,32768,65536] [--densities 0.05,0.1,0.2,0.35]
                                   [--reps 9] [--out core.json] [--no-flex] [--no-mask]
+                                  [--mass-ns 32768] [--mass-heads 40/8,32/8] [--no-dense]
 """
 import argparse
 import ctypes as C
@@ -68,6 +74,14 @@ def load():
     lib.mf_attention_dense_cuda.restype = C.c_int
     lib.mf_attention_dense_cuda.argtypes = [C.POINTER(BG.Qkv), C.c_void_p, C.c_void_p,
                                             C.c_void_p, C.POINTER(C.c_char_p)]
+    if hasattr(lib, "mf_attention_masses_cuda"):
+        lib.mf_attention_masses_cuda.restype = C.c_int
+        lib.mf_attention_masses_cuda.argtypes = [C.POINTER(BG.Qkv), C.c_uint32, C.c_void_p,
+                                                 C.c_void_p, C.c_void_p, C.c_void_p,
+                                                 C.c_size_t, C.c_void_p,
+                                                 C.POINTER(C.c_char_p)]
+        lib.mf_attention_masses_scratch.restype = C.c_size_t
+        lib.mf_attention_masses_scratch.argtypes = [C.c_uint32]
     return lib
 
 
@@ -109,6 +123,90 @@ def bench_dense(lib, n, reps, log):
            "sdpa_kernel": backend}
     log(json.dumps(rec))
     del q, k, v, o, lse, qs, ks, vs, ref
+    torch.cuda.empty_cache()
+    return rec
+
+
+def bench_masses(lib, n, hq, hkv, reps, log):
+    import bench_torch as BT
+    nb = n // B
+    q, k = BT.structured_qk(n, hq, hkv, D)
+    v = torch.randn(n, hkv, D, dtype=torch.bfloat16, device="cuda")
+    o = torch.empty(n, hq, D, dtype=torch.float32, device="cuda")
+    lse = torch.empty(hq, n, dtype=torch.float32, device="cuda")
+    mass = torch.empty(hq, nb, nb, dtype=torch.float32, device="cuda")
+    xmass = torch.empty(hq, nb, nb, dtype=torch.float32, device="cuda")
+    scr_n = lib.mf_attention_masses_scratch(n)
+    scr = torch.empty(scr_n + 256, dtype=torch.uint8, device="cuda")
+    scr_p = (scr.data_ptr() + 255) // 256 * 256
+    t = BG.Qkv(q.data_ptr(), k.data_ptr(), v.data_ptr(), 2, n, hq, hkv, D)
+    why = C.c_char_p()
+    stream = torch.cuda.current_stream().cuda_stream
+
+    def fused():
+        st = lib.mf_attention_masses_cuda(C.byref(t), B, o.data_ptr(), lse.data_ptr(),
+                                          mass.data_ptr(), scr_p, scr_n, stream, C.byref(why))
+        if st != 0:
+            raise RuntimeError(f"mf_attention_masses_cuda {st} {why.value}")
+
+    def dense():
+        st = lib.mf_attention_dense_cuda(C.byref(t), o.data_ptr(), lse.data_ptr(), stream,
+                                         C.byref(why))
+        if st != 0:
+            raise RuntimeError(f"mf_attention_dense_cuda {st} {why.value}")
+    qs = q.transpose(0, 1).unsqueeze(0).contiguous()
+    ks = k.transpose(0, 1).unsqueeze(0).contiguous()
+    vs = v.transpose(0, 1).unsqueeze(0).contiguous()
+
+    def sdpa():
+        return F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
+    # extract, MASK codec, LSE given (ours: the same LSE the dense op returns, to fp32)
+    tokens = np.arange(n, dtype=np.uint32)
+    caps, offs, tot = [], [], 0
+    for i in range(nb):
+        lay = R.layout(R.MASK, B, i + 1, hq * (i + 1), 3)
+        caps.append(lay["total"])
+        offs.append(tot)
+        tot += R.align16(lay["total"])
+    buf = torch.empty(tot, dtype=torch.uint8, device="cuda")
+    sizes = torch.zeros(nb, dtype=torch.int64, device="cuda")
+    failed = torch.zeros(1, dtype=torch.int32, device="cuda")
+    rows = (C.c_void_p * nb)(*[buf.data_ptr() + x for x in offs])
+    capa = (C.c_size_t * nb)(*caps)
+    lse_x = torch.empty(hq, n, dtype=torch.float32, device="cuda")
+    a = BG.ExtractArgs(t, lse_x.data_ptr(), B, 0.9, R.MASK, 0, nb, b"src", b"bench", 0,
+                       tokens.ctypes.data, C.cast(rows, C.c_void_p), C.cast(capa, C.c_void_p),
+                       sizes.data_ptr(), failed.data_ptr(), xmass.data_ptr())
+
+    def extract():
+        st = lib.mf_extract_cuda(C.byref(a), stream, C.byref(why))
+        if st != 0:
+            raise RuntimeError(f"mf_extract_cuda {st} {why.value}")
+    o.fill_(float("nan"))
+    mass.fill_(float("nan"))
+    fused()
+    torch.cuda.synchronize()
+    lse_x.copy_(lse)
+    extract()
+    torch.cuda.synchronize()
+    ref = sdpa()[0].transpose(0, 1).float()
+    rec = {"N": n, "Hq": hq, "Hkv": hkv,
+           "rel_vs_sdpa": float((o - ref).norm() / ref.norm()),
+           "finite": bool(torch.isfinite(o).all() and torch.isfinite(mass).all()),
+           "mass_vs_extract_maxdiff": float((mass - xmass).abs().max()),
+           "extract_failed": int(failed.item()) & 0xffffffff}
+    del ref
+    rec["fused_ms"] = timeit(fused, reps)[0]
+    rec["dense_ms"] = timeit(dense, reps)[0]
+    rec["sdpa_ms"] = timeit(sdpa, reps)[0]
+    rec["extract_ms"] = timeit(extract, reps)[0]
+    flops = 2.0 * n * n * D * hq
+    rec["fused_TFLOPs"] = flops / rec["fused_ms"] / 1e9
+    rec["sdpa_TFLOPs"] = flops / rec["sdpa_ms"] / 1e9
+    rec["sdpa_over_fused"] = rec["sdpa_ms"] / rec["fused_ms"]
+    rec["today_over_fused"] = (rec["sdpa_ms"] + rec["extract_ms"]) / rec["fused_ms"]
+    log(json.dumps(rec))
+    del q, k, v, o, lse, mass, xmass, scr, qs, ks, vs, buf, lse_x
     torch.cuda.empty_cache()
     return rec
 
@@ -231,6 +329,17 @@ def table(res, log):
         log(f"| {r['N']} | {r['ours_ms']:.3f} ({r['ours_TFLOPs']:.0f}) | {r['sdpa_ms']:.3f} "
             f"({r['sdpa_TFLOPs']:.0f}) | {r['sdpa_ms'] / r['ours_ms']:.2f}x | "
             f"{r['rel_vs_sdpa']:.1e} | {r['sdpa_kernel'][:40]} |")
+    if res.get("masses"):
+        log("\n| N | Hq/Hkv | fused O+LSE+masses ms (TFLOP/s) | dense core ms | cuDNN ms |"
+            " cuDNN/fused | extract (MASK, LSE given) ms | (cuDNN+extract)/fused |"
+            " mass vs extract max diff | rel err O |")
+        log("|---|---|---|---|---|---|---|---|---|---|")
+        for r in res["masses"]:
+            log(f"| {r['N']} | {r['Hq']}/{r['Hkv']} | {r['fused_ms']:.3f} "
+                f"({r['fused_TFLOPs']:.0f}) | {r['dense_ms']:.3f} | {r['sdpa_ms']:.3f} | "
+                f"{r['sdpa_over_fused']:.3f}x | {r['extract_ms']:.3f} | "
+                f"{r['today_over_fused']:.2f}x | {r['mass_vs_extract_maxdiff']:.1e} | "
+                f"{r['rel_vs_sdpa']:.1e} |")
     if res["mask"]:
         log("\n| N | density | core ms (TFLOP/s) | v2 ms | flex128 ms | flex64 ms | core vs flex128 |"
             " core/cuDNN per block | rel vs v2 |")
@@ -256,6 +365,9 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--no-mask", action="store_true")
+    ap.add_argument("--no-dense", action="store_true")
+    ap.add_argument("--mass-ns", default="")
+    ap.add_argument("--mass-heads", default="40/8,32/8")
     args = ap.parse_args()
     if args.reps < 7:
         ap.error("--reps must be at least 7 (medians of >= 7)")
@@ -265,9 +377,16 @@ def main():
     rng = np.random.default_rng(0)
     log(f"device {torch.cuda.get_device_name()} torch {torch.__version__} "
         f"cudnn {torch.backends.cudnn.version()}")
-    res = {"dense": [], "mask": []}
-    for n in [int(x) for x in args.ns.split(",") if x]:
+    res = {"dense": [], "mask": [], "masses": []}
+    for n in [int(x) for x in args.ns.split(",") if x and not args.no_dense]:
         res["dense"].append(bench_dense(lib, n, args.reps, log))
+    for n in [int(x) for x in args.mass_ns.split(",") if x]:
+        for hh in args.mass_heads.split(","):
+            hq, hkv = (int(x) for x in hh.split("/"))
+            try:
+                res["masses"].append(bench_masses(lib, n, hq, hkv, args.reps, log))
+            except Exception as ex:  # noqa: BLE001
+                log(f"masses N={n} {hq}/{hkv}: {str(ex)[:300]}")
     flex = None
     if not args.no_flex and not args.no_mask:
         try:

@@ -8,13 +8,19 @@
  *            the 1e-3 mass tolerance; tiles within twice the codec bound; mass bytes ±1.
  *   dense:   the sm_90a core (mf_attention_dense_cuda): ‖O − O64‖ / ‖O64‖ ≤ 2e-3, LSE within
  *            1e-3, every element written.
+ *   masses:  mf_attention_masses_cuda: O / LSE as dense; B = 64 block masses within 1e-4 of
+ *            float64 (relative 1e-3 where ≥ 1e-4) and of mf_extract_cuda's mass_out; Top-P
+ *            kept sets from them equal to the float64 masses' (near-ties within 1e-4
+ *            counted apart); 0 above the diagonal; bad arguments refused.
  *   apply:   ‖O − O_ref‖ / ‖O_ref‖ ≤ 2e-3 per head mode, every element written; each case
  *            runs every implementation (core: the sm_90a core for mask / compute heads with
  *            v2 for prob heads; v2, v3, and at B64 d128 v3 with 1, 2 and 4 heads a CTA),
  *            with head modes mixed inside a KV group or uniform per group.
  * One line per case, a summary table last; exit status 1 on any failure.
- * Usage: gpu_check [--small] [--no-v3] [--seed S]   (--small: one tiny case each, for
- * compute-sanitizer; --no-v3: without the v3 baseline, whose racecheck hazard is known).
+ * Usage: gpu_check [--small] [--masses] [--no-v3] [--seed S]   (--small: one tiny case
+ * each, for compute-sanitizer; --masses: the masses cases and two dense ones only, with
+ * --small the tiny masses cases only; --no-v3:
+ * without the v3 baseline, whose racecheck hazard is known).
  * Single-threaded tool; owns everything it allocates.
  */
 #include <cuda_runtime_api.h>
@@ -473,6 +479,224 @@ static int check_dense(mf_dtype_t dt, uint32_t d, uint32_t n, uint32_t hq, uint3
     return pass;
 }
 
+/* Block masses of one layer as the current extract path gives them (mf_extract_cuda's
+ * mass_out, LSE computed there), MASK codec, i0 = 0, i1 = nb. */
+static void extract_masses(tensors_t *t, uint32_t nb, float *mass_host)
+{
+    const char *model = "src-model", *ns = "gpu-check", *why = "";
+    uint32_t n = t->host.n_tokens, hq = t->host.n_q_heads, *tokens = malloc(n * 4);
+    for (uint32_t x = 0; x < n; x++)
+        tokens[x] = x * 2654435761u % 50000u;
+    rowset_t rs;
+    rowset_make(&rs, MF_CODEC_MASK, 64, hq, 0, nb, strlen(model));
+    uint8_t *drows;
+    float *dmass;
+    uint64_t *dsizes;
+    uint32_t *dfailed;
+    size_t mass_n = (size_t)hq * nb * nb;
+    CK(cudaMalloc((void **)&drows, rs.total));
+    CK(cudaMalloc((void **)&dmass, mass_n * 4));
+    CK(cudaMalloc((void **)&dsizes, nb * 8));
+    CK(cudaMalloc((void **)&dfailed, 4));
+    for (uint32_t k = 0; k < nb; k++)
+        rs.ptrs[k] = drows + rs.off[k];
+    mf_extract_cuda_args_t ga = { .src = t->dev, .lse = NULL, .block_size = 64, .top_p = 0.9f,
+                                  .codec = MF_CODEC_MASK, .i0 = 0, .i1 = nb, .model = model,
+                                  .ns = ns, .layer = 0, .tokens = tokens, .rows = rs.ptrs,
+                                  .caps = rs.cap, .sizes = dsizes, .failed_block = dfailed,
+                                  .mass_out = dmass };
+    mf_status_t st = mf_extract_cuda(&ga, 0, &why);
+    if (st != MF_OK) {
+        fprintf(stderr, "mf_extract_cuda for masses: %s (%s)\n", mf_status_name(st), why);
+        exit(2);
+    }
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(mass_host, dmass, mass_n * 4, cudaMemcpyDeviceToHost));
+    cudaFree(drows);
+    cudaFree(dmass);
+    cudaFree(dsizes);
+    cudaFree(dfailed);
+    rowset_free(&rs);
+    free(tokens);
+}
+
+/* mf_attention_masses_cuda (the core's dense forward with block masses): O and LSE against
+ * float64 as for the dense core; masses against float64 (the formula of mf_extract_ref's
+ * block_masses) and against mf_extract_cuda's mass_out; the Top-P kept sets
+ * (mf_topp_select, as mf_extract_ref selects) of the fused masses against those of the
+ * float64 masses; every output written (NaN poison), 0 above the diagonal. own_scratch:
+ * the caller passes the scratch (else the call allocates it). */
+static int check_masses(mf_dtype_t dt, uint32_t d, uint32_t n, uint32_t hq, uint32_t hkv,
+                        float top_p, int own_scratch, uint64_t seed)
+{
+    char name[96];
+    snprintf(name, sizeof(name), "masses core %s d%u N%u H%u/%u p%.2f%s",
+             dt == MF_DTYPE_F16 ? "f16" : "bf16", d, n, hq, hkv, top_p,
+             own_scratch ? " scratch" : "");
+    tensors_t t;
+    tensors_make(&t, seed, dt, n, hq, hkv, d);
+    uint32_t nb = n / 64;
+    size_t on = (size_t)n * hq * d, ln = (size_t)hq * n, mn = (size_t)hq * nb * nb;
+    double *o64 = malloc(on * sizeof(double)), *lse64 = malloc(ln * sizeof(double));
+    float *o = malloc(on * 4), *lse = malloc(ln * 4), *mass = malloc(mn * 4),
+          *xmass = malloc(mn * 4), *d_o, *d_lse, *d_mass;
+    if (!o64 || !lse64 || !o || !lse || !mass || !xmass ||
+        mf_attention_dense_ref(&t.host, o64, lse64) != MF_OK) {
+        fprintf(stderr, "%s: dense reference failed\n", name);
+        exit(2);
+    }
+    CK(cudaMalloc((void **)&d_o, on * 4));
+    CK(cudaMalloc((void **)&d_lse, ln * 4));
+    CK(cudaMalloc((void **)&d_mass, mn * 4));
+    CK(cudaMemset(d_o, 0xff, on * 4)); /* NaN poison */
+    CK(cudaMemset(d_lse, 0xff, ln * 4));
+    CK(cudaMemset(d_mass, 0xff, mn * 4));
+    void *scr = NULL;
+    size_t scr_n = 0;
+    if (own_scratch) {
+        scr_n = mf_attention_masses_scratch(n);
+        CK(cudaMalloc(&scr, scr_n));
+        CK(cudaMemset(scr, 0xa5, scr_n)); /* the call must not rely on its contents */
+    }
+    const char *why = "";
+    mf_status_t st = mf_attention_masses_cuda(&t.dev, 64, d_o, d_lse, d_mass, scr, scr_n, 0,
+                                              &why);
+    int pass = 1;
+    if (st == MF_UNIMPLEMENTED) {
+        printf("%s: skipped: %s\n", name, why);
+        goto out;
+    }
+    if (st != MF_OK)
+        printf("%s: mf_attention_masses_cuda: %s (%s)\n", name, mf_status_name(st), why);
+    CK(cudaDeviceSynchronize());
+    CK(cudaGetLastError());
+    CK(cudaMemcpy(o, d_o, on * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(lse, d_lse, ln * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(mass, d_mass, mn * 4, cudaMemcpyDeviceToHost));
+    extract_masses(&t, nb, xmass);
+    {
+        double num = 0, den = 0, lerr = 0;
+        size_t unwritten = 0;
+        for (size_t x = 0; x < on; x++) {
+            if (!isfinite(o[x])) {
+                unwritten++;
+                continue;
+            }
+            num += (o[x] - o64[x]) * (o[x] - o64[x]);
+            den += o64[x] * o64[x];
+        }
+        for (size_t x = 0; x < ln; x++) {
+            double e = isfinite(lse[x]) ? fabs(lse[x] - lse64[x]) : INFINITY;
+            if (!(e <= lerr))
+                lerr = e;
+        }
+        double *m64 = masses64(&t, lse64, 64, nb), merr = 0, mrel = 0, xerr = 0, xref = 0;
+        size_t above = 0;
+        for (uint32_t h = 0; h < hq; h++)
+            for (uint32_t i = 0; i < nb; i++)
+                for (uint32_t j = 0; j < nb; j++) {
+                    size_t x = ((size_t)h * nb + i) * nb + j;
+                    if (j > i) {
+                        above += mass[x] != 0.0f; /* NaN poison counts too */
+                        continue;
+                    }
+                    double e = fabs(mass[x] - m64[x]), r = e / fmax(m64[x], 1e-30);
+                    if (!(e <= merr))
+                        merr = isnan(e) ? INFINITY : e;
+                    if (m64[x] >= 1e-4 && !(r <= mrel))
+                        mrel = isnan(r) ? INFINITY : r;
+                    e = fabs(mass[x] - (double)xmass[x]);
+                    if (!(e <= xerr))
+                        xerr = isnan(e) ? INFINITY : e;
+                    e = fabs((double)xmass[x] - m64[x]);
+                    if (!(e <= xref))
+                        xref = isnan(e) ? INFINITY : e;
+                }
+        /* kept sets: the reference's selection on float64 masses vs on the fused ones */
+        uint32_t sets = 0, same = 0, tolerated = 0, bad = 0;
+        double *md = malloc(nb * sizeof(double));
+        uint8_t *kf = malloc(nb), *kr = malloc(nb);
+        for (uint32_t h = 0; h < hq; h++)
+            for (uint32_t i = 0; i < nb; i++) {
+                const double *mr = m64 + ((size_t)h * nb + i) * nb;
+                uint32_t kept;
+                for (uint32_t j = 0; j <= i; j++)
+                    md[j] = mass[((size_t)h * nb + i) * nb + j];
+                if (mf_topp_select(md, NULL, i + 1, top_p, kf, &kept) != MF_OK ||
+                    mf_topp_select(mr, NULL, i + 1, top_p, kr, &kept) != MF_OK) {
+                    bad++;
+                    continue;
+                }
+                sets++;
+                if (!memcmp(kf, kr, i + 1))
+                    same++;
+                else if (topp_valid(mr, kf, i + 1, top_p, 1e-4))
+                    tolerated++;
+                else
+                    bad++;
+            }
+        pass = st == MF_OK && unwritten == 0 && above == 0;
+        double rel = den > 0 ? sqrt(num / den) : INFINITY;
+        report(name, "unwritten O/mass", (double)(unwritten + above), 0, pass);
+        report(name, "rel err O", rel, 2e-3, rel <= 2e-3);
+        report(name, "LSE max |err|", lerr, 1e-3, lerr <= 1e-3);
+        report(name, "mass max |err| f64", merr, 1e-4, merr <= 1e-4);
+        report(name, "mass max rel f64", mrel, 1e-3, mrel <= 1e-3);
+        report(name, "mass |fused-extract|", xerr, 1e-4, xerr <= 1e-4);
+        printf("    extract_cuda's own mass max |err| vs f64: %.3e\n", xref);
+        report(name, "kept sets bad", bad, 0, bad == 0 && sets > 0);
+        printf("    kept sets: %u total, %u identical, %u near-tie (valid Top-P within 1e-4)\n",
+               sets, same, tolerated);
+        pass &= rel <= 2e-3 && lerr <= 1e-3 && merr <= 1e-4 && mrel <= 1e-3 && xerr <= 1e-4 &&
+                bad == 0 && sets > 0;
+        free(md);
+        free(kf);
+        free(kr);
+        free(m64);
+    }
+out:
+    free(o64);
+    free(lse64);
+    free(o);
+    free(lse);
+    free(mass);
+    free(xmass);
+    cudaFree(d_o);
+    cudaFree(d_lse);
+    cudaFree(d_mass);
+    cudaFree(scr);
+    tensors_free(&t);
+    return pass;
+}
+
+/* Bad arguments to mf_attention_masses_cuda: a status and a message, nothing queued. */
+static int check_masses_args(void)
+{
+    tensors_t t;
+    tensors_make(&t, 7, MF_DTYPE_BF16, 128, 2, 1, 64);
+    float *d_o, *d_mass;
+    CK(cudaMalloc((void **)&d_o, 128 * 2 * 64 * 4));
+    CK(cudaMalloc((void **)&d_mass, 2 * 2 * 2 * 4));
+    const char *why = "";
+    int ok = 1;
+    mf_status_t st = mf_attention_masses_cuda(&t.dev, 128, d_o, NULL, d_mass, NULL, 0, 0, &why);
+    ok &= st == MF_UNIMPLEMENTED && *why;
+    st = mf_attention_masses_cuda(&t.dev, 64, d_o, NULL, NULL, NULL, 0, 0, &why);
+    ok &= st == MF_INVALID_ARGUMENT && *why;
+    st = mf_attention_masses_cuda(&t.dev, 64, d_o, NULL, d_mass, d_o, 16, 0, &why);
+    ok &= (st == MF_INVALID_ARGUMENT || st == MF_UNIMPLEMENTED) && *why;
+    mf_qkv_t tiny = t.dev;
+    tiny.n_tokens = 63;
+    st = mf_attention_masses_cuda(&tiny, 64, d_o, NULL, d_mass, NULL, 0, 0, &why);
+    ok &= (st == MF_INVALID_ARGUMENT || st == MF_UNIMPLEMENTED) && *why;
+    CK(cudaDeviceSynchronize());
+    report("masses bad arguments", "refused", ok ? 0 : 1, 0, ok);
+    cudaFree(d_o);
+    cudaFree(d_mass);
+    tensors_free(&t);
+    return ok;
+}
+
 typedef struct app_case {
     mf_dtype_t dt;
     uint32_t b, d, n, ht, hkv, hs;
@@ -652,17 +876,19 @@ static int check_apply(const app_case_t *c, uint64_t seed)
 
 int main(int argc, char **argv)
 {
-    int small = 0;
+    int small = 0, masses_only = 0;
     uint64_t seed = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 20);
     for (int x = 1; x < argc; x++) {
         if (!strcmp(argv[x], "--small"))
             small = 1;
         else if (!strcmp(argv[x], "--no-v3"))
             g_no_v3 = 1;
+        else if (!strcmp(argv[x], "--masses"))
+            masses_only = 1;
         else if (!strcmp(argv[x], "--seed") && x + 1 < argc)
             seed = strtoull(argv[++x], NULL, 0);
         else {
-            fprintf(stderr, "usage: gpu_check [--small] [--no-v3] [--seed S]\n");
+            fprintf(stderr, "usage: gpu_check [--small] [--masses] [--no-v3] [--seed S]\n");
             return 2;
         }
     }
@@ -670,7 +896,12 @@ int main(int argc, char **argv)
     int fails = 0, cases = 0;
     const mf_codec_t codecs[] = { MF_CODEC_MASK, MF_CODEC_FP16, MF_CODEC_BF16,
                                   MF_CODEC_FP8_E4M3, MF_CODEC_U8_LOG };
-    if (small) {
+    if (small && masses_only) { /* for compute-sanitizer on the masses alone */
+        fails += !check_masses(MF_DTYPE_BF16, 128, 320, 4, 2, 0.9f, 1, seed + 5);
+        fails += !check_masses(MF_DTYPE_F16, 64, 200, 2, 1, 0.9f, 0, seed + 6);
+        fails += !check_masses_args();
+        cases = 3;
+    } else if (small) {
         ext_case_t e = { MF_DTYPE_F16, 64, 64, 256, 4, 2, MF_CODEC_FP8_E4M3, 0, 0.9f };
         app_case_t a = { MF_DTYPE_F16, 64, 64, 200, 4, 2, 4, MF_CODEC_FP8_E4M3, 0 };
         app_case_t a1 = { MF_DTYPE_BF16, 64, 128, 200, 8, 2, 4, MF_CODEC_FP16, 1 };
@@ -679,7 +910,18 @@ int main(int argc, char **argv)
         fails += !check_apply(&a1, seed + 2);
         fails += !check_dense(MF_DTYPE_BF16, 128, 300, 4, 2, seed + 3);
         fails += !check_dense(MF_DTYPE_F16, 64, 200, 2, 1, seed + 4);
-        cases = 5;
+        fails += !check_masses(MF_DTYPE_BF16, 128, 320, 4, 2, 0.9f, 1, seed + 5);
+        fails += !check_masses_args();
+        cases = 7;
+    } else if (masses_only) {
+        fails += !check_masses(MF_DTYPE_BF16, 128, 1024, 8, 2, 0.9f, 1, seed + 50);
+        fails += !check_masses(MF_DTYPE_F16, 128, 2000, 4, 1, 0.95f, 0, seed + 51);
+        fails += !check_masses(MF_DTYPE_BF16, 64, 1100, 6, 2, 0.8f, 1, seed + 52);
+        fails += !check_masses(MF_DTYPE_F16, 64, 640, 4, 4, 0.9f, 0, seed + 53);
+        fails += !check_masses_args();
+        fails += !check_dense(MF_DTYPE_BF16, 128, 2500, 4, 1, seed + 40);
+        fails += !check_dense(MF_DTYPE_F16, 64, 640, 6, 2, seed + 43);
+        cases = 7;
     } else {
         for (int ci = 0; ci < 5; ci++) {
             ext_case_t e = { ci & 1 ? MF_DTYPE_BF16 : MF_DTYPE_F16, 64, ci < 3 ? 128 : 64,
@@ -716,6 +958,11 @@ int main(int argc, char **argv)
         fails += !check_dense(MF_DTYPE_F16, 128, 1000, 8, 2, seed + 41);
         fails += !check_dense(MF_DTYPE_BF16, 64, 1100, 4, 4, seed + 42);
         fails += !check_dense(MF_DTYPE_F16, 64, 640, 6, 2, seed + 43);
+        cases += 4;
+        fails += !check_masses(MF_DTYPE_BF16, 128, 1024, 8, 2, 0.9f, 1, seed + 50);
+        fails += !check_masses(MF_DTYPE_F16, 128, 2000, 4, 1, 0.95f, 0, seed + 51);
+        fails += !check_masses(MF_DTYPE_BF16, 64, 1100, 6, 2, 0.8f, 1, seed + 52);
+        fails += !check_masses_args();
         cases += 4;
     }
     printf("\n== gpu_check summary (seed %llu) ==\n", (unsigned long long)seed);
