@@ -56,6 +56,7 @@ void print_stats(const mf_stats_t *s, int json);
 void print_stats_json(const mf_stats_t *s, const mf_stats_t *prev, double dt);
 void print_stats_watch(const mf_stats_t *s, const mf_stats_t *prev, double dt);
 void print_entry(const mf_entry_info_t *e, int json, int first);
+void print_profile_info(const mf_profile_info_t *p, int json, int first);
 void print_items(const mf_config_item_t *it, size_t n, int json);
 /* A MappingProfile as JSON; EXIT_DAEMON (reported) when it does not decode. */
 int print_profile_json(const void *pb, size_t len, const char *out);

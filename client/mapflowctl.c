@@ -256,53 +256,61 @@ static int prep_stats(int argc, char **argv, cmd_opts_t *o)
     return 0;
 }
 
+/* A paged listing (ls, profile ls): fetch one page from a token, taking the next token
+ * out of it; print its items (shown: items printed before it); free it. */
+typedef struct pager {
+    const char *what, *items; /* the command, and the JSON array's name */
+    mf_status_t (*fetch)(ctl_t *c, const cmd_opts_t *o, const uint8_t *tok, size_t tok_len,
+                         void **page, uint8_t **next, size_t *next_len);
+    size_t (*print)(const void *page, int json, size_t shown);
+    void (*free_page)(void *page);
+} pager_t;
+
 /* Every page (or --pages P from --page-token), fetched before anything is printed, so a
  * failure on a later page leaves stdout with one error object, not half a list. JSON:
- * always {"entries": [...], "next_page_token": hex | null}. */
-static int cmd_ls(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
+ * always {ITEMS: [...], "next_page_token": hex | null}. */
+static int run_pages(ctl_t *c, const cmd_opts_t *o, const pager_t *pg)
 {
-    (void)argc, (void)argv;
     uint8_t *token = NULL;
     size_t token_len = 0, n_pages = 0, cap = 0;
-    mf_list_page_t **pages = NULL;
+    void **pages = NULL;
     int rc = 0;
     if (o->page_token)
         token_len = parse_hex_bytes(o->page_token, "--page-token", &token);
     for (uint32_t page = 0; !o->pages || page < o->pages; page++) {
         if (n_pages == cap) {
             cap = cap ? 2 * cap : 8;
-            mf_list_page_t **np = realloc(pages, cap * sizeof(*np));
+            void **np = realloc(pages, cap * sizeof(*np));
             if (!np) {
-                report(MF_RESOURCE_EXHAUSTED, "ls", "out of memory");
+                report(MF_RESOURCE_EXHAUSTED, pg->what, "out of memory");
                 rc = EXIT_DAEMON;
                 break;
             }
             pages = np;
         }
-        mf_list_page_t *p;
-        mf_status_t st = mf_list(c->ch, o->model, o->layer, o->page_size, token, token_len, &p,
-                                 c->timeout_ms);
+        void *p;
+        uint8_t *next = NULL;
+        size_t next_len = 0;
+        mf_status_t st = pg->fetch(c, o, token, token_len, &p, &next, &next_len);
         free(token);
         token = NULL;
         token_len = 0;
         if (st != MF_OK) {
-            rc = fail(c, "ls", st);
+            rc = fail(c, pg->what, st);
             break;
         }
         pages[n_pages++] = p;
-        if (!p->next_page_token_len)
+        if (!next_len)
             break;
-        token = p->next_page_token;
-        token_len = p->next_page_token_len;
-        p->next_page_token = NULL;
+        token = next;
+        token_len = next_len;
     }
     if (rc == 0) {
         size_t shown = 0;
         if (c->json)
-            printf("{\"entries\":[");
+            printf("{\"%s\":[", pg->items);
         for (size_t k = 0; k < n_pages; k++)
-            for (size_t i = 0; i < pages[k]->n_entries; i++, shown++)
-                print_entry(&pages[k]->entries[i], c->json, shown == 0);
+            shown += pg->print(pages[k], c->json, shown);
         if (c->json) {
             printf("],\"next_page_token\":");
             if (token) {
@@ -320,10 +328,42 @@ static int cmd_ls(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
         }
     }
     for (size_t k = 0; k < n_pages; k++)
-        mf_list_page_free(pages[k]);
+        pg->free_page(pages[k]);
     free(pages);
     free(token);
     return rc;
+}
+
+static mf_status_t fetch_entries(ctl_t *c, const cmd_opts_t *o, const uint8_t *tok,
+                                 size_t tok_len, void **page, uint8_t **next, size_t *next_len)
+{
+    mf_list_page_t *p;
+    mf_status_t st = mf_list(c->ch, o->model, o->layer, o->page_size, tok, tok_len, &p,
+                             c->timeout_ms);
+    if (st != MF_OK)
+        return st;
+    *page = p;
+    *next = p->next_page_token;
+    *next_len = p->next_page_token_len;
+    p->next_page_token = NULL;
+    return MF_OK;
+}
+
+static size_t print_entries(const void *page, int json, size_t shown)
+{
+    const mf_list_page_t *p = page;
+    for (size_t i = 0; i < p->n_entries; i++)
+        print_entry(&p->entries[i], json, shown + i == 0);
+    return p->n_entries;
+}
+
+static void free_entries(void *page) { mf_list_page_free(page); }
+
+static int cmd_ls(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
+{
+    (void)argc, (void)argv;
+    static const pager_t pg = {"ls", "entries", fetch_entries, print_entries, free_entries};
+    return run_pages(c, o, &pg);
 }
 
 static int prep_ls(int argc, char **argv, cmd_opts_t *o)
@@ -695,6 +735,39 @@ static int cmd_profile_get(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
     return rc;
 }
 
+static mf_status_t fetch_profiles(ctl_t *c, const cmd_opts_t *o, const uint8_t *tok,
+                                  size_t tok_len, void **page, uint8_t **next,
+                                  size_t *next_len)
+{
+    mf_profile_page_t *p;
+    mf_status_t st = mf_profile_list(c->ch, o->page_size, tok, tok_len, &p, c->timeout_ms);
+    if (st != MF_OK)
+        return st;
+    *page = p;
+    *next = p->next_page_token;
+    *next_len = p->next_page_token_len;
+    p->next_page_token = NULL;
+    return MF_OK;
+}
+
+static size_t print_profiles(const void *page, int json, size_t shown)
+{
+    const mf_profile_page_t *p = page;
+    for (size_t i = 0; i < p->n_profiles; i++)
+        print_profile_info(&p->profiles[i], json, shown + i == 0);
+    return p->n_profiles;
+}
+
+static void free_profiles(void *page) { mf_profile_page_free(page); }
+
+static int cmd_profile_ls(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
+{
+    (void)argc, (void)argv;
+    static const pager_t pg = {"profile ls", "profiles", fetch_profiles, print_profiles,
+                               free_profiles};
+    return run_pages(c, o, &pg);
+}
+
 static int prep_hash(int argc, char **argv, cmd_opts_t *o)
 {
     (void)argc, (void)argv;
@@ -793,6 +866,10 @@ static const cmd_t commands[] = {
     {"profile get", cmd_profile_get, prep_profile_get, "sgo", 0,
      "profile get --source S --target T [--out F]\n"
      "    fetch one (raw protobuf to F or a pipe; --json: its fields as JSON)\n"},
+    {"profile ls", cmd_profile_ls, prep_ls, "pPk", 0,
+     "profile ls [--page-size N] [--pages P] [--page-token T]\n"
+     "    list the namespace's profiles (source, target, block, mapped / target layers,\n"
+     "    bytes, created_by): every page, or P pages from token T (hex), as ls\n"},
     {"hash", cmd_hash, prep_hash, "mbtn", 1,
      "hash --model M --block B --tokens FILE [--ns NS]\n"
      "    print one prefix hash per full block (no daemon; B as the daemon allows it)\n"},

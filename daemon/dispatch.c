@@ -228,6 +228,9 @@ void mfd_server_dispatch(mfd_conn_t *c, const mf_envelope_t *env, const uint8_t 
     case MAPFLOW__V1__ENVELOPE__BODY_PROFILE_GET:
         mfd_admin_profile_get(c, rid, env->profile_get);
         break;
+    case MAPFLOW__V1__ENVELOPE__BODY_PROFILE_LIST:
+        mfd_admin_profile_list(c, rid, env->profile_list);
+        break;
     default:
         mfd_conn_error(c, rid, MF_UNIMPLEMENTED, "%s is not a request this daemon serves",
                        mf_envelope_body_name((int)env->body_case));
