@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "ctl.h"
+#include "mf_clock.h"
 #include "mapflow.h"
 #include "mapflow.pb-c.h"
 #include "mf_addr.h"
@@ -201,13 +202,6 @@ static int cmd_health(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
     return h.ok ? 0 : EXIT_DAEMON;
 }
 
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
 static int cmd_stats(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
 {
     (void)argc, (void)argv;
@@ -221,7 +215,7 @@ static int cmd_stats(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
             rc = fail(c, "stats", st);
             break;
         }
-        double t = mono_s();
+        double t = mf_now_s();
         if (o->interval <= 0)
             print_stats(s, c->json);
         else if (c->json)

@@ -1,5 +1,6 @@
 /* admin — List, Stats, Evict, Flush, Delete, Config, Health, Profiles (see admin.h). */
 #include "admin.h"
+#include "mf_clock.h"
 #include "log.h"
 
 #include <math.h>
@@ -30,7 +31,7 @@ static uint64_t wall_ms_of(uint64_t mono_ms)
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     uint64_t wall = (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-    uint64_t now = mfd_now_ms();
+    uint64_t now = mf_now_ms();
     return mono_ms && mono_ms <= now ? wall - (now - mono_ms) : 0;
 }
 
@@ -191,7 +192,7 @@ void mfd_admin_stats(mfd_conn_t *c, uint64_t rid)
     rep.tiers = tp;
     rep.n_counters = cv.n;
     rep.counters = cv.ptrs;
-    rep.uptime_ms = mfd_now_ms() - s->start_ms;
+    rep.uptime_ms = mf_now_ms() - s->start_ms;
     rep.connections = (uint32_t)s->n_conns;
     REPLY(c, rid, STATS_REPLY, stats_reply, &rep);
 done:

@@ -1,6 +1,7 @@
 /* daemon — mapflowd's lifecycle: create, run, drain, destroy; timers, signals, reload
  * (see server.h). */
 #include "server.h"
+#include "mf_clock.h"
 #include "dispatch.h"
 #include "http.h"
 #include "lease.h"
@@ -108,7 +109,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     mfd_server_t *s = arg;
-    uint64_t now = mfd_now_ms();
+    uint64_t now = mf_now_ms();
     mfd_tickets_expire(s->tickets, now, mfd_ticket_expire, s);
     expire_partial_frames(s, now);
     expire_silent(s, now);
@@ -159,7 +160,7 @@ mf_status_t mfd_server_create(mfd_config_t *cfg, const char *config_path,
         return MF_RESOURCE_EXHAUSTED;
     s->cfg = *cfg;
     memset(cfg, 0, sizeof(*cfg));
-    s->start_ms = mfd_now_ms();
+    s->start_ms = mf_now_ms();
     s->dispatch = mfd_server_dispatch;
     s->on_close = on_conn_close;
     mfd_metrics_init(&s->metrics);

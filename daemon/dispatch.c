@@ -1,5 +1,6 @@
 /* dispatch — Hello and the request switch (see dispatch.h). */
 #include "dispatch.h"
+#include "mf_clock.h"
 #include "admin.h"
 #include "lease.h"
 #include "log.h"
@@ -176,7 +177,7 @@ static const char *admin_request(const mf_envelope_t *env)
 void mfd_server_dispatch(mfd_conn_t *c, const mf_envelope_t *env, const uint8_t *payload,
                          size_t plen)
 {
-    double t0 = mfd_now_s();
+    double t0 = mf_now_s();
     uint64_t rid = env->request_id;
     mfd_metrics_request(&c->srv->metrics, (int)env->body_case);
     if (!c->hello_done && env->body_case != MAPFLOW__V1__ENVELOPE__BODY_HELLO) {

@@ -1,5 +1,6 @@
 /* peer — UCX serving hooks, links to peer daemons, read-through fetches (see peer.h). */
 #include "peer.h"
+#include "mf_clock.h"
 #include "log.h"
 #include "mf_addr.h"
 #include "conn.h"
@@ -193,7 +194,7 @@ static mf_status_t link_call(link_t *l, mf_envelope_t *env, const void *payload,
         free(c);
         return st;
     }
-    *c = (call_t){env->request_id, mfd_now_ms() + MFD_PEER_CALL_MS, cb, arg, l->calls};
+    *c = (call_t){env->request_id, mf_now_ms() + MFD_PEER_CALL_MS, cb, arg, l->calls};
     l->calls = c;
     l->stat->requests++;
     return MF_OK;
@@ -372,7 +373,7 @@ static void on_sweep(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     mfd_peers_t *ps = arg;
-    uint64_t now = mfd_now_ms();
+    uint64_t now = mf_now_ms();
     for (link_t *l = ps->links, *next; l; l = next) {
         next = l->next;
         for (call_t *c = l->calls; c; c = c->next)
@@ -487,7 +488,7 @@ static void fetch_check_done(fetch_t *f)
     if (f->unfinished || f->batches_out || f->inflight)
         return;
     fetch_release(f);
-    mfd_hist_observe(&f->ps->hist, mfd_now_s() - f->t0);
+    mfd_hist_observe(&f->ps->hist, mf_now_s() - f->t0);
     if (f->timer)
         event_free(f->timer);
     f->sink->all_done(f);
@@ -687,7 +688,7 @@ static mf_status_t fetch_start(mfd_peers_t *ps, fetch_t *f, const char *addr, co
     f->ps = ps;
     f->l = l;
     f->unfinished = f->n;
-    f->t0 = mfd_now_s();
+    f->t0 = mf_now_s();
     link_when_ready(l, fetch_on_ready, f);
     return MF_OK;
 }
