@@ -36,20 +36,7 @@ static char *render_metrics(void *ctx, size_t *len_out)
     mfd_gauges_t g;
     mfd_server_gauges(s, &g);
     mfd_process_read(&g.proc); /* no /proc: the process_* families are left out */
-    size_t len;
-    char *text = mfd_metrics_render(&s->metrics, &g, &len);
-    size_t plen = 0;
-    char *peers = text ? mfd_peers_metrics(s->peers, &plen) : NULL;
-    char *all = peers ? realloc(text, len + plen + 1) : NULL;
-    if (!all) {
-        free(text);
-        free(peers);
-        return NULL;
-    }
-    memcpy(all + len, peers, plen + 1);
-    free(peers);
-    *len_out = len + plen;
-    return all;
+    return mfd_metrics_render(&s->metrics, &g, mfd_peers_metrics, s->peers, len_out);
 }
 
 static int render_ready(void *ctx)

@@ -1222,14 +1222,9 @@ mf_status_t mfd_peers_fetch(mfd_peers_t *ps, const char *addr, const char *ns,
 
 /* ==== metrics ========================================================================== */
 
-char *mfd_peers_metrics(const mfd_peers_t *ps, size_t *len)
+void mfd_peers_metrics(mfd_prom_t *b, void *arg)
 {
-    size_t cap = 4096 + (ps ? ps->n_stats + 1 : 0) * 512;
-    char *b = malloc(cap);
-    if (!b)
-        return NULL;
-    size_t n = 0;
-#define P(...) n += (size_t)snprintf(b + n, n < cap ? cap - n : 0, __VA_ARGS__)
+    const mfd_peers_t *ps = arg;
     static const struct {
         const char *name, *help;
         size_t off;
@@ -1244,38 +1239,19 @@ char *mfd_peers_metrics(const mfd_peers_t *ps, size_t *len)
         {"peer_requests_total", "control requests sent to peer daemons, by peer",
          offsetof(peer_stat_t, requests)},
     };
+    size_t rows = ps ? ps->n_stats + (ps->stats[MAX_PEER_STATS].addr[0] != 0) : 0;
     for (size_t f = 0; f < sizeof(fams) / sizeof(fams[0]); f++) {
-        P("# HELP mapflowd_%s %s\n# TYPE mapflowd_%s counter\n", fams[f].name, fams[f].help,
-          fams[f].name);
-        size_t rows = ps ? ps->n_stats + (ps->stats[MAX_PEER_STATS].addr[0] != 0) : 0;
+        mfd_prom_family(b, fams[f].name, "counter", fams[f].help);
         for (size_t i = 0; i < rows; i++) {
             const peer_stat_t *s = i < ps->n_stats ? &ps->stats[i] : &ps->stats[MAX_PEER_STATS];
-            P("mapflowd_%s{peer=\"%s\"} %llu\n", fams[f].name, s->addr,
-              (unsigned long long)*(const uint64_t *)((const char *)s + fams[f].off));
+            mfd_prom_labelled(b, fams[f].name, "peer", s->addr,
+                              *(const uint64_t *)((const char *)s + fams[f].off));
         }
     }
-    P("# HELP mapflowd_peer_fetch_duration_seconds time from a peer fetch's start (link, "
-      "leases) to its last row verified\n# TYPE mapflowd_peer_fetch_duration_seconds "
-      "histogram\n");
+    mfd_prom_family(b, "peer_fetch_duration_seconds", "histogram",
+                    "time from a peer fetch's start (link, leases) to its last row verified");
     mfd_hist_t h = ps ? ps->hist : (mfd_hist_t){0};
-    uint64_t cum = 0;
-    for (int i = 0; i < MFD_HIST_BUCKETS; i++) {
-        cum += h.bucket[i];
-        P("mapflowd_peer_fetch_duration_seconds_bucket{le=\"%g\"} %llu\n", mfd_hist_bound(i),
-          (unsigned long long)cum);
-    }
-    P("mapflowd_peer_fetch_duration_seconds_bucket{le=\"+Inf\"} %llu\n",
-      (unsigned long long)h.count);
-    P("mapflowd_peer_fetch_duration_seconds_sum %.9g\n", h.sum);
-    P("mapflowd_peer_fetch_duration_seconds_count %llu\n", (unsigned long long)h.count);
-    P("# HELP mapflowd_ucx_endpoints UCX endpoints open now (peers in and out)\n"
-      "# TYPE mapflowd_ucx_endpoints gauge\nmapflowd_ucx_endpoints %zu\n",
-      mfd_ucx_endpoints(ps ? ps->ucx : NULL));
-#undef P
-    if (n >= cap) {
-        free(b);
-        return NULL;
-    }
-    *len = n;
-    return b;
+    mfd_prom_hist(b, "peer_fetch_duration_seconds", "", &h);
+    mfd_prom_family(b, "ucx_endpoints", "gauge", "UCX endpoints open now (peers in and out)");
+    mfd_prom_u64(b, "ucx_endpoints", "", mfd_ucx_endpoints(ps ? ps->ucx : NULL));
 }

@@ -85,8 +85,9 @@ void mfd_peers_lookup(struct mfd_conn *c, uint64_t rid, const Mapflow__V1__Looku
                       const uint8_t *payload, size_t plen, double t0,
                       mfd_peer_lookup_done done);
 
-/* Prometheus text of the peer metrics (malloc'd; NULL on OOM). */
-char *mfd_peers_metrics(const mfd_peers_t *ps, size_t *len);
+/* Appends the peer families to /metrics (an mfd_prom_more_cb; arg: the mfd_peers_t, or
+ * NULL for the families with no samples). */
+void mfd_peers_metrics(mfd_prom_t *b, void *arg);
 
 /* ---- standalone client (tools, benchmarks): fetch rows into caller buffers ------------- */
 
