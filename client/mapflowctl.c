@@ -66,41 +66,9 @@ static const char usage_tail[] =
     "EXIT STATUS\n"
     "    0 ok, 1 error from the daemon, 2 usage, 3 cannot connect.\n";
 
-typedef struct ctl {
-    const char *socket;
-    const char *addr;
-    const char *ns;
-    const char *token;
-    const char *admin_socket, *admin_token;
-    int admin;               /* this command needs the admin path */
-    int json;
-    int64_t timeout_ms;
-    mf_channel_t *ch;
-} ctl_t;
-
-/* Reports a failed call and returns the exit code it maps to. */
-static int fail(ctl_t *c, const char *what, mf_status_t st)
-{
-    report(st, what, "%s", c->ch ? mf_channel_last_error(c->ch) : "");
-    return st == MF_UNAVAILABLE ? EXIT_CONNECT : EXIT_DAEMON;
-}
-
 /* ==== parsing helpers ================================================================ */
 
 /* Command-level options: getopt_long over argv after the command word. */
-typedef struct cmd_opts {
-    const char *model, *hash, *out, *tokens, *layers, *tier, *file, *source, *target, *ns;
-    const char *page_token;
-    const char *rows[64];
-    int n_rows;
-    int64_t layer;
-    uint32_t block, page_size, pages, count;
-    uint64_t bytes;
-    double interval;
-    int durable, all_ns;
-    const char *peer;
-} cmd_opts_t;
-
 /*
  * The command table: dispatch, `mapflowctl help`, `CMD --help` and the COMMANDS section
  * of --help all read it. opts: the cmd_opts letters (below) the command takes; prepare:
@@ -187,7 +155,7 @@ static int cmd_health(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
     mf_health_t h;
     mf_status_t st = mf_health(c->ch, &h, c->timeout_ms);
     if (st != MF_OK)
-        return fail(c, "health", st);
+        return ctl_fail(c, "health", st);
     if (c->json) {
         printf("{\"ok\":%s,\"ready\":%s,\"status\":", h.ok ? "true" : "false",
                h.ready ? "true" : "false");
@@ -212,7 +180,7 @@ static int cmd_stats(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
         mf_stats_t *s;
         mf_status_t st = mf_stats(c->ch, &s, c->timeout_ms);
         if (st != MF_OK) {
-            rc = fail(c, "stats", st);
+            rc = ctl_fail(c, "stats", st);
             break;
         }
         double t = mf_now_s();
@@ -250,84 +218,6 @@ static int prep_stats(int argc, char **argv, cmd_opts_t *o)
     return 0;
 }
 
-/* A paged listing (ls, profile ls): fetch one page from a token, taking the next token
- * out of it; print its items (shown: items printed before it); free it. */
-typedef struct pager {
-    const char *what, *items; /* the command, and the JSON array's name */
-    mf_status_t (*fetch)(ctl_t *c, const cmd_opts_t *o, const uint8_t *tok, size_t tok_len,
-                         void **page, uint8_t **next, size_t *next_len);
-    size_t (*print)(const void *page, int json, size_t shown);
-    void (*free_page)(void *page);
-} pager_t;
-
-/* Every page (or --pages P from --page-token), fetched before anything is printed, so a
- * failure on a later page leaves stdout with one error object, not half a list. JSON:
- * always {ITEMS: [...], "next_page_token": hex | null}. */
-static int run_pages(ctl_t *c, const cmd_opts_t *o, const pager_t *pg)
-{
-    uint8_t *token = NULL;
-    size_t token_len = 0, n_pages = 0, cap = 0;
-    void **pages = NULL;
-    int rc = 0;
-    if (o->page_token)
-        token_len = parse_hex_bytes(o->page_token, "--page-token", &token);
-    for (uint32_t page = 0; !o->pages || page < o->pages; page++) {
-        if (n_pages == cap) {
-            cap = cap ? 2 * cap : 8;
-            void **np = realloc(pages, cap * sizeof(*np));
-            if (!np) {
-                report(MF_RESOURCE_EXHAUSTED, pg->what, "out of memory");
-                rc = EXIT_DAEMON;
-                break;
-            }
-            pages = np;
-        }
-        void *p;
-        uint8_t *next = NULL;
-        size_t next_len = 0;
-        mf_status_t st = pg->fetch(c, o, token, token_len, &p, &next, &next_len);
-        free(token);
-        token = NULL;
-        token_len = 0;
-        if (st != MF_OK) {
-            rc = fail(c, pg->what, st);
-            break;
-        }
-        pages[n_pages++] = p;
-        if (!next_len)
-            break;
-        token = next;
-        token_len = next_len;
-    }
-    if (rc == 0) {
-        size_t shown = 0;
-        if (c->json)
-            printf("{\"%s\":[", pg->items);
-        for (size_t k = 0; k < n_pages; k++)
-            shown += pg->print(pages[k], c->json, shown);
-        if (c->json) {
-            printf("],\"next_page_token\":");
-            if (token) {
-                putchar('"');
-                print_hex(stdout, token, token_len);
-                putchar('"');
-            } else {
-                printf("null");
-            }
-            printf("}\n");
-        } else if (token) {
-            fprintf(stderr, "next page: --page-token ");
-            print_hex(stderr, token, token_len);
-            fputc('\n', stderr);
-        }
-    }
-    for (size_t k = 0; k < n_pages; k++)
-        pg->free_page(pages[k]);
-    free(pages);
-    free(token);
-    return rc;
-}
-
 static mf_status_t fetch_entries(ctl_t *c, const cmd_opts_t *o, const uint8_t *tok,
                                  size_t tok_len, void **page, uint8_t **next, size_t *next_len)
 {
@@ -360,7 +250,7 @@ static int cmd_ls(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
     return run_pages(c, o, &pg);
 }
 
-static int prep_ls(int argc, char **argv, cmd_opts_t *o)
+int prep_ls(int argc, char **argv, cmd_opts_t *o)
 {
     (void)argc, (void)argv;
     if (o->page_token) {
@@ -440,10 +330,10 @@ static int cmd_get(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
     mf_get_result_t *r;
     mf_status_t st = mf_get_keys_peer(c->ch, o->peer, &k, 1, MF_GET_COPY, &r, c->timeout_ms);
     if (st != MF_OK)
-        return fail(c, "get", st);
+        return ctl_fail(c, "get", st);
     st = r->rows[0].status;
     int rc = st == MF_OK ? write_file(o->out, r->rows[0].data, r->rows[0].length)
-                         : fail(c, "get", st);
+                         : ctl_fail(c, "get", st);
     if (rc == 0 && c->json) {
         printf("{\"out\":");
         json_str(o->out);
@@ -512,7 +402,7 @@ static int cmd_lookup(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
                                              layers, nl, blocks, &total, c->timeout_ms)
                             : MF_RESOURCE_EXHAUSTED;
     if (st != MF_OK) {
-        rc = fail(c, "lookup", st);
+        rc = ctl_fail(c, "lookup", st);
     } else if (c->json) {
         printf("{\"total_blocks\":%u,\"layers\":{", total);
         for (size_t i = 0; i < nl; i++)
@@ -551,7 +441,7 @@ static int cmd_del(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
         st = mf_delete_model(c->ch, o->model, o->layer, &n, c->timeout_ms);
     }
     if (st != MF_OK)
-        return fail(c, "del", st);
+        return ctl_fail(c, "del", st);
     printf(c->json ? "{\"deleted\":%" PRIu64 "}\n" : "deleted %" PRIu64 "\n", n);
     return 0;
 }
@@ -587,7 +477,7 @@ static int cmd_evict(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
     mf_status_t st = o->all_ns ? mf_evict_all(c->ch, t, o->bytes, &b, &e, c->timeout_ms)
                                : mf_evict(c->ch, t, o->bytes, &b, &e, c->timeout_ms);
     if (st != MF_OK)
-        return fail(c, "evict", st);
+        return ctl_fail(c, "evict", st);
     printf(c->json ? "{\"bytes\":%" PRIu64 ",\"entries\":%" PRIu64 "}\n"
                    : "evicted %" PRIu64 " bytes, %" PRIu64 " entries\n", b, e);
     return 0;
@@ -600,7 +490,7 @@ static int cmd_flush(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
     mf_status_t st = o->all_ns ? mf_flush_all(c->ch, &n, c->timeout_ms)
                                : mf_flush(c->ch, &n, c->timeout_ms);
     if (st != MF_OK)
-        return fail(c, "flush", st);
+        return ctl_fail(c, "flush", st);
     printf(c->json ? "{\"entries\":%" PRIu64 "}\n" : "flushed %" PRIu64 " entries\n", n);
     return 0;
 }
@@ -629,7 +519,7 @@ static int cmd_config_get(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
     size_t n = 0;
     mf_status_t st = mf_config_get(c->ch, argc == 2 ? argv[1] : "", &it, &n, c->timeout_ms);
     if (st != MF_OK)
-        return fail(c, "config get", st);
+        return ctl_fail(c, "config get", st);
     print_items(it, n, c->json);
     mf_config_items_free(it, n);
     return 0;
@@ -641,125 +531,10 @@ static int cmd_config_set(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
     mf_config_item_t *it = NULL;
     mf_status_t st = mf_config_set(c->ch, argv[1], argv[2], &it, c->timeout_ms);
     if (st != MF_OK)
-        return fail(c, "config set", st);
+        return ctl_fail(c, "config set", st);
     print_items(it, it ? 1 : 0, c->json);
     mf_config_items_free(it, it ? 1 : 0);
     return 0;
-}
-
-/* Decoded here first: a file that is not a MappingProfile is a usage error, and what was
- * stored (source → target, shape, bytes) is said afterwards. An admin request. */
-static int prep_profile_put(int argc, char **argv, cmd_opts_t *o)
-{
-    (void)argc, (void)argv;
-    need(o->file, "--file", "profile put");
-    return 1;
-}
-
-static int cmd_profile_put(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
-{
-    (void)argc, (void)argv;
-    size_t len;
-    void *pb = read_file(o->file, &len);
-    if (!pb)
-        return file_fail(o->file, EXIT_USAGE);
-    Mapflow__V1__MappingProfile *p = mapflow__v1__mapping_profile__unpack(NULL, len, pb);
-    if (!p) {
-        free(pb);
-        report(MF_INVALID_ARGUMENT, o->file, "not an encoded mapflow.v1.MappingProfile");
-        return EXIT_USAGE;
-    }
-    mf_status_t st = mf_profile_put(c->ch, pb, len, c->timeout_ms);
-    free(pb);
-    int rc = 0;
-    const char *src = p->source_model ? p->source_model : "";
-    const char *tgt = p->target_model ? p->target_model : "";
-    if (st != MF_OK) {
-        rc = fail(c, "profile put", st);
-    } else if (c->json) {
-        printf("{\"stored\":true,\"ns\":");
-        json_str(c->ns);
-        printf(",\"source_model\":");
-        json_str(src);
-        printf(",\"target_model\":");
-        json_str(tgt);
-        printf(",\"block_size\":%u,\"layers\":%zu,\"bytes\":%zu}\n", p->block_size,
-               p->n_layers, len);
-    } else {
-        printf("stored profile ");
-        text_strn(src, strlen(src));
-        printf(" -> ");
-        text_strn(tgt, strlen(tgt));
-        printf(" (namespace ");
-        text_strn(c->ns, strlen(c->ns));
-        printf(", block %u, %zu layers, %zu bytes)\n", p->block_size, p->n_layers, len);
-    }
-    mapflow__v1__mapping_profile__free_unpacked(p, NULL);
-    return rc;
-}
-
-static int prep_profile_get(int argc, char **argv, cmd_opts_t *o)
-{
-    (void)argc, (void)argv;
-    need(o->source, "--source", "profile get");
-    need(o->target, "--target", "profile get");
-    return 0;
-}
-
-static int cmd_profile_get(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
-{
-    (void)argc, (void)argv;
-    void *pb;
-    size_t len;
-    mf_status_t st = mf_profile_get(c->ch, o->source, o->target, &pb, &len, c->timeout_ms);
-    if (st != MF_OK)
-        return fail(c, "profile get", st);
-    int rc = 0;
-    if (o->out)
-        rc = write_file(o->out, pb, len);
-    if (c->json && rc == 0)
-        rc = print_profile_json(pb, len, o->out);
-    else if (o->out)
-        ;
-    else if (isatty(1))
-        printf("%zu bytes (use --out FILE)\n", len);
-    else
-        rc = fwrite(pb, 1, len, stdout) == len ? 0 : file_fail("stdout", EXIT_DAEMON);
-    free(pb);
-    return rc;
-}
-
-static mf_status_t fetch_profiles(ctl_t *c, const cmd_opts_t *o, const uint8_t *tok,
-                                  size_t tok_len, void **page, uint8_t **next,
-                                  size_t *next_len)
-{
-    mf_profile_page_t *p;
-    mf_status_t st = mf_profile_list(c->ch, o->page_size, tok, tok_len, &p, c->timeout_ms);
-    if (st != MF_OK)
-        return st;
-    *page = p;
-    *next = p->next_page_token;
-    *next_len = p->next_page_token_len;
-    p->next_page_token = NULL;
-    return MF_OK;
-}
-
-static size_t print_profiles(const void *page, int json, size_t shown)
-{
-    const mf_profile_page_t *p = page;
-    for (size_t i = 0; i < p->n_profiles; i++)
-        print_profile_info(&p->profiles[i], json, shown + i == 0);
-    return p->n_profiles;
-}
-
-static void free_profiles(void *page) { mf_profile_page_free(page); }
-
-static int cmd_profile_ls(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
-{
-    (void)argc, (void)argv;
-    static const pager_t pg = {"profile ls", "profiles", fetch_profiles, print_profiles,
-                               free_profiles};
-    return run_pages(c, o, &pg);
 }
 
 static int prep_hash(int argc, char **argv, cmd_opts_t *o)
