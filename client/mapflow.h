@@ -708,7 +708,8 @@ typedef struct mf_profile_page {
     size_t next_page_token_len;
 } mf_profile_page_t;
 
-/* The profiles of the channel's namespace, ordered by (source, target); page_size 0 =
+/* The profiles of the channel's namespace in key order (source, then target; each name
+ * shorter first, then bytewise); page_size 0 =
  * the daemon's default (100), at most 1000. UNAVAILABLE when the SSD tier is off. */
 MF_EXPORT mf_status_t mf_profile_list(mf_channel_t *ch, uint32_t page_size,
                                       const void *page_token, size_t page_token_len,

@@ -193,14 +193,16 @@ assert text.startswith("stored profile json-src -> json-tgt (namespace %s, block
 err(["profile", "put", "--file", tmp + "/junk.pb"], 2, "INVALID_ARGUMENT")
 assert ok(["profile", "get", "--source", "json-src", "--target", "json-tgt"])["layers"]
 err(["profile", "get", "--source", "json-src", "--target", "nobody"], 1, "NOT_FOUND")
-# profile ls: this namespace's profiles only, sorted by (source, target), every page
+# profile ls: this namespace's profiles only, in key order (each name shorter first,
+# then bytewise: the names are length-prefixed in the key), every page
 made = json.load(open(tmp + "/prof.pb.json"))
 for i in range(len(made)):
     ok(["profile", "put", "--file", "%s/prof.pb.%d" % (tmp, i)])
 first = dict(source_model="json-src", target_model="json-tgt", block_size=16, l0=2,
              target_layers=6, mapped_layers=2, created_by="test_ctl_json",
              encoded_bytes=len(open(tmp + "/prof.pb", "rb").read()))
-want = sorted(made + [first], key=lambda d: (d["source_model"], d["target_model"]))
+want = sorted(made + [first], key=lambda d: (len(d["source_model"]), d["source_model"],
+                                             len(d["target_model"]), d["target_model"]))
 ls = ok(["profile", "ls"])
 assert ls == {"profiles": want, "next_page_token": None}, ls
 pg = ok(["profile", "ls", "--page-size", "2", "--pages", "1"])
