@@ -1,6 +1,6 @@
 /*
  * admin — libmapflow's admin calls: list, stats, evict, flush, config get / set, health,
- * profile put / get. Declared and documented in mapflow.h. Results are copied out of the
+ * profile put / get / list. Declared and documented in mapflow.h. Results are copied out of the
  * decoded reply into memory the caller frees with the matching …_free.
  */
 #include <stdio.h>
@@ -465,4 +465,73 @@ MF_EXPORT mf_status_t mf_profile_get(mf_channel_t *ch, const char *source_model,
     profile_out_t o = {profile_pb, len};
     return call(ch, &req, MAPFLOW__V1__ENVELOPE__BODY_PROFILE_GET_REPLY, timeout_ms,
                 take_profile, &o);
+}
+
+static mf_status_t take_profile_list(mf__op_t *op, const mf__reply_t *rep, void *arg)
+{
+    const Mapflow__V1__ProfileListReply *lr = rep->env->profile_list_reply;
+    mf_profile_page_t *p = calloc(1, sizeof(*p));
+    if (!p)
+        return oom(op);
+    p->profiles = calloc(lr->n_profiles ? lr->n_profiles : 1, sizeof(*p->profiles));
+    if (!p->profiles)
+        goto oom;
+    if (lr->next_page_token.len) {
+        p->next_page_token = malloc(lr->next_page_token.len);
+        if (!p->next_page_token)
+            goto oom;
+        memcpy(p->next_page_token, lr->next_page_token.data, lr->next_page_token.len);
+        p->next_page_token_len = lr->next_page_token.len;
+    }
+    for (size_t i = 0; i < lr->n_profiles; i++) {
+        const Mapflow__V1__ProfileInfo *e = lr->profiles[i];
+        mf_profile_info_t *o = &p->profiles[p->n_profiles];
+        const char *src = e->source_model ? e->source_model : "";
+        const char *tgt = e->target_model ? e->target_model : "";
+        if (strlen(src) >= sizeof(o->source_model) || strlen(tgt) >= sizeof(o->target_model))
+            continue; /* the daemon bounds names to 255 bytes: skip rather than truncate */
+        o->created_by = strdup(e->created_by ? e->created_by : "");
+        if (!o->created_by)
+            goto oom;
+        snprintf(o->source_model, sizeof(o->source_model), "%s", src);
+        snprintf(o->target_model, sizeof(o->target_model), "%s", tgt);
+        o->block_size = e->block_size;
+        o->l0 = e->l0;
+        o->target_layers = e->target_layers;
+        o->mapped_layers = e->mapped_layers;
+        o->encoded_bytes = e->encoded_bytes;
+        p->n_profiles++;
+    }
+    *(mf_profile_page_t **)arg = p;
+    return MF_OK;
+oom:
+    mf_profile_page_free(p);
+    return oom(op);
+}
+
+MF_EXPORT mf_status_t mf_profile_list(mf_channel_t *ch, uint32_t page_size,
+                                      const void *page_token, size_t page_token_len,
+                                      mf_profile_page_t **out, int64_t timeout_ms)
+{
+    if (!out)
+        return MF_INVALID_ARGUMENT;
+    *out = NULL;
+    Mapflow__V1__ProfileList pl = MAPFLOW__V1__PROFILE_LIST__INIT;
+    pl.page_size = page_size;
+    pl.page_token.data = (uint8_t *)page_token;
+    pl.page_token.len = page_token ? page_token_len : 0;
+    ENV(req, PROFILE_LIST, profile_list) = &pl;
+    return call(ch, &req, MAPFLOW__V1__ENVELOPE__BODY_PROFILE_LIST_REPLY, timeout_ms,
+                take_profile_list, out);
+}
+
+MF_EXPORT void mf_profile_page_free(mf_profile_page_t *p)
+{
+    if (!p)
+        return;
+    for (size_t i = 0; p->profiles && i < p->n_profiles; i++)
+        free(p->profiles[i].created_by);
+    free(p->profiles);
+    free(p->next_page_token);
+    free(p);
 }

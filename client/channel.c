@@ -1,5 +1,6 @@
 /* channel — connections, the I/O thread and the operation engine (see channel.h). */
 #include "channel.h"
+#include "mf_clock.h"
 
 #include "mf_addr.h"
 
@@ -55,13 +56,6 @@ char *mf__strdup(const char *s)
     return d;
 }
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* Absolute deadline (monotonic ms) for a call; INT64_MAX = none. */
 static int64_t deadline_of(const mf_channel_t *ch, int64_t timeout_ms)
 {
@@ -69,7 +63,7 @@ static int64_t deadline_of(const mf_channel_t *ch, int64_t timeout_ms)
         timeout_ms = ch->timeout_ms;
     if (timeout_ms < 0)
         return INT64_MAX;
-    return now_ms() + timeout_ms;
+    return mf_now_ms() + timeout_ms;
 }
 
 /* Milliseconds left for poll(2); -1 = forever, 0 = expired. */
@@ -77,7 +71,7 @@ static int poll_ms(int64_t deadline)
 {
     if (deadline == INT64_MAX)
         return -1;
-    int64_t left = deadline - now_ms();
+    int64_t left = deadline - mf_now_ms();
     if (left <= 0)
         return 0;
     return left > 1000000 ? 1000000 : (int)left;
@@ -734,7 +728,7 @@ static void do_attempt_failed(mf_channel_t *ch, mf__op_t *op, mf_status_t st, co
         snprintf(op->err, sizeof(op->err), "%s", why);
     if (st == MF_UNAVAILABLE && !op->cancel_req && op->attempts < ch->retry.max_retries &&
         !ch->closing) {
-        int64_t at = now_ms() + do_backoff(ch, op->attempts);
+        int64_t at = mf_now_ms() + do_backoff(ch, op->attempts);
         if (at < op->deadline) {
             if (op->vt->undo)
                 op->vt->undo(op);
@@ -896,7 +890,7 @@ static void do_begin_attempt(mf_channel_t *ch, mf__op_t *op)
         return;
     }
     op->state = MF__OP_WAIT_SEND;
-    op->retry_at = now_ms();
+    op->retry_at = mf_now_ms();
     do_note_due(ch, op->retry_at);
 }
 
@@ -986,7 +980,7 @@ static void do_disconnect(mf_channel_t *ch, mf_status_t st, const char *why)
     ch->outq_tail = NULL;
     mf_frame_reader_deinit(&ch->rd);
     mf_frame_reader_init(&ch->rd, ch->max_frame);
-    ch->connect_after = now_ms(); /* the next call may try at once */
+    ch->connect_after = mf_now_ms(); /* the next call may try at once */
     mf__op_t *next;
     for (mf__op_t *op = ch->ops; op; op = next) {
         next = op->next;
@@ -1005,7 +999,7 @@ static void do_reconnect(mf_channel_t *ch, int64_t deadline)
     pthread_mutex_unlock(&ch->mu);
     mf_status_t st = conn_open(ch, &nc, rid, deadline, err);
     pthread_mutex_lock(&ch->mu);
-    int64_t now = now_ms();
+    int64_t now = mf_now_ms();
     if (st == MF_OK) {
         ch->conn = nc; /* the old one's leftovers are on ch->retired */
         ch->gen++;
@@ -1036,7 +1030,7 @@ static void do_reconnect(mf_channel_t *ch, int64_t deadline)
 /* Deadlines, cancellations, due (re)sends; recomputes next_due. */
 static void do_timers(mf_channel_t *ch)
 {
-    int64_t now = now_ms();
+    int64_t now = mf_now_ms();
     int cancels = ch->cancels;
     ch->cancels = 0;
     if (now < ch->next_due && !cancels)
@@ -1080,7 +1074,7 @@ static void do_timers(mf_channel_t *ch)
         if (ch->closing)
             return;
     }
-    now = now_ms();
+    now = mf_now_ms();
     for (mf__op_t *op = ch->ops; op; op = next) {
         next = op->next;
         if (op->state != MF__OP_WAIT_SEND || op->retry_at > now)
@@ -1130,7 +1124,7 @@ static void do_dispatch(mf_channel_t *ch, const mf_frame_t *f)
         do_complete(ch, op, MF_OK);
     else if (op->cancel_req)
         do_complete(ch, op, (mf_status_t)mf__op_error(op, MF_CANCELLED, "cancelled"));
-    else if (r == MF__CONTINUE && op->deadline <= now_ms())
+    else if (r == MF__CONTINUE && op->deadline <= mf_now_ms())
         do_complete(ch, op, (mf_status_t)mf__op_error(op, MF_DEADLINE_EXCEEDED,
                                                       "deadline exceeded"));
     else if (r == MF__CONTINUE)
@@ -1245,7 +1239,7 @@ static mf_status_t do_op_start(mf_channel_t *ch, mf__op_t *op, int64_t deadline)
     ch->n_live++;
     if (op->deadline != INT64_MAX)
         do_note_due(ch, op->deadline);
-    if (ch->state == MF__CONNECTED || ch->retry.max_retries > 0 || now_ms() >= ch->connect_after)
+    if (ch->state == MF__CONNECTED || ch->retry.max_retries > 0 || mf_now_ms() >= ch->connect_after)
         do_begin_attempt(ch, op);
     else /* fail fast: no retries and a reconnect was just refused */
         do_attempt_failed(ch, op, MF_UNAVAILABLE, ch->conn_err);
@@ -1609,7 +1603,7 @@ MF_EXPORT mf_status_t mf_channel_open(const char *target, const mf_channel_param
     if (st != MF_OK)
         return st;
     ch->reconnect_delay = ch->retry.initial_backoff_ms;
-    ch->rng = (uint64_t)(uintptr_t)ch ^ (uint64_t)now_ms() ^ 0x9E3779B97F4A7C15ull;
+    ch->rng = (uint64_t)(uintptr_t)ch ^ (uint64_t)mf_now_ms() ^ 0x9E3779B97F4A7C15ull;
     if (mf_frame_reader_init(&ch->rd, ch->max_frame) != MF_OK)
         return mf__chan_error(ch, MF_INVALID_ARGUMENT, "bad max_frame");
     if (!target || !target[0])

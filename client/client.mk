@@ -50,7 +50,8 @@ $(MAPFLOW_SO): $(MAPFLOW_SO_REAL) mf-client-links
 	$(Q)ln -sfn $(notdir $<) $(LIB)/libmapflow.so.$(MF_MAJOR)
 	$(Q)ln -sfn libmapflow.so.$(MF_MAJOR) $@
 
-CTL_OBJS := $(OBJ)/client/mapflowctl.o $(OBJ)/client/ctl_io.o $(OBJ)/client/ctl_print.o
+CTL_OBJS := $(OBJ)/client/mapflowctl.o $(OBJ)/client/ctl_io.o $(OBJ)/client/ctl_print.o \
+            $(OBJ)/client/ctl_profile.o
 $(BIN)/mapflowctl: $(CTL_OBJS) $(MAPFLOW_A)
 	@mkdir -p $(dir $@)
 	@[ "$(V)" != 0 ] || echo "  LD    $@"

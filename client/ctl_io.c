@@ -262,3 +262,78 @@ mf_hash128_t parse_hash(const char *s)
         usage_fail("--hash: '%s' is not 32 hex digits", s);
     return h;
 }
+
+/* Reports a failed call and returns the exit code it maps to. */
+int ctl_fail(ctl_t *c, const char *what, mf_status_t st)
+{
+    report(st, what, "%s", c->ch ? mf_channel_last_error(c->ch) : "");
+    return st == MF_UNAVAILABLE ? EXIT_CONNECT : EXIT_DAEMON;
+}
+
+/* Every page (or --pages P from --page-token), fetched before anything is printed, so a
+ * failure on a later page leaves stdout with one error object, not half a list. JSON:
+ * always {ITEMS: [...], "next_page_token": hex | null}. */
+int run_pages(ctl_t *c, const cmd_opts_t *o, const pager_t *pg)
+{
+    uint8_t *token = NULL;
+    size_t token_len = 0, n_pages = 0, cap = 0;
+    void **pages = NULL;
+    int rc = 0;
+    if (o->page_token)
+        token_len = parse_hex_bytes(o->page_token, "--page-token", &token);
+    for (uint32_t page = 0; !o->pages || page < o->pages; page++) {
+        if (n_pages == cap) {
+            cap = cap ? 2 * cap : 8;
+            void **np = realloc(pages, cap * sizeof(*np));
+            if (!np) {
+                report(MF_RESOURCE_EXHAUSTED, pg->what, "out of memory");
+                rc = EXIT_DAEMON;
+                break;
+            }
+            pages = np;
+        }
+        void *p;
+        uint8_t *next = NULL;
+        size_t next_len = 0;
+        mf_status_t st = pg->fetch(c, o, token, token_len, &p, &next, &next_len);
+        free(token);
+        token = NULL;
+        token_len = 0;
+        if (st != MF_OK) {
+            rc = ctl_fail(c, pg->what, st);
+            break;
+        }
+        pages[n_pages++] = p;
+        if (!next_len)
+            break;
+        token = next;
+        token_len = next_len;
+    }
+    if (rc == 0) {
+        size_t shown = 0;
+        if (c->json)
+            printf("{\"%s\":[", pg->items);
+        for (size_t k = 0; k < n_pages; k++)
+            shown += pg->print(pages[k], c->json, shown);
+        if (c->json) {
+            printf("],\"next_page_token\":");
+            if (token) {
+                putchar('"');
+                print_hex(stdout, token, token_len);
+                putchar('"');
+            } else {
+                printf("null");
+            }
+            printf("}\n");
+        } else if (token) {
+            fprintf(stderr, "next page: --page-token ");
+            print_hex(stderr, token, token_len);
+            fputc('\n', stderr);
+        }
+    }
+    for (size_t k = 0; k < n_pages; k++)
+        pg->free_page(pages[k]);
+    free(pages);
+    free(token);
+    return rc;
+}

@@ -149,6 +149,29 @@ void print_entry(const mf_entry_info_t *e, int json, int first)
            mf_tier_name(e->tier), e->on_ssd && e->tier != MF_TIER_SSD ? "+ssd" : "", e->pins);
 }
 
+void print_profile_info(const mf_profile_info_t *p, int json, int first)
+{
+    if (json) {
+        printf("%s{\"source_model\":", first ? "" : ",");
+        json_str(p->source_model);
+        printf(",\"target_model\":");
+        json_str(p->target_model);
+        printf(",\"block_size\":%u,\"l0\":%u,\"target_layers\":%u,\"mapped_layers\":%u,"
+               "\"encoded_bytes\":%" PRIu64 ",\"created_by\":",
+               p->block_size, p->l0, p->target_layers, p->mapped_layers, p->encoded_bytes);
+        json_str(p->created_by);
+        printf("}");
+        return;
+    }
+    text_strn(p->source_model, strlen(p->source_model));
+    putchar('\t');
+    text_strn(p->target_model, strlen(p->target_model));
+    printf("\t%u\t%u/%u\t%" PRIu64 "\t", p->block_size, p->mapped_layers, p->target_layers,
+           p->encoded_bytes);
+    text_strn(p->created_by, strlen(p->created_by));
+    putchar('\n');
+}
+
 void print_items(const mf_config_item_t *it, size_t n, int json)
 {
     if (json)

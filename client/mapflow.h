@@ -45,7 +45,7 @@
  * (results, lengths, buffers) must stay valid until the call's event has been taken from
  * the queue; the library writes the outputs before it posts the event. Results returned
  * through a pointer to pointer (mf_get_result_t, mf_list_page_t, mf_stats_t, config
- * items, profiles) are allocated by the library and freed by the caller with the matching
+ * items, profiles, mf_profile_page_t) are allocated by the library and freed by the caller with the matching
  * …_free function. Leased row views point into the daemon's host arena, mapped
  * MAP_SHARED into this process; they stay valid until released (mf_release*), until the
  * lease expires (the GetReply's lease_ttl_ms), until a reconnect (see above) or until
@@ -688,6 +688,33 @@ MF_EXPORT mf_status_t mf_profile_put(mf_channel_t *ch, const void *profile_pb, s
 MF_EXPORT mf_status_t mf_profile_get(mf_channel_t *ch, const char *source_model,
                                      const char *target_model, void **profile_pb,
                                      size_t *len, int64_t timeout_ms);
+
+/* One stored profile, as ProfileList summarises it (mf_profile_get fetches it whole). */
+typedef struct mf_profile_info {
+    char source_model[256];
+    char target_model[256];
+    uint32_t block_size;
+    uint32_t l0;
+    uint32_t target_layers;
+    uint32_t mapped_layers;   /* LayerMap entries */
+    char *created_by;         /* "" when unset; owned by the page */
+    uint64_t encoded_bytes;   /* size of the stored MappingProfile */
+} mf_profile_info_t;
+
+typedef struct mf_profile_page {
+    size_t n_profiles;
+    mf_profile_info_t *profiles;
+    uint8_t *next_page_token; /* NULL/0 on the last page; pass it back to continue */
+    size_t next_page_token_len;
+} mf_profile_page_t;
+
+/* The profiles of the channel's namespace in key order (source, then target; each name
+ * shorter first, then bytewise); page_size 0 =
+ * the daemon's default (100), at most 1000. UNAVAILABLE when the SSD tier is off. */
+MF_EXPORT mf_status_t mf_profile_list(mf_channel_t *ch, uint32_t page_size,
+                                      const void *page_token, size_t page_token_len,
+                                      mf_profile_page_t **out, int64_t timeout_ms);
+MF_EXPORT void mf_profile_page_free(mf_profile_page_t *p);
 
 #ifdef __cplusplus
 }

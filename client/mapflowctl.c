@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "ctl.h"
+#include "mf_clock.h"
 #include "mapflow.h"
 #include "mapflow.pb-c.h"
 #include "mf_addr.h"
@@ -65,41 +66,9 @@ static const char usage_tail[] =
     "EXIT STATUS\n"
     "    0 ok, 1 error from the daemon, 2 usage, 3 cannot connect.\n";
 
-typedef struct ctl {
-    const char *socket;
-    const char *addr;
-    const char *ns;
-    const char *token;
-    const char *admin_socket, *admin_token;
-    int admin;               /* this command needs the admin path */
-    int json;
-    int64_t timeout_ms;
-    mf_channel_t *ch;
-} ctl_t;
-
-/* Reports a failed call and returns the exit code it maps to. */
-static int fail(ctl_t *c, const char *what, mf_status_t st)
-{
-    report(st, what, "%s", c->ch ? mf_channel_last_error(c->ch) : "");
-    return st == MF_UNAVAILABLE ? EXIT_CONNECT : EXIT_DAEMON;
-}
-
 /* ==== parsing helpers ================================================================ */
 
 /* Command-level options: getopt_long over argv after the command word. */
-typedef struct cmd_opts {
-    const char *model, *hash, *out, *tokens, *layers, *tier, *file, *source, *target, *ns;
-    const char *page_token;
-    const char *rows[64];
-    int n_rows;
-    int64_t layer;
-    uint32_t block, page_size, pages, count;
-    uint64_t bytes;
-    double interval;
-    int durable, all_ns;
-    const char *peer;
-} cmd_opts_t;
-
 /*
  * The command table: dispatch, `mapflowctl help`, `CMD --help` and the COMMANDS section
  * of --help all read it. opts: the cmd_opts letters (below) the command takes; prepare:
@@ -186,7 +155,7 @@ static int cmd_health(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
     mf_health_t h;
     mf_status_t st = mf_health(c->ch, &h, c->timeout_ms);
     if (st != MF_OK)
-        return fail(c, "health", st);
+        return ctl_fail(c, "health", st);
     if (c->json) {
         printf("{\"ok\":%s,\"ready\":%s,\"status\":", h.ok ? "true" : "false",
                h.ready ? "true" : "false");
@@ -201,13 +170,6 @@ static int cmd_health(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
     return h.ok ? 0 : EXIT_DAEMON;
 }
 
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
 static int cmd_stats(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
 {
     (void)argc, (void)argv;
@@ -218,10 +180,10 @@ static int cmd_stats(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
         mf_stats_t *s;
         mf_status_t st = mf_stats(c->ch, &s, c->timeout_ms);
         if (st != MF_OK) {
-            rc = fail(c, "stats", st);
+            rc = ctl_fail(c, "stats", st);
             break;
         }
-        double t = mono_s();
+        double t = mf_now_s();
         if (o->interval <= 0)
             print_stats(s, c->json);
         else if (c->json)
@@ -256,77 +218,39 @@ static int prep_stats(int argc, char **argv, cmd_opts_t *o)
     return 0;
 }
 
-/* Every page (or --pages P from --page-token), fetched before anything is printed, so a
- * failure on a later page leaves stdout with one error object, not half a list. JSON:
- * always {"entries": [...], "next_page_token": hex | null}. */
+static mf_status_t fetch_entries(ctl_t *c, const cmd_opts_t *o, const uint8_t *tok,
+                                 size_t tok_len, void **page, uint8_t **next, size_t *next_len)
+{
+    mf_list_page_t *p;
+    mf_status_t st = mf_list(c->ch, o->model, o->layer, o->page_size, tok, tok_len, &p,
+                             c->timeout_ms);
+    if (st != MF_OK)
+        return st;
+    *page = p;
+    *next = p->next_page_token;
+    *next_len = p->next_page_token_len;
+    p->next_page_token = NULL;
+    return MF_OK;
+}
+
+static size_t print_entries(const void *page, int json, size_t shown)
+{
+    const mf_list_page_t *p = page;
+    for (size_t i = 0; i < p->n_entries; i++)
+        print_entry(&p->entries[i], json, shown + i == 0);
+    return p->n_entries;
+}
+
+static void free_entries(void *page) { mf_list_page_free(page); }
+
 static int cmd_ls(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
 {
     (void)argc, (void)argv;
-    uint8_t *token = NULL;
-    size_t token_len = 0, n_pages = 0, cap = 0;
-    mf_list_page_t **pages = NULL;
-    int rc = 0;
-    if (o->page_token)
-        token_len = parse_hex_bytes(o->page_token, "--page-token", &token);
-    for (uint32_t page = 0; !o->pages || page < o->pages; page++) {
-        if (n_pages == cap) {
-            cap = cap ? 2 * cap : 8;
-            mf_list_page_t **np = realloc(pages, cap * sizeof(*np));
-            if (!np) {
-                report(MF_RESOURCE_EXHAUSTED, "ls", "out of memory");
-                rc = EXIT_DAEMON;
-                break;
-            }
-            pages = np;
-        }
-        mf_list_page_t *p;
-        mf_status_t st = mf_list(c->ch, o->model, o->layer, o->page_size, token, token_len, &p,
-                                 c->timeout_ms);
-        free(token);
-        token = NULL;
-        token_len = 0;
-        if (st != MF_OK) {
-            rc = fail(c, "ls", st);
-            break;
-        }
-        pages[n_pages++] = p;
-        if (!p->next_page_token_len)
-            break;
-        token = p->next_page_token;
-        token_len = p->next_page_token_len;
-        p->next_page_token = NULL;
-    }
-    if (rc == 0) {
-        size_t shown = 0;
-        if (c->json)
-            printf("{\"entries\":[");
-        for (size_t k = 0; k < n_pages; k++)
-            for (size_t i = 0; i < pages[k]->n_entries; i++, shown++)
-                print_entry(&pages[k]->entries[i], c->json, shown == 0);
-        if (c->json) {
-            printf("],\"next_page_token\":");
-            if (token) {
-                putchar('"');
-                print_hex(stdout, token, token_len);
-                putchar('"');
-            } else {
-                printf("null");
-            }
-            printf("}\n");
-        } else if (token) {
-            fprintf(stderr, "next page: --page-token ");
-            print_hex(stderr, token, token_len);
-            fputc('\n', stderr);
-        }
-    }
-    for (size_t k = 0; k < n_pages; k++)
-        mf_list_page_free(pages[k]);
-    free(pages);
-    free(token);
-    return rc;
+    static const pager_t pg = {"ls", "entries", fetch_entries, print_entries, free_entries};
+    return run_pages(c, o, &pg);
 }
 
-static int prep_ls(int argc, char **argv, cmd_opts_t *o)
+int prep_ls(int argc, char **argv, cmd_opts_t *o)
 {
     (void)argc, (void)argv;
     if (o->page_token) {
@@ -406,10 +330,10 @@ static int cmd_get(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
     mf_get_result_t *r;
     mf_status_t st = mf_get_keys_peer(c->ch, o->peer, &k, 1, MF_GET_COPY, &r, c->timeout_ms);
     if (st != MF_OK)
-        return fail(c, "get", st);
+        return ctl_fail(c, "get", st);
     st = r->rows[0].status;
     int rc = st == MF_OK ? write_file(o->out, r->rows[0].data, r->rows[0].length)
-                         : fail(c, "get", st);
+                         : ctl_fail(c, "get", st);
     if (rc == 0 && c->json) {
         printf("{\"out\":");
         json_str(o->out);
@@ -478,7 +402,7 @@ static int cmd_lookup(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
                                              layers, nl, blocks, &total, c->timeout_ms)
                             : MF_RESOURCE_EXHAUSTED;
     if (st != MF_OK) {
-        rc = fail(c, "lookup", st);
+        rc = ctl_fail(c, "lookup", st);
     } else if (c->json) {
         printf("{\"total_blocks\":%u,\"layers\":{", total);
         for (size_t i = 0; i < nl; i++)
@@ -517,7 +441,7 @@ static int cmd_del(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
         st = mf_delete_model(c->ch, o->model, o->layer, &n, c->timeout_ms);
     }
     if (st != MF_OK)
-        return fail(c, "del", st);
+        return ctl_fail(c, "del", st);
     printf(c->json ? "{\"deleted\":%" PRIu64 "}\n" : "deleted %" PRIu64 "\n", n);
     return 0;
 }
@@ -553,7 +477,7 @@ static int cmd_evict(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
     mf_status_t st = o->all_ns ? mf_evict_all(c->ch, t, o->bytes, &b, &e, c->timeout_ms)
                                : mf_evict(c->ch, t, o->bytes, &b, &e, c->timeout_ms);
     if (st != MF_OK)
-        return fail(c, "evict", st);
+        return ctl_fail(c, "evict", st);
     printf(c->json ? "{\"bytes\":%" PRIu64 ",\"entries\":%" PRIu64 "}\n"
                    : "evicted %" PRIu64 " bytes, %" PRIu64 " entries\n", b, e);
     return 0;
@@ -566,7 +490,7 @@ static int cmd_flush(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
     mf_status_t st = o->all_ns ? mf_flush_all(c->ch, &n, c->timeout_ms)
                                : mf_flush(c->ch, &n, c->timeout_ms);
     if (st != MF_OK)
-        return fail(c, "flush", st);
+        return ctl_fail(c, "flush", st);
     printf(c->json ? "{\"entries\":%" PRIu64 "}\n" : "flushed %" PRIu64 " entries\n", n);
     return 0;
 }
@@ -595,7 +519,7 @@ static int cmd_config_get(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
     size_t n = 0;
     mf_status_t st = mf_config_get(c->ch, argc == 2 ? argv[1] : "", &it, &n, c->timeout_ms);
     if (st != MF_OK)
-        return fail(c, "config get", st);
+        return ctl_fail(c, "config get", st);
     print_items(it, n, c->json);
     mf_config_items_free(it, n);
     return 0;
@@ -607,92 +531,10 @@ static int cmd_config_set(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
     mf_config_item_t *it = NULL;
     mf_status_t st = mf_config_set(c->ch, argv[1], argv[2], &it, c->timeout_ms);
     if (st != MF_OK)
-        return fail(c, "config set", st);
+        return ctl_fail(c, "config set", st);
     print_items(it, it ? 1 : 0, c->json);
     mf_config_items_free(it, it ? 1 : 0);
     return 0;
-}
-
-/* Decoded here first: a file that is not a MappingProfile is a usage error, and what was
- * stored (source → target, shape, bytes) is said afterwards. An admin request. */
-static int prep_profile_put(int argc, char **argv, cmd_opts_t *o)
-{
-    (void)argc, (void)argv;
-    need(o->file, "--file", "profile put");
-    return 1;
-}
-
-static int cmd_profile_put(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
-{
-    (void)argc, (void)argv;
-    size_t len;
-    void *pb = read_file(o->file, &len);
-    if (!pb)
-        return file_fail(o->file, EXIT_USAGE);
-    Mapflow__V1__MappingProfile *p = mapflow__v1__mapping_profile__unpack(NULL, len, pb);
-    if (!p) {
-        free(pb);
-        report(MF_INVALID_ARGUMENT, o->file, "not an encoded mapflow.v1.MappingProfile");
-        return EXIT_USAGE;
-    }
-    mf_status_t st = mf_profile_put(c->ch, pb, len, c->timeout_ms);
-    free(pb);
-    int rc = 0;
-    const char *src = p->source_model ? p->source_model : "";
-    const char *tgt = p->target_model ? p->target_model : "";
-    if (st != MF_OK) {
-        rc = fail(c, "profile put", st);
-    } else if (c->json) {
-        printf("{\"stored\":true,\"ns\":");
-        json_str(c->ns);
-        printf(",\"source_model\":");
-        json_str(src);
-        printf(",\"target_model\":");
-        json_str(tgt);
-        printf(",\"block_size\":%u,\"layers\":%zu,\"bytes\":%zu}\n", p->block_size,
-               p->n_layers, len);
-    } else {
-        printf("stored profile ");
-        text_strn(src, strlen(src));
-        printf(" -> ");
-        text_strn(tgt, strlen(tgt));
-        printf(" (namespace ");
-        text_strn(c->ns, strlen(c->ns));
-        printf(", block %u, %zu layers, %zu bytes)\n", p->block_size, p->n_layers, len);
-    }
-    mapflow__v1__mapping_profile__free_unpacked(p, NULL);
-    return rc;
-}
-
-static int prep_profile_get(int argc, char **argv, cmd_opts_t *o)
-{
-    (void)argc, (void)argv;
-    need(o->source, "--source", "profile get");
-    need(o->target, "--target", "profile get");
-    return 0;
-}
-
-static int cmd_profile_get(ctl_t *c, int argc, char **argv, const cmd_opts_t *o)
-{
-    (void)argc, (void)argv;
-    void *pb;
-    size_t len;
-    mf_status_t st = mf_profile_get(c->ch, o->source, o->target, &pb, &len, c->timeout_ms);
-    if (st != MF_OK)
-        return fail(c, "profile get", st);
-    int rc = 0;
-    if (o->out)
-        rc = write_file(o->out, pb, len);
-    if (c->json && rc == 0)
-        rc = print_profile_json(pb, len, o->out);
-    else if (o->out)
-        ;
-    else if (isatty(1))
-        printf("%zu bytes (use --out FILE)\n", len);
-    else
-        rc = fwrite(pb, 1, len, stdout) == len ? 0 : file_fail("stdout", EXIT_DAEMON);
-    free(pb);
-    return rc;
 }
 
 static int prep_hash(int argc, char **argv, cmd_opts_t *o)
@@ -793,6 +635,10 @@ static const cmd_t commands[] = {
     {"profile get", cmd_profile_get, prep_profile_get, "sgo", 0,
      "profile get --source S --target T [--out F]\n"
      "    fetch one (raw protobuf to F or a pipe; --json: its fields as JSON)\n"},
+    {"profile ls", cmd_profile_ls, prep_ls, "pPk", 0,
+     "profile ls [--page-size N] [--pages P] [--page-token T]\n"
+     "    list the namespace's profiles (source, target, block, mapped / target layers,\n"
+     "    bytes, created_by): every page, or P pages from token T (hex), as ls\n"},
     {"hash", cmd_hash, prep_hash, "mbtn", 1,
      "hash --model M --block B --tokens FILE [--ns NS]\n"
      "    print one prefix hash per full block (no daemon; B as the daemon allows it)\n"},

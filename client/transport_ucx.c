@@ -1,5 +1,6 @@
 /* transport_ucx — UCX context, worker, endpoint, frames and arena RMA (see transport_ucx.h). */
 #include "transport_ucx.h"
+#include "mf_clock.h"
 
 #include "mf_addr.h"
 
@@ -99,13 +100,6 @@ typedef struct batch {
     ucs_status_t status;
     int abandoned;
 } batch_t;
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static void fail(mf__ucx_t *u, const char *why)
 {
@@ -260,7 +254,7 @@ static int ms_left(int64_t deadline)
 {
     if (deadline == INT64_MAX)
         return WAKE_MS;
-    int64_t l = deadline - now_ms();
+    int64_t l = deadline - mf_now_ms();
     return l <= 0 ? 0 : l > WAKE_MS ? WAKE_MS : (int)l;
 }
 
@@ -342,8 +336,8 @@ static void force_close(mf__ucx_t *u)
     void *r = ucx.ucp_ep_close_nbx(u->ep, &p);
     u->ep = NULL;
     if (UCS_PTR_IS_PTR(r)) {
-        for (int64_t until = now_ms() + CLOSE_MS;
-             ucx.ucp_request_check_status(r) == UCS_INPROGRESS && now_ms() < until;)
+        for (int64_t until = mf_now_ms() + CLOSE_MS;
+             ucx.ucp_request_check_status(r) == UCS_INPROGRESS && mf_now_ms() < until;)
             progress(u);
         ucx.ucp_request_free(r);
     }
@@ -373,7 +367,7 @@ static mf_status_t batch_wait(mf__ucx_t *u, batch_t *b, int64_t deadline, const 
     }
     if (b->pending > 0) {
         force_close(u);
-        for (int64_t until = now_ms() + CLOSE_MS; b->pending > 0 && now_ms() < until;)
+        for (int64_t until = mf_now_ms() + CLOSE_MS; b->pending > 0 && mf_now_ms() < until;)
             progress(u);
     }
     if (st == MF_OK && (b->status != UCS_OK || u->failed))
@@ -537,7 +531,7 @@ void mf__ucx_close(mf__ucx_t *u)
     if (!u)
         return;
     /* Frames already handed over (a Release, a PutAbort) leave before the close. */
-    for (int64_t until = now_ms() + CLOSE_MS; u->sending && !u->failed && now_ms() < until;)
+    for (int64_t until = mf_now_ms() + CLOSE_MS; u->sending && !u->failed && mf_now_ms() < until;)
         sleep_efd(u, 10);
     if (u->rkey)
         ucx.ucp_rkey_destroy(u->rkey);

@@ -1,5 +1,6 @@
 /* admin — List, Stats, Evict, Flush, Delete, Config, Health, Profiles (see admin.h). */
 #include "admin.h"
+#include "mf_clock.h"
 #include "log.h"
 
 #include <math.h>
@@ -30,7 +31,7 @@ static uint64_t wall_ms_of(uint64_t mono_ms)
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     uint64_t wall = (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-    uint64_t now = mfd_now_ms();
+    uint64_t now = mf_now_ms();
     return mono_ms && mono_ms <= now ? wall - (now - mono_ms) : 0;
 }
 
@@ -191,7 +192,7 @@ void mfd_admin_stats(mfd_conn_t *c, uint64_t rid)
     rep.tiers = tp;
     rep.n_counters = cv.n;
     rep.counters = cv.ptrs;
-    rep.uptime_ms = mfd_now_ms() - s->start_ms;
+    rep.uptime_ms = mf_now_ms() - s->start_ms;
     rep.connections = (uint32_t)s->n_conns;
     REPLY(c, rid, STATS_REPLY, stats_reply, &rep);
 done:
@@ -539,6 +540,118 @@ void mfd_admin_profile_get(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Profi
     if (!j)
         return;
     j->cb = on_profile_get;
+    mfd_conn_hold(c);
+    mfd_ssd_submit(c->srv->store.ssd, j);
+}
+
+/* ProfileList: one SCAN_RAW of the namespace's 'p' records from the page token on. The
+ * token is the last listed key after the namespace prefix (u8 len src u8 len tgt). */
+static void on_profile_list(mfd_ssd_job_t *j)
+{
+    profile_op_t *op = j->arg;
+    Mapflow__V1__ProfileInfo *items = calloc(j->n_items ? j->n_items : 1, sizeof(*items));
+    Mapflow__V1__ProfileInfo **ptrs = calloc(j->n_items ? j->n_items : 1, sizeof(*ptrs));
+    char (*names)[2][MFD_MODEL_MAX + 1] =
+        calloc(j->n_items ? j->n_items : 1, sizeof(*names));
+    /* Decoded records stay until the reply is packed: created_by points into them. */
+    Mapflow__V1__MappingProfile **decoded =
+        calloc(j->n_items ? j->n_items : 1, sizeof(*decoded));
+    if (j->status != MF_OK) {
+        mfd_conn_error(op->c, op->rid, j->status == MF_DATA_LOSS ? MF_DATA_LOSS : MF_UNAVAILABLE,
+                       "ProfileList: SSD scan failed");
+        goto done;
+    }
+    if (!items || !ptrs || !names || !decoded) {
+        mfd_conn_error(op->c, op->rid, MF_RESOURCE_EXHAUSTED, "ProfileList: out of memory");
+        goto done;
+    }
+    size_t pos = 0, k = 0, slen, vlen, last = 0, last_len = 0;
+    const uint8_t *suf, *val;
+    while (k < j->n_items && mfd_ssd_scan_next(j, &pos, &suf, &slen, &val, &vlen)) {
+        Mapflow__V1__ProfileInfo *it = &items[k];
+        mapflow__v1__profile_info__init(it);
+        /* The names come from the key (they are what ProfileGet takes); the rest from
+         * the record, which a corrupt value leaves at zero rather than failing the page. */
+        size_t a = slen ? suf[0] : 0;
+        size_t b = 1 + a < slen ? suf[1 + a] : 0;
+        if (slen != 2 + a + b) {
+            mfd_warn("ssd: skipping a malformed profile key (%zu bytes)", slen);
+            continue;
+        }
+        memcpy(names[k][0], suf + 1, a);
+        memcpy(names[k][1], suf + 2 + a, b);
+        it->source_model = names[k][0];
+        it->target_model = names[k][1];
+        it->encoded_bytes = vlen;
+        Mapflow__V1__MappingProfile *p = mapflow__v1__mapping_profile__unpack(NULL, vlen, val);
+        decoded[k] = p;
+        if (p) {
+            it->block_size = p->block_size;
+            it->l0 = p->l0;
+            it->target_layers = p->target_layers;
+            it->mapped_layers = (uint32_t)p->n_layers;
+            it->created_by = p->created_by;
+        }
+        last = (size_t)(suf - j->out);
+        last_len = slen;
+        ptrs[k++] = it;
+    }
+    Mapflow__V1__ProfileListReply rep = MAPFLOW__V1__PROFILE_LIST_REPLY__INIT;
+    rep.n_profiles = k;
+    rep.profiles = ptrs;
+    if (j->more && last_len) {
+        rep.next_page_token.data = j->out + last;
+        rep.next_page_token.len = last_len;
+    }
+    REPLY(op->c, op->rid, PROFILE_LIST_REPLY, profile_list_reply, &rep);
+    for (size_t i = 0; i < k; i++)
+        if (decoded[i])
+            mapflow__v1__mapping_profile__free_unpacked(decoded[i], NULL);
+done:
+    free(items);
+    free(ptrs);
+    free(names);
+    free(decoded);
+    mfd_conn_unhold(op->c);
+    free(op);
+    mfd_ssd_job_free(j);
+}
+
+void mfd_admin_profile_list(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__ProfileList *m)
+{
+    uint32_t page = m->page_size ? m->page_size : 100;
+    if (page > 1000 || m->page_token.len > 2 + 2 * MFD_MODEL_MAX) {
+        mfd_conn_error(c, rid, MF_INVALID_ARGUMENT,
+                       "ProfileList: page_size ≤ 1000, page_token from a ProfileListReply");
+        return;
+    }
+    if (!c->srv->store.ssd) {
+        mfd_conn_error(c, rid, MF_UNAVAILABLE, "profiles live in the SSD tier, which is off");
+        return;
+    }
+    uint8_t key[MFD_SSD_KEY_MAX];
+    size_t pl = mfd_ssd_profile_prefix(key, c->ns);
+    if (!pl || pl + m->page_token.len > MFD_SSD_KEY_MAX) {
+        mfd_conn_error(c, rid, MF_INVALID_ARGUMENT, "ProfileList: namespace or token too long");
+        return;
+    }
+    if (m->page_token.len)
+        memcpy(key + pl, m->page_token.data, m->page_token.len);
+    profile_op_t *op = calloc(1, sizeof(*op));
+    mfd_ssd_job_t *j = mfd_ssd_job_new(MFD_SSD_SCAN_RAW, key, pl + m->page_token.len);
+    if (!op || !j) {
+        free(op);
+        mfd_ssd_job_free(j);
+        mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED, "ProfileList: out of memory");
+        return;
+    }
+    op->c = c;
+    op->rid = rid;
+    j->arg = op;
+    j->prefix_len = pl;
+    j->max_items = page;
+    j->skip_first = m->page_token.len > 0;
+    j->cb = on_profile_list;
     mfd_conn_hold(c);
     mfd_ssd_submit(c->srv->store.ssd, j);
 }

@@ -1,6 +1,6 @@
 /*
  * admin — the admin requests (List, Stats, Evict, Flush, ConfigGet, ConfigSet, Health,
- * ProfilePut, ProfileGet) and Delete, each answering on the requesting connection.
+ * ProfilePut, ProfileGet, ProfileList) and Delete, each answering on the requesting connection.
  * Profiles are stored per namespace under (source, target) in the SSD tier's RocksDB
  * (tier_ssd.h 'p' records); with the SSD tier off they are refused (UNAVAILABLE).
  * ConfigSet, ProfilePut and Flush / Evict of every namespace reach these handlers only
@@ -26,5 +26,7 @@ void mfd_admin_config_set(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Config
 void mfd_admin_health(mfd_conn_t *c, uint64_t rid);
 void mfd_admin_profile_put(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__ProfilePut *m);
 void mfd_admin_profile_get(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__ProfileGet *m);
+/* Lists the connection's own namespace's profiles (an SSD scan on a worker, paged). */
+void mfd_admin_profile_list(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__ProfileList *m);
 
 #endif /* MFD_ADMIN_H */

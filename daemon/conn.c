@@ -1,5 +1,6 @@
 /* conn — connections: output, input, adoption; the daemon's views (see conn.h). */
 #include "conn.h"
+#include "mf_clock.h"
 #include "log.h"
 
 #include <errno.h>
@@ -27,7 +28,7 @@ static void conn_free(mfd_conn_t *c)
 /* (An accept loop at the fd limit once wrote 18.8 M lines.) */
 void mfd_conn_warn_limited(mfd_server_t *s, const char *what)
 {
-    uint64_t now = mfd_now_ms();
+    uint64_t now = mf_now_ms();
     if (s->accept_log_ms && now - s->accept_log_ms < 10000) {
         s->accept_log_suppressed++;
         return;
@@ -122,7 +123,7 @@ void mfd_conn_flush(mfd_conn_t *c)
         event_add(c->rev, NULL);
         /* The wait was ours, not the client's: its partial frame starts its clock now. */
         if (c->partial_since_ms)
-            c->partial_since_ms = mfd_now_ms();
+            c->partial_since_ms = mf_now_ms();
     }
 }
 
@@ -224,7 +225,7 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
     if (n < 0)
         return;
     mf_frame_reader_commit(&c->rd, (size_t)n);
-    c->last_rx_ms = mfd_now_ms();
+    c->last_rx_ms = mf_now_ms();
     /* Keep the connection alive across dispatch: a handler may close it. */
     mfd_conn_hold(c);
     while (!c->dead && !c->closing) {
@@ -257,7 +258,7 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
     if (!c->dead && mf_frame_reader_pending(&c->rd) == 0)
         c->partial_since_ms = 0;
     else if (!c->dead && !c->partial_since_ms)
-        c->partial_since_ms = mfd_now_ms();
+        c->partial_since_ms = mf_now_ms();
     mfd_conn_unhold(c);
 }
 
@@ -297,7 +298,7 @@ mf_status_t mfd_conn_adopt(mfd_server_t *s, int fd, const mfd_transport_t *tp,
         return MF_RESOURCE_EXHAUSTED;
     }
     snprintf(c->peer, sizeof(c->peer), "%s", peer_name);
-    c->accepted_ms = c->last_rx_ms = mfd_now_ms();
+    c->accepted_ms = c->last_rx_ms = mf_now_ms();
     c->next = s->conns;
     if (s->conns)
         s->conns->prev = c;
@@ -345,7 +346,7 @@ void mfd_server_gauges(mfd_server_t *s, mfd_gauges_t *g)
     g->reservations = mfd_tickets_count(s->tickets, MFD_TICKET_RESERVATION);
     g->ssd_inflight = s->store.ssd ? mfd_ssd_inflight(s->store.ssd) : 0;
     g->wt_backlog_bytes = s->store.wt_bytes + s->store.wt_deferred_bytes;
-    g->uptime_s = (double)(mfd_now_ms() - s->start_ms) / 1000.0;
+    g->uptime_s = (double)(mf_now_ms() - s->start_ms) / 1000.0;
     g->ready = s->ready;
     g->version = MFD_VERSION_STR;
 }

@@ -1,6 +1,7 @@
 /* daemon — mapflowd's lifecycle: create, run, drain, destroy; timers, signals, reload
  * (see server.h). */
 #include "server.h"
+#include "mf_clock.h"
 #include "dispatch.h"
 #include "http.h"
 #include "lease.h"
@@ -35,20 +36,7 @@ static char *render_metrics(void *ctx, size_t *len_out)
     mfd_gauges_t g;
     mfd_server_gauges(s, &g);
     mfd_process_read(&g.proc); /* no /proc: the process_* families are left out */
-    size_t len;
-    char *text = mfd_metrics_render(&s->metrics, &g, &len);
-    size_t plen = 0;
-    char *peers = text ? mfd_peers_metrics(s->peers, &plen) : NULL;
-    char *all = peers ? realloc(text, len + plen + 1) : NULL;
-    if (!all) {
-        free(text);
-        free(peers);
-        return NULL;
-    }
-    memcpy(all + len, peers, plen + 1);
-    free(peers);
-    *len_out = len + plen;
-    return all;
+    return mfd_metrics_render(&s->metrics, &g, mfd_peers_metrics, s->peers, len_out);
 }
 
 static int render_ready(void *ctx)
@@ -108,7 +96,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     mfd_server_t *s = arg;
-    uint64_t now = mfd_now_ms();
+    uint64_t now = mf_now_ms();
     mfd_tickets_expire(s->tickets, now, mfd_ticket_expire, s);
     expire_partial_frames(s, now);
     expire_silent(s, now);
@@ -159,7 +147,7 @@ mf_status_t mfd_server_create(mfd_config_t *cfg, const char *config_path,
         return MF_RESOURCE_EXHAUSTED;
     s->cfg = *cfg;
     memset(cfg, 0, sizeof(*cfg));
-    s->start_ms = mfd_now_ms();
+    s->start_ms = mf_now_ms();
     s->dispatch = mfd_server_dispatch;
     s->on_close = on_conn_close;
     mfd_metrics_init(&s->metrics);

@@ -1,5 +1,6 @@
 /* dispatch — Hello and the request switch (see dispatch.h). */
 #include "dispatch.h"
+#include "mf_clock.h"
 #include "admin.h"
 #include "lease.h"
 #include "log.h"
@@ -176,7 +177,7 @@ static const char *admin_request(const mf_envelope_t *env)
 void mfd_server_dispatch(mfd_conn_t *c, const mf_envelope_t *env, const uint8_t *payload,
                          size_t plen)
 {
-    double t0 = mfd_now_s();
+    double t0 = mf_now_s();
     uint64_t rid = env->request_id;
     mfd_metrics_request(&c->srv->metrics, (int)env->body_case);
     if (!c->hello_done && env->body_case != MAPFLOW__V1__ENVELOPE__BODY_HELLO) {
@@ -227,6 +228,9 @@ void mfd_server_dispatch(mfd_conn_t *c, const mf_envelope_t *env, const uint8_t 
         break;
     case MAPFLOW__V1__ENVELOPE__BODY_PROFILE_GET:
         mfd_admin_profile_get(c, rid, env->profile_get);
+        break;
+    case MAPFLOW__V1__ENVELOPE__BODY_PROFILE_LIST:
+        mfd_admin_profile_list(c, rid, env->profile_list);
         break;
     default:
         mfd_conn_error(c, rid, MF_UNIMPLEMENTED, "%s is not a request this daemon serves",

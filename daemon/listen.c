@@ -1,5 +1,6 @@
 /* listen — the unix, admin and TCP listeners (see listen.h). */
 #include "listen.h"
+#include "mf_clock.h"
 #include "log.h"
 #include "mf_addr.h"
 
@@ -66,7 +67,7 @@ void mfd_listen_http_error(struct evconnlistener *l, void *arg)
     (void)arg;
     static uint64_t last_ms, suppressed;
     int err = EVUTIL_SOCKET_ERROR();
-    uint64_t now = mfd_now_ms();
+    uint64_t now = mf_now_ms();
     evconnlistener_disable(l);
     if (last_ms && now - last_ms < 10000) {
         suppressed++;

@@ -66,11 +66,7 @@ void mfd_hist_observe(mfd_hist_t *x, double seconds)
 
 /* ---- text builder ------------------------------------------------------------------ */
 
-typedef struct sbuf {
-    char *p;
-    size_t len, cap;
-    int oom;
-} sbuf_t;
+typedef mfd_prom_t sbuf_t;
 
 static void sb_printf(sbuf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void sb_printf(sbuf_t *b, const char *fmt, ...)
@@ -101,9 +97,48 @@ static void sb_printf(sbuf_t *b, const char *fmt, ...)
     }
 }
 
-static void family(sbuf_t *b, const char *name, const char *type, const char *help)
+void mfd_prom_family(mfd_prom_t *b, const char *name, const char *type, const char *help)
 {
     sb_printf(b, "# HELP mapflowd_%s %s\n# TYPE mapflowd_%s %s\n", name, help, name, type);
+}
+
+void mfd_prom_u64(mfd_prom_t *b, const char *name, const char *labels, uint64_t v)
+{
+    sb_printf(b, "mapflowd_%s%s%s%s %llu\n", name, labels[0] ? "{" : "", labels,
+              labels[0] ? "}" : "", (unsigned long long)v);
+}
+
+/* Label values escaped as the text format asks: backslash, double quote, newline. */
+void mfd_prom_labelled(mfd_prom_t *b, const char *name, const char *key, const char *value,
+                       uint64_t v)
+{
+    sb_printf(b, "mapflowd_%s{%s=\"", name, key);
+    for (const char *c = value; *c; c++) {
+        if (*c == '\\' || *c == '"')
+            sb_printf(b, "\\%c", *c);
+        else if (*c == '\n')
+            sb_printf(b, "\\n");
+        else
+            sb_printf(b, "%c", *c);
+    }
+    sb_printf(b, "\"} %llu\n", (unsigned long long)v);
+}
+
+void mfd_prom_hist(mfd_prom_t *b, const char *name, const char *labels, const mfd_hist_t *h)
+{
+    const char *sep = labels[0] ? "," : "";
+    uint64_t cum = 0;
+    for (int i = 0; i < MFD_HIST_BUCKETS; i++) {
+        cum += h->bucket[i];
+        sb_printf(b, "mapflowd_%s_bucket{%s%sle=\"%g\"} %llu\n", name, labels, sep,
+                  mfd_hist_bound(i), (unsigned long long)cum);
+    }
+    sb_printf(b, "mapflowd_%s_bucket{%s%sle=\"+Inf\"} %llu\n", name, labels, sep,
+              (unsigned long long)h->count);
+    sb_printf(b, "mapflowd_%s_sum%s%s%s %.9g\n", name, labels[0] ? "{" : "", labels,
+              labels[0] ? "}" : "", h->sum);
+    sb_printf(b, "mapflowd_%s_count%s%s%s %llu\n", name, labels[0] ? "{" : "", labels,
+              labels[0] ? "}" : "", (unsigned long long)h->count);
 }
 
 /* The /metrics name of a counter family: `x_microseconds_total` → `x_seconds_total`.
@@ -194,42 +229,43 @@ mf_status_t mfd_process_read(mfd_process_gauge_t *p)
 static void tier_gauge(sbuf_t *b, const mfd_gauges_t *g, const char *name, const char *help,
                        size_t field)
 {
-    family(b, name, "gauge", help);
+    mfd_prom_family(b, name, "gauge", help);
     for (int t = 0; t < 3; t++) {
         const char *base = (const char *)&g->tiers[t];
         uint64_t v = field == (size_t)-1 ? (uint64_t)g->tiers[t].enabled
                                          : *(const uint64_t *)(base + field);
-        sb_printf(b, "mapflowd_%s{tier=\"%s\"} %llu\n", name, g->tiers[t].name,
-                  (unsigned long long)v);
+        mfd_prom_labelled(b, name, "tier", g->tiers[t].name, v);
     }
 }
 
-char *mfd_metrics_render(const mfd_metrics_t *m, const mfd_gauges_t *g, size_t *len)
+char *mfd_metrics_render(const mfd_metrics_t *m, const mfd_gauges_t *g, mfd_prom_more_cb more,
+                         void *more_arg, size_t *len)
 {
     sbuf_t b = {malloc(16384), 0, 16384, 0};
     if (!b.p)
         return NULL;
     b.p[0] = 0;
 
-    family(&b, "build_info", "gauge", "version of this mapflowd (value is always 1)");
+    mfd_prom_family(&b, "build_info", "gauge", "version of this mapflowd (value is always 1)");
     sb_printf(&b, "mapflowd_build_info{version=\"%s\",protocol=\"%u\"} 1\n",
               g->version ? g->version : "", MF_PROTOCOL_VERSION);
-    family(&b, "uptime_seconds", "gauge", "seconds since the daemon started");
+    mfd_prom_family(&b, "uptime_seconds", "gauge", "seconds since the daemon started");
     sb_printf(&b, "mapflowd_uptime_seconds %.3f\n", g->uptime_s);
-    family(&b, "ready", "gauge", "1 when every enabled tier is up and listeners are bound");
+    mfd_prom_family(&b, "ready", "gauge",
+                    "1 when every enabled tier is up and listeners are bound");
     sb_printf(&b, "mapflowd_ready %d\n", g->ready);
-    family(&b, "connections", "gauge", "client connections open now");
-    sb_printf(&b, "mapflowd_connections %llu\n", (unsigned long long)g->connections);
-    family(&b, "leases", "gauge", "read leases held now");
-    sb_printf(&b, "mapflowd_leases %llu\n", (unsigned long long)g->leases);
-    family(&b, "reservations", "gauge", "put reservations not yet committed");
-    sb_printf(&b, "mapflowd_reservations %llu\n", (unsigned long long)g->reservations);
-    family(&b, "ssd_inflight", "gauge", "SSD tier operations queued or running");
-    sb_printf(&b, "mapflowd_ssd_inflight %llu\n", (unsigned long long)g->ssd_inflight);
-    family(&b, "ssd_write_backlog_bytes", "gauge",
-           "row bytes of async write-throughs not yet on the SSD tier (queued or deferred)");
-    sb_printf(&b, "mapflowd_ssd_write_backlog_bytes %llu\n",
-              (unsigned long long)g->wt_backlog_bytes);
+    mfd_prom_family(&b, "connections", "gauge", "client connections open now");
+    mfd_prom_u64(&b, "connections", "", g->connections);
+    mfd_prom_family(&b, "leases", "gauge", "read leases held now");
+    mfd_prom_u64(&b, "leases", "", g->leases);
+    mfd_prom_family(&b, "reservations", "gauge", "put reservations not yet committed");
+    mfd_prom_u64(&b, "reservations", "", g->reservations);
+    mfd_prom_family(&b, "ssd_inflight", "gauge", "SSD tier operations queued or running");
+    mfd_prom_u64(&b, "ssd_inflight", "", g->ssd_inflight);
+    mfd_prom_family(&b, "ssd_write_backlog_bytes", "gauge",
+                    "row bytes of async write-throughs not yet on the SSD tier (queued or "
+                    "deferred)");
+    mfd_prom_u64(&b, "ssd_write_backlog_bytes", "", g->wt_backlog_bytes);
 
     tier_gauge(&b, g, "tier_enabled", "1 when the tier is on", (size_t)-1);
     tier_gauge(&b, g, "tier_used_bytes", "bytes held by the tier",
@@ -244,7 +280,7 @@ char *mfd_metrics_render(const mfd_metrics_t *m, const mfd_gauges_t *g, size_t *
             {"gpu_arena_capacity_bytes", "size of one GPU arena"},
             {"gpu_arena_entries", "rows held in one GPU arena"}};
         for (int f = 0; f < 3; f++) {
-            family(&b, fam[f][0], "gauge", fam[f][1]);
+            mfd_prom_family(&b, fam[f][0], "gauge", fam[f][1]);
             for (size_t i = 0; i < g->n_gpu; i++) {
                 const mfd_gpu_gauge_t *x = &g->gpu[i];
                 uint64_t v = f == 0 ? x->used : f == 1 ? x->capacity : x->entries;
@@ -259,44 +295,34 @@ char *mfd_metrics_render(const mfd_metrics_t *m, const mfd_gauges_t *g, size_t *
         char fam[128];
         int us = prom_family(d->family, fam, sizeof(fam));
         if (i == 0 || strcmp(d->family, g_counters[i - 1].family) != 0)
-            family(&b, fam, "counter", d->help);
-        sb_printf(&b, "mapflowd_%s%s%s%s ", fam, d->labels[0] ? "{" : "", d->labels,
-                  d->labels[0] ? "}" : "");
+            mfd_prom_family(&b, fam, "counter", d->help);
         if (us)
-            sb_printf(&b, "%.6f\n", (double)m->c[i] / 1e6);
+            sb_printf(&b, "mapflowd_%s%s%s%s %.6f\n", fam, d->labels[0] ? "{" : "", d->labels,
+                      d->labels[0] ? "}" : "", (double)m->c[i] / 1e6);
         else
-            sb_printf(&b, "%llu\n", (unsigned long long)m->c[i]);
+            mfd_prom_u64(&b, fam, d->labels, m->c[i]);
     }
 
-    family(&b, "requests_total", "counter", "requests received, by message type");
+    mfd_prom_family(&b, "requests_total", "counter", "requests received, by message type");
     for (int i = 0; i < MFD_MAX_OPS; i++)
         if (m->requests[i])
-            sb_printf(&b, "mapflowd_requests_total{op=\"%s\"} %llu\n",
-                      mf_envelope_body_name(i), (unsigned long long)m->requests[i]);
+            mfd_prom_labelled(&b, "requests_total", "op", mf_envelope_body_name(i),
+                              m->requests[i]);
 
-    family(&b, "errors_total", "counter", "failed requests and rows, by status code");
+    mfd_prom_family(&b, "errors_total", "counter", "failed requests and rows, by status code");
     for (int s = 1; s < MF_STATUS_COUNT; s++)
-        sb_printf(&b, "mapflowd_errors_total{code=\"%s\"} %llu\n", mf_status_name(s),
-                  (unsigned long long)m->errors[s]);
+        mfd_prom_labelled(&b, "errors_total", "code", mf_status_name(s), m->errors[s]);
 
-    family(&b, "request_duration_seconds", "histogram",
+    mfd_prom_family(&b, "request_duration_seconds", "histogram",
            "time from a request's arrival to its reply being queued");
     for (int h = 0; h < MFD_H_COUNT; h++) {
-        const mfd_hist_t *x = &m->hist[h];
-        uint64_t cum = 0;
-        for (int i = 0; i < MFD_HIST_BUCKETS; i++) {
-            cum += x->bucket[i];
-            sb_printf(&b, "mapflowd_request_duration_seconds_bucket{op=\"%s\",le=\"%g\"} %llu\n",
-                      g_hist_ops[h], mfd_hist_bound(i), (unsigned long long)cum);
-        }
-        sb_printf(&b, "mapflowd_request_duration_seconds_bucket{op=\"%s\",le=\"+Inf\"} %llu\n",
-                  g_hist_ops[h], (unsigned long long)x->count);
-        sb_printf(&b, "mapflowd_request_duration_seconds_sum{op=\"%s\"} %.9g\n", g_hist_ops[h],
-                  x->sum);
-        sb_printf(&b, "mapflowd_request_duration_seconds_count{op=\"%s\"} %llu\n",
-                  g_hist_ops[h], (unsigned long long)x->count);
+        char lab[32];
+        snprintf(lab, sizeof(lab), "op=\"%s\"", g_hist_ops[h]);
+        mfd_prom_hist(&b, "request_duration_seconds", lab, &m->hist[h]);
     }
     process_families(&b, &g->proc);
+    if (more)
+        more(&b, more_arg);
     if (b.oom) {
         free(b.p);
         return NULL;

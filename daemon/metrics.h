@@ -172,8 +172,31 @@ void mfd_hist_observe(mfd_hist_t *x, double seconds);
 /* Upper bound of bucket i, in seconds. */
 double mfd_hist_bound(int i);
 
+/*
+ * The Prometheus text builder, for families other modules own (peer.c's): a family's
+ * HELP / TYPE once, then its samples. Names are given without the `mapflowd_` prefix;
+ * `labels` is "" or preformatted constant pairs (`tier="host"`); a label value from
+ * outside (a peer address) goes through mfd_prom_labelled, which escapes it. Out of
+ * memory is sticky: later calls do nothing and the render returns NULL.
+ */
+typedef struct mfd_prom {
+    char *p;
+    size_t len, cap;
+    int oom;
+} mfd_prom_t;
+void mfd_prom_family(mfd_prom_t *b, const char *name, const char *type, const char *help);
+void mfd_prom_u64(mfd_prom_t *b, const char *name, const char *labels, uint64_t v);
+void mfd_prom_labelled(mfd_prom_t *b, const char *name, const char *key, const char *value,
+                       uint64_t v);
+/* A histogram's _bucket (cumulative, le appended to labels), _sum and _count rows. */
+void mfd_prom_hist(mfd_prom_t *b, const char *name, const char *labels, const mfd_hist_t *h);
+
+/* Appends the families of another module (may be NULL). */
+typedef void (*mfd_prom_more_cb)(mfd_prom_t *b, void *arg);
+
 /* Prometheus text; malloc'd, NUL-terminated; *len excludes the NUL. NULL on OOM. */
-char *mfd_metrics_render(const mfd_metrics_t *m, const mfd_gauges_t *g, size_t *len);
+char *mfd_metrics_render(const mfd_metrics_t *m, const mfd_gauges_t *g, mfd_prom_more_cb more,
+                         void *more_arg, size_t *len);
 
 /* Counter rows as Stats names (`family{labels}`), for the Stats reply. */
 typedef void (*mfd_metric_visit_cb)(const char *name, uint64_t value, void *arg);

@@ -1,5 +1,6 @@
 /* notify — sd_notify wrappers (see notify.h). */
 #include "notify.h"
+#include "mf_clock.h"
 
 #ifdef MF_HAVE_SYSTEMD
 #include <systemd/sd-daemon.h>
@@ -17,10 +18,7 @@ void mfd_notify_status(const char *status)
 
 void mfd_notify_reloading(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    unsigned long long usec = (unsigned long long)ts.tv_sec * 1000000ull +
-                              (unsigned long long)ts.tv_nsec / 1000ull;
+    unsigned long long usec = (unsigned long long)mf_now_us();
     sd_notifyf(0, "RELOADING=1\nMONOTONIC_USEC=%llu\nSTATUS=reloading configuration", usec);
 }
 

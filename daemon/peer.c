@@ -1,5 +1,8 @@
-/* peer — UCX serving hooks, links to peer daemons, read-through fetches (see peer.h). */
+/* peer — UCX serving hooks, fetches, read-through and Lookup through peers, lifecycle
+ * (see peer.h); the links themselves are peer_link.c's. */
 #include "peer.h"
+#include "peer_link.h"
+#include "mf_clock.h"
 #include "log.h"
 #include "mf_addr.h"
 #include "conn.h"
@@ -13,81 +16,6 @@
 const mfd_transport_t mfd_transport_ucx = {"ucx", 1, 0};
 
 #define LINK_SWEEP_MS 250
-#define MAX_PEER_STATS 64   /* label cardinality bound: later peers share one row */
-
-/* ==== state ============================================================================ */
-
-typedef struct peer_stat {
-    char addr[128];
-    uint64_t rows, bytes, errors, requests;
-} peer_stat_t;
-
-typedef struct link link_t;
-typedef void (*reply_cb)(void *arg, mf_status_t st, const char *why, const mf_envelope_t *env,
-                         const mf_frame_t *f);
-typedef void (*ready_cb)(void *arg, mf_status_t st, const char *why);
-
-typedef struct call {
-    uint64_t rid, deadline_ms;
-    reply_cb cb;
-    void *arg;
-    struct call *next;
-} call_t;
-
-typedef struct waiter {
-    ready_cb fn;
-    void *arg;
-    struct waiter *next;
-} waiter_t;
-
-enum { L_HELLO, L_ARENA, L_READY, L_DEAD };
-
-struct link {
-    mfd_peers_t *ps;
-    char addr[128];
-    char ns[MFD_NS_MAX + 1];
-    mfd_ucx_ep_t *ep;
-    int state;
-    mf_status_t dead_st;
-    char why[200];
-    uint32_t max_batch;
-    uint64_t next_rid;
-    call_t *calls;
-    waiter_t *waiters;
-    unsigned refs;           /* the cache while alive + every operation using it */
-    peer_stat_t *stat;
-    link_t *next;
-};
-
-struct mfd_peers {
-    struct mfd_server *srv;  /* NULL: standalone client */
-    struct event_base *base;
-    mfd_ucx_t *ucx;
-    const char *token;       /* srv: read from the live config at each connect */
-    char own_token[256];
-    uint32_t max_frame;
-    link_t *links;           /* live links (cache) */
-    struct event *sweep;
-    peer_stat_t stats[MAX_PEER_STATS + 1];
-    size_t n_stats;
-    mfd_hist_t hist;         /* fetch duration */
-    uint64_t fetch_bytes, fetch_rows;
-    int destroying;
-};
-
-static peer_stat_t *stat_for(mfd_peers_t *ps, const char *addr)
-{
-    for (size_t i = 0; i < ps->n_stats; i++)
-        if (strcmp(ps->stats[i].addr, addr) == 0)
-            return &ps->stats[i];
-    if (ps->n_stats == MAX_PEER_STATS) {
-        snprintf(ps->stats[MAX_PEER_STATS].addr, sizeof(ps->stats[0].addr), "other");
-        return &ps->stats[MAX_PEER_STATS];
-    }
-    peer_stat_t *s = &ps->stats[ps->n_stats++];
-    snprintf(s->addr, sizeof(s->addr), "%s", addr);
-    return s;
-}
 
 /* ==== UCX context ====================================================================== */
 
@@ -123,264 +51,13 @@ mfd_ucx_t *mfd_peers_ucx(const mfd_peers_t *ps)
     return ps ? ps->ucx : NULL;
 }
 
-/* ==== links ============================================================================ */
-
-static void link_unref(link_t *l)
+/* A link to addr for namespace ns, the UCX context created first when none is yet. */
+static link_t *link_open(mfd_peers_t *ps, const char *addr, const char *ns, char *err,
+                         size_t errlen, mf_status_t *st)
 {
-    if (--l->refs > 0)
-        return;
-    free(l);
-}
-
-/* The link is done for: fail its calls and waiters, close the endpoint, leave the cache. */
-static void link_kill(link_t *l, mf_status_t st, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void link_kill(link_t *l, mf_status_t st, const char *fmt, ...)
-{
-    if (l->state == L_DEAD)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(l->why, sizeof(l->why), fmt, ap);
-    va_end(ap);
-    l->state = L_DEAD;
-    l->dead_st = st;
-    l->stat->errors++;
-    mfd_peers_t *ps = l->ps;
-    mfd_log(ps->destroying ? MFD_LOG_DEBUG : MFD_LOG_WARN, "peer %s (namespace '%s'): %s: %s",
-            l->addr, l->ns, mf_status_name(st), l->why);
-    for (link_t **pp = &ps->links; *pp; pp = &(*pp)->next)
-        if (*pp == l) {
-            *pp = l->next;
-            break;
-        }
-    l->refs++; /* callbacks below may drop the last operation's reference */
-    mfd_ucx_close(l->ep);
-    l->ep = NULL;
-    while (l->waiters) {
-        waiter_t *w = l->waiters;
-        l->waiters = w->next;
-        w->fn(w->arg, st, l->why);
-        free(w);
-    }
-    while (l->calls) {
-        call_t *c = l->calls;
-        l->calls = c->next;
-        c->cb(c->arg, st, l->why, NULL, NULL);
-        free(c);
-    }
-    l->refs--;  /* the cache's reference */
-    link_unref(l);
-}
-
-static mf_status_t link_call(link_t *l, mf_envelope_t *env, const void *payload, size_t plen,
-                             reply_cb cb, void *arg)
-{
-    if (l->state == L_DEAD)
-        return l->dead_st;
-    call_t *c = calloc(1, sizeof(*c));
-    if (!c)
-        return MF_RESOURCE_EXHAUSTED;
-    env->request_id = ++l->next_rid;
-    uint8_t *frame;
-    size_t flen;
-    mf_status_t st = mf_frame_encode(env, payload, plen, l->ps->max_frame, &frame, &flen);
-    if (st == MF_OK) {
-        st = mfd_ucx_send(l->ep, frame, flen);
-        free(frame);
-    }
-    if (st != MF_OK) {
-        free(c);
-        return st;
-    }
-    *c = (call_t){env->request_id, mfd_now_ms() + MFD_PEER_CALL_MS, cb, arg, l->calls};
-    l->calls = c;
-    l->stat->requests++;
-    return MF_OK;
-}
-
-static void link_ready(link_t *l)
-{
-    l->state = L_READY;
-    mfd_debug("peer %s (namespace '%s'): ready", l->addr, l->ns);
-    l->refs++;
-    while (l->waiters && l->state == L_READY) {
-        waiter_t *w = l->waiters;
-        l->waiters = w->next;
-        w->fn(w->arg, MF_OK, NULL);
-        free(w);
-    }
-    link_unref(l);
-}
-
-static void on_arena_reply(void *arg, mf_status_t st, const char *why, const mf_envelope_t *env,
-                           const mf_frame_t *f)
-{
-    (void)f;
-    link_t *l = arg;
-    if (st != MF_OK) {
-        link_kill(l, st, "RemoteArena: %s", why);
-        return;
-    }
-    if (env->body_case != MAPFLOW__V1__ENVELOPE__BODY_REMOTE_ARENA_REPLY) {
-        link_kill(l, MF_INTERNAL, "RemoteArena answered by %s",
-                  mf_envelope_body_name((int)env->body_case));
-        return;
-    }
-    const Mapflow__V1__RemoteArenaReply *r = env->remote_arena_reply;
-    st = mfd_ucx_set_remote(l->ep, r->address, r->bytes, r->rkey.data, r->rkey.len);
-    if (st != MF_OK) {
-        link_kill(l, st == MF_UNAVAILABLE ? st : MF_INTERNAL, "cannot use the peer's rkey");
-        return;
-    }
-    link_ready(l);
-}
-
-static void on_hello_reply(void *arg, mf_status_t st, const char *why, const mf_envelope_t *env,
-                           const mf_frame_t *f)
-{
-    (void)f;
-    link_t *l = arg;
-    if (st != MF_OK) {
-        link_kill(l, st, "Hello: %s", why);
-        return;
-    }
-    if (env->body_case != MAPFLOW__V1__ENVELOPE__BODY_HELLO_REPLY ||
-        !env->hello_reply->host_arena_bytes) {
-        link_kill(l, MF_FAILED_PRECONDITION, "the peer offers no host arena over UCX");
-        return;
-    }
-    l->max_batch = env->hello_reply->max_batch ? env->hello_reply->max_batch : 1;
-    l->state = L_ARENA;
-    Mapflow__V1__RemoteArena ra = MAPFLOW__V1__REMOTE_ARENA__INIT;
-    mf_envelope_t e = MAPFLOW__V1__ENVELOPE__INIT;
-    e.body_case = MAPFLOW__V1__ENVELOPE__BODY_REMOTE_ARENA;
-    e.remote_arena = &ra;
-    if ((st = link_call(l, &e, NULL, 0, on_arena_reply, l)) != MF_OK)
-        link_kill(l, st, "cannot send RemoteArena");
-}
-
-static void link_on_frame(void *arg, const uint8_t *frame, size_t len)
-{
-    link_t *l = arg;
-    mf_frame_t f;
-    size_t used;
-    const char *why = NULL;
-    mf_envelope_t *env = NULL;
-    if (mf_frame_parse(frame, len, l->ps->max_frame, &f, &used, &why) != MF_OK ||
-        mf_envelope_decode(&f, &env, &why) != MF_OK) {
-        link_kill(l, MF_INTERNAL, "undecodable frame from the peer: %s", why ? why : "?");
-        return;
-    }
-    call_t **pp = &l->calls, *c = NULL;
-    for (; *pp; pp = &(*pp)->next)
-        if ((*pp)->rid == env->request_id) {
-            c = *pp;
-            *pp = c->next;
-            break;
-        }
-    if (!c) {
-        if (env->body_case == MAPFLOW__V1__ENVELOPE__BODY_ERROR)
-            link_kill(l, (mf_status_t)env->error->code, "%s", env->error->message);
-        mf_envelope_free(env);
-        return;
-    }
-    if (env->body_case == MAPFLOW__V1__ENVELOPE__BODY_ERROR) {
-        mf_status_t code = (mf_status_t)env->error->code;
-        c->cb(c->arg, code == MF_OK ? MF_INTERNAL : code, env->error->message, env, &f);
-    } else {
-        c->cb(c->arg, MF_OK, NULL, env, &f);
-    }
-    free(c);
-    mf_envelope_free(env);
-}
-
-static void link_on_error(void *arg, mf_status_t st, const char *why)
-{
-    link_t *l = arg;
-    link_kill(l, st == MF_CANCELLED ? MF_UNAVAILABLE : st, "connection failed: %s", why);
-}
-
-static link_t *link_get(mfd_peers_t *ps, const char *addr, const char *ns, char *err,
-                        size_t errlen, mf_status_t *st)
-{
-    for (link_t *l = ps->links; l; l = l->next)
-        if (strcmp(l->addr, addr) == 0 && strcmp(l->ns, ns) == 0)
-            return l;
     if ((*st = ensure_ucx(ps, NULL, err, errlen)) != MF_OK)
         return NULL;
-    link_t *l = calloc(1, sizeof(*l));
-    if (!l) {
-        *st = MF_RESOURCE_EXHAUSTED;
-        snprintf(err, errlen, "out of memory");
-        return NULL;
-    }
-    l->ps = ps;
-    snprintf(l->addr, sizeof(l->addr), "%s", addr);
-    snprintf(l->ns, sizeof(l->ns), "%s", ns);
-    l->stat = stat_for(ps, addr);
-    mfd_ucx_ep_cbs_t cbs = {link_on_frame, link_on_error, l};
-    if ((*st = mfd_ucx_connect(ps->ucx, addr, &cbs, &l->ep, err, errlen)) != MF_OK) {
-        l->stat->errors++;
-        free(l);
-        return NULL;
-    }
-    l->refs = 1;
-    l->next = ps->links;
-    ps->links = l;
-    const char *token = ps->srv ? ps->srv->cfg.token : ps->token;
-    Mapflow__V1__Hello h = MAPFLOW__V1__HELLO__INIT;
-    h.protocol_version = MF_PROTOCOL_VERSION;
-    h.namespace_ = l->ns;
-    h.token = (char *)(token ? token : "");
-    h.client_name = (char *)"mapflowd-peer";
-    h.want_host_arena = 1;
-    mf_envelope_t e = MAPFLOW__V1__ENVELOPE__INIT;
-    e.body_case = MAPFLOW__V1__ENVELOPE__BODY_HELLO;
-    e.hello = &h;
-    if ((*st = link_call(l, &e, NULL, 0, on_hello_reply, l)) != MF_OK) {
-        snprintf(err, errlen, "cannot send Hello to %s", addr);
-        link_kill(l, *st, "cannot send Hello");
-        return NULL;
-    }
-    mfd_info("peer %s (namespace '%s'): connecting over UCX", addr, ns);
-    return l;
-}
-
-/* fn runs once: now if the link is ready, else when it becomes ready or dies. */
-static void link_when_ready(link_t *l, ready_cb fn, void *arg)
-{
-    if (l->state == L_READY) {
-        fn(arg, MF_OK, NULL);
-        return;
-    }
-    waiter_t *w = malloc(sizeof(*w));
-    if (!w) {
-        fn(arg, MF_RESOURCE_EXHAUSTED, "out of memory");
-        return;
-    }
-    *w = (waiter_t){fn, arg, NULL};
-    waiter_t **pp = &l->waiters;
-    while (*pp)
-        pp = &(*pp)->next;
-    *pp = w;
-}
-
-/* A peer that stops answering is as good as dead: its calls have a deadline. */
-static void on_sweep(evutil_socket_t fd, short what, void *arg)
-{
-    (void)fd;
-    (void)what;
-    mfd_peers_t *ps = arg;
-    uint64_t now = mfd_now_ms();
-    for (link_t *l = ps->links, *next; l; l = next) {
-        next = l->next;
-        for (call_t *c = l->calls; c; c = c->next)
-            if (c->deadline_ms <= now) {
-                link_kill(l, MF_UNAVAILABLE, "no answer within %u ms", MFD_PEER_CALL_MS);
-                break;
-            }
-    }
+    return mfd_link_get(ps, addr, ns, err, errlen, st);
 }
 
 /* ==== fetch: leases at the peer, pipelined one-sided gets, release ======================= */
@@ -477,7 +154,7 @@ static void fetch_release(fetch_t *f)
         mf_envelope_t e = MAPFLOW__V1__ENVELOPE__INIT;
         e.body_case = MAPFLOW__V1__ENVELOPE__BODY_RELEASE;
         e.release = &rel;
-        link_call(f->l, &e, NULL, 0, on_release_reply, NULL);
+        mfd_link_call(f->l, &e, NULL, 0, on_release_reply, NULL);
     }
     free(ids);
 }
@@ -487,11 +164,11 @@ static void fetch_check_done(fetch_t *f)
     if (f->unfinished || f->batches_out || f->inflight)
         return;
     fetch_release(f);
-    mfd_hist_observe(&f->ps->hist, mfd_now_s() - f->t0);
+    mfd_hist_observe(&f->ps->hist, mf_now_s() - f->t0);
     if (f->timer)
         event_free(f->timer);
     f->sink->all_done(f);
-    link_unref(f->l);
+    mfd_link_unref(f->l);
     free(f->rows);
     free(f);
 }
@@ -551,7 +228,7 @@ static void on_fetch_timeout(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     fetch_t *f = arg;
-    link_kill(f->l, MF_UNAVAILABLE, "transfer did not finish within the lease (%llu ms)",
+    mfd_link_kill(f->l, MF_UNAVAILABLE, "transfer did not finish within the lease (%llu ms)",
               (unsigned long long)f->ttl_ms);
 }
 
@@ -647,7 +324,7 @@ static void fetch_on_ready(void *arg, mf_status_t st, const char *why)
                 e.body_case = MAPFLOW__V1__ENVELOPE__BODY_GET;
                 e.get = &g;
                 *batch = (chunk_t){f, first, n};
-                st = link_call(f->l, &e, NULL, 0, on_lease_reply, batch);
+                st = mfd_link_call(f->l, &e, NULL, 0, on_lease_reply, batch);
                 if (st == MF_OK) {
                     f->batches_out++;
                     batch = NULL;
@@ -680,15 +357,15 @@ static mf_status_t fetch_start(mfd_peers_t *ps, fetch_t *f, const char *addr, co
                                char *err, size_t errlen)
 {
     mf_status_t st;
-    link_t *l = link_get(ps, addr, ns, err, errlen, &st);
+    link_t *l = link_open(ps, addr, ns, err, errlen, &st);
     if (!l)
         return st;
     l->refs++;
     f->ps = ps;
     f->l = l;
     f->unfinished = f->n;
-    f->t0 = mfd_now_s();
-    link_when_ready(l, fetch_on_ready, f);
+    f->t0 = mf_now_s();
+    mfd_link_when_ready(l, fetch_on_ready, f);
     return MF_OK;
 }
 
@@ -890,7 +567,7 @@ void mfd_peers_get(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Get *m,
     mf_status_t st = fetch_start(ps, f, m->peer, c->ns, err, sizeof(err));
     if (st != MF_OK) {
         mfd_warn("peer %s: %s", m->peer, err);
-        stat_for(ps, m->peer)->errors++;
+        mfd_peer_stat(ps, m->peer)->errors++;
         size_t nf = f->n;
         free(f->rows);
         free(f);
@@ -940,7 +617,7 @@ static void lk_finish(lk_t *k, const uint32_t *blocks, size_t n)
         mapflow__v1__lookup__free_unpacked(m, NULL);
     mfd_conn_unhold(k->c);
     if (k->l)
-        link_unref(k->l);
+        mfd_link_unref(k->l);
     free(k->req);
     free(k->payload);
     free(k);
@@ -975,7 +652,7 @@ static void lk_on_ready(void *arg, mf_status_t st, const char *why)
             mf_envelope_t e = MAPFLOW__V1__ENVELOPE__INIT;
             e.body_case = MAPFLOW__V1__ENVELOPE__BODY_LOOKUP;
             e.lookup = m;
-            st = link_call(k->l, &e, k->payload, k->plen, on_lookup_reply, k);
+            st = mfd_link_call(k->l, &e, k->payload, k->plen, on_lookup_reply, k);
             m->peer = peer;
             mapflow__v1__lookup__free_unpacked(m, NULL);
             if (st == MF_OK)
@@ -1011,10 +688,10 @@ void mfd_peers_lookup(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Lookup *m,
     k->plen = plen;
     mfd_conn_hold(c);
     mf_status_t st;
-    link_t *l = link_get(ps, m->peer, c->ns, err, sizeof(err), &st);
+    link_t *l = link_open(ps, m->peer, c->ns, err, sizeof(err), &st);
     if (!l) {
         mfd_warn("peer %s: %s", m->peer, err);
-        stat_for(ps, m->peer)->errors++;
+        mfd_peer_stat(ps, m->peer)->errors++;
         if (st == MF_INVALID_ARGUMENT) {
             mfd_conn_error(c, rid, st, "Lookup: peer '%s': %s", m->peer, err);
             mfd_conn_unhold(c);
@@ -1028,7 +705,7 @@ void mfd_peers_lookup(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Lookup *m,
     }
     l->refs++;
     k->l = l;
-    link_when_ready(l, lk_on_ready, k);
+    mfd_link_when_ready(l, lk_on_ready, k);
 }
 
 /* ==== RemoteArena ====================================================================== */
@@ -1063,7 +740,7 @@ static mfd_peers_t *peers_new(struct event_base *base, uint32_t max_frame)
         return NULL;
     ps->base = base;
     ps->max_frame = max_frame;
-    ps->sweep = event_new(base, -1, EV_PERSIST, on_sweep, ps);
+    ps->sweep = event_new(base, -1, EV_PERSIST, mfd_links_sweep, ps);
     struct timeval tv = {0, LINK_SWEEP_MS * 1000};
     if (!ps->sweep || event_add(ps->sweep, &tv)) {
         if (ps->sweep)
@@ -1140,7 +817,7 @@ void mfd_peers_destroy(mfd_peers_t *ps)
         return;
     ps->destroying = 1;
     while (ps->links)
-        link_kill(ps->links, MF_UNAVAILABLE, "daemon shutting down");
+        mfd_link_kill(ps->links, MF_UNAVAILABLE, "daemon shutting down");
     /* Closing the endpoints completes the gets in flight (rows UNAVAILABLE). */
     mfd_ucx_destroy(ps->ucx);
     if (ps->sweep)
@@ -1221,14 +898,9 @@ mf_status_t mfd_peers_fetch(mfd_peers_t *ps, const char *addr, const char *ns,
 
 /* ==== metrics ========================================================================== */
 
-char *mfd_peers_metrics(const mfd_peers_t *ps, size_t *len)
+void mfd_peers_metrics(mfd_prom_t *b, void *arg)
 {
-    size_t cap = 4096 + (ps ? ps->n_stats + 1 : 0) * 512;
-    char *b = malloc(cap);
-    if (!b)
-        return NULL;
-    size_t n = 0;
-#define P(...) n += (size_t)snprintf(b + n, n < cap ? cap - n : 0, __VA_ARGS__)
+    const mfd_peers_t *ps = arg;
     static const struct {
         const char *name, *help;
         size_t off;
@@ -1243,38 +915,19 @@ char *mfd_peers_metrics(const mfd_peers_t *ps, size_t *len)
         {"peer_requests_total", "control requests sent to peer daemons, by peer",
          offsetof(peer_stat_t, requests)},
     };
+    size_t rows = ps ? ps->n_stats + (ps->stats[MAX_PEER_STATS].addr[0] != 0) : 0;
     for (size_t f = 0; f < sizeof(fams) / sizeof(fams[0]); f++) {
-        P("# HELP mapflowd_%s %s\n# TYPE mapflowd_%s counter\n", fams[f].name, fams[f].help,
-          fams[f].name);
-        size_t rows = ps ? ps->n_stats + (ps->stats[MAX_PEER_STATS].addr[0] != 0) : 0;
+        mfd_prom_family(b, fams[f].name, "counter", fams[f].help);
         for (size_t i = 0; i < rows; i++) {
             const peer_stat_t *s = i < ps->n_stats ? &ps->stats[i] : &ps->stats[MAX_PEER_STATS];
-            P("mapflowd_%s{peer=\"%s\"} %llu\n", fams[f].name, s->addr,
-              (unsigned long long)*(const uint64_t *)((const char *)s + fams[f].off));
+            mfd_prom_labelled(b, fams[f].name, "peer", s->addr,
+                              *(const uint64_t *)((const char *)s + fams[f].off));
         }
     }
-    P("# HELP mapflowd_peer_fetch_duration_seconds time from a peer fetch's start (link, "
-      "leases) to its last row verified\n# TYPE mapflowd_peer_fetch_duration_seconds "
-      "histogram\n");
+    mfd_prom_family(b, "peer_fetch_duration_seconds", "histogram",
+                    "time from a peer fetch's start (link, leases) to its last row verified");
     mfd_hist_t h = ps ? ps->hist : (mfd_hist_t){0};
-    uint64_t cum = 0;
-    for (int i = 0; i < MFD_HIST_BUCKETS; i++) {
-        cum += h.bucket[i];
-        P("mapflowd_peer_fetch_duration_seconds_bucket{le=\"%g\"} %llu\n", mfd_hist_bound(i),
-          (unsigned long long)cum);
-    }
-    P("mapflowd_peer_fetch_duration_seconds_bucket{le=\"+Inf\"} %llu\n",
-      (unsigned long long)h.count);
-    P("mapflowd_peer_fetch_duration_seconds_sum %.9g\n", h.sum);
-    P("mapflowd_peer_fetch_duration_seconds_count %llu\n", (unsigned long long)h.count);
-    P("# HELP mapflowd_ucx_endpoints UCX endpoints open now (peers in and out)\n"
-      "# TYPE mapflowd_ucx_endpoints gauge\nmapflowd_ucx_endpoints %zu\n",
-      mfd_ucx_endpoints(ps ? ps->ucx : NULL));
-#undef P
-    if (n >= cap) {
-        free(b);
-        return NULL;
-    }
-    *len = n;
-    return b;
+    mfd_prom_hist(b, "peer_fetch_duration_seconds", "", &h);
+    mfd_prom_family(b, "ucx_endpoints", "gauge", "UCX endpoints open now (peers in and out)");
+    mfd_prom_u64(b, "ucx_endpoints", "", mfd_ucx_endpoints(ps ? ps->ucx : NULL));
 }

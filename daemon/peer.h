@@ -23,8 +23,9 @@
  * leading-block counts (a lower bound of what a Get through the peer can serve); if the
  * peer cannot answer, the local counts go back and the peer's error is counted.
  *
- * The UCX context is created at start when `ucx` is set, else on the first request that
- * names a peer (no listener then). Metrics: mfd_peers_metrics (appended to /metrics).
+ * The links (Hello, RemoteArena, calls with deadlines) are peer_link.c's, private to
+ * this module. The UCX context is created at start when `ucx` is set, else on the first
+ * request that names a peer (no listener then). Metrics: mfd_peers_metrics (appended to /metrics).
  *
  * Ownership: the server owns its mfd_peers_t; links are reference-counted by the cache
  * and the operations using them. A client connection waiting on a peer is held
@@ -43,8 +44,6 @@
 
 #define MFD_PEER_CHUNK ((size_t)1 << 20)
 #define MFD_PEER_WINDOW 16u
-/* Bound on a peer's answer to a control request (Hello, Get, Lookup). */
-#define MFD_PEER_CALL_MS 10000u
 
 struct mfd_server;
 struct mfd_conn;
@@ -85,8 +84,9 @@ void mfd_peers_lookup(struct mfd_conn *c, uint64_t rid, const Mapflow__V1__Looku
                       const uint8_t *payload, size_t plen, double t0,
                       mfd_peer_lookup_done done);
 
-/* Prometheus text of the peer metrics (malloc'd; NULL on OOM). */
-char *mfd_peers_metrics(const mfd_peers_t *ps, size_t *len);
+/* Appends the peer families to /metrics (an mfd_prom_more_cb; arg: the mfd_peers_t, or
+ * NULL for the families with no samples). */
+void mfd_peers_metrics(mfd_prom_t *b, void *arg);
 
 /* ---- standalone client (tools, benchmarks): fetch rows into caller buffers ------------- */
 

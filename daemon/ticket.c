@@ -13,20 +13,6 @@ struct mfd_tickets {
     size_t count[3];
 };
 
-uint64_t mfd_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-double mfd_now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 mf_status_t mfd_tickets_create(mfd_tickets_t **out)
 {
     mfd_tickets_t *t = calloc(1, sizeof(*t));

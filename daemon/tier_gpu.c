@@ -1,5 +1,6 @@
 /* tier_gpu — cuMemAlloc arenas per device, IPC handles, synchronous copies (see tier_gpu.h). */
 #include "tier_gpu.h"
+#include "mf_clock.h"
 #include "log.h"
 #include "mf_row.h"
 
@@ -261,22 +262,15 @@ static void stage_free(mfd_gpu_t *g)
     g->stage_pinned = 0;
 }
 
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static void *pin_main(void *arg)
 {
     mfd_gpu_t *g = arg;
-    double t0 = mono_s();
+    double t0 = mf_now_s();
     /* Any arena's context will do: PORTABLE pins the range for all of them. */
     mf_cu_result_t r = g->cu->cuCtxSetCurrent(g->a[0].ctx);
     if (r == MF_CUDA_SUCCESS)
         r = g->cu->cuMemHostRegister(g->pin_base, g->pin_bytes, MF_CU_MEMHOSTREGISTER_PORTABLE);
-    double dt = mono_s() - t0;
+    double dt = mf_now_s() - t0;
     if (r == MF_CUDA_SUCCESS) {
         atomic_store(&g->host_pinned, 1);
         mfd_info("host arena pinned for CUDA (cuMemHostRegister, portable): %zu bytes in "

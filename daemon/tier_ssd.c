@@ -45,7 +45,7 @@ struct mfd_ssd {
 
 mfd_ssd_job_t *mfd_ssd_job_new(mfd_ssd_op_t op, const uint8_t *key, size_t klen)
 {
-    int raw = op == MFD_SSD_PUT_RAW || op == MFD_SSD_GET_RAW;
+    int raw = op == MFD_SSD_PUT_RAW || op == MFD_SSD_GET_RAW || op == MFD_SSD_SCAN_RAW;
     if (klen > (raw ? MFD_SSD_KEY_MAX : MFD_KEY_MAX))
         return NULL;
     mfd_ssd_job_t *j = calloc(1, sizeof(*j));
@@ -93,6 +93,81 @@ static mf_status_t status_of(const char *rerr)
     return strncmp(rerr, "Corruption", 10) == 0 ? MF_DATA_LOSS : MF_UNAVAILABLE;
 }
 
+/* SCAN_RAW on a worker: copies matching records into j->out (see tier_ssd.h), bounded
+ * by max_items and MFD_SSD_SCAN_BYTES. */
+static void scan_raw(mfd_ssd_t *s, mfd_ssd_job_t *j, char **err)
+{
+    size_t cap = 4096, used = 0;
+    uint8_t *buf = malloc(cap);
+    if (!buf) {
+        j->status = MF_RESOURCE_EXHAUSTED;
+        return;
+    }
+    rocksdb_iterator_t *it = rocksdb_create_iterator(s->db, s->ro);
+    rocksdb_iter_seek(it, (const char *)j->key, j->klen);
+    for (; rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
+        size_t kl, vl;
+        const char *k = rocksdb_iter_key(it, &kl);
+        if (kl < j->prefix_len || memcmp(k, j->key, j->prefix_len) != 0)
+            break;
+        if (j->skip_first && kl == j->klen && memcmp(k, j->key, kl) == 0)
+            continue;
+        const char *v = rocksdb_iter_value(it, &vl);
+        size_t need = 2 + (kl - j->prefix_len) + 4 + vl;
+        if (j->n_items == j->max_items || kl - j->prefix_len > UINT16_MAX ||
+            vl > UINT32_MAX || used + need > MFD_SSD_SCAN_BYTES) {
+            j->more = 1;
+            break;
+        }
+        if (used + need > cap) {
+            size_t ncap = cap;
+            while (ncap < used + need)
+                ncap *= 2;
+            uint8_t *nb = realloc(buf, ncap);
+            if (!nb) {
+                j->status = MF_RESOURCE_EXHAUSTED;
+                break;
+            }
+            buf = nb;
+            cap = ncap;
+        }
+        uint8_t *p = buf + used;
+        size_t sl = kl - j->prefix_len;
+        p[0] = (uint8_t)sl;
+        p[1] = (uint8_t)(sl >> 8);
+        memcpy(p + 2, k + j->prefix_len, sl);
+        put_u32(p + 2 + sl, (uint32_t)vl);
+        memcpy(p + 6 + sl, v, vl);
+        used += need;
+        j->n_items++;
+    }
+    rocksdb_iter_get_error(it, err);
+    rocksdb_iter_destroy(it);
+    j->out = buf;
+    j->out_len = used;
+}
+
+int mfd_ssd_scan_next(const mfd_ssd_job_t *j, size_t *pos, const uint8_t **suffix,
+                      size_t *slen, const uint8_t **val, size_t *vlen)
+{
+    /* The worker wrote every record whole; the checks keep a reader inside out_len. */
+    if (!j->out || *pos + 2 > j->out_len)
+        return 0;
+    const uint8_t *p = j->out + *pos;
+    size_t sl = (size_t)p[0] | (size_t)p[1] << 8;
+    if (*pos + 6 + sl > j->out_len)
+        return 0;
+    size_t vl = get_u32(p + 2 + sl);
+    if (*pos + 6 + sl + vl > j->out_len)
+        return 0;
+    *suffix = p + 2;
+    *slen = sl;
+    *val = p + 6 + sl;
+    *vlen = vl;
+    *pos += 6 + sl + vl;
+    return 1;
+}
+
 /* Runs one job on a worker thread. */
 static void run_job(mfd_ssd_t *s, mfd_ssd_job_t *j)
 {
@@ -100,7 +175,7 @@ static void run_job(mfd_ssd_t *s, mfd_ssd_job_t *j)
     uint8_t rk[MFD_KEY_MAX + 1], mk[MFD_KEY_MAX + 1];
     rk[0] = 'r';
     mk[0] = 'm';
-    if (j->op != MFD_SSD_PUT_RAW && j->op != MFD_SSD_GET_RAW) {
+    if (j->op == MFD_SSD_PUT_ROW || j->op == MFD_SSD_GET_ROW || j->op == MFD_SSD_DEL_ROW) {
         memcpy(rk + 1, j->key, j->klen);
         memcpy(mk + 1, j->key, j->klen);
     }
@@ -167,6 +242,9 @@ static void run_job(mfd_ssd_t *s, mfd_ssd_job_t *j)
         rocksdb_pinnableslice_destroy(ps);
         break;
     }
+    case MFD_SSD_SCAN_RAW:
+        scan_raw(s, j, &err);
+        break;
     }
     if (err) {
         if (is_write && !atomic_exchange(&s->write_failed, 1))
@@ -531,17 +609,25 @@ mf_status_t mfd_ssd_scan(mfd_ssd_t *s, mfd_ssd_scan_cb cb, void *arg, char *errb
     return MF_OK;
 }
 
+size_t mfd_ssd_profile_prefix(uint8_t out[MFD_SSD_KEY_MAX], const char *ns)
+{
+    size_t a = strlen(ns);
+    if (a > 255)
+        return 0;
+    out[0] = 'p';
+    out[1] = (uint8_t)a;
+    memcpy(out + 2, ns, a);
+    return 2 + a;
+}
+
 size_t mfd_ssd_profile_key(uint8_t out[MFD_SSD_KEY_MAX], const char *ns,
                            const char *src, const char *tgt)
 {
-    size_t a = strlen(ns), b = strlen(src), c = strlen(tgt);
-    if (a > 255 || b > 255 || c > 255 || 4 + a + b + c > MFD_SSD_KEY_MAX)
+    size_t b = strlen(src), c = strlen(tgt);
+    size_t n = mfd_ssd_profile_prefix(out, ns);
+    if (!n || b > 255 || c > 255 || n + 2 + b + c > MFD_SSD_KEY_MAX)
         return 0;
-    uint8_t *p = out;
-    *p++ = 'p';
-    *p++ = (uint8_t)a;
-    memcpy(p, ns, a);
-    p += a;
+    uint8_t *p = out + n;
     *p++ = (uint8_t)b;
     memcpy(p, src, b);
     p += b;

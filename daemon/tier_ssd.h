@@ -38,7 +38,12 @@ typedef enum mfd_ssd_op {
     MFD_SSD_DEL_ROW,   /* 'r' + 'm' */
     MFD_SSD_PUT_RAW,   /* key used as given (profiles) */
     MFD_SSD_GET_RAW,
+    MFD_SSD_SCAN_RAW,  /* keys sharing key[0..prefix_len) from key on (profile lists) */
 } mfd_ssd_op_t;
+
+/* A scan's result buffer holds at most this many bytes of keys and values: a page is
+ * cut short (more = 1) rather than grown past it. */
+#define MFD_SSD_SCAN_BYTES (16u << 20)
 
 typedef struct mfd_ssd mfd_ssd_t;
 typedef struct mfd_ssd_job mfd_ssd_job_t;
@@ -61,6 +66,11 @@ struct mfd_ssd_job {
     mf_status_t (*check)(const uint8_t *row, size_t len, const mfd_ssd_job_t *j,
                          const char **why);
     const char *why;
+    /* SCAN_RAW options: records whose key starts with key[0..prefix_len), from key on
+     * (skipping key itself when skip_first), at most max_items of them. */
+    size_t prefix_len;
+    size_t max_items;
+    int skip_first;
     mfd_ssd_cb cb;             /* NULL: fire and forget (the pool frees the job) */
     void *arg;
     void *arg2;
@@ -68,8 +78,13 @@ struct mfd_ssd_job {
     mf_status_t status;        /* MF_OK, MF_NOT_FOUND (GET), MF_DATA_LOSS (GET: RocksDB
                                 * reports corruption, or check refused the bytes),
                                 * MF_INTERNAL / MF_UNAVAILABLE */
-    uint8_t *out;              /* GET: malloc'd, 16-byte aligned, out_len bytes (no dst) */
+    uint8_t *out;              /* GET: malloc'd, 16-byte aligned, out_len bytes (no dst);
+                                * SCAN: n_items records of u16 LE key-suffix length, the
+                                * key after the prefix, u32 LE value length, the value
+                                * (read them with mfd_ssd_scan_next) */
     size_t out_len;
+    size_t n_items;            /* SCAN: records in out */
+    int more;                  /* SCAN: matching records remain after the last one */
     mfd_ssd_job_t *next, *prev; /* the worker's queue (its mutex) */
     int queued;                 /* still in that queue, not started (its mutex) */
 };
@@ -116,8 +131,14 @@ typedef void (*mfd_ssd_scan_cb)(const uint8_t *key, size_t klen, uint64_t size,
 mf_status_t mfd_ssd_scan(mfd_ssd_t *s, mfd_ssd_scan_cb cb, void *arg, char *err,
                          size_t errlen);
 
+/* Steps through a SCAN_RAW result: *pos starts at 0; returns 0 at the end. */
+int mfd_ssd_scan_next(const mfd_ssd_job_t *j, size_t *pos, const uint8_t **suffix,
+                      size_t *slen, const uint8_t **val, size_t *vlen);
+
 /* Builds a 'p' record key; returns its length or 0 when a part is too long. */
 size_t mfd_ssd_profile_key(uint8_t out[MFD_SSD_KEY_MAX], const char *ns,
                            const char *src, const char *tgt);
+/* The prefix every 'p' key of namespace ns starts with ('p' u8 ns_len ns); its length. */
+size_t mfd_ssd_profile_prefix(uint8_t out[MFD_SSD_KEY_MAX], const char *ns);
 
 #endif /* MFD_TIER_SSD_H */

@@ -7,13 +7,6 @@
 
 #include "mf_profile.h"
 
-double mfw_now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void free_layer(mfw_extract_t *e, uint32_t l)
 {
     for (uint32_t i = 0; e->rows[l] && i < e->n_blocks; i++)
@@ -72,9 +65,9 @@ mf_status_t mfw_extract_hook(void *ctx, const mfw_attn_args_t *a)
                              .i0 = 0, .i1 = nb, .model = e->model, .ns = e->ns, .layer = l,
                              .tokens = e->tokens };
     uint32_t failed = 0;
-    double t0 = mfw_now_s();
+    double t0 = mf_now_s();
     st = mf_extract_ref(&ea, e->rows[l], caps, e->sizes[l], &failed, &e->why);
-    e->seconds += mfw_now_s() - t0;
+    e->seconds += mf_now_s() - t0;
     for (uint32_t i = 0; st == MF_OK && i < nb; i++) {
         mf_row_view_t rv;
         if (mf_row_decode(e->rows[l][i], e->sizes[l][i], MF_ROW_NO_CHECKSUM, &rv, NULL) == MF_OK)
@@ -136,9 +129,9 @@ mf_status_t mfw_reuse_hook(void *ctx, const mfw_attn_args_t *a)
                            .exact_first = rp ? rp->first_blocks : 0,
                            .exact_last = rp ? rp->last_blocks : 0, .o = a->o };
     mf_apply_stats_t s = { 0 };
-    double t0 = mfw_now_s();
+    double t0 = mf_now_s();
     st = mf_apply_ref(&aa, &s, &r->why);
-    r->seconds += mfw_now_s() - t0;
+    r->seconds += mf_now_s() - t0;
     r->stats.exact_blocks += s.exact_blocks;
     r->stats.prob_tiles += s.prob_tiles;
     r->stats.mask_blocks += s.mask_blocks;

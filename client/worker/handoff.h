@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "gpt.h"
+#include "mf_clock.h"
 #include "mapflow.pb-c.h"
 #include "mapflow_kernels.h"
 
@@ -93,7 +94,5 @@ mf_status_t mfw_reuse_layer(mfw_reuse_t *r, uint32_t layer, uint32_t pos0, uint3
                             const Mapflow__V1__LayerMap **lm, mf_layer_map_t *map,
                             uint8_t modes[64], float tops[64]);
 
-/* Monotonic clock in seconds (for the workers' timings). */
-double mfw_now_s(void);
 
 #endif /* MFW_HANDOFF_H */

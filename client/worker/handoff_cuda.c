@@ -64,11 +64,11 @@ mf_status_t mfw_extract_cuda_hook(void *ctx, const mfw_cuda_attn_args_t *a)
         .i0 = 0, .i1 = nb, .model = e->model, .ns = e->ns, .layer = l, .tokens = e->tokens,
         .rows = e->dev_rows[l], .caps = caps, .sizes = dsizes, .failed_block = dfailed };
     cudaStream_t s = (cudaStream_t)a->stream;
-    double t0 = mfw_now_s();
+    double t0 = mf_now_s();
     st = mf_extract_cuda(&ea, a->stream, &e->why);
     if (st == MF_OK)
         st = cuda_st(cudaStreamSynchronize(s), &e->why);
-    e->seconds += mfw_now_s() - t0;
+    e->seconds += mf_now_s() - t0;
     if (st == MF_OK)
         st = cuda_st(cudaMemcpyAsync(sizes, dsizes, 8 * (size_t)nb, cudaMemcpyDeviceToHost, s), &e->why);
     if (st == MF_OK)
@@ -196,12 +196,12 @@ mf_status_t mfw_reuse_cuda_hook(void *ctx, const mfw_cuda_attn_args_t *a)
     cudaStream_t s = (cudaStream_t)a->stream;
     /* synchronised on both sides so r->seconds is the kernel's own time */
     st = cuda_st(cudaStreamSynchronize(s), &r->why);
-    double t0 = mfw_now_s();
+    double t0 = mf_now_s();
     if (st == MF_OK)
         st = mf_apply_cuda(&aa, a->stream, &r->why);
     if (st == MF_OK)
         st = cuda_st(cudaStreamSynchronize(s), &r->why);
-    r->seconds += mfw_now_s() - t0;
+    r->seconds += mf_now_s() - t0;
     r->layers_mapped += st == MF_OK;
     return st;
 }

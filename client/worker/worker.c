@@ -198,9 +198,9 @@ static int run_source(const opts_t *o, mfw_backend_t *be, const mfw_gpt_t *m,
     e->tokens = tokens;
     if ((st = mfw_brun_create(be, n, &run)) != MF_OK)
         goto out;
-    double t0 = mfw_now_s();
+    double t0 = mf_now_s();
     st = mfw_brun_forward(run, tokens, n, MFW_HOOK_EXTRACT, e, n, NULL);
-    double t_prefill = mfw_now_s() - t0;
+    double t_prefill = mf_now_s() - t0;
     if (st != MF_OK) {
         fprintf(stderr, "source: prefill: %s %s\n", mf_status_name(st),
                 e->why && *e->why ? e->why : mfw_brun_error(run));
@@ -232,7 +232,7 @@ static int run_source(const opts_t *o, mfw_backend_t *be, const mfw_gpt_t *m,
             items[n_items++].len = e->sizes[l][b];
             bytes += e->sizes[l][b];
         }
-    t0 = mfw_now_s();
+    t0 = mf_now_s();
     st = !n_items ? MF_OK
          : from_dev ? mf_put_device_batch(ch, items, n_items, 0, MF_TIMEOUT_DEFAULT)
                     : mf_put_batch(ch, items, n_items, 0, MF_TIMEOUT_DEFAULT);
@@ -247,7 +247,7 @@ static int run_source(const opts_t *o, mfw_backend_t *be, const mfw_gpt_t *m,
         if (st == MF_OK)
             st = mf_put_batch(ch, items, n_items, 0, MF_TIMEOUT_DEFAULT);
     }
-    double t_put = mfw_now_s() - t0;
+    double t_put = mf_now_s() - t0;
     if (st != MF_OK) {
         fprintf(stderr, "source: put: %s %s\n", mf_status_name(st), mf_channel_last_error(ch));
         goto out;
@@ -329,9 +329,9 @@ static mf_status_t target_pass(mfw_backend_t *be, const mfw_gpt_t *m, const uint
                                                          : mfw_brun_create(be, total + gen, &run);
     if (st != MF_OK)
         goto out;
-    double t0 = mfw_now_s();
+    double t0 = mf_now_s();
     st = mfw_brun_forward(run, tokens, total, hook, ctx, n - 1, logits);
-    res->prefill_s = mfw_now_s() - t0;
+    res->prefill_s = mf_now_s() - t0;
     if (st != MF_OK && *mfw_brun_error(run))
         fprintf(stderr, "target: %s\n", mfw_brun_error(run));
     if (st == MF_OK && dump &&
@@ -396,7 +396,7 @@ static int run_target(const opts_t *o, mfw_backend_t *be, const mfw_gpt_t *m,
         }
         void *pb = NULL;
         size_t pb_len = 0;
-        double t0 = mfw_now_s();
+        double t0 = mf_now_s();
         st = mf_profile_get(ch, o->source_id, o->target_id, &pb, &pb_len, MF_TIMEOUT_DEFAULT);
         if (st != MF_OK || (st = mf_profile_decode(pb, pb_len, &prof, &why)) != MF_OK) {
             fprintf(stderr, "target: no usable profile %s -> %s: %s\n", o->source_id,
@@ -416,7 +416,7 @@ static int run_target(const opts_t *o, mfw_backend_t *be, const mfw_gpt_t *m,
             st = mf_get_prefix(ch, o->source_id, prof->block_size, tokens,
                                (size_t)hit * prof->block_size, layers, nl, 0, hit, MF_GET_LEASE,
                                &got, MF_TIMEOUT_DEFAULT);
-        t_fetch = mfw_now_s() - t0;
+        t_fetch = mf_now_s() - t0;
         if (st != MF_OK) {
             fprintf(stderr, "target: lookup/get: %s %s\n", mf_status_name(st), mf_channel_last_error(ch));
             goto out;
@@ -438,12 +438,12 @@ static int run_target(const opts_t *o, mfw_backend_t *be, const mfw_gpt_t *m,
                 ru->dev_in[layers[i]] = devs + (size_t)i * hit;
             }
         }
-        t0 = mfw_now_s();
+        t0 = mf_now_s();
         if ((st = mfw_backend_reuse_prepare(be, ru)) != MF_OK) {
             fprintf(stderr, "target: rows to the device: %s %s\n", mf_status_name(st), ru->why ? ru->why : "");
             goto out;
         }
-        t_upload = mfw_now_s() - t0;
+        t_upload = mf_now_s() - t0;
         if ((st = target_pass(be, m, tokens, n, total, o->generate, MFW_HOOK_REUSE, ru, o->dump,
                               "reuse", &rr)) != MF_OK) {
             fprintf(stderr, "target: reuse prefill: %s %s\n", mf_status_name(st), ru->why ? ru->why : "");

@@ -50,6 +50,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 #include <unistd.h>
+#include "mf_clock.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -125,17 +126,10 @@ static __thread fake_ctx_t *t_cur;
 static double g_land_s = 0.5;
 static int g_pending; /* copies queued in any context */
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* Lands ctx's queued copies (all, or only those due) in issue order. Caller holds g_mu. */
 static void land_locked(fake_ctx_t *c, int all)
 {
-    double t = all ? 0 : now_s();
+    double t = all ? 0 : mf_now_s();
     while (c->head && (all || c->head->due <= t)) {
         pend_t *p = c->head;
         c->head = p->next;
@@ -189,7 +183,7 @@ static int enqueue(void *dst, const void *src, size_t n)
         return -1;
     }
     memcpy(b, src, n);
-    *p = (pend_t){dst, b, n, now_s() + g_land_s, NULL};
+    *p = (pend_t){dst, b, n, mf_now_s() + g_land_s, NULL};
     pthread_mutex_lock(&g_mu);
     *t_cur->tail = p;
     t_cur->tail = &p->next;

@@ -39,6 +39,7 @@
 #include <unistd.h>
 
 #include "mapflow.h"
+#include "mf_clock.h"
 #include "mapflow_kernels.h"
 #include "mapflow_kernels_cuda.h"
 #include "mf_codec.h"
@@ -78,13 +79,6 @@ static void check(const char *what, int ok, const char *fmt, ...)
     va_end(ap);
     fflush(stdout);
     g_fail |= !ok;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 static void die(const char *fmt, const char *a, const char *b)
@@ -201,9 +195,9 @@ static int run_source(const opts_t *o, char **argv)
         items[k].len = sizes[k];
         bytes += sizes[k];
     }
-    double t0 = now_s();
+    double t0 = mf_now_s();
     st = mf_put_device_batch(ch, items, nb, 0, MF_TIMEOUT_DEFAULT);
-    double t1 = now_s();
+    double t1 = mf_now_s();
     uint32_t on_gpu = 0;
     for (uint32_t k = 0; k < nb; k++)
         on_gpu += items[k].status == MF_OK && items[k].result.tier == MF_TIER_GPU;
@@ -278,13 +272,13 @@ static double apply_once(const mf_apply_cuda_args_t *a, uint32_t *dbad)
     CK(cudaMemset(dbad, 0, 4));
     CK(cudaMemset(a->o, 0xff, (size_t)a->tgt.n_tokens * HT * D * 4));
     CK(cudaDeviceSynchronize());
-    double t0 = now_s();
+    double t0 = mf_now_s();
     const char *why = "";
     mf_status_t st = mf_apply_cuda(a, 0, &why);
     if (st != MF_OK)
         die("mf_apply_cuda: %s (%s)", mf_status_name(st), why);
     CK(cudaDeviceSynchronize());
-    return now_s() - t0;
+    return mf_now_s() - t0;
 }
 
 /* Issue 14: how the target's device reaches device 0 (the daemon's arena), and the same
@@ -337,17 +331,17 @@ static void peer_report(const opts_t *o, const uint8_t *host, const size_t *off,
     int iters = o->iters > 0 ? o->iters : 1;
     double t_one = 0, t_rows = 0, t_big = 0;
     for (int i = 0; i < iters; i++) {
-        double t0 = now_s();
+        double t0 = mf_now_s();
         CK(cudaMemcpyPeer(d1, dev, s0, 0, total));
         CK(cudaDeviceSynchronize());
-        double t1 = now_s();
+        double t1 = mf_now_s();
         for (uint32_t k = 0; k < nb; k++)
             CK(cudaMemcpyPeerAsync(d1 + off[k], dev, s0 + off[k], 0, len[k], 0));
         CK(cudaDeviceSynchronize());
-        double t2 = now_s();
+        double t2 = mf_now_s();
         CK(cudaMemcpyPeer(big1, dev, big0, 0, big));
         CK(cudaDeviceSynchronize());
-        t_big += now_s() - t2;
+        t_big += mf_now_s() - t2;
         t_one += t1 - t0;
         t_rows += t2 - t1;
     }
@@ -504,10 +498,10 @@ static int run_target(const opts_t *o)
     uint8_t *dst;
     CK(cudaMalloc((void **)&dst, total));
     for (int it = 0; it < o->iters; it++) {
-        double t0 = now_s();
+        double t0 = mf_now_s();
         st = mf_get_prefix(ch, MODEL, B, tokens, n, &layer, 1, 0, 0, MF_GET_LEASE, &res,
                            MF_TIMEOUT_DEFAULT);
-        t_get += now_s() - t0;
+        t_get += mf_now_s() - t0;
         if (st != MF_OK)
             die("bandwidth get: %s %s", mf_status_name(st), mf_channel_last_error(ch));
         int all_dev = 1;
@@ -518,12 +512,12 @@ static int run_target(const opts_t *o)
         t_apply += apply_once(&ai, dbad);
         /* the copy path: the same bytes moved into our memory first */
         CK(cudaDeviceSynchronize());
-        t0 = now_s();
+        t0 = mf_now_s();
         for (uint32_t k = 0; k < nb; k++)
             CK(cudaMemcpyAsync(dst + off[k], all_dev ? res->rows[k].data : host + off[k],
                                len[k], cudaMemcpyDefault, 0));
         CK(cudaDeviceSynchronize());
-        t_copy += now_s() - t0;
+        t_copy += mf_now_s() - t0;
         t_apply_own += apply_once(&am, dbad);
         mf_release_result(ch, res, MF_TIMEOUT_DEFAULT);
         mf_get_result_free(res);

@@ -33,6 +33,22 @@ layer = f(1, 0, v(4)) + f(2, 0, v(1)) + f(3, 0, v(1)) + f(4, 0, v(1)) + \
 prof = s(1, b"json-src") + s(2, b"json-tgt") + f(3, 0, v(16)) + f(4, 0, v(2)) + \
     f(5, 0, v(6)) + s(6, layer) + s(6, layer) + s(8, b"test_ctl_json")
 open(sys.argv[1], "wb").write(prof)
+# profile ls: five more, random names and shapes (the listing must echo them, sorted)
+import json, os, random
+rng = random.Random(os.urandom(8))
+made = []
+for i in range(5):
+    src = "src-%d-%08x" % (i, rng.getrandbits(32))
+    tgt = "tgt-%08x" % rng.getrandbits(32)
+    blk, nl = rng.choice([16, 32, 64]), rng.randint(1, 4)
+    layers = b"".join(s(6, layer) for _ in range(nl))
+    p = s(1, src.encode()) + s(2, tgt.encode()) + f(3, 0, v(blk)) + f(4, 0, v(1)) + \
+        f(5, 0, v(nl + 1)) + layers + s(8, ("by-%d" % i).encode())
+    open("%s.%d" % (sys.argv[1], i), "wb").write(p)
+    made.append({"source_model": src, "target_model": tgt, "block_size": blk,
+                 "mapped_layers": nl, "target_layers": nl + 1, "encoded_bytes": len(p),
+                 "created_by": "by-%d" % i, "l0": 1})
+json.dump(made, open(sys.argv[1] + ".json", "w"))
 PY
 head -c 300 /dev/urandom >"$MF_TMP/junk.pb"
 
@@ -64,7 +80,8 @@ for cmd in (["health"], ["stats"], ["ls"], ["flush"], ["config", "get"],
     assert "none.sock" in e["message"], e
 # usage errors: exit 2, INVALID_ARGUMENT, before any connection is tried
 for args in (["ls", "--peer", "h:1"], ["stats", "--count", "2"], ["frobnicate"],
-             ["profile"], ["profile", "ls"], ["config", "set", "k"], ["get", "--model", "x"],
+             ["profile"], ["profile", "frob"], ["profile", "ls", "--page-size", "x"],
+             ["profile", "ls", "--page-token", "zz"], ["config", "set", "k"], ["get", "--model", "x"],
              ["evict", "--tier", "host", "--bytes", "12parsecs"], ["--timeout", "soon", "health"],
              ["hash", "--model", "m", "--block", "7", "--tokens", tmp + "/tok"],
              ["lookup", "--model", "m", "--block", "24", "--tokens", tmp + "/tok",
@@ -176,6 +193,31 @@ assert text.startswith("stored profile json-src -> json-tgt (namespace %s, block
 err(["profile", "put", "--file", tmp + "/junk.pb"], 2, "INVALID_ARGUMENT")
 assert ok(["profile", "get", "--source", "json-src", "--target", "json-tgt"])["layers"]
 err(["profile", "get", "--source", "json-src", "--target", "nobody"], 1, "NOT_FOUND")
+# profile ls: this namespace's profiles only, in key order (each name shorter first,
+# then bytewise: the names are length-prefixed in the key), every page
+made = json.load(open(tmp + "/prof.pb.json"))
+for i in range(len(made)):
+    ok(["profile", "put", "--file", "%s/prof.pb.%d" % (tmp, i)])
+first = dict(source_model="json-src", target_model="json-tgt", block_size=16, l0=2,
+             target_layers=6, mapped_layers=2, created_by="test_ctl_json",
+             encoded_bytes=len(open(tmp + "/prof.pb", "rb").read()))
+want = sorted(made + [first], key=lambda d: (len(d["source_model"]), d["source_model"],
+                                             len(d["target_model"]), d["target_model"]))
+ls = ok(["profile", "ls"])
+assert ls == {"profiles": want, "next_page_token": None}, ls
+pg = ok(["profile", "ls", "--page-size", "2", "--pages", "1"])
+assert pg["profiles"] == want[:2] and pg["next_page_token"], pg
+rest = ok(["profile", "ls", "--page-size", "2", "--page-token", pg["next_page_token"]])
+assert rest == {"profiles": want[2:], "next_page_token": None}, rest
+text = run(["profile", "ls"], 0, json_mode=False).stdout.splitlines()
+assert [l.split("\t")[:2] for l in text] == \
+    [[d["source_model"], d["target_model"]] for d in want], text
+other = subprocess.run([ctl, "--socket", sock, "--ns", ns + "-other", "--json", "profile",
+                        "ls"], capture_output=True, text=True, timeout=60)
+assert other.returncode == 0 and json.loads(other.stdout) == \
+    {"profiles": [], "next_page_token": None}, other
+err(["profile", "ls", "--page-size", "1001"], 1, "INVALID_ARGUMENT")
+print("profile ls:", len(want), "profiles,", len(pg["profiles"]), "on page 1")
 assert ok(["del", "--model", model, "--layer", "1", "--hash", h])["deleted"] == 1
 assert ok(["flush"])["entries"] >= 1
 assert ok(["ls"]) == {"entries": [], "next_page_token": None}

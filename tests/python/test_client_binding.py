@@ -154,6 +154,22 @@ class BindingTest(mftest.DaemonTest):
                                  ch.config_get("lease_ttl")["lease_ttl"][0])
                 adm.profile_put(pb)
             self.assertEqual(ch.profile_get("py1", "py2"), pb)
+            # profile_list: random extra profiles come back in key order (shorter source names
+            # first), across pages
+            rng = random.Random()
+            names = sorted({"py-%08x" % rng.getrandbits(32) for _ in range(4)})
+            with self.admin_chan() as adm:
+                for n in names:
+                    adm.profile_put(b"\x0a" + bytes([len(n)]) + n.encode() +
+                                    b"\x12\x03tgt\x18\x20")
+            every = list(ch.profile_list(page_size=2))
+            self.assertEqual([(p["source_model"], p["target_model"]) for p in every],
+                             [("py1", "py2")] + [(n, "tgt") for n in names])
+            self.assertEqual([p["block_size"] for p in every], [16] + [32] * len(names))
+            self.assertEqual(every[0]["encoded_bytes"], len(pb))
+            first, tok = ch.profile_list_page(page_size=2)
+            self.assertEqual(len(first), 2)
+            self.assertIsNotNone(tok)
             with self.assertRaises(mapflow.MapflowError) as e:
                 ch.profile_get("py1", "nobody")
             self.assertEqual(e.exception.code, mapflow.NOT_FOUND)

@@ -122,16 +122,16 @@ static void admin_path(const char *unix_path, char *out, size_t n)
 /* 1 when the daemon closed c within timeout_ms (EOF), measured into *ms. */
 static int closed_within(rel_conn_t *c, int timeout_ms, uint64_t *ms)
 {
-    uint64_t t0 = rel_now_ms();
-    while (rel_now_ms() - t0 < (uint64_t)timeout_ms) {
+    uint64_t t0 = mf_now_ms();
+    while (mf_now_ms() - t0 < (uint64_t)timeout_ms) {
         char b;
         ssize_t n = recv(c->fd, &b, 1, 0);
         if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-            *ms = rel_now_ms() - t0;
+            *ms = mf_now_ms() - t0;
             return 1;
         }
     }
-    *ms = rel_now_ms() - t0;
+    *ms = mf_now_ms() - t0;
     return 0;
 }
 
@@ -293,14 +293,14 @@ static int cmd_timeouts(int argc, char **argv)
     int mute_closed = closed_within(&mute, 5000, &t_mute);
     /* The busy client keeps talking past idle_timeout and must stay. */
     int busy_ok = 1;
-    uint64_t t0 = rel_now_ms();
-    while (rel_now_ms() - t0 < 2500) {
+    uint64_t t0 = mf_now_ms();
+    while (mf_now_ms() - t0 < 2500) {
         Mapflow__V1__Health h = MAPFLOW__V1__HEALTH__INIT;
         ENV_INIT(env, HEALTH, health, &h);
         busy_ok &= call_code(&busy, &env, NULL, 0, MAPFLOW__V1__ENVELOPE__BODY_HEALTH_REPLY) == 0;
         usleep(250000);
     }
-    waited = rel_now_ms() - t0;
+    waited = mf_now_ms() - t0;
     int quiet_closed = closed_within(&quiet, 5000, &t_quiet);
     t_quiet += waited;
     REL_CHECK(mute_closed && t_mute >= 200, "no-Hello connection closed: %d after %llu ms",
@@ -396,10 +396,10 @@ static int cmd_unsent(int argc, char **argv)
     uint64_t closes = 0;
     long rss1 = rel_rss_anon_kb((int)pid);
     if (REL_CHECK(rel_open(&by, unix_path, "bystander", NULL, 0, 5000) == 0, "bystander")) {
-        uint64_t t0 = rel_now_ms();
+        uint64_t t0 = mf_now_ms();
         do {
             closes = rel_counter(&by, "connections_closed_total{reason=\"max_unsent\"}");
-        } while ((closes == 0 || closes == UINT64_MAX) && rel_now_ms() - t0 < 5000 &&
+        } while ((closes == 0 || closes == UINT64_MAX) && mf_now_ms() - t0 < 5000 &&
                  !usleep(50000));
         uint32_t blocks = 0;
         REL_CHECK(rel_lookup(&by, MODEL, B, layers, 1, t, B * NB, &blocks) == 0,
@@ -550,15 +550,12 @@ static int cmd_lookup(int argc, char **argv)
     if (REL_CHECK(rel_open(&by, unix_path, "bystander", NULL, 0, 5000) == 0, "bystander")) {
         usleep(300000);
         for (; n < N; n++) {
-            struct timespec t0, t1;
             Mapflow__V1__Health h = MAPFLOW__V1__HEALTH__INIT;
             ENV_INIT(env, HEALTH, health, &h);
-            clock_gettime(CLOCK_MONOTONIC, &t0);
+            int64_t t0 = mf_now_us();
             if (call_code(&by, &env, NULL, 0, MAPFLOW__V1__ENVELOPE__BODY_HEALTH_REPLY) != 0)
                 break;
-            clock_gettime(CLOCK_MONOTONIC, &t1);
-            lat[n] = (uint64_t)(t1.tv_sec - t0.tv_sec) * 1000000u +
-                     (uint64_t)(t1.tv_nsec - t0.tv_nsec) / 1000u;
+            lat[n] = (uint64_t)(mf_now_us() - t0);
             usleep(2000);
         }
         rel_close(&by);
@@ -746,14 +743,14 @@ static int cmd_fds(int argc, char **argv)
     for (int i = 0; i < opened; i++)
         rel_close(&cs[i]);
     rel_conn_t by;
-    uint64_t t0 = rel_now_ms(), paused = UINT64_MAX;
+    uint64_t t0 = mf_now_ms(), paused = UINT64_MAX;
     int ok = -1;
-    while (ok != 0 && rel_now_ms() - t0 < 5000) {
+    while (ok != 0 && mf_now_ms() - t0 < 5000) {
         ok = rel_open(&by, unix_path, "bystander", NULL, 0, 1000);
         if (ok != 0)
             usleep(50000);
     }
-    uint64_t wait_ms = rel_now_ms() - t0;
+    uint64_t wait_ms = mf_now_ms() - t0;
     if (REL_CHECK(ok == 0, "no connection after the others closed")) {
         paused = rel_counter(&by, "accept_paused_total");
         rel_close(&by);

@@ -267,7 +267,7 @@ int rel_cmd_crash(int argc, char **argv)
     cr.seed = (uint64_t)rel_opt_l(argc, argv, "--seed", 1);
     cr.ops = calloc(MAX_OPS, sizeof(op_t));
     pthread_mutex_init(&cr.mu, NULL);
-    uint64_t rng = cr.seed, kills = 0, t0 = rel_now_ms();
+    uint64_t rng = cr.seed, kills = 0, t0 = mf_now_ms();
     const char *extra[] = {"--host_bytes", "32mb", "--log_level", "warn", "--write_through",
                            "async", NULL};
     vstats_t vs = {0};
@@ -296,7 +296,7 @@ int rel_cmd_crash(int argc, char **argv)
         for (long i = 0; i < threads; i++)
             pthread_join(tid[i], NULL);
     }
-    uint64_t secs = (rel_now_ms() - t0 + 500) / 1000;
+    uint64_t secs = (mf_now_ms() - t0 + 500) / 1000;
     unsigned long bad = atomic_load(&cr.reads_bad);
     REL_CHECK(bad == 0 && vs.visible_bad == 0, "%lu bad reads, %llu bad rows after restart",
               bad, (unsigned long long)vs.visible_bad);

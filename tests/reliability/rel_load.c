@@ -24,7 +24,8 @@ static const char *const op_names[OP_N] = {"put", "lookup", "get", "lease+releas
 
 typedef struct load {
     const char *target;
-    uint64_t seed, deadline;
+    uint64_t seed;
+    int64_t deadline;          /* mf_now_ms */
     atomic_ulong ops[OP_N], exhausted, other_err, rows_checked, io_fail, connected;
 } load_t;
 
@@ -103,7 +104,7 @@ static void *client_main(void *arg)
     atomic_fetch_add(&ld->connected, 1);
     uint32_t t[NBLK * B], layers[2] = {0, 1};
     uint64_t ids[2 * NBLK];
-    while (rel_now_ms() < ld->deadline) {
+    while (mf_now_ms() < ld->deadline) {
         int ctx = (int)(rel_rand(&rng) % NCTX);
         ctx_tokens(ld->seed, ctx, t);
         int op = (int)(rel_rand(&rng) % OP_N);
@@ -156,7 +157,7 @@ int rel_cmd_load(int argc, char **argv)
     const char *label = rel_opt(argc, argv, "--label", "load");
     if (!ld.target || clients < 1 || clients > 4096 || seconds <= 0 || seconds > 600)
         return 2;
-    ld.deadline = rel_now_ms() + (uint64_t)(seconds * 1000);
+    ld.deadline = mf_now_ms() + (int64_t)(seconds * 1000);
     pthread_t *tid = calloc((size_t)clients, sizeof(*tid));
     client_t *cl = calloc((size_t)clients, sizeof(*cl));
     pthread_attr_t at;

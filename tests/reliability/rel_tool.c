@@ -94,10 +94,10 @@ pid_t rel_exec_daemon(const char *bin, const char *sock, const char *data,
 
 int rel_wait_exit(pid_t pid, int timeout_ms)
 {
-    uint64_t until = rel_now_ms() + (uint64_t)timeout_ms;
+    int64_t until = mf_now_ms() + timeout_ms;
     int status;
     while (waitpid(pid, &status, WNOHANG) != pid) {
-        if (rel_now_ms() >= until) {
+        if (mf_now_ms() >= until) {
             kill(pid, SIGKILL);
             waitpid(pid, NULL, 0);
             return -1;
@@ -114,8 +114,8 @@ pid_t rel_spawn_daemon(const char *bin, const char *sock, const char *data,
     if (pid < 0)
         return -1;
     /* Bounded wait: 20 s (a sanitizer build recovering a large RocksDB is slow). */
-    uint64_t until = rel_now_ms() + 20000;
-    while (rel_now_ms() < until) {
+    int64_t until = mf_now_ms() + 20000;
+    while (mf_now_ms() < until) {
         int status;
         if (waitpid(pid, &status, WNOHANG) == pid) {
             fprintf(stderr, "rel: %s exited during start (status %d)\n", bin, status);

@@ -21,13 +21,6 @@
     e.body_case = MAPFLOW__V1__ENVELOPE__BODY_##CASE;                                   \
     e.field = (msg)
 
-uint64_t rel_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
 static int dial_tcp(const char *hostport)
 {
     char host[256];

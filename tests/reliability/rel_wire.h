@@ -17,6 +17,7 @@
 #include <sys/types.h>
 
 #include "mf_frame.h"
+#include "mf_clock.h"
 #include "mf_hash.h"
 #include "mf_row.h"
 
@@ -125,6 +126,5 @@ void rel_tokens(uint32_t *t, size_t n, uint64_t seed);
 /* Resident anonymous memory (RssAnon, kB) of a process; -1 when unreadable. */
 long rel_rss_anon_kb(int pid);
 
-uint64_t rel_now_ms(void);
 
 #endif /* REL_WIRE_H */

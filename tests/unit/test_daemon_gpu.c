@@ -26,6 +26,7 @@
 
 #include "test_client_proc.h" /* a real mapflowd: daemon_start / daemon_stop */
 #include "test_daemon_util.h"
+#include "mf_clock.h"
 #include "../fakecuda/fakecuda_env.h"
 #include "mf_cudrv.h"
 #include "tier_gpu.h" /* mfd_gpu_verify_ptx: this build's mapflowd has the same */
@@ -727,13 +728,6 @@ static uint8_t *big_row(uint32_t layer, const uint32_t *tokens, unsigned *seed, 
 /* Seconds put_from_device spent per phase (big_rows_run prints them per row). */
 static double g_t_begin, g_t_copy, g_t_commit;
 
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* PutBegin / DtoD from `src` (device) into the arena / synchronize / PutCommit. */
 static int put_from_device(td_cli_t *c, const gview_t *gv, uint32_t layer, mf_hash128_t hash,
                            mf_cu_deviceptr_t src, size_t size)
@@ -745,9 +739,9 @@ static int put_from_device(td_cli_t *c, const gview_t *gv, uint32_t layer, mf_ha
     pb.key = &key;
     pb.size = size;
     pb.gpu_mapped = mapped_mask(gv);
-    double t0 = mono_s();
+    double t0 = mf_now_s();
     mf_envelope_t *r = td_put_begin(c, &pb);
-    double t1 = mono_s();
+    double t1 = mf_now_s();
     g_t_begin += t1 - t0;
     assert_non_null(r);
     if (r->body_case != MAPFLOW__V1__ENVELOPE__BODY_PUT_BEGIN_REPLY) {
@@ -761,12 +755,12 @@ static int put_from_device(td_cli_t *c, const gview_t *gv, uint32_t layer, mf_ha
     assert_true(p->gpu_arena < gv->n && gv->base[p->gpu_arena]);
     assert_int_equal(cu->cuMemcpyDtoD(gv->base[p->gpu_arena] + p->arena_offset, src, size), 0);
     assert_int_equal(cu->cuCtxSynchronize(), 0); /* landed before the daemon looks */
-    double t2 = mono_s();
+    double t2 = mf_now_s();
     g_t_copy += t2 - t1;
     uint64_t rid = p->reservation_id;
     mf_envelope_free(r);
     r = td_put_commit(c, rid, NULL, 0);
-    g_t_commit += mono_s() - t2;
+    g_t_commit += mf_now_s() - t2;
     assert_non_null(r);
     int st = 0;
     if (r->body_case == MAPFLOW__V1__ENVELOPE__BODY_ERROR) {
@@ -823,14 +817,12 @@ static void big_rows_run(const char *write_through, int expect_gpu)
     uint64_t com0 = counter(r, "gpu_commit_microseconds_total");
     mf_envelope_free(r);
     g_t_begin = g_t_copy = g_t_commit = 0;
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double t0 = mf_now_s();
     for (long k = 0; k < n_puts; k++) {
         uint32_t l = (uint32_t)(k % BIG_KEYS);
         assert_int_equal(put_from_device(&c, &gv, l, hash, dev + (size_t)l * size, size), 0);
     }
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    double s = mf_now_s() - t0;
 
     r = stats(&c);
     uint64_t on_gpu = counter(r, "gpu_rows_validated_total{on=\"gpu\"}");

@@ -53,7 +53,7 @@ static void test_render(void **state)
     g.tiers[2] = (mfd_tier_gauge_t){"ssd", 1, 8192, 1 << 30, 5};
     g.version = "9.9.9";
     size_t len;
-    char *t = mfd_metrics_render(&m, &g, &len);
+    char *t = mfd_metrics_render(&m, &g, NULL, NULL, &len);
     assert_non_null(t);
     assert_int_equal(strlen(t), len);
     assert_int_equal(t[len - 1], '\n');
@@ -124,6 +124,78 @@ static void visit(const char *name, uint64_t value, void *arg)
 }
 
 /* Stats keeps integer microseconds under the _microseconds_total name. */
+/* Another module's families through the builder (peer.c's path): appended by the render's
+ * callback, label values escaped, a histogram cumulative with +Inf = _count. */
+typedef struct more_arg {
+    char label[40];
+    uint64_t v;
+    mfd_hist_t h;
+} more_arg_t;
+
+static void more_families(mfd_prom_t *b, void *arg)
+{
+    more_arg_t *a = arg;
+    mfd_prom_family(b, "test_items_total", "counter", "items, by peer");
+    mfd_prom_labelled(b, "test_items_total", "peer", a->label, a->v);
+    mfd_prom_family(b, "test_duration_seconds", "histogram", "durations");
+    mfd_prom_hist(b, "test_duration_seconds", "", &a->h);
+}
+
+static void test_more_families(void **state)
+{
+    (void)state;
+    unsigned seed = (unsigned)time(NULL);
+    more_arg_t a = {{0}, 0, {{0}, 0, 0}};
+    /* A random label holding each character the format must escape. */
+    static const char alpha[] = "ab:9.\\\"\n";
+    for (int i = 0; i < 30; i++)
+        a.label[i] = alpha[rand_r(&seed) % (sizeof(alpha) - 1)];
+    a.label[30] = '"';
+    a.label[31] = '\\';
+    a.label[32] = '\n';
+    a.v = 1 + (uint64_t)rand_r(&seed);
+    int n_obs = 1 + rand_r(&seed) % 100;
+    for (int i = 0; i < n_obs; i++)
+        mfd_hist_observe(&a.h, 1e-6 * (1 + rand_r(&seed) % 3000000));
+    mfd_metrics_t m;
+    mfd_metrics_init(&m);
+    mfd_gauges_t g = {0};
+    g.tiers[0] = (mfd_tier_gauge_t){"gpu", 0, 0, 0, 0};
+    g.tiers[1] = (mfd_tier_gauge_t){"host", 0, 0, 0, 0};
+    g.tiers[2] = (mfd_tier_gauge_t){"ssd", 0, 0, 0, 0};
+    size_t len;
+    char *t = mfd_metrics_render(&m, &g, more_families, &a, &len);
+    assert_non_null(t);
+    char want[200], *w = want;
+    w += sprintf(w, "\nmapflowd_test_items_total{peer=\"");
+    for (const char *c = a.label; *c; c++) {
+        if (*c == '\\' || *c == '"')
+            *w++ = '\\', *w++ = *c;
+        else if (*c == '\n')
+            *w++ = '\\', *w++ = 'n';
+        else
+            *w++ = *c;
+    }
+    sprintf(w, "\"} %llu\n", (unsigned long long)a.v);
+    assert_non_null(strstr(t, want));
+    assert_non_null(strstr(t, "# TYPE mapflowd_test_duration_seconds histogram\n"));
+    char inf[96];
+    snprintf(inf, sizeof(inf), "mapflowd_test_duration_seconds_bucket{le=\"+Inf\"}");
+    assert_true(sample(t, inf) == n_obs);
+    assert_true(sample(t, "mapflowd_test_duration_seconds_count") == n_obs);
+    /* Buckets never decrease. */
+    double prev = 0;
+    for (int i = 0; i < MFD_HIST_BUCKETS; i++) {
+        char name[96];
+        snprintf(name, sizeof(name), "mapflowd_test_duration_seconds_bucket{le=\"%g\"}",
+                 mfd_hist_bound(i));
+        double v = sample(t, name);
+        assert_true(v >= prev && v <= n_obs);
+        prev = v;
+    }
+    free(t);
+}
+
 static void test_visit_names(void **state)
 {
     (void)state;
@@ -177,6 +249,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_render),
         cmocka_unit_test(test_visit_names),
+        cmocka_unit_test(test_more_families),
         cmocka_unit_test(test_process),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -175,6 +175,20 @@ class _ListPage(C.Structure):
                 ("next_page_token", C.POINTER(C.c_uint8)), ("next_page_token_len", C.c_size_t)]
 
 
+class _ProfileInfo(C.Structure):
+    _c_type_ = "mf_profile_info_t"
+    _fields_ = [("source_model", C.c_char * 256), ("target_model", C.c_char * 256),
+                ("block_size", C.c_uint32), ("l0", C.c_uint32), ("target_layers", C.c_uint32),
+                ("mapped_layers", C.c_uint32), ("created_by", C.c_char_p),
+                ("encoded_bytes", C.c_uint64)]
+
+
+class _ProfilePage(C.Structure):
+    _c_type_ = "mf_profile_page_t"
+    _fields_ = [("n_profiles", C.c_size_t), ("profiles", C.POINTER(_ProfileInfo)),
+                ("next_page_token", C.POINTER(C.c_uint8)), ("next_page_token_len", C.c_size_t)]
+
+
 class _TierStats(C.Structure):
     _c_type_ = "mf_tier_stats_t"
     _fields_ = [("tier", C.c_int), ("enabled", C.c_int), ("used_bytes", C.c_uint64),
@@ -222,7 +236,7 @@ class _AbiField(C.Structure):
 # (enums are passed as C int).
 _MIRRORS = [_AbiField, _Hash, _RowView, _RowRef, _GetResult, _Key, _Retry, _Params,
             _GpuArenaInfo, _GpuInfo, _Info, _PutResult, _PutItem, _Lease, _Entry, _ListPage,
-            _TierStats, _Counter, _Stats, _ConfigItem, _Health, _Event] + [
+            _ProfileInfo, _ProfilePage, _TierStats, _Counter, _Stats, _ConfigItem, _Health, _Event] + [
     type("_Enum", (C.c_int,), {"_c_type_": t})
     for t in ("mf_status_t", "mf_tier_t", "mf_codec_t", "mf_verify_t", "mf_get_mode_t",
               "mf_cq_event_type_t")]
@@ -299,6 +313,9 @@ _PROTOS = {
     "mf_profile_put": (C.c_int, [_P, _P, C.c_size_t, C.c_int64]),
     "mf_profile_get": (C.c_int, [_P, C.c_char_p, C.c_char_p, C.POINTER(_P),
                                  C.POINTER(C.c_size_t), C.c_int64]),
+    "mf_profile_list": (C.c_int, [_P, C.c_uint32, _P, C.c_size_t,
+                                  C.POINTER(C.POINTER(_ProfilePage)), C.c_int64]),
+    "mf_profile_page_free": (None, [C.POINTER(_ProfilePage)]),
     "mf_cq_create": (C.c_int, [C.POINTER(_P)]),
     "mf_cq_next": (C.c_int, [_P, C.c_int64, C.POINTER(_Event)]),
     "mf_cq_shutdown": (None, [_P]),
@@ -1467,6 +1484,40 @@ class Channel:
             return C.string_at(p, n.value)
         finally:
             C.CDLL(None).free(p)
+
+    def profile_list_page(self, page_size: int = 0, page_token: Optional[bytes] = None,
+                          timeout_ms: Timeout = None
+                          ) -> Tuple[List[Dict[str, Any]], Optional[bytes]]:
+        """One page of the namespace's profiles: (summaries as dicts, next token or None)."""
+        tok = _b(page_token) if page_token else None
+        out = C.POINTER(_ProfilePage)()
+        self._check(_lib.mf_profile_list(self._h, page_size, tok, len(tok) if tok else 0,
+                                         C.byref(out), _timeout(timeout_ms)))
+        try:
+            p = out.contents
+            profiles = [{"source_model": e.source_model.decode(errors="replace"),
+                         "target_model": e.target_model.decode(errors="replace"),
+                         "block_size": e.block_size, "l0": e.l0,
+                         "target_layers": e.target_layers, "mapped_layers": e.mapped_layers,
+                         "created_by": (e.created_by or b"").decode(errors="replace"),
+                         "encoded_bytes": e.encoded_bytes}
+                        for e in p.profiles[:p.n_profiles]]
+            nxt = C.string_at(p.next_page_token, p.next_page_token_len) \
+                if p.next_page_token_len else None
+        finally:
+            _lib.mf_profile_page_free(out)
+        return profiles, nxt
+
+    def profile_list(self, page_size: int = 0,
+                     timeout_ms: Timeout = None) -> Iterator[Dict[str, Any]]:
+        """Every profile of the namespace in key order (source, then target; shorter names
+        first, then bytewise), a generator."""
+        tok = None
+        while True:
+            profiles, tok = self.profile_list_page(page_size, tok, timeout_ms)
+            yield from profiles
+            if not tok:
+                return
 
 
 def _tier(t):
