@@ -230,6 +230,27 @@ class KernelsRef(unittest.TestCase):
             K.apply_ref([rows[0], bytes(broken)], w, mode, q, k, v, block_size=b)
         self.assertIn("mf_row_decode (row 1)", str(cm.exception))
 
+    def test_cuda_calls_check_before_the_device(self):
+        """Without a GPU: the CUDA wrappers refuse host tensors before any CUDA call (the
+        library loads without a device; skipped where it was not built or no torch)."""
+        try:
+            import torch
+            K.library("cuda")
+        except ImportError as e:
+            self.skipTest(str(e))
+        q = torch.randn(128, 4, 64).half()
+        w, mode = np.eye(4, dtype=np.float32), np.zeros(4, np.uint8)
+        for call in (lambda: K.apply_cuda(None, w, mode, q, q, q, block_size=64),
+                     lambda: K.attention_dense_cuda(q, q, q),
+                     lambda: K.extract_cuda(q, q, block_size=64, top_p=0.9, model="m",
+                                            ns="n", tokens=np.arange(128))):
+            with self.assertRaises(mapflow.InvalidArgument) as cm:
+                call()
+            self.assertIn("q is on cpu; a CUDA tensor wanted", str(cm.exception))
+        with self.assertRaises(mapflow.InvalidArgument):
+            K.apply_cuda(None, w, mode, np.zeros((128, 4, 64), np.float16), q, q,
+                         block_size=64)
+
     def test_layout_check_and_search(self):
         lay = mapflow._lib_layout(K.library("ref").mf_kernels_abi_layout)
         self.assertEqual(mapflow._abi_mismatches(lay, K._MIRRORS), [])
