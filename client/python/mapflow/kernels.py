@@ -42,7 +42,9 @@ except ImportError:  # the reference calls need NumPy; the CUDA calls need torch
     np = None
 
 __all__ = ["extract_ref", "apply_ref", "attention_dense_ref", "extract_cuda", "apply_cuda",
-           "attention_dense_cuda", "cuda_supported", "library", "Rows", "RowOverflow",
+           "attention_dense_cuda", "cuda_supported", "library", "Rows", "RowOverflow", "RowView",
+           "Qkv", "LayerMap", "ExtractArgs", "ApplyArgs", "ApplyStats", "ExtractCudaArgs",
+           "ApplyCudaArgs",
            "CODECS", "COMPUTE", "PROB", "MASK", "F32", "F16", "BF16",
            "IMPL_DEFAULT", "IMPL_V2", "IMPL_V3", "IMPL_CORE"]
 
@@ -112,6 +114,10 @@ class ApplyCudaArgs(C.Structure):
                 ("bad_rows", C.c_void_p)]
 
 
+# mf_row_view_t (proto/mf_row.h): what mf_row_decode of either library fills in; its
+# layout is checked against libmapflow's, built from the same header.
+RowView = _RowView
+
 # Checked against mf_kernels_abi_layout() whenever a library is loaded (enums as C int).
 _MIRRORS = [Qkv, LayerMap, ExtractArgs, ApplyArgs, ApplyStats, ExtractCudaArgs,
             ApplyCudaArgs] + [type("_Enum", (C.c_int,), {"_c_type_": t})
@@ -136,6 +142,7 @@ _SIGS = {
     "cuda": dict(_COMMON, **{
         "mf_cuda_supported": (C.c_int, [C.c_uint32, C.c_uint32, C.c_int, C.c_uint32, _WHY]),
         "mf_extract_cuda": (C.c_int, [C.POINTER(ExtractCudaArgs), _P, _WHY]),
+        "mf_apply_cuda": (C.c_int, [C.POINTER(ApplyCudaArgs), _P, _WHY]),
         "mf_apply_cuda_impl": (C.c_int, [C.POINTER(ApplyCudaArgs), C.c_int, _P, _WHY]),
         "mf_attention_dense_cuda": (C.c_int, [C.POINTER(Qkv), _P, _P, _P, _WHY]),
     }),
