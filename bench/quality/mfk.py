@@ -30,11 +30,15 @@ ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 # MF_GPU_PY: a copy of bench/gpu's rows.py (the row layout) from the commit the kernel
 # libraries were built from; the argument structs come from mapflow.kernels, which checks
 # them against the library it loads.
-sys.path.insert(0, os.environ.get("MF_GPU_PY", os.path.join(ROOT, "bench", "gpu")))
+# Appended, not put first: a script importing this module keeps its own `model` etc.
+# (bench/handoff/model.py is not bench/quality/model.py); MF_GPU_PY, when set, goes first.
+if os.environ.get("MF_GPU_PY"):
+    sys.path.insert(0, os.environ["MF_GPU_PY"])
+for _d in (os.path.join(ROOT, "bench", "gpu"), os.path.join(ROOT, "client", "python"), HERE):
+    if _d not in sys.path:
+        sys.path.append(_d)
 import rows as R  # noqa: E402
-sys.path.insert(0, os.path.join(ROOT, "client", "python"))
 from mapflow import kernels as K  # noqa: E402
-sys.path.insert(0, HERE)
 # the kernels' selection rules and the row parser, NumPy only (tested without torch)
 from blocksel import (COMPUTE, MASK_MODE, PROB, keep_rows, pair_counts,  # noqa: E402,F401
                       parse_row_list, select_mask, work)
