@@ -35,6 +35,9 @@ install time (`make install PREFIX=...`, `pip install ./client/python`: see setu
 then through the system loader. The binding checks, at import, that every struct it
 mirrors has the library's layout (mf_abi_layout) and refuses a library that differs.
 
+Kernels: mapflow.kernels wraps MapFlow's extract / apply kernels and dense attention (the
+C reference on NumPy arrays, the CUDA kernels on torch tensors); see its docstring.
+
 Thread safety: a Channel may be used from several threads (the C library serialises
 nothing but its own state); a CompletionQueue may be waited on from any thread.
 fork(): a child must not use its parent's channels (see mapflow.h); open new ones.
