@@ -38,11 +38,13 @@ $(KERNELS_CUDA_A): $(CUDA_OBJS)
 	@[ "$(V)" != 0 ] || echo "  AR    $@"
 	$(Q)rm -f $@ && ar rcs $@ $^
 
-# The whole proto archive goes in, so ctypes users also get mf_row_decode and friends.
-$(KERNELS_CUDA_SO): $(CUDA_OBJS) $(OBJ)/kernels/attention_ref.o $(PROTO_A)
+# The whole proto archive goes in, so ctypes users also get mf_row_decode and friends;
+# mf_kernels_abi.o is the layout table client/python/mapflow/kernels.py checks.
+KERNELS_SO_REF_OBJS := $(addprefix $(OBJ)/kernels/,attention_ref.o mf_kernels_abi.o)
+$(KERNELS_CUDA_SO): $(CUDA_OBJS) $(KERNELS_SO_REF_OBJS) $(PROTO_A)
 	@mkdir -p $(dir $@)
 	@[ "$(V)" != 0 ] || echo "  LD    $@"
-	$(Q)$(CC) -shared -o $@ $(CUDA_OBJS) $(OBJ)/kernels/attention_ref.o \
+	$(Q)$(CC) -shared -o $@ $(CUDA_OBJS) $(KERNELS_SO_REF_OBJS) \
 		-Wl,--whole-archive $(PROTO_A) -Wl,--no-whole-archive $(CUDA_LDLIBS) $(LDLIBS_BASE) -lstdc++
 
 $(OBJ)/tests/gpu/%.o: CPPFLAGS += -I$(CUDA_HOME)/include

@@ -4,9 +4,10 @@
 Side by side, per N and block density: our apply (prob FP8, prob U8_LOG, mask), PyTorch
 SDPA dense causal attention (enable_gqa, torch's own backend: cuDNN on the H200) and
 flex_attention with the same kept blocks (128- and 64-token blocks), FlexPrefill's
-selection on flex and on our mask kernel, plus our extract. Our kernels are called through ctypes on build/lib/libmfkernels_cuda.so
-with torch tensors' data_ptr, on torch's current stream. Times: CUDA events, median of
-REPS after warm-up. Rows are built here (bench/gpu/rows.py) from synthetic "real-looking"
+selection on flex and on our mask kernel, plus our extract. Our kernels are called on
+build/lib/libmfkernels_cuda.so (mapflow.kernels' structs and loader; args built once, the
+bare C call timed) with torch tensors' data_ptr, on torch's current stream. Times: CUDA
+events, median of REPS after warm-up. Rows are built here (bench/gpu/rows.py) from synthetic "real-looking"
 block patterns: sink + local window + a few per-head stripes, tiles random.
 
   python3 bench/gpu/bench_gpu.py [--ns 32768,65536] [--densities 0.05,0.1,0.2,0.35]
@@ -26,60 +27,31 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rows as R  # noqa: E402
 
-LIB = os.environ.get("MF_CUDA_LIB", os.path.join(os.path.dirname(__file__), "..", "..",
-                                                 "build", "lib", "libmfkernels_cuda.so"))
+# The kernels' argument structs and library loading are mapflow.kernels' (layout-checked
+# against the library); the benchmark builds the args once and times the bare C calls.
+sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "client", "python"))
+from mapflow import kernels as K  # noqa: E402
+
+LIB = os.environ.get("MF_CUDA_LIB")  # None: mapflow.kernels' search (build/lib in a tree)
 HQ, HKV, HS, D, B = 32, 8, 32, 128, 64
 REPS, WARM = 7, 2
 
-
-class Qkv(C.Structure):
-    _fields_ = [("q", C.c_void_p), ("k", C.c_void_p), ("v", C.c_void_p), ("dtype", C.c_int),
-                ("n_tokens", C.c_uint32), ("n_q_heads", C.c_uint32),
-                ("n_kv_heads", C.c_uint32), ("head_dim", C.c_uint32)]
-
-
-class LayerMap(C.Structure):
-    _fields_ = [("n_target_heads", C.c_uint32), ("n_source_heads", C.c_uint32),
-                ("w", C.c_void_p), ("mode", C.c_void_p), ("top_p", C.c_void_p)]
-
-
-class ApplyArgs(C.Structure):
-    _fields_ = [("rows", C.c_void_p), ("n_rows", C.c_uint32), ("map", C.POINTER(LayerMap)),
-                ("tgt", Qkv), ("block_size", C.c_uint32), ("exact", C.c_void_p),
-                ("exact_first", C.c_uint32), ("exact_last", C.c_uint32), ("o", C.c_void_p),
-                ("bad_rows", C.c_void_p)]
-
-
-class ExtractArgs(C.Structure):
-    _fields_ = [("src", Qkv), ("lse", C.c_void_p), ("block_size", C.c_uint32),
-                ("top_p", C.c_float), ("codec", C.c_int), ("i0", C.c_uint32),
-                ("i1", C.c_uint32), ("model", C.c_char_p), ("ns", C.c_char_p),
-                ("layer", C.c_uint32), ("tokens", C.c_void_p), ("rows", C.c_void_p),
-                ("caps", C.c_void_p), ("sizes", C.c_void_p), ("failed_block", C.c_void_p),
-                ("mass_out", C.c_void_p)]
+Qkv, LayerMap = K.Qkv, K.LayerMap
+ApplyArgs, ExtractArgs = K.ApplyCudaArgs, K.ExtractCudaArgs
 
 
 def load_lib():
-    lib = C.CDLL(LIB)
-    lib.mf_apply_cuda.restype = C.c_int
-    lib.mf_apply_cuda.argtypes = [C.POINTER(ApplyArgs), C.c_void_p, C.POINTER(C.c_char_p)]
-    if hasattr(lib, "mf_apply_cuda_impl"):  # profile_apply.py's per-implementation entry
-        lib.mf_apply_cuda_impl.restype = C.c_int
-        lib.mf_apply_cuda_impl.argtypes = [C.POINTER(ApplyArgs), C.c_int, C.c_void_p,
-                                           C.POINTER(C.c_char_p)]
-    lib.mf_extract_cuda.restype = C.c_int
-    lib.mf_extract_cuda.argtypes = [C.POINTER(ExtractArgs), C.c_void_p, C.POINTER(C.c_char_p)]
-    lib.mf_row_decode.restype = C.c_int
-    lib.mf_row_decode.argtypes = [C.c_void_p, C.c_size_t, C.c_uint, C.c_void_p,
-                                  C.POINTER(C.c_char_p)]
-    return lib
+    """libmfkernels_cuda.so with mf_apply_cuda(_impl), mf_extract_cuda, mf_row_decode and
+    mf_attention_dense_cuda typed (mapflow.kernels.library)."""
+    return K.library("cuda", LIB)
 
 
 def self_test():
     lib = load_lib()
     rng = np.random.default_rng(1)
     keep = R.patterns(rng, 8, 12, 0.3)
-    view = (C.c_uint8 * 512)()
+    view = K.RowView()
     n = 0
     for codec in (R.MASK, R.FP8, R.U8LOG, R.FP16):
         for i in range(12):
@@ -97,7 +69,8 @@ def self_test():
             off = (-buf.ctypes.data) % 16
             buf[off:off + lay["total"]] = row
             why = C.c_char_p()
-            st = lib.mf_row_decode(buf.ctypes.data + off, lay["total"], 0, view, C.byref(why))
+            st = lib.mf_row_decode(buf.ctypes.data + off, lay["total"], 0, C.byref(view),
+                                   C.byref(why))
             if st != 0:
                 print(f"self-test: codec {codec} row {i}: status {st} {why.value}")
                 return 1

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, "..", "handoff"))
+sys.path.append(os.path.join(HERE, "..", "handoff"))  # after HERE: its model.py is not ours
 import blocksel as BS  # noqa: E402
 import flexprefill as FP  # noqa: E402  (FlexPrefill's selection, shared with bench/handoff)
 import mfk  # noqa: E402

@@ -1,80 +1,62 @@
-"""MapFlow's extract and apply kernels for the quality evaluation, through ctypes.
+"""MapFlow's extract and apply kernels for the quality evaluation, through mapflow.kernels.
 
 Two backends with one interface (torch tensors Q, K, V [N, H, d] fp16, contiguous):
-  Cuda: build/lib/libmfkernels_cuda.so, device pointers (torch data_ptr), torch's stream.
-  Ref:  build/lib/libmfkernels_ref.so (bench/quality/quality.mk): the C reference, host
-        tensors; slow, for the CPU smoke test, and it also returns mf_apply_stats_t, which
-        the smoke test compares with work() below.
-extract() → RowSet (one row per full query block); apply(rows or None, ...) → O [N, H, d]
-fp32 (rows None = every block computed densely by the kernel's compute path). Q/K/V may
-also be bf16 (the dtype is taken from Q). extract() optionally takes the row LSE and a
-per-row bound on entries (tight row buffers at long context: the worst case is every head
-keeping every block); a row that does not fit raises RowOverflow. RowSet.at() wraps rows
-that live elsewhere (e.g. leased from mapflowd) for apply(). bench/handoff uses both.
-parse_rows() reads rows back (kept blocks and 8-bit masses per head) and work() counts,
-with the kernels' rules (mapflow_kernels.h), the QKᵀ and PV pairs a layer computes.
-The ctypes structures come from bench/gpu/bench_gpu.py (the CUDA layouts).
+  Cuda: build/lib/libmfkernels_cuda.so (kernels.extract_cuda / apply_cuda: device
+        tensors, torch's stream).
+  Ref:  build/lib/libmfkernels_ref.so (kernels.extract_ref / apply_ref): the C reference,
+        host tensors; slow, for the CPU smoke test, and it also returns mf_apply_stats_t
+        (attributes), which the smoke test compares with work() below.
+MF_CUDA_LIB / MF_REF_LIB name the library files (default: mapflow.kernels' search, which
+finds build/lib). extract() → RowSet (one row per full query block); apply(rows or None,
+...) → O [N, H, d] fp32 (rows None = every block computed densely by the kernel's compute
+path). Q/K/V may also be bf16 (the dtype is taken from Q). extract() optionally takes the
+row LSE and a per-row bound on entries (tight row buffers at long context: the worst case
+is every head keeping every block); a row that does not fit raises RowOverflow.
+RowSet.at() wraps rows that live elsewhere (e.g. leased from mapflowd) for apply().
+bench/handoff uses both. parse_rows() reads rows back (kept blocks and 8-bit masses per
+head) and work() counts, with the kernels' rules (mapflow_kernels.h), the QKᵀ and PV pairs
+a layer computes.
 """
 import ctypes as C
 import os
 import sys
+import types
 
 import numpy as np
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
-# MF_GPU_PY: a copy of bench/gpu's rows.py and bench_gpu.py from the commit the kernel
-# libraries were built from (their ctypes layouts must match those libraries)
-sys.path.insert(0, os.environ.get("MF_GPU_PY", os.path.join(ROOT, "bench", "gpu")))
+# MF_GPU_PY: a copy of bench/gpu's rows.py (the row layout) from the commit the kernel
+# libraries were built from; the argument structs come from mapflow.kernels, which checks
+# them against the library it loads.
+# Appended, not put first: a script importing this module keeps its own `model` etc.
+# (bench/handoff/model.py is not bench/quality/model.py); MF_GPU_PY, when set, goes first.
+if os.environ.get("MF_GPU_PY"):
+    sys.path.insert(0, os.environ["MF_GPU_PY"])
+for _d in (os.path.join(ROOT, "bench", "gpu"), os.path.join(ROOT, "client", "python"), HERE):
+    if _d not in sys.path:
+        sys.path.append(_d)
 import rows as R  # noqa: E402
-from bench_gpu import ApplyArgs, ExtractArgs, LayerMap, Qkv  # noqa: E402
-sys.path.insert(0, HERE)
+from mapflow import kernels as K  # noqa: E402
 # the kernels' selection rules and the row parser, NumPy only (tested without torch)
 from blocksel import (COMPUTE, MASK_MODE, PROB, keep_rows, pair_counts,  # noqa: E402,F401
                       parse_row_list, select_mask, work)
 
 CODECS = {"mask": R.MASK, "fp16": R.FP16, "bf16": R.BF16, "fp8": R.FP8, "u8log": R.U8LOG}
-F16, BF16 = 1, 2
 MODEL = b"source"
 NS = b"quality"
-VIEW_BYTES = 512  # >= sizeof(mf_row_view_t)
-
-
-class RefExtractArgs(C.Structure):
-    _fields_ = [("src", Qkv), ("lse", C.c_void_p), ("block_size", C.c_uint32),
-                ("top_p", C.c_float), ("codec", C.c_int), ("i0", C.c_uint32),
-                ("i1", C.c_uint32), ("model", C.c_char_p), ("ns", C.c_char_p),
-                ("layer", C.c_uint32), ("tokens", C.c_void_p)]
-
-
-class RefApplyArgs(C.Structure):
-    _fields_ = [("rows", C.c_void_p), ("n_rows", C.c_uint32), ("map", C.POINTER(LayerMap)),
-                ("tgt", Qkv), ("block_size", C.c_uint32), ("exact", C.c_void_p),
-                ("exact_first", C.c_uint32), ("exact_last", C.c_uint32),
-                ("q0", C.c_uint32), ("q1", C.c_uint32), ("o", C.c_void_p)]
-
-
-class ApplyStats(C.Structure):
-    _fields_ = [("exact_blocks", C.c_uint64), ("prob_tiles", C.c_uint64),
-                ("mask_blocks", C.c_uint64), ("mask_candidates", C.c_uint64)]
+RowOverflow = K.RowOverflow  # a row did not fit its buffer: .block is the first
 
 
 def _cdll(env, name, sigs):
-    """The library at $env (default build/lib/name), every function in sigs returning int."""
+    """The library at $env (default build/lib/name), every function in sigs returning int
+    (the calibration and sealing calls, which mapflow.kernels does not wrap)."""
     lib = C.CDLL(os.environ.get(env, os.path.join(ROOT, "build", "lib", name)))
     for fn, argtypes in sigs.items():
         getattr(lib, fn).restype = C.c_int
         getattr(lib, fn).argtypes = argtypes
     return lib
-
-
-class RowOverflow(RuntimeError):
-    """A row did not fit its buffer (extract with `entries` bounds): .block is the first."""
-
-    def __init__(self, block):
-        super().__init__("extract: row %d did not fit" % block)
-        self.block = block
 
 
 def row_slots(codec, b, heads, nb, entries=None, model=MODEL):
@@ -98,6 +80,13 @@ class RowSet:
         """Rows at arbitrary addresses (device for Cuda, host for Ref), e.g. leased views."""
         return cls(None, list(ptrs), list(sizes), 0, codec)
 
+    @classmethod
+    def of(cls, rows, codec):
+        """A kernels.Rows (rows 0..nb−1) as a RowSet."""
+        rs = cls(rows.buf, rows.offsets, rows.sizes, rows.base, codec)
+        rs.keepalive = rows
+        return rs
+
     def ptrs(self):
         return [self.base + o for o in self.offs]
 
@@ -108,20 +97,15 @@ class RowSet:
         b = self.buf.cpu().numpy() if torch.is_tensor(self.buf) else self.buf
         return [b[o:o + s] for o, s in zip(self.offs, self.sizes)]
 
-
-def _map(w, mode, top_p):
-    w = np.ascontiguousarray(w, dtype=np.float32)
-    mode = np.ascontiguousarray(mode, dtype=np.uint8)
-    top_p = np.ascontiguousarray(top_p, dtype=np.float32)
-    lm = LayerMap(w.shape[0], w.shape[1], w.ctypes.data, mode.ctypes.data, top_p.ctypes.data)
-    return lm, (w, mode, top_p)
+    def host_views(self):
+        """Each row as a NumPy view of host memory at its address (Ref: rows of this
+        process, or leased host rows of RowSet.at), without a copy."""
+        return [np.ctypeslib.as_array((C.c_uint8 * s).from_address(p))
+                for p, s in zip(self.ptrs(), self.sizes)]
 
 
-def _qkv(q, k, v):
-    n, h, d = q.shape
-    dt = BF16 if q.dtype == torch.bfloat16 else F16
-    return Qkv(q.data_ptr(), k.data_ptr(), v.data_ptr() if v is not None else None, dt, n, h,
-               k.shape[1], d)
+def _caps(codec, b, heads, nb, entries, model):
+    return row_slots(codec, b, heads, nb, entries, model)[0]
 
 
 class Cuda:
@@ -129,10 +113,8 @@ class Cuda:
 
     def __init__(self, block):
         self.b = block
-        why = C.POINTER(C.c_char_p)
-        self.lib = _cdll("MF_CUDA_LIB", "libmfkernels_cuda.so", {
-            "mf_apply_cuda": [C.POINTER(ApplyArgs), C.c_void_p, why],
-            "mf_extract_cuda": [C.POINTER(ExtractArgs), C.c_void_p, why]})
+        self.lib = os.environ.get("MF_CUDA_LIB")
+        K.library("cuda", self.lib)  # fails here, not at the first call
         self.pool = {}
         self.bad = torch.zeros(1, dtype=torch.int32, device="cuda")
 
@@ -140,48 +122,17 @@ class Cuda:
                 model=MODEL, ns=NS):
         """lse: [H, N] fp32 device tensor or None (computed by the kernel)."""
         n, h, _ = q.shape
-        nb = n // self.b
-        caps, offs, tot = row_slots(codec, self.b, h, nb, entries, model)
-        buf = self.pool.get(slot)  # one arena per slot, reused window after window
-        if buf is None or buf.numel() < tot:
-            buf = self.pool[slot] = torch.empty(tot, dtype=torch.uint8, device="cuda")
-        sizes = torch.zeros(nb, dtype=torch.int64, device="cuda")
-        failed = torch.zeros(1, dtype=torch.int32, device="cuda")
-        ptrs = (C.c_void_p * nb)(*[buf.data_ptr() + o for o in offs])
-        capa = (C.c_size_t * nb)(*caps)
-        tok = np.ascontiguousarray(tokens, dtype=np.uint32)
-        a = ExtractArgs(_qkv(q, k, None), lse.data_ptr() if lse is not None else None, self.b,
-                        top_p, codec, 0, nb, model, ns, layer, tok.ctypes.data,
-                        C.cast(ptrs, C.c_void_p), C.cast(capa, C.c_void_p), sizes.data_ptr(),
-                        failed.data_ptr(), None)
-        why = C.c_char_p()
-        st = self.lib.mf_extract_cuda(C.byref(a), torch.cuda.current_stream().cuda_stream,
-                                      C.byref(why))
-        if st != 0:
-            raise RuntimeError("mf_extract_cuda: status %d: %s" % (st, why.value))
-        fb = int(failed.item()) & 0xffffffff
-        if fb != 0xffffffff:
-            raise RowOverflow(fb)
-        return RowSet(buf, offs, sizes.cpu().tolist(), buf.data_ptr(), codec)
+        rows = K.extract_cuda(q, k, block_size=self.b, top_p=top_p, tokens=tokens,
+                              model=model, ns=ns, codec=codec, layer=layer, lse=lse,
+                              caps=_caps(codec, self.b, h, n // self.b, entries, model),
+                              buf=self.pool.get(slot), lib=self.lib)
+        self.pool[slot] = rows.buf  # one arena per slot, reused window after window
+        return RowSet.of(rows, codec)
 
     def apply(self, rows, w, mode, top_p, q, k, v, exact_last):
-        n, h, d = q.shape
-        nb = n // self.b
-        lm, keep = _map(w, mode, top_p)
-        o = torch.empty(n, h, d, dtype=torch.float32, device="cuda")
-        ptrs = (C.c_void_p * max(1, nb))()
-        if rows is not None:
-            for i in range(nb):
-                ptrs[i] = rows.base + rows.offs[i]
-        a = ApplyArgs(C.cast(ptrs, C.c_void_p), nb if rows is not None else 0, C.pointer(lm),
-                      _qkv(q, k, v), self.b, None, 0, exact_last, o.data_ptr(),
-                      self.bad.data_ptr())
-        why = C.c_char_p()
-        st = self.lib.mf_apply_cuda(C.byref(a), torch.cuda.current_stream().cuda_stream,
-                                    C.byref(why))
-        del keep
-        if st != 0:
-            raise RuntimeError("mf_apply_cuda: status %d: %s" % (st, why.value))
+        o = K.apply_cuda(None if rows is None else rows.ptrs(), w, mode, q, k, v,
+                         block_size=self.b, top_p=top_p, exact_last=exact_last,
+                         bad_rows=self.bad, lib=self.lib)
         return o, None
 
     def check(self):
@@ -194,67 +145,25 @@ class Ref:
 
     def __init__(self, block):
         self.b = block
-        why, p = C.POINTER(C.c_char_p), C.c_void_p
-        self.lib = _cdll("MF_REF_LIB", "libmfkernels_ref.so", {
-            "mf_extract_ref": [C.POINTER(RefExtractArgs), p, p, p, p, why],
-            "mf_apply_ref": [C.POINTER(RefApplyArgs), C.POINTER(ApplyStats), why],
-            "mf_row_decode": [p, C.c_size_t, C.c_uint, p, why]})
+        self.lib = os.environ.get("MF_REF_LIB")
+        K.library("ref", self.lib)
 
     def extract(self, q, k, top_p, codec, layer, tokens, slot, lse=None, entries=None,
                 model=MODEL, ns=NS):
         """lse: [H, N] fp32 host tensor or None (computed by the reference)."""
         n, h, _ = q.shape
-        nb = n // self.b
-        caps, offs, tot = row_slots(codec, self.b, h, nb, entries, model)
-        raw = np.zeros(tot + 16, dtype=np.uint8)
-        pad = (-raw.ctypes.data) % 16
-        buf = raw[pad:pad + tot]
-        sizes = np.zeros(nb, dtype=np.uint64)
-        failed = np.zeros(1, dtype=np.uint32)
-        ptrs = (C.c_void_p * nb)(*[buf.ctypes.data + o for o in offs])
-        capa = (C.c_size_t * nb)(*caps)
-        tok = np.ascontiguousarray(tokens, dtype=np.uint32)
-        q, k = q.contiguous(), k.contiguous()
-        lse = lse.contiguous() if lse is not None else None
-        a = RefExtractArgs(_qkv(q, k, None), lse.data_ptr() if lse is not None else None, self.b,
-                           top_p, codec, 0, nb, model, ns, layer, tok.ctypes.data)
-        why = C.c_char_p()
-        st = self.lib.mf_extract_ref(C.byref(a), ptrs, capa, sizes.ctypes.data,
-                                     failed.ctypes.data, C.byref(why))
-        if st == 8 and int(failed[0]) != 0xffffffff:  # MF_RESOURCE_EXHAUSTED: a row did not fit
-            raise RowOverflow(int(failed[0]))
-        if st != 0:
-            raise RuntimeError("mf_extract_ref: status %d: %s" % (st, why.value))
-        rs = RowSet(buf, offs, [int(s) for s in sizes], buf.ctypes.data, codec)
-        rs.keepalive = raw
-        return rs
+        rows = K.extract_ref(q.contiguous(), k.contiguous(), block_size=self.b, top_p=top_p,
+                             tokens=tokens, model=model, ns=ns, codec=codec, layer=layer,
+                             lse=None if lse is None else lse.contiguous().numpy(),
+                             caps=_caps(codec, self.b, h, n // self.b, entries, model),
+                             lib=self.lib)
+        return RowSet.of(rows, codec)
 
     def apply(self, rows, w, mode, top_p, q, k, v, exact_last):
-        n, h, d = q.shape
-        nb = n // self.b
-        lm, keep = _map(w, mode, top_p)
-        o = torch.zeros(n, h, d, dtype=torch.float32)
-        views = (C.c_uint8 * (VIEW_BYTES * max(1, nb)))()
-        ptrs = (C.c_void_p * max(1, nb))()
-        if rows is not None:
-            why = C.c_char_p()
-            for i in range(nb):
-                vp = C.addressof(views) + VIEW_BYTES * i
-                st = self.lib.mf_row_decode(rows.base + rows.offs[i], rows.sizes[i], 0, vp,
-                                            C.byref(why))
-                if st != 0:
-                    raise RuntimeError("mf_row_decode row %d: %d %s" % (i, st, why.value))
-                ptrs[i] = vp
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        a = RefApplyArgs(C.cast(ptrs, C.c_void_p), nb if rows is not None else 0, C.pointer(lm),
-                         _qkv(q, k, v), self.b, None, 0, exact_last, 0, 0, o.data_ptr())
-        stats = ApplyStats()
-        why = C.c_char_p()
-        st = self.lib.mf_apply_ref(C.byref(a), C.byref(stats), C.byref(why))
-        del keep
-        if st != 0:
-            raise RuntimeError("mf_apply_ref: status %d: %s" % (st, why.value))
-        return o, stats
+        o, st = K.apply_ref(None if rows is None else rows.host_views(), w, mode,
+                            q.contiguous(), k.contiguous(), v.contiguous(), block_size=self.b,
+                            top_p=top_p, exact_last=exact_last, lib=self.lib)
+        return torch.from_numpy(o), types.SimpleNamespace(**st)
 
     def check(self):
         return 0

@@ -3,6 +3,7 @@
 # short, and each call pays a machine start): kernel correctness (run.sh: gpu_check,
 # memcheck, ipc_check), the daemon's GPU tier (tier_smoke.sh), the worker's CUDA path
 # (worker_check.sh), the Python binding's DLPack of device rows (test_dlpack_gpu.py),
+# mapflow.kernels' CUDA calls against the C reference (test_kernels_py.py),
 # the kernel benchmark (bench/gpu/run.sh) and the hand-off benchmark
 # (bench/handoff/run.sh). Each step has a time limit; logs and results are packed into
 # $OUT (at most 8 files come back) and a summary table is printed last.
@@ -34,6 +35,7 @@ steps=(
   "tier-smoke|75|bash tests/gpu/tier_smoke.sh 1g"
   "worker-check|35|bash tests/gpu/worker_check.sh"
   "dlpack|40|${PYTHON:-python3} tests/gpu/test_dlpack_gpu.py"
+  "kernels-py|90|${PYTHON:-python3} tests/gpu/test_kernels_py.py"
   "kernels-bench|${KBENCH_LIMIT:-150}|bash bench/gpu/run.sh"
   "handoff|${HANDOFF_LIMIT:-300}|bash bench/handoff/run.sh"
   "handoff-2gpu|230|bash bench/handoff/two_gpu.sh"

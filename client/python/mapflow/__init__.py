@@ -35,6 +35,9 @@ install time (`make install PREFIX=...`, `pip install ./client/python`: see setu
 then through the system loader. The binding checks, at import, that every struct it
 mirrors has the library's layout (mf_abi_layout) and refuses a library that differs.
 
+Kernels: mapflow.kernels wraps MapFlow's extract / apply kernels and dense attention (the
+C reference on NumPy arrays, the CUDA kernels on torch tensors); see its docstring.
+
 Thread safety: a Channel may be used from several threads (the C library serialises
 nothing but its own state); a CompletionQueue may be waited on from any thread.
 fork(): a child must not use its parent's channels (see mapflow.h); open new ones.
@@ -329,39 +332,44 @@ _PROTOS = {
 }
 
 
-def _candidates() -> List[str]:
-    """Where libmapflow is looked for, in order (see the module docstring). $MAPFLOW_LIB,
-    when set, is the only place: an override must not fall back to another library."""
-    if os.environ.get("MAPFLOW_LIB"):
-        return [os.environ["MAPFLOW_LIB"]]
+def _candidates(soname: str = _SONAME, env: Optional[str] = "MAPFLOW_LIB") -> List[str]:
+    """Where a library of the project is looked for, in order (see the module docstring).
+    $env, when set, is the only place: an override must not fall back to another library.
+    (mapflow.kernels finds libmfkernels_*.so the same way.)"""
+    if env and os.environ.get(env):
+        return [os.environ[env]]
     here = os.path.dirname(os.path.abspath(__file__))
-    cands = [os.path.join(here, _SONAME)]
+    cands = [os.path.join(here, soname)]
     tree = os.path.dirname(os.path.dirname(os.path.dirname(here)))
     if os.path.exists(os.path.join(tree, "client", "mapflow.h")):  # client/python/mapflow
-        cands.append(os.path.join(tree, "build", "lib", _SONAME))
+        cands.append(os.path.join(tree, "build", "lib", soname))
     try:
         from . import _config  # written by make install / setup.py, absent in the tree
-        cands += [os.path.join(d, _SONAME) for d in _config.LIBDIRS]
+        cands += [os.path.join(d, soname) for d in _config.LIBDIRS]
     except ImportError:
         pass
-    return cands + [_SONAME]
+    return cands + [soname]
 
 
-def _load() -> Tuple[C.CDLL, str]:
+def _dlopen(cands: Sequence[str], what: str, hint: str) -> Tuple[C.CDLL, str]:
+    """The first of cands that loads (a name without a slash goes to the system loader);
+    ImportError listing every try, and hint, when none does."""
     tried = []
-    for cand in _candidates():
+    for cand in cands:
         if os.sep in cand and not os.path.exists(cand):
             tried.append("%s: no such file" % cand)
             continue
         try:
-            lib = C.CDLL(cand)
-            break
+            return C.CDLL(cand), cand
         except OSError as e:
             tried.append("%s: %s" % (cand, e))
-    else:
-        raise ImportError("mapflow: cannot load libmapflow; tried " + "; ".join(tried) +
-                          ("" if os.environ.get("MAPFLOW_LIB") else
-                           " (MAPFLOW_LIB=PATH names the libmapflow.so.0 to use)"))
+    raise ImportError("mapflow: cannot load %s; tried %s%s" % (what, "; ".join(tried), hint))
+
+
+def _load() -> Tuple[C.CDLL, str]:
+    lib, cand = _dlopen(_candidates(), "libmapflow",
+                        "" if os.environ.get("MAPFLOW_LIB") else
+                        " (MAPFLOW_LIB=PATH names the libmapflow.so.0 to use)")
     for name, (res, args) in _PROTOS.items():
         try:
             f = getattr(lib, name)
@@ -479,9 +487,11 @@ def _zip_longest(a, b):
     return [(a[i] if i < len(a) else None, b[i] if i < len(b) else None) for i in range(n)]
 
 
-def _lib_layout() -> Dict[str, List[Tuple[str, int, int]]]:
+def _lib_layout(layout_fn: Optional[Callable] = None) -> Dict[str, List[Tuple[str, int, int]]]:
+    """{type: [(member, offset, size)]} from mf_abi_layout, or from layout_fn (a function
+    of that signature: mf_kernels_abi_layout of the kernel libraries)."""
     n = C.c_size_t()
-    p = _lib.mf_abi_layout(C.byref(n))
+    p = (layout_fn or _lib.mf_abi_layout)(C.byref(n))
     out: Dict[str, List[Tuple[str, int, int]]] = {}
     for i in range(n.value):
         f = p[i]

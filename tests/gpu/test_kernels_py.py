@@ -1,0 +1,168 @@
+"""mapflow.kernels' CUDA calls against the C reference on a real GPU (never in `make test`:
+tests/gpu/all.sh runs it as step kernels-py, after `make`; the CPU half is
+tests/python/test_kernels_py.py). Fresh random inputs each run, fp16 and bf16:
+
+- attention_dense_cuda vs attention_dense_ref (float64): ‖O − O64‖ / ‖O64‖ ≤ 2e-3, LSE
+  within 1e-3 (the limits of tests/gpu/gpu_check.c), on a non-default torch stream;
+- extract_cuda: every row decodes (mf_row_decode: structure + checksum) with the header
+  extract_ref writes for the same block (block, heads, layer, prefix hash), and the block
+  masses (want_mass) are within 1e-3 of float64 masses from the dense reference;
+- apply_cuda with those rows (as Rows, and as a list of device addresses) vs apply_ref on
+  the same rows copied to the host, for implementations core and v2: ‖O − O_ref‖ /
+  ‖O_ref‖ ≤ 2e-3; with no rows it is dense attention;
+- CPU tensors, float32, non-contiguous tensors and mixed devices raise InvalidArgument.
+Env: MF_BUILD (build dir), MAPFLOW_LIB, MAPFLOW_KERNELS_LIB.
+"""
+import ctypes as C
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+import mftest  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+os.environ.setdefault("MAPFLOW_KERNELS_LIB", os.path.join(mftest.BUILD, "lib"))
+mapflow = mftest.import_mapflow()
+import mapflow.kernels as K  # noqa: E402
+import torch  # noqa: E402
+
+
+def rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def host(t):
+    """A CUDA tensor as the reference takes it (fp16 as NumPy, bf16 as a CPU tensor)."""
+    t = t.cpu().contiguous()
+    return t.numpy() if t.dtype == torch.float16 else t
+
+
+def rand_qkv(gen, n, hq, hkv, d, dtype):
+    # a few large keys per head make the maps peaked, as real ones are
+    def t(h, s):
+        return (torch.randn(n, h, d, generator=gen, device="cuda") * s).to(dtype)
+    q, k, v = t(hq, 1.0), t(hkv, 1.0), t(hkv, 1.0)
+    sink = torch.randint(0, n, (4,), generator=gen, device="cuda")
+    k[sink] *= 3
+    return q, k, v
+
+
+@unittest.skipUnless(torch.cuda.is_available(), "no CUDA device")
+class KernelsCuda(unittest.TestCase):
+    def setUp(self):
+        self.gen = torch.Generator(device="cuda")
+        self.gen.manual_seed(int.from_bytes(os.urandom(4), "little"))
+        print("seed", self.gen.initial_seed())
+
+    def test_dense(self):
+        if torch.cuda.get_device_capability() != (9, 0):
+            self.skipTest("the attention core is sm_90a")
+        for dtype in (torch.float16, torch.bfloat16):
+            q, k, v = rand_qkv(self.gen, 640, 8, 2, 128, dtype)
+            s = torch.cuda.Stream()
+            with torch.cuda.stream(s):
+                o, lse = K.attention_dense_cuda(q, k, v)
+            s.synchronize()
+            o64, lse64 = K.attention_dense_ref(host(q), host(k), host(v))
+            self.assertLessEqual(rel(o.cpu(), o64), 2e-3, dtype)
+            self.assertLessEqual(float(np.abs(lse.cpu().numpy() - lse64).max()), 1e-3, dtype)
+
+    def test_extract_and_apply(self):
+        b, nb, hs, d = 64, 12, 8, 128
+        n = nb * b
+        lib = K.library("ref")
+        for dtype, codec in ((torch.float16, "fp8"), (torch.bfloat16, "u8log"),
+                             (torch.float16, "mask")):
+            ok, why = K.cuda_supported(b, d, dtype, n)
+            self.assertTrue(ok, why)
+            q, k, _ = rand_qkv(self.gen, n, hs, hs // 2, d, dtype)
+            tokens = np.random.default_rng().integers(1, 1 << 30, n)
+            ex = dict(block_size=b, top_p=0.9, tokens=tokens, model="src", ns="kpy",
+                      codec=codec, layer=3, i0=1)
+            rows = K.extract_cuda(q, k, want_mass=True, **ex)
+            ref = K.extract_ref(host(q), host(k), **ex)
+            self.assertEqual(len(rows), nb - 1)
+            for r, rr in zip(rows.host(), ref.host()):
+                va, vb = mapflow._RowView(), mapflow._RowView()
+                for row, view in ((r, va), (rr, vb)):
+                    buf = np.zeros(len(row) + 16, np.uint8)
+                    a = buf[(-buf.ctypes.data) % 16:][:len(row)]
+                    a[:] = row
+                    why = C.c_char_p()
+                    self.assertEqual(lib.mf_row_decode(a.ctypes.data, len(row), 0,
+                                                       C.byref(view), C.byref(why)), 0,
+                                     why.value)
+                for f in ("block_index", "block_size", "n_heads", "layer", "codec"):
+                    self.assertEqual(getattr(va, f), getattr(vb, f), f)
+                self.assertEqual((va.hash.lo, va.hash.hi), (vb.hash.lo, vb.hash.hi))
+            # masses vs float64: mean over the block's query rows of the probability in
+            # each key block, from the dense reference's LSE
+            _, lse64 = K.attention_dense_ref(host(q), host(k), host(k))
+            qf = q.double().cpu().numpy()
+            kf = np.repeat(k.double().cpu().numpy(), 2, axis=1)
+            s = np.einsum("rhd,khd->hrk", qf, kf) / np.sqrt(d)
+            s[:, np.triu(np.ones((n, n), bool), 1)] = -np.inf
+            p = np.exp(s - lse64[..., None])
+            mass = p.reshape(hs, nb, b, nb, b).sum((2, 4)) / b
+            got = rows.mass.cpu().numpy()  # [Hs, nb − 1, nb]
+            self.assertLessEqual(float(np.abs(got - mass[:, 1:, :]).max()), 1e-3)
+
+            # target: 16 heads over 4 KV heads, every mode, W mixing the source heads
+            ht = 16
+            qt, kt, vt = rand_qkv(self.gen, n, ht, 4, d, dtype)
+            rng = np.random.default_rng()
+            w = rng.random((ht, hs)).astype(np.float32)
+            w /= w.sum(1, keepdims=True)
+            mode = rng.integers(0, 3, ht).astype(np.uint8)
+            mode[:3] = [K.COMPUTE, K.PROB, K.MASK]
+            if codec == "mask":
+                mode[mode == K.PROB] = K.MASK
+            tp = rng.uniform(0.6, 1.0, ht).astype(np.float32)
+            o_ref, st = K.apply_ref(rows, w, mode, host(qt), host(kt), host(vt),
+                                    block_size=b, top_p=tp, exact_last=1)
+            self.assertGreater(st["prob_tiles"] + st["mask_blocks"], 0)
+            bad = torch.zeros(1, dtype=torch.int32, device="cuda")
+            for impl in (K.IMPL_CORE, K.IMPL_V2):
+                for rr in (rows, [None] + rows.ptrs()):
+                    o = K.apply_cuda(rr, w, mode, qt, kt, vt, block_size=b, top_p=tp,
+                                     exact_last=1, impl=impl, bad_rows=bad)
+                    torch.cuda.synchronize()
+                    self.assertLessEqual(rel(o.cpu(), o_ref), 2e-3, (dtype, codec, impl))
+            self.assertEqual(int(bad.item()), 0)
+            o = K.apply_cuda(None, w, mode, qt, kt, vt, block_size=b)
+            o64, _ = K.attention_dense_ref(host(qt), host(kt), host(vt))
+            self.assertLessEqual(rel(o.cpu(), o64), 2e-3)
+
+    def test_bad_arguments(self):
+        q, k, v = rand_qkv(self.gen, 256, 4, 2, 64, torch.float16)
+        w, mode = np.eye(4, dtype=np.float32), np.zeros(4, np.uint8)
+        bad = [
+            ("a CUDA tensor wanted", lambda: K.apply_cuda(None, w, mode, q.cpu(), k, v,
+                                                          block_size=64)),
+            ("float16 or bfloat16", lambda: K.attention_dense_cuda(q.float(), k.float(),
+                                                                   v.float())),
+            ("not contiguous", lambda: K.attention_dense_cuda(q.transpose(0, 1), k, v)),
+            ("one dtype", lambda: K.attention_dense_cuda(q, k.bfloat16(), v)),
+            ("k has shape", lambda: K.attention_dense_cuda(q, k[:128].contiguous(), v)),
+            ("16-byte aligned device", lambda: K.apply_cuda([12345], w, mode, q, k, v,
+                                                            block_size=64)),
+            ("out must be", lambda: K.apply_cuda(None, w, mode, q, k, v, block_size=64,
+                                                 out=torch.empty(3, device="cuda"))),
+            ("lse must be", lambda: K.extract_cuda(q, k, block_size=64, top_p=0.9,
+                                                   tokens=np.arange(256), model="m", ns="n",
+                                                   lse=torch.empty(4, 255, device="cuda"))),
+        ]
+        for want, call in bad:
+            with self.assertRaises(mapflow.InvalidArgument, msg=want) as cm:
+                call()
+            self.assertIn(want, str(cm.exception))
+        with self.assertRaises(mapflow.MapflowError) as cm:  # B 16: not a CUDA size
+            K.apply_cuda(None, w, mode, q, k, v, block_size=16)
+        self.assertEqual(cm.exception.status, "UNIMPLEMENTED")
+
+
+if __name__ == "__main__":
+    unittest.main()
