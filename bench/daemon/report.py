@@ -152,6 +152,10 @@ def build_rows(res):
                       g("rocksdb", "ssd_get", c), goal=(">= 0.80", 0.80)),
         lambda c: Row("ssd_get (verify header)", c, g("mapflow", "ssd_get_hdr", c),
                       "rocksdb get", g("rocksdb", "ssd_get", c), goal=(">= 0.80", 0.80)),
+        lambda c: Row("rocksdb get (use_direct_reads, one pass)", c,
+                      g("rocksdb", "ssd_get_odirect", c)),
+        lambda c: Row("ssd_get", c, g("mapflow", "ssd_get", c), "rocksdb O_DIRECT",
+                      g("rocksdb", "ssd_get_odirect", c)),
     ]
     for o in lookups:
         blocks.append(lambda c, o=o: Row(o, c, g("mapflow", o, c), metric="p99",
