@@ -284,6 +284,9 @@ static int push_out_memtable(phase_ctx_t *x)
            "memtable no longer holds the FP8 rows\n", (fw.mask_bytes + fw.fp8_bytes) / 1e6);
     int rc = populate(&y);
     mfb_workload_free(&fw);
+    if (!rc && mfb_mapflow_wait_ssd(x->o->target, 60, "after the filler rows"))
+        printf("INFO\tWARNING: write-through not drained: the first ssd pass may still "
+               "find FP8 rows in the memtable\n");
     return rc;
 }
 
