@@ -264,12 +264,17 @@ static int populate(phase_ctx_t *x)
  * The daemon's RocksDB keeps what was written last in its memtable (RAM, 64 MiB by
  * default) until that fills, and the FP8 rows are populated last: without this, part of
  * an "SSD" pass would be memtable hits. Rows of a second context (another seed: other
- * keys), written after them, push them out to the blob files as steady state would.
+ * keys), written after them, push them out to the blob files as steady state would: its
+ * MASK rows alone (32 layers, 84 MB) exceed the memtable, since large FP8 rows may not
+ * be written through before they are evicted.
  */
 static int push_out_memtable(phase_ctx_t *x)
 {
     mfb_workload_params_t wp = x->o->wp;
     wp.seed ^= 0x9e3779b97f4a7c15ull;
+    wp.mask_layers = 32;
+    wp.fp8_rows = 1;
+    wp.fp8_layers = 1;
     mfb_workload_t fw;
     const char *why = "";
     mf_status_t st = mfb_workload_build(&fw, &wp, &why);
@@ -284,7 +289,7 @@ static int push_out_memtable(phase_ctx_t *x)
            "memtable no longer holds the FP8 rows\n", (fw.mask_bytes + fw.fp8_bytes) / 1e6);
     int rc = populate(&y);
     mfb_workload_free(&fw);
-    if (!rc && mfb_mapflow_wait_ssd(x->o->target, 60, "after the filler rows"))
+    if (!rc && mfb_mapflow_wait_ssd(x->o->target, 20, "after the filler rows"))
         printf("INFO\tWARNING: write-through not drained: the first ssd pass may still "
                "find FP8 rows in the memtable\n");
     return rc;

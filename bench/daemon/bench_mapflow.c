@@ -444,12 +444,17 @@ int mfb_mapflow_wait_ssd(const char *target, double max_s, const char *when)
     if (mfb_mapflow_open(target, &ch) != MF_OK)
         return -1;
     /* The SSD tier counts a row once its write completed; new rows do not move the host
-     * tier's bytes, so mfb_mapflow_settle cannot see this queue drain. */
-    double t0 = mfb_now();
-    int64_t host = -1, ssd = -1;
+     * tier's bytes, so mfb_mapflow_settle cannot see this queue drain. Some rows may
+     * never be written through (they reach the SSD when evicted), so "drained" is also
+     * the count standing still for 500 ms. */
+    double t0 = mfb_now(), still_since = t0;
+    int64_t host = -1, ssd = -1, last = -1;
     int ok = 0;
     while (tier_entries(ch, &host, &ssd) == 0 && mfb_now() - t0 < max_s) {
-        if ((ok = ssd >= host))
+        if (ssd != last)
+            still_since = mfb_now();
+        last = ssd;
+        if ((ok = ssd >= host || mfb_now() - still_since >= 0.5))
             break;
         struct timespec ts = {0, 20 * 1000 * 1000};
         nanosleep(&ts, NULL);
