@@ -146,7 +146,8 @@ static mfb_op_rc_t step_redis(mfb_client_t *c, mfb_base_arg_t *a, base_client_t 
 #endif
 }
 
-static mfb_op_rc_t step_rocks(mfb_client_t *c, mfb_base_arg_t *a, uint64_t *bytes)
+static mfb_op_rc_t step_rocks(mfb_client_t *c, mfb_base_arg_t *a, base_client_t *b,
+                              uint64_t *bytes)
 {
     size_t i = atomic_fetch_add(&a->next, 1);
     if (i >= a->w->n_fp8)
@@ -154,14 +155,25 @@ static mfb_op_rc_t step_rocks(mfb_client_t *c, mfb_base_arg_t *a, uint64_t *byte
     const mfb_row_t *r = &a->w->fp8[i];
     char key[320], *err = NULL;
     size_t kl = row_key(a->w, r, key, sizeof(key)), vl = 0;
-    char *v = rocksdb_get(a->rocks, a->rocks_ro, key, kl, &vl, &err);
+    /* The fastest read the C API offers: pinned (no allocation of a multi-MiB value per
+     * get, which rocksdb_get pays in page faults), then one copy into the client's
+     * reused buffer: the caller's copy, as the daemon's SSD tier makes it. */
+    rocksdb_pinnableslice_t *ps = rocksdb_get_pinned(a->rocks, a->rocks_ro, key, kl, &err);
+    const char *v = ps ? rocksdb_pinnableslice_value(ps, &vl) : NULL;
     mfb_op_rc_t rc = MFB_OP_OK;
-    if (err || !v || vl != r->len) {
-        mfb_client_error(c, "rocksdb_get: %s", err ? err : "missing or wrong length");
+    if (err || !v || vl != r->len || vl > b->cap) {
+        mfb_client_error(c, "rocksdb_get_pinned: %s", err ? err : "missing or wrong length");
         rc = MFB_OP_ERR;
+    } else {
+        memcpy(b->buf, v, vl);
+        __asm__ __volatile__("" : : "r"(b->buf) : "memory");
+        if (c->ops == 0 && memcmp(b->buf, r->data, vl)) {
+            mfb_client_error(c, "rocksdb returned different bytes");
+            rc = MFB_OP_ERR;
+        }
     }
     rocksdb_free(err);
-    rocksdb_free(v); /* the value buffer is the caller's copy, as mf_get's buffer is */
+    rocksdb_pinnableslice_destroy(ps);
     *bytes = r->len;
     return rc;
 }
@@ -194,7 +206,7 @@ static mfb_op_rc_t client_step(mfb_client_t *c, void *argp, uint64_t *bytes)
     case MFB_BASE_REDIS_GET:
         return step_redis(c, a, b, bytes);
     case MFB_BASE_ROCKS_GET:
-        return step_rocks(c, a, bytes);
+        return step_rocks(c, a, b, bytes);
     }
     return MFB_OP_ERR;
 }
@@ -230,7 +242,7 @@ int mfb_redis_load(mfb_base_arg_t *arg)
 #endif
 }
 
-int mfb_rocks_open(mfb_base_arg_t *arg, const char *dir)
+int mfb_rocks_open(mfb_base_arg_t *arg, const char *dir, int direct_reads)
 {
     char *err = NULL;
     rocksdb_options_t *o = rocksdb_options_create();
@@ -241,6 +253,7 @@ int mfb_rocks_open(mfb_base_arg_t *arg, const char *dir)
     rocksdb_options_set_enable_blob_gc(o, 1);
     rocksdb_options_set_compression(o, rocksdb_no_compression);
     rocksdb_options_set_blob_compression_type(o, rocksdb_no_compression);
+    rocksdb_options_set_use_direct_reads(o, direct_reads ? 1 : 0);
     rocksdb_t *db = rocksdb_open(o, dir, &err);
     rocksdb_options_destroy(o);
     if (!db) {

@@ -44,9 +44,10 @@ int mfb_redis_load(mfb_base_arg_t *arg);
 /*
  * Opens a fresh RocksDB in dir with the daemon's SSD-tier options (blob files for values
  * ≥ 4 KiB, no compression, WAL on), writes every FP8 row and flushes the memtable so
- * reads come from the blob files as the daemon's do in steady state. 0 = ok.
+ * reads come from the blob files as the daemon's do in steady state. direct_reads: reads
+ * with O_DIRECT (use_direct_reads), past the page cache. 0 = ok.
  */
-int mfb_rocks_open(mfb_base_arg_t *arg, const char *dir);
+int mfb_rocks_open(mfb_base_arg_t *arg, const char *dir, int direct_reads);
 void mfb_rocks_close(mfb_base_arg_t *arg);
 
 #endif /* BENCH_BASELINES_H */

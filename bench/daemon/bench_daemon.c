@@ -7,8 +7,13 @@
  * Phases (--only takes a comma list of these names):
  *   memcpy  put  lookup  get  prefix  mixed  ssd  rocksdb  redis
  * Every measured loop is bounded by --seconds and the SSD / RocksDB passes by the row
- * count, at each client count of --clients (threads, each with its own connection).
+ * count, at each client count of --clients (threads, each with its own connection),
+ * repeated --reps times (one RESULT line each; report.py prints min / median / max).
+ * --redis-io names a second redis-server (io-threads on) measured the same way as
+ * system "redis-io"; --drop-caches empties the page cache before every SSD pass of both
+ * mapflowd and RocksDB, so those passes read the disk (needs root).
  */
+#include <unistd.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +29,7 @@
 typedef struct options {
     const char *target;
     const char *redis_socket;
+    const char *redis_io_socket;
     const char *rocks_dir;
     const char *only;
     int clients[MAX_COUNTS];
@@ -31,6 +37,8 @@ typedef struct options {
     double seconds;
     double budget;   /* seconds for mapflowd's points; later ones are skipped past it */
     uint32_t lookup_blocks; /* 0: lookups of 64 blocks and of the whole context */
+    int reps;        /* repetitions of every point */
+    int drop_caches; /* empty the page cache before each SSD pass */
     double t0;
     mfb_workload_params_t wp;
 } options_t;
@@ -41,7 +49,8 @@ static void usage(FILE *f)
             "usage: mapflow-bench-daemon --daemon unix:PATH [--redis PATH] [--rocks-dir DIR]\n"
             "         [--quick] [--clients 1,4,16,64] [--seconds S] [--only PHASES]\n"
             "         [--ctx-tokens N] [--mask-layers L] [--fp8-rows N] [--fp8-layers L]\n"
-            "         [--seed N] [--budget S] [--lookup-blocks N]\n"
+            "         [--seed N] [--budget S] [--lookup-blocks N] [--reps N]\n"
+            "         [--redis-io PATH] [--drop-caches]\n"
             "phases: memcpy put lookup get prefix mixed ssd rocksdb redis (default: all)\n"
             "Prints RESULT and INFO lines (tab separated); bench/daemon/run.sh drives it.\n");
 }
@@ -76,7 +85,7 @@ static int parse_counts(const char *s, options_t *o)
 static int parse_args(int argc, char **argv, options_t *o)
 {
     enum { O_REDIS = 256, O_ROCKS, O_QUICK, O_CLIENTS, O_SECONDS, O_ONLY, O_CTX, O_MASKL,
-           O_FP8R, O_FP8L, O_SEED, O_BUDGET, O_LOOKUPB };
+           O_FP8R, O_FP8L, O_SEED, O_BUDGET, O_LOOKUPB, O_REPS, O_REDIS_IO, O_DROP };
     static const struct option longs[] = {
         {"daemon", required_argument, NULL, 'd'},   {"redis", required_argument, NULL, O_REDIS},
         {"rocks-dir", required_argument, NULL, O_ROCKS}, {"quick", no_argument, NULL, O_QUICK},
@@ -88,11 +97,15 @@ static int parse_args(int argc, char **argv, options_t *o)
         {"fp8-layers", required_argument, NULL, O_FP8L},
         {"seed", required_argument, NULL, O_SEED},  {"budget", required_argument, NULL, O_BUDGET},
         {"lookup-blocks", required_argument, NULL, O_LOOKUPB},
+        {"reps", required_argument, NULL, O_REPS},
+        {"redis-io", required_argument, NULL, O_REDIS_IO},
+        {"drop-caches", no_argument, NULL, O_DROP},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     /* Defaults: the full run; --quick shrinks the row set and the time per point. */
     *o = (options_t){.seconds = 2.0,
                      .budget = 480,
+                     .reps = 1,
                      .wp = {.ctx_tokens = 32768, .mask_layers = 16, .fp8_rows = 32,
                             .fp8_layers = 2, .fp8_first_block = 95, .seed = 13}};
     parse_counts("1,4,16,64", o);
@@ -118,6 +131,9 @@ static int parse_args(int argc, char **argv, options_t *o)
         case O_SEED: o->wp.seed = strtoull(optarg, NULL, 10); break;
         case O_BUDGET: budget = atof(optarg); break;
         case O_LOOKUPB: o->lookup_blocks = (uint32_t)strtoul(optarg, NULL, 10); break;
+        case O_REPS: o->reps = (int)strtol(optarg, NULL, 10); break;
+        case O_REDIS_IO: o->redis_io_socket = optarg; break;
+        case O_DROP: o->drop_caches = 1; break;
         case 'h': usage(stdout); exit(0);
         default: return -1;
         }
@@ -138,7 +154,7 @@ static int parse_args(int argc, char **argv, options_t *o)
         o->wp.fp8_layers = (uint32_t)fp8l;
     if (optind != argc || !o->target || o->seconds <= 0 || o->seconds > 60 ||
         o->wp.mask_layers < 1 || o->wp.mask_layers > 64 || o->wp.ctx_tokens < 8192 ||
-        o->wp.ctx_tokens > 131072)
+        o->wp.ctx_tokens > 131072 || o->reps < 1 || o->reps > 50)
         return -1;
     return 0;
 }
@@ -151,10 +167,13 @@ static int sweep(const options_t *o, mfb_job_t *job, const char *op, void (*rese
     /* Only mapflowd's points are skipped past the budget: the baselines run last and
      * every ratio of the table needs them (each is bounded by --seconds or its rows). */
     int budgeted = strcmp(job->system, "mapflow") == 0;
-    for (int i = 0; i < o->n_clients; i++) {
+    for (int n = 0; n < o->n_clients * o->reps; n++) {
+        /* Repetitions back to back at one client count, then the next count. */
+        int i = n / o->reps;
         if (budgeted && mfb_now() - o->t0 > o->budget) {
             printf("INFO\tskipped %s/%s at %d clients: run budget of %.0f s spent\n",
                    job->system, op, o->clients[i], o->budget);
+            n = (i + 1) * o->reps - 1;
             continue;
         }
         if (reset)
@@ -181,6 +200,25 @@ typedef struct phase_ctx {
     mfb_base_arg_t base;
 } phase_ctx_t;
 
+/* Writes back dirty pages and empties the page cache so the next pass reads the disk;
+ * says once whether that worked (it needs root). */
+static void drop_page_cache(const options_t *o)
+{
+    static int said;
+    if (!o->drop_caches)
+        return;
+    sync();
+    FILE *f = fopen("/proc/sys/vm/drop_caches", "w");
+    int ok = f && fputs("3\n", f) >= 0;
+    if (f && fclose(f) != 0)
+        ok = 0;
+    if (!said++)
+        printf("INFO\tpage cache %s before every ssd pass (mapflowd and rocksdb)\n",
+               ok ? "dropped (echo 3 > /proc/sys/vm/drop_caches)"
+                  : "NOT dropped (no write access to /proc/sys/vm/drop_caches): passes may "
+                    "read cached pages");
+}
+
 static void evict_before_pass(void *p)
 {
     phase_ctx_t *x = p;
@@ -189,6 +227,7 @@ static void evict_before_pass(void *p)
     atomic_store(&x->mf.ssd_rows, 0);
     if (mfb_mapflow_evict_host(x->o->target, &ev) == MF_OK)
         printf("INFO\tevicted %.1f MB from the host tier before the ssd pass\n", ev / 1e6);
+    drop_page_cache(x->o);
 }
 
 static const char *ssd_extra(void *p)
@@ -219,6 +258,41 @@ static int populate(phase_ctx_t *x)
     mfb_mapflow_settle(x->o->target, 60, "after populate");
     mfb_mapflow_print_stats(x->o->target, "after populate");
     return 0;
+}
+
+/*
+ * The daemon's RocksDB keeps what was written last in its memtable (RAM, 64 MiB by
+ * default) until that fills, and the FP8 rows are populated last: without this, part of
+ * an "SSD" pass would be memtable hits. Rows of a second context (another seed: other
+ * keys), written after them, push them out to the blob files as steady state would: its
+ * MASK rows alone (32 layers, 84 MB) exceed the memtable, since large FP8 rows may not
+ * be written through before they are evicted.
+ */
+static int push_out_memtable(phase_ctx_t *x)
+{
+    mfb_workload_params_t wp = x->o->wp;
+    wp.seed ^= 0x9e3779b97f4a7c15ull;
+    wp.mask_layers = 32;
+    wp.fp8_rows = 1;
+    wp.fp8_layers = 1;
+    mfb_workload_t fw;
+    const char *why = "";
+    mf_status_t st = mfb_workload_build(&fw, &wp, &why);
+    if (st != MF_OK) {
+        fprintf(stderr, "bench: filler workload: %s: %s\n", mf_status_name(st), why);
+        return -1;
+    }
+    phase_ctx_t y = {.o = x->o, .w = &fw};
+    y.mf.target = x->mf.target;
+    y.mf.w = &fw;
+    printf("INFO\tbefore the ssd passes: writing %.1f MB of other rows so the daemon's "
+           "memtable no longer holds the FP8 rows\n", (fw.mask_bytes + fw.fp8_bytes) / 1e6);
+    int rc = populate(&y);
+    mfb_workload_free(&fw);
+    if (!rc && mfb_mapflow_wait_ssd(x->o->target, 20, "after the filler rows"))
+        printf("INFO\tWARNING: write-through not drained: the first ssd pass may still "
+               "find FP8 rows in the memtable\n");
+    return rc;
 }
 
 static void settle_put(void *p)
@@ -296,6 +370,8 @@ static int mapflow_phases(phase_ctx_t *x)
     if (phase_on(o, "mixed"))
         bad |= mf_sweep(x, MFB_MF_MIXED, "mixed", o->seconds, NULL, NULL);
     if (phase_on(o, "ssd")) {
+        if (push_out_memtable(x))
+            return 1;
         /* A pass is bounded by the row count, not by --seconds. */
         bad |= mf_sweep(x, MFB_MF_SSD_GET, "ssd_get", 120, evict_before_pass, ssd_extra);
         x->mf.verify_header = 1;
@@ -311,43 +387,64 @@ static void reset_next(void *p)
     atomic_store(&((mfb_base_arg_t *)p)->next, 0);
 }
 
-/* One baseline operation at every client count. */
+static void reset_next_cold(void *p)
+{
+    phase_ctx_t *x = p;
+    reset_next(&x->base);
+    drop_page_cache(x->o);
+}
+
+/* One baseline operation at every client count; system overrides the job's name (NULL:
+ * keep it). reset gets the phase context. */
 static int base_sweep(phase_ctx_t *x, mfb_base_op_t op, const char *name, double seconds,
-                      void (*reset)(void *))
+                      void (*reset)(void *), const char *system)
 {
     mfb_job_t job = {0};
     x->base.op = op;
     mfb_base_job(&job, &x->base);
+    if (system)
+        job.system = system;
     job.seconds = seconds;
-    return sweep(x->o, &job, name, reset, &x->base, NULL, NULL);
+    return sweep(x->o, &job, name, reset, x, NULL, NULL);
 }
 
 static int memcpy_phase(phase_ctx_t *x)
 {
-    int bad = base_sweep(x, MFB_BASE_MEMCPY, "copy", x->o->seconds, NULL);
-    return bad | base_sweep(x, MFB_BASE_VERIFY, "verify", x->o->seconds, NULL);
+    int bad = base_sweep(x, MFB_BASE_MEMCPY, "copy", x->o->seconds, NULL, NULL);
+    return bad | base_sweep(x, MFB_BASE_VERIFY, "verify", x->o->seconds, NULL, NULL);
 }
 
+/* Direct RocksDB passes over the FP8 rows: buffered reads (page cache dropped before
+ * each pass with --drop-caches), then a second database read with O_DIRECT, which needs
+ * no root to stay off the page cache. */
 static int rocksdb_phase(phase_ctx_t *x)
 {
-    if (mfb_rocks_open(&x->base, x->o->rocks_dir) != 0)
-        return 1;
-    /* A pass is bounded by the row count, not by --seconds. */
-    int bad = base_sweep(x, MFB_BASE_ROCKS_GET, "ssd_get", 120, reset_next);
-    mfb_rocks_close(&x->base);
+    int bad = 0;
+    for (int direct = 0; direct < 2; direct++) {
+        char dir[4096];
+        snprintf(dir, sizeof(dir), "%s%s", x->o->rocks_dir, direct ? "-odirect" : "");
+        if (mfb_rocks_open(&x->base, dir, direct) != 0)
+            return 1;
+        /* A pass is bounded by the row count, not by --seconds. */
+        bad |= base_sweep(x, MFB_BASE_ROCKS_GET, direct ? "ssd_get_odirect" : "ssd_get", 120,
+                          reset_next_cold, NULL);
+        mfb_rocks_close(&x->base);
+    }
     return bad;
 }
 
-static int redis_phase(phase_ctx_t *x)
+/* SET then GET of the FP8 rows against the redis-server at socket, as system. */
+static int redis_phase(phase_ctx_t *x, const char *socket, const char *system)
 {
     if (!mfb_have_redis()) {
         printf("INFO\tredis skipped: built without hiredis (apt-get install libhiredis-dev)\n");
         return 0;
     }
+    x->base.redis_socket = socket;
     if (mfb_redis_load(&x->base) != 0)
         return 1;
-    int bad = base_sweep(x, MFB_BASE_REDIS_SET, "put", x->o->seconds, NULL);
-    return bad | base_sweep(x, MFB_BASE_REDIS_GET, "get_copy", x->o->seconds, NULL);
+    int bad = base_sweep(x, MFB_BASE_REDIS_SET, "put", x->o->seconds, NULL, system);
+    return bad | base_sweep(x, MFB_BASE_REDIS_GET, "get_copy", x->o->seconds, NULL, system);
 }
 
 int main(int argc, char **argv)
@@ -398,7 +495,9 @@ int main(int argc, char **argv)
     if (phase_on(&o, "rocksdb") && o.rocks_dir)
         bad |= rocksdb_phase(&x);
     if (phase_on(&o, "redis") && o.redis_socket)
-        bad |= redis_phase(&x);
+        bad |= redis_phase(&x, o.redis_socket, "redis");
+    if (phase_on(&o, "redis") && o.redis_io_socket)
+        bad |= redis_phase(&x, o.redis_io_socket, "redis-io");
     printf("INFO\tbench finished in %.1f s\n", mfb_now() - t0);
     mfb_workload_free(&w);
     return bad ? 1 : 0;

@@ -421,6 +421,51 @@ void mfb_mapflow_settle(const char *target, double max_s, const char *when)
     mf_channel_close(ch);
 }
 
+/* Tier entries of one stats reply: *host and *ssd (-1 when absent). 0 = ok. */
+static int tier_entries(mf_channel_t *ch, int64_t *host, int64_t *ssd)
+{
+    mf_stats_t *s = NULL;
+    *host = *ssd = -1;
+    if (mf_stats(ch, &s, MF_TIMEOUT_DEFAULT) != MF_OK)
+        return -1;
+    for (size_t i = 0; i < s->n_tiers; i++) {
+        if (s->tiers[i].tier == MF_TIER_HOST)
+            *host = (int64_t)s->tiers[i].entries;
+        else if (s->tiers[i].tier == MF_TIER_SSD)
+            *ssd = (int64_t)s->tiers[i].entries;
+    }
+    mf_stats_free(s);
+    return 0;
+}
+
+int mfb_mapflow_wait_ssd(const char *target, double max_s, const char *when)
+{
+    mf_channel_t *ch;
+    if (mfb_mapflow_open(target, &ch) != MF_OK)
+        return -1;
+    /* The SSD tier counts a row once its write completed; new rows do not move the host
+     * tier's bytes, so mfb_mapflow_settle cannot see this queue drain. Some rows may
+     * never be written through (they reach the SSD when evicted), so "drained" is also
+     * the count standing still for 500 ms. */
+    double t0 = mfb_now(), still_since = t0;
+    int64_t host = -1, ssd = -1, last = -1;
+    int ok = 0;
+    while (tier_entries(ch, &host, &ssd) == 0 && mfb_now() - t0 < max_s) {
+        if (ssd != last)
+            still_since = mfb_now();
+        last = ssd;
+        if ((ok = ssd >= host || mfb_now() - still_since >= 0.5))
+            break;
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    printf("INFO\t%s: ssd tier %lld of %lld host-tier rows written after %.2f s%s\n", when,
+           (long long)ssd, (long long)host, mfb_now() - t0, ok ? "" : " (gave up)");
+    fflush(stdout);
+    mf_channel_close(ch);
+    return ok ? 0 : -1;
+}
+
 mf_status_t mfb_mapflow_config(const char *target, const char *key, const char *value)
 {
     /* ConfigSet is an admin request: a unix-socket daemon's admin socket is beside it. */

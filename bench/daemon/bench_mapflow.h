@@ -76,6 +76,11 @@ void mfb_mapflow_settle(const char *target, double max_s, const char *when);
 /* Sets a live daemon config key (e.g. write_through); prints why on failure. */
 mf_status_t mfb_mapflow_config(const char *target, const char *key, const char *value);
 
+/* Waits (at most max_s) until the SSD tier holds as many rows as the host tier, or its
+ * row count stands still for 500 ms (the write-through queue is idle); prints an INFO
+ * line. 0 = drained. */
+int mfb_mapflow_wait_ssd(const char *target, double max_s, const char *when);
+
 /* Prints "INFO\tdaemon ..." lines with tier usage from mf_stats. */
 void mfb_mapflow_print_stats(const char *target, const char *when);
 

@@ -4,9 +4,12 @@
 #   bench/daemon/run.sh [--quick] [--no-report] [--keep] [-- BENCH-ARGS...]
 #
 # Builds mapflowd and mapflow-bench-daemon, starts its own mapflowd (temp socket and data
-# directory, host tier sized for the rows) and redis-server (unix socket in the temp
-# directory, no persistence), runs every measurement at 1, 4, 16 and 64 clients, prints a
-# table with ratios against the baselines measured in the same run, and writes
+# directory, host tier sized for the rows) and two redis-servers (unix sockets in the temp
+# directory, no persistence): one with the defaults and one with io-threads N and
+# io-threads-do-reads yes, as a user tuning Redis would. Runs every measurement at 1, 4,
+# 16 and 64 clients, 5 repetitions each, with the page cache dropped before every SSD
+# pass when it can write /proc/sys/vm/drop_caches (root); prints a table (min / median /
+# max) with ratios against every baseline measured in the same run, and writes
 # bench/results/daemon.md (the exact command, machine info, the table).
 # --quick: fewer rows and 0.5 s per point (< 2 min); default < 10 min.
 # --no-report: print the table but leave bench/results/daemon.md alone; --out FILE: write
@@ -14,7 +17,9 @@
 # --raw FILE: copy the raw RESULT/INFO lines there.
 # BENCH-ARGS go to mapflow-bench-daemon (e.g. -- --only lookup,get --clients 1,16).
 # Env: MF_BENCH_HOST_BYTES (default 2gb, 1gb with --quick); MF_BENCH_CPUS (e.g. 0,1: pin
-# the daemon, redis-server and the clients to those CPUs with taskset); MF_BENCH_BIN (a
+# the daemon, redis-server and the clients to those CPUs with taskset);
+# MF_BENCH_REDIS_IO_THREADS (default from nproc: 2 up to 3 CPUs, 3 up to 7, else 6, as
+# redis.conf advises); MF_BENCH_LIMIT (seconds for the bench, default 150 / 570); MF_BENCH_BIN (a
 # directory with prebuilt mapflowd and mapflow-bench-daemon: no make); REDIS_SERVER
 # (default redis-server); PYTHON (python3).
 set -euo pipefail
@@ -32,17 +37,25 @@ while [ $# -gt 0 ]; do
     --out) out=$2; shift ;;
     --raw) raw=$2; shift ;;
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
 done
 PYTHON=${PYTHON:-python3}
 if [ $quick = 1 ]; then
-    host_bytes=${MF_BENCH_HOST_BYTES:-1gb}; limit=150; qflag=(--quick)
+    host_bytes=${MF_BENCH_HOST_BYTES:-1gb}; limit=${MF_BENCH_LIMIT:-150}; qflag=(--quick)
 else
-    host_bytes=${MF_BENCH_HOST_BYTES:-2gb}; limit=570; qflag=()
+    host_bytes=${MF_BENCH_HOST_BYTES:-2gb}; limit=${MF_BENCH_LIMIT:-570}; qflag=()
 fi
+# Five repetitions of every point (BENCH-ARGS may override with --reps); cold SSD passes
+# where the page cache can be dropped.
+qflag+=(--reps 5)
+cold=no
+if [ -w /proc/sys/vm/drop_caches ]; then qflag+=(--drop-caches); cold=yes; fi
+ncpu=$(nproc)
+if [ "$ncpu" -le 3 ]; then iothreads=2; elif [ "$ncpu" -le 7 ]; then iothreads=3; else iothreads=6; fi
+iothreads=${MF_BENCH_REDIS_IO_THREADS:-$iothreads}
 
 cd "$root"
 if [ -n "${MF_BENCH_BIN:-}" ]; then
@@ -57,10 +70,11 @@ pin=()
 [ -n "${MF_BENCH_CPUS:-}" ] && pin=(taskset -c "$MF_BENCH_CPUS")
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/mf-bench-daemon.XXXXXX")
-dpid="" rpid=""
+dpid="" rpid="" ripid=""
 cleanup() {
     [ -n "$dpid" ] && kill "$dpid" 2>/dev/null && wait "$dpid" 2>/dev/null || true
     [ -n "$rpid" ] && kill "$rpid" 2>/dev/null && wait "$rpid" 2>/dev/null || true
+    [ -n "$ripid" ] && kill "$ripid" 2>/dev/null && wait "$ripid" 2>/dev/null || true
     if [ $keep = 1 ]; then echo "kept $tmp" >&2; else rm -rf "$tmp"; fi
 }
 trap cleanup EXIT INT TERM
@@ -96,7 +110,14 @@ if command -v "$redis_server" >/dev/null; then
         --logfile "$tmp/redis.log" &
     rpid=$!
     wait_socket "$tmp/redis.sock" "$rpid" redis-server || exit 1
-    redis_args=(--redis "$tmp/redis.sock")
+    mkdir -p "$tmp/redis-io"
+    "${pin[@]}" "$redis_server" --port 0 --unixsocket "$tmp/redis-io.sock" --unixsocketperm 700 \
+        --save "" --appendonly no --dir "$tmp/redis-io" --daemonize no \
+        --io-threads "$iothreads" --io-threads-do-reads yes \
+        --logfile "$tmp/redis-io.log" &
+    ripid=$!
+    wait_socket "$tmp/redis-io.sock" "$ripid" "redis-server (io-threads)" || exit 1
+    redis_args=(--redis "$tmp/redis.sock" --redis-io "$tmp/redis-io.sock")
     redis_version=$("$redis_server" --version | sed -n 's/.*v=\([^ ]*\).*/\1/p')
 else
     echo "run.sh: redis-server not installed (apt-get install redis-server): Redis rows skipped" >&2
@@ -144,5 +165,6 @@ out_args=()
 [ $report = 1 ] && out_args=(--out "${out:-$root/bench/results/daemon.md}")
 "$PYTHON" "$here/report.py" --results "$tmp/results.tsv" --command "$cmdline" \
     --redis-version "${redis_version:-none}" --host-bytes "$host_bytes" \
+    --redis-io-threads "$iothreads" --cold "$cold" \
     --cpus "${MF_BENCH_CPUS:-all}" --commit "$run_commit" --date "$run_date" "${out_args[@]}"
 exit "$rc"
