@@ -351,6 +351,22 @@ static int mapflow_phases(phase_ctx_t *x)
             bad |= mf_sweep(x, k ? MFB_MF_PREFIX_LEASE : MFB_MF_PREFIX_COPY, name,
                             o->seconds, NULL, NULL);
         }
+        /* Where a leased prefix's time goes (issue 20): the client's checksum of every
+         * arena row (header-only check), and every layer in one call instead of chunks
+         * (needs the daemon's max_batch ≥ layers × blocks). */
+        x->mf.verify_header = 1;
+        snprintf(name, sizeof(name), "prefix_lease_hdr_%ux%u", nb, x->mf.prefix_layers);
+        bad |= mf_sweep(x, MFB_MF_PREFIX_LEASE, name, o->seconds, NULL, NULL);
+        x->mf.verify_header = 0;
+        if (nl > x->mf.prefix_layers) {
+            x->mf.prefix_layers = nl;
+            for (int k = 0; k < 2; k++) {
+                x->mf.verify_header = k;
+                snprintf(name, sizeof(name), "prefix_lease%s_%ux%u", k ? "_hdr" : "", nb, nl);
+                bad |= mf_sweep(x, MFB_MF_PREFIX_LEASE, name, o->seconds, NULL, NULL);
+            }
+            x->mf.verify_header = 0;
+        }
     }
     if (phase_on(o, "put")) {
         bad |= mf_sweep(x, MFB_MF_PUT, "put", o->seconds, settle_put, NULL);
