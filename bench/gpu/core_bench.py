@@ -27,7 +27,6 @@ import argparse
 import ctypes as C
 import json
 import os
-import statistics
 import sys
 
 import numpy as np
@@ -36,6 +35,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_gpu as BG  # noqa: E402  (ctypes structures and the library path)
+import bench_torch as BT  # noqa: E402  (one CUDA-event timer)
 import rows as R  # noqa: E402
 
 HQ, HKV, D, B = 32, 8, 128, 64
@@ -43,19 +43,9 @@ IMPL_V2, IMPL_CORE = 2, 4
 
 
 def timeit(fn, reps, warm=2):
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        s = torch.cuda.Event(enable_timing=True)
-        e = torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        ts.append(s.elapsed_time(e))
-    return statistics.median(ts), min(ts), max(ts)
+    """(median, min, max) ms: bench_torch's CUDA-event timer, reordered for this script."""
+    lo, med, hi = BT.timings(fn, reps, warm)
+    return med, lo, hi
 
 
 def sdpa_backend(fn):
