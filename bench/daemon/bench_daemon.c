@@ -13,11 +13,11 @@
  * system "redis-io"; --drop-caches empties the page cache before every SSD pass of both
  * mapflowd and RocksDB, so those passes read the disk (needs root).
  */
-#include <unistd.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "bench_baselines.h"
 #include "bench_mapflow.h"
@@ -201,10 +201,10 @@ typedef struct phase_ctx {
 } phase_ctx_t;
 
 /* Writes back dirty pages and empties the page cache so the next pass reads the disk;
- * says once whether that worked (it needs root). */
+ * says whether that worked (it needs root) the first time and whenever that changes. */
 static void drop_page_cache(const options_t *o)
 {
-    static int said;
+    static int last = -1;
     if (!o->drop_caches)
         return;
     sync();
@@ -212,11 +212,13 @@ static void drop_page_cache(const options_t *o)
     int ok = f && fputs("3\n", f) >= 0;
     if (f && fclose(f) != 0)
         ok = 0;
-    if (!said++)
-        printf("INFO\tpage cache %s before every ssd pass (mapflowd and rocksdb)\n",
-               ok ? "dropped (echo 3 > /proc/sys/vm/drop_caches)"
-                  : "NOT dropped (no write access to /proc/sys/vm/drop_caches): passes may "
-                    "read cached pages");
+    if (ok == last)
+        return;
+    last = ok;
+    printf("INFO\tpage cache %s before every ssd pass (mapflowd and rocksdb)\n",
+           ok ? "dropped (echo 3 > /proc/sys/vm/drop_caches)"
+              : "NOT dropped (no write access to /proc/sys/vm/drop_caches): passes may read "
+                "cached pages");
 }
 
 static void evict_before_pass(void *p)
