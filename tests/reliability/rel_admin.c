@@ -57,20 +57,6 @@ static int config_set(rel_conn_t *c, const char *key, const char *value)
     return call_code(c, &env, NULL, 0, MAPFLOW__V1__ENVELOPE__BODY_CONFIG_SET_REPLY);
 }
 
-static int flush_all(rel_conn_t *c, uint64_t *n)
-{
-    Mapflow__V1__Flush m = MAPFLOW__V1__FLUSH__INIT;
-    m.all_namespaces = 1;
-    ENV_INIT(env, FLUSH, flush, &m);
-    mf_envelope_t *r = rel_call(c, &env, NULL, 0);
-    int rc = rel_status(r, MAPFLOW__V1__ENVELOPE__BODY_FLUSH_REPLY, c);
-    if (rc == 0 && n)
-        *n = r->flush_reply->entries;
-    if (r)
-        mf_envelope_free(r);
-    return rc;
-}
-
 static int evict_all(rel_conn_t *c)
 {
     Mapflow__V1__Evict m = MAPFLOW__V1__EVICT__INIT;
@@ -167,7 +153,7 @@ static int cmd_roles(int argc, char **argv)
                             "tenant ConfigSet %s: not PERMISSION_DENIED (%s)", sets[i][0], m.err);
     tried += 3;
     denied += REL_CHECK(profile_put(&m) == MF_PERMISSION_DENIED, "tenant ProfilePut");
-    denied += REL_CHECK(flush_all(&m, NULL) == MF_PERMISSION_DENIED, "tenant Flush all");
+    denied += REL_CHECK(rel_flush_scope(&m, 1, NULL) == MF_PERMISSION_DENIED, "tenant Flush all");
     denied += REL_CHECK(evict_all(&m) == MF_PERMISSION_DENIED, "tenant Evict all");
     uint64_t own = 99;
     REL_CHECK(rel_flush(&m, &own) == 0 && own == 0, "a tenant's own Flush still works");
@@ -203,7 +189,7 @@ static int cmd_roles(int argc, char **argv)
     if (REL_CHECK(rel_open(&a, apath, "ops", NULL, 0, 5000) == 0, "admin socket %s", apath)) {
         by_sock = config_set(&a, "lease_ttl", "25s");
         REL_CHECK(profile_put(&a) == 0, "admin ProfilePut: %s", a.err);
-        REL_CHECK(flush_all(&a, &flushed) == 0 && flushed >= 4, "admin Flush of every "
+        REL_CHECK(rel_flush_scope(&a, 1, &flushed) == 0 && flushed >= 4, "admin Flush of every "
                   "namespace dropped %llu", (unsigned long long)flushed);
         rel_close(&a);
     }

@@ -405,9 +405,10 @@ uint64_t rel_counter(rel_conn_t *c, const char *name)
     return v;
 }
 
-int rel_flush(rel_conn_t *c, uint64_t *n)
+int rel_flush_scope(rel_conn_t *c, int all_namespaces, uint64_t *n)
 {
     Mapflow__V1__Flush m = MAPFLOW__V1__FLUSH__INIT;
+    m.all_namespaces = all_namespaces ? 1 : 0;
     ENV_INIT(env, FLUSH, flush, &m);
     mf_envelope_t *r = rel_call(c, &env, NULL, 0);
     int rc = rel_status(r, MAPFLOW__V1__ENVELOPE__BODY_FLUSH_REPLY, c);

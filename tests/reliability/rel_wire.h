@@ -81,7 +81,8 @@ int rel_release(rel_conn_t *c, const uint64_t *ids, size_t n, uint32_t *released
 /* Stats counter by name (UINT64_MAX when missing or on error). */
 uint64_t rel_counter(rel_conn_t *c, const char *name);
 /* Simple admin calls: 0 / code / -1; *n gets the count the reply carries. */
-int rel_flush(rel_conn_t *c, uint64_t *n);
+int rel_flush_scope(rel_conn_t *c, int all_namespaces, uint64_t *n); /* all: admin only */
+#define rel_flush(c, n) rel_flush_scope((c), 0, (n))
 int rel_list_count(rel_conn_t *c, const char *model, uint64_t *n);
 int rel_delete_model(rel_conn_t *c, const char *model, uint64_t *n);
 int rel_evict(rel_conn_t *c, int tier, uint64_t *entries);
