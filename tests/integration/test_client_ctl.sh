@@ -90,20 +90,10 @@ rates=$(ctl stats --interval 0.05 --count 2) || fail "stats --interval (text)"
 grep -q "puts_total .*/s$" <<<"$rates" || fail "text rates"
 
 # Profiles: raw bytes in, the same bytes and a JSON decoding out.
-"$PYTHON" - "$MF_TMP/prof.pb" <<'PY'
-import struct, sys
-def v(n):
-    out = b""
-    while True:
-        b = n & 0x7f
-        n >>= 7
-        out += bytes([b | (0x80 if n else 0)])
-        if not n:
-            return out
-def f(num, wt, payload):
-    return v(num << 3 | wt) + payload
-def s(num, b):
-    return f(num, 2, v(len(b)) + b)
+MF_INT_DIR=$(dirname "$0") "$PYTHON" - "$MF_TMP/prof.pb" <<'PY'
+import os, struct, sys
+sys.path.insert(0, os.environ["MF_INT_DIR"])
+from pbwire import f, s, v  # noqa: E402
 w = struct.pack("<4f", 0.25, 0.75, 1.0, 0.0)
 head = f(1, 0, v(1)) + f(3, 5, struct.pack("<f", 0.9))  # mode prob, top_p
 layer = f(1, 0, v(5)) + f(2, 0, v(3)) + f(3, 0, v(2)) + f(4, 0, v(2)) + s(5, w) + \

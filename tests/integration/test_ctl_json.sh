@@ -14,20 +14,10 @@ M='ctl\json'   # a backslash: legal in a model name, escaped by plain ls
 Bk=16
 
 mf_tokens "$MF_TMP/tok" $((5 * Bk + 7)) 1234
-"$PYTHON" - "$MF_TMP/prof.pb" <<'PY'
-import struct, sys
-def v(n):
-    out = b""
-    while True:
-        b = n & 0x7f
-        n >>= 7
-        out += bytes([b | (0x80 if n else 0)])
-        if not n:
-            return out
-def f(num, wt, payload):
-    return v(num << 3 | wt) + payload
-def s(num, b):
-    return f(num, 2, v(len(b)) + b)
+MF_INT_DIR=$(dirname "$0") "$PYTHON" - "$MF_TMP/prof.pb" <<'PY'
+import os, struct, sys
+sys.path.insert(0, os.environ["MF_INT_DIR"])
+from pbwire import f, s, v  # noqa: E402
 layer = f(1, 0, v(4)) + f(2, 0, v(1)) + f(3, 0, v(1)) + f(4, 0, v(1)) + \
     s(5, struct.pack("<f", 1.0)) + s(7, f(1, 0, v(2)))
 prof = s(1, b"json-src") + s(2, b"json-tgt") + f(3, 0, v(16)) + f(4, 0, v(2)) + \
