@@ -43,10 +43,14 @@ def table(res):
 
 
 def merged(res):
+    """Variants with numbers on both test splits (a deadline can leave a split without
+    windows: those variants are reported as missing, not as zeros)."""
     sp = res["splits"]
     return {v["name"]: {"in": sp["in"]["variants"][v["name"]],
                         "out": sp["out"]["variants"][v["name"]], "spec": v}
-            for v in res["variants"]}
+            for v in res["variants"]
+            if all(sp[s]["variants"].get(v["name"], {}).get("dppl_pct") is not None
+                   for s in ("in", "out"))}
 
 
 def goals(res):
@@ -164,6 +168,11 @@ def methods_section(res):
             lines.append("| %s | %s: none of %s within the bounds on dev |%s" % (
                 m, r["knob"], r["swept"], " – |" * 11))
             continue
+        if r.get("effective_density") is None:  # the deadline left a test split empty
+            lines.append("| %s | %s = %g (`%s`): no test windows on %s |%s" % (
+                m, r["knob"], r["value"], r["variant"], ", ".join(r["missing_splits"]),
+                " – |" * 11))
+            continue
         i, o = r["in"], r["out"]
         lines.append("| %s | %s = %g (`%s`) | %.3f | %s | %s | %s | %s | %s | %s | %s | %s | "
                      "%s | %s / %s |" % (
@@ -175,7 +184,7 @@ def methods_section(res):
                          ci_cell(o, "kl", "%.4f"), "yes" if r["passes_test"] else "no",
                          "yes" if r["passes_test_ci"] else "no"))
     mf = ops.get("mapflow-mask", {})
-    if mf.get("variant"):
+    if mf.get("effective_density") is not None:
         x0 = 100.0 * (1.0 - mf["effective_density"])
         cells = []
         for m in ops:
@@ -231,7 +240,8 @@ def plot_methods(res, path):
             ("agree_pct", min, "top-1 agreement (%, the worse split)"))
     for mi, method in enumerate(ops):
         vs = sorted((v for v in m.values() if v["spec"].get("method") == method and
-                     v["in"].get("skipped_pct") is not None),
+                     v["in"].get("skipped_pct") is not None and
+                     v["out"].get("skipped_pct") is not None),
                     key=lambda v: v["in"]["skipped_pct"])
         if not vs:
             continue
@@ -247,7 +257,7 @@ def plot_methods(res, path):
             a.errorbar(x, y, yerr=[lo, hi], color=colors[mi % 10], marker="o", ms=4,
                        capsize=2, label=method)
             op = ops[method].get("variant")
-            if op in m:
+            if op in m and ops[method].get("effective_density") is not None:
                 v = m[op]
                 s = "in" if fn(v["in"][k], v["out"][k]) == v["in"][k] else "out"
                 a.plot([min(v["in"]["skipped_pct"], v["out"]["skipped_pct"])], [v[s][k]],
@@ -323,7 +333,8 @@ def summary(paths):
         for m in METHODS:
             r = ops.get(m, {})
             cells.append("%.3f%s" % (r["effective_density"], " ✓" if r["passes_test_ci"]
-                                     else "") if r.get("variant") else "none")
+                                     else "") if r.get("effective_density") is not None
+                         else "none")
         verdict = "–" if v.get("met") is None else "%s (%.2f×)" % (
             "met" if v["met"] else "missed", v["ratio"])
         lines.append("| %s | %s | %d | %d | %s | %s |" % (
@@ -334,7 +345,8 @@ def summary(paths):
     for (ctx, b), runs in sorted(groups.items()):
         cells = []
         for m in METHODS:
-            d = [o[m]["effective_density"] for o, _ in runs if o.get(m, {}).get("variant")]
+            d = [o[m]["effective_density"] for o, _ in runs
+                 if o.get(m, {}).get("effective_density") is not None]
             ok = sum(1 for o, _ in runs if o.get(m, {}).get("passes_test_ci"))
             cells.append("%s: %s (%d/%d)" % (m, "%.3f – %.3f" % (min(d), max(d)) if d
                                              else "none", ok, len(runs)))
