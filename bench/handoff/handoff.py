@@ -65,6 +65,21 @@ def log(*a):
     print("[%6.1fs]%s" % (time.time() - T0, " [%s]" % TAG if TAG else ""), *a, flush=True)
 
 
+def quality_density(path, ap):
+    """MapFlow mask's density at its operating point in a bench/quality quality.json
+    (chosen on dev, numbers on the test splits), and where it came from; an error when the
+    run has none or it failed the quality bounds on a test split."""
+    try:
+        with open(path) as f:
+            op = json.load(f)["operating_points"]["mapflow-mask"]
+    except (OSError, ValueError, KeyError) as ex:
+        ap.error("--quality-json %s: no MapFlow mask operating point (%s)" % (path, ex))
+    if not op.get("variant") or op.get("density") is None or not op.get("passes_test"):
+        ap.error("--quality-json %s: MapFlow mask has no test-passing operating point" % path)
+    return float(op["density"]), "%s: %s (R = %s, test-passing%s)" % (
+        path, op["variant"], op.get("R"), ", intervals too" if op.get("passes_test_ci") else "")
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--socket", required=True, help="mapflowd unix socket path")
@@ -101,6 +116,10 @@ def parse_args(argv=None):
                     default=float(os.environ.get("HANDOFF_ROW_BYTES", "0")),
                     help="memory for one variant's rows in the daemon (0: no limit); "
                     "prob mode is used on as many layers as fit, mask on the rest")
+    ap.add_argument("--quality-json", dest="quality_json",
+                    default=os.environ.get("HANDOFF_QUALITY_JSON"),
+                    help="a quality.json of bench/quality (issue 21): the headline --density "
+                    "becomes MapFlow mask's dev-chosen, test-passing operating point there")
     ap.add_argument("--dry", action="store_true", help="tiny shapes, CPU, C reference kernels")
     ap.add_argument("--target-device", dest="target_device", type=int,
                     default=int(os.environ.get("HANDOFF_TARGET_DEVICE", "0")),
@@ -121,6 +140,10 @@ def parse_args(argv=None):
                                                              "32768,16384,8192")
     a.ns = [int(x) for x in a.ns.split(",") if x.strip()]
     a.variants = [v for v in a.variants.split(",") if v]
+    if a.quality_json:
+        a.density, a.density_source = quality_density(a.quality_json, ap)
+    else:
+        a.density_source = "--density (not a quality-checked operating point)"
     if a.densities is None:
         a.densities = "0.10,0.35" if a.dry else "0.05,0.10,0.20,0.35"
     a.densities = sorted({float(x) for x in a.densities.split(",") if x.strip()} | {a.density})
@@ -556,7 +579,8 @@ class Bench:
         self.res = {"path": self.store.path, "path_why": self.store.why,
                     "target": vars(ts), "source": vars(ss), "l0": self.l0,
                     "mapped_layers": len(self.map), "exported_source_layers":
-                    len(self.src_layers), "block": B, "density_goal": a.density, "densities": a.densities,
+                    len(self.src_layers), "block": B, "density_goal": a.density,
+                    "density_source": a.density_source, "densities": a.densities,
                     "variants": a.variants, "reps": a.reps, "torch": torch.__version__,
                     "gpu_info": self.store.gpu_info, "rows": []}
 
