@@ -36,3 +36,15 @@ install-kernels-tools: $(KERNELS_TOOLS)
 	install -m 0755 $(KERNELS_TOOLS) $(DESTDIR)$(PREFIX)/bin/
 INSTALL_TARGETS += install-kernels-tools
 .PHONY: install-kernels-tools
+
+# make install: the kernel libraries (the C reference; the CUDA one where nvcc built it) and
+# their headers, so mapflow.kernels (client/python: it searches the install libdirs) and C
+# callers find them after an install as they find libmapflow.
+KERNELS_INSTALL_SO := $(LIB)/libmfkernels_ref.so $(if $(filter 1,$(USE_CUDA)),$(LIB)/libmfkernels_cuda.so)
+KERNELS_INSTALL_H  := kernels/mapflow_kernels.h $(if $(filter 1,$(USE_CUDA)),kernels/mapflow_kernels_cuda.h)
+install-kernels-libs: $(KERNELS_INSTALL_SO)
+	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCLUDEDIR)/mapflow
+	install -m 0755 $(KERNELS_INSTALL_SO) $(DESTDIR)$(LIBDIR)/
+	install -m 0644 $(KERNELS_INSTALL_H) $(DESTDIR)$(INCLUDEDIR)/mapflow/
+INSTALL_TARGETS += install-kernels-libs
+.PHONY: install-kernels-libs

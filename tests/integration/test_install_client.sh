@@ -99,4 +99,34 @@ with mapflow.Channel('unix:' + sys.argv[1]) as ch:
     assert ch.health()['ok']
 " "$MF_SOCK" || fail "installed Python binding"
 mf_stop
+
+# The kernel libraries (`make install-kernels-libs`, also run by `make install`): installed
+# beside libmapflow, and mapflow.kernels loads the installed C reference (its argument
+# structs checked against the library's layout) and runs a real call on random rows.
+d=$MF_TMP/root_usr_local
+env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make --no-print-directory BUILD="$BUILD_DIR" \
+  -o "$BUILD_DIR/lib/libmfkernels_ref.so" -o "$BUILD_DIR/lib/libmfkernels_cuda.so" \
+  DESTDIR="$d" PREFIX=/usr/local install-kernels-libs >"$MF_TMP/make.log" 2>&1 \
+  || { cat "$MF_TMP/make.log"; fail "make install-kernels-libs"; }
+for f in lib/libmfkernels_ref.so include/mapflow/mapflow_kernels.h; do
+  [ -f "$d/usr/local/$f" ] || fail "install-kernels-libs: $f not installed"
+done
+if grep -rlF "$MF_TMP" "$d" >/dev/null; then fail "DESTDIR written into $(grep -rlF "$MF_TMP" "$d")"; fi
+MAPFLOW_KERNELS_LIB=$d/usr/local/lib LD_LIBRARY_PATH=$d/usr/local/lib \
+  PYTHONPATH=$d/usr/local/lib/python3/dist-packages "$PYTHON" -c "
+import os, sys, numpy as np, mapflow.kernels as K
+lib = K.library('ref')
+assert os.path.dirname(lib._name) == sys.argv[1], lib._name
+rng = np.random.default_rng()
+n, hq, hkv, d = 48, 4, 2, 16
+q, k, v = (rng.standard_normal((n, h, d)).astype(np.float32) for h in (hq, hkv, hkv))
+o, lse = K.attention_dense_ref(q, k, v)
+kk, vv = np.repeat(k, hq // hkv, 1).astype(np.float64), np.repeat(v, hq // hkv, 1).astype(np.float64)
+s = np.einsum('qhd,khd->hqk', q.astype(np.float64), kk) / np.sqrt(d)
+s[:, np.triu(np.ones((n, n), bool), 1)] = -np.inf
+want = np.log(np.exp(s - s.max(-1, keepdims=True)).sum(-1)) + s.max(-1)
+assert np.abs(lse - want).max() < 1e-9, np.abs(lse - want).max()
+p = np.exp(s - want[..., None])
+assert np.abs(o - np.einsum('hqk,khd->qhd', p, vv)).max() < 1e-9
+" "$d/usr/local/lib" || fail "installed kernel library through mapflow.kernels"
 echo "test_install_client: ok"
