@@ -266,6 +266,12 @@ def plot_methods(res, path):
             a.set_ylabel(lab)
     ax[0].axhline(1.0, color="k", ls=":", lw=1)
     ax[2].axhline(97.0, color="k", ls=":", lw=1)
+    # outside the quality bounds, shaded (limits fixed first so the shading does not move them)
+    for a, lo_hi in ((ax[0], lambda y: (1.0, max(y[1], 1.0))),
+                     (ax[2], lambda y: (min(y[0], 97.0), 97.0))):
+        y = a.get_ylim()
+        a.set_ylim(*y)
+        a.axhspan(*lo_hi(y), color="tab:red", alpha=0.07, lw=0)
     for a in ax:
         a.axvline(50, color="k", ls=":", lw=1)
     ax[0].legend(fontsize=8)
