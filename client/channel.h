@@ -30,6 +30,10 @@
  * that completes it. A reply (mf__reply_t) owns its decoded envelope; its payload points
  * into the reader buffer and is valid only during the step it is passed to.
  *
+ * Files: channel_conn.c (connect, Hello, arenas; open / close / info), channel.c (the
+ * engine: id table, completion, retries, sending, the I/O thread), channel_call.c (sync /
+ * async runs, one-request operations, groups); what only they share: channel_internal.h.
+ *
  * Thread safety: ch->mu guards the connection state, the tables and the out queue.
  * Functions named do_* / mf__do_* expect it held. Steps run on the I/O thread without
  * the lock (the operation is in no table meanwhile); vt->undo runs with it held.
