@@ -85,7 +85,8 @@ static mf_status_t connect_unix(mf__conn_t *c, const char *path, int64_t deadlin
 {
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     if (!path[0] || strlen(path) >= sizeof(sa.sun_path)) {
-        mf__errf(err, "unix socket path is empty or longer than %zu bytes", sizeof(sa.sun_path) - 1);
+        mf__errf(err, "unix socket path is empty or longer than %zu bytes",
+                 sizeof(sa.sun_path) - 1);
         return MF_INVALID_ARGUMENT;
     }
     memcpy(sa.sun_path, path, strlen(path) + 1);
@@ -213,7 +214,7 @@ static mf_status_t map_arena(mf__conn_t *c, int fd, uint64_t bytes, char *err)
     struct stat sb;
     if (fstat(fd, &sb) < 0 || (uint64_t)sb.st_size < bytes || bytes == 0) {
         mf__errf(err, "host arena fd is smaller than the %llu bytes announced",
-             (unsigned long long)bytes);
+                 (unsigned long long)bytes);
         return MF_INTERNAL;
     }
     void *p = mmap(NULL, (size_t)bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -259,7 +260,7 @@ mf_status_t mf__reply_status(const mf_envelope_t *env, int want_case, char *err)
         return st;
     }
     mf__errf(err, "daemon answered %s where %s was expected",
-         mf_envelope_body_name((int)env->body_case), mf_envelope_body_name(want_case));
+             mf_envelope_body_name((int)env->body_case), mf_envelope_body_name(want_case));
     return MF_INTERNAL;
 }
 
@@ -459,7 +460,7 @@ static mf_status_t hello(mf_channel_t *ch, mf__conn_t *c, uint64_t rid, int64_t 
 
 /* Connects to ch->target and says Hello; on success *c is the new connection. */
 mf_status_t mf__conn_open(mf_channel_t *ch, mf__conn_t *c, uint64_t rid, int64_t deadline,
-                             char *err)
+                          char *err)
 {
     memset(c, 0, sizeof(*c));
     c->fd = -1;
@@ -602,7 +603,8 @@ MF_EXPORT mf_status_t mf_channel_open(const char *target, const mf_channel_param
     if (!ch->target || !ch->table || ch->wake_fd < 0)
         return mf__chan_error(ch, MF_RESOURCE_EXHAUSTED, "out of memory or fds");
 
-    st = mf__conn_open(ch, &ch->conn, ++ch->next_id, mf__deadline_of(ch, MF_TIMEOUT_DEFAULT), ch->err);
+    st = mf__conn_open(ch, &ch->conn, ++ch->next_id, mf__deadline_of(ch, MF_TIMEOUT_DEFAULT),
+                       ch->err);
     snprintf(ch->conn_err, sizeof(ch->conn_err), "%s", ch->err);
     if (st != MF_OK)
         return st;
