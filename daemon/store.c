@@ -3,12 +3,11 @@
  * SSD reads: store_ssd.c; demotion and eviction: store_evict.c. */
 #include "store.h"
 #include "store_internal.h"
-#include "ticket.h"
 #include "log.h"
+#include "mf_clock.h"
 
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 /* Releases e's GPU copy (block, head copy). Never touches the LRU: the index frees
  * entries still on their lists when it is destroyed. */
@@ -76,12 +75,12 @@ static mf_status_t open_ssd(mfd_store_t *st, const mfd_config_t *cfg, char *err,
         mf_status_t s = mfd_ssd_open(&so, &st->ssd, err, errlen);
         if (s != MF_OK)
             return s;
-        uint64_t t0 = mfd_now_ms();
+        int64_t t0 = mf_now_ms();
         s = mfd_ssd_scan(st->ssd, on_scan, st, err, errlen);
         if (s == MF_OK) {
-            mfd_info("ssd tier: %llu rows (%llu bytes) found in %s/rocksdb in %llu ms",
+            mfd_info("ssd tier: %llu rows (%llu bytes) found in %s/rocksdb in %lld ms",
                      (unsigned long long)st->ssd_entries, (unsigned long long)st->ssd_used,
-                     cfg->data_dir, (unsigned long long)(mfd_now_ms() - t0));
+                     cfg->data_dir, (long long)(mf_now_ms() - t0));
             return MF_OK;
         }
         /* The rows scanned so far go with the database. */
@@ -340,7 +339,7 @@ static void link_entry(mfd_store_t *st, const mfd_key_t *key, mfd_entry_t *e,
     e->size = size;
     e->layer = v->layer;
     e->block = v->block_index;
-    e->last_access_ms = mfd_now_ms();
+    e->last_access_ms = (uint64_t)mf_now_ms();
     mfd_entry_t *old = mfd_index_find(st->ix, key->b, key->len);
     if (old) {
         /* Its queued write-through is cancelled (never written over the new row's). */
@@ -392,14 +391,6 @@ mf_status_t mfd_store_commit(mfd_store_t *st, const mfd_key_t *key, mfd_ablock_t
     return MF_OK;
 }
 
-/* Monotonic microseconds (commit phase counters). */
-static uint64_t now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
-
 mf_status_t mfd_store_commit_gpu(mfd_store_t *st, const mfd_key_t *key, uint32_t arena,
                                  mfd_ablock_t *blk, uint64_t size, int durable,
                                  mfd_store_done_cb done, void *arg, int *pending,
@@ -414,10 +405,10 @@ mf_status_t mfd_store_commit_gpu(mfd_store_t *st, const mfd_key_t *key, uint32_t
     uint64_t sum = 0;
     int on_gpu = 0;
     mf_row_view_t v;
-    uint64_t t0 = now_us();
+    int64_t t0 = mf_now_us();
     mf_status_t s = mfd_gpu_check_row(st->gpu, arena, blk, size, &stg, &have, &sum, &on_gpu);
-    uint64_t t1 = now_us();
-    mfd_count(st->metrics, MFD_C_GPU_COMMIT_CHECK_US, t1 - t0);
+    int64_t t1 = mf_now_us();
+    mfd_count(st->metrics, MFD_C_GPU_COMMIT_CHECK_US, (uint64_t)(t1 - t0));
     *why = "cannot copy the row out of the GPU arena";
     if (s == MF_OK) {
         /* The decoder reads a row's bytes before its tiles only (prefix) once the checksum
@@ -483,7 +474,7 @@ mf_status_t mfd_store_commit_gpu(mfd_store_t *st, const mfd_key_t *key, uint32_t
         }
     }
     mfd_store_balance_gpu(st, arena, e);
-    mfd_count(st->metrics, MFD_C_GPU_COMMIT_US, now_us() - t0);
+    mfd_count(st->metrics, MFD_C_GPU_COMMIT_US, (uint64_t)(mf_now_us() - t0));
     return MF_OK;
 }
 
@@ -561,7 +552,7 @@ void mfd_store_promote_gpu(mfd_store_t *st, mfd_entry_t *e)
 
 void mfd_store_touch(mfd_store_t *st, mfd_entry_t *e)
 {
-    e->last_access_ms = mfd_now_ms();
+    e->last_access_ms = (uint64_t)mf_now_ms();
     if (e->gpu)
         mfd_lru_touch(st->ix, MFD_LRU_GPU, e);
     if (e->host)
