@@ -1,5 +1,6 @@
-/* channel — the operation engine: the request-id table, completion, retries and
- * backoff, sending, and the I/O thread (see channel.h, channel_internal.h). */
+/* channel — the operation engine: requests in flight (ch->sess, proto/mf_session.h),
+ * completion, deadlines, retries and backoff, sending, and the I/O thread (see
+ * channel.h, channel_internal.h). */
 #include "channel.h"
 #include "channel_internal.h"
 #include "mf_clock.h"
@@ -135,29 +136,12 @@ mf_status_t mf__op_pack(mf__op_t *op, const mf_envelope_t *env, const void *payl
     return MF_OK;
 }
 
-static size_t table_slot(const mf_channel_t *ch, uint64_t rid)
+uint64_t mf__do_hello_ids(mf_channel_t *ch)
 {
-    return (size_t)(rid * 0x9E3779B97F4A7C15ull >> 40) & ch->table_mask;
-}
-
-static void do_table_put(mf_channel_t *ch, mf__op_t *op)
-{
-    size_t s = table_slot(ch, op->rid);
-    op->hnext = ch->table[s];
-    ch->table[s] = op;
-}
-
-static mf__op_t *do_table_take(mf_channel_t *ch, uint64_t rid)
-{
-    mf__op_t **pp = &ch->table[table_slot(ch, rid)];
-    for (; *pp; pp = &(*pp)->hnext)
-        if ((*pp)->rid == rid) {
-            mf__op_t *op = *pp;
-            *pp = op->hnext;
-            op->hnext = NULL;
-            return op;
-        }
-    return NULL;
+    uint64_t rid = mf_session_next_id(&ch->sess);
+    if (mf_session_next_id(&ch->sess) != rid + 1) /* wrapped past 2^64: take a fresh pair */
+        rid = mf_session_next_id(&ch->sess), mf_session_next_id(&ch->sess);
+    return rid;
 }
 
 static void do_note_due(mf_channel_t *ch, int64_t t)
@@ -175,7 +159,7 @@ static void do_complete(mf_channel_t *ch, mf__op_t *op, mf_status_t st)
     if (op->state == MF__OP_DONE)
         return;
     if (op->state == MF__OP_IN_FLIGHT)
-        do_table_take(ch, op->rid);
+        mf_session_take(&ch->sess, op->rid);
     if (st != MF_OK && op->vt->undo)
         op->vt->undo(op);
     if (op->prev)
@@ -221,7 +205,7 @@ static int64_t do_backoff(mf_channel_t *ch, uint32_t n)
 static void do_attempt_failed(mf_channel_t *ch, mf__op_t *op, mf_status_t st, const char *why)
 {
     if (op->state == MF__OP_IN_FLIGHT)
-        do_table_take(ch, op->rid);
+        mf_session_take(&ch->sess, op->rid);
     if (why && why != op->err)
         snprintf(op->err, sizeof(op->err), "%s", why);
     if (st == MF_UNAVAILABLE && !op->cancel_req && op->attempts < ch->retry.max_retries &&
@@ -311,9 +295,17 @@ static void do_write_frame(mf_channel_t *ch, const uint8_t *head, size_t head_le
 /* Encodes the op's current request with a fresh id and writes it. Lock held, connected. */
 static void do_send(mf_channel_t *ch, mf__op_t *op)
 {
+    uint64_t rid;
+    if (mf_session_add(&ch->sess, op->deadline, op, &rid) != MF_OK) {
+        mf__op_error(op, MF_RESOURCE_EXHAUSTED, "%zu requests in flight: the most one channel "
+                     "holds", mf_session_pending(&ch->sess));
+        do_complete(ch, op, MF_RESOURCE_EXHAUSTED);
+        return;
+    }
+    op->rid = rid;
+    op->state = MF__OP_IN_FLIGHT; /* a failure below completes it and takes rid out */
     uint8_t idf[11];
     size_t il = 0;
-    uint64_t rid = ++ch->next_id;
     idf[il++] = 0x08; /* field 1, varint */
     for (uint64_t v = rid; ; v >>= 7) {
         idf[il++] = (uint8_t)((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
@@ -322,7 +314,7 @@ static void do_send(mf_channel_t *ch, mf__op_t *op)
     }
     size_t msg_len = op->req_len + il;
     uint64_t frame_len = 4 + (uint64_t)msg_len + op->payload_len;
-    uint32_t limit = ch->conn.server_max_frame ? ch->conn.server_max_frame : ch->max_frame;
+    uint32_t limit = ch->conn.far.max_frame ? ch->conn.far.max_frame : ch->max_frame;
     if (frame_len + 4 > limit) {
         mf__op_error(op, MF_RESOURCE_EXHAUSTED, "request of %zu payload bytes exceeds "
                      "max_frame %u", op->payload_len, limit);
@@ -344,10 +336,7 @@ static void do_send(mf_channel_t *ch, mf__op_t *op)
     }
     memcpy(head + 8, op->req, op->req_len);
     memcpy(head + 8 + op->req_len, idf, il);
-    op->rid = rid;
     op->gen = ch->gen;
-    op->state = MF__OP_IN_FLIGHT;
-    do_table_put(ch, op);
     do_write_frame(ch, head, head_len, op->payload, op->payload_len);
     if (head != stackbuf)
         free(head);
@@ -365,10 +354,10 @@ void mf__do_send_oneway(mf_channel_t *ch, const mf_envelope_t *env)
     if (ch->state != MF__CONNECTED || ch->broken)
         return;
     mf_envelope_t e = *env;
-    e.request_id = ++ch->next_id;
+    e.request_id = mf_session_next_id(&ch->sess);
     uint8_t *buf;
     size_t len;
-    uint32_t limit = ch->conn.server_max_frame ? ch->conn.server_max_frame : ch->max_frame;
+    uint32_t limit = ch->conn.far.max_frame ? ch->conn.far.max_frame : ch->max_frame;
     if (mf_frame_encode(&e, NULL, 0, limit, &buf, &len) != MF_OK)
         return;
     do_write_frame(ch, buf, len, NULL, 0);
@@ -453,7 +442,7 @@ static void do_disconnect(mf_channel_t *ch, mf_status_t st, const char *why)
     ch->conn.fd = -1;
     mf__ucx_close(ch->conn.ucx);
     ch->conn.ucx = NULL;
-    ch->conn.remote_bytes = 0;
+    ch->conn.far.remote_bytes = 0;
     mf__retired_t *r = malloc(sizeof(*r));
     if (r) {
         r->arena = ch->conn.arena;
@@ -493,7 +482,7 @@ static void do_reconnect(mf_channel_t *ch, int64_t deadline)
     ch->state = MF__CONNECTING;
     mf__conn_t nc;
     char err[MF__ERR_LEN] = "";
-    uint64_t rid = ++ch->next_id;
+    uint64_t rid = mf__do_hello_ids(ch);
     pthread_mutex_unlock(&ch->mu);
     mf_status_t st = mf__conn_open(ch, &nc, rid, deadline, err);
     pthread_mutex_lock(&ch->mu);
@@ -525,6 +514,21 @@ static void do_reconnect(mf_channel_t *ch, int64_t deadline)
     }
 }
 
+/* op asked to be cancelled or is past its deadline: it ends now. */
+static void do_end_due(mf_channel_t *ch, mf__op_t *op)
+{
+    if (op->cancel_req) {
+        mf__op_error(op, MF_CANCELLED, "cancelled");
+        do_complete(ch, op, MF_CANCELLED);
+        return;
+    }
+    char last[MF__ERR_LEN];
+    snprintf(last, sizeof(last), "%s", op->attempts ? op->err : "");
+    mf__op_error(op, MF_DEADLINE_EXCEEDED, "deadline exceeded%s%.400s",
+                 op->attempts ? " after retries: " : "", last);
+    do_complete(ch, op, MF_DEADLINE_EXCEEDED);
+}
+
 /* Deadlines, cancellations, due (re)sends; recomputes next_due. */
 static void do_timers(mf_channel_t *ch)
 {
@@ -533,22 +537,22 @@ static void do_timers(mf_channel_t *ch)
     ch->cancels = 0;
     if (now < ch->next_due && !cancels)
         return;
+    /* Requests in flight past their deadline come out of the session's table; the ops
+     * that wait to be sent are checked on the list below. */
+    mf__op_t *op;
+    while ((op = mf_session_expire(&ch->sess, now, NULL))) {
+        op->state = MF__OP_NEW; /* out of the table already */
+        do_end_due(ch, op);
+    }
     int64_t due = INT64_MAX, connect_by = INT64_MAX;
     int want_send = 0;
     mf__op_t *next;
-    for (mf__op_t *op = ch->ops; op; op = next) {
+    for (op = ch->ops; op; op = next) {
         next = op->next;
         if (op->state == MF__OP_IN_STEP)
             continue;
-        if (op->cancel_req) {
-            mf__op_error(op, MF_CANCELLED, "cancelled");
-            do_complete(ch, op, MF_CANCELLED);
-            continue;
-        }
-        if (op->deadline <= now) {
-            mf__op_error(op, MF_DEADLINE_EXCEEDED, "deadline exceeded%s%s",
-                         op->attempts ? " after retries: " : "", op->attempts ? op->err : "");
-            do_complete(ch, op, MF_DEADLINE_EXCEEDED);
+        if (op->cancel_req || op->deadline <= now) {
+            do_end_due(ch, op);
             continue;
         }
         if (op->deadline < due)
@@ -573,7 +577,7 @@ static void do_timers(mf_channel_t *ch)
             return;
     }
     now = mf_now_ms();
-    for (mf__op_t *op = ch->ops; op; op = next) {
+    for (op = ch->ops; op; op = next) {
         next = op->next;
         if (op->state != MF__OP_WAIT_SEND || op->retry_at > now)
             continue;
@@ -604,13 +608,13 @@ static void do_dispatch(mf_channel_t *ch, const mf_frame_t *f)
         do_disconnect(ch, MF_INTERNAL, msg);
         return;
     }
-    mf__op_t *op = env->request_id ? do_table_take(ch, env->request_id) : NULL;
+    mf__op_t *op = mf_session_take(&ch->sess, env->request_id);
     if (!op) { /* a reply to a call that gave up (deadline, cancel) or to a one-way */
         mf_envelope_free(env);
         return;
     }
     op->state = MF__OP_IN_STEP;
-    int r = mf__reply_status(env, op->want_case, op->err);
+    int r = mf_session_reply_status(env, op->want_case, op->err, sizeof(op->err));
     if (r == MF_OK) {
         mf__reply_t rep = {env, f->payload, f->payload_len};
         pthread_mutex_unlock(&ch->mu);

@@ -244,26 +244,6 @@ void mf__conn_release(mf_channel_t *ch, mf__conn_t *c)
     c->daemon_version = NULL;
 }
 
-/* Turns an ErrorReply or a reply of the wrong type into a status and message. */
-mf_status_t mf__reply_status(const mf_envelope_t *env, int want_case, char *err)
-{
-    if ((int)env->body_case == want_case)
-        return MF_OK;
-    if (env->body_case == MAPFLOW__V1__ENVELOPE__BODY_ERROR) {
-        uint32_t code = env->error->code;
-        mf_status_t st = (code != 0 && mf_status_valid((int)code)) ? (mf_status_t)code
-                                                                   : MF_UNKNOWN;
-        /* The message only: the status travels as the return value, and every caller
-         * that prints both (mapflowctl, the Python binding) adds the name itself. */
-        mf__errf(err, "%s", env->error->message && env->error->message[0] ? env->error->message
-                                                                     : mf_strerror((int)st));
-        return st;
-    }
-    mf__errf(err, "daemon answered %s where %s was expected",
-             mf_envelope_body_name((int)env->body_case), mf_envelope_body_name(want_case));
-    return MF_INTERNAL;
-}
-
 /* ---- the connection's byte moves, whatever the transport --------------------------- */
 
 static mf_status_t conn_send(mf__conn_t *c, const uint8_t *buf, size_t len, int64_t deadline,
@@ -338,7 +318,7 @@ static mf_status_t exchange(mf_channel_t *ch, mf__conn_t *c, mf_envelope_t *req,
         }
     }
     if (st == MF_OK)
-        st = mf__reply_status(env, want_case, err);
+        st = mf_session_reply_status(env, want_case, err, MF__ERR_LEN);
     if (st == MF_OK)
         *reply = env;
     else if (env)
@@ -359,12 +339,13 @@ static mf_status_t remote_arena(mf_channel_t *ch, mf__conn_t *c, uint64_t rid, i
     if (st != MF_OK)
         return st;
     const Mapflow__V1__RemoteArenaReply *r = env->remote_arena_reply;
-    st = mf__ucx_set_remote(c->ucx, r->address, r->bytes, r->rkey.data, r->rkey.len);
-    if (st != MF_OK)
-        mf__errf(err, "RemoteArenaReply: %s", st == MF_UNAVAILABLE ? mf__ucx_error(c->ucx)
-                                                               : "unusable address or rkey");
-    else
-        c->remote_bytes = r->bytes;
+    st = mf_session_far_arena(&c->far, env, err, MF__ERR_LEN);
+    if (st == MF_OK) {
+        st = mf__ucx_set_remote(c->ucx, r->address, r->bytes, r->rkey.data, r->rkey.len);
+        if (st != MF_OK)
+            mf__errf(err, "RemoteArenaReply: %s", st == MF_UNAVAILABLE ? mf__ucx_error(c->ucx)
+                                                                       : "unusable rkey");
+    }
     mf_envelope_free(env);
     return st;
 }
@@ -402,14 +383,12 @@ static int env_on(const char *name)
 static mf_status_t hello(mf_channel_t *ch, mf__conn_t *c, uint64_t rid, int64_t deadline,
                          char *err)
 {
-    Mapflow__V1__Hello h = MAPFLOW__V1__HELLO__INIT;
-    h.protocol_version = MF_PROTOCOL_VERSION;
-    h.namespace_ = ch->ns;
-    h.token = ch->token ? ch->token : "";
-    h.admin_token = ch->admin_token ? ch->admin_token : "";
-    h.client_name = ch->client_name ? ch->client_name : "libmapflow";
+    Mapflow__V1__Hello h;
     /* On UCX the arena is never mapped here, but asking for it allows RMA on it. */
-    h.want_host_arena = ch->want_arena || c->ucx;
+    mf_session_hello_init(&h, ch->ns, ch->token,
+                          ch->client_name ? ch->client_name : "libmapflow",
+                          ch->want_arena || c->ucx);
+    h.admin_token = ch->admin_token ? ch->admin_token : "";
     /* Without a usable device nothing could be opened: the daemon then stages our GPU rows
      * through host memory, as for any client that did not ask. */
     h.want_gpu_arena = c->is_unix && mf__gpu_usable(ch->gpu) && env_on("MAPFLOW_GPU_ARENAS");
@@ -419,20 +398,17 @@ static mf_status_t hello(mf_channel_t *ch, mf__conn_t *c, uint64_t rid, int64_t 
     mf_envelope_t *env = NULL;
     mf_status_t st = exchange(ch, c, &req, MAPFLOW__V1__ENVELOPE__BODY_HELLO_REPLY, deadline,
                               &fd, &env, err);
+    if (st == MF_OK)
+        st = mf_session_far_hello(&c->far, env, ch->max_frame, c->ucx ? MF_SESSION_REMOTE : 0,
+                                  err, MF__ERR_LEN);
     if (st == MF_OK) {
         Mapflow__V1__HelloReply *hr = env->hello_reply;
         c->daemon_version = mf__strdup(hr->daemon_version ? hr->daemon_version : "");
-        c->session_id = hr->session_id;
-        c->server_max_frame = hr->max_frame >= MF_FRAME_MIN_MAX && hr->max_frame < ch->max_frame
-                                  ? hr->max_frame
-                                  : ch->max_frame;
-        c->max_batch = hr->max_batch;
-        c->gpu_tier = hr->gpu_tier;
         if (c->ucx)
             st = remote_arena(ch, c, rid + 1, deadline, err);
-        else if (ch->want_arena && hr->host_arena_fd && fd >= 0)
-            st = map_arena(c, fd, hr->host_arena_bytes, err);
-        else if (ch->want_arena && hr->host_arena_fd) {
+        else if (ch->want_arena && c->far.host_arena_fd && fd >= 0)
+            st = map_arena(c, fd, c->far.host_arena_bytes, err);
+        else if (ch->want_arena && c->far.host_arena_fd) {
             mf__errf(err, "HelloReply announced an arena fd that did not arrive");
             st = MF_INTERNAL;
         }
@@ -577,6 +553,7 @@ MF_EXPORT mf_status_t mf_channel_open(const char *target, const mf_channel_param
     if (!ch)
         return MF_RESOURCE_EXHAUSTED;
     pthread_mutex_init(&ch->mu, NULL);
+    mf_session_init(&ch->sess, 0);
     ch->conn.fd = -1;
     ch->wake_fd = -1;
     ch->gpu_device = -1;
@@ -597,14 +574,12 @@ MF_EXPORT mf_status_t mf_channel_open(const char *target, const mf_channel_param
         return mf__chan_error(ch, MF_INVALID_ARGUMENT, "no target given");
     ch->target = mf__strdup(target);
     ch->remote = strncmp(target, "ucx:", 4) == 0;
-    ch->table_mask = MF__TABLE_SLOTS - 1;
-    ch->table = calloc(MF__TABLE_SLOTS, sizeof(*ch->table));
     ch->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (!ch->target || !ch->table || ch->wake_fd < 0)
+    if (!ch->target || ch->wake_fd < 0)
         return mf__chan_error(ch, MF_RESOURCE_EXHAUSTED, "out of memory or fds");
 
-    st = mf__conn_open(ch, &ch->conn, ++ch->next_id, mf__deadline_of(ch, MF_TIMEOUT_DEFAULT),
-                       ch->err);
+    st = mf__conn_open(ch, &ch->conn, mf__do_hello_ids(ch),
+                       mf__deadline_of(ch, MF_TIMEOUT_DEFAULT), ch->err);
     snprintf(ch->conn_err, sizeof(ch->conn_err), "%s", ch->err);
     if (st != MF_OK)
         return st;
@@ -647,7 +622,7 @@ MF_EXPORT void mf_channel_close(mf_channel_t *ch)
     if (ch->wake_fd >= 0)
         close(ch->wake_fd);
     mf_frame_reader_deinit(&ch->rd);
-    free(ch->table);
+    mf_session_deinit(&ch->sess);
     free(ch->target);
     free(ch->token);
     if (ch->admin_token) /* a secret: not left in freed memory */
@@ -680,11 +655,11 @@ MF_EXPORT void mf_channel_info(const mf_channel_t *ch, mf_server_info_t *out)
         return;
     pthread_mutex_lock((pthread_mutex_t *)&ch->mu);
     out->daemon_version = ch->conn.daemon_version ? ch->conn.daemon_version : "";
-    out->session_id = ch->conn.session_id;
+    out->session_id = ch->conn.far.session_id;
     out->host_arena_bytes = ch->conn.arena_reach;
-    out->max_frame = ch->conn.server_max_frame;
-    out->max_batch = ch->conn.max_batch;
-    out->gpu_tier = ch->conn.gpu_tier;
+    out->max_frame = ch->conn.far.max_frame;
+    out->max_batch = ch->conn.far.max_batch;
+    out->gpu_tier = ch->conn.far.gpu_tier;
     out->connected = ch->state == MF__CONNECTED && !ch->broken;
     out->reconnects = ch->reconnects;
     out->in_flight = ch->n_live;

@@ -27,7 +27,6 @@ struct mf__outbuf;
 struct mf__retired;
 
 #define MF__RECV_CHUNK (64u << 10)
-#define MF__TABLE_SLOTS 4096u    /* id table buckets (power of two) */
 #define MF__UCX_WAKE_MS 200      /* longest sleep of the I/O thread on a UCX connection */
 
 struct mf__outbuf {              /* bytes of frames the socket did not take at once */
@@ -59,7 +58,8 @@ void mf__wake_io(mf_channel_t *ch);
 /* ---- the connection (channel_conn.c) ---- */
 
 /* Connects to ch->target and says Hello (request id rid, and rid + 1 for RemoteArena on
- * UCX); on success *c is the new connection. Lock not held. */
+ * UCX: mf__do_hello_ids hands out both); on success *c is the new connection. Lock not
+ * held. */
 mf_status_t mf__conn_open(mf_channel_t *ch, struct mf__conn *c, uint64_t rid, int64_t deadline,
                           char *err);
 /* Closes c's transport and unmaps what it mapped. */
@@ -69,11 +69,12 @@ void mf__conn_release(mf_channel_t *ch, struct mf__conn *c);
 ssize_t mf__conn_recv(struct mf__conn *c, mf_frame_reader_t *rd, int *fd_out);
 /* Why c's peer went away (for the message of the calls it fails). */
 const char *mf__conn_gone_why(const struct mf__conn *c);
-/* An ErrorReply or a reply of the wrong type as a status and message (MF_OK: want_case). */
-mf_status_t mf__reply_status(const mf_envelope_t *env, int want_case, char *err);
 
 /* ---- the engine (channel.c) ---- */
 
+/* Two consecutive fresh request ids for mf__conn_open (Hello, RemoteArena): the first.
+ * Lock held. */
+uint64_t mf__do_hello_ids(mf_channel_t *ch);
 /* The I/O thread (arg: the channel). */
 void *mf__io_main(void *arg);
 /* Starts op with an absolute deadline. Lock held. */
