@@ -3,8 +3,9 @@
  * namespace), opened with Hello (this daemon's token, want_host_arena) then RemoteArena;
  * a call's reply goes to its callback, and every call has a deadline (a peer that stops
  * answering is killed by the sweep). Request ids, the pending table, reply routing and
- * the handshake's checks are the shared protocol core, proto/mf_session.h. Also the mfd_peers_t state that
- * peer.c's fetches, read-through and Lookup share with it, and the per-peer counters.
+ * the handshake's checks are the shared protocol core, proto/mf_session.h. Also the
+ * mfd_peers_t state that peer.c's fetches, read-through and Lookup share with it, and the
+ * per-peer counters.
  *
  * Only peer.c includes this; other modules use peer.h. The UCX context must exist
  * (peer.c's ensure_ucx) before mfd_link_get.

@@ -451,8 +451,8 @@ mf_status_t mfd_store_commit_gpu(mfd_store_t *st, const mfd_key_t *key, uint32_t
     int wt = st->cfg->write_through;
     int want_wt = durable || wt == MFD_WT_SYNC || (wt == MFD_WT_ASYNC && st->ssd);
     uint8_t *copy = NULL;
-    if (want_wt && !(wt == MFD_WT_ASYNC && !durable &&
-                     (st->wt_head || (st->wt_bytes && st->wt_bytes + size > mfd_store_wt_limit(st))))) {
+    int backlog = st->wt_head || (st->wt_bytes && st->wt_bytes + size > mfd_store_wt_limit(st));
+    if (want_wt && !(wt == MFD_WT_ASYNC && !durable && backlog)) {
         if (have == size && (copy = aligned_alloc(64, mfd_arena_round(size))))
             memcpy(copy, stg, size);
         else
