@@ -83,7 +83,7 @@ static const mf__arena_ops_t none_ops = {"none", 0, none_write, none_read};
 const mf__arena_ops_t *mf__arena_ops_pick(const mf__conn_t *c, uint64_t *reach)
 {
     if (c->ucx) {
-        *reach = c->remote_bytes;
+        *reach = c->far.remote_bytes;
         return &ucx_ops;
     }
     if (c->arena) {

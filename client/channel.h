@@ -8,6 +8,10 @@
  * request is queued (the out queue) and sent by it; steps that move rows by RMA (put
  * into a reservation, get under a lease) run on it and wait for their transfer there.
  *
+ * Request ids, the table of requests in flight with their deadlines, reply routing by id
+ * and the checks of HelloReply / RemoteArenaReply are the protocol core shared with the
+ * daemon's peer links (proto/mf_session.h): ch->sess and conn.far.
+ *
  * Structure. A call is an operation (mf__op_t, also the public mf_call_t): a small state
  * machine of request/reply steps described by a vtable (start packs the first request,
  * step consumes one reply and either finishes or packs the next request, undo gives back
@@ -30,6 +34,10 @@
  * that completes it. A reply (mf__reply_t) owns its decoded envelope; its payload points
  * into the reader buffer and is valid only during the step it is passed to.
  *
+ * Files: channel_conn.c (connect, Hello, arenas; open / close / info), channel.c (the
+ * engine: id table, completion, retries, sending, the I/O thread), channel_call.c (sync /
+ * async runs, one-request operations, groups); what only they share: channel_internal.h.
+ *
  * Thread safety: ch->mu guards the connection state, the tables and the out queue.
  * Functions named do_* / mf__do_* expect it held. Steps run on the I/O thread without
  * the lock (the operation is in no table meanwhile); vt->undo runs with it held.
@@ -44,6 +52,7 @@
 #include "gpu.h"
 #include "mapflow.h"
 #include "mf_frame.h"
+#include "mf_session.h"
 #include "transport_ucx.h"
 
 #define MF__ERR_LEN 512
@@ -104,7 +113,7 @@ struct mf_call {
     int want_case;
     /* engine */
     int state;
-    uint64_t rid;               /* id of the request in flight */
+    uint64_t rid;               /* id of the request in flight (in ch->sess) */
     uint32_t gen;               /* connection it was sent on */
     int64_t deadline;           /* monotonic ms; INT64_MAX = none */
     int64_t retry_at;
@@ -112,7 +121,6 @@ struct mf_call {
     int cancel_req;
     int refs;                   /* library + a user handle (mf_call_t) */
     mf__op_t *prev, *next;      /* all live operations of the channel */
-    mf__op_t *hnext;            /* id table chain */
     /* completion */
     mf_status_t status;
     char err[MF__ERR_LEN];
@@ -159,15 +167,11 @@ typedef struct mf__conn {
     int fd;                     /* -1 on a UCX connection */
     int is_unix;
     mf__ucx_t *ucx;             /* ucx:HOST:PORT: frames as active messages, rows by RMA */
-    uint64_t remote_bytes;      /* UCX: the daemon's arena, reached one-sided */
     uint8_t *arena;
     size_t arena_bytes;
     mf__gpu_pin_t *arena_pin;   /* the arena page-locked for CUDA (gpu_device channels) */
     char *daemon_version;
-    uint64_t session_id;
-    uint32_t server_max_frame;
-    uint32_t max_batch;
-    int gpu_tier;
+    mf_session_far_t far;       /* what HelloReply (and on UCX RemoteArenaReply) said */
     mf__gpu_set_t gpu;          /* the daemon's GPU arenas (mapped or with their why) */
 } mf__conn_t;
 
@@ -206,10 +210,8 @@ struct mf_channel {
     mf_frame_reader_t rd;       /* I/O thread only */
     mf__outbuf_t *outq, *outq_tail;
     /* operations */
-    uint64_t next_id;
+    mf_session_t sess;          /* request ids; the ops in flight (request_id → op) */
     mf__op_t *ops;              /* live list */
-    mf__op_t **table;           /* request_id → op (in flight) */
-    size_t table_mask;
     size_t n_live;
     int64_t next_due;           /* earliest deadline / retry_at (never later than it) */
     int cancels;                /* some op asked to be cancelled */

@@ -6,6 +6,8 @@
 CLIENT_LIB_SRCS := client/channel.c client/cq.c client/calls.c client/admin.c client/gpu.c \
                    client/arena_ops.c \
                    client/transport_ucx.c client/abi.c
+CLIENT_LIB_SRCS += client/channel_conn.c client/channel_call.c
+CLIENT_LIB_SRCS += client/calls_put.c client/calls_get.c
 CLIENT_LIB_OBJS := $(CLIENT_LIB_SRCS:%.c=$(OBJ)/%.o)
 MAPFLOW_A       := $(LIB)/libmapflow.a
 MAPFLOW_SO_REAL := $(LIB)/libmapflow.so.$(MF_MAJOR).$(MF_MINOR).$(MF_PATCH)

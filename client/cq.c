@@ -1,5 +1,6 @@
 /* cq — completion queues (see cq.h). */
 #include "cq.h"
+#include "mf_clock.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -88,16 +89,7 @@ MF_EXPORT mf_cq_event_type_t mf_cq_next(mf_cq_t *cq, int64_t timeout_ms, mf_cq_e
     ev->type = MF_CQ_TIMEOUT;
     if (!cq)
         return ev->type;
-    struct timespec dl;
-    clock_gettime(CLOCK_MONOTONIC, &dl);
-    if (timeout_ms >= 0) {
-        dl.tv_sec += timeout_ms / 1000;
-        dl.tv_nsec += (timeout_ms % 1000) * 1000000L;
-        if (dl.tv_nsec >= 1000000000L) {
-            dl.tv_sec++;
-            dl.tv_nsec -= 1000000000L;
-        }
-    }
+    struct timespec dl = mf_timespec_after_ms(timeout_ms >= 0 ? timeout_ms : 0);
     pthread_mutex_lock(&cq->mu);
     for (;;) {
         if (cq->head) {

@@ -3,6 +3,7 @@
 #include "mf_clock.h"
 
 #include "mf_addr.h"
+#include "mf_ucx_setup.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -25,21 +26,15 @@
 /* UCX is loaded on first use, not linked: processes that only talk over unix sockets
  * (most workers) neither need libucx installed nor get UCX's memory hooks. */
 #define UCX_LIB "libucp.so.0"
+/* Besides those of the shared setup (mf_ucx_setup.h, MF_UCX_SETUP_FUNCS). */
 #define UCX_FUNCS(X) \
     X(ucs_status_string) \
-    X(ucp_config_read) \
-    X(ucp_config_release) \
-    X(ucp_init_version) \
     X(ucp_cleanup) \
-    X(ucp_worker_create) \
     X(ucp_worker_destroy) \
-    X(ucp_worker_get_efd) \
     X(ucp_worker_arm) \
     X(ucp_worker_progress) \
-    X(ucp_worker_set_am_recv_handler) \
     X(ucp_am_data_release) \
     X(ucp_am_send_nbx) \
-    X(ucp_ep_create) \
     X(ucp_ep_close_nbx) \
     X(ucp_ep_flush_nbx) \
     X(ucp_ep_rkey_unpack) \
@@ -54,6 +49,7 @@ static struct {
     UCX_FUNCS(X)
 #undef X
 } ucx;
+static mf_ucx_api_t ucx_setup; /* the setup's functions, loaded alongside */
 static pthread_once_t ucx_once = PTHREAD_ONCE_INIT;
 static char ucx_load_err[256];
 
@@ -69,6 +65,12 @@ static void ucx_load(void)
         snprintf(ucx_load_err, sizeof(ucx_load_err), "UCX is not usable: %s missing in "    \
                  UCX_LIB, #f);
     UCX_FUNCS(X)
+#undef X
+#define X(f)                                                                               \
+    if (!ucx_load_err[0] && !(*(void **)&ucx_setup.f = dlsym(h, #f)))                      \
+        snprintf(ucx_load_err, sizeof(ucx_load_err), "UCX is not usable: %s missing in "    \
+                 UCX_LIB, #f);
+    MF_UCX_SETUP_FUNCS(X)
 #undef X
     /* h stays open: the process keeps UCX once it used it. */
 }
@@ -193,7 +195,7 @@ mf_status_t mf__ucx_send(mf__ucx_t *u, const void *frame, size_t len)
     p.user_data = op;
     /* Eager: in order. REPLY: the daemon answers the endpoint a message came from. */
     p.flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
-    void *r = ucx.ucp_am_send_nbx(u->ep, MF__UCX_AM_FRAME, NULL, 0, op->data, len, &p);
+    void *r = ucx.ucp_am_send_nbx(u->ep, MF_UCX_AM_FRAME, NULL, 0, op->data, len, &p);
     if (r == NULL) { /* done at once: no callback */
         free(op);
         return MF_OK;
@@ -464,66 +466,24 @@ mf_status_t mf__ucx_connect(const char *hostport, uint32_t max_frame, mf__ucx_t 
     }
     u->max_frame = max_frame;
     u->efd = -1;
-    ret = MF_UNAVAILABLE;
-    ucp_config_t *cfg = NULL;
-    ucs_status_t st = ucx.ucp_config_read(NULL, NULL, &cfg);
+    /* The I/O thread drives the worker; the channel's other threads reach it only under
+     * the channel's lock: serialized. */
+    ret = mf_ucx_worker_open(&ucx_setup, "libmapflow", UCS_THREAD_MODE_SERIALIZED, on_am, u,
+                             &u->ctx, &u->worker, &u->efd, err, errlen);
+    if (ret != MF_OK) {
+        free(u);
+        return ret;
+    }
+    ucs_status_t st = mf_ucx_ep_open(&ucx_setup, u->worker, &ss, sl, on_ep_error, u, &u->ep);
     if (st != UCS_OK) {
-        snprintf(err, errlen, "ucx: config: %s", ucx.ucs_status_string(st));
-        goto free_u;
-    }
-    ucp_params_t cp = {0};
-    cp.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
-    cp.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
-    cp.name = "libmapflow";
-    st = ucx.ucp_init_version(UCP_API_MAJOR, UCP_API_MINOR, &cp, cfg, &u->ctx);
-    ucx.ucp_config_release(cfg);
-    if (st != UCS_OK) {
-        snprintf(err, errlen, "ucx: init: %s", ucx.ucs_status_string(st));
-        goto free_u;
-    }
-    ucp_worker_params_t wp = {0};
-    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-    wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;
-    if ((st = ucx.ucp_worker_create(u->ctx, &wp, &u->worker)) != UCS_OK) {
-        snprintf(err, errlen, "ucx: worker: %s", ucx.ucs_status_string(st));
-        goto cleanup_ctx;
-    }
-    ucp_am_handler_param_t ap = {0};
-    ap.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
-                    UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
-    ap.id = MF__UCX_AM_FRAME;
-    ap.flags = UCP_AM_FLAG_WHOLE_MSG;
-    ap.cb = on_am;
-    ap.arg = u;
-    if ((st = ucx.ucp_worker_get_efd(u->worker, &u->efd)) != UCS_OK ||
-        (st = ucx.ucp_worker_set_am_recv_handler(u->worker, &ap)) != UCS_OK) {
-        snprintf(err, errlen, "ucx: worker setup: %s", ucx.ucs_status_string(st));
-        goto destroy_worker;
-    }
-    ucp_ep_params_t ep = {0};
-    ep.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
-                    UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    ep.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-    ep.sockaddr.addr = (const struct sockaddr *)&ss;
-    ep.sockaddr.addrlen = sl;
-    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    ep.err_handler.cb = on_ep_error;
-    ep.err_handler.arg = u;
-    if ((st = ucx.ucp_ep_create(u->worker, &ep, &u->ep)) != UCS_OK) {
-        u->ep = NULL;
         snprintf(err, errlen, "ucx: cannot connect to %s: %s", hostport,
                  ucx.ucs_status_string(st));
-        goto destroy_worker;
+        mf_ucx_worker_close(&ucx_setup, u->ctx, u->worker);
+        free(u);
+        return MF_UNAVAILABLE;
     }
     *out = u;
     return MF_OK;
-destroy_worker:
-    ucx.ucp_worker_destroy(u->worker);
-cleanup_ctx:
-    ucx.ucp_cleanup(u->ctx);
-free_u:
-    free(u);
-    return ret;
 }
 
 void mf__ucx_close(mf__ucx_t *u)
@@ -538,8 +498,7 @@ void mf__ucx_close(mf__ucx_t *u)
     u->rkey = NULL;
     force_close(u);
     progress(u);
-    ucx.ucp_worker_destroy(u->worker);
-    ucx.ucp_cleanup(u->ctx);
+    mf_ucx_worker_close(&ucx_setup, u->ctx, u->worker);
     free(u->in);
     free(u);
 }

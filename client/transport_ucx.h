@@ -1,9 +1,10 @@
 /*
  * transport_ucx — libmapflow's `ucx:HOST:PORT` transport: one UCX context, worker and
  * endpoint per connection (made again by every reconnect), carrying the protocol's frames
- * as one eager active message each (AM id 17, the daemon's MFD_UCX_AM_FRAME: eager keeps
- * the frames of one endpoint in order), plus one-sided RMA on the daemon's host arena
- * (RemoteArenaReply: address, size, packed rkey).
+ * as one eager active message each (MF_UCX_AM_FRAME: eager keeps the frames of one
+ * endpoint in order), plus one-sided RMA on the daemon's host arena (RemoteArenaReply:
+ * address, size, packed rkey). Context, worker and endpoint are made by the setup the
+ * daemon shares (proto/mf_ucx_setup.h).
  *
  * Why not daemon/ucx.c: it lives on a libevent loop and the daemon's log; the client has
  * one I/O thread that polls, so this module is a poll-driven subset of it. The worker's
@@ -29,7 +30,6 @@
 #include "mf_frame.h"
 #include "mf_status.h"
 
-#define MF__UCX_AM_FRAME 17u /* = daemon/ucx.h MFD_UCX_AM_FRAME: part of the wire contract */
 
 typedef struct mf__ucx mf__ucx_t;
 

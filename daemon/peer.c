@@ -137,7 +137,7 @@ static void on_release_reply(void *arg, mf_status_t st, const char *why,
 /* The leases go as soon as no get reads under them any more (they also expire). */
 static void fetch_release(fetch_t *f)
 {
-    if (f->released || f->l->state != L_READY)
+    if (f->released || !mfd_link_ready(f->l))
         return;
     f->released = 1;
     size_t n = 0;
@@ -250,7 +250,7 @@ static void on_lease_reply(void *arg, mf_status_t st, const char *why, const mf_
     }
     if (st != MF_OK)
         mfd_debug("peer %s: Get: %s: %s", f->l->addr, mf_status_name(st), why ? why : "");
-    int alive = f->l->state == L_READY;
+    int alive = mfd_link_ready(f->l);
     for (size_t k = 0; k < n; k++) {
         frow_t *r = &f->rows[first + k];
         if (st != MF_OK) {
@@ -282,7 +282,7 @@ static void on_lease_reply(void *arg, mf_status_t st, const char *why, const mf_
         }
     mfd_debug("peer %s: pulling %llu of %zu rows (%llu bytes) under leases", f->l->addr,
               (unsigned long long)leased, f->n, (unsigned long long)total);
-    if (f->ttl_ms && f->l->state == L_READY) {
+    if (f->ttl_ms && mfd_link_ready(f->l)) {
         /* Leave a margin: a get finishing just as the lease lapses would race reuse. */
         uint64_t ms = f->ttl_ms - f->ttl_ms / 10;
         struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};

@@ -30,19 +30,20 @@ void mfd_link_unref(link_t *l)
 {
     if (--l->refs > 0)
         return;
+    mf_session_deinit(&l->sess);
     free(l);
 }
 
 /* The link is done for: fail its calls and waiters, close the endpoint, leave the cache. */
 void mfd_link_kill(link_t *l, mf_status_t st, const char *fmt, ...)
 {
-    if (l->state == L_DEAD)
+    if (l->dead)
         return;
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(l->why, sizeof(l->why), fmt, ap);
     va_end(ap);
-    l->state = L_DEAD;
+    l->dead = 1;
     l->dead_st = st;
     l->stat->errors++;
     mfd_peers_t *ps = l->ps;
@@ -62,9 +63,8 @@ void mfd_link_kill(link_t *l, mf_status_t st, const char *fmt, ...)
         w->fn(w->arg, st, l->why);
         free(w);
     }
-    while (l->calls) {
-        call_t *c = l->calls;
-        l->calls = c->next;
+    call_t *c;
+    while ((c = mf_session_drain(&l->sess, NULL))) {
         c->cb(c->arg, st, l->why, NULL, NULL);
         free(c);
     }
@@ -75,35 +75,39 @@ void mfd_link_kill(link_t *l, mf_status_t st, const char *fmt, ...)
 mf_status_t mfd_link_call(link_t *l, mf_envelope_t *env, const void *payload, size_t plen,
                              reply_cb cb, void *arg)
 {
-    if (l->state == L_DEAD)
+    if (l->dead)
         return l->dead_st;
-    call_t *c = calloc(1, sizeof(*c));
+    call_t *c = malloc(sizeof(*c));
     if (!c)
         return MF_RESOURCE_EXHAUSTED;
-    env->request_id = ++l->next_rid;
+    *c = (call_t){cb, arg};
+    uint64_t rid;
+    mf_status_t st = mf_session_add(&l->sess, mf_now_ms() + MFD_PEER_CALL_MS, c, &rid);
+    if (st != MF_OK) {
+        free(c);
+        return st;
+    }
+    env->request_id = rid;
     uint8_t *frame;
     size_t flen;
-    mf_status_t st = mf_frame_encode(env, payload, plen, l->ps->max_frame, &frame, &flen);
+    st = mf_frame_encode(env, payload, plen, l->ps->max_frame, &frame, &flen);
     if (st == MF_OK) {
         st = mfd_ucx_send(l->ep, frame, flen);
         free(frame);
     }
     if (st != MF_OK) {
-        free(c);
+        free(mf_session_take(&l->sess, rid));
         return st;
     }
-    *c = (call_t){env->request_id, mf_now_ms() + MFD_PEER_CALL_MS, cb, arg, l->calls};
-    l->calls = c;
     l->stat->requests++;
     return MF_OK;
 }
 
 static void link_ready(link_t *l)
 {
-    l->state = L_READY;
     mfd_debug("peer %s (namespace '%s'): ready", l->addr, l->ns);
     l->refs++;
-    while (l->waiters && l->state == L_READY) {
+    while (l->waiters && mfd_link_ready(l)) {
         waiter_t *w = l->waiters;
         l->waiters = w->next;
         w->fn(w->arg, MF_OK, NULL);
@@ -117,13 +121,13 @@ static void on_arena_reply(void *arg, mf_status_t st, const char *why, const mf_
 {
     (void)f;
     link_t *l = arg;
+    char err[200];
+    if (st == MF_OK)
+        st = mf_session_far_arena(&l->far, env, err, sizeof(err));
+    else
+        snprintf(err, sizeof(err), "%s", why);
     if (st != MF_OK) {
-        mfd_link_kill(l, st, "RemoteArena: %s", why);
-        return;
-    }
-    if (env->body_case != MAPFLOW__V1__ENVELOPE__BODY_REMOTE_ARENA_REPLY) {
-        mfd_link_kill(l, MF_INTERNAL, "RemoteArena answered by %s",
-                  mf_envelope_body_name((int)env->body_case));
+        mfd_link_kill(l, st, "RemoteArena: %s", err);
         return;
     }
     const Mapflow__V1__RemoteArenaReply *r = env->remote_arena_reply;
@@ -140,17 +144,17 @@ static void on_hello_reply(void *arg, mf_status_t st, const char *why, const mf_
 {
     (void)f;
     link_t *l = arg;
+    char err[200];
+    if (st == MF_OK)
+        st = mf_session_far_hello(&l->far, env, l->ps->max_frame,
+                                  MF_SESSION_NEED_ARENA | MF_SESSION_REMOTE, err, sizeof(err));
+    else
+        snprintf(err, sizeof(err), "%s", why);
     if (st != MF_OK) {
-        mfd_link_kill(l, st, "Hello: %s", why);
+        mfd_link_kill(l, st, "Hello: %s", err);
         return;
     }
-    if (env->body_case != MAPFLOW__V1__ENVELOPE__BODY_HELLO_REPLY ||
-        !env->hello_reply->host_arena_bytes) {
-        mfd_link_kill(l, MF_FAILED_PRECONDITION, "the peer offers no host arena over UCX");
-        return;
-    }
-    l->max_batch = env->hello_reply->max_batch ? env->hello_reply->max_batch : 1;
-    l->state = L_ARENA;
+    l->max_batch = l->far.max_batch ? l->far.max_batch : 1;
     Mapflow__V1__RemoteArena ra = MAPFLOW__V1__REMOTE_ARENA__INIT;
     mf_envelope_t e = MAPFLOW__V1__ENVELOPE__INIT;
     e.body_case = MAPFLOW__V1__ENVELOPE__BODY_REMOTE_ARENA;
@@ -171,25 +175,16 @@ static void link_on_frame(void *arg, const uint8_t *frame, size_t len)
         mfd_link_kill(l, MF_INTERNAL, "undecodable frame from the peer: %s", why ? why : "?");
         return;
     }
-    call_t **pp = &l->calls, *c = NULL;
-    for (; *pp; pp = &(*pp)->next)
-        if ((*pp)->rid == env->request_id) {
-            c = *pp;
-            *pp = c->next;
-            break;
-        }
-    if (!c) {
-        if (env->body_case == MAPFLOW__V1__ENVELOPE__BODY_ERROR)
-            mfd_link_kill(l, (mf_status_t)env->error->code, "%s", env->error->message);
+    char err[256];
+    mf_status_t st = mf_session_reply_status(env, 0, err, sizeof(err));
+    call_t *c = mf_session_take(&l->sess, env->request_id);
+    if (!c) { /* an error nobody asked for ends the link; other strays are dropped */
+        if (st != MF_OK)
+            mfd_link_kill(l, st, "%s", err);
         mf_envelope_free(env);
         return;
     }
-    if (env->body_case == MAPFLOW__V1__ENVELOPE__BODY_ERROR) {
-        mf_status_t code = (mf_status_t)env->error->code;
-        c->cb(c->arg, code == MF_OK ? MF_INTERNAL : code, env->error->message, env, &f);
-    } else {
-        c->cb(c->arg, MF_OK, NULL, env, &f);
-    }
+    c->cb(c->arg, st, st == MF_OK ? NULL : err, env, &f);
     free(c);
     mf_envelope_free(env);
 }
@@ -216,6 +211,7 @@ link_t *mfd_link_get(mfd_peers_t *ps, const char *addr, const char *ns, char *er
     snprintf(l->addr, sizeof(l->addr), "%s", addr);
     snprintf(l->ns, sizeof(l->ns), "%s", ns);
     l->stat = mfd_peer_stat(ps, addr);
+    mf_session_init(&l->sess, 0);
     mfd_ucx_ep_cbs_t cbs = {link_on_frame, link_on_error, l};
     if ((*st = mfd_ucx_connect(ps->ucx, addr, &cbs, &l->ep, err, errlen)) != MF_OK) {
         l->stat->errors++;
@@ -226,12 +222,8 @@ link_t *mfd_link_get(mfd_peers_t *ps, const char *addr, const char *ns, char *er
     l->next = ps->links;
     ps->links = l;
     const char *token = ps->srv ? ps->srv->cfg.token : ps->token;
-    Mapflow__V1__Hello h = MAPFLOW__V1__HELLO__INIT;
-    h.protocol_version = MF_PROTOCOL_VERSION;
-    h.namespace_ = l->ns;
-    h.token = (char *)(token ? token : "");
-    h.client_name = (char *)"mapflowd-peer";
-    h.want_host_arena = 1;
+    Mapflow__V1__Hello h;
+    mf_session_hello_init(&h, l->ns, token, "mapflowd-peer", 1);
     mf_envelope_t e = MAPFLOW__V1__ENVELOPE__INIT;
     e.body_case = MAPFLOW__V1__ENVELOPE__BODY_HELLO;
     e.hello = &h;
@@ -247,7 +239,7 @@ link_t *mfd_link_get(mfd_peers_t *ps, const char *addr, const char *ns, char *er
 /* fn runs once: now if the link is ready, else when it becomes ready or dies. */
 void mfd_link_when_ready(link_t *l, ready_cb fn, void *arg)
 {
-    if (l->state == L_READY) {
+    if (mfd_link_ready(l)) {
         fn(arg, MF_OK, NULL);
         return;
     }
@@ -269,13 +261,10 @@ void mfd_links_sweep(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     mfd_peers_t *ps = arg;
-    uint64_t now = mf_now_ms();
+    int64_t now = mf_now_ms();
     for (link_t *l = ps->links, *next; l; l = next) {
         next = l->next;
-        for (call_t *c = l->calls; c; c = c->next)
-            if (c->deadline_ms <= now) {
-                mfd_link_kill(l, MF_UNAVAILABLE, "no answer within %u ms", MFD_PEER_CALL_MS);
-                break;
-            }
+        if (mf_session_next_deadline(&l->sess) <= now)
+            mfd_link_kill(l, MF_UNAVAILABLE, "no answer within %u ms", MFD_PEER_CALL_MS);
     }
 }

@@ -1,9 +1,11 @@
 /*
  * peer_link — the links of the peer client (peer.h): one UCX endpoint per (peer address,
  * namespace), opened with Hello (this daemon's token, want_host_arena) then RemoteArena;
- * request ids, reply routing to per-call callbacks, and a deadline on every call (a
- * peer that stops answering is killed by the sweep). Also the mfd_peers_t state that
- * peer.c's fetches, read-through and Lookup share with it, and the per-peer counters.
+ * a call's reply goes to its callback, and every call has a deadline (a peer that stops
+ * answering is killed by the sweep). Request ids, the pending table, reply routing and
+ * the handshake's checks are the shared protocol core, proto/mf_session.h. Also the
+ * mfd_peers_t state that peer.c's fetches, read-through and Lookup share with it, and the
+ * per-peer counters.
  *
  * Only peer.c includes this; other modules use peer.h. The UCX context must exist
  * (peer.c's ensure_ucx) before mfd_link_get.
@@ -20,6 +22,7 @@
 #include <stdint.h>
 #include "mapflow.pb-c.h"
 #include "mf_frame.h"
+#include "mf_session.h"
 #include "mf_status.h"
 #include "index.h"
 #include "metrics.h"
@@ -42,11 +45,9 @@ typedef void (*reply_cb)(void *arg, mf_status_t st, const char *why, const mf_en
                          const mf_frame_t *f);
 typedef void (*ready_cb)(void *arg, mf_status_t st, const char *why);
 
-typedef struct call {
-    uint64_t rid, deadline_ms;
+typedef struct call {         /* a pending call: the session's user pointer */
     reply_cb cb;
     void *arg;
-    struct call *next;
 } call_t;
 
 typedef struct waiter {
@@ -55,19 +56,17 @@ typedef struct waiter {
     struct waiter *next;
 } waiter_t;
 
-enum { L_HELLO, L_ARENA, L_READY, L_DEAD };
-
 struct link {
     mfd_peers_t *ps;
     char addr[128];
     char ns[MFD_NS_MAX + 1];
     mfd_ucx_ep_t *ep;
-    int state;
+    mf_session_t sess;       /* ids and pending calls */
+    mf_session_far_t far;    /* the handshake (far.stage) and what the peer said */
+    int dead;
     mf_status_t dead_st;
     char why[200];
     uint32_t max_batch;
-    uint64_t next_rid;
-    call_t *calls;
     waiter_t *waiters;
     unsigned refs;           /* the cache while alive + every operation using it */
     peer_stat_t *stat;
@@ -89,6 +88,12 @@ struct mfd_peers {
     uint64_t fetch_bytes, fetch_rows;
     int destroying;
 };
+
+/* Hello and RemoteArena are done and the link is alive. */
+static inline int mfd_link_ready(const link_t *l)
+{
+    return !l->dead && l->far.stage == MF_SESSION_READY;
+}
 
 /* The counters of peer addr (the shared "other" row past MAX_PEER_STATS peers). */
 peer_stat_t *mfd_peer_stat(mfd_peers_t *ps, const char *addr);

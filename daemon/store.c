@@ -1,65 +1,13 @@
-/* store — placement, write-through, demotion, promotion (see store.h). */
+/* store — opening and closing the tiers, reservations, commit (validation, linking),
+ * what a Get reads, and the tier-blind put / view calls (see store.h). Write-through and
+ * SSD reads: store_ssd.c; demotion and eviction: store_evict.c. */
 #include "store.h"
-#include "ticket.h"
+#include "store_internal.h"
 #include "log.h"
+#include "mf_clock.h"
 
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
-/* A write in flight: who to tell when it is done. */
-typedef struct write_ctx {
-    mfd_store_t *st;
-    mfd_entry_t *e;
-    mfd_store_done_cb done;
-    void *done_arg;
-} write_ctx_t;
-
-typedef struct read_ctx {
-    mfd_store_t *st;
-    mfd_entry_t *e;
-    int promote;
-    mfd_ablock_t *blk;         /* reserved for the promotion; the worker reads into it */
-    mfd_store_read_cb cb;
-    void *arg;
-} read_ctx_t;
-
-/* ---- deferred write-through (store.h) ------------------------------------------------- */
-
-static uint64_t wt_limit(const mfd_store_t *st)
-{
-    return mfd_arena_capacity(st->arena) / 8;
-}
-
-static void defer_add(mfd_store_t *st, mfd_entry_t *e)
-{
-    e->wt_next = NULL;
-    e->wt_prev = st->wt_tail;
-    if (st->wt_tail)
-        st->wt_tail->wt_next = e;
-    else
-        st->wt_head = e;
-    st->wt_tail = e;
-    e->wt_deferred = 1;
-    st->wt_deferred_bytes += e->size;
-}
-
-static void defer_remove(mfd_store_t *st, mfd_entry_t *e)
-{
-    if (!e->wt_deferred)
-        return;
-    if (e->wt_prev)
-        e->wt_prev->wt_next = e->wt_next;
-    else
-        st->wt_head = e->wt_next;
-    if (e->wt_next)
-        e->wt_next->wt_prev = e->wt_prev;
-    else
-        st->wt_tail = e->wt_prev;
-    e->wt_prev = e->wt_next = NULL;
-    e->wt_deferred = 0;
-    st->wt_deferred_bytes -= e->size;
-}
 
 /* Releases e's GPU copy (block, head copy). Never touches the LRU: the index frees
  * entries still on their lists when it is destroyed. */
@@ -73,7 +21,7 @@ static void gpu_release(mfd_store_t *st, mfd_entry_t *e)
     e->ghead = NULL;
 }
 
-static void drop_gpu(mfd_store_t *st, mfd_entry_t *e)
+void mfd_store_drop_gpu(mfd_store_t *st, mfd_entry_t *e)
 {
     gpu_release(st, e);
     mfd_lru_remove(st->ix, MFD_LRU_GPU, e);
@@ -82,7 +30,7 @@ static void drop_gpu(mfd_store_t *st, mfd_entry_t *e)
 static void on_entry_free(mfd_entry_t *e, void *ctx)
 {
     mfd_store_t *st = ctx;
-    defer_remove(st, e);
+    mfd_store_defer_remove(st, e);
     if (e->host) {
         mfd_arena_free(st->arena, e->host);
         e->host = NULL;
@@ -127,12 +75,12 @@ static mf_status_t open_ssd(mfd_store_t *st, const mfd_config_t *cfg, char *err,
         mf_status_t s = mfd_ssd_open(&so, &st->ssd, err, errlen);
         if (s != MF_OK)
             return s;
-        uint64_t t0 = mfd_now_ms();
+        int64_t t0 = mf_now_ms();
         s = mfd_ssd_scan(st->ssd, on_scan, st, err, errlen);
         if (s == MF_OK) {
-            mfd_info("ssd tier: %llu rows (%llu bytes) found in %s/rocksdb in %llu ms",
+            mfd_info("ssd tier: %llu rows (%llu bytes) found in %s/rocksdb in %lld ms",
                      (unsigned long long)st->ssd_entries, (unsigned long long)st->ssd_used,
-                     cfg->data_dir, (unsigned long long)(mfd_now_ms() - t0));
+                     cfg->data_dir, (long long)(mf_now_ms() - t0));
             return MF_OK;
         }
         /* The rows scanned so far go with the database. */
@@ -198,13 +146,12 @@ mf_status_t mfd_store_attach(mfd_store_t *st, struct event_base *base)
     return st->ssd ? mfd_ssd_attach(st->ssd, base) : MF_OK;
 }
 
-static void wt_pump(mfd_store_t *st, int all);
 
 void mfd_store_drain(mfd_store_t *st)
 {
     if (!st->ssd)
         return;
-    wt_pump(st, 1);
+    mfd_store_wt_pump(st, 1);
     mfd_ssd_drain(st->ssd);
 }
 
@@ -221,407 +168,6 @@ void mfd_store_close(mfd_store_t *st)
     memset(st, 0, sizeof(*st));
 }
 
-/* ---- SSD writes --------------------------------------------------------------------- */
-
-static void drop_host(mfd_store_t *st, mfd_entry_t *e)
-{
-    mfd_arena_free(st->arena, e->host);
-    e->host = NULL;
-    st->host_entries--;
-    mfd_lru_remove(st->ix, MFD_LRU_HOST, e);
-}
-
-/* A 64-aligned host buffer with a GPU row's bytes (DtoH), or NULL. */
-static uint8_t *gpu_copy_out(mfd_store_t *st, const mfd_entry_t *e)
-{
-    uint8_t *b = aligned_alloc(64, mfd_arena_round(e->size));
-    if (b && mfd_gpu_read(st->gpu, e->gpu_arena, e->gpu, b, e->size) != MF_OK) {
-        free(b);
-        b = NULL;
-    }
-    return b;
-}
-
-/* Drops e's SSD record (queued write included) from the accounting and deletes it. */
-static void ssd_forget(mfd_store_t *st, mfd_entry_t *e)
-{
-    mfd_ssd_job_t *j = mfd_ssd_job_new(MFD_SSD_DEL_ROW, e->key.b, e->key.len);
-    if (j)
-        mfd_ssd_submit(st->ssd, j);
-    st->ssd_used -= e->size;
-    st->ssd_entries--;
-    e->on_ssd = 0;
-    mfd_lru_remove(st->ix, MFD_LRU_SSD, e);
-}
-
-/* Makes `size` bytes of room in the SSD budget by dropping cold unpinned SSD copies.
- * Durable rows are never dropped: "durable" means kept until deleted (a durable put that
- * does not fit is refused instead, durable_room). */
-static int ssd_room(mfd_store_t *st, uint64_t size)
-{
-    uint64_t budget = st->cfg->ssd_bytes;
-    if (size > budget)
-        return 0;
-    mfd_entry_t *e = mfd_lru_coldest(st->ix, MFD_LRU_SSD);
-    while (st->ssd_used + size > budget && e) {
-        mfd_entry_t *next = mfd_lru_warmer(e, MFD_LRU_SSD);
-        if (!e->pins && !e->ssd_writing && e->on_ssd && !e->durable) {
-            mfd_count(st->metrics, MFD_C_EVICT_SSD, 1);
-            if (e->host || e->gpu)
-                ssd_forget(st, e);       /* the memory copy stays */
-            else
-                mfd_store_remove(st, e); /* no copy left anywhere */
-        }
-        e = next;
-    }
-    return st->ssd_used + size <= budget;
-}
-
-/* A durable put of `size` bytes under key fits the SSD budget (dropping non-durable SSD
- * copies as needed; the SSD record of the row it replaces counts as free). 0: refuse it
- * (RESOURCE_EXHAUSTED, counted), never evict acknowledged durable rows for it. */
-static int durable_room(mfd_store_t *st, const mfd_key_t *key, uint64_t size, const char **why)
-{
-    if (!st->ssd)
-        return 1;
-    const mfd_entry_t *old = mfd_index_find(st->ix, key->b, key->len);
-    uint64_t credit = old && (old->on_ssd || old->ssd_writing) ? old->size : 0;
-    if (ssd_room(st, size > credit ? size - credit : 0))
-        return 1;
-    mfd_count(st->metrics, MFD_C_SSD_FULL, 1);
-    *why = "the SSD budget (ssd_bytes) is full of durable rows: delete rows, raise ssd_bytes, "
-           "or put without durable";
-    return 0;
-}
-
-static void on_write_done(mfd_ssd_job_t *j)
-{
-    write_ctx_t *w = j->arg;
-    mfd_store_t *st = w->st;
-    mfd_entry_t *e = w->e;
-    int ok = j->status == MF_OK;
-    e->ssd_writing = 0;
-    e->wjob = NULL;
-    if (e->wt_arena) {
-        e->wt_arena = 0;
-        st->wt_bytes -= e->size;
-    }
-    free(e->wbuf);
-    e->wbuf = NULL;
-    mfd_count(st->metrics, ok ? MFD_C_SSD_WRITES_DONE : MFD_C_SSD_ERRORS, 1);
-    if (e->linked) {
-        if (ok) {
-            e->on_ssd = 1;
-            e->durable = j->sync != 0;
-        } else {
-            st->ssd_used -= e->size;
-            st->ssd_entries--;
-            mfd_lru_remove(st->ix, MFD_LRU_SSD, e);
-            if (!e->host && !e->gpu) /* a failed demotion: the bytes are gone */
-                mfd_index_unlink(st->ix, e);
-        }
-    }
-    if (w->done)
-        w->done(w->done_arg, ok ? MF_OK : j->status, ok && j->sync);
-    free(w);
-    mfd_ssd_job_free(j);
-    mfd_index_unpin(st->ix, e);
-    wt_pump(st, 0);
-}
-
-/* Queues a write of e's bytes; 0 when the SSD tier is off, full or out of memory.
- * wt: an async write-through straight from the host block (counted in wt_bytes and
- * cancellable until a worker starts it). */
-static int ssd_write(mfd_store_t *st, mfd_entry_t *e, const uint8_t *bytes, int sync,
-                     mfd_store_done_cb done, void *done_arg, int wt)
-{
-    if (!st->ssd || !ssd_room(st, e->size))
-        return 0;
-    write_ctx_t *w = calloc(1, sizeof(*w));
-    mfd_ssd_job_t *j = mfd_ssd_job_new(MFD_SSD_PUT_ROW, e->key.b, e->key.len);
-    if (!w || !j) {
-        free(w);
-        mfd_ssd_job_free(j);
-        return 0;
-    }
-    *w = (write_ctx_t){st, e, done, done_arg};
-    j->value = bytes;
-    j->vlen = e->size;
-    j->block = e->block;
-    j->sync = sync;
-    j->cb = on_write_done;
-    j->arg = w;
-    mfd_entry_pin(e);
-    e->ssd_writing = 1;
-    e->wjob = j;
-    if (wt) {
-        e->wt_arena = 1;
-        st->wt_bytes += e->size;
-    }
-    st->ssd_used += e->size;
-    st->ssd_entries++;
-    mfd_lru_add(st->ix, MFD_LRU_SSD, e);
-    mfd_count(st->metrics, MFD_C_SSD_WRITES, 1);
-    mfd_count(st->metrics, MFD_C_SSD_WRITE_BYTES, e->size);
-    mfd_ssd_submit(st->ssd, j);
-    return 1;
-}
-
-/* Takes back e's async write-through if no worker started it (the row was replaced or
- * removed first): 1 when cancelled, i.e. nothing of it reached the SSD tier. e must
- * still be linked (the write's pin is dropped here). */
-static int cancel_write(mfd_store_t *st, mfd_entry_t *e)
-{
-    if (!e->ssd_writing || !e->wt_arena || !e->wjob || !mfd_ssd_cancel(st->ssd, e->wjob))
-        return 0;
-    mfd_ssd_job_t *j = e->wjob;
-    free(j->arg); /* write_ctx_t; async writes have no done callback */
-    mfd_ssd_job_free(j);
-    e->wjob = NULL;
-    e->ssd_writing = 0;
-    e->wt_arena = 0;
-    st->wt_bytes -= e->size;
-    st->ssd_used -= e->size;
-    st->ssd_entries--;
-    mfd_lru_remove(st->ix, MFD_LRU_SSD, e);
-    mfd_count(st->metrics, MFD_C_SSD_WRITES_CANCELLED, 1);
-    mfd_index_unpin(st->ix, e);
-    return 1;
-}
-
-/* Starts the async write-through of a row in memory: from its host block, else (a GPU row)
- * from a DtoH copy held in wbuf until the write completes. Counted in wt_bytes either way,
- * so GPU rows' copies are bounded like the host blocks pinned for writing. */
-static void wt_write(mfd_store_t *st, mfd_entry_t *e)
-{
-    const uint8_t *b = mfd_store_bytes(st, e); /* host block, or a copy already made */
-    if (!b && e->gpu)
-        b = e->wbuf = gpu_copy_out(st, e);
-    if (b && !ssd_write(st, e, b, 0, NULL, NULL, 1) && !e->host) {
-        free(e->wbuf);
-        e->wbuf = NULL;
-    }
-}
-
-/* Async write-through of a host row: now when the backlog allows, else deferred. */
-static void wt_start(mfd_store_t *st, mfd_entry_t *e)
-{
-    if (!st->ssd)
-        return;
-    if (st->wt_head || (st->wt_bytes && st->wt_bytes + e->size > wt_limit(st))) {
-        defer_add(st, e);
-        return;
-    }
-    wt_write(st, e);
-}
-
-/* Starts deferred write-throughs while the backlog has room (all: every one). A row
- * that left the host tier, reached the SSD otherwise or lost write_through is dropped
- * from the list. */
-static void wt_pump(mfd_store_t *st, int all)
-{
-    if (st->wt_pumping)
-        return;
-    st->wt_pumping = 1;
-    while (st->wt_head &&
-           (all || !st->wt_bytes || st->wt_bytes + st->wt_head->size <= wt_limit(st))) {
-        mfd_entry_t *e = st->wt_head;
-        defer_remove(st, e);
-        if (e->linked && (e->host || e->gpu) && !e->on_ssd && !e->ssd_writing &&
-            st->cfg->write_through != MFD_WT_OFF)
-            wt_write(st, e);
-    }
-    st->wt_pumping = 0;
-}
-
-/* ---- eviction ----------------------------------------------------------------------- */
-
-/* Moves an unpinned host row down a tier; returns the host bytes freed. */
-static uint64_t demote(mfd_store_t *st, mfd_entry_t *e)
-{
-    uint64_t freed = mfd_ablock_size(e->host);
-    mfd_count(st->metrics, MFD_C_EVICT_HOST, 1);
-    if (e->gpu) { /* the GPU copy holds the row (a deferred write-through stays queued) */
-        drop_host(st, e);
-        return freed;
-    }
-    defer_remove(st, e); /* its write goes now, from the copy below */
-    if (e->on_ssd) {
-        drop_host(st, e);
-        return freed;
-    }
-    uint8_t *copy = st->ssd ? malloc(e->size) : NULL;
-    if (!copy) {
-        mfd_store_remove(st, e);
-        return freed;
-    }
-    /* Copy out so the arena block is free now; the write runs from the copy. */
-    memcpy(copy, mfd_arena_base(st->arena) + mfd_ablock_offset(e->host), e->size);
-    drop_host(st, e);
-    e->wbuf = copy;
-    if (!ssd_write(st, e, copy, 0, NULL, NULL, 0)) {
-        mfd_store_remove(st, e);
-        return freed;
-    }
-    mfd_count(st->metrics, MFD_C_DEMOTIONS, 1);
-    return freed;
-}
-
-static int has_prefix(const mfd_entry_t *e, const uint8_t *prefix, size_t plen)
-{
-    return !plen || (e->key.len >= plen && memcmp(e->key.b, prefix, plen) == 0);
-}
-
-/* keep: an entry never demoted here (the row a commit just acknowledged). */
-static void evict_host(mfd_store_t *st, uint64_t want, const uint8_t *prefix, size_t plen,
-                       const mfd_entry_t *keep, uint64_t *bytes, uint64_t *entries)
-{
-    uint64_t freed = 0, n = 0;
-    mfd_entry_t *e = mfd_lru_coldest(st->ix, MFD_LRU_HOST);
-    while (e && freed < want) {
-        mfd_entry_t *next = mfd_lru_warmer(e, MFD_LRU_HOST);
-        if (!e->pins && e->host && e != keep && has_prefix(e, prefix, plen)) {
-            freed += demote(st, e);
-            n++;
-        }
-        e = next;
-    }
-    if (bytes)
-        *bytes += freed;
-    if (entries)
-        *entries += n;
-}
-
-/* Demotes down to the low watermark once over the high one, never `keep`. */
-static void balance(mfd_store_t *st, const mfd_entry_t *keep)
-{
-    uint64_t cap = mfd_arena_capacity(st->arena), used = mfd_arena_used(st->arena);
-    if ((double)used <= st->cfg->high_watermark * (double)cap)
-        return;
-    uint64_t target = (uint64_t)(st->cfg->low_watermark * (double)cap);
-    evict_host(st, used - target, NULL, 0, keep, NULL, NULL);
-}
-
-/* Moves an unpinned GPU row down: drops the GPU copy when another copy exists, else
- * copies it into a host block (DtoH), else (host arena full of pinned rows) straight to
- * the SSD tier. Returns the GPU bytes freed. */
-static uint64_t demote_gpu(mfd_store_t *st, mfd_entry_t *e)
-{
-    uint64_t freed = mfd_ablock_size(e->gpu);
-    mfd_count(st->metrics, MFD_C_EVICT_GPU, 1);
-    if (e->host || e->on_ssd) {
-        drop_gpu(st, e);
-        return freed;
-    }
-    mfd_count(st->metrics, MFD_C_GPU_DEMOTIONS, 1);
-    mfd_entry_pin(e); /* the host reservation below evicts only unpinned rows */
-    mfd_ablock_t *hb;
-    if (mfd_store_reserve(st, e->size, &hb) == MF_OK) {
-        if (mfd_gpu_read(st->gpu, e->gpu_arena, e->gpu,
-                         mfd_arena_base(st->arena) + mfd_ablock_offset(hb), e->size) != MF_OK) {
-            mfd_arena_free(st->arena, hb);
-            mfd_store_remove(st, e);
-        } else {
-            drop_gpu(st, e);
-            e->host = hb;
-            st->host_entries++;
-            mfd_lru_add(st->ix, MFD_LRU_HOST, e);
-        }
-        mfd_index_unpin(st->ix, e);
-        return freed;
-    }
-    /* No host room: the row goes to the SSD tier from a copy (or is dropped). */
-    uint8_t *copy = st->ssd && !e->ssd_writing ? gpu_copy_out(st, e) : NULL;
-    if (e->ssd_writing) { /* its write-through holds a copy and will land on the SSD */
-        drop_gpu(st, e);
-    } else if (!copy) {
-        mfd_store_remove(st, e);
-    } else {
-        defer_remove(st, e);
-        drop_gpu(st, e);
-        free(e->wbuf);
-        e->wbuf = copy;
-        if (!ssd_write(st, e, copy, 0, NULL, NULL, 0))
-            mfd_store_remove(st, e);
-    }
-    mfd_index_unpin(st->ix, e);
-    return freed;
-}
-
-/* arena < 0: every arena. keep: never demoted (the row a commit just acknowledged). */
-static void evict_gpu(mfd_store_t *st, int arena, uint64_t want, const uint8_t *prefix,
-                      size_t plen, const mfd_entry_t *keep, uint64_t *bytes, uint64_t *entries)
-{
-    uint64_t freed = 0, n = 0;
-    mfd_entry_t *e = mfd_lru_coldest(st->ix, MFD_LRU_GPU);
-    while (e && freed < want) {
-        mfd_entry_t *next = mfd_lru_warmer(e, MFD_LRU_GPU);
-        if (!e->pins && e->gpu && e != keep && (arena < 0 || e->gpu_arena == (uint32_t)arena) &&
-            has_prefix(e, prefix, plen)) {
-            freed += demote_gpu(st, e);
-            n++;
-        }
-        e = next;
-    }
-    if (bytes)
-        *bytes += freed;
-    if (entries)
-        *entries += n;
-}
-
-/* A GPU arena over its high watermark demotes down to the low one, never `keep`. */
-static void balance_gpu(mfd_store_t *st, uint32_t arena, const mfd_entry_t *keep)
-{
-    const mfd_gpu_arena_t *a = &st->gpu->a[arena];
-    uint64_t cap = a->bytes, used = mfd_oalloc_used(a->alloc);
-    if ((double)used <= st->cfg->high_watermark * (double)cap)
-        return;
-    uint64_t target = (uint64_t)(st->cfg->low_watermark * (double)cap), n = 0;
-    evict_gpu(st, (int)arena, used - target, NULL, 0, keep, NULL, &n);
-    if (n)
-        balance(st, NULL); /* the demoted rows may have pushed the host over its mark */
-}
-
-
-void mfd_store_evict(mfd_store_t *st, int tier, uint64_t bytes, const uint8_t *prefix,
-                     size_t plen, uint64_t *freed_bytes, uint64_t *freed_entries)
-{
-    *freed_bytes = *freed_entries = 0;
-    if (tier == 1 && st->gpu) {
-        uint64_t used = mfd_gpu_used(st->gpu);
-        uint64_t low = (uint64_t)(st->cfg->low_watermark * (double)mfd_gpu_capacity(st->gpu));
-        if (!bytes)
-            bytes = used > low ? used - low : 0;
-        evict_gpu(st, -1, bytes, prefix, plen, NULL, freed_bytes, freed_entries);
-    } else if (tier == 2) { /* host */
-        uint64_t used = mfd_arena_used(st->arena);
-        uint64_t low = (uint64_t)(st->cfg->low_watermark * (double)mfd_arena_capacity(st->arena));
-        if (!bytes)
-            bytes = used > low ? used - low : 0;
-        evict_host(st, bytes, prefix, plen, NULL, freed_bytes, freed_entries);
-    } else if (tier == 3 && st->ssd) {
-        uint64_t low = (uint64_t)(st->cfg->low_watermark * (double)st->cfg->ssd_bytes);
-        if (!bytes)
-            bytes = st->ssd_used > low ? st->ssd_used - low : 0;
-        mfd_entry_t *e = mfd_lru_coldest(st->ix, MFD_LRU_SSD);
-        while (e && *freed_bytes < bytes) {
-            mfd_entry_t *next = mfd_lru_warmer(e, MFD_LRU_SSD);
-            /* Durable rows stay until deleted: Evict is cache pressure, not removal. */
-            if (!e->pins && !e->ssd_writing && e->on_ssd && !e->durable &&
-                has_prefix(e, prefix, plen)) {
-                *freed_bytes += e->size;
-                (*freed_entries)++;
-                mfd_count(st->metrics, MFD_C_EVICT_SSD, 1);
-                if (e->host || e->gpu)
-                    ssd_forget(st, e);
-                else
-                    mfd_store_remove(st, e);
-            }
-            e = next;
-        }
-    }
-}
-
 mf_status_t mfd_store_reserve(mfd_store_t *st, uint64_t size, mfd_ablock_t **blk)
 {
     mf_status_t s = mfd_arena_alloc(st->arena, size, blk);
@@ -630,7 +176,7 @@ mf_status_t mfd_store_reserve(mfd_store_t *st, uint64_t size, mfd_ablock_t **blk
     /* Free at least the size plus the watermark gap, so puts do not evict one by one. */
     uint64_t cap = mfd_arena_capacity(st->arena);
     uint64_t gap = (uint64_t)((st->cfg->high_watermark - st->cfg->low_watermark) * (double)cap);
-    evict_host(st, mfd_arena_round(size) + gap, NULL, 0, NULL, NULL, NULL);
+    mfd_store_evict_host(st, mfd_arena_round(size) + gap, NULL, 0, NULL, NULL, NULL);
     return mfd_arena_alloc(st->arena, size, blk);
 }
 
@@ -660,10 +206,10 @@ mf_status_t mfd_store_reserve_gpu(mfd_store_t *st, uint64_t size, int pref, uint
     }
     mf_status_t s = mfd_gpu_alloc(g, first, size, blk);
     if (s == MF_RESOURCE_EXHAUSTED && size <= g->a[first].bytes) {
-        /* Free the size plus the watermark gap, so puts do not demote one by one. */
+        /* Free the size plus the watermark gap, so puts do not mfd_store_demote one by one. */
         uint64_t gap = (uint64_t)((st->cfg->high_watermark - st->cfg->low_watermark) *
                                   (double)g->a[first].bytes);
-        evict_gpu(st, (int)first, mfd_arena_round(size) + gap, NULL, 0, NULL, NULL, NULL);
+        mfd_store_evict_gpu(st, (int)first, mfd_arena_round(size) + gap, NULL, 0, NULL, NULL, NULL);
         s = mfd_gpu_alloc(g, first, size, blk);
     }
     for (uint32_t i = 0; s == MF_RESOURCE_EXHAUSTED && i < g->n; i++)
@@ -682,7 +228,7 @@ void mfd_store_unreserve_gpu(mfd_store_t *st, uint32_t arena, mfd_ablock_t *blk)
 /* ---- rows ------------------------------------------------------------------------- */
 
 /* Marks e's layer in its block index node from a row validated in full just now. */
-static void note_row(mfd_store_t *st, mfd_entry_t *e, const uint8_t *row, size_t len)
+void mfd_store_note_row(mfd_store_t *st, mfd_entry_t *e, const uint8_t *row, size_t len)
 {
     mf_row_view_t v;
     const char *why;
@@ -714,7 +260,7 @@ mf_status_t mfd_row_verify(const uint8_t *row, size_t len, int full_checksum,
 }
 
 /* The decoded row must be the one its key names. */
-static mf_status_t check_key(const mf_row_view_t *v, const mfd_key_t *key, const char **why)
+mf_status_t mfd_store_check_key(const mf_row_view_t *v, const mfd_key_t *key, const char **why)
 {
     mfd_key_parts_t p;
     if (mfd_key_parse(key->b, key->len, &p) != MF_OK) {
@@ -774,7 +320,7 @@ static mf_status_t validate_flags(mfd_store_t *st, const mfd_key_t *key, const u
 {
     mf_status_t s = mf_row_decode(row, size, flags, v, why);
     if (s == MF_OK)
-        s = check_key(v, key, why);
+        s = mfd_store_check_key(v, key, why);
     if (s != MF_OK)
         mfd_count(st->metrics, MFD_C_PUT_REJECTED, 1);
     return s == MF_UNIMPLEMENTED ? MF_INVALID_ARGUMENT : s;
@@ -793,7 +339,7 @@ static void link_entry(mfd_store_t *st, const mfd_key_t *key, mfd_entry_t *e,
     e->size = size;
     e->layer = v->layer;
     e->block = v->block_index;
-    e->last_access_ms = mfd_now_ms();
+    e->last_access_ms = (uint64_t)mf_now_ms();
     mfd_entry_t *old = mfd_index_find(st->ix, key->b, key->len);
     if (old) {
         /* Its queued write-through is cancelled (never written over the new row's). */
@@ -817,7 +363,7 @@ mf_status_t mfd_store_commit(mfd_store_t *st, const mfd_key_t *key, mfd_ablock_t
     const uint8_t *row = mfd_arena_base(st->arena) + mfd_ablock_offset(blk);
     mf_row_view_t v;
     mf_status_t s = validate(st, key, row, size, &v, why);
-    if (s == MF_OK && durable && !durable_room(st, key, size, why))
+    if (s == MF_OK && durable && !mfd_store_durable_room(st, key, size, why))
         s = MF_RESOURCE_EXHAUSTED;
     mfd_entry_t *e = s == MF_OK ? mfd_entry_new(key) : NULL;
     if (s == MF_OK && !e) {
@@ -836,21 +382,13 @@ mf_status_t mfd_store_commit(mfd_store_t *st, const mfd_key_t *key, mfd_ablock_t
     int wt = st->cfg->write_through;
     int want_sync = durable || wt == MFD_WT_SYNC;
     if (want_sync)
-        *pending = ssd_write(st, e, row, 1, done, arg, 0);
+        *pending = mfd_store_ssd_write(st, e, row, 1, done, arg, 0);
     else if (wt == MFD_WT_ASYNC)
-        wt_start(st, e);
+        mfd_store_wt_start(st, e);
     /* Never the row just made visible: it is acknowledged, so it stays until later
      * pressure demotes it like any other row. */
-    balance(st, e);
+    mfd_store_balance(st, e);
     return MF_OK;
-}
-
-/* Monotonic microseconds (commit phase counters). */
-static uint64_t now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
 mf_status_t mfd_store_commit_gpu(mfd_store_t *st, const mfd_key_t *key, uint32_t arena,
@@ -867,10 +405,10 @@ mf_status_t mfd_store_commit_gpu(mfd_store_t *st, const mfd_key_t *key, uint32_t
     uint64_t sum = 0;
     int on_gpu = 0;
     mf_row_view_t v;
-    uint64_t t0 = now_us();
+    int64_t t0 = mf_now_us();
     mf_status_t s = mfd_gpu_check_row(st->gpu, arena, blk, size, &stg, &have, &sum, &on_gpu);
-    uint64_t t1 = now_us();
-    mfd_count(st->metrics, MFD_C_GPU_COMMIT_CHECK_US, t1 - t0);
+    int64_t t1 = mf_now_us();
+    mfd_count(st->metrics, MFD_C_GPU_COMMIT_CHECK_US, (uint64_t)(t1 - t0));
     *why = "cannot copy the row out of the GPU arena";
     if (s == MF_OK) {
         /* The decoder reads a row's bytes before its tiles only (prefix) once the checksum
@@ -885,7 +423,7 @@ mf_status_t mfd_store_commit_gpu(mfd_store_t *st, const mfd_key_t *key, uint32_t
             mfd_count(st->metrics, on_gpu ? MFD_C_GPU_VERIFY_GPU : MFD_C_GPU_VERIFY_HOST, 1);
     }
     (void)have;
-    if (s == MF_OK && durable && !durable_room(st, key, size, why))
+    if (s == MF_OK && durable && !mfd_store_durable_room(st, key, size, why))
         s = MF_RESOURCE_EXHAUSTED;
     mfd_entry_t *e = s == MF_OK ? mfd_entry_new(key) : NULL;
     uint8_t *head = e ? head_copy(stg, size) : NULL;
@@ -913,30 +451,30 @@ mf_status_t mfd_store_commit_gpu(mfd_store_t *st, const mfd_key_t *key, uint32_t
     int wt = st->cfg->write_through;
     int want_wt = durable || wt == MFD_WT_SYNC || (wt == MFD_WT_ASYNC && st->ssd);
     uint8_t *copy = NULL;
-    if (want_wt && !(wt == MFD_WT_ASYNC && !durable &&
-                     (st->wt_head || (st->wt_bytes && st->wt_bytes + size > wt_limit(st))))) {
+    int backlog = st->wt_head || (st->wt_bytes && st->wt_bytes + size > mfd_store_wt_limit(st));
+    if (want_wt && !(wt == MFD_WT_ASYNC && !durable && backlog)) {
         if (have == size && (copy = aligned_alloc(64, mfd_arena_round(size))))
             memcpy(copy, stg, size);
         else
-            copy = gpu_copy_out(st, e);
+            copy = mfd_store_gpu_copy_out(st, e);
     }
     if (durable || wt == MFD_WT_SYNC) {
         e->wbuf = copy;
-        *pending = copy ? ssd_write(st, e, e->wbuf, 1, done, arg, 0) : 0;
+        *pending = copy ? mfd_store_ssd_write(st, e, e->wbuf, 1, done, arg, 0) : 0;
         if (!*pending) {
             free(e->wbuf);
             e->wbuf = NULL;
         }
     } else if (wt == MFD_WT_ASYNC && st->ssd) {
         if (!copy) {
-            defer_add(st, e); /* copied out again when its turn comes */
+            mfd_store_defer_add(st, e); /* copied out again when its turn comes */
         } else {
             e->wbuf = copy;
-            wt_write(st, e);
+            mfd_store_wt_write(st, e);
         }
     }
-    balance_gpu(st, arena, e);
-    mfd_count(st->metrics, MFD_C_GPU_COMMIT_US, now_us() - t0);
+    mfd_store_balance_gpu(st, arena, e);
+    mfd_count(st->metrics, MFD_C_GPU_COMMIT_US, (uint64_t)(mf_now_us() - t0));
     return MF_OK;
 }
 
@@ -1014,7 +552,7 @@ void mfd_store_promote_gpu(mfd_store_t *st, mfd_entry_t *e)
 
 void mfd_store_touch(mfd_store_t *st, mfd_entry_t *e)
 {
-    e->last_access_ms = mfd_now_ms();
+    e->last_access_ms = (uint64_t)mf_now_ms();
     if (e->gpu)
         mfd_lru_touch(st->ix, MFD_LRU_GPU, e);
     if (e->host)
@@ -1027,119 +565,13 @@ void mfd_store_remove(mfd_store_t *st, mfd_entry_t *e)
 {
     if (!e->linked)
         return;
-    defer_remove(st, e);
-    int cancelled = cancel_write(st, e);
+    mfd_store_defer_remove(st, e);
+    int cancelled = mfd_store_cancel_write(st, e);
     if (e->on_ssd || e->ssd_writing)
-        ssd_forget(st, e);
+        mfd_store_ssd_forget(st, e);
     mfd_index_unlink(st->ix, e);
     if (cancelled)
-        wt_pump(st, 0);
-}
-
-/* ---- SSD reads ---------------------------------------------------------------------- */
-
-/* Worker thread: the full validation of a row read back (checksum, key agreement). */
-static mf_status_t check_read(const uint8_t *row, size_t len, const mfd_ssd_job_t *j,
-                              const char **why)
-{
-    mf_row_view_t v;
-    mfd_key_t k;
-    k.len = (uint16_t)j->klen;
-    memcpy(k.b, j->key, j->klen);
-    mf_status_t s = mf_row_decode(row, len, 0, &v, why);
-    if (s == MF_OK)
-        s = check_key(&v, &k, why);
-    return s == MF_OK ? MF_OK : MF_DATA_LOSS;
-}
-
-static void on_read_done(mfd_ssd_job_t *j)
-{
-    read_ctx_t *r = j->arg;
-    mfd_store_t *st = r->st;
-    mfd_entry_t *e = r->e;
-    mf_status_t s = j->status;
-    uint8_t *buf = j->out;
-    size_t len = j->out_len;
-    j->out = NULL;
-    if (s == MF_OK || s == MF_DATA_LOSS) {
-        mfd_count(st->metrics, MFD_C_SSD_READS, 1);
-        mfd_count(st->metrics, MFD_C_SSD_READ_BYTES, len);
-    }
-    if (s == MF_DATA_LOSS) {
-        mfd_warn("ssd: row of %zu bytes fails validation (%s); dropping it", len,
-                 j->why ? j->why : "?");
-        mfd_count(st->metrics, MFD_C_DATA_LOSS, 1);
-        mfd_count(st->metrics, MFD_C_SSD_CORRUPT, 1);
-        mfd_store_remove(st, e);
-    } else if (s == MF_NOT_FOUND) {
-        /* The index said it was there: the record vanished (e.g. deleted by hand). */
-        mfd_store_remove(st, e);
-    } else if (s != MF_OK) {
-        mfd_count(st->metrics, MFD_C_SSD_ERRORS, 1);
-    }
-    if (r->blk) {
-        /* The worker read straight into the reserved block: it becomes the host copy. */
-        if (s == MF_OK && e->linked && !e->host) {
-            e->host = r->blk;
-            st->host_entries++;
-            mfd_lru_add(st->ix, MFD_LRU_HOST, e);
-            mfd_count(st->metrics, MFD_C_PROMOTIONS, 1);
-        } else {
-            if (s == MF_OK && !e->host) { /* removed while it was read: hand out a copy */
-                buf = aligned_alloc(64, mfd_arena_round(len));
-                if (buf)
-                    memcpy(buf, mfd_arena_base(st->arena) + mfd_ablock_offset(r->blk), len);
-                else
-                    s = MF_RESOURCE_EXHAUSTED;
-            }
-            mfd_store_unreserve(st, r->blk);
-        }
-    } else if (s == MF_OK && r->promote && e->linked && !e->host) {
-        mfd_ablock_t *blk;
-        if (mfd_store_reserve(st, len, &blk) == MF_OK) {
-            memcpy(mfd_arena_base(st->arena) + mfd_ablock_offset(blk), buf, len);
-            e->host = blk;
-            st->host_entries++;
-            mfd_lru_add(st->ix, MFD_LRU_HOST, e);
-            mfd_count(st->metrics, MFD_C_PROMOTIONS, 1);
-            free(buf);
-            buf = NULL;
-        }
-    }
-    if (s != MF_OK) {
-        free(buf);
-        buf = NULL;
-        len = 0;
-    } else if (e->linked && (buf || e->host)) {
-        /* Validated on the worker: later lookups of this block need not read the row. */
-        note_row(st, e, buf ? buf : mfd_store_bytes(st, e), len);
-    }
-    r->cb(r->arg, e, s, buf, len);
-    free(r);
-    mfd_ssd_job_free(j);
-    mfd_index_unpin(st->ix, e);
-    balance(st, NULL);
-}
-
-void mfd_store_read(mfd_store_t *st, mfd_entry_t *e, int promote, mfd_store_read_cb cb,
-                    void *arg)
-{
-    read_ctx_t *r = st->ssd ? calloc(1, sizeof(*r)) : NULL;
-    mfd_ssd_job_t *j = r ? mfd_ssd_job_new(MFD_SSD_GET_ROW, e->key.b, e->key.len) : NULL;
-    if (!j) {
-        free(r);
-        cb(arg, e, st->ssd ? MF_RESOURCE_EXHAUSTED : MF_NOT_FOUND, NULL, 0);
-        return;
-    }
-    *r = (read_ctx_t){st, e, promote, NULL, cb, arg};
-    mfd_entry_pin(e); /* before the reservation, whose evictions skip pinned rows */
-    j->expect_len = e->size;
-    j->check = check_read;
-    if (promote && !e->host && mfd_store_reserve(st, e->size, &r->blk) == MF_OK)
-        j->dst = mfd_arena_base(st->arena) + mfd_ablock_offset(r->blk);
-    j->cb = on_read_done;
-    j->arg = r;
-    mfd_ssd_submit(st->ssd, j);
+        mfd_store_wt_pump(st, 0);
 }
 
 /* ---- a put's row, tier-blind (store.h) ----------------------------------------------- */

@@ -3,6 +3,7 @@
 #include "log.h"
 #include "mf_addr.h"
 #include "mf_frame.h"
+#include "mf_ucx_setup.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -79,6 +80,13 @@ typedef struct send_op {
 
 static void ep_fail(mfd_ucx_ep_t *e, mf_status_t st, const char *why);
 static void bridge_pump(mfd_ucx_ep_t *e);
+
+/* The shared setup's UCX functions: mapflowd links UCX, so they are UCX's own. */
+static const mf_ucx_api_t ucx_api = {
+#define X(f) f,
+    MF_UCX_SETUP_FUNCS(X)
+#undef X
+};
 
 static mf_status_t from_ucs(ucs_status_t st)
 {
@@ -317,7 +325,7 @@ static mf_status_t send_frame(mfd_ucx_ep_t *e, const void *frame, size_t len)
     p.user_data = op;
     /* Eager keeps one endpoint's frames in order; REPLY names the sender to the receiver. */
     p.flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
-    void *r = ucp_am_send_nbx(e->ep, MFD_UCX_AM_FRAME, NULL, 0, op->data, len, &p);
+    void *r = ucp_am_send_nbx(e->ep, MF_UCX_AM_FRAME, NULL, 0, op->data, len, &p);
     if (UCS_PTR_IS_ERR(r)) {
         free(op);
         return MF_UNAVAILABLE;
@@ -566,55 +574,16 @@ mf_status_t mfd_ucx_create(const mfd_ucx_params_t *p, mfd_ucx_t **out, char *err
     u->base = p->base;
     u->max_frame = (p->field_mask & MFD_UCX_P_MAX_FRAME) && p->max_frame ? p->max_frame
                                                                          : MF_FRAME_DEFAULT_MAX;
-    mf_status_t ret = MF_UNAVAILABLE;
-    ucp_config_t *cfg = NULL;
     /* A restarted daemon must rebind its port at once (UCX defaults this to n); an
      * operator's own UCX_TCP_CM_REUSEADDR still wins. */
     setenv("UCX_TCP_CM_REUSEADDR", "y", 0);
-    ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
-    if (st != UCS_OK) {
-        snprintf(err, errlen, "ucx: config: %s", ucs_status_string(st));
-        goto fail;
-    }
-    ucp_params_t cp = {0};
-    cp.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED |
-                    UCP_PARAM_FIELD_NAME;
-    cp.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
-    cp.mt_workers_shared = 0;
-    cp.name = "mapflowd";
-    st = ucp_init(&cp, cfg, &u->ctx);
-    ucp_config_release(cfg);
-    if (st != UCS_OK) {
-        u->ctx = NULL;
-        snprintf(err, errlen, "ucx: init: %s", ucs_status_string(st));
-        goto fail;
-    }
-    ucp_worker_params_t wp = {0};
-    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
-    st = ucp_worker_create(u->ctx, &wp, &u->worker);
-    if (st != UCS_OK) {
-        u->worker = NULL;
-        snprintf(err, errlen, "ucx: worker: %s", ucs_status_string(st));
-        goto fail;
-    }
     int efd;
-    st = ucp_worker_get_efd(u->worker, &efd);
-    if (st != UCS_OK) {
-        snprintf(err, errlen, "ucx: worker event fd: %s", ucs_status_string(st));
+    mf_status_t ret = mf_ucx_worker_open(&ucx_api, "mapflowd", UCS_THREAD_MODE_SINGLE, on_am,
+                                         u, &u->ctx, &u->worker, &efd, err, errlen);
+    if (ret != MF_OK)
         goto fail;
-    }
-    ucp_am_handler_param_t ap = {0};
-    ap.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
-                    UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
-    ap.id = MFD_UCX_AM_FRAME;
-    ap.flags = UCP_AM_FLAG_WHOLE_MSG;
-    ap.cb = on_am;
-    ap.arg = u;
-    if ((st = ucp_worker_set_am_recv_handler(u->worker, &ap)) != UCS_OK) {
-        snprintf(err, errlen, "ucx: active message handler: %s", ucs_status_string(st));
-        goto fail;
-    }
+    ret = MF_UNAVAILABLE;
+    ucs_status_t st;
     u->efd_ev = event_new(u->base, efd, EV_READ | EV_PERSIST, on_progress_ev, u);
     u->kick_ev = event_new(u->base, -1, 0, on_progress_ev, u);
     u->reap_ev = event_new(u->base, -1, 0, on_reap, u);
@@ -706,10 +675,8 @@ void mfd_ucx_destroy(mfd_ucx_t *u)
         event_free(u->reap_ev);
     if (u->sweep_ev)
         event_free(u->sweep_ev);
-    if (u->worker && !u->eps)
-        ucp_worker_destroy(u->worker);
-    if (u->ctx && !u->eps)
-        ucp_cleanup(u->ctx);
+    if (!u->eps)
+        mf_ucx_worker_close(&ucx_api, u->ctx, u->worker);
     free(u);
 }
 
@@ -756,18 +723,8 @@ mf_status_t mfd_ucx_connect(mfd_ucx_t *u, const char *addr, const mfd_ucx_ep_cbs
     }
     snprintf(e->name, sizeof(e->name), "ucx:%s", addr);
     e->cbs = *cbs;
-    ucp_ep_params_t ep = {0};
-    ep.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
-                    UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    ep.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-    ep.sockaddr.addr = (const struct sockaddr *)&ss;
-    ep.sockaddr.addrlen = sl;
-    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    ep.err_handler.cb = on_ep_error;
-    ep.err_handler.arg = e;
-    ucs_status_t st = ucp_ep_create(u->worker, &ep, &e->ep);
+    ucs_status_t st = mf_ucx_ep_open(&ucx_api, u->worker, &ss, sl, on_ep_error, e, &e->ep);
     if (st != UCS_OK) {
-        e->ep = NULL;
         e->closed = 1;
         ep_free(e);
         snprintf(err, errlen, "ucx: cannot connect to %s: %s", addr, ucs_status_string(st));

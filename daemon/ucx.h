@@ -4,8 +4,10 @@
  * then ucp_worker_arm before the loop sleeps: nothing spins while idle), the host arena
  * registered once (ucp_mem_map) with its packed rkey, an optional listener, and endpoints.
  *
- * Messages: one protocol frame (proto/mf_frame.h) = one active message (MFD_UCX_AM_FRAME),
+ * Messages: one protocol frame (proto/mf_frame.h) = one active message (MF_UCX_AM_FRAME),
  * always sent eager so the frames of one endpoint arrive in the order they were sent.
+ * Context, worker and client endpoints are made by the setup libmapflow shares
+ * (proto/mf_ucx_setup.h).
  *
  * Listener side: every accepted endpoint is bridged to a socketpair. One end goes to the
  * `adopt` callback (the server serves it like any accepted stream: Hello and token, a
@@ -36,8 +38,6 @@
 #include <stdint.h>
 #include <sys/socket.h>
 #include "mf_status.h"
-
-#define MFD_UCX_AM_FRAME 17u
 
 typedef struct mfd_ucx mfd_ucx_t;
 typedef struct mfd_ucx_ep mfd_ucx_ep_t;

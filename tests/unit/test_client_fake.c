@@ -2,8 +2,8 @@
  * libmapflow against a scripted fake daemon (a thread on a unix socket in a temp dir):
  * framing, Hello with the arena fd over SCM_RIGHTS, both put paths, token payloads,
  * copy and lease gets with client-side verification, ErrorReply → status + message,
- * deadlines with stale replies dropped, a malformed reply (then a reconnect), and
- * concurrent callers.
+ * deadlines with stale replies dropped, stray replies (unknown ids, id 0, duplicates)
+ * ignored, a malformed reply (then a reconnect), and concurrent callers.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -36,6 +36,7 @@ typedef struct fake {
     int in_arena;          /* PutBeginReply.in_arena when the client holds the arena */
     int hold_flush;        /* do not answer Flush until the next request arrives */
     int garbage_on_stats;  /* answer Stats with a malformed frame */
+    int strays;            /* around each HealthReply: replies nobody asked for */
     /* what it saw */
     char ns[200], token[64];
     int want_arena;
@@ -261,7 +262,20 @@ static int serve_one(fake_t *f, const mf_envelope_t *q, const mf_frame_t *fr,
         h.status = "serving";
         r.body_case = MAPFLOW__V1__ENVELOPE__BODY_HEALTH_REPLY;
         r.health_reply = &h;
+        if (f->strays) { /* before: ids never sent, an error to id 0, a wrong-typed one */
+            mf_envelope_t s = r;
+            s.request_id = q->request_id + 1000 + (uint64_t)f->strays * 7;
+            h.status = "stray";
+            send_env(f, &s, NULL, 0, -1);
+            reply_error(f, 0, MF_INTERNAL, "an error nobody asked for");
+            reply_error(f, q->request_id + 1, MF_DATA_LOSS, "an error to an id not sent yet");
+            h.status = "serving";
+        }
         send_env(f, &r, NULL, 0, -1);
+        if (f->strays) { /* after: the same reply again (a duplicate) */
+            h.status = "duplicate";
+            send_env(f, &r, NULL, 0, -1);
+        }
         return 1;
     }
     case MAPFLOW__V1__ENVELOPE__BODY_CONFIG_GET:
@@ -570,6 +584,27 @@ static void test_deadline_then_stale_reply_dropped(void **state)
     mf_channel_close(ch);
 }
 
+/* Replies to ids nobody waits for (never sent, 0, answered already) are dropped, the
+ * right one is taken, and the connection stays up. */
+static void test_stray_replies_ignored(void **state)
+{
+    fake_t *f = *state;
+    f->strays = 1;
+    mf_channel_t *ch = open_fake(f, 0, 5000);
+    for (int i = 0; i < 20; i++) {
+        mf_health_t h;
+        assert_int_equal(mf_health(ch, &h, MF_TIMEOUT_DEFAULT), MF_OK);
+        assert_string_equal(h.status, "serving");
+        f->strays = 1 + i;
+    }
+    mf_server_info_t info;
+    mf_channel_info(ch, &info);
+    assert_int_equal(info.reconnects, 0);
+    assert_true(info.connected);
+    assert_int_equal(info.in_flight, 0);
+    mf_channel_close(ch);
+}
+
 /* A malformed reply fails the call with INTERNAL (not retried: a retry would not fix
  * it) and drops the connection; the next call reconnects on its own. */
 static void test_malformed_reply_reconnects(void **state)
@@ -645,6 +680,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_error_reply_and_stats, fake_setup, fake_teardown),
         cmocka_unit_test_setup_teardown(test_deadline_then_stale_reply_dropped, fake_setup,
                                         fake_teardown),
+        cmocka_unit_test_setup_teardown(test_stray_replies_ignored, fake_setup, fake_teardown),
         cmocka_unit_test_setup_teardown(test_malformed_reply_reconnects, fake_setup,
                                         fake_teardown),
         cmocka_unit_test_setup_teardown(test_threads_share_a_channel, fake_setup, fake_teardown),

@@ -1,0 +1,365 @@
+/*
+ * calls_put — mf_put, mf_put_device, mf_put_batch (sync and async): PutBegin reserves
+ * space, the row goes into the arena through the connection's arena ops (or rides as the
+ * frame payload), PutCommit makes the daemon validate and link it; a failed attempt
+ * aborts its reservation. See calls.c for the shape every call has; runs its steps on the
+ * channel's I/O thread.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "channel.h"
+#include "calls_internal.h"
+
+/* ==== put ============================================================================ */
+
+typedef struct put {
+    const void *row;            /* caller's; valid until completion (device memory when
+                                 * on_device) */
+    size_t len;
+    int on_device;              /* mf_put_device: row is a device address */
+    uint8_t head[MF_ROW_HEADER]; /* the row's first bytes (checked after a GPU write) */
+    uint8_t *stage;             /* on_device: the row copied to host memory, when needed */
+    char model[MF_ROW_MAX_MODEL + 1];
+    uint32_t layer;
+    mf_hash128_t hash;
+    int durable;
+    mf_put_result_t *res;       /* may be NULL */
+    mf_status_t *status_out;    /* batch item status */
+    int stage_n;                /* 0: PutBegin sent, 1: PutCommit sent */
+    uint64_t reservation;       /* held on connection res_gen */
+    uint32_t res_gen;
+} put_t;
+
+/* Validates the row as the daemon will and extracts its key. */
+static mf_status_t put_key_of(const void *row, size_t len, put_t *p, char *err, size_t errlen)
+{
+    if (!row || len == 0 || len > MF_ROW_MAX_BYTES) {
+        snprintf(err, errlen, "empty or oversized row");
+        return MF_INVALID_ARGUMENT;
+    }
+    const void *buf = row;
+    void *tmp = NULL;
+    if ((uintptr_t)row % MF_ROW_ALIGN) { /* the decoder needs 16-byte alignment */
+        tmp = aligned_alloc(MF_ROW_ALIGN, (len + MF_ROW_ALIGN - 1) & ~(size_t)15);
+        if (!tmp) {
+            snprintf(err, errlen, "out of memory");
+            return MF_RESOURCE_EXHAUSTED;
+        }
+        memcpy(tmp, row, len);
+        buf = tmp;
+    }
+    mf_row_view_t v;
+    const char *why = "";
+    mf_status_t st = mf_row_decode(buf, len, 0, &v, &why);
+    if (st == MF_OK) {
+        memcpy(p->model, v.model, v.model_len);
+        p->model[v.model_len] = '\0';
+        p->layer = v.layer;
+        p->hash = v.hash;
+    } else {
+        snprintf(err, errlen, "row rejected before sending: %s", why);
+    }
+    free(tmp);
+    return st;
+}
+
+/*
+ * Reads the header and model of a row in device memory and checks what can be checked
+ * without the rest (magic, version, size, model length); the daemon validates the whole
+ * row, checksum included, at commit.
+ */
+static mf_status_t put_key_of_device(mf_channel_t *ch, const void *row, size_t len, put_t *p,
+                                     char *err, size_t errlen)
+{
+    if (!row || len < MF_ROW_HEADER || len > MF_ROW_MAX_BYTES || (uintptr_t)row % MF_ROW_ALIGN) {
+        snprintf(err, errlen, "device row: NULL, not 16-byte aligned, shorter than its header "
+                 "or oversized");
+        return MF_INVALID_ARGUMENT;
+    }
+    uint8_t buf[MF_ROW_HEADER + MF_ROW_MAX_MODEL];
+    size_t n = len < sizeof(buf) ? len : sizeof(buf);
+    mf_status_t st = mf__gpu_copy(ch->gpu, MF__DTOH, (uintptr_t)buf, (uintptr_t)row, n, err,
+                                  errlen);
+    if (st != MF_OK)
+        return st;
+    mf_row_header_t h;
+    memcpy(&h, buf, sizeof(h));
+    if (h.magic != MF_ROW_MAGIC || h.version != MF_ROW_VERSION || h.total_size != len ||
+        h.model_len == 0 || MF_ROW_HEADER + (size_t)h.model_len > n) {
+        snprintf(err, errlen, "device row rejected before sending: bad magic, version, size "
+                 "(header says %u, given %zu) or model length", h.total_size, len);
+        return MF_INVALID_ARGUMENT;
+    }
+    memcpy(p->head, buf, MF_ROW_HEADER);
+    memcpy(p->model, buf + MF_ROW_HEADER, h.model_len);
+    p->model[h.model_len] = '\0';
+    p->layer = h.layer;
+    p->hash = mf_hash_from_le(h.hash);
+    return MF_OK;
+}
+
+/* The row in host memory: the caller's, or (device rows) a copy made once. */
+static mf_status_t put_host_row(mf__op_t *op, const void **out)
+{
+    put_t *p = op->priv;
+    if (!p->on_device) {
+        *out = p->row;
+        return MF_OK;
+    }
+    if (!p->stage) {
+        p->stage = aligned_alloc(MF_ROW_ALIGN, (p->len + 15) & ~(size_t)15);
+        if (!p->stage)
+            return (mf_status_t)mf__op_error(op, MF_RESOURCE_EXHAUSTED, "out of memory");
+        mf_status_t st = mf__gpu_copy(op->ch->gpu, MF__DTOH, (uintptr_t)p->stage,
+                                      (uintptr_t)p->row, p->len, op->err, sizeof(op->err));
+        if (st != MF_OK) {
+            free(p->stage);
+            p->stage = NULL;
+            return st;
+        }
+    }
+    *out = p->stage;
+    return MF_OK;
+}
+
+static mf_status_t put_start(mf__op_t *op)
+{
+    put_t *p = op->priv;
+    p->stage_n = 0;
+    p->reservation = 0;
+    uint8_t hb[16];
+    Mapflow__V1__Key kpb = MAPFLOW__V1__KEY__INIT;
+    mf_hash_to_le(p->hash, hb);
+    kpb.model = p->model;
+    kpb.layer = p->layer;
+    kpb.hash.data = hb;
+    kpb.hash.len = 16;
+    Mapflow__V1__PutBegin pb = MAPFLOW__V1__PUT_BEGIN__INIT;
+    pb.key = &kpb;
+    pb.size = p->len;
+    pb.durable = p->durable;
+    /* Rows on the device ask for the gpu tier; host rows take the daemon's placement. We
+     * copy into the GPU arenas we mapped ourselves; the daemon copies into the others. */
+    pb.want_tier = p->on_device ? MAPFLOW__V1__TIER__TIER_GPU : MAPFLOW__V1__TIER__TIER_NONE;
+    mf__do_gpu_want(op->ch, &pb.gpu_mapped, &pb.gpu_arena);
+    ENV(req, PUT_BEGIN, put_begin) = &pb;
+    return mf__op_pack(op, &req, NULL, 0, MAPFLOW__V1__ENVELOPE__BODY_PUT_BEGIN_REPLY);
+}
+
+static int put_step(mf__op_t *op, const mf__reply_t *rep)
+{
+    put_t *p = op->priv;
+    if (p->stage_n == 1) {
+        p->reservation = 0; /* committed: nothing to abort */
+        if (p->res) {
+            p->res->tier = (mf_tier_t)rep->env->put_commit_reply->tier;
+            p->res->durable = rep->env->put_commit_reply->durable;
+            p->res->replaced = rep->env->put_commit_reply->replaced;
+        }
+        return MF_OK;
+    }
+    const Mapflow__V1__PutBeginReply *br = rep->env->put_begin_reply;
+    p->reservation = br->reservation_id;
+    p->res_gen = op->gen;
+    p->stage_n = 1;
+    Mapflow__V1__PutCommit pc = MAPFLOW__V1__PUT_COMMIT__INIT;
+    pc.reservation_id = br->reservation_id;
+    ENV(creq, PUT_COMMIT, put_commit) = &pc;
+    const void *payload = NULL;
+    size_t plen = 0;
+    const mf__conn_t *c = mf__op_conn(op);
+    uint64_t off = br->arena_offset;
+    mf_status_t st = MF_OK;
+    if (br->in_arena && br->tier == MAPFLOW__V1__TIER__TIER_GPU) {
+        /* Only arenas we named in gpu_mapped come back in_arena on the gpu tier. */
+        const mf__gpu_arena_t *a = mf__gpu_find(&c->gpu, br->gpu_arena);
+        if (!a || off % MF_ROW_ALIGN || off > a->bytes || p->len > a->bytes - off)
+            return mf__op_error(op, MF_INTERNAL, "daemon reserved bytes [%llu, +%zu) of GPU "
+                                "arena %u, %s", (unsigned long long)off, p->len, br->gpu_arena,
+                                a ? "outside it" : "which this process did not map");
+        st = mf__gpu_write_row(op->ch->gpu, a->base + off, p->row, p->on_device, p->len,
+                               p->head, sizeof(p->head), op->err, sizeof(op->err));
+    } else if (br->in_arena) {
+        if (off % MF_ROW_ALIGN || off > c->arena_reach || p->len > c->arena_reach - off)
+            return mf__op_error(op, MF_INTERNAL, "daemon reserved arena bytes [%llu, +%zu) "
+                                "outside its arena", (unsigned long long)off, p->len);
+        st = c->aops->write(op, off, p->row, p->len, p->on_device);
+    } else {
+        st = put_host_row(op, &payload);
+        plen = p->len;
+    }
+    if (st != MF_OK)
+        return (int)st;
+    st = mf__op_pack(op, &creq, payload, plen, MAPFLOW__V1__ENVELOPE__BODY_PUT_COMMIT_REPLY);
+    return st == MF_OK ? MF__CONTINUE : (int)st;
+}
+
+/* Best effort: the daemon also frees a reservation at its TTL or when we disconnect;
+ * the reply (or NOT_FOUND when the commit already freed it) is dropped. Lock held. */
+static void put_undo(mf__op_t *op)
+{
+    put_t *p = op->priv;
+    if (p->reservation && op->ch->gen == p->res_gen) {
+        Mapflow__V1__PutAbort pa = MAPFLOW__V1__PUT_ABORT__INIT;
+        pa.reservation_id = p->reservation;
+        ENV(areq, PUT_ABORT, put_abort) = &pa;
+        mf__do_send_oneway(op->ch, &areq);
+    }
+    p->reservation = 0;
+}
+
+static void put_destroy(mf__op_t *op)
+{
+    put_t *p = op->priv;
+    free(p->stage);
+    free(p);
+}
+
+static const mf__op_vt_t put_vt = {put_start, put_step, put_undo, put_destroy};
+
+static mf__op_t *put_new(mf_channel_t *ch, const void *row, size_t len, unsigned flags,
+                         int on_device, mf_put_result_t *res, mf_status_t *st)
+{
+    char err[MF__ERR_LEN];
+    put_t *p = calloc(1, sizeof(*p));
+    if (!p) {
+        *st = mf__chan_error(ch, MF_RESOURCE_EXHAUSTED, "out of memory");
+        return NULL;
+    }
+    if (on_device && !mf__gpu_usable(ch->gpu)) {
+        *st = mf__chan_error(ch, MF_FAILED_PRECONDITION, "device rows need a channel opened "
+                             "with a usable gpu_device: %s",
+                             ch->gpu ? ch->gpu->why : "none given");
+        free(p);
+        return NULL;
+    }
+    *st = on_device ? put_key_of_device(ch, row, len, p, err, sizeof(err))
+                    : put_key_of(row, len, p, err, sizeof(err));
+    if (*st == MF_OK && !on_device)
+        memcpy(p->head, row, MF_ROW_HEADER); /* decoded: at least a header long */
+    if (*st != MF_OK) {
+        mf__chan_error(ch, *st, "%s", err);
+        free(p);
+        return NULL;
+    }
+    mf__op_t *op = mf__op_new(ch, &put_vt, p);
+    if (!op) {
+        free(p);
+        *st = mf__chan_error(ch, MF_RESOURCE_EXHAUSTED, "out of memory");
+        return NULL;
+    }
+    p->row = row;
+    p->len = len;
+    p->on_device = on_device;
+    p->durable = (flags & MF_PUT_DURABLE) != 0;
+    p->res = res;
+    return op;
+}
+
+MF_EXPORT mf_status_t mf_put(mf_channel_t *ch, const void *row, size_t len, unsigned flags,
+                             mf_put_result_t *res, int64_t timeout_ms)
+{
+    if (!ch)
+        return MF_INVALID_ARGUMENT;
+    mf_status_t st;
+    mf__op_t *op = put_new(ch, row, len, flags, 0, res, &st);
+    return mf__run_op(op, st, timeout_ms, NULL);
+}
+
+MF_EXPORT mf_status_t mf_put_async(mf_channel_t *ch, const void *row, size_t len,
+                                   unsigned flags, mf_put_result_t *res, int64_t timeout_ms,
+                                   mf_cq_t *cq, void *tag, mf_call_t **call)
+{
+    if (!ch)
+        return MF_INVALID_ARGUMENT;
+    mf_status_t st;
+    mf__op_t *op = put_new(ch, row, len, flags, 0, res, &st);
+    mf__async_args_t a = {cq, tag, call};
+    return mf__run_op(op, st, timeout_ms, &a);
+}
+
+static void put_kid_done(mf__op_t *kid)
+{
+    put_t *p = kid->priv;
+    *p->status_out = kid->status;
+}
+
+/* A group of one put per item; every row validated before anything is sent. */
+static mf__op_t *put_batch_new(mf_channel_t *ch, mf_put_item_t *items, size_t n,
+                               unsigned flags, int on_device, mf_status_t *st)
+{
+    if (!items || n == 0 || n > MF_PUT_BATCH_MAX) {
+        *st = mf__chan_error(ch, MF_INVALID_ARGUMENT, "put batch needs 1..%u items",
+                             MF_PUT_BATCH_MAX);
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++)
+        items[i].status = MF_ABORTED; /* not attempted (yet) */
+    mf__op_t *g = mf__group_new(ch, n, NULL, NULL);
+    if (!g) {
+        *st = MF_RESOURCE_EXHAUSTED;
+        return NULL;
+    }
+    g->group_kid_done = put_kid_done;
+    for (size_t i = 0; i < n; i++) {
+        memset(&items[i].result, 0, sizeof(items[i].result));
+        mf__op_t *k = put_new(ch, items[i].row, items[i].len, flags, on_device,
+                              &items[i].result, st);
+        if (!k) {
+            items[i].status = *st;
+            char msg[MF__ERR_LEN];
+            snprintf(msg, sizeof(msg), "%s", mf_channel_last_error(ch));
+            mf__chan_error(ch, *st, "item %zu: %s", i, msg);
+            mf__op_unref(g);
+            return NULL;
+        }
+        ((put_t *)k->priv)->status_out = &items[i].status;
+        k->weight = items[i].len;
+        mf__group_add(g, k);
+    }
+    return g;
+}
+
+MF_EXPORT mf_status_t mf_put_batch(mf_channel_t *ch, mf_put_item_t *items, size_t n,
+                                   unsigned flags, int64_t timeout_ms)
+{
+    if (!ch)
+        return MF_INVALID_ARGUMENT;
+    mf_status_t st;
+    mf__op_t *g = put_batch_new(ch, items, n, flags, 0, &st);
+    return mf__run_op(g, st, timeout_ms, NULL);
+}
+
+MF_EXPORT mf_status_t mf_put_batch_async(mf_channel_t *ch, mf_put_item_t *items, size_t n,
+                                         unsigned flags, int64_t timeout_ms, mf_cq_t *cq,
+                                         void *tag, mf_call_t **call)
+{
+    if (!ch)
+        return MF_INVALID_ARGUMENT;
+    mf_status_t st;
+    mf__op_t *g = put_batch_new(ch, items, n, flags, 0, &st);
+    mf__async_args_t a = {cq, tag, call};
+    return mf__run_op(g, st, timeout_ms, &a);
+}
+
+MF_EXPORT mf_status_t mf_put_device(mf_channel_t *ch, const void *dev_row, size_t len,
+                                    unsigned flags, mf_put_result_t *res, int64_t timeout_ms)
+{
+    if (!ch)
+        return MF_INVALID_ARGUMENT;
+    mf_status_t st;
+    mf__op_t *op = put_new(ch, dev_row, len, flags, 1, res, &st);
+    return mf__run_op(op, st, timeout_ms, NULL);
+}
+
+MF_EXPORT mf_status_t mf_put_device_batch(mf_channel_t *ch, mf_put_item_t *items, size_t n,
+                                          unsigned flags, int64_t timeout_ms)
+{
+    if (!ch)
+        return MF_INVALID_ARGUMENT;
+    mf_status_t st;
+    mf__op_t *g = put_batch_new(ch, items, n, flags, 1, &st);
+    return mf__run_op(g, st, timeout_ms, NULL);
+}
