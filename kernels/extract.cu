@@ -7,7 +7,7 @@
  *   layout   per row: union columns, col_off, masks, masses, header, model, tokens;
  *   tiles    per (h, i): P recomputed on the kept blocks only, per-tile max, encoded
  *            straight into the row (prob codecs);
- *   checksum per row: XXH3-64 by one warp (sums within a 1 KiB block, scrambles between).
+ *   checksum per row: XXH3-64 by one warp (kernels/xxh3.cuh, the daemon's verifier's too).
  * Nothing N×N is stored: scratch is Hq·nq·i1 masses, nq·i1 masks and entry offsets. */
 #include <string.h>
 
@@ -16,6 +16,7 @@
 
 #include "mf_cuda_common.cuh"
 #include "mf_hash.h"
+#include "xxh3.cuh"
 
 using namespace mfc;
 
@@ -364,36 +365,19 @@ template <class S> __global__ void __launch_bounds__(S::THREADS) tile_kernel(ext
         });
 }
 
-/* ---- XXH3-64 of a long input (> 240 bytes), default secret, one warp --------------- */
+/* ---- the seal: XXH3-64 of the row (kernels/xxh3.cuh), one warp a row -------------- */
 
-__device__ __forceinline__ uint64_t secret_u64(uint32_t byte_off)
-{
-    const uint8_t *s = reinterpret_cast<const uint8_t *>(c_secret) + byte_off;
-    uint64_t v = 0;
-    for (int x = 7; x >= 0; x--)
-        v = (v << 8) | s[x];
-    return v;
-}
-
-__device__ __forceinline__ uint64_t mul32(uint64_t x)
-{
-    return (uint64_t)(uint32_t)x * (uint64_t)(uint32_t)(x >> 32);
-}
-
-/* Adds one lane-partial pair into the 8 accumulators (lane k = lane % 8 holds acc[k]). */
-__device__ __forceinline__ uint64_t acc_reduce(uint64_t self, uint64_t other)
-{
-    self += __shfl_xor_sync(0xffffffffu, self, 8);
-    self += __shfl_xor_sync(0xffffffffu, self, 16);
-    other += __shfl_xor_sync(0xffffffffu, other, 8);
-    other += __shfl_xor_sync(0xffffffffu, other, 16);
-    return self + __shfl_xor_sync(0xffffffffu, other, 1);
-}
+struct const_secret { /* xxh3.cuh's secret accessor over c_secret */
+    __device__ __forceinline__ uint64_t word(uint32_t i) const { return c_secret[i]; }
+};
 
 #define CK_RING 16 /* 1 KiB blocks in flight per row: the scrambles are serial, loads not */
 
+/* Rows are > 240 bytes (header, tokens and one column alone are 288), so XXH3's long path
+ * is the only one; their checksum field is already zero (layout_kernel). */
 __global__ void __launch_bounds__(32) checksum_kernel(ext_params p)
 {
+    using namespace mfxxh3;
     __shared__ __align__(16) uint64_t ring[CK_RING][128];
     uint32_t k = blockIdx.x;
     if (!p.rowok[k])
@@ -401,11 +385,10 @@ __global__ void __launch_bounds__(32) checksum_kernel(ext_params p)
     const uint8_t *row = p.rows[k];
     const uint64_t len = p.sizes[k];
     const uint64_t *w64 = reinterpret_cast<const uint64_t *>(row);
-    int lane = threadIdx.x, a = lane & 7;
-    const uint64_t init[8] = { XXH_PRIME32_3, XXH_PRIME64_1, XXH_PRIME64_2, XXH_PRIME64_3,
-                               XXH_PRIME64_4, XXH_PRIME32_2, XXH_PRIME64_5, XXH_PRIME32_1 };
-    uint64_t acc = init[a];
-    uint64_t nblk = (len - 1) / 1024;
+    const const_secret sec;
+    int lane = threadIdx.x;
+    uint64_t acc = xxh3_acc_init();
+    uint64_t nblk = xxh3_full_blocks(len);
     auto issue = [&](uint64_t n) {
         if (n < nblk)
             for (int x = 0; x < 2; x++)
@@ -419,48 +402,18 @@ __global__ void __launch_bounds__(32) checksum_kernel(ext_params p)
         issue(n + CK_RING - 1);
         cp_wait<CK_RING - 1>();
         __syncwarp();
-        uint64_t self = 0, other = 0;
-#pragma unroll
-        for (int m = 0; m < 4; m++) {
-            uint64_t d = ring[n % CK_RING][lane + 32 * m];
-            self += mul32(d ^ c_secret[(lane >> 3) + 4 * m + a]);
-            other += d;
-        }
+        const uint64_t *blk = ring[n % CK_RING];
+        uint64_t delta = xxh3_block(sec, [&](uint32_t w) { return blk[w]; });
         __syncwarp();
-        acc += acc_reduce(self, other);
-        acc ^= acc >> 47;
-        acc ^= c_secret[16 + a];
-        acc *= XXH_PRIME32_1;
+        acc = xxh3_scramble(sec, acc + delta);
     }
     cp_wait<0>();
-    uint64_t words = ((len - 1) - 1024 * nblk) / 64 * 8, self = 0, other = 0;
-    for (uint32_t wd = lane; wd < words; wd += 32) {
-        uint64_t v = w64[nblk * 128 + wd];
-        self += mul32(v ^ c_secret[(wd >> 3) + a]);
-        other += v;
-    }
-    acc += acc_reduce(self, other);
-    {
-        uint64_t v = w64[(len - 64) / 8 + a];
-        uint64_t key = v ^ secret_u64(XXH_SECRET_DEFAULT_SIZE - 64 - 7 + 8 * a);
-        acc += mul32(key) + __shfl_xor_sync(0xffffffffu, v, 1);
-    }
-    uint64_t all[8];
-#pragma unroll
-    for (int x = 0; x < 8; x++)
-        all[x] = __shfl_sync(0xffffffffu, acc, x);
-    if (lane == 0) {
-        uint64_t r = len * XXH_PRIME64_1;
-        for (int x = 0; x < 4; x++) {
-            uint64_t lhs = all[2 * x] ^ secret_u64(11 + 16 * x);
-            uint64_t rhs = all[2 * x + 1] ^ secret_u64(11 + 16 * x + 8);
-            r += (lhs * rhs) ^ __umul64hi(lhs, rhs);
-        }
-        r ^= r >> 37;
-        r *= 0x165667919E3779F9ULL;
-        r ^= r >> 32;
+    acc += xxh3_partial(sec, [&](uint64_t wd) { return w64[nblk * 128 + wd]; },
+                        xxh3_partial_words(len));
+    acc += xxh3_last_stripe(sec, w64[(len - 64) / 8 + (lane & 7)]); /* len is 16-aligned */
+    uint64_t r = xxh3_merge(sec, acc, len);
+    if (lane == 0)
         reinterpret_cast<mf_row_header_t *>(p.rows[k])->checksum = r;
-    }
 }
 
 template <class S> mf_status_t launch_qk(const ext_params &p, bool need_lse, cudaStream_t st)
