@@ -706,7 +706,8 @@ extern "C" mf_status_t mf_export_cuda(const mf_export_cuda_args_t *a, mf_cuda_st
     cudaStream_t s = stream;
     scratch sc;
     size_t o_lse = a->lse ? 0 : sc.take(lse_n * 4), o_mass = a->mass ? 0 : sc.take(mass_n * 4),
-           core_n = mf_attention_masses_scratch(q.n_tokens), o_core = sc.take(core_n);
+           core_n = a->scratch ? 0 : mf_attention_masses_scratch(q.n_tokens),
+           o_core = sc.take(core_n);
     if (sc.used > 0) {
         st = cuda_status(cudaMallocAsync((void **)&sc.base, sc.used, s), why);
         if (st != MF_OK)
@@ -718,9 +719,12 @@ extern "C" mf_status_t mf_export_cuda(const mf_export_cuda_args_t *a, mf_cuda_st
     g.hs = nbm * nbm;
     g.rs = nbm;
     /* one pass: O, LSE and the exact block masses; then the rows from those masses */
-    /* core_n = 0: the device cannot be queried; the call says why */
-    st = mf_attention_masses_cuda(&q, 64, a->o, g.lse, g.mass, core_n ? sc.base + o_core : NULL,
-                                  core_n ? sc.used - o_core : 0, stream, why);
+    /* the caller's scratch (checked there), else ours; core_n = 0 without a caller's
+     * scratch: the device cannot be queried, and the call says why */
+    void *core_scr = a->scratch ? a->scratch : core_n ? sc.base + o_core : NULL;
+    size_t core_bytes = a->scratch ? a->scratch_bytes : core_n ? sc.used - o_core : 0;
+    st = mf_attention_masses_cuda(&q, 64, a->o, g.lse, g.mass, core_scr, core_bytes, stream,
+                                  why);
     if (st == MF_OK)
         st = extract_run(x, &g, s, why);
     if (sc.base)

@@ -72,6 +72,10 @@ typedef struct mf_export_cuda_args {
     float *lse;              /* DEVICE out [Hq, N], optional: the row LSE (natural log) */
     float *mass;             /* DEVICE out [Hq][N/64][N/64], optional: the block masses the
                               * rows were selected from (mf_attention_masses_cuda's layout) */
+    void *scratch;           /* DEVICE, optional: the forward's ℓ scratch, as
+                              * mf_attention_masses_cuda's (≥ mf_attention_masses_scratch(N)
+                              * bytes, 256-byte aligned, not shared with a concurrent call) */
+    size_t scratch_bytes;
 } mf_export_cuda_args_t;
 
 /*
@@ -80,8 +84,10 @@ typedef struct mf_export_cuda_args {
  * pass over the keys) replaces extract's own LSE and mass passes; selection, union,
  * encoding (prob tiles recomputed on the kept blocks only) and the seal are then
  * mf_extract_cuda's, on those masses, for query blocks [ex.i0, ex.i1). Rows equal
- * mf_extract_ref's up to the masses' fp32 rounding. Scratch (LSE and masses when not asked
- * for, the forward's ℓ slots) is stream-ordered. MF_UNIMPLEMENTED where
+ * mf_extract_ref's up to the masses' fp32 rounding. What the caller does not pass (LSE,
+ * masses, the forward's ℓ scratch) is allocated stream-ordered for the call; a source on
+ * its hot path passes all three (the stream-ordered pool may give memory back at every
+ * synchronisation). MF_UNIMPLEMENTED where
  * mf_attention_masses_cuda is (off sm_90, B ≠ 64); MF_INVALID_ARGUMENT for bad arguments
  * as mf_extract_cuda, or ex.lse / ex.mass_out set.
  */

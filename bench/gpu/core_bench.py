@@ -51,7 +51,7 @@ class ExportArgs(C.Structure):
     """mf_export_cuda_args_t (kernels/mapflow_kernels_cuda.h); layout checked in load()."""
     _c_type_ = "mf_export_cuda_args_t"
     _fields_ = [("ex", BG.ExtractArgs), ("o", C.c_void_p), ("lse", C.c_void_p),
-                ("mass", C.c_void_p)]
+                ("mass", C.c_void_p), ("scratch", C.c_void_p), ("scratch_bytes", C.c_size_t)]
 
 
 def timeit(fn, reps, warm=2):
@@ -211,8 +211,10 @@ def bench_masses(lib, n, hq, hkv, reps, log):
         xrows = (C.c_void_p * nb)(*[xbuf.data_ptr() + x for x in offs])
         xo = torch.empty(n, hq, D, dtype=torch.float32, device="cuda")
         xlse = torch.empty(hq, n, dtype=torch.float32, device="cuda")
+        xmass_out = torch.empty(hq, nb, nb, dtype=torch.float32, device="cuda")
+        # everything preallocated, as the fused masses call above gets it
         xa = ExportArgs(BG.ExtractArgs.from_buffer_copy(a), xo.data_ptr(), xlse.data_ptr(),
-                        None)
+                        xmass_out.data_ptr(), scr_p, scr_n)
         xa.ex.lse = None
         xa.ex.mass_out = None
         xa.ex.rows = C.cast(xrows, C.c_void_p)
@@ -244,6 +246,7 @@ def bench_masses(lib, n, hq, hkv, reps, log):
         rec["export_failed"] = int(xfailed.item()) & 0xffffffff
         rec["export_rel_vs_sdpa"] = float((xo - ref).norm() / ref.norm())
         rec["export_lse_vs_fused_maxdiff"] = float((xlse - lse).abs().max())
+        rec["export_mass_vs_fused_maxdiff"] = float((xmass_out - mass).abs().max())
         rec["export_rows_bad"] = rows_bad(lib, xbuf, xsizes, offs)
         rec["export_rows_same_as_extract"] = sum(
             int(torch.equal(xbuf[x:x + int(sz)], buf[x:x + int(sz)]))
@@ -266,7 +269,7 @@ def bench_masses(lib, n, hq, hkv, reps, log):
     log(json.dumps(rec))
     del q, k, v, o, lse, mass, xmass, scr, qs, ks, vs, buf, lse_x
     if xa is not None:
-        del xbuf, xo, xlse
+        del xbuf, xo, xlse, xmass_out
     torch.cuda.empty_cache()
     return rec
 
