@@ -26,7 +26,6 @@ namespace {
 
 struct ext_params {
     const void *q, *k;
-    const float *lse_in;   /* given LSE or NULL */
     float *lse;            /* LSE used (given or computed) */
     float *mass;           /* mass[h][k][j] at mass + h·mass_hs + k·mass_rs + j, k = i − i0 */
     size_t mass_hs, mass_rs;
@@ -611,7 +610,6 @@ static mf_status_t extract_run(const mf_extract_cuda_args_t *a, const given_mass
             p.mass_hs = g->hs;
             p.mass_rs = g->rs;
         } else {
-            p.lse_in = a->lse;
             p.lse = a->lse ? (float *)a->lse : (float *)(sc.base + o_lse);
             p.mass = a->mass_out ? a->mass_out : (float *)(sc.base + o_mass);
             p.mass_hs = (size_t)nq * i1;
