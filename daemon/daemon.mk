@@ -31,7 +31,7 @@ $(OBJ)/daemon/main.o $(OBJ)/daemon/conn.o $(OBJ)/daemon/dispatch.o $(OBJ)/daemon
 # into mapflowd by gpu_verify_ptx.c (.incbin); without nvcc rows are validated on the host.
 ifeq ($(USE_CUDA),1)
 VERIFY_PTX := $(OBJ)/daemon/gpu_verify.ptx
-$(VERIFY_PTX): daemon/gpu_verify.cu
+$(VERIFY_PTX): daemon/gpu_verify.cu kernels/xxh3.cuh
 	@mkdir -p $(dir $@)
 	@[ "$(V)" != 0 ] || echo "  PTX   $<"
 	$(Q)$(NVCC) -ptx -O3 -arch=sm_$(CUDA_ARCH) -Werror all-warnings $< -o $@

@@ -420,6 +420,8 @@ core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUte
     /* Online softmax of S (tile x) in place; a tile this warpgroup's block did not keep
      * is masked whole (P = 0, alpha = 1): every wgmma stays on the non-divergent path. */
     auto softmax = [&](int x, float alpha[2]) {
+        static_assert(!MASS || BN == 128, "masses: two 64-key halves a tile");
+        float msub[2][2], mbase[2]; /* MASS: each row's half sums and its base */
         bool mine = s_f[x] & (1 << c);
         used |= mine;
         uint32_t j0 = (uint32_t)s_j[x] * BN;
@@ -456,23 +458,29 @@ core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUte
                 sum += sub[b];
             }
             if (MASS) {
-                /* ℓ of this row over each 64-key block of the tile (log2 units, relative to
-                 * the running max: exp2(ℓ − LSE2) is then the block's share of the row). Lane
-                 * u of the quad stores block u; a block above the row gives −inf, unread. */
-                float mine_sum = 0.0f;
-#pragma unroll
-                for (int b = 0; b < BN / 64; b++) {
-                    float qs = quad_sum(sub[b]);
-                    if (u == b)
-                        mine_sum = qs;
-                }
-                if (u < BN / 64)
-                    __stcg(lslot + (size_t)(j0 / 64 + u) * 128 + (row[r] - 128 * m),
-                           base + __log2f(mine_sum));
+                msub[r][0] = sub[0];
+                msub[r][1] = sub[BN / 64 - 1];
+                mbase[r] = base;
             }
             alpha[r] = ex2(mrow[r] - base);
             l[r] = l[r] * alpha[r] + sum;
             mrow[r] = mn;
+        }
+        if (MASS) {
+            /* ℓ of each (row, 64-key half) of the tile (log2 units, relative to the running
+             * max: exp2(ℓ − LSE2) is then the block's share of the row). The quad's four
+             * sums (2 rows × 2 halves) by a reduce-scatter: lane u ends with row u / 2,
+             * half u % 2 — 3 shuffles, 1 lg2 and 1 store a thread, where a quad sum per
+             * (row, half) took 8, 2 and 2. The additions are the quad sum's,
+             * (s0 + s1) + (s2 + s3) in every lane, so ℓ is bitwise the same. A half above
+             * the row gives −inf, unread. */
+            int odd = u & 1, hi = u >> 1;
+            float k0 = odd ? msub[0][1] : msub[0][0], k1 = odd ? msub[1][1] : msub[1][0];
+            k0 += __shfl_xor_sync(0xffffffffu, odd ? msub[0][0] : msub[0][1], 1);
+            k1 += __shfl_xor_sync(0xffffffffu, odd ? msub[1][0] : msub[1][1], 1);
+            float tot = (hi ? k1 : k0) + __shfl_xor_sync(0xffffffffu, hi ? k0 : k1, 2);
+            __stcg(lslot + (size_t)(j0 / 64 + odd) * 128 + ((hi ? row[1] : row[0]) - 128 * m),
+                   (hi ? mbase[1] : mbase[0]) + __log2f(tot));
         }
     };
     auto rescale_pack = [&](const float alpha[2]) {

@@ -7,7 +7,9 @@
  *   layout   per row: union columns, col_off, masks, masses, header, model, tokens;
  *   tiles    per (h, i): P recomputed on the kept blocks only, per-tile max, encoded
  *            straight into the row (prob codecs);
- *   checksum per row: XXH3-64 by one warp (sums within a 1 KiB block, scrambles between).
+ *   checksum per row: XXH3-64 by one warp (kernels/xxh3.cuh, the daemon's verifier's too).
+ * mf_export_cuda runs the fused forward (attn_core.cu: O, LSE and the masses in one pass)
+ * and then the same select / layout / tiles / checksum launches on its masses.
  * Nothing N×N is stored: scratch is Hq·nq·i1 masses, nq·i1 masks and entry offsets. */
 #include <string.h>
 
@@ -16,6 +18,7 @@
 
 #include "mf_cuda_common.cuh"
 #include "mf_hash.h"
+#include "xxh3.cuh"
 
 using namespace mfc;
 
@@ -23,9 +26,9 @@ namespace {
 
 struct ext_params {
     const void *q, *k;
-    const float *lse_in;   /* given LSE or NULL */
     float *lse;            /* LSE used (given or computed) */
-    float *mass;           /* [Hq][nq][i1] */
+    float *mass;           /* mass[h][k][j] at mass + h·mass_hs + k·mass_rs + j, k = i − i0 */
+    size_t mass_hs, mass_rs;
     unsigned long long *hm; /* [nq][i1] head bits */
     uint32_t *ceoff;       /* [nq][i1] col_off of the column holding j */
     uint8_t *const *rows;  /* [nq] */
@@ -54,6 +57,12 @@ template <class S> __device__ __forceinline__ typename S::T *smem_tiles()
 {
     extern __shared__ __align__(16) uint8_t smem[];
     return reinterpret_cast<typename S::T *>(smem);
+}
+
+/* Block masses of (head h, query block i0 + k), indexed by key block j. */
+__device__ __forceinline__ float *mass_row(const ext_params &p, uint32_t h, uint32_t k)
+{
+    return p.mass + (size_t)h * p.mass_hs + (size_t)k * p.mass_rs;
 }
 
 /* Q tile of (block i, head h) into shared memory and this warp's fragments. */
@@ -113,7 +122,7 @@ template <class S> __global__ void __launch_bounds__(S::THREADS) mass_kernel(ext
     q_setup<S>(p, qs, i, h, qf);
     float l2[2];
     row_lse2<S>(p, i, h, l2);
-    float *out = p.mass + ((size_t)h * (p.i1 - p.i0) + (i - p.i0)) * p.i1;
+    float *out = mass_row(p, h, i - p.i0);
     kv_loop<S, false>(ks, nullptr, static_cast<const T *>(p.k), nullptr, p.n, p.hkv,
                       h / (p.hq / p.hkv), (int)i + 1, [](int x) { return (uint32_t)x; },
                       [&](const T *kt, const T *, uint32_t j, int) {
@@ -146,8 +155,8 @@ __global__ void select_kernel(ext_params p)
     __shared__ int s_kept;
     uint32_t i, h;
     block_of(p, i, h);
-    uint32_t nq = p.i1 - p.i0, k = i - p.i0;
-    const float *mass = p.mass + ((size_t)h * nq + k) * p.i1;
+    uint32_t k = i - p.i0;
+    const float *mass = mass_row(p, h, k);
     unsigned long long *hm = p.hm + (size_t)k * p.i1, bit = 1ull << h;
     double *cm = reinterpret_cast<double *>(smem);
     uint32_t *cj = reinterpret_cast<uint32_t *>(cm + MF_CUDA_MAX_BLOCKS);
@@ -183,7 +192,7 @@ __global__ void select_kernel(ext_params p)
 __global__ void __launch_bounds__(256) layout_kernel(ext_params p)
 {
     __shared__ uint32_t s_cols[257], s_ents[257];
-    uint32_t k = blockIdx.x, i = p.i0 + k, nb = i + 1, nq = p.i1 - p.i0;
+    uint32_t k = blockIdx.x, i = p.i0 + k, nb = i + 1;
     const unsigned long long *hm = p.hm + (size_t)k * p.i1;
     int t = threadIdx.x;
     uint32_t per = (nb + 255) / 256, j0 = min(nb, t * per), j1 = min(nb, j0 + per);
@@ -236,7 +245,7 @@ __global__ void __launch_bounds__(256) layout_kernel(ext_params p)
         p.ceoff[(size_t)k * p.i1 + j] = e;
         for (unsigned long long r = m; r; r &= r - 1) {
             uint32_t h = __ffsll((long long)r) - 1;
-            float ms = p.mass[((size_t)h * nq + k) * p.i1 + j];
+            float ms = mass_row(p, h, k)[j];
             mass_b[e++] = mass_encode(fminf(fmaxf(ms, 0.0f), 1.0f));
         }
         c++;
@@ -364,36 +373,19 @@ template <class S> __global__ void __launch_bounds__(S::THREADS) tile_kernel(ext
         });
 }
 
-/* ---- XXH3-64 of a long input (> 240 bytes), default secret, one warp --------------- */
+/* ---- the seal: XXH3-64 of the row (kernels/xxh3.cuh), one warp a row -------------- */
 
-__device__ __forceinline__ uint64_t secret_u64(uint32_t byte_off)
-{
-    const uint8_t *s = reinterpret_cast<const uint8_t *>(c_secret) + byte_off;
-    uint64_t v = 0;
-    for (int x = 7; x >= 0; x--)
-        v = (v << 8) | s[x];
-    return v;
-}
-
-__device__ __forceinline__ uint64_t mul32(uint64_t x)
-{
-    return (uint64_t)(uint32_t)x * (uint64_t)(uint32_t)(x >> 32);
-}
-
-/* Adds one lane-partial pair into the 8 accumulators (lane k = lane % 8 holds acc[k]). */
-__device__ __forceinline__ uint64_t acc_reduce(uint64_t self, uint64_t other)
-{
-    self += __shfl_xor_sync(0xffffffffu, self, 8);
-    self += __shfl_xor_sync(0xffffffffu, self, 16);
-    other += __shfl_xor_sync(0xffffffffu, other, 8);
-    other += __shfl_xor_sync(0xffffffffu, other, 16);
-    return self + __shfl_xor_sync(0xffffffffu, other, 1);
-}
+struct const_secret { /* xxh3.cuh's secret accessor over c_secret */
+    __device__ __forceinline__ uint64_t word(uint32_t i) const { return c_secret[i]; }
+};
 
 #define CK_RING 16 /* 1 KiB blocks in flight per row: the scrambles are serial, loads not */
 
+/* Rows are > 240 bytes (header, tokens and one column alone are 288), so XXH3's long path
+ * is the only one; their checksum field is already zero (layout_kernel). */
 __global__ void __launch_bounds__(32) checksum_kernel(ext_params p)
 {
+    using namespace mfxxh3;
     __shared__ __align__(16) uint64_t ring[CK_RING][128];
     uint32_t k = blockIdx.x;
     if (!p.rowok[k])
@@ -401,11 +393,10 @@ __global__ void __launch_bounds__(32) checksum_kernel(ext_params p)
     const uint8_t *row = p.rows[k];
     const uint64_t len = p.sizes[k];
     const uint64_t *w64 = reinterpret_cast<const uint64_t *>(row);
-    int lane = threadIdx.x, a = lane & 7;
-    const uint64_t init[8] = { XXH_PRIME32_3, XXH_PRIME64_1, XXH_PRIME64_2, XXH_PRIME64_3,
-                               XXH_PRIME64_4, XXH_PRIME32_2, XXH_PRIME64_5, XXH_PRIME32_1 };
-    uint64_t acc = init[a];
-    uint64_t nblk = (len - 1) / 1024;
+    const const_secret sec;
+    int lane = threadIdx.x;
+    uint64_t acc = xxh3_acc_init();
+    uint64_t nblk = xxh3_full_blocks(len);
     auto issue = [&](uint64_t n) {
         if (n < nblk)
             for (int x = 0; x < 2; x++)
@@ -419,60 +410,37 @@ __global__ void __launch_bounds__(32) checksum_kernel(ext_params p)
         issue(n + CK_RING - 1);
         cp_wait<CK_RING - 1>();
         __syncwarp();
-        uint64_t self = 0, other = 0;
-#pragma unroll
-        for (int m = 0; m < 4; m++) {
-            uint64_t d = ring[n % CK_RING][lane + 32 * m];
-            self += mul32(d ^ c_secret[(lane >> 3) + 4 * m + a]);
-            other += d;
-        }
+        const uint64_t *blk = ring[n % CK_RING];
+        uint64_t delta = xxh3_block(sec, [&](uint32_t w) { return blk[w]; });
         __syncwarp();
-        acc += acc_reduce(self, other);
-        acc ^= acc >> 47;
-        acc ^= c_secret[16 + a];
-        acc *= XXH_PRIME32_1;
+        acc = xxh3_scramble(sec, acc + delta);
     }
     cp_wait<0>();
-    uint64_t words = ((len - 1) - 1024 * nblk) / 64 * 8, self = 0, other = 0;
-    for (uint32_t wd = lane; wd < words; wd += 32) {
-        uint64_t v = w64[nblk * 128 + wd];
-        self += mul32(v ^ c_secret[(wd >> 3) + a]);
-        other += v;
-    }
-    acc += acc_reduce(self, other);
-    {
-        uint64_t v = w64[(len - 64) / 8 + a];
-        uint64_t key = v ^ secret_u64(XXH_SECRET_DEFAULT_SIZE - 64 - 7 + 8 * a);
-        acc += mul32(key) + __shfl_xor_sync(0xffffffffu, v, 1);
-    }
-    uint64_t all[8];
-#pragma unroll
-    for (int x = 0; x < 8; x++)
-        all[x] = __shfl_sync(0xffffffffu, acc, x);
-    if (lane == 0) {
-        uint64_t r = len * XXH_PRIME64_1;
-        for (int x = 0; x < 4; x++) {
-            uint64_t lhs = all[2 * x] ^ secret_u64(11 + 16 * x);
-            uint64_t rhs = all[2 * x + 1] ^ secret_u64(11 + 16 * x + 8);
-            r += (lhs * rhs) ^ __umul64hi(lhs, rhs);
-        }
-        r ^= r >> 37;
-        r *= 0x165667919E3779F9ULL;
-        r ^= r >> 32;
+    acc += xxh3_partial(sec, [&](uint64_t wd) { return w64[nblk * 128 + wd]; },
+                        xxh3_partial_words(len));
+    acc += xxh3_last_stripe(sec, w64[(len - 64) / 8 + (lane & 7)]); /* len is 16-aligned */
+    uint64_t r = xxh3_merge(sec, acc, len);
+    if (lane == 0)
         reinterpret_cast<mf_row_header_t *>(p.rows[k])->checksum = r;
-    }
 }
 
-template <class S> mf_status_t launch_qk(const ext_params &p, bool need_lse, cudaStream_t st)
+/* What the launches start from: masses (and the LSE) computed here from Q and K, or
+ * given by the fused forward (mf_export_cuda). */
+enum ext_from { FROM_QK, FROM_QK_LSE, FROM_MASSES };
+
+template <class S> mf_status_t launch_qk(const ext_params &p, ext_from from, cudaStream_t st)
 {
     size_t sm = 3 * S::TILE * sizeof(typename S::T);
     uint32_t grid = (p.i1 - p.i0) * p.hq;
-    if (need_lse) {
+    if (from == FROM_QK) {
         cudaFuncSetAttribute(lse_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
         lse_kernel<S><<<grid, S::THREADS, sm, st>>>(p);
     }
-    cudaFuncSetAttribute(mass_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
-    mass_kernel<S><<<grid, S::THREADS, sm, st>>>(p);
+    if (from != FROM_MASSES) {
+        cudaFuncSetAttribute(mass_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)sm);
+        mass_kernel<S><<<grid, S::THREADS, sm, st>>>(p);
+    }
     size_t sel = MF_CUDA_MAX_BLOCKS * (sizeof(double) + sizeof(uint32_t));
     cudaFuncSetAttribute(select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sel);
     select_kernel<<<grid, 256, sel, st>>>(p);
@@ -485,16 +453,16 @@ template <class S> mf_status_t launch_qk(const ext_params &p, bool need_lse, cud
     return MF_OK;
 }
 
-template <typename T> mf_status_t launch_t(const ext_params &p, bool need_lse, uint32_t d,
+template <typename T> mf_status_t launch_t(const ext_params &p, ext_from from, uint32_t d,
                                            cudaStream_t st)
 {
     switch (p.bsz * 1000 + d) {
-    case 32064: return launch_qk<shape<32, 64, T>>(p, need_lse, st);
-    case 32128: return launch_qk<shape<32, 128, T>>(p, need_lse, st);
-    case 64064: return launch_qk<shape<64, 64, T>>(p, need_lse, st);
-    case 64128: return launch_qk<shape<64, 128, T>>(p, need_lse, st);
-    case 128064: return launch_qk<shape<128, 64, T>>(p, need_lse, st);
-    case 128128: return launch_qk<shape<128, 128, T>>(p, need_lse, st);
+    case 32064: return launch_qk<shape<32, 64, T>>(p, from, st);
+    case 32128: return launch_qk<shape<32, 128, T>>(p, from, st);
+    case 64064: return launch_qk<shape<64, 64, T>>(p, from, st);
+    case 64128: return launch_qk<shape<64, 128, T>>(p, from, st);
+    case 128064: return launch_qk<shape<128, 64, T>>(p, from, st);
+    case 128128: return launch_qk<shape<128, 128, T>>(p, from, st);
     default: return MF_UNIMPLEMENTED;
     }
 }
@@ -573,22 +541,20 @@ static mf_status_t ext_check(const mf_extract_cuda_args_t *a, const char **why)
     return MF_OK;
 }
 
-extern "C" mf_status_t mf_extract_cuda(const mf_extract_cuda_args_t *a, mf_cuda_stream_t stream,
-                                       const char **why)
+/* Masses and LSE the fused forward already computed (mf_export_cuda): device [Hq][N] LSE
+ * and masses mass[h][i][j] at mass + h·hs + i·rs + j (absolute query block i). */
+struct given_masses {
+    float *lse, *mass;
+    size_t hs, rs;
+};
+
+/* mf_extract_cuda's work after the argument checks; from the masses in g when given, else
+ * from Q and K (and a->lse). The one selection / union / encoding / seal path. */
+static mf_status_t extract_run(const mf_extract_cuda_args_t *a, const given_masses *g,
+                               cudaStream_t s, const char **why)
 {
-    const char *dummy;
-    if (!why)
-        why = &dummy;
-    *why = "";
-    if (!a) {
-        *why = "null arguments";
-        return MF_INVALID_ARGUMENT;
-    }
-    mf_status_t st = ext_check(a, why);
-    if (st != MF_OK)
-        return st;
     static bool secret_set = false; /* same bytes every time: a benign race */
-    cudaStream_t s = stream;
+    mf_status_t st;
     if (!secret_set) {
         st = cuda_status(cudaMemcpyToSymbol(c_secret, XXH3_kSecret, sizeof(c_secret)), why);
         if (st != MF_OK)
@@ -603,8 +569,8 @@ extern "C" mf_status_t mf_extract_cuda(const mf_extract_cuda_args_t *a, mf_cuda_
     size_t o_rows = sc.take(nq * sizeof(void *)), o_caps = sc.take(nq * 8),
            o_hash = sc.take(nq * 32), o_tok = sc.take((size_t)nq * b * 4), o_model = sc.take(ml);
     size_t host_bytes = sc.used;
-    size_t o_lse = a->lse ? 0 : sc.take((size_t)q.n_q_heads * q.n_tokens * 4);
-    size_t o_mass = a->mass_out ? 0 : sc.take((size_t)q.n_q_heads * nq * i1 * 4);
+    size_t o_lse = a->lse || g ? 0 : sc.take((size_t)q.n_q_heads * q.n_tokens * 4);
+    size_t o_mass = a->mass_out || g ? 0 : sc.take((size_t)q.n_q_heads * nq * i1 * 4);
     size_t o_hm = sc.take((size_t)nq * i1 * 8), o_ce = sc.take((size_t)nq * i1 * 4),
            o_ok = sc.take(nq);
     uint8_t *host = (uint8_t *)calloc(1, host_bytes);
@@ -638,9 +604,17 @@ extern "C" mf_status_t mf_extract_cuda(const mf_extract_cuda_args_t *a, mf_cuda_
         memset(&p, 0, sizeof(p));
         p.q = q.q;
         p.k = q.k;
-        p.lse_in = a->lse;
-        p.lse = a->lse ? (float *)a->lse : (float *)(sc.base + o_lse);
-        p.mass = a->mass_out ? a->mass_out : (float *)(sc.base + o_mass);
+        if (g) {
+            p.lse = g->lse;
+            p.mass = g->mass + (size_t)a->i0 * g->rs;
+            p.mass_hs = g->hs;
+            p.mass_rs = g->rs;
+        } else {
+            p.lse = a->lse ? (float *)a->lse : (float *)(sc.base + o_lse);
+            p.mass = a->mass_out ? a->mass_out : (float *)(sc.base + o_mass);
+            p.mass_hs = (size_t)nq * i1;
+            p.mass_rs = i1;
+        }
         p.hm = (unsigned long long *)(sc.base + o_hm);
         p.ceoff = (uint32_t *)(sc.base + o_ce);
         p.rows = (uint8_t *const *)(sc.base + o_rows);
@@ -662,11 +636,13 @@ extern "C" mf_status_t mf_extract_cuda(const mf_extract_cuda_args_t *a, mf_cuda_
         p.i1 = i1;
         p.top_p = a->top_p;
         p.scale_log2 = MF_LOG2E / sqrtf((float)q.head_dim);
-        cudaMemsetAsync(p.mass, 0, (size_t)q.n_q_heads * nq * i1 * 4, s);
+        if (!g) /* mass_kernel writes j ≤ i only; mass_out promises 0 above the diagonal */
+            cudaMemsetAsync(p.mass, 0, (size_t)q.n_q_heads * nq * i1 * 4, s);
         cudaMemsetAsync(p.hm, 0, (size_t)nq * i1 * 8, s);
         cudaMemsetAsync(a->failed_block, 0xff, 4, s);
-        st = q.dtype == MF_DTYPE_F16 ? launch_t<__half>(p, !a->lse, q.head_dim, s)
-                                     : launch_t<__nv_bfloat16>(p, !a->lse, q.head_dim, s);
+        ext_from from = g ? FROM_MASSES : a->lse ? FROM_QK_LSE : FROM_QK;
+        st = q.dtype == MF_DTYPE_F16 ? launch_t<__half>(p, from, q.head_dim, s)
+                                     : launch_t<__nv_bfloat16>(p, from, q.head_dim, s);
         if (st == MF_OK)
             st = cuda_status(cudaGetLastError(), why);
     }
@@ -674,5 +650,82 @@ out_scratch:
     cudaFreeAsync(sc.base, s);
 out_host:
     free(host);
+    return st;
+}
+
+extern "C" mf_status_t mf_extract_cuda(const mf_extract_cuda_args_t *a, mf_cuda_stream_t stream,
+                                       const char **why)
+{
+    const char *dummy;
+    if (!why)
+        why = &dummy;
+    *why = "";
+    if (!a) {
+        *why = "null arguments";
+        return MF_INVALID_ARGUMENT;
+    }
+    mf_status_t st = ext_check(a, why);
+    if (st != MF_OK)
+        return st;
+    return extract_run(a, nullptr, stream, why);
+}
+
+extern "C" mf_status_t mf_export_cuda(const mf_export_cuda_args_t *a, mf_cuda_stream_t stream,
+                                      const char **why)
+{
+    const char *dummy;
+    if (!why)
+        why = &dummy;
+    *why = "";
+    if (!a || !a->o) {
+        *why = "arguments and the output O are required";
+        return MF_INVALID_ARGUMENT;
+    }
+    const mf_extract_cuda_args_t *x = &a->ex;
+    if (x->lse || x->mass_out) {
+        *why = "export computes the LSE and masses itself: ex.lse and ex.mass_out must be NULL "
+               "(use lse and mass)";
+        return MF_INVALID_ARGUMENT;
+    }
+    mf_status_t st = ext_check(x, why);
+    if (st != MF_OK)
+        return st;
+    if (x->block_size != 64) {
+        *why = "the fused export computes block masses for B = 64 only";
+        return MF_UNIMPLEMENTED;
+    }
+    if (!x->src.v) {
+        *why = "the fused export runs the layer's attention: V is required";
+        return MF_INVALID_ARGUMENT;
+    }
+    const mf_qkv_t &q = x->src;
+    size_t nbm = q.n_tokens / 64, lse_n = (size_t)q.n_q_heads * q.n_tokens,
+           mass_n = (size_t)q.n_q_heads * nbm * nbm;
+    cudaStream_t s = stream;
+    scratch sc;
+    size_t o_lse = a->lse ? 0 : sc.take(lse_n * 4), o_mass = a->mass ? 0 : sc.take(mass_n * 4),
+           core_n = a->scratch ? 0 : mf_attention_masses_scratch(q.n_tokens),
+           o_core = sc.take(core_n);
+    if (sc.used > 0) {
+        st = cuda_status(cudaMallocAsync((void **)&sc.base, sc.used, s), why);
+        if (st != MF_OK)
+            return st;
+    }
+    given_masses g;
+    g.lse = a->lse ? a->lse : (float *)(sc.base + o_lse);
+    g.mass = a->mass ? a->mass : (float *)(sc.base + o_mass);
+    g.hs = nbm * nbm;
+    g.rs = nbm;
+    /* one pass: O, LSE and the exact block masses; then the rows from those masses */
+    /* the caller's scratch (checked there), else ours; core_n = 0 without a caller's
+     * scratch: the device cannot be queried, and the call says why */
+    void *core_scr = a->scratch ? a->scratch : core_n ? sc.base + o_core : NULL;
+    size_t core_bytes = a->scratch ? a->scratch_bytes : core_n ? sc.used - o_core : 0;
+    st = mf_attention_masses_cuda(&q, 64, a->o, g.lse, g.mass, core_scr, core_bytes, stream,
+                                  why);
+    if (st == MF_OK)
+        st = extract_run(x, &g, s, why);
+    if (sc.base)
+        cudaFreeAsync(sc.base, s);
     return st;
 }

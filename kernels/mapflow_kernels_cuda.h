@@ -65,6 +65,35 @@ typedef struct mf_extract_cuda_args {
 mf_status_t mf_extract_cuda(const mf_extract_cuda_args_t *a, mf_cuda_stream_t stream,
                             const char **why);
 
+typedef struct mf_export_cuda_args {
+    mf_extract_cuda_args_t ex; /* as for mf_extract_cuda, with ex.src.v set (the layer's V),
+                                * block_size 64, and ex.lse, ex.mass_out NULL */
+    float *o;                /* DEVICE out [N, Hq, d] float32: the layer's attention output */
+    float *lse;              /* DEVICE out [Hq, N], optional: the row LSE (natural log) */
+    float *mass;             /* DEVICE out [Hq][N/64][N/64], optional: the block masses the
+                              * rows were selected from (mf_attention_masses_cuda's layout) */
+    void *scratch;           /* DEVICE, optional: the forward's ℓ scratch, as
+                              * mf_attention_masses_cuda's (≥ mf_attention_masses_scratch(N)
+                              * bytes, 256-byte aligned, not shared with a concurrent call) */
+    size_t scratch_bytes;
+} mf_export_cuda_args_t;
+
+/*
+ * The source's exporter: the layer's dense causal attention and its rows in one call. The
+ * fused forward (mf_attention_masses_cuda: O, LSE and the exact B = 64 block masses in one
+ * pass over the keys) replaces extract's own LSE and mass passes; selection, union,
+ * encoding (prob tiles recomputed on the kept blocks only) and the seal are then
+ * mf_extract_cuda's, on those masses, for query blocks [ex.i0, ex.i1). Rows equal
+ * mf_extract_ref's up to the masses' fp32 rounding. What the caller does not pass (LSE,
+ * masses, the forward's ℓ scratch) is allocated stream-ordered for the call; a source on
+ * its hot path passes all three (the stream-ordered pool may give memory back at every
+ * synchronisation). MF_UNIMPLEMENTED where
+ * mf_attention_masses_cuda is (off sm_90, B ≠ 64); MF_INVALID_ARGUMENT for bad arguments
+ * as mf_extract_cuda, or ex.lse / ex.mass_out set.
+ */
+mf_status_t mf_export_cuda(const mf_export_cuda_args_t *a, mf_cuda_stream_t stream,
+                           const char **why);
+
 typedef struct mf_apply_cuda_args {
     const void *const *rows; /* HOST array [n_rows] of DEVICE row pointers (query block i
                               * or NULL); the rows are read in place (they may live in

@@ -16,6 +16,11 @@ would pick, on one H200 (bench/gpu/NOTES.md has the floors and the versions).
          (mf_extract_cuda, MASK codec: masses + Top-P 0.9 + rows + seal, with the LSE given),
          bf16, d 128, Hq/Hkv from --mass-heads, structured Q/K (bench_torch.structured_qk);
          fused masses vs extract's mass_out max |diff| printed.
+  export: mf_export_cuda (the exporter that ships: the fused forward's O, LSE and masses,
+         then extract's selection, rows and seal on those masses; MASK codec, Top-P 0.9) vs
+         today's path, cuDNN dense + mf_extract_cuda (LSE computed by extract, as SDPA
+         returns none; with the LSE given as well), vs cuDNN dense alone; same layer as
+         masses. Every exported row is decoded (mf_row_decode: structure + seal).
 Times: CUDA events, median of --reps (≥ 7) after warm-up. A table is printed last and the
 numbers go to --out as JSON.
 
@@ -40,6 +45,13 @@ import rows as R  # noqa: E402
 
 HQ, HKV, D, B = 32, 8, 128, 64
 IMPL_V2, IMPL_CORE = 2, 4
+
+
+class ExportArgs(C.Structure):
+    """mf_export_cuda_args_t (kernels/mapflow_kernels_cuda.h); layout checked in load()."""
+    _c_type_ = "mf_export_cuda_args_t"
+    _fields_ = [("ex", BG.ExtractArgs), ("o", C.c_void_p), ("lse", C.c_void_p),
+                ("mass", C.c_void_p), ("scratch", C.c_void_p), ("scratch_bytes", C.c_size_t)]
 
 
 def timeit(fn, reps, warm=2):
@@ -72,6 +84,16 @@ def load():
                                                  C.POINTER(C.c_char_p)]
         lib.mf_attention_masses_scratch.restype = C.c_size_t
         lib.mf_attention_masses_scratch.argtypes = [C.c_uint32]
+    if hasattr(lib, "mf_export_cuda"):
+        import mapflow  # bench_gpu put client/python on the path
+        bad = mapflow._abi_mismatches(mapflow._lib_layout(lib.mf_kernels_abi_layout),
+                                      [ExportArgs])
+        if bad:
+            raise ImportError("core_bench: ExportArgs differs from the library: " +
+                              "; ".join(bad))
+        lib.mf_export_cuda.restype = C.c_int
+        lib.mf_export_cuda.argtypes = [C.POINTER(ExportArgs), C.c_void_p,
+                                       C.POINTER(C.c_char_p)]
     return lib
 
 
@@ -172,6 +194,37 @@ def bench_masses(lib, n, hq, hkv, reps, log):
         st = lib.mf_extract_cuda(C.byref(a), stream, C.byref(why))
         if st != 0:
             raise RuntimeError(f"mf_extract_cuda {st} {why.value}")
+    # today's path as a user has it: SDPA returns no LSE, so extract computes it
+    a_nolse = BG.ExtractArgs.from_buffer_copy(a)
+    a_nolse.lse = None
+    a_nolse.mass_out = None
+
+    def extract_nolse():
+        st = lib.mf_extract_cuda(C.byref(a_nolse), stream, C.byref(why))
+        if st != 0:
+            raise RuntimeError(f"mf_extract_cuda (LSE computed) {st} {why.value}")
+    xa = None
+    if hasattr(lib, "mf_export_cuda"):
+        xbuf = torch.empty(tot, dtype=torch.uint8, device="cuda")
+        xsizes = torch.zeros(nb, dtype=torch.int64, device="cuda")
+        xfailed = torch.zeros(1, dtype=torch.int32, device="cuda")
+        xrows = (C.c_void_p * nb)(*[xbuf.data_ptr() + x for x in offs])
+        xo = torch.empty(n, hq, D, dtype=torch.float32, device="cuda")
+        xlse = torch.empty(hq, n, dtype=torch.float32, device="cuda")
+        xmass_out = torch.empty(hq, nb, nb, dtype=torch.float32, device="cuda")
+        # everything preallocated, as the fused masses call above gets it
+        xa = ExportArgs(BG.ExtractArgs.from_buffer_copy(a), xo.data_ptr(), xlse.data_ptr(),
+                        xmass_out.data_ptr(), scr_p, scr_n)
+        xa.ex.lse = None
+        xa.ex.mass_out = None
+        xa.ex.rows = C.cast(xrows, C.c_void_p)
+        xa.ex.sizes = xsizes.data_ptr()
+        xa.ex.failed_block = xfailed.data_ptr()
+
+    def export():
+        st = lib.mf_export_cuda(C.byref(xa), stream, C.byref(why))
+        if st != 0:
+            raise RuntimeError(f"mf_export_cuda {st} {why.value}")
     o.fill_(float("nan"))
     mass.fill_(float("nan"))
     fused()
@@ -185,11 +238,29 @@ def bench_masses(lib, n, hq, hkv, reps, log):
            "finite": bool(torch.isfinite(o).all() and torch.isfinite(mass).all()),
            "mass_vs_extract_maxdiff": float((mass - xmass).abs().max()),
            "extract_failed": int(failed.item()) & 0xffffffff}
+    if xa is not None:
+        xo.fill_(float("nan"))
+        xbuf.fill_(0xa5)
+        export()
+        torch.cuda.synchronize()
+        rec["export_failed"] = int(xfailed.item()) & 0xffffffff
+        rec["export_rel_vs_sdpa"] = float((xo - ref).norm() / ref.norm())
+        rec["export_lse_vs_fused_maxdiff"] = float((xlse - lse).abs().max())
+        rec["export_mass_vs_fused_maxdiff"] = float((xmass_out - mass).abs().max())
+        rec["export_rows_bad"] = rows_bad(lib, xbuf, xsizes, offs)
+        rec["export_rows_same_as_extract"] = sum(
+            int(torch.equal(xbuf[x:x + int(sz)], buf[x:x + int(sz)]))
+            for x, sz in zip(offs, xsizes.tolist()))
     del ref
     rec["fused_ms"] = timeit(fused, reps)[0]
     rec["dense_ms"] = timeit(dense, reps)[0]
     rec["sdpa_ms"] = timeit(sdpa, reps)[0]
     rec["extract_ms"] = timeit(extract, reps)[0]
+    rec["extract_nolse_ms"] = timeit(extract_nolse, reps)[0]
+    if xa is not None:
+        rec["export_ms"] = timeit(export, reps)[0]
+        rec["export_over_sdpa"] = rec["export_ms"] / rec["sdpa_ms"]
+        rec["today_over_export"] = (rec["sdpa_ms"] + rec["extract_nolse_ms"]) / rec["export_ms"]
     flops = 2.0 * n * n * D * hq
     rec["fused_TFLOPs"] = flops / rec["fused_ms"] / 1e9
     rec["sdpa_TFLOPs"] = flops / rec["sdpa_ms"] / 1e9
@@ -197,8 +268,26 @@ def bench_masses(lib, n, hq, hkv, reps, log):
     rec["today_over_fused"] = (rec["sdpa_ms"] + rec["extract_ms"]) / rec["fused_ms"]
     log(json.dumps(rec))
     del q, k, v, o, lse, mass, xmass, scr, qs, ks, vs, buf, lse_x
+    if xa is not None:
+        del xbuf, xo, xlse, xmass_out
     torch.cuda.empty_cache()
     return rec
+
+
+def rows_bad(lib, buf, sizes, offs):
+    """How many of the rows in buf (device) fail mf_row_decode (structure + xxh3 seal)."""
+    host = buf.cpu().numpy()
+    view = BG.K.RowView()
+    why = C.c_char_p()
+    bad = 0
+    for off, sz in zip(offs, sizes.tolist()):
+        if not 0 < sz <= len(host) - off:
+            bad += 1
+            continue
+        if lib.mf_row_decode(host.ctypes.data + off, int(sz), 0, C.byref(view),
+                             C.byref(why)) != 0:
+            bad += 1
+    return bad
 
 
 def flex_masks(keep, n, b):
@@ -330,6 +419,21 @@ def table(res, log):
                 f"{r['sdpa_over_fused']:.3f}x | {r['extract_ms']:.3f} | "
                 f"{r['today_over_fused']:.2f}x | {r['mass_vs_extract_maxdiff']:.1e} | "
                 f"{r['rel_vs_sdpa']:.1e} |")
+        if any("export_ms" in r for r in res["masses"]):
+            log("\n| N | Hq/Hkv | export ms (O+LSE+masses+rows+seal) | cuDNN dense ms |"
+                " export/cuDNN | extract ms (LSE computed / given) | cuDNN+extract ms |"
+                " (cuDNN+extract)/export | rows bad | rows = extract's | rel err O |")
+            log("|---|---|---|---|---|---|---|---|---|---|---|")
+        for r in res["masses"]:
+            if "export_ms" not in r:
+                continue
+            today = r["sdpa_ms"] + r["extract_nolse_ms"]
+            log(f"| {r['N']} | {r['Hq']}/{r['Hkv']} | {r['export_ms']:.3f} | "
+                f"{r['sdpa_ms']:.3f} | {r['export_over_sdpa']:.3f}x | "
+                f"{r['extract_nolse_ms']:.3f} / {r['extract_ms']:.3f} | {today:.3f} | "
+                f"{r['today_over_export']:.2f}x | {r['export_rows_bad']} "
+                f"(failed {r['export_failed']:#x}) | {r['export_rows_same_as_extract']}/"
+                f"{r['N'] // B} | {r['export_rel_vs_sdpa']:.1e} |")
     if res["mask"]:
         log("\n| N | density | core ms (TFLOP/s) | v2 ms | flex128 ms | flex64 ms | core vs flex128 |"
             " core/cuDNN per block | rel vs v2 |")

@@ -4,9 +4,11 @@
 # memcheck, ipc_check), the daemon's GPU tier (tier_smoke.sh), the worker's CUDA path
 # (worker_check.sh), the Python binding's DLPack of device rows (test_dlpack_gpu.py),
 # mapflow.kernels' CUDA calls against the C reference (test_kernels_py.py),
-# the kernel benchmark (bench/gpu/run.sh) and the hand-off benchmark
-# (bench/handoff/run.sh). Each step has a time limit; logs and results are packed into
-# $OUT (at most 8 files come back) and a summary table is printed last.
+# the kernel benchmark (bench/gpu/run.sh), the attention core's export / masses timing
+# (core-bench: bench/gpu/core_bench.py, CORE_BENCH_ARGS replacing its default arguments;
+# its core.json is in logs.tar.xz) and the hand-off benchmark (bench/handoff/run.sh).
+# Each step has a time limit; logs and results are packed into $OUT (at most 8 files come
+# back) and a summary table is printed last.
 # Usage: tests/gpu/all.sh [STEP ...]   (default: every step; names as in the table)
 # Every table in bench/results/handoff.md and gpu.md comes from the kernels-bench and
 # handoff steps (issue 18); sizes through the env of bench/handoff/run.sh (HANDOFF_*) and
@@ -26,7 +28,7 @@ fi
 export LD_LIBRARY_PATH="$root/.gpu-libs/usr/lib/x86_64-linux-gnu:$root/.gpu-libs/usr/lib/x86_64-linux-gnu/ucx${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PYTHONUNBUFFERED=1
 export MF_COMMIT=${MF_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-sizes=$(env | grep -E '^(HANDOFF_[A-Z_]+|BENCH_GPU_ARGS|BUDGET)=' | sort | sed "s/=\(.*\)/='\1'/" | tr '\n' ' ')
+sizes=$(env | grep -E '^(HANDOFF_[A-Z_]+|BENCH_GPU_ARGS|CORE_BENCH_ARGS|BUDGET)=' | sort | sed "s/=\(.*\)/='\1'/" | tr '\n' ' ')
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -n 2
 
 # name | seconds | command
@@ -37,6 +39,7 @@ steps=(
   "dlpack|40|${PYTHON:-python3} tests/gpu/test_dlpack_gpu.py"
   "kernels-py|90|${PYTHON:-python3} tests/gpu/test_kernels_py.py"
   "kernels-bench|${KBENCH_LIMIT:-150}|bash bench/gpu/run.sh"
+  "core-bench|${CORE_BENCH_LIMIT:-150}|${PYTHON:-python3} bench/gpu/core_bench.py --out \$OUT/core.json ${CORE_BENCH_ARGS:---no-dense --no-mask --mass-ns 32768 --mass-heads 40/8,32/8 --reps 9}"
   "handoff|${HANDOFF_LIMIT:-300}|bash bench/handoff/run.sh"
   "handoff-2gpu|230|bash bench/handoff/two_gpu.sh"
 )

@@ -17,9 +17,15 @@
  *            v2 for prob heads; v2, v3, and at B64 d128 v3 with 1, 2 and 4 heads a CTA),
  *            with head modes mixed inside a KV group or uniform per group.
  * One line per case, a summary table last; exit status 1 on any failure.
- * Usage: gpu_check [--small] [--masses] [--no-v3] [--seed S]   (--small: one tiny case
- * each, for compute-sanitizer; --masses: the masses cases and two dense ones only, with
- * --small the tiny masses cases only; --no-v3:
+ *   export:  mf_export_cuda (the fused forward's masses → extract's selection, encoding and
+ *            seal): rows as extract's are checked against mf_extract_ref (above), masses
+ *            within 1e-4 of float64 and 0 above the diagonal, O / LSE as dense; a partial
+ *            last block, a sub-range of rows, caller-given (poisoned) and self-allocated
+ *            scratch; bad arguments refused with nothing written.
+ * Usage: gpu_check [--small] [--masses] [--export] [--no-v3] [--seed S]   (--small: one
+ * tiny case each, for compute-sanitizer; --masses: the masses cases and two dense ones
+ * only, with --small the tiny masses cases only; --export: the export cases only (with
+ * --small the tiny one and the bad arguments); --no-v3:
  * without the v3 baseline, whose racecheck hazard is known).
  * Single-threaded tool; owns everything it allocates.
  */
@@ -231,17 +237,51 @@ typedef struct ext_case {
     mf_codec_t codec;
     int lse_given;
     float top_p;
+    int fused;            /* mf_export_cuda (the fused forward's masses) instead of extract */
+    uint32_t skip0, skip1; /* rows for query blocks [skip0, nb − skip1) only */
+    int own_scratch;      /* fused: the caller passes the forward's scratch (poisoned) */
 } ext_case_t;
 
+/* O [N, Hq, d] and LSE [Hq, N] of a GPU forward against float64: rel err of O over the
+ * finite elements, LSE max |err|, and how many O elements are not finite (unwritten). */
+static void forward_err(const float *o, const float *lse, const double *o64, const double *lse64,
+                        size_t on, size_t ln, double *rel, double *lerr, size_t *unwritten)
+{
+    double num = 0, den = 0;
+    *lerr = 0;
+    *unwritten = 0;
+    for (size_t x = 0; x < on; x++) {
+        if (!isfinite(o[x])) {
+            (*unwritten)++;
+            continue;
+        }
+        num += (o[x] - o64[x]) * (o[x] - o64[x]);
+        den += o64[x] * o64[x];
+    }
+    for (size_t x = 0; x < ln; x++) {
+        double e = isfinite(lse[x]) ? fabs(lse[x] - lse64[x]) : INFINITY;
+        if (!(e <= *lerr))
+            *lerr = e;
+    }
+    *rel = den > 0 ? sqrt(num / den) : INFINITY;
+}
+
+/* extract (mf_extract_cuda) or, with c->fused, the fused export (mf_export_cuda: O, LSE
+ * and masses from the core's forward, then the same selection / encoding / seal) against
+ * mf_extract_ref's rows; the export's O / LSE also against float64, its masses within 1e-4
+ * and 0 above the diagonal. Skipped, and reported as such, where the export is
+ * unimplemented (off sm_90). */
 static int check_extract(const ext_case_t *c, uint64_t seed)
 {
     char name[96];
-    snprintf(name, sizeof(name), "extract %s B%u d%u N%u H%u/%u %s lse=%s",
-             c->dt == MF_DTYPE_F16 ? "f16" : "bf16", c->b, c->d, c->n, c->hq, c->hkv,
-             mf_codec_name(c->codec), c->lse_given ? "given" : "computed");
+    snprintf(name, sizeof(name), "%s %s B%u d%u N%u H%u/%u %s lse=%s%s%s",
+             c->fused ? "export" : "extract", c->dt == MF_DTYPE_F16 ? "f16" : "bf16", c->b,
+             c->d, c->n, c->hq, c->hkv, mf_codec_name(c->codec),
+             c->lse_given ? "given" : "computed", c->skip0 || c->skip1 ? " part" : "",
+             c->own_scratch ? " scratch" : "");
     tensors_t t;
     tensors_make(&t, seed, c->dt, c->n, c->hq, c->hkv, c->d);
-    uint32_t nb = c->n / c->b, i0 = 0, i1 = nb;
+    uint32_t nb = c->n / c->b, i0 = c->skip0, i1 = nb - c->skip1;
     double *o64 = malloc((size_t)c->n * c->hq * c->d * sizeof(double));
     double *lse64 = malloc((size_t)c->hq * c->n * sizeof(double));
     float *lse32 = malloc((size_t)c->hq * c->n * sizeof(float));
@@ -275,17 +315,22 @@ static int check_extract(const ext_case_t *c, uint64_t seed)
     }
     /* GPU */
     uint8_t *drows;
-    float *dlse = NULL, *dmass;
+    float *dlse = NULL, *dmass, *d_o = NULL, *d_lse = NULL;
+    void *dscr = NULL;
     uint64_t *dsizes;
     uint32_t *dfailed;
-    size_t mass_n = (size_t)c->hq * nb * nb;
+    /* mass[h][i][j] at h·mhs + (i − mi0)·mrs + j: extract's mass_out [Hq][i1 − i0][i1], the
+     * export's [Hq][N/64][N/64] */
+    size_t mrs = c->fused ? nb : i1, mhs = c->fused ? (size_t)nb * nb : (size_t)ref.nq * i1,
+           mi0 = c->fused ? 0 : i0, mass_n = (size_t)c->hq * mhs;
+    size_t on = (size_t)c->n * c->hq * c->d, ln = (size_t)c->hq * c->n;
     CK(cudaMalloc((void **)&drows, gpu.total));
     CK(cudaMemset(drows, 0xa5, gpu.total)); /* poison */
     CK(cudaMalloc((void **)&dmass, mass_n * 4));
     CK(cudaMemset(dmass, 0xff, mass_n * 4));
     CK(cudaMalloc((void **)&dsizes, gpu.nq * 8));
     CK(cudaMalloc((void **)&dfailed, 4));
-    if (c->lse_given)
+    if (c->lse_given && !c->fused)
         dlse = dup_dev(lse32, (size_t)c->hq * c->n * 4);
     for (uint32_t k = 0; k < gpu.nq; k++)
         gpu.ptrs[k] = drows + gpu.off[k];
@@ -294,11 +339,36 @@ static int check_extract(const ext_case_t *c, uint64_t seed)
                                   .model = model, .ns = ns, .layer = 3, .tokens = tokens,
                                   .rows = gpu.ptrs, .caps = gpu.cap, .sizes = dsizes,
                                   .failed_block = dfailed, .mass_out = dmass };
-    st = mf_extract_cuda(&ga, 0, &why);
-    int ok = st == MF_OK;
+    CK(cudaMemset(dsizes, 0xff, gpu.nq * 8));
+    CK(cudaMemset(dfailed, 0, 4));
+    if (c->fused) {
+        CK(cudaMalloc((void **)&d_o, on * 4));
+        CK(cudaMalloc((void **)&d_lse, ln * 4));
+        CK(cudaMemset(d_o, 0xff, on * 4)); /* NaN poison */
+        CK(cudaMemset(d_lse, 0xff, ln * 4));
+        mf_export_cuda_args_t xa = { .ex = ga, .o = d_o, .lse = d_lse, .mass = dmass };
+        if (c->own_scratch) {
+            xa.scratch_bytes = mf_attention_masses_scratch(c->n);
+            CK(cudaMalloc(&dscr, xa.scratch_bytes));
+            CK(cudaMemset(dscr, 0xa5, xa.scratch_bytes)); /* the call must not rely on it */
+            xa.scratch = dscr;
+        }
+        xa.ex.mass_out = NULL;
+        st = mf_export_cuda(&xa, 0, &why);
+    } else {
+        st = mf_extract_cuda(&ga, 0, &why);
+    }
+    int ok = st == MF_OK, pass = 0;
+    if (c->fused && st == MF_UNIMPLEMENTED) {
+        printf("%s: skipped: %s\n", name, why);
+        pass = 1;
+        goto out;
+    }
     if (!ok)
-        printf("%s: mf_extract_cuda: %s (%s)\n", name, mf_status_name(st), why);
+        printf("%s: %s: %s (%s)\n", name, c->fused ? "mf_export_cuda" : "mf_extract_cuda",
+               mf_status_name(st), why);
     CK(cudaDeviceSynchronize());
+    CK(cudaGetLastError());
     uint64_t *gsizes = calloc(gpu.nq, 8);
     float *gmass = malloc(mass_n * 4);
     CK(cudaMemcpy(gpu.host, drows, gpu.total, cudaMemcpyDeviceToHost));
@@ -306,16 +376,22 @@ static int check_extract(const ext_case_t *c, uint64_t seed)
     CK(cudaMemcpy(&failed, dfailed, 4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(gmass, dmass, mass_n * 4, cudaMemcpyDeviceToHost));
     ok &= failed == UINT32_MAX;
-    /* masses vs float64 */
+    /* masses vs float64 (the export's: every query block, 0 above the diagonal) */
     double *m64 = masses64(&t, lse64, c->b, nb), mass_err = 0;
+    size_t above = 0;
     for (uint32_t h = 0; h < c->hq; h++)
-        for (uint32_t i = 0; i < nb; i++)
-            for (uint32_t j = 0; j <= i; j++) {
-                double e = fabs(gmass[((size_t)h * nb + i) * nb + j] -
-                                m64[((size_t)h * nb + i) * nb + j]);
+        for (uint32_t i = c->fused ? 0 : i0; i < (c->fused ? nb : i1); i++)
+            for (uint32_t j = 0; j < (c->fused ? nb : i + 1); j++) {
+                float g = gmass[h * mhs + (i - mi0) * mrs + j];
+                if (j > i) {
+                    above += g != 0.0f; /* NaN poison counts too */
+                    continue;
+                }
+                double e = fabs(g - m64[((size_t)h * nb + i) * nb + j]);
                 if (!(e <= mass_err))
                     mass_err = isnan(e) ? INFINITY : e;
             }
+    double mass_tol = c->fused ? 1e-4 : 1e-3;
     /* rows */
     int decode_fail = 0;
     uint32_t sets = 0, exact_sets = 0, tolerated = 0, bad_sets = 0;
@@ -345,7 +421,7 @@ static int check_extract(const ext_case_t *c, uint64_t seed)
             if (!memcmp(kg, kr, i + 1)) {
                 exact_sets++;
             } else if (topp_valid(m64 + ((size_t)h * nb + i) * nb, kg, i + 1, c->top_p,
-                                  1e-3)) {
+                                  mass_tol)) {
                 tolerated++;
             } else {
                 bad_sets++;
@@ -384,20 +460,40 @@ static int check_extract(const ext_case_t *c, uint64_t seed)
     }
     char label[128];
     report(name, "rows decode+sum", decode_fail, 0, ok && decode_fail == 0);
-    report(name, "mass max |err|", mass_err, 1e-3, mass_err <= 1e-3);
+    report(name, "mass max |err|", mass_err, mass_tol, mass_err <= mass_tol);
     snprintf(label, sizeof(label), "%s", name);
     report(label, "kept sets bad", bad_sets, 0, bad_sets == 0 && sets > 0);
-    printf("    kept sets: %u total, %u identical, %u near-tie (valid Top-P within 1e-3)\n",
-           sets, exact_sets, tolerated);
+    printf("    kept sets: %u total, %u identical, %u near-tie (valid Top-P within %.0e)\n",
+           sets, exact_sets, tolerated, mass_tol);
     report(name, "tile err/2bound", tile_excess, 1.0, tile_excess <= 1.0);
     report(name, "mass byte diff", mass_byte, 1, mass_byte <= 1);
-    int pass = ok && decode_fail == 0 && mass_err <= 1e-3 && bad_sets == 0 &&
-               tile_excess <= 1.0 && mass_byte <= 1;
+    pass = ok && decode_fail == 0 && mass_err <= mass_tol && bad_sets == 0 &&
+           tile_excess <= 1.0 && mass_byte <= 1;
+    if (c->fused) {
+        float *o = malloc(on * 4), *lse = malloc(ln * 4);
+        if (!o || !lse) {
+            fprintf(stderr, "out of memory\n");
+            exit(2);
+        }
+        CK(cudaMemcpy(o, d_o, on * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(lse, d_lse, ln * 4, cudaMemcpyDeviceToHost));
+        double rel, lerr;
+        size_t unwritten;
+        forward_err(o, lse, o64, lse64, on, ln, &rel, &lerr, &unwritten);
+        report(name, "unwritten O/mass", (double)(unwritten + above), 0,
+               unwritten + above == 0);
+        report(name, "rel err O", rel, 2e-3, rel <= 2e-3);
+        report(name, "LSE max |err|", lerr, 1e-3, lerr <= 1e-3);
+        pass &= unwritten + above == 0 && rel <= 2e-3 && lerr <= 1e-3;
+        free(o);
+        free(lse);
+    }
     free(kg);
     free(kr);
     free(m64);
     free(gsizes);
     free(gmass);
+out:
     free(ref_sizes);
     free(o64);
     free(lse64);
@@ -408,6 +504,9 @@ static int check_extract(const ext_case_t *c, uint64_t seed)
     cudaFree(dsizes);
     cudaFree(dfailed);
     cudaFree(dlse);
+    cudaFree(d_o);
+    cudaFree(d_lse);
+    cudaFree(dscr);
     rowset_free(&ref);
     rowset_free(&gpu);
     tensors_free(&t);
@@ -447,22 +546,9 @@ static int check_dense(mf_dtype_t dt, uint32_t d, uint32_t n, uint32_t hq, uint3
         CK(cudaGetLastError());
         CK(cudaMemcpy(o, d_o, on * 4, cudaMemcpyDeviceToHost));
         CK(cudaMemcpy(lse, d_lse, ln * 4, cudaMemcpyDeviceToHost));
-        double num = 0, den = 0, lerr = 0;
-        size_t unwritten = 0;
-        for (size_t x = 0; x < on; x++) {
-            if (!isfinite(o[x])) {
-                unwritten++;
-                continue;
-            }
-            num += (o[x] - o64[x]) * (o[x] - o64[x]);
-            den += o64[x] * o64[x];
-        }
-        for (size_t x = 0; x < ln; x++) {
-            double e = isfinite(lse[x]) ? fabs(lse[x] - lse64[x]) : INFINITY;
-            if (!(e <= lerr))
-                lerr = e;
-        }
-        double rel = den > 0 ? sqrt(num / den) : INFINITY;
+        double rel, lerr;
+        size_t unwritten;
+        forward_err(o, lse, o64, lse64, on, ln, &rel, &lerr, &unwritten);
         pass = st == MF_OK && unwritten == 0;
         report(name, "unwritten", (double)unwritten, 0, pass);
         report(name, "rel err O", rel, 2e-3, rel <= 2e-3);
@@ -575,21 +661,9 @@ static int check_masses(mf_dtype_t dt, uint32_t d, uint32_t n, uint32_t hq, uint
     CK(cudaMemcpy(mass, d_mass, mn * 4, cudaMemcpyDeviceToHost));
     extract_masses(&t, nb, xmass);
     {
-        double num = 0, den = 0, lerr = 0;
-        size_t unwritten = 0;
-        for (size_t x = 0; x < on; x++) {
-            if (!isfinite(o[x])) {
-                unwritten++;
-                continue;
-            }
-            num += (o[x] - o64[x]) * (o[x] - o64[x]);
-            den += o64[x] * o64[x];
-        }
-        for (size_t x = 0; x < ln; x++) {
-            double e = isfinite(lse[x]) ? fabs(lse[x] - lse64[x]) : INFINITY;
-            if (!(e <= lerr))
-                lerr = e;
-        }
+        double rel, lerr;
+        size_t unwritten;
+        forward_err(o, lse, o64, lse64, on, ln, &rel, &lerr, &unwritten);
         double *m64 = masses64(&t, lse64, 64, nb), merr = 0, mrel = 0, xerr = 0, xref = 0;
         size_t above = 0;
         for (uint32_t h = 0; h < hq; h++)
@@ -636,7 +710,6 @@ static int check_masses(mf_dtype_t dt, uint32_t d, uint32_t n, uint32_t hq, uint
                     bad++;
             }
         pass = st == MF_OK && unwritten == 0 && above == 0;
-        double rel = den > 0 ? sqrt(num / den) : INFINITY;
         report(name, "unwritten O/mass", (double)(unwritten + above), 0, pass);
         report(name, "rel err O", rel, 2e-3, rel <= 2e-3);
         report(name, "LSE max |err|", lerr, 1e-3, lerr <= 1e-3);
@@ -695,6 +768,121 @@ static int check_masses_args(void)
     cudaFree(d_mass);
     tensors_free(&t);
     return ok;
+}
+
+/* Bad arguments to mf_export_cuda: a status and a message each, nothing written (O keeps
+ * its poison, the rows theirs). */
+static int check_export_args(void)
+{
+    tensors_t t;
+    tensors_make(&t, 11, MF_DTYPE_BF16, 256, 2, 1, 64);
+    const char *model = "m", *ns = "n", *why = "";
+    uint32_t tokens[256];
+    for (uint32_t x = 0; x < 256; x++)
+        tokens[x] = x * 7 + 1;
+    rowset_t rs;
+    rowset_make(&rs, MF_CODEC_MASK, 128, 2, 0, 2, 1);
+    uint8_t *drows;
+    float *d_o, *d_lse;
+    uint64_t *dsizes;
+    uint32_t *dfailed;
+    size_t on = 256 * 2 * 64 * 4;
+    CK(cudaMalloc((void **)&drows, rs.total));
+    CK(cudaMalloc((void **)&d_o, on));
+    CK(cudaMalloc((void **)&d_lse, 2 * 256 * 4));
+    CK(cudaMalloc((void **)&dsizes, 4 * 8));
+    CK(cudaMalloc((void **)&dfailed, 4));
+    CK(cudaMemset(drows, 0xa5, rs.total));
+    CK(cudaMemset(d_o, 0xa5, on));
+    for (uint32_t k = 0; k < rs.nq; k++)
+        rs.ptrs[k] = drows + rs.off[k];
+    mf_export_cuda_args_t good = {
+        .ex = { .src = t.dev, .block_size = 64, .top_p = 0.9f, .codec = MF_CODEC_MASK,
+                .i0 = 0, .i1 = 2, .model = model, .ns = ns, .tokens = tokens,
+                .rows = rs.ptrs, .caps = rs.cap, .sizes = dsizes, .failed_block = dfailed },
+        .o = d_o };
+    int ok = 1, k = 0;
+    mf_status_t want[8] = { MF_INVALID_ARGUMENT, MF_INVALID_ARGUMENT, MF_INVALID_ARGUMENT,
+                            MF_UNIMPLEMENTED, MF_INVALID_ARGUMENT, MF_INVALID_ARGUMENT,
+                            MF_INVALID_ARGUMENT, MF_INVALID_ARGUMENT };
+    for (k = 0; k < 8; k++) {
+        mf_export_cuda_args_t a = good;
+        switch (k) {
+        case 0: a.o = NULL; break;
+        case 1: a.ex.lse = d_lse; break;                 /* the export computes the LSE */
+        case 2: a.ex.mass_out = d_lse; break;
+        case 3: a.ex.block_size = 128; a.ex.i1 = 1; break; /* masses exist for B = 64 only */
+        case 4: a.ex.src.v = NULL; break;
+        case 5: a.ex.top_p = 0.0f; break;
+        case 6: a.ex.i1 = 5; break;                      /* past N / B */
+        case 7: a.scratch = d_lse; a.scratch_bytes = 16; break; /* the forward's check */
+        }
+        why = "";
+        mf_status_t st = mf_export_cuda(&a, 0, &why);
+        /* off sm_90 the forward refuses first (case 7 reaches its scratch check only there) */
+        int fine = st == want[k] || (k == 7 && st == MF_UNIMPLEMENTED);
+        if (!fine || !*why) {
+            printf("export bad argument %d: %s (%s), want %s\n", k, mf_status_name(st), why,
+                   mf_status_name(want[k]));
+            ok = 0;
+        }
+    }
+    CK(cudaDeviceSynchronize());
+    uint8_t *ho = malloc(on), *hr = malloc(rs.total);
+    CK(cudaMemcpy(ho, d_o, on, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hr, drows, rs.total, cudaMemcpyDeviceToHost));
+    size_t touched = 0;
+    for (size_t x = 0; x < on; x++)
+        touched += ho[x] != 0xa5;
+    for (size_t x = 0; x < rs.total; x++)
+        touched += hr[x] != 0xa5;
+    ok &= touched == 0;
+    /* and the same arguments unchanged are accepted: each refusal was its field's */
+    mf_status_t st = mf_export_cuda(&good, 0, &why);
+    CK(cudaDeviceSynchronize());
+    if (st != MF_OK && st != MF_UNIMPLEMENTED) {
+        printf("export good arguments: %s (%s)\n", mf_status_name(st), why);
+        ok = 0;
+    }
+    report("export bad arguments", "refused+untouched", ok ? 0 : 1, 0, ok);
+    free(ho);
+    free(hr);
+    cudaFree(drows);
+    cudaFree(d_o);
+    cudaFree(d_lse);
+    cudaFree(dsizes);
+    cudaFree(dfailed);
+    rowset_free(&rs);
+    tensors_free(&t);
+    return ok;
+}
+
+/* The fused export's cases (mf_export_cuda vs mf_extract_ref), all at B = 64. */
+static int export_cases(int small, uint64_t seed, int *cases)
+{
+    int fails = 0;
+    if (small) {
+        ext_case_t e = { MF_DTYPE_F16, 64, 64, 256, 4, 2, MF_CODEC_FP8_E4M3, 0, 0.9f, 1, 0, 0, 1 };
+        fails += !check_extract(&e, seed);
+        fails += !check_export_args();
+        *cases += 2;
+        return fails;
+    }
+    const mf_codec_t codecs[] = { MF_CODEC_MASK, MF_CODEC_FP16, MF_CODEC_BF16,
+                                  MF_CODEC_FP8_E4M3, MF_CODEC_U8_LOG };
+    for (int ci = 0; ci < 5; ci++) {
+        ext_case_t e = { ci & 1 ? MF_DTYPE_F16 : MF_DTYPE_BF16, 64, ci < 3 ? 128 : 64, 768, 8,
+                         2, codecs[ci], ci & 1, 0.9f, 1, 0, 0, ci & 1 };
+        fails += !check_extract(&e, seed + ci);
+    }
+    /* a partial last block (N = 800: 12 full blocks), rows for blocks [2, 9) only */
+    ext_case_t p = { MF_DTYPE_BF16, 64, 128, 800, 8, 2, MF_CODEC_FP8_E4M3, 0, 0.95f, 1, 2, 3, 1 };
+    ext_case_t g = { MF_DTYPE_F16, 64, 128, 640, 4, 4, MF_CODEC_MASK, 0, 1.0f, 1, 0, 1, 0 };
+    fails += !check_extract(&p, seed + 5);
+    fails += !check_extract(&g, seed + 6);
+    fails += !check_export_args();
+    *cases += 8;
+    return fails;
 }
 
 typedef struct app_case {
@@ -876,7 +1064,7 @@ static int check_apply(const app_case_t *c, uint64_t seed)
 
 int main(int argc, char **argv)
 {
-    int small = 0, masses_only = 0;
+    int small = 0, masses_only = 0, export_only = 0;
     uint64_t seed = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 20);
     for (int x = 1; x < argc; x++) {
         if (!strcmp(argv[x], "--small"))
@@ -885,10 +1073,13 @@ int main(int argc, char **argv)
             g_no_v3 = 1;
         else if (!strcmp(argv[x], "--masses"))
             masses_only = 1;
+        else if (!strcmp(argv[x], "--export"))
+            export_only = 1;
         else if (!strcmp(argv[x], "--seed") && x + 1 < argc)
             seed = strtoull(argv[++x], NULL, 0);
         else {
-            fprintf(stderr, "usage: gpu_check [--small] [--masses] [--no-v3] [--seed S]\n");
+            fprintf(stderr,
+                    "usage: gpu_check [--small] [--masses] [--export] [--no-v3] [--seed S]\n");
             return 2;
         }
     }
@@ -896,7 +1087,9 @@ int main(int argc, char **argv)
     int fails = 0, cases = 0;
     const mf_codec_t codecs[] = { MF_CODEC_MASK, MF_CODEC_FP16, MF_CODEC_BF16,
                                   MF_CODEC_FP8_E4M3, MF_CODEC_U8_LOG };
-    if (small && masses_only) { /* for compute-sanitizer on the masses alone */
+    if (export_only) {
+        fails += export_cases(small, seed + 60, &cases);
+    } else if (small && masses_only) { /* for compute-sanitizer on the masses alone */
         fails += !check_masses(MF_DTYPE_BF16, 128, 320, 4, 2, 0.9f, 1, seed + 5);
         fails += !check_masses(MF_DTYPE_F16, 64, 200, 2, 1, 0.9f, 0, seed + 6);
         fails += !check_masses_args();
@@ -913,6 +1106,7 @@ int main(int argc, char **argv)
         fails += !check_masses(MF_DTYPE_BF16, 128, 320, 4, 2, 0.9f, 1, seed + 5);
         fails += !check_masses_args();
         cases = 7;
+        fails += export_cases(1, seed + 60, &cases);
     } else if (masses_only) {
         fails += !check_masses(MF_DTYPE_BF16, 128, 1024, 8, 2, 0.9f, 1, seed + 50);
         fails += !check_masses(MF_DTYPE_F16, 128, 2000, 4, 1, 0.95f, 0, seed + 51);
@@ -964,6 +1158,7 @@ int main(int argc, char **argv)
         fails += !check_masses(MF_DTYPE_BF16, 64, 1100, 6, 2, 0.8f, 1, seed + 52);
         fails += !check_masses_args();
         cases += 4;
+        fails += export_cases(0, seed + 60, &cases);
     }
     printf("\n== gpu_check summary (seed %llu) ==\n", (unsigned long long)seed);
     printf("%-52s %-18s %-10s %-8s %s\n", "case", "metric", "value", "limit", "result");
