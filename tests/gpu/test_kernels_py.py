@@ -10,6 +10,8 @@ tests/python/test_kernels_py.py). Fresh random inputs each run, fp16 and bf16:
 - apply_cuda with those rows (as Rows, and as a list of device addresses) vs apply_ref on
   the same rows copied to the host, for implementations core and v2: ‖O − O_ref‖ /
   ‖O_ref‖ ≤ 2e-3; with no rows it is dense attention;
+- export_cuda (the fused forward + extract's selection): O / LSE vs float64, masses vs
+  extract_cuda's, rows that decode with extract_ref's headers;
 - CPU tensors, float32, non-contiguous tensors and mixed devices raise InvalidArgument.
 Env: MF_BUILD (build dir), MAPFLOW_LIB, MAPFLOW_KERNELS_LIB.
 """
@@ -38,6 +40,12 @@ def host(t):
     """A CUDA tensor as the reference takes it (fp16 as NumPy, bf16 as a CPU tensor)."""
     t = t.cpu().contiguous()
     return t.numpy() if t.dtype == torch.float16 else t
+
+
+def lib_scratch(n):
+    """mf_attention_masses_scratch(n) of the CUDA library (bytes of the fused forward's
+    scratch on the current device)."""
+    return K.library("cuda").mf_attention_masses_scratch(n)
 
 
 def rand_qkv(gen, n, hq, hkv, d, dtype):
@@ -135,6 +143,49 @@ class KernelsCuda(unittest.TestCase):
             o = K.apply_cuda(None, w, mode, qt, kt, vt, block_size=b)
             o64, _ = K.attention_dense_ref(host(qt), host(kt), host(vt))
             self.assertLessEqual(rel(o.cpu(), o64), 2e-3)
+
+    def test_export(self):
+        """export_cuda (the fused forward + extract's selection): O and LSE against float64,
+        masses within 1e-4 of extract_cuda's on the same inputs, and rows that decode
+        (structure + checksum) with the header extract_ref writes (kept sets against the
+        reference: gpu_check --export)."""
+        if torch.cuda.get_device_capability() != (9, 0):
+            self.skipTest("the fused forward is sm_90a")
+        b, nb, hs, d = 64, 10, 8, 128
+        n = nb * b + 17  # a partial last block
+        lib = K.library("ref")
+        for dtype, codec in ((torch.bfloat16, "mask"), (torch.float16, "fp8")):
+            q, k, v = rand_qkv(self.gen, n, hs, hs // 2, d, dtype)
+            tokens = np.random.default_rng().integers(1, 1 << 30, n)
+            ex = dict(top_p=0.9, tokens=tokens, model="src", ns="kpy", codec=codec, layer=2)
+            scratch = torch.empty(int(lib_scratch(n)), dtype=torch.uint8, device="cuda")
+            o, lse, rows = K.export_cuda(q, k, v, want_mass=True, scratch=scratch, **ex)
+            o64, lse64 = K.attention_dense_ref(host(q), host(k), host(v))
+            self.assertLessEqual(rel(o.cpu(), o64), 2e-3, dtype)
+            self.assertLessEqual(float(np.abs(lse.cpu().numpy() - lse64).max()), 1e-3)
+            old = K.extract_cuda(q, k, block_size=b, want_mass=True, **ex)
+            full = n // b
+            self.assertEqual(tuple(rows.mass.shape), (hs, full, full))
+            self.assertLessEqual(float((rows.mass - old.mass[:, :full, :full]).abs().max()),
+                                 1e-4)
+            ref = K.extract_ref(host(q), host(k), block_size=b, **ex)
+            self.assertEqual(len(rows), len(ref))
+            for r, rr in zip(rows.host(), ref.host()):
+                va, vb = mapflow._RowView(), mapflow._RowView()
+                for row, view in ((r, va), (rr, vb)):
+                    buf = np.zeros(len(row) + 16, np.uint8)
+                    a = buf[(-buf.ctypes.data) % 16:][:len(row)]
+                    a[:] = row
+                    why = C.c_char_p()
+                    self.assertEqual(lib.mf_row_decode(a.ctypes.data, len(row), 0,
+                                                       C.byref(view), C.byref(why)), 0,
+                                     why.value)
+                for f in ("block_index", "block_size", "n_heads", "layer", "codec"):
+                    self.assertEqual(getattr(va, f), getattr(vb, f), f)
+        with self.assertRaises(mapflow.InvalidArgument) as cm:
+            K.export_cuda(q, k, v, scratch=torch.empty(8, dtype=torch.uint8, device="cuda"),
+                          **ex)
+        self.assertIn("scratch must be", str(cm.exception))
 
     def test_bad_arguments(self):
         q, k, v = rand_qkv(self.gen, 256, 4, 2, 64, torch.float16)

@@ -44,7 +44,7 @@ except ImportError:  # the reference calls need NumPy; the CUDA calls need torch
 __all__ = ["extract_ref", "apply_ref", "attention_dense_ref", "extract_cuda", "apply_cuda",
            "attention_dense_cuda", "cuda_supported", "library", "Rows", "RowOverflow", "RowView",
            "Qkv", "LayerMap", "ExtractArgs", "ApplyArgs", "ApplyStats", "ExtractCudaArgs",
-           "ApplyCudaArgs",
+           "ExportCudaArgs", "ApplyCudaArgs",
            "CODECS", "COMPUTE", "PROB", "MASK", "F32", "F16", "BF16",
            "IMPL_DEFAULT", "IMPL_V2", "IMPL_V3", "IMPL_CORE"]
 
@@ -106,6 +106,12 @@ class ExtractCudaArgs(C.Structure):
                 ("mass_out", C.c_void_p)]
 
 
+class ExportCudaArgs(C.Structure):
+    _c_type_ = "mf_export_cuda_args_t"
+    _fields_ = [("ex", ExtractCudaArgs), ("o", C.c_void_p), ("lse", C.c_void_p),
+                ("mass", C.c_void_p), ("scratch", C.c_void_p), ("scratch_bytes", C.c_size_t)]
+
+
 class ApplyCudaArgs(C.Structure):
     _c_type_ = "mf_apply_cuda_args_t"
     _fields_ = [("rows", C.c_void_p), ("n_rows", C.c_uint32), ("map", C.POINTER(LayerMap)),
@@ -120,7 +126,7 @@ RowView = _RowView
 
 # Checked against mf_kernels_abi_layout() whenever a library is loaded (enums as C int).
 _MIRRORS = [Qkv, LayerMap, ExtractArgs, ApplyArgs, ApplyStats, ExtractCudaArgs,
-            ApplyCudaArgs] + [type("_Enum", (C.c_int,), {"_c_type_": t})
+            ExportCudaArgs, ApplyCudaArgs] + [type("_Enum", (C.c_int,), {"_c_type_": t})
                               for t in ("mf_dtype_t", "mf_head_mode_t", "mf_apply_impl_t",
                                         "mf_codec_t", "mf_status_t")]
 
@@ -142,6 +148,8 @@ _SIGS = {
     "cuda": dict(_COMMON, **{
         "mf_cuda_supported": (C.c_int, [C.c_uint32, C.c_uint32, C.c_int, C.c_uint32, _WHY]),
         "mf_extract_cuda": (C.c_int, [C.POINTER(ExtractCudaArgs), _P, _WHY]),
+        "mf_export_cuda": (C.c_int, [C.POINTER(ExportCudaArgs), _P, _WHY]),
+        "mf_attention_masses_scratch": (C.c_size_t, [C.c_uint32]),
         "mf_apply_cuda": (C.c_int, [C.POINTER(ApplyCudaArgs), _P, _WHY]),
         "mf_apply_cuda_impl": (C.c_int, [C.POINTER(ApplyCudaArgs), C.c_int, _P, _WHY]),
         "mf_attention_dense_cuda": (C.c_int, [C.POINTER(Qkv), _P, _P, _P, _WHY]),
@@ -586,17 +594,13 @@ def attention_dense_cuda(q: Any, k: Any, v: Any, want_lse: bool = True,
     return out, lse
 
 
-def extract_cuda(q: Any, k: Any, *, block_size: int, top_p: float, tokens: Any,
-                 model: Any, ns: Any, codec: Any = "mask", layer: int = 0, lse: Any = None,
-                 i0: int = 0, i1: Optional[int] = None, caps: Optional[Sequence[int]] = None,
-                 buf: Any = None, want_mass: bool = False,
-                 lib: Optional[str] = None) -> Rows:
-    """mf_extract_cuda: the rows of extract_ref, in a device buffer (buf: a uint8 CUDA
-    tensor to reuse when large enough, else a new one). lse [Hq, N] float32 on the device
-    or None; tokens [N] on the host; want_mass: also the block masses. Synchronises torch's
-    stream to read the sizes back; a row that does not fit raises RowOverflow."""
-    L = library("cuda", lib)
-    qkv, (n, hq, _, _), torch = _cuda_qkv(q, k, None)
+def _extract_setup(q: Any, k: Any, v: Any, block_size: int, top_p: float, tokens: Any,
+                   model: Any, ns: Any, codec: Any, layer: int, lse: Any, i0: int,
+                   i1: Optional[int], caps: Optional[Sequence[int]], buf: Any,
+                   want_mass: bool) -> Tuple[ExtractCudaArgs, Dict[str, Any]]:
+    """The argument struct of mf_extract_cuda / mf_export_cuda's ex, and what it points
+    into (kept alive by the caller until the call has been issued and the sizes read)."""
+    qkv, (n, hq, _, d), torch = _cuda_qkv(q, k, v)
     dev = q.device
     b = _block(block_size)
     i0, i1 = _blocks(i0, i1, n, b)
@@ -624,15 +628,79 @@ def extract_cuda(q: Any, k: Any, *, block_size: int, top_p: float, tokens: Any,
                         i1, model, ns, _u32(layer, "layer"), tok.ctypes.data,
                         C.cast(ptrs, C.c_void_p), C.cast(capa, C.c_void_p), sizes.data_ptr(),
                         failed.data_ptr(), None if mass is None else mass.data_ptr())
-    why = C.c_char_p()
-    with torch.cuda.device(dev):
-        st = L.mf_extract_cuda(C.byref(a), _stream(torch, dev), C.byref(why))
-    _check(st, "mf_extract_cuda", why)
-    got = sizes.cpu().tolist()  # synchronises the stream
-    fb = int(failed.item()) & 0xffffffff
+    keep = dict(torch=torch, dev=dev, n=n, hq=hq, d=d, i0=i0, i1=i1, buf=buf, offs=offs,
+                sizes=sizes, failed=failed, mass=mass, tok=tok, ptrs=ptrs, capa=capa,
+                model=model, ns=ns)
+    return a, keep
+
+
+def _extract_rows(keep: Dict[str, Any], mass: Any = None) -> "Rows":
+    got = keep["sizes"].cpu().tolist()  # synchronises the stream
+    fb = int(keep["failed"].item()) & 0xffffffff
+    i0, i1 = keep["i0"], keep["i1"]
     if fb != _NO_BLOCK:
         raise RowOverflow(fb, got[fb - i0] if i0 <= fb < i1 else 0)
-    return Rows(buf, buf.data_ptr(), offs, [int(s) for s in got], i0, mass=mass)
+    buf = keep["buf"]
+    return Rows(buf, buf.data_ptr(), keep["offs"], [int(s) for s in got], i0,
+                mass=keep["mass"] if mass is None else mass)
+
+
+def extract_cuda(q: Any, k: Any, *, block_size: int, top_p: float, tokens: Any,
+                 model: Any, ns: Any, codec: Any = "mask", layer: int = 0, lse: Any = None,
+                 i0: int = 0, i1: Optional[int] = None, caps: Optional[Sequence[int]] = None,
+                 buf: Any = None, want_mass: bool = False,
+                 lib: Optional[str] = None) -> Rows:
+    """mf_extract_cuda: the rows of extract_ref, in a device buffer (buf: a uint8 CUDA
+    tensor to reuse when large enough, else a new one). lse [Hq, N] float32 on the device
+    or None; tokens [N] on the host; want_mass: also the block masses. Synchronises torch's
+    stream to read the sizes back; a row that does not fit raises RowOverflow."""
+    L = library("cuda", lib)
+    a, keep = _extract_setup(q, k, None, block_size, top_p, tokens, model, ns, codec, layer,
+                             lse, i0, i1, caps, buf, want_mass)
+    why = C.c_char_p()
+    with keep["torch"].cuda.device(keep["dev"]):
+        st = L.mf_extract_cuda(C.byref(a), _stream(keep["torch"], keep["dev"]), C.byref(why))
+    _check(st, "mf_extract_cuda", why)
+    return _extract_rows(keep)
+
+
+def export_cuda(q: Any, k: Any, v: Any, *, top_p: float, tokens: Any, model: Any, ns: Any,
+                codec: Any = "mask", layer: int = 0, i0: int = 0, i1: Optional[int] = None,
+                caps: Optional[Sequence[int]] = None, buf: Any = None,
+                want_mass: bool = False, scratch: Any = None,
+                lib: Optional[str] = None) -> Tuple[Any, Any, "Rows"]:
+    """mf_export_cuda, the source's exporter: the layer's dense causal attention and its
+    rows in one call (block size 64; sm_90). Returns (O [N, Hq, d] float32, LSE [Hq, N]
+    float32, rows as extract_cuda's; want_mass: rows.mass holds the [Hq, N/64, N/64]
+    masses the rows were selected from). scratch: a uint8 CUDA tensor of at least
+    mf_attention_masses_scratch(N) bytes to reuse across layers (else one per call).
+    MapflowError UNIMPLEMENTED off sm_90."""
+    L = library("cuda", lib)
+    if v is None:
+        raise _bad("export_cuda needs v (the layer's values)")
+    a, keep = _extract_setup(q, k, v, 64, top_p, tokens, model, ns, codec, layer, None, i0,
+                             i1, caps, buf, False)
+    torch, dev, n, hq, d = keep["torch"], keep["dev"], keep["n"], keep["hq"], keep["d"]
+    o = torch.empty((n, hq, d), dtype=torch.float32, device=dev)
+    lse = torch.empty((hq, n), dtype=torch.float32, device=dev)
+    nb = n // 64  # a partial last block has no mass row (mf_attention_masses_cuda)
+    mass = torch.empty((hq, nb, nb), dtype=torch.float32, device=dev) if want_mass else None
+    with torch.cuda.device(dev):
+        need = int(L.mf_attention_masses_scratch(n))
+    if scratch is not None and not (scratch.dtype == torch.uint8 and scratch.device == dev and
+                                    scratch.is_contiguous() and scratch.numel() >= need and
+                                    scratch.data_ptr() % 256 == 0):
+        raise _bad("scratch must be a contiguous, 256-byte aligned uint8 tensor of at least "
+                   "%d bytes on %s" % (need, dev))
+    e = ExportCudaArgs(a, o.data_ptr(), lse.data_ptr(),
+                       None if mass is None else mass.data_ptr(),
+                       None if scratch is None else scratch.data_ptr(),
+                       0 if scratch is None else scratch.numel())
+    why = C.c_char_p()
+    with torch.cuda.device(dev):
+        st = L.mf_export_cuda(C.byref(e), _stream(torch, dev), C.byref(why))
+    _check(st, "mf_export_cuda", why)
+    return o, lse, _extract_rows(keep, mass)
 
 
 def apply_cuda(rows: Any, w: Any, mode: Any, q: Any, k: Any, v: Any, *, block_size: int,
