@@ -429,9 +429,10 @@ class Window:
     def rows_for(self, layer, codec, p):
         key = (layer, codec, p)
         if key not in self.rows:
-            q, k = self.src_qk[layer]
+            q, k = self.src_qk[layer][:2]
+            v = self.src_qk[layer][2] if len(self.src_qk[layer]) > 2 else None
             self.rows[key] = self.be.extract(q, k, p, mfk.CODECS[codec], layer, self.tokens,
-                                             ("src",) + key)
+                                             ("src",) + key, v=v)
         return self.rows[key]
 
     def parsed_for(self, layer, p, hs, nb):
@@ -444,7 +445,7 @@ class Window:
         """(keep, mass) of the source's mask rows at block b (emulated extraction)."""
         key = ("emu", layer, b, p)
         if key not in self.parsed:
-            q, k = self.src_qk[layer]
+            q, k = self.src_qk[layer][:2]
             self.parsed[key] = mfk.emu_extract(q, k, b, p)
         return self.parsed[key]
 
@@ -709,6 +710,9 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--backend", choices=("cuda", "ref"), default="cuda")
     ap.add_argument("--block", type=int, default=32)
+    ap.add_argument("--exporter", choices=("extract", "fused"), default="extract",
+                    help="source rows from mf_extract_cuda, or from mf_export_cuda (the "
+                    "fused forward's masses: the exporter that ships; B = 64)")
     ap.add_argument("--recompute-last", type=int, default=1)
     ap.add_argument("--cal-windows", type=int, default=8)
     ap.add_argument("--cal-n", type=int, default=0, help="tokens per calibration window "
@@ -747,7 +751,11 @@ def main():
                          "XAttention stride %d must divide B" % (ctx, args.block,
                                                                  args.xattn_stride))
     lt, ht, hs = tgt.cfg.n_layer, tgt.cfg.n_head, src.cfg.n_head
-    be = mfk.Cuda(args.block) if args.backend == "cuda" else mfk.Ref(args.block)
+    if args.exporter == "fused" and (args.backend != "cuda" or args.block != 64):
+        raise SystemExit("evaluate: --exporter fused needs --backend cuda and --block 64 "
+                         "(mf_export_cuda's fused masses are B = 64)")
+    be = (mfk.Cuda(args.block, args.exporter) if args.backend == "cuda"
+          else mfk.Ref(args.block))
     cal, iam, cal_json, cal_summary, bm = calibrate(args, src, tgt, dev)
     vs = variants(cal, lt)
     if args.only:
@@ -800,7 +808,8 @@ def main():
             src_qk = {}
 
             def grab(layer, q, k, v):
-                src_qk[layer] = (to_kernel(q), to_kernel(k))
+                src_qk[layer] = (to_kernel(q), to_kernel(k)) + (
+                    (to_kernel(v),) if args.exporter == "fused" else ())
                 return M.causal_attention(q, k, v)
             src(idx, attn=grab)
             win = Window(be, src_qk, tests[s][w0:w0 + ctx].astype(np.uint32), args)
@@ -849,7 +858,7 @@ def main():
                       "acct_windows": args.acct_windows, "ref_checks": CHECKED[0],
                       "dev_windows": len(args.dev_starts), "xattn_stride": args.xattn_stride,
                       "fp_tau": args.fp_tau, "fp_min_budget": args.fp_min_budget or ctx // 32,
-                      "boot": args.boot, "seed": args.seed},
+                      "boot": args.boot, "seed": args.seed, "exporter": args.exporter},
            "calibration": cal_json, "calibration_summary": cal_summary,
            "profile_l0": {n: c["profile"]["l0"] for n, c in cal.items()},
            "variants": [v for v in vs if v["name"] not in failed],

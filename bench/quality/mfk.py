@@ -111,21 +111,36 @@ def _caps(codec, b, heads, nb, entries, model):
 class Cuda:
     name = "cuda"
 
-    def __init__(self, block):
+    def __init__(self, block, exporter="extract"):
         self.b = block
         self.lib = os.environ.get("MF_CUDA_LIB")
-        K.library("cuda", self.lib)  # fails here, not at the first call
+        L = K.library("cuda", self.lib)  # fails here, not at the first call
         self.pool = {}
         self.bad = torch.zeros(1, dtype=torch.int32, device="cuda")
+        # "fused": the source's rows come from the exporter that ships (mf_export_cuda: the
+        # fused forward's masses, B = 64, sm_90), given V; "extract": mf_extract_cuda
+        self.exporter = exporter
+        self.scratch = {}
+        self._need = L.mf_attention_masses_scratch
 
     def extract(self, q, k, top_p, codec, layer, tokens, slot, lse=None, entries=None,
-                model=MODEL, ns=NS):
-        """lse: [H, N] fp32 device tensor or None (computed by the kernel)."""
+                model=MODEL, ns=NS, v=None):
+        """lse: [H, N] fp32 device tensor or None (computed by the kernel); v: the layer's
+        values, used by the fused exporter (then lse must be None)."""
         n, h, _ = q.shape
-        rows = K.extract_cuda(q, k, block_size=self.b, top_p=top_p, tokens=tokens,
-                              model=model, ns=ns, codec=codec, layer=layer, lse=lse,
-                              caps=_caps(codec, self.b, h, n // self.b, entries, model),
-                              buf=self.pool.get(slot), lib=self.lib)
+        caps = _caps(codec, self.b, h, n // self.b, entries, model)
+        if self.exporter == "fused" and v is not None and lse is None:
+            if n not in self.scratch:
+                self.scratch[n] = torch.empty(int(self._need(n)), dtype=torch.uint8,
+                                              device=q.device)
+            _, _, rows = K.export_cuda(q, k, v, top_p=top_p, tokens=tokens, model=model,
+                                       ns=ns, codec=codec, layer=layer, caps=caps,
+                                       buf=self.pool.get(slot), scratch=self.scratch[n],
+                                       lib=self.lib)
+        else:
+            rows = K.extract_cuda(q, k, block_size=self.b, top_p=top_p, tokens=tokens,
+                                  model=model, ns=ns, codec=codec, layer=layer, lse=lse,
+                                  caps=caps, buf=self.pool.get(slot), lib=self.lib)
         self.pool[slot] = rows.buf  # one arena per slot, reused window after window
         return RowSet.of(rows, codec)
 
@@ -149,8 +164,9 @@ class Ref:
         K.library("ref", self.lib)
 
     def extract(self, q, k, top_p, codec, layer, tokens, slot, lse=None, entries=None,
-                model=MODEL, ns=NS):
-        """lse: [H, N] fp32 host tensor or None (computed by the reference)."""
+                model=MODEL, ns=NS, v=None):
+        """lse: [H, N] fp32 host tensor or None (computed by the reference); v: unused (the
+        reference's masses are the specification both CUDA exporters are checked against)."""
         n, h, _ = q.shape
         rows = K.extract_ref(q.contiguous(), k.contiguous(), block_size=self.b, top_p=top_p,
                              tokens=tokens, model=model, ns=ns, codec=codec, layer=layer,
