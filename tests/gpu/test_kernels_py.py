@@ -65,6 +65,22 @@ class KernelsCuda(unittest.TestCase):
         self.gen.manual_seed(int.from_bytes(os.urandom(4), "little"))
         print("seed", self.gen.initial_seed())
 
+    def same_headers(self, lib, rows, ref):
+        """Every row decodes (mf_row_decode: structure + checksum) with the header the
+        reference wrote for the same block."""
+        for r, rr in zip(rows.host(), ref.host()):
+            va, vb = mapflow._RowView(), mapflow._RowView()
+            for row, view in ((r, va), (rr, vb)):
+                buf = np.zeros(len(row) + 16, np.uint8)
+                a = buf[(-buf.ctypes.data) % 16:][:len(row)]
+                a[:] = row
+                why = C.c_char_p()
+                self.assertEqual(lib.mf_row_decode(a.ctypes.data, len(row), 0, C.byref(view),
+                                                   C.byref(why)), 0, why.value)
+            for f in ("block_index", "block_size", "n_heads", "layer", "codec"):
+                self.assertEqual(getattr(va, f), getattr(vb, f), f)
+            self.assertEqual((va.hash.lo, va.hash.hi), (vb.hash.lo, vb.hash.hi))
+
     def test_dense(self):
         if torch.cuda.get_device_capability() != (9, 0):
             self.skipTest("the attention core is sm_90a")
@@ -93,19 +109,7 @@ class KernelsCuda(unittest.TestCase):
             rows = K.extract_cuda(q, k, want_mass=True, **ex)
             ref = K.extract_ref(host(q), host(k), **ex)
             self.assertEqual(len(rows), nb - 1)
-            for r, rr in zip(rows.host(), ref.host()):
-                va, vb = mapflow._RowView(), mapflow._RowView()
-                for row, view in ((r, va), (rr, vb)):
-                    buf = np.zeros(len(row) + 16, np.uint8)
-                    a = buf[(-buf.ctypes.data) % 16:][:len(row)]
-                    a[:] = row
-                    why = C.c_char_p()
-                    self.assertEqual(lib.mf_row_decode(a.ctypes.data, len(row), 0,
-                                                       C.byref(view), C.byref(why)), 0,
-                                     why.value)
-                for f in ("block_index", "block_size", "n_heads", "layer", "codec"):
-                    self.assertEqual(getattr(va, f), getattr(vb, f), f)
-                self.assertEqual((va.hash.lo, va.hash.hi), (vb.hash.lo, vb.hash.hi))
+            self.same_headers(lib, rows, ref)
             # masses vs float64: mean over the block's query rows of the probability in
             # each key block, from the dense reference's LSE
             _, lse64 = K.attention_dense_ref(host(q), host(k), host(k))
@@ -170,18 +174,7 @@ class KernelsCuda(unittest.TestCase):
                                  1e-4)
             ref = K.extract_ref(host(q), host(k), block_size=b, **ex)
             self.assertEqual(len(rows), len(ref))
-            for r, rr in zip(rows.host(), ref.host()):
-                va, vb = mapflow._RowView(), mapflow._RowView()
-                for row, view in ((r, va), (rr, vb)):
-                    buf = np.zeros(len(row) + 16, np.uint8)
-                    a = buf[(-buf.ctypes.data) % 16:][:len(row)]
-                    a[:] = row
-                    why = C.c_char_p()
-                    self.assertEqual(lib.mf_row_decode(a.ctypes.data, len(row), 0,
-                                                       C.byref(view), C.byref(why)), 0,
-                                     why.value)
-                for f in ("block_index", "block_size", "n_heads", "layer", "codec"):
-                    self.assertEqual(getattr(va, f), getattr(vb, f), f)
+            self.same_headers(lib, rows, ref)
         with self.assertRaises(mapflow.InvalidArgument) as cm:
             K.export_cuda(q, k, v, scratch=torch.empty(8, dtype=torch.uint8, device="cuda"),
                           **ex)
