@@ -5,10 +5,19 @@
 #include <string.h>
 #include <xxhash.h>
 
+/* One linked entry of a block, by layer (the layer kept here so a probe never reads the
+ * entry it skips). */
+typedef struct mfd_bslot {
+    uint32_t layer;
+    mfd_entry_t *e;
+} mfd_bslot_t;
+
 struct mfd_block {
     struct mfd_block *hnext;
     uint64_t khash;
     uint32_t n_entries;       /* linked entries of this block, any layer */
+    uint32_t n_slots, cap_slots;
+    mfd_bslot_t *slots;       /* n_slots of the linked entries, sorted by layer */
     uint32_t block_size;      /* 0: nothing recorded yet */
     uint32_t *tokens;         /* block_size tokens as a row of the block showed them */
     uint8_t parent[16];
@@ -22,6 +31,7 @@ struct mfd_index {
     size_t n_buckets, count;
     mfd_block_t **bbuckets;
     size_t n_bbuckets, bcount;
+    size_t unslotted;         /* linked entries in no block's slots (out of memory) */
     mfd_entry_t *lru_head[3], *lru_tail[3];   /* head = MRU, tail = coldest */
     mfd_entry_free_cb on_free;
     void *ctx;
@@ -122,6 +132,7 @@ void mfd_index_destroy(mfd_index_t *ix)
         for (mfd_block_t *b = ix->bbuckets[i], *n; b; b = n) {
             n = b->hnext;
             free(b->tokens);
+            free(b->slots);
             free(b);
         }
     }
@@ -356,7 +367,52 @@ static void block_grow(mfd_index_t *ix)
     ix->n_bbuckets = nb;
 }
 
-/* Out of memory leaves e without a block: lookups then miss it (never a false hit). */
+/* Index of the first slot of b whose layer is >= layer. */
+static uint32_t slot_lower(const mfd_block_t *b, uint32_t layer)
+{
+    uint32_t lo = 0, hi = b->n_slots;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (b->slots[mid].layer < layer)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* 0 when out of memory (e then stays out of b's slots). */
+static int slot_add(mfd_index_t *ix, mfd_block_t *b, mfd_entry_t *e)
+{
+    (void)ix;
+    if (b->n_slots == b->cap_slots) {
+        uint32_t cap = b->cap_slots ? b->cap_slots * 2 : 8;
+        mfd_bslot_t *v = realloc(b->slots, cap * sizeof(*v));
+        if (!v)
+            return 0;
+        b->slots = v;
+        b->cap_slots = cap;
+    }
+    uint32_t layer = key_layer(e), i = slot_lower(b, layer);
+    memmove(b->slots + i + 1, b->slots + i, (b->n_slots - i) * sizeof(*b->slots));
+    b->slots[i] = (mfd_bslot_t){layer, e};
+    b->n_slots++;
+    return 1;
+}
+
+/* 0 when e was not in b's slots. */
+static int slot_remove(mfd_block_t *b, mfd_entry_t *e)
+{
+    uint32_t i = slot_lower(b, key_layer(e));
+    if (i >= b->n_slots || b->slots[i].e != e)
+        return 0;
+    memmove(b->slots + i, b->slots + i + 1, (b->n_slots - i - 1) * sizeof(*b->slots));
+    b->n_slots--;
+    return 1;
+}
+
+/* Out of memory leaves e without a block: lookups then miss it (never a false hit), and
+ * block-wise finds fall back to the entry table (unslotted). */
 static void block_attach(mfd_index_t *ix, mfd_entry_t *e)
 {
     uint8_t bk[MFD_BKEY_MAX];
@@ -364,8 +420,10 @@ static void block_attach(mfd_index_t *ix, mfd_entry_t *e)
     mfd_block_t *b = (mfd_block_t *)mfd_index_block_find(ix, bk, len);
     if (!b) {
         b = calloc(1, sizeof(*b) + len);
-        if (!b)
+        if (!b) {
+            ix->unslotted++;
             return;
+        }
         b->khash = XXH3_64bits(bk, len);
         b->klen = (uint16_t)len;
         memcpy(b->key, bk, len);
@@ -378,13 +436,19 @@ static void block_attach(mfd_index_t *ix, mfd_entry_t *e)
     }
     b->n_entries++;
     e->bnode = b;
+    if (!slot_add(ix, b, e))
+        ix->unslotted++;
 }
 
 static void block_detach(mfd_index_t *ix, mfd_entry_t *e)
 {
     mfd_block_t *b = e->bnode;
-    if (!b)
+    if (!b) {
+        ix->unslotted--;
         return;
+    }
+    if (!slot_remove(b, e))
+        ix->unslotted--;
     e->bnode = NULL;
     uint32_t layer = key_layer(e);
     if (layer < MFD_BLOCK_LAYERS)
@@ -399,7 +463,19 @@ static void block_detach(mfd_index_t *ix, mfd_entry_t *e)
         ix->bcount--;
     }
     free(b->tokens);
+    free(b->slots);
     free(b);
+}
+
+mfd_entry_t *mfd_index_block_entry(mfd_index_t *ix, const mfd_block_t *b, uint32_t layer,
+                                   const mfd_key_t *key)
+{
+    if (ix->unslotted)
+        return mfd_index_find(ix, key->b, key->len);
+    if (!b)
+        return NULL;
+    uint32_t i = slot_lower(b, layer);
+    return i < b->n_slots && b->slots[i].layer == layer ? b->slots[i].e : NULL;
 }
 
 int mfd_block_matches(const mfd_block_t *b, uint32_t block_size, const uint8_t parent[16],

@@ -20,7 +20,8 @@
  * Blocks: a second table, one node per (namespace, model, prefix hash) — the entry key
  * without its layer — counting the linked entries of that block and holding, once, the
  * block's parent hash, block size and tokens as a row of the block showed them, plus a
- * bitmap of the layers (< MFD_BLOCK_LAYERS) whose linked row carries exactly those. A
+ * bitmap of the layers (< MFD_BLOCK_LAYERS) whose linked row carries exactly those, and
+ * its linked entries sorted by layer (so a prefix Get finds a block's rows with one probe). A
  * lookup checks a prefix with one probe and one token compare per block instead of one
  * per (block, layer) (DESIGN §4 semantics unchanged: a layer counts only if its row's
  * parent and tokens are the request's). A layer is marked only through
@@ -149,6 +150,15 @@ typedef struct mfd_block mfd_block_t;
 size_t mfd_bkey_of(const uint8_t *key, size_t len, uint8_t out[MFD_BKEY_MAX]);
 const mfd_block_t *mfd_index_block_find(const mfd_index_t *ix, const uint8_t *bkey,
                                         size_t len);
+/*
+ * The linked entry of `key` (layer `layer`) found through its block b, the node
+ * mfd_index_block_find gave for key's block key (NULL: none): the same answer as
+ * mfd_index_find(key), without hashing and comparing the key of each row of a block
+ * (a prefix Get probes layers x blocks). Falls back to mfd_index_find while some entry
+ * is in no block's table (linked while out of memory).
+ */
+mfd_entry_t *mfd_index_block_entry(mfd_index_t *ix, const mfd_block_t *b, uint32_t layer,
+                                   const mfd_key_t *key);
 /* 1 when the block's recorded parent (LE form), block size and tokens are these. */
 int mfd_block_matches(const mfd_block_t *b, uint32_t block_size, const uint8_t parent[16],
                       const uint32_t *tokens);

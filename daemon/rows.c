@@ -355,6 +355,8 @@ typedef struct get_row {
     get_op_t *op;
     mfd_entry_t *e;          /* pinned while the op holds it (NULL: not found) */
     uint32_t block_rel;      /* index into the op's hash / token arrays (prefix mode) */
+    int vouched;             /* prefix lease: the block index vouches for the row's parent
+                              * and tokens, so its bytes are not read for the hit check */
     const uint8_t *src;      /* copy mode, status OK: the verified bytes to send */
     uint8_t *buf;            /* copy mode: bytes this row owns (SSD read, demotion copy) */
     Mapflow__V1__RowRef ref;
@@ -399,8 +401,13 @@ static void verify_row(get_op_t *op, get_row_t *r, const uint8_t *bytes)
     mf_status_t st;
     if (op->prefix_mode) {
         uint32_t b = r->block_rel;
-        st = mfd_row_verify(bytes, r->e->size, 0, op->tokens + (size_t)b * op->B, op->B,
-                            op->h[b], op->h[b + 1], &why);
+        const uint32_t *tok = op->tokens + (size_t)b * op->B;
+        st = mfd_row_verify(bytes, r->e->size, 0, tok, op->B, op->h[b], op->h[b + 1], &why);
+        if (st == MF_OK) { /* the next Get of this row is vouched for by its block */
+            uint8_t parent[16];
+            mf_hash_to_le(op->h[b], parent);
+            mfd_index_block_note(op->c->srv->store.ix, r->e, op->B, parent, tok);
+        }
     } else {
         st = mfd_row_verify(bytes, r->e->size, 0, NULL, 0, (mf_hash128_t){0, 0},
                             (mf_hash128_t){0, 0}, &why);
@@ -468,6 +475,15 @@ static void verify_chain(get_op_t *op)
 }
 
 
+/* A leased row's offset in the arena its tier names (an SSD row was read into the host
+ * arena). Taken as the row is resolved, while its block is in cache; the entry is pinned,
+ * so the block does not move before the lease is granted. */
+static void set_lease_offset(get_row_t *r)
+{
+    r->ref.arena_offset = mfd_ablock_offset(
+        r->ref.tier == MAPFLOW__V1__TIER__TIER_GPU ? r->e->gpu : r->e->host);
+}
+
 /* One lease group for every row of the Get that is OK (ids: group << MFD_LEASE_ROW_BITS | k). */
 static void grant_leases(get_op_t *op)
 {
@@ -489,9 +505,7 @@ static void grant_leases(get_op_t *op)
         uint32_t k = l->n++;
         l->e[k] = r->e;
         mfd_entry_pin(r->e);
-        r->e->leases++;
-        r->ref.arena_offset = mfd_ablock_offset(
-            r->ref.tier == MAPFLOW__V1__TIER__TIER_GPU ? r->e->gpu : r->e->host);
+        r->e->leases++; /* ref.arena_offset: set_lease_offset, when the row was resolved */
     }
     if (!l)
         return;
@@ -661,7 +675,9 @@ static void on_get_read(void *arg, mfd_entry_t *e, mf_status_t st, uint8_t *buf,
         /* The store checked the checksum as it read the row. */
         r->ref.tier = MAPFLOW__V1__TIER__TIER_SSD;
         verify_row(op, r, bytes);
-        if (!op->lease_mode && r->ref.status == MF_OK) {
+        if (r->ref.status == MF_OK && op->lease_mode)
+            set_lease_offset(r);
+        else if (r->ref.status == MF_OK) {
             r->src = bytes;
             r->buf = buf;
             buf = NULL;
@@ -698,17 +714,53 @@ static void resolve_row(get_op_t *op, get_row_t *r)
     if (op->lease_mode && v.tier == MAPFLOW__V1__TIER__TIER_GPU)
         r->ref.gpu_arena = v.gpu_arena;
     r->buf = v.owned; /* freed with the op unless the reply takes it */
-    verify_row(op, r, v.bytes);
-    if (!op->lease_mode && r->ref.status == MF_OK)
+    if (!r->vouched)
+        verify_row(op, r, v.bytes);
+    if (r->ref.status == MF_OK && op->lease_mode)
+        set_lease_offset(r);
+    else if (r->ref.status == MF_OK)
         r->src = v.bytes;
     /* gpu_promote: a host hit gets a GPU copy (a lease's even when its check failed). */
     if (v.tier == MAPFLOW__V1__TIER__TIER_HOST && (op->lease_mode || r->ref.status == MF_OK))
         mfd_store_promote_gpu(&s->store, e);
 }
 
+/* A prefix Get's blocks, looked up once each: the block node (NULL: no row of the block
+ * is stored) and whether its record carries the request's parent and tokens. Valid only
+ * within the loop callback that made it (nodes go with their last entry). */
+typedef struct get_block {
+    const mfd_block_t *node;
+    int match;
+} get_block_t;
+
+/* blks[b] for blocks [first, first + nb) of the request. */
+static void get_find_blocks(get_op_t *op, get_block_t *blks)
+{
+    mfd_index_t *ix = op->c->srv->store.ix;
+    mfd_keys_tmpl_t *kt = &op->kt;
+    uint8_t bk[MFD_BKEY_MAX], parent[16];
+    memcpy(bk, kt->k.b, kt->at); /* the block key: the entry key without its layer */
+    for (uint32_t b = 0; b < op->nb; b++) {
+        uint32_t j = op->first + b;
+        mf_hash_to_le(op->h[j + 1], bk + kt->at);
+        mf_hash_to_le(op->h[j], parent);
+        blks[b].node = mfd_index_block_find(ix, bk, kt->at + 16);
+        blks[b].match = blks[b].node &&
+                        mfd_block_matches(blks[b].node, op->B, parent,
+                                          op->tokens + (size_t)j * op->B);
+    }
+}
+
 /* Pass 1: finds (and pins) each row's entry, lays the copy payload out (bounded by
- * max_frame). forced: NULL on the first pass; after a peer fetch, the peer's status of
- * each row (0: none), given to rows still missing here. */
+ * max_frame). A prefix Get finds its rows through their blocks (one block probe and one
+ * token compare per block, then the layers' rows from the block node). A lease of a row
+ * whose layer the matching block vouches for (its row, validated at commit or read back,
+ * carries the block's record) skips reading the row: the client reads the arena itself,
+ * later, and checks header and tokens of what it reads (a check here could not cover
+ * a same-node writer changing the shared arena after it anyway). A copy is still
+ * checked here, since these are the bytes the reply carries.
+ * forced: NULL on the first pass; after a peer fetch, the peer's status of each row
+ * (0: none), given to rows still missing here. */
 static void get_find_rows(get_op_t *op, const Mapflow__V1__Get *m, const mf_status_t *forced)
 {
     mfd_server_t *s = op->c->srv;
@@ -716,25 +768,39 @@ static void get_find_rows(get_op_t *op, const Mapflow__V1__Get *m, const mf_stat
     size_t off = 0;
     mfd_keys_tmpl_t *kt = &op->kt;
     const char *why = NULL;
+    get_block_t *blks = NULL;
+    if (op->prefix_mode && op->nb) {
+        blks = malloc(op->nb * sizeof(*blks));
+        if (blks)
+            get_find_blocks(op, blks);
+    }
     for (size_t i = 0; i < op->n_rows; i++) {
         get_row_t *r = &op->rows[i];
         mapflow__v1__row_ref__init(&r->ref);
         r->op = op;
+        r->vouched = 0;
         mfd_key_t k;
-        const mfd_key_t *kp = &k;
         if (op->prefix_mode) {
             size_t l = i / op->nb, b = i % op->nb;
+            uint32_t layer = m->layers[l];
             r->block_rel = (uint32_t)(m->first_block + b);
-            r->ref.layer = m->layers[l];
+            r->ref.layer = layer;
             r->ref.block = r->block_rel;
-            kp = mfd_keys_tmpl_set(kt, m->layers[l], op->h[r->block_rel + 1]);
+            const mfd_key_t *kp = mfd_keys_tmpl_set(kt, layer, op->h[r->block_rel + 1]);
+            if (blks) {
+                r->e = mfd_index_block_entry(s->store.ix, blks[b].node, layer, kp);
+                r->vouched = op->lease_mode && r->e && blks[b].match &&
+                             mfd_block_has_layer(blks[b].node, layer);
+            } else {
+                r->e = mfd_store_find(&s->store, kp); /* out of memory: row by row */
+            }
         } else if (mfd_keys_from_msg(op->c, m->keys[i], &k, &why) != MF_OK) {
             r->ref.status = MF_INVALID_ARGUMENT;
             continue;
         } else {
             r->ref.layer = m->keys[i]->layer;
+            r->e = mfd_store_find(&s->store, &k);
         }
-        r->e = mfd_store_find(&s->store, kp);
         if (!r->e) {
             r->ref.status = forced && forced[i] ? forced[i] : MF_NOT_FOUND;
             continue;
@@ -754,6 +820,7 @@ static void get_find_rows(get_op_t *op, const Mapflow__V1__Get *m, const mf_stat
             }
         }
     }
+    free(blks);
 }
 
 /* Pass 2: copy / lease what is in memory, read the rest from the SSD tier. */

@@ -1,5 +1,6 @@
 /* test_daemon_index — refcounted entries (pinned never freed), LRU order, namespace
- * isolation by key prefix, key encoding, sorted collection and the block nodes. */
+ * isolation by key prefix, key encoding, sorted collection and the block nodes (their
+ * layer marks and their entries, found by layer). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -220,6 +221,61 @@ static void test_blocks(void **state)
     mfd_index_destroy(ix);
 }
 
+/* mfd_index_block_entry answers as mfd_index_find does through random inserts, replaces
+ * and unlinks (pinned ones too) over blocks of many layers, past the bitmap included. */
+static void test_block_entries(void **state)
+{
+    (void)state;
+    mfd_index_t *ix;
+    assert_int_equal(mfd_index_create(on_free, NULL, &ix), MF_OK);
+    enum { NBLK = 40, NLAY = 70, STEPS = 6000 };
+    uint32_t layers[NLAY];
+    unsigned seed = 4711;
+    for (int l = 0; l < NLAY; l++) /* distinct layers, some past MFD_BLOCK_LAYERS */
+        layers[l] = (uint32_t)(l * 7 + (l % 3) * 150);
+    mfd_entry_t *live[NBLK][NLAY];
+    memset(live, 0, sizeof(live));
+    mfd_entry_t *pinned[64];
+    size_t n_pinned = 0;
+    for (int step = 0; step < STEPS; step++) {
+        int b = rand_r(&seed) % NBLK, l = rand_r(&seed) % NLAY, op = rand_r(&seed) % 3;
+        uint8_t h[16];
+        unsigned hs = 777 + (unsigned)b;
+        for (int i = 0; i < 16; i++)
+            h[i] = (uint8_t)rand_r(&hs);
+        mfd_key_t k;
+        assert_int_equal(mfd_key_make(&k, "ns", 2, "m", 1, layers[l], h), MF_OK);
+        if (op < 2) { /* insert or replace */
+            mfd_entry_t *e = mfd_entry_new(&k);
+            int replaced = -1;
+            assert_int_equal(mfd_index_insert(ix, e, &replaced), MF_OK);
+            assert_int_equal(replaced, live[b][l] != NULL);
+            live[b][l] = e;
+        } else if (live[b][l]) {
+            if (n_pinned < 64 && rand_r(&seed) % 2)
+                mfd_entry_pin(pinned[n_pinned++] = live[b][l]);
+            mfd_index_unlink(ix, live[b][l]);
+            live[b][l] = NULL;
+        }
+        /* Every layer of this block (and a layer never stored) agrees with the table. */
+        uint8_t bk[MFD_BKEY_MAX];
+        size_t bl = mfd_bkey_of(k.b, k.len, bk);
+        const mfd_block_t *node = mfd_index_block_find(ix, bk, bl);
+        for (int j = 0; j <= NLAY; j++) {
+            uint32_t layer = j < NLAY ? layers[j] : 5; /* 5: not one of layers[] */
+            mfd_key_t kj;
+            mfd_key_make(&kj, "ns", 2, "m", 1, layer, h);
+            mfd_entry_t *want = mfd_index_find(ix, kj.b, kj.len);
+            assert_ptr_equal(mfd_index_block_entry(ix, node, layer, &kj), want);
+            if (j < NLAY)
+                assert_ptr_equal(want, live[b][j]);
+        }
+    }
+    for (size_t i = 0; i < n_pinned; i++)
+        mfd_index_unpin(ix, pinned[i]);
+    mfd_index_destroy(ix);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -228,6 +284,7 @@ int main(void)
         cmocka_unit_test(test_lru_order),
         cmocka_unit_test(test_namespace_prefix_and_sort),
         cmocka_unit_test(test_blocks),
+        cmocka_unit_test(test_block_entries),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
