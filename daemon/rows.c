@@ -504,8 +504,8 @@ static void grant_leases(get_op_t *op)
         }
         uint32_t k = l->n++;
         l->e[k] = r->e;
-        mfd_entry_pin(r->e);
         r->e->leases++; /* ref.arena_offset: set_lease_offset, when the row was resolved */
+        r->e = NULL;    /* the op's pin (get_find_rows) becomes the lease's */
     }
     if (!l)
         return;
