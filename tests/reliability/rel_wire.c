@@ -220,6 +220,8 @@ int rel_hello_admin(rel_conn_t *c, const char *ns, const char *token, const char
     int fd = -1;
     mf_envelope_t *r = rel_recv(c, &fd);
     int rc = rel_status(r, MAPFLOW__V1__ENVELOPE__BODY_HELLO_REPLY, c);
+    if (rc == 0)
+        c->max_batch = r->hello_reply->max_batch;
     if (rc == 0 && r->hello_reply->host_arena_fd && fd >= 0) {
         c->arena_len = r->hello_reply->host_arena_bytes;
         c->arena = mmap(NULL, c->arena_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
