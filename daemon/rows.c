@@ -424,9 +424,9 @@ static void verify_row(get_op_t *op, get_row_t *r, const uint8_t *bytes)
 /* Block j of a prefix Get is verified when its block-index record (made from a row
  * validated at commit or read back) carries the request's parent and tokens. A block
  * known only from the SSD index has no record yet: one is made from a row of a requested
- * layer that is in memory, if any (else the block stays unverified). A block of which no
- * row is stored at all has nothing to contradict the request and does not stop the chain
- * (a Get past block 0 of a range whose earlier blocks live elsewhere, e.g. on a peer). */
+ * layer that is in memory, if any (else the block stays unverified). A block of which no row is stored here breaks
+ * the chain (issue 22): nothing here can tell the request's block j from a colliding
+ * context's, whose later blocks would carry exactly the request's parents and tokens. */
 static int block_verified(get_op_t *op, size_t n_layers, uint32_t j)
 {
     mfd_store_t *st = &op->c->srv->store;
@@ -436,17 +436,20 @@ static int block_verified(get_op_t *op, size_t n_layers, uint32_t j)
     const mfd_key_t *k = mfd_keys_tmpl_set(&op->kt, op->rows[0].ref.layer, op->h[j + 1]);
     const mfd_block_t *b = mfd_index_block_find(st->ix, bk, mfd_bkey_of(k->b, k->len, bk));
     if (!b)
-        return 1;
+        return 0;
     if (mfd_block_matches(b, op->B, parent, tok))
         return 1;
     for (size_t l = 0; l < n_layers; l++) {
-        mfd_entry_t *e = mfd_store_find(
-            st, mfd_keys_tmpl_set(&op->kt, op->rows[l * op->nb].ref.layer, op->h[j + 1]));
+        uint32_t layer = op->rows[l * op->nb].ref.layer;
+        mfd_entry_t *e = mfd_index_block_entry(st->ix, b, layer,
+                                               mfd_keys_tmpl_set(&op->kt, layer, op->h[j + 1]));
         const uint8_t *row = e ? mfd_store_head(st, e) : NULL;
         const char *why;
         if (row && mfd_row_verify(row, e->size, 0, tok, op->B, op->h[j], op->h[j + 1], &why) ==
                        MF_OK) {
             mfd_index_block_note(st->ix, e, op->B, parent, tok); /* records only if unrecorded */
+            /* Only the record's context is verified: rows of two contexts under one block
+             * (a collision) leave the later blocks' rows to the one that recorded it. */
             return mfd_block_matches(b, op->B, parent, tok);
         }
     }
