@@ -157,9 +157,71 @@ static void fill_tiers(mfd_server_t *s, Mapflow__V1__TierStats ts[3],
     }
 }
 
+/* A tenant's Stats: its own namespace only (issue 22: daemon-wide counters and tier use
+ * tell a tenant what the others do). Tiers keep their state and capacity (configuration,
+ * which ConfigGet shows anyway) with the namespace's rows and bytes on each; counters are
+ * the namespace's rows, bytes and leased rows; connections are the namespace's. It walks
+ * the namespace's entries once (as List does). */
+static void tenant_stats(mfd_conn_t *c, uint64_t rid)
+{
+    mfd_server_t *s = c->srv;
+    uint8_t prefix[MFD_KEY_MAX];
+    size_t plen = key_prefix(c, NULL, prefix);
+    mfd_entry_t **v = NULL;
+    size_t n = 0;
+    if (mfd_index_collect(s->store.ix, prefix, plen, 0, &v, &n) != MF_OK) {
+        mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED, "Stats: out of memory");
+        return;
+    }
+    Mapflow__V1__TierStats ts[3], *tp[3];
+    fill_tiers(s, ts, tp);
+    uint64_t bytes = 0, leased = 0;
+    for (int i = 0; i < 3; i++)
+        ts[i].used_bytes = ts[i].entries = 0;
+    for (size_t i = 0; i < n; i++) {
+        const mfd_entry_t *e = v[i];
+        bytes += e->size;
+        leased += e->leases;
+        for (int t = 0; t < 3; t++) {
+            Mapflow__V1__Tier tier = ts[t].tier;
+            int on = tier == MAPFLOW__V1__TIER__TIER_GPU    ? e->gpu != NULL
+                     : tier == MAPFLOW__V1__TIER__TIER_HOST ? e->host != NULL
+                                                            : e->on_ssd;
+            ts[t].used_bytes += on ? e->size : 0;
+            ts[t].entries += on;
+        }
+    }
+    free(v);
+    uint32_t conns = 0;
+    for (const mfd_conn_t *k = s->conns; k; k = k->next)
+        conns += !k->dead && k->hello_done && k->ns_len == c->ns_len &&
+                 memcmp(k->ns, c->ns, c->ns_len) == 0;
+    Mapflow__V1__Counter cs[3], *cp[3];
+    const char *names[3] = {"namespace_entries", "namespace_bytes", "leases"};
+    uint64_t vals[3] = {n, bytes, leased};
+    for (int i = 0; i < 3; i++) {
+        mapflow__v1__counter__init(&cs[i]);
+        cs[i].name = (char *)names[i];
+        cs[i].value = vals[i];
+        cp[i] = &cs[i];
+    }
+    Mapflow__V1__StatsReply rep = MAPFLOW__V1__STATS_REPLY__INIT;
+    rep.n_tiers = 3;
+    rep.tiers = tp;
+    rep.n_counters = 3;
+    rep.counters = cp;
+    rep.uptime_ms = mf_now_ms() - s->start_ms;
+    rep.connections = conns;
+    REPLY(c, rid, STATS_REPLY, stats_reply, &rep);
+}
+
 void mfd_admin_stats(mfd_conn_t *c, uint64_t rid)
 {
     mfd_server_t *s = c->srv;
+    if (!c->admin) {
+        tenant_stats(c, rid);
+        return;
+    }
     enum { CAP = MFD_C_COUNT + MF_STATUS_COUNT + MFD_H_COUNT + 8 + 2 * MFD_GAUGE_GPU_ARENAS };
     counter_vec_t cv = {calloc(CAP, sizeof(Mapflow__V1__Counter)),
                         calloc(CAP, sizeof(Mapflow__V1__Counter *)), calloc(CAP, 160), 0, CAP};

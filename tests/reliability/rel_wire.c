@@ -1,5 +1,6 @@
 /* rel_wire — blocking wire client and row helpers for the reliability drivers. */
 #include "rel_wire.h"
+#include "mf_addr.h"
 /* The default secret (XXH3_kSecret) is only visible to an inlined copy of xxhash. */
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -394,11 +395,27 @@ int rel_release(rel_conn_t *c, const uint64_t *ids, size_t n, uint32_t *released
 
 uint64_t rel_counter(rel_conn_t *c, const char *name)
 {
+    /* Daemon-wide counters are the admin's (a tenant's Stats covers its namespace): ask on
+     * the admin socket beside c's unix socket, else on c. */
+    struct sockaddr_un sun = {0};
+    socklen_t sl = sizeof(sun);
+    char admin[sizeof(sun.sun_path) + 16];
+    rel_conn_t a;
+    rel_conn_t *q = c;
+    if (getpeername(c->fd, (struct sockaddr *)&sun, &sl) == 0 && sun.sun_family == AF_UNIX) {
+        mf_admin_socket_path(sun.sun_path, admin, sizeof(admin));
+        if (access(admin, F_OK) == 0 && rel_open(&a, admin, "rel-stats", NULL, 0, 5000) == 0)
+            q = &a;
+    }
     Mapflow__V1__Stats m = MAPFLOW__V1__STATS__INIT;
     ENV_INIT(env, STATS, stats, &m);
-    mf_envelope_t *r = rel_call(c, &env, NULL, 0);
+    mf_envelope_t *r = rel_call(q, &env, NULL, 0);
+    if (q != c) {
+        rel_close(&a);
+        q = c;
+    }
     uint64_t v = UINT64_MAX;
-    if (rel_status(r, MAPFLOW__V1__ENVELOPE__BODY_STATS_REPLY, c) == 0)
+    if (rel_status(r, MAPFLOW__V1__ENVELOPE__BODY_STATS_REPLY, q) == 0)
         for (size_t i = 0; i < r->stats_reply->n_counters; i++)
             if (strcmp(r->stats_reply->counters[i]->name, name) == 0)
                 v = r->stats_reply->counters[i]->value;

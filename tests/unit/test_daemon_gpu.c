@@ -264,11 +264,7 @@ static void release_all(td_cli_t *c, const Mapflow__V1__GetReply *g)
 
 static mf_envelope_t *stats(td_cli_t *c)
 {
-    Mapflow__V1__Stats st = MAPFLOW__V1__STATS__INIT;
-    mf_envelope_t env = MAPFLOW__V1__ENVELOPE__INIT;
-    env.body_case = MAPFLOW__V1__ENVELOPE__BODY_STATS;
-    env.stats = &st;
-    mf_envelope_t *r = td_call(c, &env, NULL, 0);
+    mf_envelope_t *r = td_admin_stats(c); /* daemon-wide: the admin socket's */
     assert_non_null(r);
     assert_int_equal(r->body_case, MAPFLOW__V1__ENVELOPE__BODY_STATS_REPLY);
     return r;

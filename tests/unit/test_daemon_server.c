@@ -429,8 +429,7 @@ static void test_watermark_demotion(void **state)
     }
     mfd_server_t *srv = f->d.srv;
     /* Read the counters through Stats (the loop thread owns them). */
-    mf_envelope_t *r = td_simple(&c, MAPFLOW__V1__ENVELOPE__BODY_STATS,
-                              &(Mapflow__V1__Stats)MAPFLOW__V1__STATS__INIT);
+    mf_envelope_t *r = td_admin_stats(&c); /* daemon-wide: the admin socket's */
     uint64_t demotions = 0;
     for (size_t k = 0; k < r->stats_reply->n_counters; k++)
         if (!strcmp(r->stats_reply->counters[k]->name, "demotions_total"))
@@ -498,6 +497,91 @@ static void test_frame_timeout(void **state)
     td_close(&ok);
 }
 
+/* The counters and tiers of one StatsReply (n counters by name; tier used / entries). */
+static uint64_t stat_of(const mf_envelope_t *r, const char *name)
+{
+    for (size_t k = 0; k < r->stats_reply->n_counters; k++)
+        if (!strcmp(r->stats_reply->counters[k]->name, name))
+            return r->stats_reply->counters[k]->value;
+    return UINT64_MAX;
+}
+
+static const Mapflow__V1__TierStats *tier_of(const mf_envelope_t *r, Mapflow__V1__Tier t)
+{
+    for (size_t k = 0; k < r->stats_reply->n_tiers; k++)
+        if (r->stats_reply->tiers[k]->tier == t)
+            return r->stats_reply->tiers[k];
+    fail_msg("no tier %d", (int)t);
+    return NULL;
+}
+
+/* Stats of a tenant covers its own namespace (issue 22): its rows, bytes and leases, per
+ * tier its rows and bytes, its connections, and no daemon-wide counter; the admin socket
+ * still gets the daemon's. Two tenants with random, different row counts. */
+static void test_stats_per_namespace(void **state)
+{
+    fixture_t *f = *state;
+    td_cli_t a, a2, b;
+    assert_int_equal(td_connect(&a, f->d.sock, "ns-sa", 1), 0);
+    assert_int_equal(td_connect(&a2, f->d.sock, "ns-sa", 0), 0);
+    assert_int_equal(td_connect(&b, f->d.sock, "ns-sb", 1), 0);
+    unsigned seed = f->seed;
+    uint32_t na = 2 + (uint32_t)(rand_r(&seed) % (NB - 2)), nb = 1, bytes_a = 0, bytes_b = 0;
+    for (uint32_t i = 0; i < na; i++) {
+        size_t size;
+        unsigned s = 100 + i;
+        uint8_t *row = td_row("ns-sa", MODEL, 1, B, f->tokens, i, &size, &s);
+        bytes_a += (uint32_t)size;
+        free(row);
+        s = 100 + i;
+        assert_int_equal(put_row(&a, "ns-sa", 1, f->tokens, i, 0, NULL, &s, 0), 0);
+    }
+    for (uint32_t i = 0; i < nb; i++) {
+        size_t size;
+        unsigned s = 200 + i;
+        uint8_t *row = td_row("ns-sb", MODEL, 2, B, f->tokens, i, &size, &s);
+        bytes_b += (uint32_t)size;
+        free(row);
+        s = 200 + i;
+        assert_int_equal(put_row(&b, "ns-sb", 2, f->tokens, i, 0, NULL, &s, 0), 0);
+    }
+    uint32_t layer = 1;
+    mf_envelope_t *g = get_rows(&a, f->tokens, NB * B, &layer, 1, 0, 2, 1); /* 2 leases */
+    assert_int_equal(g->get_reply->rows[1]->status, MF_OK);
+    mf_envelope_free(g);
+    mf_envelope_t *r = td_simple(&a, MAPFLOW__V1__ENVELOPE__BODY_STATS,
+                                 &(Mapflow__V1__Stats)MAPFLOW__V1__STATS__INIT);
+    assert_int_equal(r->body_case, MAPFLOW__V1__ENVELOPE__BODY_STATS_REPLY);
+    assert_int_equal(stat_of(r, "namespace_entries"), na);
+    assert_int_equal(stat_of(r, "namespace_bytes"), bytes_a);
+    assert_int_equal(stat_of(r, "leases"), 2);
+    assert_int_equal(stat_of(r, "puts_total"), UINT64_MAX); /* no daemon-wide counters */
+    assert_int_equal(r->stats_reply->n_counters, 3);
+    assert_int_equal(r->stats_reply->connections, 2);
+    const Mapflow__V1__TierStats *h = tier_of(r, MAPFLOW__V1__TIER__TIER_HOST);
+    assert_int_equal(h->entries, na);
+    assert_int_equal(h->used_bytes, bytes_a);
+    assert_true(h->enabled && h->capacity_bytes == (8u << 20));
+    mf_envelope_free(r);
+    r = td_simple(&b, MAPFLOW__V1__ENVELOPE__BODY_STATS,
+                  &(Mapflow__V1__Stats)MAPFLOW__V1__STATS__INIT);
+    assert_int_equal(stat_of(r, "namespace_entries"), nb);
+    assert_int_equal(stat_of(r, "namespace_bytes"), bytes_b);
+    assert_int_equal(stat_of(r, "leases"), 0);
+    assert_int_equal(r->stats_reply->connections, 1);
+    assert_int_equal(tier_of(r, MAPFLOW__V1__TIER__TIER_HOST)->entries, nb);
+    mf_envelope_free(r);
+    /* The admin socket: every namespace's rows and the daemon's counters. */
+    r = td_admin_stats(&a);
+    assert_true(stat_of(r, "puts_total") >= na + nb);
+    assert_int_equal(tier_of(r, MAPFLOW__V1__TIER__TIER_HOST)->entries, na + nb);
+    assert_int_equal(r->stats_reply->connections, 4); /* a, a2, b and the admin's own */
+    mf_envelope_free(r);
+    td_close(&a);
+    td_close(&a2);
+    td_close(&b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -508,6 +592,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_admin_list_config_profile, setup, teardown),
         cmocka_unit_test_setup_teardown(test_watermark_demotion, setup, teardown),
         cmocka_unit_test_setup_teardown(test_frame_timeout, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stats_per_namespace, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
