@@ -56,11 +56,11 @@ void mfd_admin_list(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__List *m)
     }
     uint8_t prefix[MFD_KEY_MAX];
     size_t plen = key_prefix(c, m->model, prefix);
-    mfd_entry_t **v = NULL;
-    size_t n = 0;
-    if (mfd_index_collect(s->store.ix, prefix, plen, 1, &v, &n) != MF_OK) {
-        mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED, "List: out of memory");
-        return;
+    if (m->has_layer && m->model && *m->model) { /* (ns, model, layer) is a key prefix too */
+        prefix[plen++] = (uint8_t)(m->layer >> 24);
+        prefix[plen++] = (uint8_t)(m->layer >> 16);
+        prefix[plen++] = (uint8_t)(m->layer >> 8);
+        prefix[plen++] = (uint8_t)m->layer;
     }
     list_item_t *items = calloc(page, sizeof(*items));
     Mapflow__V1__EntryInfo **ptrs = calloc(page, sizeof(*ptrs));
@@ -68,12 +68,22 @@ void mfd_admin_list(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__List *m)
         mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED, "List: out of memory");
         goto done;
     }
-    size_t k = 0, i = 0;
-    for (; i < n && k < page; i++) {
-        mfd_entry_t *e = v[i];
-        if (m->page_token.len &&
-            mfd_key_cmp(e->key.b, e->key.len, m->page_token.data, m->page_token.len) <= 0)
-            continue;
+    /* The page resumes right after the token's key (or at the prefix) in the index's key
+     * order: O(log n + the entries walked), never the whole index. Without a model, a
+     * layer filter walks the namespace's other layers too. */
+    const uint8_t *from = prefix;
+    size_t flen = plen;
+    int after = 0;
+    if (m->page_token.len &&
+        mfd_key_cmp(m->page_token.data, m->page_token.len, prefix, plen) >= 0) {
+        from = m->page_token.data;
+        flen = m->page_token.len;
+        after = 1;
+    }
+#define IN_PREFIX(e) ((e)->key.len >= plen && memcmp((e)->key.b, prefix, plen) == 0)
+    mfd_entry_t *e = mfd_index_seek(s->store.ix, from, flen, !after);
+    size_t k = 0;
+    for (; e && IN_PREFIX(e) && k < page; e = mfd_index_next(e)) {
         if (m->has_layer && e->layer != m->layer)
             continue;
         mfd_key_parts_t p;
@@ -101,8 +111,9 @@ void mfd_admin_list(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__List *m)
     }
     /* More matching entries after this page? Then the last key is the page token. */
     int more = 0;
-    for (; i < n && !more; i++)
-        more = !m->has_layer || v[i]->layer == m->layer;
+    for (; e && IN_PREFIX(e) && !more; e = mfd_index_next(e))
+        more = !m->has_layer || e->layer == m->layer;
+#undef IN_PREFIX
     Mapflow__V1__ListReply rep = MAPFLOW__V1__LIST_REPLY__INIT;
     rep.n_entries = k;
     rep.entries = ptrs;
@@ -115,7 +126,6 @@ void mfd_admin_list(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__List *m)
 done:
     free(items);
     free(ptrs);
-    free(v);
 }
 
 /* ---- Stats / Health ------------------------------------------------------------------ */

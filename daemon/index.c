@@ -33,6 +33,8 @@ struct mfd_index {
     size_t n_bbuckets, bcount;
     size_t unslotted;         /* linked entries in no block's slots (out of memory) */
     mfd_entry_t *lru_head[3], *lru_tail[3];   /* head = MRU, tail = coldest */
+    mfd_entry_t *sl_head[MFD_SL_LEVELS];      /* the key-order skip list */
+    uint64_t sl_rng;                          /* its level draws (xorshift64) */
     mfd_entry_free_cb on_free;
     void *ctx;
 };
@@ -106,6 +108,7 @@ mf_status_t mfd_index_create(mfd_entry_free_cb on_free, void *ctx, mfd_index_t *
     }
     ix->on_free = on_free;
     ix->ctx = ctx;
+    ix->sl_rng = 0x9e3779b97f4a7c15ull ^ (uint64_t)(uintptr_t)ix;
     *out = ix;
     return MF_OK;
 }
@@ -199,6 +202,70 @@ static void hash_remove(mfd_index_t *ix, mfd_entry_t *e)
     e->hnext = NULL;
 }
 
+/* ---- key order (skip list) ---------------------------------------------------------- */
+
+/* upd[lvl]: the link at level lvl that points at the first entry whose key is >= key (or
+ * > key with `after`), where an entry of that key is spliced in or out. */
+static void sl_find(mfd_index_t *ix, const uint8_t *key, size_t len, int after,
+                    mfd_entry_t **upd[MFD_SL_LEVELS])
+{
+    mfd_entry_t **p = ix->sl_head;
+    for (int lvl = MFD_SL_LEVELS - 1; lvl >= 0; lvl--) {
+        for (mfd_entry_t *x; (x = p[lvl]);) {
+            int c = mfd_key_cmp(x->key.b, x->key.len, key, len);
+            if (c > 0 || (c == 0 && !after))
+                break;
+            p = x->sl_next;
+        }
+        upd[lvl] = &p[lvl];
+    }
+}
+
+static void sl_insert(mfd_index_t *ix, mfd_entry_t *e)
+{
+    uint64_t r = ix->sl_rng; /* xorshift64: each further level kept with p = 1/4 */
+    r ^= r << 13;
+    r ^= r >> 7;
+    r ^= r << 17;
+    ix->sl_rng = r;
+    uint8_t level = 1;
+    while (level < MFD_SL_LEVELS && (r & 3) == 0) {
+        level++;
+        r >>= 2;
+    }
+    mfd_entry_t **upd[MFD_SL_LEVELS];
+    sl_find(ix, e->key.b, e->key.len, 0, upd);
+    e->sl_level = level;
+    for (int lvl = 0; lvl < MFD_SL_LEVELS; lvl++) {
+        e->sl_next[lvl] = lvl < level ? *upd[lvl] : NULL;
+        if (lvl < level)
+            *upd[lvl] = e;
+    }
+}
+
+static void sl_remove(mfd_index_t *ix, mfd_entry_t *e)
+{
+    mfd_entry_t **upd[MFD_SL_LEVELS];
+    sl_find(ix, e->key.b, e->key.len, 0, upd);
+    for (int lvl = 0; lvl < e->sl_level; lvl++)
+        if (*upd[lvl] == e) /* keys of linked entries are unique */
+            *upd[lvl] = e->sl_next[lvl];
+    e->sl_level = 0;
+}
+
+mfd_entry_t *mfd_index_seek(const mfd_index_t *ix, const uint8_t *key, size_t len,
+                            int inclusive)
+{
+    mfd_entry_t **upd[MFD_SL_LEVELS];
+    sl_find((mfd_index_t *)ix, key, len, !inclusive, upd);
+    return *upd[0];
+}
+
+mfd_entry_t *mfd_index_next(const mfd_entry_t *e)
+{
+    return e->sl_next[0];
+}
+
 mf_status_t mfd_index_insert(mfd_index_t *ix, mfd_entry_t *e, int *replaced)
 {
     mfd_entry_t *old = mfd_index_find(ix, e->key.b, e->key.len);
@@ -214,6 +281,7 @@ mf_status_t mfd_index_insert(mfd_index_t *ix, mfd_entry_t *e, int *replaced)
     e->linked = 1;
     ix->count++;
     block_attach(ix, e);
+    sl_insert(ix, e);
     return MF_OK;
 }
 
@@ -223,6 +291,7 @@ void mfd_index_unlink(mfd_index_t *ix, mfd_entry_t *e)
         return;
     hash_remove(ix, e);
     block_detach(ix, e);
+    sl_remove(ix, e);
     mfd_lru_remove(ix, MFD_LRU_HOST, e);
     mfd_lru_remove(ix, MFD_LRU_SSD, e);
     mfd_lru_remove(ix, MFD_LRU_GPU, e);
@@ -522,37 +591,28 @@ size_t mfd_index_block_count(const mfd_index_t *ix)
 
 /* ---- collection --------------------------------------------------------------------- */
 
-static int cmp_entries(const void *a, const void *b)
-{
-    const mfd_entry_t *x = *(mfd_entry_t *const *)a, *y = *(mfd_entry_t *const *)b;
-    return mfd_key_cmp(x->key.b, x->key.len, y->key.b, y->key.len);
-}
-
 mf_status_t mfd_index_collect(mfd_index_t *ix, const uint8_t *prefix, size_t prefix_len,
                               int sorted, mfd_entry_t ***out, size_t *n_out)
 {
+    (void)sorted; /* the skip list hands them out in key order */
     size_t cap = 64, n = 0;
     mfd_entry_t **v = malloc(cap * sizeof(*v));
     if (!v)
         return MF_RESOURCE_EXHAUSTED;
-    for (size_t i = 0; i < ix->n_buckets; i++) {
-        for (mfd_entry_t *e = ix->buckets[i]; e; e = e->hnext) {
-            if (e->key.len < prefix_len || memcmp(e->key.b, prefix, prefix_len) != 0)
-                continue;
-            if (n == cap) {
-                mfd_entry_t **nv = realloc(v, cap * 2 * sizeof(*v));
-                if (!nv) {
-                    free(v);
-                    return MF_RESOURCE_EXHAUSTED;
-                }
-                v = nv;
-                cap *= 2;
+    for (mfd_entry_t *e = mfd_index_seek(ix, prefix, prefix_len, 1);
+         e && e->key.len >= prefix_len && memcmp(e->key.b, prefix, prefix_len) == 0;
+         e = mfd_index_next(e)) {
+        if (n == cap) {
+            mfd_entry_t **nv = realloc(v, cap * 2 * sizeof(*v));
+            if (!nv) {
+                free(v);
+                return MF_RESOURCE_EXHAUSTED;
             }
-            v[n++] = e;
+            v = nv;
+            cap *= 2;
         }
+        v[n++] = e;
     }
-    if (sorted && n > 1)
-        qsort(v, n, sizeof(*v), cmp_entries);
     *out = v;
     *n_out = n;
     return MF_OK;

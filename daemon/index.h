@@ -17,6 +17,10 @@
  * LRU: three lists, entries resident on the host tier, on the GPU tier and present on
  * the SSD tier; the head is the most recently used.
  *
+ * Order: linked entries are also on a skip list in key-byte order (namespace, model,
+ * layer, hash), so a namespace's entries (collect) or a List page (seek, then next) cost
+ * O(log n + what is returned), not a walk of the whole table.
+ *
  * Blocks: a second table, one node per (namespace, model, prefix hash) — the entry key
  * without its layer — counting the linked entries of that block and holding, once, the
  * block's parent hash, block size and tokens as a row of the block showed them, plus a
@@ -67,8 +71,12 @@ typedef struct mfd_lru_link {
     struct mfd_entry *prev, *next;
 } mfd_lru_link_t;
 
+#define MFD_SL_LEVELS 12 /* key-order skip list: p = 1/4 per level, ~4^12 entries */
+
 typedef struct mfd_entry {
     struct mfd_entry *hnext;
+    struct mfd_entry *sl_next[MFD_SL_LEVELS]; /* key order (levels < sl_level) */
+    uint8_t sl_level;
     mfd_lru_link_t host_lru, ssd_lru, gpu_lru;
     uint64_t khash;
     uint64_t size;            /* row bytes */
@@ -132,8 +140,9 @@ mfd_entry_t *mfd_lru_warmer(const mfd_entry_t *e, int list);     /* toward the M
 
 /*
  * Linked entries whose key starts with `prefix` (e.g. a namespace, or a namespace and
- * model), into a malloc'd array sorted by key bytes when `sorted`. The caller frees the
- * array; entries stay owned by the index (pin them if they must outlive a callback).
+ * model), into a malloc'd array in key-byte order (`sorted` is kept for callers: the
+ * order is the skip list's either way). The caller frees the array; entries stay owned
+ * by the index (pin them if they must outlive a callback).
  */
 mf_status_t mfd_index_collect(mfd_index_t *ix, const uint8_t *prefix, size_t prefix_len,
                               int sorted, mfd_entry_t ***out, size_t *n_out);
@@ -171,6 +180,12 @@ int mfd_block_has_layer(const mfd_block_t *b, uint32_t layer);
 void mfd_index_block_note(mfd_index_t *ix, mfd_entry_t *e, uint32_t block_size,
                           const uint8_t parent[16], const uint32_t *tokens);
 size_t mfd_index_block_count(const mfd_index_t *ix);
+
+/* In key order: the first linked entry whose key is > (inclusive: >=) key[0..len), or
+ * NULL; then the next one after e (linked), or NULL. */
+mfd_entry_t *mfd_index_seek(const mfd_index_t *ix, const uint8_t *key, size_t len,
+                            int inclusive);
+mfd_entry_t *mfd_index_next(const mfd_entry_t *e);
 
 /* Byte order of keys (memcmp, then shorter first). */
 int mfd_key_cmp(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen);
