@@ -75,8 +75,6 @@ typedef struct mfd_lru_link {
 
 typedef struct mfd_entry {
     struct mfd_entry *hnext;
-    struct mfd_entry *sl_next[MFD_SL_LEVELS]; /* key order (levels < sl_level) */
-    uint8_t sl_level;
     mfd_lru_link_t host_lru, ssd_lru, gpu_lru;
     uint64_t khash;
     uint64_t size;            /* row bytes */
@@ -103,6 +101,9 @@ typedef struct mfd_entry {
     unsigned wt_deferred : 1; /* on the deferred write-through list (backlog full) */
     unsigned wt_arena : 1;    /* the write in flight reads the host block (async) */
     mfd_key_t key;
+    /* Key order (levels < sl_level); last, away from the fields a Get touches. */
+    uint8_t sl_level;
+    struct mfd_entry *sl_next[MFD_SL_LEVELS];
 } mfd_entry_t;
 
 typedef struct mfd_index mfd_index_t;
