@@ -3,6 +3,7 @@
 #include "keys.h"
 #include "lease.h"
 #include "log.h"
+#include "mf_clock.h"
 #include "peer.h"
 
 #include <stdio.h>
@@ -73,7 +74,7 @@ void mfd_rows_put_begin(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__PutBegin
     r->in_arena = r->slot.gpu ? (int)((gpu_mask(c, m->gpu_mapped) >> r->slot.arena) & 1)
                               : c->has_arena;
     mfd_tickets_add(s->tickets, &r->t, MFD_TICKET_RESERVATION, c,
-                    mfd_now_ms() + s->cfg.reservation_ttl_ms);
+                    (uint64_t)mf_now_ms() + s->cfg.reservation_ttl_ms);
     Mapflow__V1__PutBeginReply rep = MAPFLOW__V1__PUT_BEGIN_REPLY__INIT;
     rep.reservation_id = r->t.id;
     rep.in_arena = r->in_arena;
@@ -99,7 +100,7 @@ static void reply_commit(mfd_conn_t *c, uint64_t rid, int gpu, int durable, int 
     rep.tier = gpu ? MAPFLOW__V1__TIER__TIER_GPU : MAPFLOW__V1__TIER__TIER_HOST;
     rep.durable = durable;
     rep.replaced = replaced;
-    mfd_metrics_observe(&c->srv->metrics, MFD_H_PUT, mfd_now_s() - t0);
+    mfd_metrics_observe(&c->srv->metrics, MFD_H_PUT, mf_now_s() - t0);
     MFD_REPLY(c, rid, PUT_COMMIT_REPLY, put_commit_reply, &rep, NULL, 0);
 }
 
@@ -323,7 +324,7 @@ static void handle_lookup(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Lookup
     rep.n_blocks = m->n_layers;
     rep.blocks = blocks;
     rep.total_blocks = (uint32_t)nb;
-    mfd_metrics_observe(&s->metrics, MFD_H_LOOKUP, mfd_now_s() - t0);
+    mfd_metrics_observe(&s->metrics, MFD_H_LOOKUP, mf_now_s() - t0);
     MFD_REPLY(c, rid, LOOKUP_REPLY, lookup_reply, &rep, NULL, 0);
 done:
     free(alive);
@@ -515,7 +516,7 @@ static void grant_leases(get_op_t *op)
     l->live = l->n;
     s->leased_rows += l->n;
     mfd_tickets_add(s->tickets, &l->t, MFD_TICKET_LEASE, op->c,
-                    mfd_now_ms() + s->cfg.lease_ttl_ms);
+                    (uint64_t)mf_now_ms() + s->cfg.lease_ttl_ms);
     for (size_t i = 0, k = 0; i < op->n_rows; i++)
         if (op->rows[i].ref.status == MF_OK)
             op->rows[i].ref.lease_id = (l->t.id << MFD_LEASE_ROW_BITS) | k++;
@@ -648,7 +649,7 @@ static void finish_get(get_op_t *op)
         rep.n_rows = op->n_rows;
         rep.rows = refs;
         rep.lease_ttl_ms = op->lease_mode ? s->cfg.lease_ttl_ms : 0;
-        mfd_metrics_observe(&s->metrics, MFD_H_GET, mfd_now_s() - op->t0);
+        mfd_metrics_observe(&s->metrics, MFD_H_GET, mf_now_s() - op->t0);
         mf_envelope_t env = MAPFLOW__V1__ENVELOPE__INIT;
         env.request_id = op->rid;
         env.body_case = MAPFLOW__V1__ENVELOPE__BODY_GET_REPLY;
