@@ -425,9 +425,10 @@ static void verify_row(get_op_t *op, get_row_t *r, const uint8_t *bytes)
 /* Block j of a prefix Get is verified when its block-index record (made from a row
  * validated at commit or read back) carries the request's parent and tokens. A block
  * known only from the SSD index has no record yet: one is made from a row of a requested
- * layer that is in memory, if any (else the block stays unverified). A block of which no row is stored here breaks
- * the chain (issue 22): nothing here can tell the request's block j from a colliding
- * context's, whose later blocks would carry exactly the request's parents and tokens. */
+ * layer that is in memory, if any (else the block stays unverified). A block of which no
+ * row is stored here breaks the chain (issue 22): nothing here can tell the request's
+ * block j from a colliding context's, whose later blocks would carry exactly the
+ * request's parents and tokens. */
 static int block_verified(get_op_t *op, size_t n_layers, uint32_t j)
 {
     mfd_store_t *st = &op->c->srv->store;
