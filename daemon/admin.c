@@ -179,7 +179,7 @@ static void tenant_stats(mfd_conn_t *c, uint64_t rid)
     size_t plen = key_prefix(c, NULL, prefix);
     mfd_entry_t **v = NULL;
     size_t n = 0;
-    if (mfd_index_collect(s->store.ix, prefix, plen, 0, &v, &n) != MF_OK) {
+    if (mfd_index_collect(s->store.ix, prefix, plen, &v, &n) != MF_OK) {
         mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED, "Stats: out of memory");
         return;
     }
@@ -335,7 +335,7 @@ static mf_status_t remove_matching(mfd_conn_t *c, int all, const char *model, in
     mfd_entry_t **v;
     size_t n;
     *count = 0;
-    if (mfd_index_collect(c->srv->store.ix, prefix, plen, 0, &v, &n) != MF_OK)
+    if (mfd_index_collect(c->srv->store.ix, prefix, plen, &v, &n) != MF_OK)
         return MF_RESOURCE_EXHAUSTED;
     for (size_t i = 0; i < n; i++) {
         if ((has_layer && v[i]->layer != layer) || (skip_leased && v[i]->leases))

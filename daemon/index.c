@@ -592,9 +592,8 @@ size_t mfd_index_block_count(const mfd_index_t *ix)
 /* ---- collection --------------------------------------------------------------------- */
 
 mf_status_t mfd_index_collect(mfd_index_t *ix, const uint8_t *prefix, size_t prefix_len,
-                              int sorted, mfd_entry_t ***out, size_t *n_out)
+                              mfd_entry_t ***out, size_t *n_out)
 {
-    (void)sorted; /* the skip list hands them out in key order */
     size_t cap = 64, n = 0;
     mfd_entry_t **v = malloc(cap * sizeof(*v));
     if (!v)

@@ -141,12 +141,12 @@ mfd_entry_t *mfd_lru_warmer(const mfd_entry_t *e, int list);     /* toward the M
 
 /*
  * Linked entries whose key starts with `prefix` (e.g. a namespace, or a namespace and
- * model), into a malloc'd array in key-byte order (`sorted` is kept for callers: the
- * order is the skip list's either way). The caller frees the array; entries stay owned
- * by the index (pin them if they must outlive a callback).
+ * model), into a malloc'd array in key-byte order (a walk of that key range only). The
+ * caller frees the array; entries stay owned by the index (pin them if they must outlive
+ * a callback).
  */
 mf_status_t mfd_index_collect(mfd_index_t *ix, const uint8_t *prefix, size_t prefix_len,
-                              int sorted, mfd_entry_t ***out, size_t *n_out);
+                              mfd_entry_t ***out, size_t *n_out);
 
 /* ---- blocks ------------------------------------------------------------------------- */
 

@@ -129,7 +129,7 @@ static void test_namespace_prefix_and_sort(void **state)
     uint8_t p1[6] = {5, 'a', 'l', 'p', 'h', 'a'};
     mfd_entry_t **v;
     size_t n;
-    assert_int_equal(mfd_index_collect(ix, p1, sizeof(p1), 1, &v, &n), MF_OK);
+    assert_int_equal(mfd_index_collect(ix, p1, sizeof(p1), &v, &n), MF_OK);
     assert_int_equal(n, 200);
     for (size_t i = 1; i < n; i++)
         assert_true(mfd_key_cmp(v[i - 1]->key.b, v[i - 1]->key.len, v[i]->key.b, v[i]->key.len) < 0);
@@ -345,7 +345,7 @@ static void test_key_order(void **state)
         uint8_t pre[16] = {1, 'a'};
         mfd_entry_t **v;
         size_t nv, want = 0;
-        assert_int_equal(mfd_index_collect(ix, pre, 2, 1, &v, &nv), MF_OK);
+        assert_int_equal(mfd_index_collect(ix, pre, 2, &v, &nv), MF_OK);
         for (size_t k = 0; k < n; k++)
             if (sorted[k].b[0] == 1 && sorted[k].b[1] == 'a') {
                 assert_true(want < nv);
@@ -355,7 +355,7 @@ static void test_key_order(void **state)
         assert_int_equal(nv, want);
         free(v);
         uint8_t pre2[16] = {2, 'a', 'b', 2, 'm', '2'};
-        assert_int_equal(mfd_index_collect(ix, pre2, 6, 0, &v, &nv), MF_OK);
+        assert_int_equal(mfd_index_collect(ix, pre2, 6, &v, &nv), MF_OK);
         want = 0;
         for (size_t k = 0; k < n; k++)
             want += memcmp(sorted[k].b, pre2, 6) == 0;
