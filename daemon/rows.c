@@ -425,10 +425,13 @@ static void verify_row(get_op_t *op, get_row_t *r, const uint8_t *bytes)
 /* Block j of a prefix Get is verified when its block-index record (made from a row
  * validated at commit or read back) carries the request's parent and tokens. A block
  * known only from the SSD index has no record yet: one is made from a row of a requested
- * layer that is in memory, if any (else the block stays unverified). A block of which no
- * row is stored here breaks the chain (issue 22): nothing here can tell the request's
- * block j from a colliding context's, whose later blocks would carry exactly the
- * request's parents and tokens. */
+ * layer that is in memory, if any (else the block stays unverified). A block of the Get's
+ * own range of which no row is stored here breaks the chain (issue 22): nothing here
+ * could tell the request's block j from a colliding context's, whose later blocks carry
+ * exactly the request's parents and tokens. A block before the range (first_block > 0)
+ * that is stored nowhere here does not: a range Get is how a caller asks for the tail of
+ * a prefix whose head it has (its own cache, or rows read through from a peer, which
+ * fetches the range only); proto/README.md says what that leaves open. */
 static int block_verified(get_op_t *op, size_t n_layers, uint32_t j)
 {
     mfd_store_t *st = &op->c->srv->store;
@@ -438,7 +441,7 @@ static int block_verified(get_op_t *op, size_t n_layers, uint32_t j)
     const mfd_key_t *k = mfd_keys_tmpl_set(&op->kt, op->rows[0].ref.layer, op->h[j + 1]);
     const mfd_block_t *b = mfd_index_block_find(st->ix, bk, mfd_bkey_of(k->b, k->len, bk));
     if (!b)
-        return 0;
+        return j < op->first;
     if (mfd_block_matches(b, op->B, parent, tok))
         return 1;
     for (size_t l = 0; l < n_layers; l++) {
@@ -470,11 +473,17 @@ static void verify_chain(get_op_t *op)
     uint32_t last = op->first + op->nb - 1, ok = 0; /* blocks [0, ok) verified */
     while (ok < last && block_verified(op, n_layers, ok))
         ok++;
+    /* A break at a block of the range whose rows a peer could not deliver may heal on a
+     * retry: its later rows are UNAVAILABLE like it, not NOT_FOUND. */
+    mf_status_t cut = MF_NOT_FOUND;
+    for (size_t l = 0; ok >= op->first && ok < last && l < n_layers; l++)
+        if (op->rows[l * op->nb + (ok - op->first)].ref.status == MF_UNAVAILABLE)
+            cut = MF_UNAVAILABLE;
     for (size_t i = 0; i < op->n_rows; i++) {
         get_row_t *r = &op->rows[i];
         if (r->ref.status == MF_OK && r->block_rel > ok) {
-            r->ref.status = MF_NOT_FOUND;
-            mfd_count(&op->c->srv->metrics, MFD_C_HASH_MISMATCH, 1);
+            r->ref.status = cut;
+            mfd_count(&op->c->srv->metrics, MFD_C_HASH_MISMATCH, cut == MF_NOT_FOUND);
         }
     }
 }
