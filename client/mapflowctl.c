@@ -215,7 +215,7 @@ static int prep_stats(int argc, char **argv, cmd_opts_t *o)
     (void)argc, (void)argv;
     if (o->count && o->interval <= 0)
         usage_fail("--count needs --interval");
-    return 0;
+    return 1; /* the daemon's tiers and counters: a tenant's Stats has its namespace's only */
 }
 
 static mf_status_t fetch_entries(ctl_t *c, const cmd_opts_t *o, const uint8_t *tok,
@@ -593,7 +593,8 @@ static const cmd_t commands[] = {
      "    daemon and tier health (exit 1 if not ok)\n"},
     {"stats", cmd_stats, prep_stats, "ic", 0,
      "stats [--interval S [--count N]]\n"
-     "    tiers and counters; with --interval, again every S seconds, redrawn in place:\n"
+     "    the daemon's tiers and counters (admin); with --interval, again every S\n"
+     "    seconds, redrawn in place:\n"
      "    the counters that are not zero with per-second rates, the gauges (no rates)\n"
      "    a few per line; N samples (default: until interrupted)\n"},
     {"ls", cmd_ls, prep_ls, "mlpPk", 0,

@@ -56,11 +56,11 @@ void mfd_admin_list(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__List *m)
     }
     uint8_t prefix[MFD_KEY_MAX];
     size_t plen = key_prefix(c, m->model, prefix);
-    mfd_entry_t **v = NULL;
-    size_t n = 0;
-    if (mfd_index_collect(s->store.ix, prefix, plen, 1, &v, &n) != MF_OK) {
-        mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED, "List: out of memory");
-        return;
+    if (m->has_layer && m->model && *m->model) { /* (ns, model, layer) is a key prefix too */
+        prefix[plen++] = (uint8_t)(m->layer >> 24);
+        prefix[plen++] = (uint8_t)(m->layer >> 16);
+        prefix[plen++] = (uint8_t)(m->layer >> 8);
+        prefix[plen++] = (uint8_t)m->layer;
     }
     list_item_t *items = calloc(page, sizeof(*items));
     Mapflow__V1__EntryInfo **ptrs = calloc(page, sizeof(*ptrs));
@@ -68,12 +68,22 @@ void mfd_admin_list(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__List *m)
         mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED, "List: out of memory");
         goto done;
     }
-    size_t k = 0, i = 0;
-    for (; i < n && k < page; i++) {
-        mfd_entry_t *e = v[i];
-        if (m->page_token.len &&
-            mfd_key_cmp(e->key.b, e->key.len, m->page_token.data, m->page_token.len) <= 0)
-            continue;
+    /* The page resumes right after the token's key (or at the prefix) in the index's key
+     * order: O(log n + the entries walked), never the whole index. Without a model, a
+     * layer filter walks the namespace's other layers too. */
+    const uint8_t *from = prefix;
+    size_t flen = plen;
+    int after = 0;
+    if (m->page_token.len &&
+        mfd_key_cmp(m->page_token.data, m->page_token.len, prefix, plen) >= 0) {
+        from = m->page_token.data;
+        flen = m->page_token.len;
+        after = 1;
+    }
+#define IN_PREFIX(e) ((e)->key.len >= plen && memcmp((e)->key.b, prefix, plen) == 0)
+    mfd_entry_t *e = mfd_index_seek(s->store.ix, from, flen, !after);
+    size_t k = 0;
+    for (; e && IN_PREFIX(e) && k < page; e = mfd_index_next(e)) {
         if (m->has_layer && e->layer != m->layer)
             continue;
         mfd_key_parts_t p;
@@ -101,8 +111,9 @@ void mfd_admin_list(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__List *m)
     }
     /* More matching entries after this page? Then the last key is the page token. */
     int more = 0;
-    for (; i < n && !more; i++)
-        more = !m->has_layer || v[i]->layer == m->layer;
+    for (; e && IN_PREFIX(e) && !more; e = mfd_index_next(e))
+        more = !m->has_layer || e->layer == m->layer;
+#undef IN_PREFIX
     Mapflow__V1__ListReply rep = MAPFLOW__V1__LIST_REPLY__INIT;
     rep.n_entries = k;
     rep.entries = ptrs;
@@ -115,7 +126,6 @@ void mfd_admin_list(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__List *m)
 done:
     free(items);
     free(ptrs);
-    free(v);
 }
 
 /* ---- Stats / Health ------------------------------------------------------------------ */
@@ -157,9 +167,71 @@ static void fill_tiers(mfd_server_t *s, Mapflow__V1__TierStats ts[3],
     }
 }
 
+/* A tenant's Stats: its own namespace only (issue 22: daemon-wide counters and tier use
+ * tell a tenant what the others do). Tiers keep their state and capacity (configuration,
+ * which ConfigGet shows anyway) with the namespace's rows and bytes on each; counters are
+ * the namespace's rows, bytes and leased rows; connections are the namespace's. It walks
+ * the namespace's entries once (as List does). */
+static void tenant_stats(mfd_conn_t *c, uint64_t rid)
+{
+    mfd_server_t *s = c->srv;
+    uint8_t prefix[MFD_KEY_MAX];
+    size_t plen = key_prefix(c, NULL, prefix);
+    mfd_entry_t **v = NULL;
+    size_t n = 0;
+    if (mfd_index_collect(s->store.ix, prefix, plen, &v, &n) != MF_OK) {
+        mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED, "Stats: out of memory");
+        return;
+    }
+    Mapflow__V1__TierStats ts[3], *tp[3];
+    fill_tiers(s, ts, tp);
+    uint64_t bytes = 0, leased = 0;
+    for (int i = 0; i < 3; i++)
+        ts[i].used_bytes = ts[i].entries = 0;
+    for (size_t i = 0; i < n; i++) {
+        const mfd_entry_t *e = v[i];
+        bytes += e->size;
+        leased += e->leases;
+        for (int t = 0; t < 3; t++) {
+            Mapflow__V1__Tier tier = ts[t].tier;
+            int on = tier == MAPFLOW__V1__TIER__TIER_GPU    ? e->gpu != NULL
+                     : tier == MAPFLOW__V1__TIER__TIER_HOST ? e->host != NULL
+                                                            : e->on_ssd;
+            ts[t].used_bytes += on ? e->size : 0;
+            ts[t].entries += on;
+        }
+    }
+    free(v);
+    uint32_t conns = 0;
+    for (const mfd_conn_t *k = s->conns; k; k = k->next)
+        conns += !k->dead && k->hello_done && k->ns_len == c->ns_len &&
+                 memcmp(k->ns, c->ns, c->ns_len) == 0;
+    Mapflow__V1__Counter cs[3], *cp[3];
+    const char *names[3] = {"namespace_entries", "namespace_bytes", "leases"};
+    uint64_t vals[3] = {n, bytes, leased};
+    for (int i = 0; i < 3; i++) {
+        mapflow__v1__counter__init(&cs[i]);
+        cs[i].name = (char *)names[i];
+        cs[i].value = vals[i];
+        cp[i] = &cs[i];
+    }
+    Mapflow__V1__StatsReply rep = MAPFLOW__V1__STATS_REPLY__INIT;
+    rep.n_tiers = 3;
+    rep.tiers = tp;
+    rep.n_counters = 3;
+    rep.counters = cp;
+    rep.uptime_ms = mf_now_ms() - s->start_ms;
+    rep.connections = conns;
+    REPLY(c, rid, STATS_REPLY, stats_reply, &rep);
+}
+
 void mfd_admin_stats(mfd_conn_t *c, uint64_t rid)
 {
     mfd_server_t *s = c->srv;
+    if (!c->admin) {
+        tenant_stats(c, rid);
+        return;
+    }
     enum { CAP = MFD_C_COUNT + MF_STATUS_COUNT + MFD_H_COUNT + 8 + 2 * MFD_GAUGE_GPU_ARENAS };
     counter_vec_t cv = {calloc(CAP, sizeof(Mapflow__V1__Counter)),
                         calloc(CAP, sizeof(Mapflow__V1__Counter *)), calloc(CAP, 160), 0, CAP};
@@ -263,7 +335,7 @@ static mf_status_t remove_matching(mfd_conn_t *c, int all, const char *model, in
     mfd_entry_t **v;
     size_t n;
     *count = 0;
-    if (mfd_index_collect(c->srv->store.ix, prefix, plen, 0, &v, &n) != MF_OK)
+    if (mfd_index_collect(c->srv->store.ix, prefix, plen, &v, &n) != MF_OK)
         return MF_RESOURCE_EXHAUSTED;
     for (size_t i = 0; i < n; i++) {
         if ((has_layer && v[i]->layer != layer) || (skip_leased && v[i]->leases))

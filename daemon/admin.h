@@ -4,8 +4,10 @@
  * Profiles are stored per namespace under (source, target) in the SSD tier's RocksDB
  * (tier_ssd.h 'p' records); with the SSD tier off they are refused (UNAVAILABLE).
  * ConfigSet, ProfilePut and Flush / Evict of every namespace reach these handlers only
- * from admin connections (dispatch.c refuses others PERMISSION_DENIED). Every other request
- * acts inside the connection's namespace only.
+ * from admin connections (dispatch.c refuses others PERMISSION_DENIED). Stats answers an
+ * admin connection with the daemon's counters and tiers, a tenant with its namespace's
+ * own (rows, bytes and leases; per tier its rows and bytes). Every other request acts
+ * inside the connection's namespace only.
  *
  * Ownership: nothing outlives a request except a profile job on the SSD worker, which owns
  * its packed record and holds the connection until it replies.

@@ -121,7 +121,11 @@ static const cdef_t g_table[] = {
      24 * 3600 * 1000ull, 1, "lifetime of an uncommitted put reservation", NULL},
     {"max_frame", CT_SIZE, OFF(max_frame), "64mb", 64 * KB, 1 * GB, 0,
      "largest protocol frame (bounds every request and reply)", NULL},
-    {"max_batch", CT_COUNT, OFF(max_batch), "4096", 1, 1u << 20, 1,
+    /* 16384 = a 32k-token prefix (512 blocks of 64) x 32 layers in one Get, so a target
+     * takes every lease of a hand-off in one call; such a Get holds the loop ~6 ms on a
+     * loaded 2-core box (bench/results/get-prefix-lease-cpu.md), like max_lookup's bound.
+     * The ceiling is the lease id's row field (MFD_LEASE_ROW_BITS). */
+    {"max_batch", CT_COUNT, OFF(max_batch), "16384", 1, 1u << 20, 1,
      "most rows one Get (layers x blocks) or layers one Lookup may name", NULL},
     {"io_threads", CT_COUNT, OFF(io_threads), "2", 1, 64, 0,
      "SSD tier worker threads", NULL},

@@ -28,15 +28,9 @@ static void conn_free(mfd_conn_t *c)
 /* (An accept loop at the fd limit once wrote 18.8 M lines.) */
 void mfd_conn_warn_limited(mfd_server_t *s, const char *what)
 {
-    uint64_t now = mf_now_ms();
-    if (s->accept_log_ms && now - s->accept_log_ms < 10000) {
-        s->accept_log_suppressed++;
-        return;
-    }
-    mfd_warn("%s (%llu more such events not logged)", what,
-             (unsigned long long)s->accept_log_suppressed);
-    s->accept_log_ms = now;
-    s->accept_log_suppressed = 0;
+    uint64_t dropped;
+    if (mfd_log_limit_pass(&s->accept_log, mf_now_ms(), 10000, &dropped))
+        mfd_warn("%s (%llu more such events not logged)", what, (unsigned long long)dropped);
 }
 
 void mfd_conn_close(mfd_conn_t *c)

@@ -24,6 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "config.h"
+#include "log.h"
 #include "metrics.h"
 #include "mf_frame.h"
 #include "store.h"
@@ -96,9 +97,10 @@ struct mfd_server {
     /* conn.c */
     mfd_conn_t *conns;
     size_t n_conns;
-    uint64_t accept_log_ms, accept_log_suppressed; /* rate limit of accept warnings */
+    mfd_log_limit_t accept_log; /* rate limit of accept warnings */
     /* dispatch.c (Hello) */
     uint64_t next_session;
+    mfd_log_limit_t denied_log; /* rate limit of "X refused: not an admin connection" */
     /* lease.c */
     uint64_t leased_rows;    /* rows under a lease (a lease ticket covers a Get's rows) */
     struct mfd_ns_acct *ns_accts; /* namespaces with a live connection */

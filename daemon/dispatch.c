@@ -187,10 +187,16 @@ void mfd_server_dispatch(mfd_conn_t *c, const mf_envelope_t *env, const uint8_t 
     }
     const char *adm = admin_request(env);
     if (adm && !c->admin) {
-        char who[320];
-        mfd_conn_describe(c, who, sizeof(who));
         mfd_count(&c->srv->metrics, MFD_C_ADMIN_DENIED, 1);
-        mfd_info("%s refused: %s is not an admin connection", adm, who);
+        uint64_t dropped;
+        if (mfd_log_limit_pass(&c->srv->denied_log, mf_now_ms(), 10000, &dropped)) {
+            /* A tenant can send these at will: one line per 10 s, all of them counted. */
+            char who[320];
+            mfd_conn_describe(c, who, sizeof(who));
+            mfd_info("%s refused: %s is not an admin connection (%llu more admin requests "
+                     "from tenants refused, not logged)",
+                     adm, who, (unsigned long long)dropped);
+        }
         mfd_conn_error(c, rid, MF_PERMISSION_DENIED,
                        "%s needs an admin connection (the admin socket, or Hello.admin_token)",
                        adm);

@@ -5,10 +5,19 @@
 #include <string.h>
 #include <xxhash.h>
 
+/* One linked entry of a block, by layer (the layer kept here so a probe never reads the
+ * entry it skips). */
+typedef struct mfd_bslot {
+    uint32_t layer;
+    mfd_entry_t *e;
+} mfd_bslot_t;
+
 struct mfd_block {
     struct mfd_block *hnext;
     uint64_t khash;
     uint32_t n_entries;       /* linked entries of this block, any layer */
+    uint32_t n_slots, cap_slots;
+    mfd_bslot_t *slots;       /* n_slots of the linked entries, sorted by layer */
     uint32_t block_size;      /* 0: nothing recorded yet */
     uint32_t *tokens;         /* block_size tokens as a row of the block showed them */
     uint8_t parent[16];
@@ -22,7 +31,10 @@ struct mfd_index {
     size_t n_buckets, count;
     mfd_block_t **bbuckets;
     size_t n_bbuckets, bcount;
+    size_t unslotted;         /* linked entries in no block's slots (out of memory) */
     mfd_entry_t *lru_head[3], *lru_tail[3];   /* head = MRU, tail = coldest */
+    mfd_entry_t *sl_head[MFD_SL_LEVELS];      /* the key-order skip list */
+    uint64_t sl_rng;                          /* its level draws (xorshift64) */
     mfd_entry_free_cb on_free;
     void *ctx;
 };
@@ -96,6 +108,7 @@ mf_status_t mfd_index_create(mfd_entry_free_cb on_free, void *ctx, mfd_index_t *
     }
     ix->on_free = on_free;
     ix->ctx = ctx;
+    ix->sl_rng = 0x9e3779b97f4a7c15ull ^ (uint64_t)(uintptr_t)ix;
     *out = ix;
     return MF_OK;
 }
@@ -122,6 +135,7 @@ void mfd_index_destroy(mfd_index_t *ix)
         for (mfd_block_t *b = ix->bbuckets[i], *n; b; b = n) {
             n = b->hnext;
             free(b->tokens);
+            free(b->slots);
             free(b);
         }
     }
@@ -188,6 +202,70 @@ static void hash_remove(mfd_index_t *ix, mfd_entry_t *e)
     e->hnext = NULL;
 }
 
+/* ---- key order (skip list) ---------------------------------------------------------- */
+
+/* upd[lvl]: the link at level lvl that points at the first entry whose key is >= key (or
+ * > key with `after`), where an entry of that key is spliced in or out. */
+static void sl_find(mfd_index_t *ix, const uint8_t *key, size_t len, int after,
+                    mfd_entry_t **upd[MFD_SL_LEVELS])
+{
+    mfd_entry_t **p = ix->sl_head;
+    for (int lvl = MFD_SL_LEVELS - 1; lvl >= 0; lvl--) {
+        for (mfd_entry_t *x; (x = p[lvl]);) {
+            int c = mfd_key_cmp(x->key.b, x->key.len, key, len);
+            if (c > 0 || (c == 0 && !after))
+                break;
+            p = x->sl_next;
+        }
+        upd[lvl] = &p[lvl];
+    }
+}
+
+static void sl_insert(mfd_index_t *ix, mfd_entry_t *e)
+{
+    uint64_t r = ix->sl_rng; /* xorshift64: each further level kept with p = 1/4 */
+    r ^= r << 13;
+    r ^= r >> 7;
+    r ^= r << 17;
+    ix->sl_rng = r;
+    uint8_t level = 1;
+    while (level < MFD_SL_LEVELS && (r & 3) == 0) {
+        level++;
+        r >>= 2;
+    }
+    mfd_entry_t **upd[MFD_SL_LEVELS];
+    sl_find(ix, e->key.b, e->key.len, 0, upd);
+    e->sl_level = level;
+    for (int lvl = 0; lvl < MFD_SL_LEVELS; lvl++) {
+        e->sl_next[lvl] = lvl < level ? *upd[lvl] : NULL;
+        if (lvl < level)
+            *upd[lvl] = e;
+    }
+}
+
+static void sl_remove(mfd_index_t *ix, mfd_entry_t *e)
+{
+    mfd_entry_t **upd[MFD_SL_LEVELS];
+    sl_find(ix, e->key.b, e->key.len, 0, upd);
+    for (int lvl = 0; lvl < e->sl_level; lvl++)
+        if (*upd[lvl] == e) /* keys of linked entries are unique */
+            *upd[lvl] = e->sl_next[lvl];
+    e->sl_level = 0;
+}
+
+mfd_entry_t *mfd_index_seek(const mfd_index_t *ix, const uint8_t *key, size_t len,
+                            int inclusive)
+{
+    mfd_entry_t **upd[MFD_SL_LEVELS];
+    sl_find((mfd_index_t *)ix, key, len, !inclusive, upd);
+    return *upd[0];
+}
+
+mfd_entry_t *mfd_index_next(const mfd_entry_t *e)
+{
+    return e->sl_next[0];
+}
+
 mf_status_t mfd_index_insert(mfd_index_t *ix, mfd_entry_t *e, int *replaced)
 {
     mfd_entry_t *old = mfd_index_find(ix, e->key.b, e->key.len);
@@ -203,6 +281,7 @@ mf_status_t mfd_index_insert(mfd_index_t *ix, mfd_entry_t *e, int *replaced)
     e->linked = 1;
     ix->count++;
     block_attach(ix, e);
+    sl_insert(ix, e);
     return MF_OK;
 }
 
@@ -212,6 +291,7 @@ void mfd_index_unlink(mfd_index_t *ix, mfd_entry_t *e)
         return;
     hash_remove(ix, e);
     block_detach(ix, e);
+    sl_remove(ix, e);
     mfd_lru_remove(ix, MFD_LRU_HOST, e);
     mfd_lru_remove(ix, MFD_LRU_SSD, e);
     mfd_lru_remove(ix, MFD_LRU_GPU, e);
@@ -356,7 +436,52 @@ static void block_grow(mfd_index_t *ix)
     ix->n_bbuckets = nb;
 }
 
-/* Out of memory leaves e without a block: lookups then miss it (never a false hit). */
+/* Index of the first slot of b whose layer is >= layer. */
+static uint32_t slot_lower(const mfd_block_t *b, uint32_t layer)
+{
+    uint32_t lo = 0, hi = b->n_slots;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (b->slots[mid].layer < layer)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* 0 when out of memory (e then stays out of b's slots). */
+static int slot_add(mfd_index_t *ix, mfd_block_t *b, mfd_entry_t *e)
+{
+    (void)ix;
+    if (b->n_slots == b->cap_slots) {
+        uint32_t cap = b->cap_slots ? b->cap_slots * 2 : 8;
+        mfd_bslot_t *v = realloc(b->slots, cap * sizeof(*v));
+        if (!v)
+            return 0;
+        b->slots = v;
+        b->cap_slots = cap;
+    }
+    uint32_t layer = key_layer(e), i = slot_lower(b, layer);
+    memmove(b->slots + i + 1, b->slots + i, (b->n_slots - i) * sizeof(*b->slots));
+    b->slots[i] = (mfd_bslot_t){layer, e};
+    b->n_slots++;
+    return 1;
+}
+
+/* 0 when e was not in b's slots. */
+static int slot_remove(mfd_block_t *b, mfd_entry_t *e)
+{
+    uint32_t i = slot_lower(b, key_layer(e));
+    if (i >= b->n_slots || b->slots[i].e != e)
+        return 0;
+    memmove(b->slots + i, b->slots + i + 1, (b->n_slots - i - 1) * sizeof(*b->slots));
+    b->n_slots--;
+    return 1;
+}
+
+/* Out of memory leaves e without a block: lookups then miss it (never a false hit), and
+ * block-wise finds fall back to the entry table (unslotted). */
 static void block_attach(mfd_index_t *ix, mfd_entry_t *e)
 {
     uint8_t bk[MFD_BKEY_MAX];
@@ -364,8 +489,10 @@ static void block_attach(mfd_index_t *ix, mfd_entry_t *e)
     mfd_block_t *b = (mfd_block_t *)mfd_index_block_find(ix, bk, len);
     if (!b) {
         b = calloc(1, sizeof(*b) + len);
-        if (!b)
+        if (!b) {
+            ix->unslotted++;
             return;
+        }
         b->khash = XXH3_64bits(bk, len);
         b->klen = (uint16_t)len;
         memcpy(b->key, bk, len);
@@ -378,13 +505,19 @@ static void block_attach(mfd_index_t *ix, mfd_entry_t *e)
     }
     b->n_entries++;
     e->bnode = b;
+    if (!slot_add(ix, b, e))
+        ix->unslotted++;
 }
 
 static void block_detach(mfd_index_t *ix, mfd_entry_t *e)
 {
     mfd_block_t *b = e->bnode;
-    if (!b)
+    if (!b) {
+        ix->unslotted--;
         return;
+    }
+    if (!slot_remove(b, e))
+        ix->unslotted--;
     e->bnode = NULL;
     uint32_t layer = key_layer(e);
     if (layer < MFD_BLOCK_LAYERS)
@@ -399,7 +532,19 @@ static void block_detach(mfd_index_t *ix, mfd_entry_t *e)
         ix->bcount--;
     }
     free(b->tokens);
+    free(b->slots);
     free(b);
+}
+
+mfd_entry_t *mfd_index_block_entry(mfd_index_t *ix, const mfd_block_t *b, uint32_t layer,
+                                   const mfd_key_t *key)
+{
+    if (ix->unslotted)
+        return mfd_index_find(ix, key->b, key->len);
+    if (!b)
+        return NULL;
+    uint32_t i = slot_lower(b, layer);
+    return i < b->n_slots && b->slots[i].layer == layer ? b->slots[i].e : NULL;
 }
 
 int mfd_block_matches(const mfd_block_t *b, uint32_t block_size, const uint8_t parent[16],
@@ -446,37 +591,27 @@ size_t mfd_index_block_count(const mfd_index_t *ix)
 
 /* ---- collection --------------------------------------------------------------------- */
 
-static int cmp_entries(const void *a, const void *b)
-{
-    const mfd_entry_t *x = *(mfd_entry_t *const *)a, *y = *(mfd_entry_t *const *)b;
-    return mfd_key_cmp(x->key.b, x->key.len, y->key.b, y->key.len);
-}
-
 mf_status_t mfd_index_collect(mfd_index_t *ix, const uint8_t *prefix, size_t prefix_len,
-                              int sorted, mfd_entry_t ***out, size_t *n_out)
+                              mfd_entry_t ***out, size_t *n_out)
 {
     size_t cap = 64, n = 0;
     mfd_entry_t **v = malloc(cap * sizeof(*v));
     if (!v)
         return MF_RESOURCE_EXHAUSTED;
-    for (size_t i = 0; i < ix->n_buckets; i++) {
-        for (mfd_entry_t *e = ix->buckets[i]; e; e = e->hnext) {
-            if (e->key.len < prefix_len || memcmp(e->key.b, prefix, prefix_len) != 0)
-                continue;
-            if (n == cap) {
-                mfd_entry_t **nv = realloc(v, cap * 2 * sizeof(*v));
-                if (!nv) {
-                    free(v);
-                    return MF_RESOURCE_EXHAUSTED;
-                }
-                v = nv;
-                cap *= 2;
+    for (mfd_entry_t *e = mfd_index_seek(ix, prefix, prefix_len, 1);
+         e && e->key.len >= prefix_len && memcmp(e->key.b, prefix, prefix_len) == 0;
+         e = mfd_index_next(e)) {
+        if (n == cap) {
+            mfd_entry_t **nv = realloc(v, cap * 2 * sizeof(*v));
+            if (!nv) {
+                free(v);
+                return MF_RESOURCE_EXHAUSTED;
             }
-            v[n++] = e;
+            v = nv;
+            cap *= 2;
         }
+        v[n++] = e;
     }
-    if (sorted && n > 1)
-        qsort(v, n, sizeof(*v), cmp_entries);
     *out = v;
     *n_out = n;
     return MF_OK;

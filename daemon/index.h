@@ -17,10 +17,15 @@
  * LRU: three lists, entries resident on the host tier, on the GPU tier and present on
  * the SSD tier; the head is the most recently used.
  *
+ * Order: linked entries are also on a skip list in key-byte order (namespace, model,
+ * layer, hash), so a namespace's entries (collect) or a List page (seek, then next) cost
+ * O(log n + what is returned), not a walk of the whole table.
+ *
  * Blocks: a second table, one node per (namespace, model, prefix hash) — the entry key
  * without its layer — counting the linked entries of that block and holding, once, the
  * block's parent hash, block size and tokens as a row of the block showed them, plus a
- * bitmap of the layers (< MFD_BLOCK_LAYERS) whose linked row carries exactly those. A
+ * bitmap of the layers (< MFD_BLOCK_LAYERS) whose linked row carries exactly those, and
+ * its linked entries sorted by layer (so a prefix Get finds a block's rows with one probe). A
  * lookup checks a prefix with one probe and one token compare per block instead of one
  * per (block, layer) (DESIGN §4 semantics unchanged: a layer counts only if its row's
  * parent and tokens are the request's). A layer is marked only through
@@ -66,6 +71,8 @@ typedef struct mfd_lru_link {
     struct mfd_entry *prev, *next;
 } mfd_lru_link_t;
 
+#define MFD_SL_LEVELS 12 /* key-order skip list: p = 1/4 per level, ~4^12 entries */
+
 typedef struct mfd_entry {
     struct mfd_entry *hnext;
     mfd_lru_link_t host_lru, ssd_lru, gpu_lru;
@@ -94,6 +101,9 @@ typedef struct mfd_entry {
     unsigned wt_deferred : 1; /* on the deferred write-through list (backlog full) */
     unsigned wt_arena : 1;    /* the write in flight reads the host block (async) */
     mfd_key_t key;
+    /* Key order (levels < sl_level); last, away from the fields a Get touches. */
+    uint8_t sl_level;
+    struct mfd_entry *sl_next[MFD_SL_LEVELS];
 } mfd_entry_t;
 
 typedef struct mfd_index mfd_index_t;
@@ -131,11 +141,12 @@ mfd_entry_t *mfd_lru_warmer(const mfd_entry_t *e, int list);     /* toward the M
 
 /*
  * Linked entries whose key starts with `prefix` (e.g. a namespace, or a namespace and
- * model), into a malloc'd array sorted by key bytes when `sorted`. The caller frees the
- * array; entries stay owned by the index (pin them if they must outlive a callback).
+ * model), into a malloc'd array in key-byte order (a walk of that key range only). The
+ * caller frees the array; entries stay owned by the index (pin them if they must outlive
+ * a callback).
  */
 mf_status_t mfd_index_collect(mfd_index_t *ix, const uint8_t *prefix, size_t prefix_len,
-                              int sorted, mfd_entry_t ***out, size_t *n_out);
+                              mfd_entry_t ***out, size_t *n_out);
 
 /* ---- blocks ------------------------------------------------------------------------- */
 
@@ -149,6 +160,15 @@ typedef struct mfd_block mfd_block_t;
 size_t mfd_bkey_of(const uint8_t *key, size_t len, uint8_t out[MFD_BKEY_MAX]);
 const mfd_block_t *mfd_index_block_find(const mfd_index_t *ix, const uint8_t *bkey,
                                         size_t len);
+/*
+ * The linked entry of `key` (layer `layer`) found through its block b, the node
+ * mfd_index_block_find gave for key's block key (NULL: none): the same answer as
+ * mfd_index_find(key), without hashing and comparing the key of each row of a block
+ * (a prefix Get probes layers x blocks). Falls back to mfd_index_find while some entry
+ * is in no block's table (linked while out of memory).
+ */
+mfd_entry_t *mfd_index_block_entry(mfd_index_t *ix, const mfd_block_t *b, uint32_t layer,
+                                   const mfd_key_t *key);
 /* 1 when the block's recorded parent (LE form), block size and tokens are these. */
 int mfd_block_matches(const mfd_block_t *b, uint32_t block_size, const uint8_t parent[16],
                       const uint32_t *tokens);
@@ -161,6 +181,12 @@ int mfd_block_has_layer(const mfd_block_t *b, uint32_t layer);
 void mfd_index_block_note(mfd_index_t *ix, mfd_entry_t *e, uint32_t block_size,
                           const uint8_t parent[16], const uint32_t *tokens);
 size_t mfd_index_block_count(const mfd_index_t *ix);
+
+/* In key order: the first linked entry whose key is > (inclusive: >=) key[0..len), or
+ * NULL; then the next one after e (linked), or NULL. */
+mfd_entry_t *mfd_index_seek(const mfd_index_t *ix, const uint8_t *key, size_t len,
+                            int inclusive);
+mfd_entry_t *mfd_index_next(const mfd_entry_t *e);
 
 /* Byte order of keys (memcmp, then shorter first). */
 int mfd_key_cmp(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen);

@@ -65,18 +65,13 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
 void mfd_listen_http_error(struct evconnlistener *l, void *arg)
 {
     (void)arg;
-    static uint64_t last_ms, suppressed;
+    static mfd_log_limit_t limit; /* evhttp's callback has no server to keep it in */
     int err = EVUTIL_SOCKET_ERROR();
-    uint64_t now = mf_now_ms();
+    uint64_t dropped;
     evconnlistener_disable(l);
-    if (last_ms && now - last_ms < 10000) {
-        suppressed++;
-        return;
-    }
-    mfd_warn("http accept: %s; paused for a tick (%llu more such events not logged)",
-             strerror(err), (unsigned long long)suppressed);
-    last_ms = now;
-    suppressed = 0;
+    if (mfd_log_limit_pass(&limit, mf_now_ms(), 10000, &dropped))
+        mfd_warn("http accept: %s; paused for a tick (%llu more such events not logged)",
+                 strerror(err), (unsigned long long)dropped);
 }
 
 /* accept() failed. At the descriptor limit the listening socket stays readable, so

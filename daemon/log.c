@@ -109,3 +109,16 @@ void mfd_log(mfd_log_level_t level, const char *fmt, ...)
     ssize_t w = write(STDERR_FILENO, line, len);
     (void)w;
 }
+
+int mfd_log_limit_pass(mfd_log_limit_t *l, uint64_t now_ms, uint64_t interval_ms,
+                       uint64_t *dropped)
+{
+    if (l->last_ms && now_ms - l->last_ms < interval_ms) {
+        l->suppressed++;
+        return 0;
+    }
+    *dropped = l->suppressed;
+    l->last_ms = now_ms ? now_ms : 1; /* 0 means "never" */
+    l->suppressed = 0;
+    return 1;
+}

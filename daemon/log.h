@@ -16,6 +16,7 @@
 #ifndef MFD_LOG_H
 #define MFD_LOG_H
 
+#include <stdint.h>
 #include "mf_status.h"
 
 typedef enum mfd_log_level {
@@ -38,6 +39,22 @@ mf_status_t mfd_log_parse_level(const char *s, mfd_log_level_t *out);
 const char *mfd_log_level_name(mfd_log_level_t level);
 
 void mfd_log(mfd_log_level_t level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/*
+ * A rate limit for one kind of line that a client (or the kernel) can repeat at will: at
+ * most one line per interval, the events in between counted and reported with the next
+ * line (an accept loop at the fd limit once wrote 18.8 M lines). The state is the
+ * caller's, who serialises its use (the daemon's live on the loop thread).
+ */
+typedef struct mfd_log_limit {
+    uint64_t last_ms;        /* when the last line went out (0: none yet) */
+    uint64_t suppressed;     /* events since then that were not logged */
+} mfd_log_limit_t;
+
+/* 1: log this event now (*dropped = events not logged since the previous line, and the
+ * count starts again); 0: counted, not logged. */
+int mfd_log_limit_pass(mfd_log_limit_t *l, uint64_t now_ms, uint64_t interval_ms,
+                       uint64_t *dropped);
 
 #define mfd_error(...) mfd_log(MFD_LOG_ERROR, __VA_ARGS__)
 #define mfd_warn(...)  mfd_log(MFD_LOG_WARN, __VA_ARGS__)

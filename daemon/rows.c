@@ -3,6 +3,7 @@
 #include "keys.h"
 #include "lease.h"
 #include "log.h"
+#include "mf_clock.h"
 #include "peer.h"
 
 #include <stdio.h>
@@ -73,7 +74,7 @@ void mfd_rows_put_begin(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__PutBegin
     r->in_arena = r->slot.gpu ? (int)((gpu_mask(c, m->gpu_mapped) >> r->slot.arena) & 1)
                               : c->has_arena;
     mfd_tickets_add(s->tickets, &r->t, MFD_TICKET_RESERVATION, c,
-                    mfd_now_ms() + s->cfg.reservation_ttl_ms);
+                    (uint64_t)mf_now_ms() + s->cfg.reservation_ttl_ms);
     Mapflow__V1__PutBeginReply rep = MAPFLOW__V1__PUT_BEGIN_REPLY__INIT;
     rep.reservation_id = r->t.id;
     rep.in_arena = r->in_arena;
@@ -99,7 +100,7 @@ static void reply_commit(mfd_conn_t *c, uint64_t rid, int gpu, int durable, int 
     rep.tier = gpu ? MAPFLOW__V1__TIER__TIER_GPU : MAPFLOW__V1__TIER__TIER_HOST;
     rep.durable = durable;
     rep.replaced = replaced;
-    mfd_metrics_observe(&c->srv->metrics, MFD_H_PUT, mfd_now_s() - t0);
+    mfd_metrics_observe(&c->srv->metrics, MFD_H_PUT, mf_now_s() - t0);
     MFD_REPLY(c, rid, PUT_COMMIT_REPLY, put_commit_reply, &rep, NULL, 0);
 }
 
@@ -323,7 +324,7 @@ static void handle_lookup(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Lookup
     rep.n_blocks = m->n_layers;
     rep.blocks = blocks;
     rep.total_blocks = (uint32_t)nb;
-    mfd_metrics_observe(&s->metrics, MFD_H_LOOKUP, mfd_now_s() - t0);
+    mfd_metrics_observe(&s->metrics, MFD_H_LOOKUP, mf_now_s() - t0);
     MFD_REPLY(c, rid, LOOKUP_REPLY, lookup_reply, &rep, NULL, 0);
 done:
     free(alive);
@@ -355,6 +356,8 @@ typedef struct get_row {
     get_op_t *op;
     mfd_entry_t *e;          /* pinned while the op holds it (NULL: not found) */
     uint32_t block_rel;      /* index into the op's hash / token arrays (prefix mode) */
+    int vouched;             /* prefix lease: the block index vouches for the row's parent
+                              * and tokens, so its bytes are not read for the hit check */
     const uint8_t *src;      /* copy mode, status OK: the verified bytes to send */
     uint8_t *buf;            /* copy mode: bytes this row owns (SSD read, demotion copy) */
     Mapflow__V1__RowRef ref;
@@ -399,8 +402,13 @@ static void verify_row(get_op_t *op, get_row_t *r, const uint8_t *bytes)
     mf_status_t st;
     if (op->prefix_mode) {
         uint32_t b = r->block_rel;
-        st = mfd_row_verify(bytes, r->e->size, 0, op->tokens + (size_t)b * op->B, op->B,
-                            op->h[b], op->h[b + 1], &why);
+        const uint32_t *tok = op->tokens + (size_t)b * op->B;
+        st = mfd_row_verify(bytes, r->e->size, 0, tok, op->B, op->h[b], op->h[b + 1], &why);
+        if (st == MF_OK) { /* the next Get of this row is vouched for by its block */
+            uint8_t parent[16];
+            mf_hash_to_le(op->h[b], parent);
+            mfd_index_block_note(op->c->srv->store.ix, r->e, op->B, parent, tok);
+        }
     } else {
         st = mfd_row_verify(bytes, r->e->size, 0, NULL, 0, (mf_hash128_t){0, 0},
                             (mf_hash128_t){0, 0}, &why);
@@ -417,9 +425,13 @@ static void verify_row(get_op_t *op, get_row_t *r, const uint8_t *bytes)
 /* Block j of a prefix Get is verified when its block-index record (made from a row
  * validated at commit or read back) carries the request's parent and tokens. A block
  * known only from the SSD index has no record yet: one is made from a row of a requested
- * layer that is in memory, if any (else the block stays unverified). A block of which no
- * row is stored at all has nothing to contradict the request and does not stop the chain
- * (a Get past block 0 of a range whose earlier blocks live elsewhere, e.g. on a peer). */
+ * layer that is in memory, if any (else the block stays unverified). A block of the Get's
+ * own range of which no row is stored here breaks the chain (issue 22): nothing here
+ * could tell the request's block j from a colliding context's, whose later blocks carry
+ * exactly the request's parents and tokens. A block before the range (first_block > 0)
+ * that is stored nowhere here does not: a range Get is how a caller asks for the tail of
+ * a prefix whose head it has (its own cache, or rows read through from a peer, which
+ * fetches the range only); proto/README.md says what that leaves open. */
 static int block_verified(get_op_t *op, size_t n_layers, uint32_t j)
 {
     mfd_store_t *st = &op->c->srv->store;
@@ -429,17 +441,20 @@ static int block_verified(get_op_t *op, size_t n_layers, uint32_t j)
     const mfd_key_t *k = mfd_keys_tmpl_set(&op->kt, op->rows[0].ref.layer, op->h[j + 1]);
     const mfd_block_t *b = mfd_index_block_find(st->ix, bk, mfd_bkey_of(k->b, k->len, bk));
     if (!b)
-        return 1;
+        return j < op->first;
     if (mfd_block_matches(b, op->B, parent, tok))
         return 1;
     for (size_t l = 0; l < n_layers; l++) {
-        mfd_entry_t *e = mfd_store_find(
-            st, mfd_keys_tmpl_set(&op->kt, op->rows[l * op->nb].ref.layer, op->h[j + 1]));
+        uint32_t layer = op->rows[l * op->nb].ref.layer;
+        mfd_entry_t *e = mfd_index_block_entry(st->ix, b, layer,
+                                               mfd_keys_tmpl_set(&op->kt, layer, op->h[j + 1]));
         const uint8_t *row = e ? mfd_store_head(st, e) : NULL;
         const char *why;
         if (row && mfd_row_verify(row, e->size, 0, tok, op->B, op->h[j], op->h[j + 1], &why) ==
                        MF_OK) {
             mfd_index_block_note(st->ix, e, op->B, parent, tok); /* records only if unrecorded */
+            /* Only the record's context is verified: rows of two contexts under one block
+             * (a collision) leave the later blocks' rows to the one that recorded it. */
             return mfd_block_matches(b, op->B, parent, tok);
         }
     }
@@ -458,15 +473,30 @@ static void verify_chain(get_op_t *op)
     uint32_t last = op->first + op->nb - 1, ok = 0; /* blocks [0, ok) verified */
     while (ok < last && block_verified(op, n_layers, ok))
         ok++;
+    /* A break at a block of the range whose rows a peer could not deliver may heal on a
+     * retry: its later rows are UNAVAILABLE like it, not NOT_FOUND. */
+    mf_status_t cut = MF_NOT_FOUND;
+    for (size_t l = 0; ok >= op->first && ok < last && l < n_layers; l++)
+        if (op->rows[l * op->nb + (ok - op->first)].ref.status == MF_UNAVAILABLE)
+            cut = MF_UNAVAILABLE;
     for (size_t i = 0; i < op->n_rows; i++) {
         get_row_t *r = &op->rows[i];
         if (r->ref.status == MF_OK && r->block_rel > ok) {
-            r->ref.status = MF_NOT_FOUND;
-            mfd_count(&op->c->srv->metrics, MFD_C_HASH_MISMATCH, 1);
+            r->ref.status = cut;
+            mfd_count(&op->c->srv->metrics, MFD_C_HASH_MISMATCH, cut == MF_NOT_FOUND);
         }
     }
 }
 
+
+/* A leased row's offset in the arena its tier names (an SSD row was read into the host
+ * arena). Taken as the row is resolved, while its block is in cache; the entry is pinned,
+ * so the block does not move before the lease is granted. */
+static void set_lease_offset(get_row_t *r)
+{
+    r->ref.arena_offset = mfd_ablock_offset(
+        r->ref.tier == MAPFLOW__V1__TIER__TIER_GPU ? r->e->gpu : r->e->host);
+}
 
 /* One lease group for every row of the Get that is OK (ids: group << MFD_LEASE_ROW_BITS | k). */
 static void grant_leases(get_op_t *op)
@@ -488,17 +518,15 @@ static void grant_leases(get_op_t *op)
         }
         uint32_t k = l->n++;
         l->e[k] = r->e;
-        mfd_entry_pin(r->e);
-        r->e->leases++;
-        r->ref.arena_offset = mfd_ablock_offset(
-            r->ref.tier == MAPFLOW__V1__TIER__TIER_GPU ? r->e->gpu : r->e->host);
+        r->e->leases++; /* ref.arena_offset: set_lease_offset, when the row was resolved */
+        r->e = NULL;    /* the op's pin (get_find_rows) becomes the lease's */
     }
     if (!l)
         return;
     l->live = l->n;
     s->leased_rows += l->n;
     mfd_tickets_add(s->tickets, &l->t, MFD_TICKET_LEASE, op->c,
-                    mfd_now_ms() + s->cfg.lease_ttl_ms);
+                    (uint64_t)mf_now_ms() + s->cfg.lease_ttl_ms);
     for (size_t i = 0, k = 0; i < op->n_rows; i++)
         if (op->rows[i].ref.status == MF_OK)
             op->rows[i].ref.lease_id = (l->t.id << MFD_LEASE_ROW_BITS) | k++;
@@ -631,7 +659,7 @@ static void finish_get(get_op_t *op)
         rep.n_rows = op->n_rows;
         rep.rows = refs;
         rep.lease_ttl_ms = op->lease_mode ? s->cfg.lease_ttl_ms : 0;
-        mfd_metrics_observe(&s->metrics, MFD_H_GET, mfd_now_s() - op->t0);
+        mfd_metrics_observe(&s->metrics, MFD_H_GET, mf_now_s() - op->t0);
         mf_envelope_t env = MAPFLOW__V1__ENVELOPE__INIT;
         env.request_id = op->rid;
         env.body_case = MAPFLOW__V1__ENVELOPE__BODY_GET_REPLY;
@@ -661,7 +689,9 @@ static void on_get_read(void *arg, mfd_entry_t *e, mf_status_t st, uint8_t *buf,
         /* The store checked the checksum as it read the row. */
         r->ref.tier = MAPFLOW__V1__TIER__TIER_SSD;
         verify_row(op, r, bytes);
-        if (!op->lease_mode && r->ref.status == MF_OK) {
+        if (r->ref.status == MF_OK && op->lease_mode)
+            set_lease_offset(r);
+        else if (r->ref.status == MF_OK) {
             r->src = bytes;
             r->buf = buf;
             buf = NULL;
@@ -698,17 +728,53 @@ static void resolve_row(get_op_t *op, get_row_t *r)
     if (op->lease_mode && v.tier == MAPFLOW__V1__TIER__TIER_GPU)
         r->ref.gpu_arena = v.gpu_arena;
     r->buf = v.owned; /* freed with the op unless the reply takes it */
-    verify_row(op, r, v.bytes);
-    if (!op->lease_mode && r->ref.status == MF_OK)
+    if (!r->vouched)
+        verify_row(op, r, v.bytes);
+    if (r->ref.status == MF_OK && op->lease_mode)
+        set_lease_offset(r);
+    else if (r->ref.status == MF_OK)
         r->src = v.bytes;
     /* gpu_promote: a host hit gets a GPU copy (a lease's even when its check failed). */
     if (v.tier == MAPFLOW__V1__TIER__TIER_HOST && (op->lease_mode || r->ref.status == MF_OK))
         mfd_store_promote_gpu(&s->store, e);
 }
 
+/* A prefix Get's blocks, looked up once each: the block node (NULL: no row of the block
+ * is stored) and whether its record carries the request's parent and tokens. Valid only
+ * within the loop callback that made it (nodes go with their last entry). */
+typedef struct get_block {
+    const mfd_block_t *node;
+    int match;
+} get_block_t;
+
+/* blks[b] for blocks [first, first + nb) of the request. */
+static void get_find_blocks(get_op_t *op, get_block_t *blks)
+{
+    mfd_index_t *ix = op->c->srv->store.ix;
+    mfd_keys_tmpl_t *kt = &op->kt;
+    uint8_t bk[MFD_BKEY_MAX], parent[16];
+    memcpy(bk, kt->k.b, kt->at); /* the block key: the entry key without its layer */
+    for (uint32_t b = 0; b < op->nb; b++) {
+        uint32_t j = op->first + b;
+        mf_hash_to_le(op->h[j + 1], bk + kt->at);
+        mf_hash_to_le(op->h[j], parent);
+        blks[b].node = mfd_index_block_find(ix, bk, kt->at + 16);
+        blks[b].match = blks[b].node &&
+                        mfd_block_matches(blks[b].node, op->B, parent,
+                                          op->tokens + (size_t)j * op->B);
+    }
+}
+
 /* Pass 1: finds (and pins) each row's entry, lays the copy payload out (bounded by
- * max_frame). forced: NULL on the first pass; after a peer fetch, the peer's status of
- * each row (0: none), given to rows still missing here. */
+ * max_frame). A prefix Get finds its rows through their blocks (one block probe and one
+ * token compare per block, then the layers' rows from the block node). A lease of a row
+ * whose layer the matching block vouches for (its row, validated at commit or read back,
+ * carries the block's record) skips reading the row: the client reads the arena itself,
+ * later, and checks header and tokens of what it reads (a check here could not cover
+ * a same-node writer changing the shared arena after it anyway). A copy is still
+ * checked here, since these are the bytes the reply carries.
+ * forced: NULL on the first pass; after a peer fetch, the peer's status of each row
+ * (0: none), given to rows still missing here. */
 static void get_find_rows(get_op_t *op, const Mapflow__V1__Get *m, const mf_status_t *forced)
 {
     mfd_server_t *s = op->c->srv;
@@ -716,25 +782,39 @@ static void get_find_rows(get_op_t *op, const Mapflow__V1__Get *m, const mf_stat
     size_t off = 0;
     mfd_keys_tmpl_t *kt = &op->kt;
     const char *why = NULL;
+    get_block_t *blks = NULL;
+    if (op->prefix_mode && op->nb) {
+        blks = malloc(op->nb * sizeof(*blks));
+        if (blks)
+            get_find_blocks(op, blks);
+    }
     for (size_t i = 0; i < op->n_rows; i++) {
         get_row_t *r = &op->rows[i];
         mapflow__v1__row_ref__init(&r->ref);
         r->op = op;
+        r->vouched = 0;
         mfd_key_t k;
-        const mfd_key_t *kp = &k;
         if (op->prefix_mode) {
             size_t l = i / op->nb, b = i % op->nb;
+            uint32_t layer = m->layers[l];
             r->block_rel = (uint32_t)(m->first_block + b);
-            r->ref.layer = m->layers[l];
+            r->ref.layer = layer;
             r->ref.block = r->block_rel;
-            kp = mfd_keys_tmpl_set(kt, m->layers[l], op->h[r->block_rel + 1]);
+            const mfd_key_t *kp = mfd_keys_tmpl_set(kt, layer, op->h[r->block_rel + 1]);
+            if (blks) {
+                r->e = mfd_index_block_entry(s->store.ix, blks[b].node, layer, kp);
+                r->vouched = op->lease_mode && r->e && blks[b].match &&
+                             mfd_block_has_layer(blks[b].node, layer);
+            } else {
+                r->e = mfd_store_find(&s->store, kp); /* out of memory: row by row */
+            }
         } else if (mfd_keys_from_msg(op->c, m->keys[i], &k, &why) != MF_OK) {
             r->ref.status = MF_INVALID_ARGUMENT;
             continue;
         } else {
             r->ref.layer = m->keys[i]->layer;
+            r->e = mfd_store_find(&s->store, &k);
         }
-        r->e = mfd_store_find(&s->store, kp);
         if (!r->e) {
             r->ref.status = forced && forced[i] ? forced[i] : MF_NOT_FOUND;
             continue;
@@ -754,6 +834,7 @@ static void get_find_rows(get_op_t *op, const Mapflow__V1__Get *m, const mf_stat
             }
         }
     }
+    free(blks);
 }
 
 /* Pass 2: copy / lease what is in memory, read the rest from the SSD tier. */

@@ -23,7 +23,7 @@
 #include "conn.h"
 
 void mfd_rows_put_begin(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__PutBegin *m);
-/* t0: when the request was dispatched (mfd_now_s), for the latency histograms. */
+/* t0: when the request was dispatched (mf_now_s), for the latency histograms. */
 void mfd_rows_put_commit(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__PutCommit *m,
                          const uint8_t *payload, size_t plen, double t0);
 void mfd_rows_put_abort(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__PutAbort *m);

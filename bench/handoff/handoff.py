@@ -378,7 +378,9 @@ class Store:
         """Leased rows of every layer: ({layer: (ptrs, sizes)}, results to release,
         staged device buffers). Device rows are used in place; host rows are copied to
         the GPU (one buffer per layer) unless --dry (the C reference reads them)."""
-        per_call = max(1, 4096 // max(1, nb))
+        # Every layer in one Get when the daemon's max_batch (rows per Get) allows it
+        # (its default covers a 32k prefix × 32 layers); split only beyond that.
+        per_call = max(1, int(self.ch.info()["max_batch"]) // max(1, nb))
         out, results, staged = {}, [], []
         ls = list(layers)
         for a in range(0, len(ls), per_call):

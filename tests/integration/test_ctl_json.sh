@@ -67,7 +67,8 @@ def err(args, rc_want, status):
 for cmd in (["health"], ["stats"], ["ls"], ["flush"], ["config", "get"],
             ["profile", "get", "--source", "a", "--target", "b"]):
     e = err(none + cmd, 3, "UNAVAILABLE")
-    assert "none.sock" in e["message"], e
+    # (stats is an admin command: it names the admin socket beside none.sock)
+    assert ("none-admin.sock" if cmd == ["stats"] else "none.sock") in e["message"], e
 # usage errors: exit 2, INVALID_ARGUMENT, before any connection is tried
 for args in (["ls", "--peer", "h:1"], ["stats", "--count", "2"], ["frobnicate"],
              ["profile"], ["profile", "frob"], ["profile", "ls", "--page-size", "x"],

@@ -6,7 +6,7 @@
 # priority (<3> error, <4> warning, <6> info, <7> debug) and no timestamp of its own.
 source "$(dirname "$0")/lib.sh"
 CONF=$MF_TMP/mapflowd.conf
-printf 'host_bytes 4mb\nhigh_watermark 0.9\nlow_watermark 0.8\nlog_level info\nmax_batch 4096\n' >"$CONF"
+printf 'host_bytes 4mb\nhigh_watermark 0.9\nlow_watermark 0.8\nlog_level info\nmax_batch 16384\n' >"$CONF"
 
 # Waits for the Nth "reloaded" line; prints it.
 reloaded() {
@@ -31,7 +31,7 @@ line=$(reloaded 1)
 # Two live keys changed (the watermark pair moved together counts its members that
 # changed: low_watermark stays), max_batch rewritten with the same value is no change.
 sed -i -e 's/^high_watermark .*/high_watermark 0.95/' -e 's/^log_level .*/log_level debug/' \
-  -e 's/^max_batch .*/max_batch 4096/' "$CONF"
+  -e 's/^max_batch .*/max_batch 16384/' "$CONF"
 kill -HUP "$MF_PID"
 line=$(reloaded 2)
 [[ $line == *": 2 live keys changed: high_watermark, log_level" ]] || fail "two keys: $line"

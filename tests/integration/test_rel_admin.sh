@@ -19,6 +19,12 @@ rel_run "$MF_TMP/roles.out" admin-roles --unix "$MF_SOCK" --tcp "127.0.0.1:$MF_T
   --token "$TOKEN" --admin-token "$ATOKEN" || fail "admin roles"
 grep -aq "ConfigSet refused: connection unix:#[0-9]* (pid [0-9]* uid [0-9]*), client 'rel', namespace 'mallory'" \
   "$MF_LOG" || fail "the refused ConfigSet is not logged with who sent it"
+# The tenant's 10 refused admin requests came within seconds: rate-limited to one line
+# (a second only if the run crossed the 10 s window), every one counted.
+n=$(grep -ac ' refused: .* is not an admin connection' "$MF_LOG" || true)
+[ "$n" -ge 1 ] && [ "$n" -le 2 ] || fail "admin refusals logged $n times (want 1..2: rate-limited)"
+denied=$(mf_http /metrics | grep -a '^mapflowd_admin_denied_total ' | awk '{print $2}')
+[ "${denied:-0}" -ge 10 ] || fail "admin_denied_total ${denied:-none} (want >= 10)"
 grep -aq "config: lease_ttl = 25s (set by connection admin:#[0-9]* (pid [0-9]* uid [0-9]*, admin socket)" \
   "$MF_LOG" || fail "the admin's ConfigSet is not logged with who made it"
 grep -aq "config: lease_ttl = 20s (set by connection tcp:127.0.0.1:[0-9]* (no credentials, admin_token)" \

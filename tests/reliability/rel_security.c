@@ -348,7 +348,16 @@ static int bounds(const char *unix_path)
     held += expect_code(&c, &env, NULL, 0, MF_INVALID_ARGUMENT, "PutBegin 300-byte model");
     k.model = MODEL;
     /* Lookup: 0 layers, max_batch + 1 layers, tokens not a multiple of 4, bad block size. */
-    static uint32_t many[5000];
+    uint32_t max_batch = c.max_batch;
+    REL_CHECK(max_batch >= 16384, "HelloReply max_batch %u (the default is 16384)", max_batch);
+    uint32_t *many = malloc(((size_t)max_batch + 1) * sizeof(*many));
+    if (!REL_CHECK(many != NULL, "out of memory")) {
+        rel_close(&c);
+        return 1;
+    }
+    unsigned seed = 4099;
+    for (uint32_t i = 0; i <= max_batch; i++)
+        many[i] = (uint32_t)rand_r(&seed) % 64;
     Mapflow__V1__Lookup lk = MAPFLOW__V1__LOOKUP__INIT;
     lk.model = MODEL;
     lk.block_size = B;
@@ -357,9 +366,9 @@ static int bounds(const char *unix_path)
     env.lookup = &lk;
     tried += 4;
     held += expect_code(&c, &env, tok, 64, MF_INVALID_ARGUMENT, "Lookup 0 layers");
-    lk.n_layers = 4097;
+    lk.n_layers = (size_t)max_batch + 1;
     lk.layers = many;
-    held += expect_code(&c, &env, tok, 64, MF_INVALID_ARGUMENT, "Lookup 4097 layers");
+    held += expect_code(&c, &env, tok, 64, MF_INVALID_ARGUMENT, "Lookup max_batch + 1 layers");
     lk.n_layers = 1;
     held += expect_code(&c, &env, tok, 7, MF_INVALID_ARGUMENT, "Lookup 7 token bytes");
     lk.block_size = 1u << 31;
@@ -380,8 +389,10 @@ static int bounds(const char *unix_path)
     g.n_blocks = 0xffffffffu;
     held += expect_code(&c, &env, tok, 64, MF_INVALID_ARGUMENT, "Get n_blocks 2^32-1");
     g.n_blocks = 2;
-    g.n_layers = 4000;
-    held += expect_code(&c, &env, tok, 64, MF_INVALID_ARGUMENT, "Get 4000 layers × 2 blocks");
+    g.n_layers = max_batch / 2 + 1;
+    held += expect_code(&c, &env, tok, 64, MF_INVALID_ARGUMENT,
+                        "Get max_batch / 2 + 1 layers × 2 blocks");
+    free(many);
     /* List: page_size and page_token out of range. */
     Mapflow__V1__List ls = MAPFLOW__V1__LIST__INIT;
     uint8_t tokbuf[2000] = {0};
@@ -443,8 +454,8 @@ static int bounds(const char *unix_path)
     rel_result("bounds", "lengths and counts out of bounds on the wire",
                "frame_len 4 GiB / 2, msg_len past the frame, garbage envelope, 129-byte "
                "namespace, PutBegin size 2^40 / 10 / 0, 15-byte hash, 300-byte model, Lookup "
-               "0 / 4097 layers, 7 token bytes, block 2^31, Get first_block / n_blocks 2^32-1, "
-               "4000×2 rows, List page 100000 / 2000-byte token, profile 100000 heads, unknown "
+               "0 / max_batch + 1 layers, 7 token bytes, block 2^31, Get first_block / n_blocks "
+               "2^32-1, (max_batch / 2 + 1)×2 rows, List page 100000 / 2000-byte token, profile 100000 heads, unknown "
                "reservation, 10000 unknown leases",
                "%d/%d answered with the expected status (frame errors close the connection); "
                "daemon kept serving",

@@ -1,5 +1,6 @@
 /* rel_wire — blocking wire client and row helpers for the reliability drivers. */
 #include "rel_wire.h"
+#include "mf_addr.h"
 /* The default secret (XXH3_kSecret) is only visible to an inlined copy of xxhash. */
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -220,6 +221,8 @@ int rel_hello_admin(rel_conn_t *c, const char *ns, const char *token, const char
     int fd = -1;
     mf_envelope_t *r = rel_recv(c, &fd);
     int rc = rel_status(r, MAPFLOW__V1__ENVELOPE__BODY_HELLO_REPLY, c);
+    if (rc == 0)
+        c->max_batch = r->hello_reply->max_batch;
     if (rc == 0 && r->hello_reply->host_arena_fd && fd >= 0) {
         c->arena_len = r->hello_reply->host_arena_bytes;
         c->arena = mmap(NULL, c->arena_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -392,11 +395,27 @@ int rel_release(rel_conn_t *c, const uint64_t *ids, size_t n, uint32_t *released
 
 uint64_t rel_counter(rel_conn_t *c, const char *name)
 {
+    /* Daemon-wide counters are the admin's (a tenant's Stats covers its namespace): ask on
+     * the admin socket beside c's unix socket, else on c. */
+    struct sockaddr_un sun = {0};
+    socklen_t sl = sizeof(sun);
+    char admin[sizeof(sun.sun_path) + 16];
+    rel_conn_t a;
+    rel_conn_t *q = c;
+    if (getpeername(c->fd, (struct sockaddr *)&sun, &sl) == 0 && sun.sun_family == AF_UNIX) {
+        mf_admin_socket_path(sun.sun_path, admin, sizeof(admin));
+        if (access(admin, F_OK) == 0 && rel_open(&a, admin, "rel-stats", NULL, 0, 5000) == 0)
+            q = &a;
+    }
     Mapflow__V1__Stats m = MAPFLOW__V1__STATS__INIT;
     ENV_INIT(env, STATS, stats, &m);
-    mf_envelope_t *r = rel_call(c, &env, NULL, 0);
+    mf_envelope_t *r = rel_call(q, &env, NULL, 0);
+    if (q != c) {
+        rel_close(&a);
+        q = c;
+    }
     uint64_t v = UINT64_MAX;
-    if (rel_status(r, MAPFLOW__V1__ENVELOPE__BODY_STATS_REPLY, c) == 0)
+    if (rel_status(r, MAPFLOW__V1__ENVELOPE__BODY_STATS_REPLY, q) == 0)
         for (size_t i = 0; i < r->stats_reply->n_counters; i++)
             if (strcmp(r->stats_reply->counters[i]->name, name) == 0)
                 v = r->stats_reply->counters[i]->value;

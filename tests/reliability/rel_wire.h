@@ -30,6 +30,7 @@ typedef struct rel_conn {
     uint8_t *payload;        /* last reply's payload (16-aligned copy) */
     size_t payload_len;
     char err[160];           /* last ErrorReply message */
+    uint32_t max_batch;      /* the daemon's, from the HelloReply */
 } rel_conn_t;
 
 /* "unix:PATH", "tcp:HOST:PORT" or a bare path. Receive timeout: timeout_ms (0 = none).

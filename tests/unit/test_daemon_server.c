@@ -429,8 +429,7 @@ static void test_watermark_demotion(void **state)
     }
     mfd_server_t *srv = f->d.srv;
     /* Read the counters through Stats (the loop thread owns them). */
-    mf_envelope_t *r = td_simple(&c, MAPFLOW__V1__ENVELOPE__BODY_STATS,
-                              &(Mapflow__V1__Stats)MAPFLOW__V1__STATS__INIT);
+    mf_envelope_t *r = td_admin_stats(&c); /* daemon-wide: the admin socket's */
     uint64_t demotions = 0;
     for (size_t k = 0; k < r->stats_reply->n_counters; k++)
         if (!strcmp(r->stats_reply->counters[k]->name, "demotions_total"))
@@ -498,6 +497,193 @@ static void test_frame_timeout(void **state)
     td_close(&ok);
 }
 
+/* The counters and tiers of one StatsReply (n counters by name; tier used / entries). */
+static uint64_t stat_of(const mf_envelope_t *r, const char *name)
+{
+    for (size_t k = 0; k < r->stats_reply->n_counters; k++)
+        if (!strcmp(r->stats_reply->counters[k]->name, name))
+            return r->stats_reply->counters[k]->value;
+    return UINT64_MAX;
+}
+
+static const Mapflow__V1__TierStats *tier_of(const mf_envelope_t *r, Mapflow__V1__Tier t)
+{
+    for (size_t k = 0; k < r->stats_reply->n_tiers; k++)
+        if (r->stats_reply->tiers[k]->tier == t)
+            return r->stats_reply->tiers[k];
+    fail_msg("no tier %d", (int)t);
+    return NULL;
+}
+
+/* Stats of a tenant covers its own namespace (issue 22): its rows, bytes and leases, per
+ * tier its rows and bytes, its connections, and no daemon-wide counter; the admin socket
+ * still gets the daemon's. Two tenants with random, different row counts. */
+static void test_stats_per_namespace(void **state)
+{
+    fixture_t *f = *state;
+    td_cli_t a, a2, b;
+    assert_int_equal(td_connect(&a, f->d.sock, "ns-sa", 1), 0);
+    assert_int_equal(td_connect(&a2, f->d.sock, "ns-sa", 0), 0);
+    assert_int_equal(td_connect(&b, f->d.sock, "ns-sb", 1), 0);
+    unsigned seed = f->seed;
+    uint32_t na = 2 + (uint32_t)(rand_r(&seed) % (NB - 2)), nb = 1, bytes_a = 0, bytes_b = 0;
+    for (uint32_t i = 0; i < na; i++) {
+        size_t size;
+        unsigned s = 100 + i;
+        uint8_t *row = td_row("ns-sa", MODEL, 1, B, f->tokens, i, &size, &s);
+        bytes_a += (uint32_t)size;
+        free(row);
+        s = 100 + i;
+        assert_int_equal(put_row(&a, "ns-sa", 1, f->tokens, i, 0, NULL, &s, 0), 0);
+    }
+    for (uint32_t i = 0; i < nb; i++) {
+        size_t size;
+        unsigned s = 200 + i;
+        uint8_t *row = td_row("ns-sb", MODEL, 2, B, f->tokens, i, &size, &s);
+        bytes_b += (uint32_t)size;
+        free(row);
+        s = 200 + i;
+        assert_int_equal(put_row(&b, "ns-sb", 2, f->tokens, i, 0, NULL, &s, 0), 0);
+    }
+    uint32_t layer = 1;
+    mf_envelope_t *g = get_rows(&a, f->tokens, NB * B, &layer, 1, 0, 2, 1); /* 2 leases */
+    assert_int_equal(g->get_reply->rows[1]->status, MF_OK);
+    mf_envelope_free(g);
+    mf_envelope_t *r = td_simple(&a, MAPFLOW__V1__ENVELOPE__BODY_STATS,
+                                 &(Mapflow__V1__Stats)MAPFLOW__V1__STATS__INIT);
+    assert_int_equal(r->body_case, MAPFLOW__V1__ENVELOPE__BODY_STATS_REPLY);
+    assert_int_equal(stat_of(r, "namespace_entries"), na);
+    assert_int_equal(stat_of(r, "namespace_bytes"), bytes_a);
+    assert_int_equal(stat_of(r, "leases"), 2);
+    assert_int_equal(stat_of(r, "puts_total"), UINT64_MAX); /* no daemon-wide counters */
+    assert_int_equal(r->stats_reply->n_counters, 3);
+    assert_int_equal(r->stats_reply->connections, 2);
+    const Mapflow__V1__TierStats *h = tier_of(r, MAPFLOW__V1__TIER__TIER_HOST);
+    assert_int_equal(h->entries, na);
+    assert_int_equal(h->used_bytes, bytes_a);
+    assert_true(h->enabled && h->capacity_bytes == (8u << 20));
+    mf_envelope_free(r);
+    r = td_simple(&b, MAPFLOW__V1__ENVELOPE__BODY_STATS,
+                  &(Mapflow__V1__Stats)MAPFLOW__V1__STATS__INIT);
+    assert_int_equal(stat_of(r, "namespace_entries"), nb);
+    assert_int_equal(stat_of(r, "namespace_bytes"), bytes_b);
+    assert_int_equal(stat_of(r, "leases"), 0);
+    assert_int_equal(r->stats_reply->connections, 1);
+    assert_int_equal(tier_of(r, MAPFLOW__V1__TIER__TIER_HOST)->entries, nb);
+    mf_envelope_free(r);
+    /* The admin socket: every namespace's rows and the daemon's counters. */
+    r = td_admin_stats(&a);
+    assert_true(stat_of(r, "puts_total") >= na + nb);
+    assert_int_equal(tier_of(r, MAPFLOW__V1__TIER__TIER_HOST)->entries, na + nb);
+    assert_int_equal(r->stats_reply->connections, 4); /* a, a2, b and the admin's own */
+    mf_envelope_free(r);
+    td_close(&a);
+    td_close(&a2);
+    td_close(&b);
+}
+
+/* List of `model` (NULL: any) and layer (has_layer) in pages of `page`: the (layer,
+ * block) pairs in order into out (up to cap), how many returned, *pages; with `deleter`,
+ * each page's last row is deleted before the next page is asked for. */
+static size_t list_all(td_cli_t *c, const char *model, int has_layer, uint32_t layer,
+                       uint32_t page, uint32_t (*out)[2], size_t cap, size_t *pages,
+                       td_cli_t *deleter)
+{
+    Mapflow__V1__List ls = MAPFLOW__V1__LIST__INIT;
+    ls.model = (char *)(model ? model : "");
+    ls.has_layer = has_layer;
+    ls.layer = layer;
+    ls.page_size = page;
+    uint8_t token[MFD_KEY_MAX];
+    size_t tlen = 0, n = 0;
+    *pages = 0;
+    do {
+        ls.page_token.data = token;
+        ls.page_token.len = tlen;
+        mf_envelope_t *r = td_simple(c, MAPFLOW__V1__ENVELOPE__BODY_LIST, &ls);
+        assert_int_equal(r->body_case, MAPFLOW__V1__ENVELOPE__BODY_LIST_REPLY);
+        assert_true(r->list_reply->n_entries <= page);
+        for (size_t k = 0; k < r->list_reply->n_entries && n < cap; k++, n++) {
+            out[n][0] = r->list_reply->entries[k]->key->layer;
+            out[n][1] = r->list_reply->entries[k]->block;
+        }
+        tlen = r->list_reply->next_page_token.len;
+        if (tlen)
+            memcpy(token, r->list_reply->next_page_token.data, tlen);
+        /* The page's last row goes before the next page: it resumes after its key anyway. */
+        if (deleter && r->list_reply->n_entries) {
+            const Mapflow__V1__Key *k = r->list_reply->entries[r->list_reply->n_entries - 1]->key;
+            Mapflow__V1__Delete d = MAPFLOW__V1__DELETE__INIT;
+            d.key = (Mapflow__V1__Key *)k;
+            mf_envelope_t *dr = td_simple(deleter, MAPFLOW__V1__ENVELOPE__BODY_DELETE, &d);
+            assert_int_equal(dr->body_case, MAPFLOW__V1__ENVELOPE__BODY_DELETE_REPLY);
+            assert_int_equal(dr->delete_reply->deleted, 1);
+            mf_envelope_free(dr);
+        }
+        (*pages)++;
+        mf_envelope_free(r);
+    } while (tlen && *pages < 100);
+    return n;
+}
+
+/* List walks the index in key order from the page token: pages of a model and layer (a
+ * key prefix), of a layer across models (a filter), next to a namespace and a model whose
+ * names extend this one's, and resuming after a key deleted between pages. */
+static void test_list_pages_in_key_order(void **state)
+{
+    fixture_t *f = *state;
+    td_cli_t c, o;
+    assert_int_equal(td_connect(&c, f->d.sock, "ns-k", 0), 0);
+    assert_int_equal(td_connect(&o, f->d.sock, "ns-k2", 0), 0);
+    static const char *const models[2] = {"mk", "mk2"};
+    unsigned seed = f->seed + 5;
+    uint32_t layers[3] = {7, 2, 300};
+    for (int mi = 0; mi < 2; mi++)
+        for (int li = 0; li < 3; li++)
+            for (uint32_t i = 0; i < NB; i++) {
+                size_t size;
+                for (int who = 0; who < 2; who++) {
+                    const char *ns = who ? "ns-k2" : "ns-k";
+                    uint8_t *row = td_row(ns, models[mi], layers[li], B, f->tokens, i, &size,
+                                          &seed);
+                    assert_int_equal(td_put(who ? &o : &c, models[mi], layers[li],
+                                            td_block_hash(ns, models[mi], B, f->tokens, i),
+                                            row, size, 0, NULL),
+                                     0);
+                    free(row);
+                }
+            }
+    uint32_t got[64][2];
+    size_t pages;
+    /* (mk, layer 7): NB rows, blocks ascending by hash order: every block once. */
+    size_t n = list_all(&c, "mk", 1, 7, 3, got, 64, &pages, NULL);
+    assert_int_equal(n, NB);
+    assert_int_equal(pages, (NB + 2) / 3);
+    unsigned seen = 0;
+    for (size_t k = 0; k < n; k++) {
+        assert_int_equal(got[k][0], 7);
+        seen |= 1u << got[k][1];
+    }
+    assert_int_equal(seen, (1u << NB) - 1);
+    /* Layer 300 of any model: both models', and nothing of ns-k2. */
+    n = list_all(&c, NULL, 1, 300, 4, got, 64, &pages, NULL);
+    assert_int_equal(n, 2 * NB);
+    /* Model "mk" only (not "mk2"): 3 layers, in layer order 2, 7, 300. */
+    n = list_all(&c, "mk", 0, 0, 5, got, 64, &pages, NULL);
+    assert_int_equal(n, 3 * NB);
+    for (size_t k = 0; k + 1 < n; k++)
+        assert_true(got[k][0] <= got[k + 1][0]);
+    assert_int_equal(got[0][0], 2);
+    assert_int_equal(got[n - 1][0], 300);
+    /* Everything, deleting each page's last row before asking for the next page: the
+     * pages still cover every row once (those deleted included, as they were listed). */
+    n = list_all(&o, NULL, 0, 0, 4, got, 64, &pages, &o);
+    assert_int_equal(n, 2 * 3 * NB);
+    assert_int_equal(pages, (2 * 3 * NB + 3) / 4);
+    td_close(&c);
+    td_close(&o);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -508,6 +694,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_admin_list_config_profile, setup, teardown),
         cmocka_unit_test_setup_teardown(test_watermark_demotion, setup, teardown),
         cmocka_unit_test_setup_teardown(test_frame_timeout, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stats_per_namespace, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_list_pages_in_key_order, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "mf_addr.h"
 #include "mf_frame.h"
 #include "mf_hash.h"
 #include "mf_row.h"
@@ -296,11 +297,37 @@ static inline mf_envelope_t *td_simple(td_cli_t *c, int body_case, void *msg)
     return td_call(c, &env, NULL, 0);
 }
 
-/* A Stats counter or gauge by name; host tier used bytes for "host_used". */
+/* The daemon-wide StatsReply (the caller frees it), asked on the admin socket beside the
+ * one c is connected to (a tenant's Stats covers its own namespace only); on c itself
+ * when there is none. */
+static inline mf_envelope_t *td_admin_stats(td_cli_t *c)
+{
+    struct sockaddr_un sun = {0};
+    socklen_t sl = sizeof(sun);
+    char admin[sizeof(sun.sun_path) + 16];
+    td_cli_t a;
+    td_cli_t *q = c;
+    if (getpeername(c->fd, (struct sockaddr *)&sun, &sl) == 0 && sun.sun_family == AF_UNIX) {
+        mf_admin_socket_path(sun.sun_path, admin, sizeof(admin));
+        if (access(admin, F_OK) == 0) {
+            if (td_connect(&a, admin, "td-stats", 0) == 0)
+                q = &a;
+            else
+                td_close(&a);
+        }
+    }
+    mf_envelope_t *r = td_simple(q, MAPFLOW__V1__ENVELOPE__BODY_STATS,
+                                 &(Mapflow__V1__Stats)MAPFLOW__V1__STATS__INIT);
+    if (q != c)
+        td_close(&a);
+    return r;
+}
+
+/* A daemon-wide Stats counter or gauge by name (td_admin_stats); host tier used bytes
+ * for "host_used". */
 static inline uint64_t td_stat(td_cli_t *c, const char *name)
 {
-    mf_envelope_t *r = td_simple(c, MAPFLOW__V1__ENVELOPE__BODY_STATS,
-                                 &(Mapflow__V1__Stats)MAPFLOW__V1__STATS__INIT);
+    mf_envelope_t *r = td_admin_stats(c);
     assert_non_null(r);
     assert_int_equal(r->body_case, MAPFLOW__V1__ENVELOPE__BODY_STATS_REPLY);
     uint64_t v = UINT64_MAX;
