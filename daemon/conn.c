@@ -309,17 +309,7 @@ mf_status_t mfd_conn_adopt(mfd_server_t *s, int fd, const mfd_transport_t *tp,
 
 void mfd_server_tiers(mfd_server_t *s, mfd_tier_info_t out[3])
 {
-    memset(out, 0, 3 * sizeof(*out));
-    mfd_gpu_t *g = s->store.gpu;
-    out[0] = (mfd_tier_info_t){MAPFLOW__V1__TIER__TIER_GPU, "gpu", g != NULL, mfd_gpu_used(g),
-                               mfd_gpu_capacity(g), s->store.gpu_entries,
-                               g ? NULL : s->store.gpu_why};
-    out[1] = (mfd_tier_info_t){MAPFLOW__V1__TIER__TIER_HOST, "host", 1,
-                               mfd_arena_used(s->store.arena),
-                               mfd_arena_capacity(s->store.arena), s->store.host_entries, NULL};
-    out[2] = (mfd_tier_info_t){MAPFLOW__V1__TIER__TIER_SSD, "ssd", s->store.ssd != NULL,
-                               s->store.ssd_used, s->store.ssd ? s->cfg.ssd_bytes : 0,
-                               s->store.ssd_entries, s->store.ssd ? NULL : "ssd_bytes is 0"};
+    mfd_store_tiers(&s->store, out);
 }
 
 void mfd_server_gauges(mfd_server_t *s, mfd_gauges_t *g)

@@ -191,7 +191,7 @@ mf_status_t mfd_server_create(mfd_config_t *cfg, const char *config_path,
         mfd_info("gpu tier: rows validated on the %s (%s)", g->verify_gpu ? "GPU" : "host",
                  g->verify_why);
     mfd_info("host tier: %llu bytes (memfd), watermarks %.2f/%.2f",
-             (unsigned long long)mfd_arena_capacity(s->store.arena), s->cfg.high_watermark,
+             (unsigned long long)mfd_store_host_capacity(&s->store), s->cfg.high_watermark,
              s->cfg.low_watermark);
     if (s->store.ssd)
         mfd_info("ssd tier: budget %llu bytes in %s/rocksdb, write_through %s",

@@ -86,7 +86,7 @@ static void handle_hello(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Hello *
     r.protocol_version = MF_PROTOCOL_VERSION;
     r.daemon_version = (char *)MFD_VERSION_STR;
     r.session_id = c->session_id;
-    r.host_arena_bytes = pass_fd || remote ? mfd_arena_capacity(s->store.arena) : 0;
+    r.host_arena_bytes = pass_fd || remote ? mfd_store_host_capacity(&s->store) : 0;
     r.host_arena_fd = pass_fd;
     r.max_frame = (uint32_t)s->cfg.max_frame;
     r.max_batch = (uint32_t)s->cfg.max_batch;
@@ -129,7 +129,7 @@ static void handle_hello(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Hello *
         mfd_conn_fail(c, rid, MF_INTERNAL, "cannot encode HelloReply");
         return;
     }
-    int afd = mfd_arena_fd(s->store.arena);
+    int afd = mfd_store_host_fd(&s->store);
     char cbuf[CMSG_SPACE(sizeof(int))];
     memset(cbuf, 0, sizeof(cbuf));
     struct iovec iov = {frame, flen};

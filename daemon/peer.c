@@ -34,8 +34,8 @@ static mf_status_t ensure_ucx(mfd_peers_t *ps, const char *listen, char *err, si
     p.max_frame = ps->max_frame;
     if (ps->srv) {
         p.field_mask |= MFD_UCX_P_ARENA;
-        p.arena = mfd_arena_base(ps->srv->store.arena);
-        p.arena_bytes = mfd_arena_capacity(ps->srv->store.arena);
+        p.arena = mfd_store_host_base(&ps->srv->store);
+        p.arena_bytes = mfd_store_host_capacity(&ps->srv->store);
     }
     if (listen) {
         p.field_mask |= MFD_UCX_P_LISTEN;
@@ -393,9 +393,9 @@ static mf_status_t rt_place(fetch_t *f, size_t i, uint64_t len, uint8_t **dst)
 {
     rt_t *rt = f->ctx;
     mfd_store_t *st = &rt->c->srv->store;
-    if (len > mfd_arena_capacity(st->arena) || mfd_store_reserve(st, len, &rt->blk[i]) != MF_OK)
+    if (len > mfd_store_host_capacity(st) || mfd_store_reserve(st, len, &rt->blk[i]) != MF_OK)
         return MF_RESOURCE_EXHAUSTED;
-    *dst = mfd_arena_base(st->arena) + mfd_ablock_offset(rt->blk[i]);
+    *dst = mfd_store_block_ptr(st, rt->blk[i]);
     return MF_OK;
 }
 

@@ -32,7 +32,7 @@ void mfd_rows_put_begin(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__PutBegin
         mfd_conn_error(c, rid, MF_INVALID_ARGUMENT, "PutBegin: %s", why);
         return;
     }
-    uint64_t cap = mfd_arena_capacity(s->store.arena);
+    uint64_t cap = mfd_store_host_capacity(&s->store);
     if (m->size < MF_ROW_HEADER || m->size > s->cfg.max_frame || m->size > MF_ROW_MAX_BYTES ||
         m->size > cap) {
         mfd_conn_error(c, rid, MF_INVALID_ARGUMENT,

@@ -168,6 +168,31 @@ void mfd_store_close(mfd_store_t *st)
     memset(st, 0, sizeof(*st));
 }
 
+uint8_t *mfd_store_host_base(const mfd_store_t *st) { return mfd_arena_base(st->arena); }
+
+uint64_t mfd_store_host_capacity(const mfd_store_t *st) { return mfd_arena_capacity(st->arena); }
+
+int mfd_store_host_fd(const mfd_store_t *st) { return mfd_arena_fd(st->arena); }
+
+uint8_t *mfd_store_block_ptr(const mfd_store_t *st, const mfd_ablock_t *blk)
+{
+    return mfd_arena_base(st->arena) + mfd_ablock_offset(blk);
+}
+
+void mfd_store_tiers(const mfd_store_t *st, mfd_tier_info_t out[3])
+{
+    memset(out, 0, 3 * sizeof(*out));
+    mfd_gpu_t *g = st->gpu;
+    out[0] = (mfd_tier_info_t){MAPFLOW__V1__TIER__TIER_GPU, "gpu", g != NULL, mfd_gpu_used(g),
+                               mfd_gpu_capacity(g), st->gpu_entries, g ? NULL : st->gpu_why};
+    out[1] = (mfd_tier_info_t){MAPFLOW__V1__TIER__TIER_HOST, "host", 1,
+                               mfd_arena_used(st->arena), mfd_arena_capacity(st->arena),
+                               st->host_entries, NULL};
+    out[2] = (mfd_tier_info_t){MAPFLOW__V1__TIER__TIER_SSD, "ssd", st->ssd != NULL, st->ssd_used,
+                               st->ssd ? st->cfg->ssd_bytes : 0, st->ssd_entries,
+                               st->ssd ? NULL : "ssd_bytes is 0"};
+}
+
 mf_status_t mfd_store_reserve(mfd_store_t *st, uint64_t size, mfd_ablock_t **blk)
 {
     mf_status_t s = mfd_arena_alloc(st->arena, size, blk);

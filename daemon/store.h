@@ -41,6 +41,7 @@
 #include "mapflow.pb-c.h"
 #include "metrics.h"
 #include "mf_row.h"
+#include "tier.h"
 #include "tier_gpu.h"
 #include "tier_ssd.h"
 
@@ -67,6 +68,16 @@ mf_status_t mfd_store_attach(mfd_store_t *st, struct event_base *base);
 void mfd_store_drain(mfd_store_t *st);
 /* Finishes SSD work (shutdown) and frees everything. */
 void mfd_store_close(mfd_store_t *st);
+
+/* The host arena as others need to see it (UCX registration, Hello's arena size, put
+ * bounds, logs), and where a reserved block's bytes are: nobody outside the store and the
+ * tier modules reaches into the arena itself. */
+uint8_t *mfd_store_host_base(const mfd_store_t *st);
+uint64_t mfd_store_host_capacity(const mfd_store_t *st);
+int mfd_store_host_fd(const mfd_store_t *st); /* the memfd Hello passes to local clients */
+uint8_t *mfd_store_block_ptr(const mfd_store_t *st, const mfd_ablock_t *blk);
+/* Each tier's state for Health / Stats / logs: [0] gpu, [1] host, [2] ssd. */
+void mfd_store_tiers(const mfd_store_t *st, mfd_tier_info_t out[3]);
 
 /* An arena block for a put; evicts unpinned rows to make room. */
 mf_status_t mfd_store_reserve(mfd_store_t *st, uint64_t size, mfd_ablock_t **blk);

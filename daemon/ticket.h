@@ -50,9 +50,4 @@ size_t mfd_tickets_all(mfd_tickets_t *tab, mfd_ticket_cb cb, void *arg);
 
 size_t mfd_tickets_count(const mfd_tickets_t *tab, int kind);
 
-/* Old names of mf_clock.h's clock, kept only for store.c (changed in parallel elsewhere;
- * remove these with its last use); new code calls mf_now_ms / mf_now_s. */
-#define mfd_now_ms() ((uint64_t)mf_now_ms())
-#define mfd_now_s() mf_now_s()
-
 #endif /* MFD_TICKET_H */

@@ -2,7 +2,7 @@
  * tier — what every tier reports: mfd_tier_info_t, the Stats / Health / metrics view of
  * the host tier (arena.h), the SSD tier (tier_ssd.h) and the GPU tier (tier_gpu.h: a
  * cuMemAlloc arena per device, exported as CUDA IPC handles; off, with why, without a
- * driver or GPU). A plain description, filled by mfd_server_tiers (conn.c) from the store.
+ * driver or GPU). A plain description, filled by mfd_store_tiers (store.c).
  * (Transports — unix, TCP, UCX — are conn.h's mfd_transport_t.)
  *
  * Ownership: the strings point into the store or static text, valid while it is open.
