@@ -1,5 +1,6 @@
 /* admin — List, Stats, Evict, Flush, Delete, Config, Health, Profiles (see admin.h). */
 #include "admin.h"
+#include "profiles.h"
 #include "mf_clock.h"
 #include "log.h"
 
@@ -460,11 +461,35 @@ void mfd_admin_config_set(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Config
 
 /* ---- Profiles ------------------------------------------------------------------------ */
 
-typedef struct profile_op {
+typedef struct profile_req {
     mfd_conn_t *c;
     uint64_t rid;
-    uint8_t *packed;
-} profile_op_t;
+} profile_req_t;
+
+/* A request's context, or NULL after replying RESOURCE_EXHAUSTED. */
+static profile_req_t *profile_req(mfd_conn_t *c, uint64_t rid)
+{
+    profile_req_t *r = calloc(1, sizeof(*r));
+    if (!r) {
+        mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED, "profile: out of memory");
+        return NULL;
+    }
+    r->c = c;
+    r->rid = rid;
+    return r;
+}
+
+/* A profile call that did not start: its error, as before the store owned profiles
+ * ("profiles live in the SSD tier, which is off" stands alone). */
+static void profile_refused(mfd_conn_t *c, uint64_t rid, profile_req_t *r, mf_status_t st,
+                            const char *what, const char *why)
+{
+    free(r);
+    if (st == MF_UNAVAILABLE)
+        mfd_conn_error(c, rid, st, "%s", why);
+    else
+        mfd_conn_error(c, rid, st, "%s: %s", what, why);
+}
 
 static mf_status_t check_profile(const Mapflow__V1__MappingProfile *p, const char **why)
 {
@@ -505,72 +530,41 @@ static mf_status_t check_profile(const Mapflow__V1__MappingProfile *p, const cha
     return MF_OK;
 }
 
-static void on_profile_put(mfd_ssd_job_t *j)
+static void on_profile_put(void *arg, mf_status_t st, const uint8_t *val, size_t len)
 {
-    profile_op_t *op = j->arg;
-    if (j->status != MF_OK) {
-        mfd_conn_error(op->c, op->rid, MF_UNAVAILABLE, "ProfilePut: SSD write failed");
+    profile_req_t *r = arg;
+    (void)val;
+    (void)len;
+    if (st != MF_OK) {
+        mfd_conn_error(r->c, r->rid, MF_UNAVAILABLE, "ProfilePut: SSD write failed");
     } else {
         Mapflow__V1__ProfilePutReply rep = MAPFLOW__V1__PROFILE_PUT_REPLY__INIT;
-        REPLY(op->c, op->rid, PROFILE_PUT_REPLY, profile_put_reply, &rep);
+        REPLY(r->c, r->rid, PROFILE_PUT_REPLY, profile_put_reply, &rep);
     }
-    mfd_conn_unhold(op->c);
-    free(op->packed);
-    free(op);
-    mfd_ssd_job_free(j);
+    mfd_conn_unhold(r->c);
+    free(r);
 }
 
-static void on_profile_get(mfd_ssd_job_t *j)
+static void on_profile_get(void *arg, mf_status_t st, const uint8_t *val, size_t len)
 {
-    profile_op_t *op = j->arg;
-    if (j->status == MF_NOT_FOUND) {
-        mfd_conn_error(op->c, op->rid, MF_NOT_FOUND, "ProfileGet: no such profile");
-    } else if (j->status != MF_OK) {
-        mfd_conn_error(op->c, op->rid, MF_UNAVAILABLE, "ProfileGet: SSD read failed");
+    profile_req_t *r = arg;
+    if (st == MF_NOT_FOUND) {
+        mfd_conn_error(r->c, r->rid, MF_NOT_FOUND, "ProfileGet: no such profile");
+    } else if (st != MF_OK) {
+        mfd_conn_error(r->c, r->rid, MF_UNAVAILABLE, "ProfileGet: SSD read failed");
     } else {
-        Mapflow__V1__MappingProfile *p =
-            mapflow__v1__mapping_profile__unpack(NULL, j->out_len, j->out);
+        Mapflow__V1__MappingProfile *p = mapflow__v1__mapping_profile__unpack(NULL, len, val);
         if (!p) {
-            mfd_conn_error(op->c, op->rid, MF_DATA_LOSS, "ProfileGet: stored profile is corrupt");
+            mfd_conn_error(r->c, r->rid, MF_DATA_LOSS, "ProfileGet: stored profile is corrupt");
         } else {
             Mapflow__V1__ProfileGetReply rep = MAPFLOW__V1__PROFILE_GET_REPLY__INIT;
             rep.profile = p;
-            REPLY(op->c, op->rid, PROFILE_GET_REPLY, profile_get_reply, &rep);
+            REPLY(r->c, r->rid, PROFILE_GET_REPLY, profile_get_reply, &rep);
             mapflow__v1__mapping_profile__free_unpacked(p, NULL);
         }
     }
-    mfd_conn_unhold(op->c);
-    free(op);
-    mfd_ssd_job_free(j);
-}
-
-static mfd_ssd_job_t *profile_job(mfd_conn_t *c, uint64_t rid, mfd_ssd_op_t kind,
-                                  const char *src, const char *tgt)
-{
-    if (!c->srv->store.ssd) {
-        mfd_conn_error(c, rid, MF_UNAVAILABLE, "profiles live in the SSD tier, which is off");
-        return NULL;
-    }
-    uint8_t key[MFD_SSD_KEY_MAX];
-    size_t kl = mfd_ssd_profile_key(key, c->ns, src ? src : "", tgt ? tgt : "");
-    size_t sl = src ? strlen(src) : 0, tl = tgt ? strlen(tgt) : 0;
-    if (!kl || sl < 1 || tl < 1) {
-        mfd_conn_error(c, rid, MF_INVALID_ARGUMENT,
-                       "profile: source and target model must be 1..255 bytes");
-        return NULL;
-    }
-    profile_op_t *op = calloc(1, sizeof(*op));
-    mfd_ssd_job_t *j = mfd_ssd_job_new(kind, key, kl);
-    if (!op || !j) {
-        free(op);
-        mfd_ssd_job_free(j);
-        mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED, "profile: out of memory");
-        return NULL;
-    }
-    op->c = c;
-    op->rid = rid;
-    j->arg = op;
-    return j;
+    mfd_conn_unhold(r->c);
+    free(r);
 }
 
 void mfd_admin_profile_put(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__ProfilePut *m)
@@ -584,62 +578,64 @@ void mfd_admin_profile_put(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Profi
         mfd_conn_error(c, rid, MF_INVALID_ARGUMENT, "ProfilePut: %s", why);
         return;
     }
-    mfd_ssd_job_t *j = profile_job(c, rid, MFD_SSD_PUT_RAW, m->profile->source_model,
-                                   m->profile->target_model);
-    if (!j)
+    profile_req_t *r = profile_req(c, rid);
+    if (!r)
         return;
-    profile_op_t *op = j->arg;
     size_t len = mapflow__v1__mapping_profile__get_packed_size(m->profile);
-    op->packed = malloc(len ? len : 1);
-    if (!op->packed) {
-        free(op);
-        mfd_ssd_job_free(j);
+    uint8_t *packed = malloc(len ? len : 1);
+    if (!packed) {
+        free(r);
         mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED, "ProfilePut: out of memory");
         return;
     }
-    mapflow__v1__mapping_profile__pack(m->profile, op->packed);
-    j->value = op->packed;
-    j->vlen = len;
-    j->sync = 1; /* profiles are small and expensive to refit: keep them through a crash */
-    j->cb = on_profile_put;
-    mfd_conn_hold(c);
-    mfd_ssd_submit(c->srv->store.ssd, j);
+    mapflow__v1__mapping_profile__pack(m->profile, packed);
+    mfd_conn_hold(c); /* the callback unholds; a refused call does below */
+    mf_status_t st = mfd_profile_put(&c->srv->store, c->ns, m->profile->source_model,
+                                     m->profile->target_model, packed, len, on_profile_put, r,
+                                     &why);
+    if (st != MF_OK) {
+        mfd_conn_unhold(c);
+        profile_refused(c, rid, r, st, "profile", why);
+    }
 }
 
 void mfd_admin_profile_get(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__ProfileGet *m)
 {
-    mfd_ssd_job_t *j = profile_job(c, rid, MFD_SSD_GET_RAW, m->source_model, m->target_model);
-    if (!j)
+    const char *why = NULL;
+    profile_req_t *r = profile_req(c, rid);
+    if (!r)
         return;
-    j->cb = on_profile_get;
-    mfd_conn_hold(c);
-    mfd_ssd_submit(c->srv->store.ssd, j);
+    mfd_conn_hold(c); /* the callback unholds; a refused call does below */
+    mf_status_t st = mfd_profile_get(&c->srv->store, c->ns, m->source_model, m->target_model,
+                                     on_profile_get, r, &why);
+    if (st != MF_OK) {
+        mfd_conn_unhold(c);
+        profile_refused(c, rid, r, st, "profile", why);
+    }
 }
 
-/* ProfileList: one SCAN_RAW of the namespace's 'p' records from the page token on. The
- * token is the last listed key after the namespace prefix (u8 len src u8 len tgt). */
-static void on_profile_list(mfd_ssd_job_t *j)
+/* ProfileList: one page of the namespace's profiles from the page token on. The token is
+ * the last listed key after the namespace (u8 len src u8 len tgt). */
+static void on_profile_list(void *arg, mf_status_t st, const mfd_profile_page_t *pg)
 {
-    profile_op_t *op = j->arg;
-    Mapflow__V1__ProfileInfo *items = calloc(j->n_items ? j->n_items : 1, sizeof(*items));
-    Mapflow__V1__ProfileInfo **ptrs = calloc(j->n_items ? j->n_items : 1, sizeof(*ptrs));
-    char (*names)[2][MFD_MODEL_MAX + 1] =
-        calloc(j->n_items ? j->n_items : 1, sizeof(*names));
+    profile_req_t *op = arg;
+    size_t n = mfd_profile_page_count(pg);
+    Mapflow__V1__ProfileInfo *items = calloc(n ? n : 1, sizeof(*items));
+    Mapflow__V1__ProfileInfo **ptrs = calloc(n ? n : 1, sizeof(*ptrs));
+    char (*names)[2][MFD_MODEL_MAX + 1] = calloc(n ? n : 1, sizeof(*names));
     /* Decoded records stay until the reply is packed: created_by points into them. */
-    Mapflow__V1__MappingProfile **decoded =
-        calloc(j->n_items ? j->n_items : 1, sizeof(*decoded));
-    if (j->status != MF_OK) {
-        mfd_conn_error(op->c, op->rid, j->status == MF_DATA_LOSS ? MF_DATA_LOSS : MF_UNAVAILABLE,
-                       "ProfileList: SSD scan failed");
+    Mapflow__V1__MappingProfile **decoded = calloc(n ? n : 1, sizeof(*decoded));
+    if (st != MF_OK) {
+        mfd_conn_error(op->c, op->rid, st, "ProfileList: SSD scan failed");
         goto done;
     }
     if (!items || !ptrs || !names || !decoded) {
         mfd_conn_error(op->c, op->rid, MF_RESOURCE_EXHAUSTED, "ProfileList: out of memory");
         goto done;
     }
-    size_t pos = 0, k = 0, slen, vlen, last = 0, last_len = 0;
-    const uint8_t *suf, *val;
-    while (k < j->n_items && mfd_ssd_scan_next(j, &pos, &suf, &slen, &val, &vlen)) {
+    size_t pos = 0, k = 0, slen, vlen, last_len = 0;
+    const uint8_t *suf, *val, *last = NULL;
+    while (k < n && mfd_profile_page_next(pg, &pos, &suf, &slen, &val, &vlen)) {
         Mapflow__V1__ProfileInfo *it = &items[k];
         mapflow__v1__profile_info__init(it);
         /* The names come from the key (they are what ProfileGet takes); the rest from
@@ -664,15 +660,15 @@ static void on_profile_list(mfd_ssd_job_t *j)
             it->mapped_layers = (uint32_t)p->n_layers;
             it->created_by = p->created_by;
         }
-        last = (size_t)(suf - j->out);
+        last = suf;
         last_len = slen;
         ptrs[k++] = it;
     }
     Mapflow__V1__ProfileListReply rep = MAPFLOW__V1__PROFILE_LIST_REPLY__INIT;
     rep.n_profiles = k;
     rep.profiles = ptrs;
-    if (j->more && last_len) {
-        rep.next_page_token.data = j->out + last;
+    if (mfd_profile_page_more(pg) && last_len) {
+        rep.next_page_token.data = (uint8_t *)last;
         rep.next_page_token.len = last_len;
     }
     REPLY(op->c, op->rid, PROFILE_LIST_REPLY, profile_list_reply, &rep);
@@ -686,7 +682,6 @@ done:
     free(decoded);
     mfd_conn_unhold(op->c);
     free(op);
-    mfd_ssd_job_free(j);
 }
 
 void mfd_admin_profile_list(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__ProfileList *m)
@@ -697,33 +692,15 @@ void mfd_admin_profile_list(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Prof
                        "ProfileList: page_size ≤ 1000, page_token from a ProfileListReply");
         return;
     }
-    if (!c->srv->store.ssd) {
-        mfd_conn_error(c, rid, MF_UNAVAILABLE, "profiles live in the SSD tier, which is off");
+    const char *why = NULL;
+    profile_req_t *r = profile_req(c, rid);
+    if (!r)
         return;
+    mfd_conn_hold(c); /* the callback unholds; a refused call does below */
+    mf_status_t st = mfd_profile_list(&c->srv->store, c->ns, m->page_token.data,
+                                      m->page_token.len, page, on_profile_list, r, &why);
+    if (st != MF_OK) {
+        mfd_conn_unhold(c);
+        profile_refused(c, rid, r, st, "ProfileList", why);
     }
-    uint8_t key[MFD_SSD_KEY_MAX];
-    size_t pl = mfd_ssd_profile_prefix(key, c->ns);
-    if (!pl || pl + m->page_token.len > MFD_SSD_KEY_MAX) {
-        mfd_conn_error(c, rid, MF_INVALID_ARGUMENT, "ProfileList: namespace or token too long");
-        return;
-    }
-    if (m->page_token.len)
-        memcpy(key + pl, m->page_token.data, m->page_token.len);
-    profile_op_t *op = calloc(1, sizeof(*op));
-    mfd_ssd_job_t *j = mfd_ssd_job_new(MFD_SSD_SCAN_RAW, key, pl + m->page_token.len);
-    if (!op || !j) {
-        free(op);
-        mfd_ssd_job_free(j);
-        mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED, "ProfileList: out of memory");
-        return;
-    }
-    op->c = c;
-    op->rid = rid;
-    j->arg = op;
-    j->prefix_len = pl;
-    j->max_items = page;
-    j->skip_first = m->page_token.len > 0;
-    j->cb = on_profile_list;
-    mfd_conn_hold(c);
-    mfd_ssd_submit(c->srv->store.ssd, j);
 }

@@ -6,7 +6,7 @@ DAEMON_SRCS := daemon/log.c daemon/config.c daemon/oalloc.c daemon/arena.c daemo
                daemon/http.c daemon/notify.c daemon/conn.c daemon/listen.c daemon/lease.c \
                daemon/keys.c daemon/rows.c daemon/dispatch.c daemon/daemon.c daemon/admin.c \
                daemon/ucx.c daemon/peer.c daemon/peer_link.c daemon/tier_gpu.c daemon/gpu_verify_ptx.c
-DAEMON_SRCS += daemon/store_ssd.c daemon/store_evict.c
+DAEMON_SRCS += daemon/store_ssd.c daemon/store_evict.c daemon/profiles.c
 DAEMON_OBJS := $(DAEMON_SRCS:%.c=$(OBJ)/%.o)
 DAEMON_A    := $(LIB)/libmfdaemon.a
 DAEMON_LIBS := $(call pkg_libs,libevent libevent_pthreads rocksdb libsystemd ucx)
