@@ -410,6 +410,56 @@ static void test_admin_list_config_profile(void **state)
     td_close(&tenant);
 }
 
+/* Profiles live in the SSD tier (daemon/profiles.c): with it off, put / get / list are
+ * refused UNAVAILABLE saying why, and the connection keeps serving. */
+static void test_profiles_need_ssd(void **state)
+{
+    fixture_t *f = *state;
+    td_stop(&f->d);
+    const char *extra[] = {"ssd_bytes", "0", NULL};
+    assert_int_equal(td_start(&f->d, extra), 0);
+    td_cli_t c;
+    assert_int_equal(td_connect(&c, f->d.admin, "ns-p", 0), 0);
+    float w[1] = {1.0f};
+    Mapflow__V1__LayerMap lm = MAPFLOW__V1__LAYER_MAP__INIT;
+    lm.target_layer = 1 + rand_r(&f->seed) % 30;
+    lm.source_layer = rand_r(&f->seed) % 30;
+    lm.target_heads = lm.source_heads = 1;
+    lm.w = w;
+    lm.n_w = 1;
+    Mapflow__V1__LayerMap *lms[1] = {&lm};
+    Mapflow__V1__MappingProfile mp = MAPFLOW__V1__MAPPING_PROFILE__INIT;
+    mp.source_model = MODEL;
+    mp.target_model = "tgt";
+    mp.block_size = B;
+    mp.n_layers = 1;
+    mp.layers = lms;
+    Mapflow__V1__ProfilePut pp = MAPFLOW__V1__PROFILE_PUT__INIT;
+    pp.profile = &mp;
+    Mapflow__V1__ProfileGet pg = MAPFLOW__V1__PROFILE_GET__INIT;
+    pg.source_model = MODEL;
+    pg.target_model = "tgt";
+    Mapflow__V1__ProfileList pl = MAPFLOW__V1__PROFILE_LIST__INIT;
+    const struct { int body; void *msg; } calls[] = {
+        {MAPFLOW__V1__ENVELOPE__BODY_PROFILE_PUT, &pp},
+        {MAPFLOW__V1__ENVELOPE__BODY_PROFILE_GET, &pg},
+        {MAPFLOW__V1__ENVELOPE__BODY_PROFILE_LIST, &pl},
+    };
+    for (size_t i = 0; i < 3; i++) {
+        mf_envelope_t *r = td_simple(&c, calls[i].body, calls[i].msg);
+        assert_non_null(r);
+        assert_int_equal(r->body_case, MAPFLOW__V1__ENVELOPE__BODY_ERROR);
+        assert_int_equal(r->error->code, MF_UNAVAILABLE);
+        assert_non_null(strstr(r->error->message, "SSD tier, which is off"));
+        mf_envelope_free(r);
+    }
+    Mapflow__V1__Health h = MAPFLOW__V1__HEALTH__INIT;
+    mf_envelope_t *r = td_simple(&c, MAPFLOW__V1__ENVELOPE__BODY_HEALTH, &h);
+    assert_int_equal(r->body_case, MAPFLOW__V1__ENVELOPE__BODY_HEALTH_REPLY);
+    mf_envelope_free(r);
+    td_close(&c);
+}
+
 static void test_watermark_demotion(void **state)
 {
     fixture_t *f = *state;
@@ -692,6 +742,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_protocol_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_durable_survives_restart, setup, teardown),
         cmocka_unit_test_setup_teardown(test_admin_list_config_profile, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_profiles_need_ssd, setup, teardown),
         cmocka_unit_test_setup_teardown(test_watermark_demotion, setup, teardown),
         cmocka_unit_test_setup_teardown(test_frame_timeout, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stats_per_namespace, setup, teardown),
