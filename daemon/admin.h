@@ -1,16 +1,16 @@
 /*
  * admin — the admin requests (List, Stats, Evict, Flush, ConfigGet, ConfigSet, Health,
  * ProfilePut, ProfileGet, ProfileList) and Delete, each answering on the requesting connection.
- * Profiles are stored per namespace under (source, target) in the SSD tier's RocksDB
- * (tier_ssd.h 'p' records); with the SSD tier off they are refused (UNAVAILABLE).
+ * Profiles are stored per namespace under (source, target) by profiles.c (the store's
+ * SSD tier); with the SSD tier off they are refused (UNAVAILABLE).
  * ConfigSet, ProfilePut and Flush / Evict of every namespace reach these handlers only
  * from admin connections (dispatch.c refuses others PERMISSION_DENIED). Stats answers an
  * admin connection with the daemon's counters and tiers, a tenant with its namespace's
  * own (rows, bytes and leases; per tier its rows and bytes). Every other request acts
  * inside the connection's namespace only.
  *
- * Ownership: nothing outlives a request except a profile job on the SSD worker, which owns
- * its packed record and holds the connection until it replies.
+ * Ownership: nothing outlives a request except a profile call (profiles.h owns its record
+ * and job), whose context holds the connection until it replies.
  * Thread safety: loop thread only (the SSD job's completion runs on the loop too).
  */
 #ifndef MFD_ADMIN_H
