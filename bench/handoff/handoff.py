@@ -120,6 +120,11 @@ def parse_args(argv=None):
                     default=os.environ.get("HANDOFF_QUALITY_JSON"),
                     help="a quality.json of bench/quality (issue 21): the headline --density "
                     "becomes MapFlow mask's dev-chosen, test-passing operating point there")
+    ap.add_argument("--exporter", choices=("extract", "fused"),
+                    default=os.environ.get("HANDOFF_EXPORTER", "extract"),
+                    help="the source's exported layers: cuDNN attention + mf_extract_cuda "
+                    "(extract), or mf_export_cuda's fused attention + rows (fused, sm_90, the "
+                    "exporter that ships; its O replaces the layer's attention)")
     ap.add_argument("--dry", action="store_true", help="tiny shapes, CPU, C reference kernels")
     ap.add_argument("--target-device", dest="target_device", type=int,
                     default=int(os.environ.get("HANDOFF_TARGET_DEVICE", "0")),
@@ -132,6 +137,8 @@ def parse_args(argv=None):
     ap.add_argument("--worker-device", dest="worker_device", type=int, default=0,
                     help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.exporter == "fused" and a.dry:
+        ap.error("--exporter fused needs the GPU (mf_export_cuda); --dry runs the C reference")
     two = a.target_device > 0 or a.worker
     if a.variants is None:
         a.variants = "prob_fp8" if two else "prob_fp8,prob_u8log,mask"
@@ -675,9 +682,14 @@ class Bench:
         evs, k = [], [0]
         lse_used = [0, 0]
 
+        fused = self.a.exporter == "fused"
+
         def attn(i, xn, m):
             q, kk, v = m.qkv(i, xn)
             exp = i in self.src_layers
+            if exp and fused:  # the layer's attention and its rows from one fused pass
+                return self.export_layer(q, kk, v, top_p, codecs[i], i, tok32, putter, k,
+                                         evs, entries, model, lse_used)
             o, lse = m.native_attention(q, kk, v, want_lse=exp)
             if exp:
                 lse_used[0 if lse is not None else 1] += 1
@@ -708,8 +720,38 @@ class Bench:
         return {"wall_ms": (t1 - t0) * 1e3, "prefill_done_ms": (t_pre - t0) * 1e3,
                 "extract_ms": ext, "put_thread_ms": putter.put_s * 1e3,
                 "put_tail_ms": (t1 - t_pre) * 1e3, "row_bytes": putter.bytes,
-                "lse": "given (dense op)" if lse_used[1] == 0 else
+                "exporter": self.a.exporter,
+                "lse": "fused (mf_export_cuda)" if self.a.exporter == "fused" else
+                "given (dense op)" if lse_used[1] == 0 else
                 ("computed by extract" if lse_used[0] == 0 else "mixed")}, t1
+
+    def export_layer(self, q, kk, v, top_p, codec, i, tok32, putter, k, evs, entries, model,
+                     lse_used):
+        """--exporter fused: one exported layer through mf_export_cuda (O, LSE, masses,
+        rows, seal), timed like extract (CUDA events: here they cover the attention too);
+        the rows go to the put thread, O (fp32) back to the model's dtype."""
+        t = self.t
+        slot = putter.slot(k[0])
+        k[0] += 1
+        s, e = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
+        s.record()
+        ent = entries
+        for _ in range(4):
+            try:
+                o, _, rows = self.be.export(q, kk, v, top_p, codec, i, tok32, ("src", slot),
+                                            entries=ent, model=model, ns=NS.encode())
+                break
+            except self.mfk.RowOverflow:
+                ent = None if ent is None else [2 * x for x in ent]
+        else:
+            o, _, rows = self.be.export(q, kk, v, top_p, codec, i, tok32, ("src", slot),
+                                        model=model, ns=NS.encode())
+        out = o.view(q.shape[0], -1).to(q.dtype)
+        e.record()
+        evs.append((s, e))
+        lse_used[0] += 1
+        putter.submit(slot, rows)
+        return out
 
     def target_reuse_attn(self, n, rowsets, modes):
         """modes: {target layer: "prob" | "mask"} (every head of a layer alike)."""

@@ -11,7 +11,9 @@
 # (0.10, the headline), HANDOFF_DENSITIES (the sweep at the largest N, default
 # 0.05,0.10,0.20,0.35), HANDOFF_SWEEP_VARIANTS (mask), HANDOFF_TAU / HANDOFF_MIN_BUDGET
 # (FlexPrefill's τ 0.1 / 1024), HANDOFF_L0 (2), HANDOFF_VARIANTS (prob_fp8,prob_u8log,mask),
-# HANDOFF_FLEX (1),
+# HANDOFF_FLEX (1), HANDOFF_EXPORTER (extract | fused: the source's exported layers through
+# mf_export_cuda, attention + rows in one pass; HANDOFF_QUALITY_JSON: the headline density from
+# a bench/quality operating point),
 # HANDOFF_PATH (auto|gpu|host), BUDGET (seconds for the whole run, default 290),
 # HANDOFF_GPU_MB / HANDOFF_HOST_MB (daemon tiers), PYTHON, MAPFLOWD,
 # HANDOFF_FAKECUDA (--dry only: a fake CUDA driver .so, e.g. build/lib/tests/libfakecuda.so,

@@ -130,19 +130,30 @@ class Cuda:
         n, h, _ = q.shape
         caps = _caps(codec, self.b, h, n // self.b, entries, model)
         if self.exporter == "fused" and v is not None and lse is None:
-            if n not in self.scratch:
-                self.scratch[n] = torch.empty(int(self._need(n)), dtype=torch.uint8,
-                                              device=q.device)
-            _, _, rows = K.export_cuda(q, k, v, top_p=top_p, tokens=tokens, model=model,
-                                       ns=ns, codec=codec, layer=layer, caps=caps,
-                                       buf=self.pool.get(slot), scratch=self.scratch[n],
-                                       lib=self.lib)
+            return self.export(q, k, v, top_p, codec, layer, tokens, slot, entries, model,
+                               ns)[2]
         else:
             rows = K.extract_cuda(q, k, block_size=self.b, top_p=top_p, tokens=tokens,
                                   model=model, ns=ns, codec=codec, layer=layer, lse=lse,
                                   caps=caps, buf=self.pool.get(slot), lib=self.lib)
         self.pool[slot] = rows.buf  # one arena per slot, reused window after window
         return RowSet.of(rows, codec)
+
+    def export(self, q, k, v, top_p, codec, layer, tokens, slot, entries=None, model=MODEL,
+               ns=NS):
+        """The source's exporter (mf_export_cuda, B = 64): (O [N, H, d] fp32, LSE [H, N],
+        the layer's rows), attention and rows from one fused pass."""
+        n, h, _ = q.shape
+        if n not in self.scratch:
+            self.scratch[n] = torch.empty(int(self._need(n)), dtype=torch.uint8,
+                                          device=q.device)
+        o, lse, rows = K.export_cuda(q, k, v, top_p=top_p, tokens=tokens, model=model, ns=ns,
+                                     codec=codec, layer=layer,
+                                     caps=_caps(codec, self.b, h, n // self.b, entries, model),
+                                     buf=self.pool.get(slot), scratch=self.scratch[n],
+                                     lib=self.lib)
+        self.pool[slot] = rows.buf
+        return o, lse, RowSet.of(rows, codec)
 
     def apply(self, rows, w, mode, top_p, q, k, v, exact_last):
         o = K.apply_cuda(None if rows is None else rows.ptrs(), w, mode, q, k, v,
