@@ -1,5 +1,6 @@
 /* config — the settings table and everything generated from it (see config.h). */
 #include "config.h"
+#include "mf_errf.h"
 #include "log.h"
 #include "mf_addr.h"
 #include "mf_parse.h"
@@ -8,7 +9,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -156,17 +156,6 @@ static const cdef_t g_table[] = {
 
 static const char *const wt_names[] = {"off", "async", "sync"};
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || !errlen)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 static const cdef_t *find_key(const char *key)
 {
@@ -241,17 +230,17 @@ static mf_status_t read_token_file(const char *path, char **out, char *err, size
     mf_status_t st = MF_INVALID_ARGUMENT;
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
     if (fd < 0) {
-        set_err(err, errlen, "token_file: %s: %s", path, strerror(errno));
+        mf_errf(err, errlen, "token_file: %s: %s", path, strerror(errno));
         return MF_INVALID_ARGUMENT;
     }
     struct stat sb;
     if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        set_err(err, errlen, "token_file: %s is not a regular file", path);
+        mf_errf(err, errlen, "token_file: %s is not a regular file", path);
         goto close_fd;
     }
     /* Like ssh with a private key: a secret others can read is already leaked. */
     if (sb.st_mode & (S_IRWXG | S_IRWXO)) {
-        set_err(err, errlen,
+        mf_errf(err, errlen,
                 "token_file: %s is accessible by group or others (mode %04o); chmod 600 it",
                 path, (unsigned)(sb.st_mode & 07777));
         goto close_fd;
@@ -262,7 +251,7 @@ static mf_status_t read_token_file(const char *path, char **out, char *err, size
         if (r < 0 && errno == EINTR)
             continue;
         if (r < 0) {
-            set_err(err, errlen, "token_file: %s: %s", path, strerror(errno));
+            mf_errf(err, errlen, "token_file: %s: %s", path, strerror(errno));
             goto close_fd;
         }
         if (r == 0)
@@ -270,7 +259,7 @@ static mf_status_t read_token_file(const char *path, char **out, char *err, size
         n += (size_t)r;
     }
     if (n > TOKEN_FILE_MAX) {
-        set_err(err, errlen, "token_file: %s is larger than %d bytes", path, TOKEN_FILE_MAX);
+        mf_errf(err, errlen, "token_file: %s is larger than %d bytes", path, TOKEN_FILE_MAX);
         goto close_fd;
     }
     size_t len = 0;
@@ -279,11 +268,11 @@ static mf_status_t read_token_file(const char *path, char **out, char *err, size
     if (len && buf[len - 1] == '\r')
         len--;
     if (memchr(buf, 0, len)) {
-        set_err(err, errlen, "token_file: %s: NUL byte in the token", path);
+        mf_errf(err, errlen, "token_file: %s: NUL byte in the token", path);
         goto close_fd;
     }
     if (!len) {
-        set_err(err, errlen, "token_file: %s: the first line (the token) is empty", path);
+        mf_errf(err, errlen, "token_file: %s: the first line (the token) is empty", path);
         goto close_fd;
     }
     buf[len] = 0;
@@ -305,19 +294,19 @@ static mf_status_t add_peer(char **list, size_t *len, const char *a, size_t n, c
     if (n == 0)
         return MF_OK;
     if (n >= sizeof(addr)) {
-        set_err(err, errlen, "peers: an address is longer than %zu bytes", sizeof(addr) - 1);
+        mf_errf(err, errlen, "peers: an address is longer than %zu bytes", sizeof(addr) - 1);
         return MF_INVALID_ARGUMENT;
     }
     memcpy(addr, a, n);
     addr[n] = 0;
     for (size_t i = 0; i < n; i++) {
         if ((unsigned char)addr[i] <= 0x20 || addr[i] == 0x7f) {
-            set_err(err, errlen, "peers: space or control byte in address");
+            mf_errf(err, errlen, "peers: space or control byte in address");
             return MF_INVALID_ARGUMENT;
         }
     }
     if (check_addr(addr) != MF_OK) {
-        set_err(err, errlen, "peers: '%s' is not host:port", addr);
+        mf_errf(err, errlen, "peers: '%s' is not host:port", addr);
         return MF_INVALID_ARGUMENT;
     }
     char *nl = realloc(*list, *len + n + 2);
@@ -342,12 +331,12 @@ static mf_status_t store_peers(mfd_config_t *cfg, const char *value, char *err, 
     if (st == MF_OK && is_file) {
         FILE *f = fopen(value, "r");
         if (!f) {
-            set_err(err, errlen, "peers: %s: %s", value, strerror(errno));
+            mf_errf(err, errlen, "peers: %s: %s", value, strerror(errno));
             st = MF_INVALID_ARGUMENT;
         } else if (!(text = calloc(1, PEERS_FILE_MAX + 1))) {
             st = MF_RESOURCE_EXHAUSTED;
         } else if (fread(text, 1, PEERS_FILE_MAX + 1, f) > PEERS_FILE_MAX) {
-            set_err(err, errlen, "peers: %s is larger than %d bytes", value, PEERS_FILE_MAX);
+            mf_errf(err, errlen, "peers: %s is larger than %d bytes", value, PEERS_FILE_MAX);
             st = MF_INVALID_ARGUMENT;
         }
         if (f)
@@ -409,7 +398,7 @@ static mf_status_t store_token(mfd_config_t *cfg, int is_file, const char *value
     char *path = NULL, *tok = NULL;
     if (!is_file) {
         if (cfg->token_file && cfg->token_file[0]) {
-            set_err(err, errlen,
+            mf_errf(err, errlen,
                     "token and token_file are mutually exclusive: token_file is %s (set "
                     "token_file \"\" first)", cfg->token_file);
             return MF_INVALID_ARGUMENT;
@@ -421,7 +410,7 @@ static mf_status_t store_token(mfd_config_t *cfg, int is_file, const char *value
         return MF_OK;
     }
     if (value[0] && cfg->token && cfg->token[0] && !cfg->token_from_file) {
-        set_err(err, errlen,
+        mf_errf(err, errlen,
                 "token and token_file are mutually exclusive: token is set too (set token "
                 "\"\" first)");
         return MF_INVALID_ARGUMENT;
@@ -455,13 +444,13 @@ static mf_status_t store_value(mfd_config_t *cfg, const cdef_t *d, const char *v
     switch (d->type) {
     case CT_ADDR:
         if (check_addr(value) != MF_OK) {
-            set_err(err, errlen, "%s: '%s' is not host:port (or empty)", d->name, value);
+            mf_errf(err, errlen, "%s: '%s' is not host:port (or empty)", d->name, value);
             return MF_INVALID_ARGUMENT;
         }
         /* fall through */
     case CT_STR: {
         if (strlen(value) > 4095) {
-            set_err(err, errlen, "%s: value longer than 4095 bytes", d->name);
+            mf_errf(err, errlen, "%s: value longer than 4095 bytes", d->name);
             return MF_INVALID_ARGUMENT;
         }
         if (d->off == OFF(token) || d->off == OFF(token_file))
@@ -491,13 +480,13 @@ static mf_status_t store_value(mfd_config_t *cfg, const cdef_t *d, const char *v
         while (isspace((unsigned char)*end))
             end++;
         if (errno || end == value || *end || !(r > 0.0 && r <= 1.0)) {
-            set_err(err, errlen, "%s: '%s' is not a ratio in (0, 1]", d->name, value);
+            mf_errf(err, errlen, "%s: '%s' is not a ratio in (0, 1]", d->name, value);
             return MF_INVALID_ARGUMENT;
         }
         double hi = d->off == OFF(high_watermark) ? r : cfg->high_watermark;
         double lo = d->off == OFF(low_watermark) ? r : cfg->low_watermark;
         if (lo > hi) {
-            set_err(err, errlen, "%s: low_watermark (%g) must not exceed high_watermark (%g)",
+            mf_errf(err, errlen, "%s: low_watermark (%g) must not exceed high_watermark (%g)",
                     d->name, lo, hi);
             return MF_INVALID_ARGUMENT;
         }
@@ -511,7 +500,7 @@ static mf_status_t store_value(mfd_config_t *cfg, const cdef_t *d, const char *v
                 return MF_OK;
             }
         }
-        set_err(err, errlen, "%s: '%s' is not one of off, async, sync", d->name, value);
+        mf_errf(err, errlen, "%s: '%s' is not one of off, async, sync", d->name, value);
         return MF_INVALID_ARGUMENT;
     case CT_ONOFF: {
         static const char *const on[] = {"on", "true", "yes", "1"}, *const off[] = {"off", "false", "no", "0"};
@@ -521,13 +510,13 @@ static mf_status_t store_value(mfd_config_t *cfg, const cdef_t *d, const char *v
                 return MF_OK;
             }
         }
-        set_err(err, errlen, "%s: '%s' is not on or off", d->name, value);
+        mf_errf(err, errlen, "%s: '%s' is not on or off", d->name, value);
         return MF_INVALID_ARGUMENT;
     }
     case CT_LEVEL: {
         mfd_log_level_t lv;
         if (mfd_log_parse_level(value, &lv) != MF_OK) {
-            set_err(err, errlen, "%s: '%s' is not one of error, warn, info, debug", d->name,
+            mf_errf(err, errlen, "%s: '%s' is not one of error, warn, info, debug", d->name,
                     value);
             return MF_INVALID_ARGUMENT;
         }
@@ -536,14 +525,14 @@ static mf_status_t store_value(mfd_config_t *cfg, const cdef_t *d, const char *v
     }
     }
     if (st != MF_OK) {
-        set_err(err, errlen, "%s: cannot parse '%s'%s", d->name, value,
+        mf_errf(err, errlen, "%s: cannot parse '%s'%s", d->name, value,
                 d->type == CT_SIZE       ? " as a size (e.g. 512mb, 4gb)"
                 : d->type == CT_DURATION ? " as a duration (e.g. 500ms, 30s, 5m)"
                                          : " as a whole number");
         return MF_INVALID_ARGUMENT;
     }
     if (u < d->min || u > d->max) {
-        set_err(err, errlen, "%s: %s is outside [%llu, %llu]%s", d->name, value,
+        mf_errf(err, errlen, "%s: %s is outside [%llu, %llu]%s", d->name, value,
                 (unsigned long long)d->min, (unsigned long long)d->max,
                 d->type == CT_SIZE ? " bytes" : d->type == CT_DURATION ? " ms" : "");
         return MF_INVALID_ARGUMENT;
@@ -557,11 +546,11 @@ mf_status_t mfd_config_set(mfd_config_t *cfg, const char *key, const char *value
 {
     const cdef_t *d = find_key(key);
     if (!d) {
-        set_err(err, errlen, "unknown config key '%s'", key);
+        mf_errf(err, errlen, "unknown config key '%s'", key);
         return MF_NOT_FOUND;
     }
     if (live_only && !d->live) {
-        set_err(err, errlen, "%s cannot change at run time (restart with the new value)",
+        mf_errf(err, errlen, "%s cannot change at run time (restart with the new value)",
                 key);
         return MF_FAILED_PRECONDITION;
     }
@@ -722,7 +711,7 @@ mf_status_t mfd_config_parse_text(mfd_config_t *cfg, const char *name, const cha
             end++;
         size_t n = end - pos;
         if (n >= sizeof(line)) {
-            set_err(err, errlen, "%s:%u: line longer than %zu bytes", name, lineno,
+            mf_errf(err, errlen, "%s:%u: line longer than %zu bytes", name, lineno,
                     sizeof(line) - 1);
             return MF_INVALID_ARGUMENT;
         }
@@ -730,7 +719,7 @@ mf_status_t mfd_config_parse_text(mfd_config_t *cfg, const char *name, const cha
         line[n] = 0;
         pos = end + 1;
         if (memchr(line, 0, n)) {
-            set_err(err, errlen, "%s:%u: NUL byte in line", name, lineno);
+            mf_errf(err, errlen, "%s:%u: NUL byte in line", name, lineno);
             return MF_INVALID_ARGUMENT;
         }
         /* A '#' at the start or after blank space begins a comment. */
@@ -763,7 +752,7 @@ mf_status_t mfd_config_parse_text(mfd_config_t *cfg, const char *name, const cha
         char why[MFD_CONFIG_ERRLEN];
         mf_status_t st = mfd_config_set(cfg, key, val, 0, why, sizeof(why));
         if (st != MF_OK) {
-            set_err(err, errlen, "%s:%u: %s", name, lineno, why);
+            mf_errf(err, errlen, "%s:%u: %s", name, lineno, why);
             return st == MF_NOT_FOUND ? MF_INVALID_ARGUMENT : st;
         }
     }
@@ -775,7 +764,7 @@ mf_status_t mfd_config_load_file(mfd_config_t *cfg, const char *path, char *err,
 {
     FILE *f = fopen(path, "r");
     if (!f) {
-        set_err(err, errlen, "%s: %s", path, strerror(errno));
+        mf_errf(err, errlen, "%s: %s", path, strerror(errno));
         return errno == ENOENT ? MF_NOT_FOUND : MF_PERMISSION_DENIED;
     }
     /* Config files are small; refuse anything absurd before reading it whole. */
@@ -789,7 +778,7 @@ mf_status_t mfd_config_load_file(mfd_config_t *cfg, const char *path, char *err,
     fclose(f);
     mf_status_t st;
     if (too_big) {
-        set_err(err, errlen, "%s: larger than 1 MiB", path);
+        mf_errf(err, errlen, "%s: larger than 1 MiB", path);
         st = MF_INVALID_ARGUMENT;
     } else {
         st = mfd_config_parse_text(cfg, path, buf, n, err, errlen);
@@ -802,7 +791,7 @@ static mf_status_t make_dirs(const char *path, char *err, size_t errlen)
 {
     char tmp[4096];
     if (snprintf(tmp, sizeof(tmp), "%s", path) >= (int)sizeof(tmp)) {
-        set_err(err, errlen, "path too long: %s", path);
+        mf_errf(err, errlen, "path too long: %s", path);
         return MF_INVALID_ARGUMENT;
     }
     for (char *p = tmp + 1;; p++) {
@@ -810,7 +799,7 @@ static mf_status_t make_dirs(const char *path, char *err, size_t errlen)
             char c = *p;
             *p = 0;
             if (mkdir(tmp, 0700) != 0 && errno != EEXIST) {
-                set_err(err, errlen, "mkdir %s: %s", tmp, strerror(errno));
+                mf_errf(err, errlen, "mkdir %s: %s", tmp, strerror(errno));
                 return MF_PERMISSION_DENIED;
             }
             *p = c;
@@ -827,11 +816,11 @@ static mf_status_t check_socket_dir(const char *dir, char *err, size_t errlen)
 {
     struct stat sb;
     if (stat(dir, &sb) != 0) {
-        set_err(err, errlen, "socket directory %s: %s", dir, strerror(errno));
+        mf_errf(err, errlen, "socket directory %s: %s", dir, strerror(errno));
         return MF_PERMISSION_DENIED;
     }
     if ((sb.st_mode & S_IWOTH) && sb.st_uid != geteuid()) {
-        set_err(err, errlen,
+        mf_errf(err, errlen,
                 "socket directory %s is world-writable (mode %04o) and owned by uid %u, not "
                 "us (uid %u): anyone could replace the socket; use a private directory",
                 dir, (unsigned)(sb.st_mode & 07777), (unsigned)sb.st_uid, (unsigned)geteuid());

@@ -6,8 +6,8 @@
  * backward-shift deletion) from id to heap position, so a reply finds its request in
  * O(1) and leaves in O(log n). */
 #include "mf_session.h"
+#include "mf_errf.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -229,17 +229,6 @@ void *mf_session_drain(mf_session_t *s, uint64_t *rid)
 
 /* ---- replies ---- */
 
-static void errf(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void errf(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || !errlen)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 mf_status_t mf_session_reply_status(const mf_envelope_t *env, int want_case, char *err,
                                     size_t errlen)
@@ -251,14 +240,14 @@ mf_status_t mf_session_reply_status(const mf_envelope_t *env, int want_case, cha
         /* The message only: the status travels as the return value, and every caller
          * that prints both (mapflowctl, the Python binding, the daemon's log) adds the
          * name itself. */
-        errf(err, errlen, "%s", env->error->message && env->error->message[0]
+        mf_errf(err, errlen, "%s", env->error->message && env->error->message[0]
                                     ? env->error->message
                                     : mf_strerror((int)st));
         return st;
     }
     if (want_case == 0 || (int)env->body_case == want_case)
         return MF_OK;
-    errf(err, errlen, "%s answered where %s was expected",
+    mf_errf(err, errlen, "%s answered where %s was expected",
          mf_envelope_body_name((int)env->body_case), mf_envelope_body_name(want_case));
     return MF_INTERNAL;
 }
@@ -286,7 +275,7 @@ mf_status_t mf_session_far_hello(mf_session_far_t *far, const mf_envelope_t *env
         return st;
     const Mapflow__V1__HelloReply *hr = env->hello_reply;
     if ((flags & MF_SESSION_NEED_ARENA) && !hr->host_arena_bytes) {
-        errf(err, errlen, "the far side offers no host arena");
+        mf_errf(err, errlen, "the far side offers no host arena");
         return MF_FAILED_PRECONDITION;
     }
     memset(far, 0, sizeof(*far));
@@ -307,7 +296,7 @@ mf_status_t mf_session_far_arena(mf_session_far_t *far, const mf_envelope_t *env
                                  size_t errlen)
 {
     if (far->stage != MF_SESSION_ARENA) {
-        errf(err, errlen, "RemoteArenaReply without a RemoteArena request");
+        mf_errf(err, errlen, "RemoteArenaReply without a RemoteArena request");
         return MF_INTERNAL;
     }
     mf_status_t st = mf_session_reply_status(
@@ -317,7 +306,7 @@ mf_status_t mf_session_far_arena(mf_session_far_t *far, const mf_envelope_t *env
     const Mapflow__V1__RemoteArenaReply *r = env->remote_arena_reply;
     if (!r->bytes || r->address + r->bytes < r->address || !r->rkey.len ||
         r->rkey.len > MF_SESSION_MAX_RKEY) {
-        errf(err, errlen, "RemoteArenaReply: unusable arena (%llu bytes at 0x%llx, rkey of "
+        mf_errf(err, errlen, "RemoteArenaReply: unusable arena (%llu bytes at 0x%llx, rkey of "
              "%zu bytes)", (unsigned long long)r->bytes, (unsigned long long)r->address,
              r->rkey.len);
         return MF_INTERNAL;

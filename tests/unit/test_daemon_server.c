@@ -99,6 +99,37 @@ static void check_copy_row(const td_cli_t *c, const Mapflow__V1__RowRef *ref, co
     free(want);
 }
 
+/* A one-layer profile MODEL → "tgt" (heads × heads weights w) and its ProfilePut, all in
+ * the struct (pp points into it: do not copy the struct, copy pp). */
+typedef struct one_profile {
+    float w[4];
+    Mapflow__V1__LayerMap lm;
+    Mapflow__V1__LayerMap *lms[1];
+    Mapflow__V1__MappingProfile mp;
+    Mapflow__V1__ProfilePut pp;
+} one_profile_t;
+
+static void one_profile_init(one_profile_t *p, uint32_t target_layer, uint32_t source_layer,
+                             uint32_t heads, const float *w)
+{
+    memcpy(p->w, w, (size_t)heads * heads * sizeof(float));
+    p->lm = (Mapflow__V1__LayerMap)MAPFLOW__V1__LAYER_MAP__INIT;
+    p->lm.target_layer = target_layer;
+    p->lm.source_layer = source_layer;
+    p->lm.target_heads = p->lm.source_heads = heads;
+    p->lm.w = p->w;
+    p->lm.n_w = (size_t)heads * heads;
+    p->lms[0] = &p->lm;
+    p->mp = (Mapflow__V1__MappingProfile)MAPFLOW__V1__MAPPING_PROFILE__INIT;
+    p->mp.source_model = MODEL;
+    p->mp.target_model = "tgt";
+    p->mp.block_size = B;
+    p->mp.n_layers = 1;
+    p->mp.layers = p->lms;
+    p->pp = (Mapflow__V1__ProfilePut)MAPFLOW__V1__PROFILE_PUT__INIT;
+    p->pp.profile = &p->mp;
+}
+
 /* ---- tests ---------------------------------------------------------------------------- */
 
 static void test_put_lookup_get_lease(void **state)
@@ -373,24 +404,11 @@ static void test_admin_list_config_profile(void **state)
     r = td_simple(&c, MAPFLOW__V1__ENVELOPE__BODY_PROFILE_GET, &pg);
     assert_int_equal(r->error->code, MF_NOT_FOUND);
     mf_envelope_free(r);
-    float w[4] = {0.25f, 0.75f, 1.0f, 0.0f};
-    Mapflow__V1__LayerMap lm = MAPFLOW__V1__LAYER_MAP__INIT;
-    lm.target_layer = 5;
-    lm.source_layer = 9;
-    lm.target_heads = 2;
-    lm.source_heads = 2;
-    lm.w = w;
-    lm.n_w = 4;
-    Mapflow__V1__LayerMap *lms[1] = {&lm};
-    Mapflow__V1__MappingProfile mp = MAPFLOW__V1__MAPPING_PROFILE__INIT;
-    mp.source_model = MODEL;
-    mp.target_model = "tgt";
-    mp.block_size = B;
-    mp.l0 = 2;
-    mp.n_layers = 1;
-    mp.layers = lms;
-    Mapflow__V1__ProfilePut pp = MAPFLOW__V1__PROFILE_PUT__INIT;
-    pp.profile = &mp;
+    const float w[4] = {0.25f, 0.75f, 1.0f, 0.0f};
+    one_profile_t op;
+    one_profile_init(&op, 5, 9, 2, w);
+    op.mp.l0 = 2;
+    Mapflow__V1__ProfilePut pp = op.pp;
     r = td_simple(&tenant, MAPFLOW__V1__ENVELOPE__BODY_PROFILE_PUT, &pp);
     assert_int_equal(r->error->code, MF_PERMISSION_DENIED);
     mf_envelope_free(r);
@@ -402,7 +420,7 @@ static void test_admin_list_config_profile(void **state)
     assert_int_equal(r->profile_get_reply->profile->layers[0]->source_layer, 9);
     assert_true(r->profile_get_reply->profile->layers[0]->w[1] == 0.75f);
     mf_envelope_free(r);
-    w[1] = 0.5f; /* row no longer sums to 1 */
+    op.w[1] = 0.5f; /* row no longer sums to 1 */
     r = td_simple(&c, MAPFLOW__V1__ENVELOPE__BODY_PROFILE_PUT, &pp);
     assert_int_equal(r->error->code, MF_INVALID_ARGUMENT);
     mf_envelope_free(r);
@@ -420,22 +438,10 @@ static void test_profiles_need_ssd(void **state)
     assert_int_equal(td_start(&f->d, extra), 0);
     td_cli_t c;
     assert_int_equal(td_connect(&c, f->d.admin, "ns-p", 0), 0);
-    float w[1] = {1.0f};
-    Mapflow__V1__LayerMap lm = MAPFLOW__V1__LAYER_MAP__INIT;
-    lm.target_layer = 1 + rand_r(&f->seed) % 30;
-    lm.source_layer = rand_r(&f->seed) % 30;
-    lm.target_heads = lm.source_heads = 1;
-    lm.w = w;
-    lm.n_w = 1;
-    Mapflow__V1__LayerMap *lms[1] = {&lm};
-    Mapflow__V1__MappingProfile mp = MAPFLOW__V1__MAPPING_PROFILE__INIT;
-    mp.source_model = MODEL;
-    mp.target_model = "tgt";
-    mp.block_size = B;
-    mp.n_layers = 1;
-    mp.layers = lms;
-    Mapflow__V1__ProfilePut pp = MAPFLOW__V1__PROFILE_PUT__INIT;
-    pp.profile = &mp;
+    const float w[1] = {1.0f};
+    one_profile_t op;
+    one_profile_init(&op, 1 + rand_r(&f->seed) % 30, rand_r(&f->seed) % 30, 1, w);
+    Mapflow__V1__ProfilePut pp = op.pp;
     Mapflow__V1__ProfileGet pg = MAPFLOW__V1__PROFILE_GET__INIT;
     pg.source_model = MODEL;
     pg.target_model = "tgt";
