@@ -63,6 +63,24 @@ static int put_row(td_cli_t *c, const char *ns, uint32_t layer, const uint32_t *
     return rc;
 }
 
+/* Puts blocks 0..n-1 of one layer (row seeds seed0 + i); returns the rows' total bytes. */
+static uint32_t put_counted(td_cli_t *c, const char *ns, uint32_t layer, const uint32_t *tokens,
+                            uint32_t n, unsigned seed0)
+{
+    uint32_t bytes = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        size_t size;
+        unsigned s = seed0 + i;
+        uint8_t *row = td_row(ns, MODEL, layer, B, tokens, i, &size, &s);
+        assert_non_null(row);
+        bytes += (uint32_t)size;
+        free(row);
+        s = seed0 + i;
+        assert_int_equal(put_row(c, ns, layer, tokens, i, 0, NULL, &s, 0), 0);
+    }
+    return bytes;
+}
+
 /* Lookup → blocks per layer into out[]; returns total_blocks. */
 static int lookup(td_cli_t *c, const uint32_t *tokens, size_t n_tok, const uint32_t *layers,
                   size_t n_layers, uint32_t *out)
@@ -583,24 +601,8 @@ static void test_stats_per_namespace(void **state)
     assert_int_equal(td_connect(&b, f->d.sock, "ns-sb", 1), 0);
     unsigned seed = f->seed;
     uint32_t na = 2 + (uint32_t)(rand_r(&seed) % (NB - 2)), nb = 1, bytes_a = 0, bytes_b = 0;
-    for (uint32_t i = 0; i < na; i++) {
-        size_t size;
-        unsigned s = 100 + i;
-        uint8_t *row = td_row("ns-sa", MODEL, 1, B, f->tokens, i, &size, &s);
-        bytes_a += (uint32_t)size;
-        free(row);
-        s = 100 + i;
-        assert_int_equal(put_row(&a, "ns-sa", 1, f->tokens, i, 0, NULL, &s, 0), 0);
-    }
-    for (uint32_t i = 0; i < nb; i++) {
-        size_t size;
-        unsigned s = 200 + i;
-        uint8_t *row = td_row("ns-sb", MODEL, 2, B, f->tokens, i, &size, &s);
-        bytes_b += (uint32_t)size;
-        free(row);
-        s = 200 + i;
-        assert_int_equal(put_row(&b, "ns-sb", 2, f->tokens, i, 0, NULL, &s, 0), 0);
-    }
+    bytes_a = put_counted(&a, "ns-sa", 1, f->tokens, na, 100);
+    bytes_b = put_counted(&b, "ns-sb", 2, f->tokens, nb, 200);
     uint32_t layer = 1;
     mf_envelope_t *g = get_rows(&a, f->tokens, NB * B, &layer, 1, 0, 2, 1); /* 2 leases */
     assert_int_equal(g->get_reply->rows[1]->status, MF_OK);
