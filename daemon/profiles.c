@@ -30,38 +30,46 @@ static void on_done(mfd_ssd_job_t *j)
     mfd_ssd_job_free(j);
 }
 
-/* A job for (ns, src, tgt) with its op, or NULL with *st / *why set. */
-static mfd_ssd_job_t *job_for(mfd_store_t *st, mfd_ssd_op_t kind, const uint8_t *key,
-                              size_t kl, mf_status_t *s, const char **why)
+/* A job of `kind` for key[0..kl) whose completion calls cb / page_cb with arg, not yet
+ * queued (the caller sets its options, then mfd_ssd_submit); packed (put: the record) is
+ * taken over. NULL when out of memory (packed freed). */
+static mfd_ssd_job_t *job_new(mfd_ssd_op_t kind, const uint8_t *key, size_t kl,
+                              uint8_t *packed, mfd_profile_cb cb, mfd_profile_page_cb page_cb,
+                              void *arg)
 {
-    if (!st->ssd) {
-        *s = MF_UNAVAILABLE;
-        *why = "profiles live in the SSD tier, which is off";
-        return NULL;
-    }
     profile_op_t *op = calloc(1, sizeof(*op));
     mfd_ssd_job_t *j = mfd_ssd_job_new(kind, key, kl);
     if (!op || !j) {
         free(op);
+        free(packed);
         mfd_ssd_job_free(j);
-        *s = MF_RESOURCE_EXHAUSTED;
-        *why = "out of memory";
         return NULL;
     }
+    *op = (profile_op_t){cb, page_cb, arg, packed};
     j->arg = op;
     j->cb = on_done;
     return j;
 }
 
+static mf_status_t no_memory(const char **why)
+{
+    *why = "out of memory";
+    return MF_RESOURCE_EXHAUSTED;
+}
+
+static mf_status_t tier_off(const char **why)
+{
+    *why = "profiles live in the SSD tier, which is off";
+    return MF_UNAVAILABLE;
+}
+
+/* The record key of (ns, src, tgt), or 0 with *why set. */
 static size_t profile_key(uint8_t key[MFD_SSD_KEY_MAX], const char *ns, const char *src,
                           const char *tgt, const char **why)
 {
-    size_t sl = src ? strlen(src) : 0, tl = tgt ? strlen(tgt) : 0;
-    size_t kl = mfd_ssd_profile_key(key, ns, src ? src : "", tgt ? tgt : "");
-    if (!kl || sl < 1 || tl < 1) {
+    size_t kl = src && *src && tgt && *tgt ? mfd_ssd_profile_key(key, ns, src, tgt) : 0;
+    if (!kl)
         *why = "source and target model must be 1..255 bytes";
-        return 0;
-    }
     return kl;
 }
 
@@ -70,17 +78,14 @@ mf_status_t mfd_profile_put(mfd_store_t *st, const char *ns, const char *src, co
                             const char **why)
 {
     uint8_t key[MFD_SSD_KEY_MAX];
-    mf_status_t s = MF_INVALID_ARGUMENT;
-    size_t kl = st->ssd ? profile_key(key, ns, src, tgt, why) : 1;
-    mfd_ssd_job_t *j = kl ? job_for(st, MFD_SSD_PUT_RAW, key, kl, &s, why) : NULL;
-    if (!j) {
+    size_t kl;
+    if (!st->ssd || !(kl = profile_key(key, ns, src, tgt, why))) {
         free(packed);
-        return s;
+        return st->ssd ? MF_INVALID_ARGUMENT : tier_off(why);
     }
-    profile_op_t *op = j->arg;
-    op->cb = cb;
-    op->arg = arg;
-    op->packed = packed;
+    mfd_ssd_job_t *j = job_new(MFD_SSD_PUT_RAW, key, kl, packed, cb, NULL, arg);
+    if (!j)
+        return no_memory(why);
     j->value = packed;
     j->vlen = len;
     j->sync = 1; /* small and expensive to refit: keep them through a crash */
@@ -92,14 +97,14 @@ mf_status_t mfd_profile_get(mfd_store_t *st, const char *ns, const char *src, co
                             mfd_profile_cb cb, void *arg, const char **why)
 {
     uint8_t key[MFD_SSD_KEY_MAX];
-    mf_status_t s = MF_INVALID_ARGUMENT;
-    size_t kl = st->ssd ? profile_key(key, ns, src, tgt, why) : 1;
-    mfd_ssd_job_t *j = kl ? job_for(st, MFD_SSD_GET_RAW, key, kl, &s, why) : NULL;
+    size_t kl;
+    if (!st->ssd)
+        return tier_off(why);
+    if (!(kl = profile_key(key, ns, src, tgt, why)))
+        return MF_INVALID_ARGUMENT;
+    mfd_ssd_job_t *j = job_new(MFD_SSD_GET_RAW, key, kl, NULL, cb, NULL, arg);
     if (!j)
-        return s;
-    profile_op_t *op = j->arg;
-    op->cb = cb;
-    op->arg = arg;
+        return no_memory(why);
     mfd_ssd_submit(st->ssd, j);
     return MF_OK;
 }
@@ -109,20 +114,18 @@ mf_status_t mfd_profile_list(mfd_store_t *st, const char *ns, const uint8_t *tok
                              const char **why)
 {
     uint8_t key[MFD_SSD_KEY_MAX];
-    mf_status_t s = MF_INVALID_ARGUMENT;
-    size_t pl = st->ssd ? mfd_ssd_profile_prefix(key, ns) : 1;
-    if (st->ssd && (!pl || pl + tlen > MFD_SSD_KEY_MAX)) {
+    if (!st->ssd)
+        return tier_off(why);
+    size_t pl = mfd_ssd_profile_prefix(key, ns);
+    if (!pl || pl + tlen > MFD_SSD_KEY_MAX) {
         *why = "namespace or token too long";
         return MF_INVALID_ARGUMENT;
     }
-    if (st->ssd && tlen)
+    if (tlen)
         memcpy(key + pl, token, tlen);
-    mfd_ssd_job_t *j = job_for(st, MFD_SSD_SCAN_RAW, key, pl + tlen, &s, why);
+    mfd_ssd_job_t *j = job_new(MFD_SSD_SCAN_RAW, key, pl + tlen, NULL, NULL, cb, arg);
     if (!j)
-        return s;
-    profile_op_t *op = j->arg;
-    op->page_cb = cb;
-    op->arg = arg;
+        return no_memory(why);
     j->prefix_len = pl;
     j->max_items = page;
     j->skip_first = tlen > 0;
