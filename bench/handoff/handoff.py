@@ -615,17 +615,22 @@ class Bench:
             return o
         return attn
 
-    def extract(self, q, k, top_p, codec, layer, tok32, slot, lse, entries, model):
-        """mf_extract with a per-row entry bound; on overflow the bound doubles."""
+    def with_entries(self, call, entries):
+        """call(entries) with a per-row entry bound; on a row overflow the bound doubles
+        (three times), then no bound (the codec's worst case)."""
         e = entries
         for _ in range(4):
             try:
-                return self.be.extract(q, k, top_p, codec, layer, tok32, slot, lse=lse,
-                                       entries=e, model=model, ns=NS.encode())
+                return call(e)
             except self.mfk.RowOverflow:
                 e = None if e is None else [2 * x for x in e]
-        return self.be.extract(q, k, top_p, codec, layer, tok32, slot, lse=lse,
-                               model=model, ns=NS.encode())
+        return call(None)
+
+    def extract(self, q, k, top_p, codec, layer, tok32, slot, lse, entries, model):
+        """mf_extract with a per-row entry bound (with_entries)."""
+        return self.with_entries(
+            lambda e: self.be.extract(q, k, top_p, codec, layer, tok32, slot, lse=lse,
+                                      entries=e, model=model, ns=NS.encode()), entries)
 
     def take_fn(self, rows):
         if self.cuda:
@@ -735,17 +740,9 @@ class Bench:
         k[0] += 1
         s, e = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
         s.record()
-        ent = entries
-        for _ in range(4):
-            try:
-                o, _, rows = self.be.export(q, kk, v, top_p, codec, i, tok32, ("src", slot),
-                                            entries=ent, model=model, ns=NS.encode())
-                break
-            except self.mfk.RowOverflow:
-                ent = None if ent is None else [2 * x for x in ent]
-        else:
-            o, _, rows = self.be.export(q, kk, v, top_p, codec, i, tok32, ("src", slot),
-                                        model=model, ns=NS.encode())
+        o, _, rows = self.with_entries(
+            lambda e: self.be.export(q, kk, v, top_p, codec, i, tok32, ("src", slot),
+                                     entries=e, model=model, ns=NS.encode()), entries)
         out = o.view(q.shape[0], -1).to(q.dtype)
         e.record()
         evs.append((s, e))
