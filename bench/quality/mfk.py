@@ -127,15 +127,14 @@ class Cuda:
                 model=MODEL, ns=NS, v=None):
         """lse: [H, N] fp32 device tensor or None (computed by the kernel); v: the layer's
         values, used by the fused exporter (then lse must be None)."""
-        n, h, _ = q.shape
-        caps = _caps(codec, self.b, h, n // self.b, entries, model)
         if self.exporter == "fused" and v is not None and lse is None:
             return self.export(q, k, v, top_p, codec, layer, tokens, slot, entries, model,
                                ns)[2]
-        else:
-            rows = K.extract_cuda(q, k, block_size=self.b, top_p=top_p, tokens=tokens,
-                                  model=model, ns=ns, codec=codec, layer=layer, lse=lse,
-                                  caps=caps, buf=self.pool.get(slot), lib=self.lib)
+        n, h, _ = q.shape
+        rows = K.extract_cuda(q, k, block_size=self.b, top_p=top_p, tokens=tokens,
+                              model=model, ns=ns, codec=codec, layer=layer, lse=lse,
+                              caps=_caps(codec, self.b, h, n // self.b, entries, model),
+                              buf=self.pool.get(slot), lib=self.lib)
         self.pool[slot] = rows.buf  # one arena per slot, reused window after window
         return RowSet.of(rows, codec)
 
