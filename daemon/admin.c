@@ -155,7 +155,7 @@ static void fill_tiers(mfd_server_t *s, Mapflow__V1__TierStats ts[3],
                        Mapflow__V1__TierStats *ptrs[3])
 {
     mfd_tier_info_t t[3];
-    mfd_server_tiers(s, t);
+    mfd_store_tiers(&s->store, t);
     for (int i = 0; i < 3; i++) {
         mapflow__v1__tier_stats__init(&ts[i]);
         ts[i].tier = t[i].tier;

@@ -307,16 +307,11 @@ mf_status_t mfd_conn_adopt(mfd_server_t *s, int fd, const mfd_transport_t *tp,
 
 /* ==== views =========================================================================== */
 
-void mfd_server_tiers(mfd_server_t *s, mfd_tier_info_t out[3])
-{
-    mfd_store_tiers(&s->store, out);
-}
-
 void mfd_server_gauges(mfd_server_t *s, mfd_gauges_t *g)
 {
     memset(g, 0, sizeof(*g));
     mfd_tier_info_t t[3];
-    mfd_server_tiers(s, t);
+    mfd_store_tiers(&s->store, t);
     for (int i = 0; i < 3; i++)
         g->tiers[i] = (mfd_tier_gauge_t){t[i].name, t[i].enabled, t[i].used_bytes,
                                          t[i].capacity_bytes, t[i].entries};

@@ -146,9 +146,8 @@ void mfd_conn_warn_limited(mfd_server_t *s, const char *what);
  * of tools: 1 when p has a control byte. */
 int mfd_has_control(const char *p);
 
-/* Stats / Health / metrics views. Tiers in the order gpu, host, ssd. */
+/* Stats / Health / metrics views (the tiers themselves: mfd_store_tiers). */
 void mfd_server_gauges(mfd_server_t *s, mfd_gauges_t *g);
-void mfd_server_tiers(mfd_server_t *s, mfd_tier_info_t out[3]);
 
 /* A reply with body `field` of case CASE. */
 #define MFD_REPLY(c, rid, CASE, field, msg, payload, len)                               \
