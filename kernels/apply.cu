@@ -576,16 +576,7 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
                 prepass_kernel<<<all * ht, 128, SEL_BYTES + MF_CUDA_MAX_BLOCKS, s>>>(p, b, keep,
                                                                                       words);
                 st = cuda_status(cudaGetLastError(), why);
-                core_args ca = {};
-                ca.q = a->tgt.q;
-                ca.k = a->tgt.k;
-                ca.v = a->tgt.v;
-                ca.dtype = a->tgt.dtype;
-                ca.n = n;
-                ca.hq = ht;
-                ca.hkv = a->tgt.n_kv_heads;
-                ca.d = a->tgt.head_dim;
-                ca.o = a->o;
+                core_args ca = core_args_of(&a->tgt, a->o, NULL);
                 ca.keep = keep;
                 ca.block = b;
                 ca.nb = all;

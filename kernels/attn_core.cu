@@ -757,18 +757,7 @@ extern "C" mf_status_t mf_attention_dense_cuda(const mf_qkv_t *t, float *o, floa
         *why = "Q, K and V must be 16-byte aligned";
         return MF_INVALID_ARGUMENT;
     }
-    core_args a = {};
-    a.q = t->q;
-    a.k = t->k;
-    a.v = t->v;
-    a.dtype = t->dtype;
-    a.n = t->n_tokens;
-    a.hq = t->n_q_heads;
-    a.hkv = t->n_kv_heads;
-    a.d = t->head_dim;
-    a.o = o;
-    a.lse = lse;
-    return core_launch(a, stream, why);
+    return core_launch(core_args_of(t, o, lse), stream, why);
 }
 
 /* Slots for the ℓ scratch: one per SM (at most one mass CTA is resident on each). */
@@ -849,17 +838,7 @@ extern "C" mf_status_t mf_attention_masses_cuda(const mf_qkv_t *t, uint32_t bloc
     }
     st = cuda_status(cudaMemsetAsync(base, 0, (size_t)nslots * 4, s), why);
     if (st == MF_OK) {
-        core_args a = {};
-        a.q = t->q;
-        a.k = t->k;
-        a.v = t->v;
-        a.dtype = t->dtype;
-        a.n = t->n_tokens;
-        a.hq = t->n_q_heads;
-        a.hkv = t->n_kv_heads;
-        a.d = t->head_dim;
-        a.o = o;
-        a.lse = lse;
+        core_args a = core_args_of(t, o, lse);
         a.mass = mass;
         a.lscr = (float *)(base + flags);
         a.slot_busy = (uint32_t *)base;

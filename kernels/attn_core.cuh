@@ -49,6 +49,24 @@ struct core_args {
     uint32_t nslots;
 };
 
+/* The core's arguments for tensors t (checked by the caller), output o [N, Hq, d] and
+ * optional lse: dense mode; lists mode and masses are set on the result. */
+static inline core_args core_args_of(const mf_qkv_t *t, float *o, float *lse)
+{
+    core_args a = {};
+    a.q = t->q;
+    a.k = t->k;
+    a.v = t->v;
+    a.dtype = t->dtype;
+    a.n = t->n_tokens;
+    a.hq = t->n_q_heads;
+    a.hkv = t->n_kv_heads;
+    a.d = t->head_dim;
+    a.o = o;
+    a.lse = lse;
+    return a;
+}
+
 /* fp32 words of one ℓ slot (128 rows × the 64-key blocks of N, rounded to 128-key tiles). */
 static inline size_t core_mass_slot_floats(uint32_t n) { return (size_t)((n + 127) / 128) * 256; }
 

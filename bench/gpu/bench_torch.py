@@ -89,24 +89,33 @@ def qkv_struct(g, q, k, v, n, hq, hkv, d):
                     hkv, d)
 
 
+class RowBuffers:
+    """Device output of an extract-style call for rows of capacities caps: one buffer with
+    the rows at 16-byte aligned offsets, sizes [n] int64, failed_block, and the ctypes
+    arrays of row addresses (rows) and capacities (capa) the call takes."""
+
+    def __init__(self, caps):
+        self.caps, self.offs, tot = list(caps), [], 0
+        for c in self.caps:
+            self.offs.append(tot)
+            tot += R.align16(c)
+        n = len(self.caps)
+        self.buf = torch.empty(tot, dtype=torch.uint8, device="cuda")
+        self.sizes = torch.zeros(n, dtype=torch.int64, device="cuda")
+        self.failed = torch.zeros(1, dtype=torch.int32, device="cuda")
+        self.rows = (C.c_void_p * n)(*[self.buf.data_ptr() + o for o in self.offs])
+        self.capa = (C.c_size_t * n)(*self.caps)
+
+
 def run_extract(lib, g, n, stream, log):
     hq, hkv, d, b = g["HQ"], g["HKV"], g["D"], g["B"]
     nb = n // b
     q, k = structured_qk(n, hq, hkv, d)
     tokens = np.arange(n, dtype=np.uint32)
     # capacity: half the causal blocks per head (the structured maps keep far fewer)
-    caps, offs, tot = [], [], 0
-    for i in range(nb):
-        e = hq * min(i + 1, (i + 1) // 2 + 4)
-        lay = R.layout(R.FP8, b, i + 1, e, 3)
-        caps.append(lay["total"])
-        offs.append(tot)
-        tot += R.align16(lay["total"])
-    buf = torch.empty(tot, dtype=torch.uint8, device="cuda")
-    sizes = torch.zeros(nb, dtype=torch.int64, device="cuda")
-    failed = torch.zeros(1, dtype=torch.int32, device="cuda")
-    rows = (C.c_void_p * nb)(*[buf.data_ptr() + o for o in offs])
-    capa = (C.c_size_t * nb)(*caps)
+    rb = RowBuffers(R.layout(R.FP8, b, i + 1, hq * min(i + 1, (i + 1) // 2 + 4), 3)["total"]
+                    for i in range(nb))
+    buf, sizes, failed, rows, capa = rb.buf, rb.sizes, rb.failed, rb.rows, rb.capa
     out = {}
     for label, lse in (("computed", None), ("given", "cudnn")):
         lse_t = None

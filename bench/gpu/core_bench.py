@@ -174,17 +174,9 @@ def bench_masses(lib, n, hq, hkv, reps, log):
         return F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
     # extract, MASK codec, LSE given (ours: the same LSE the dense op returns, to fp32)
     tokens = np.arange(n, dtype=np.uint32)
-    caps, offs, tot = [], [], 0
-    for i in range(nb):
-        lay = R.layout(R.MASK, B, i + 1, hq * (i + 1), 3)
-        caps.append(lay["total"])
-        offs.append(tot)
-        tot += R.align16(lay["total"])
-    buf = torch.empty(tot, dtype=torch.uint8, device="cuda")
-    sizes = torch.zeros(nb, dtype=torch.int64, device="cuda")
-    failed = torch.zeros(1, dtype=torch.int32, device="cuda")
-    rows = (C.c_void_p * nb)(*[buf.data_ptr() + x for x in offs])
-    capa = (C.c_size_t * nb)(*caps)
+    caps = [R.layout(R.MASK, B, i + 1, hq * (i + 1), 3)["total"] for i in range(nb)]
+    rb = BT.RowBuffers(caps)
+    buf, sizes, failed, rows, capa, offs = rb.buf, rb.sizes, rb.failed, rb.rows, rb.capa, rb.offs
     lse_x = torch.empty(hq, n, dtype=torch.float32, device="cuda")
     a = BG.ExtractArgs(t, lse_x.data_ptr(), B, 0.9, R.MASK, 0, nb, b"src", b"bench", 0,
                        tokens.ctypes.data, C.cast(rows, C.c_void_p), C.cast(capa, C.c_void_p),
@@ -205,10 +197,8 @@ def bench_masses(lib, n, hq, hkv, reps, log):
             raise RuntimeError(f"mf_extract_cuda (LSE computed) {st} {why.value}")
     xa = None
     if hasattr(lib, "mf_export_cuda"):
-        xbuf = torch.empty(tot, dtype=torch.uint8, device="cuda")
-        xsizes = torch.zeros(nb, dtype=torch.int64, device="cuda")
-        xfailed = torch.zeros(1, dtype=torch.int32, device="cuda")
-        xrows = (C.c_void_p * nb)(*[xbuf.data_ptr() + x for x in offs])
+        xb = BT.RowBuffers(caps)
+        xbuf, xsizes, xfailed, xrows = xb.buf, xb.sizes, xb.failed, xb.rows
         xo = torch.empty(n, hq, D, dtype=torch.float32, device="cuda")
         xlse = torch.empty(hq, n, dtype=torch.float32, device="cuda")
         xmass_out = torch.empty(hq, nb, nb, dtype=torch.float32, device="cuda")
