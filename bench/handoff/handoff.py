@@ -394,31 +394,30 @@ class Store:
             chunk = ls[a:a + per_call]
             res = self.ch.get_prefix(model, B, tokens, chunk, lease=True)
             results.append(res)
-            rows = list(res)
-            if len(rows) != nb * len(chunk):
+            if len(res) != nb * len(chunk):
                 raise RuntimeError("get_prefix: %d rows for %d layers × %d blocks"
-                                   % (len(rows), len(chunk), nb))
+                                   % (len(res), len(chunk), nb))
+            # All rows' fields at once (GetResult.table): no Python object per row.
+            tab = res.table()
+            blocks = np.tile(np.arange(nb, dtype=np.uint32), len(chunk))
             for li, layer in enumerate(chunk):
-                lr = rows[li * nb:(li + 1) * nb]
-                bad = [r for r in lr if not r.ok]
-                if bad:
-                    raise RuntimeError("get_prefix layer %d: %r" % (layer, bad[0]))
-                ptrs, sizes, host = [0] * nb, [0] * nb, []
-                for i, r in enumerate(lr):
-                    if r.block != i:
-                        raise RuntimeError("get_prefix: layer %d row %d is block %d"
-                                           % (layer, i, r.block))
-                    dp = getattr(r, "device_ptr", 0) if getattr(r, "on_device", 0) else 0
-                    if dp:
-                        ptrs[i], sizes[i] = dp, int(getattr(r, "length", 0) or
-                                                    len(r.data or b""))
-                        self.count("get_device")
-                    else:
-                        host.append(i)
-                        sizes[i] = len(r.data)
-                        self.count("get_host")
+                sl = slice(li * nb, (li + 1) * nb)
+                bad = np.nonzero(tab["status"][sl] != 0)[0]
+                if bad.size:
+                    raise RuntimeError("get_prefix layer %d: %r" % (layer,
+                                                                    res[li * nb + int(bad[0])]))
+                wrong = np.nonzero(tab["block"][sl] != blocks[sl])[0]
+                if wrong.size:
+                    raise RuntimeError("get_prefix: layer %d row %d is block %d" % (
+                        layer, int(wrong[0]), int(tab["block"][sl][wrong[0]])))
+                dev = tab["on_device"][sl] != 0
+                ptrs = np.where(dev, tab["data"][sl], 0).astype(np.uint64).tolist()
+                sizes = tab["length"][sl].astype(np.int64).tolist()
+                host = np.nonzero(~dev)[0].tolist()
+                self.count("get_device", int(dev.sum()))
+                self.count("get_host", len(host))
                 if host:
-                    self._stage(lr, host, ptrs, staged)
+                    self._stage({i: res[li * nb + i] for i in host}, host, ptrs, staged)
                 out[layer] = (ptrs, sizes)
         return out, results, staged
 

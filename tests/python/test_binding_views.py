@@ -8,6 +8,9 @@
   unmapped, only when the last array is gone — checked through weak references); a
   closed Channel refuses calls with FailedPrecondition.
 - GetResult.__exit__ releases the leases when the block raises.
+- GetResult.table(): every row's fields as a NumPy array, equal to the Row objects' (which
+  are made when first asked for); addresses point at the rows' bytes; a row first asked
+  for after close() raises ViewClosed, one read before keeps its fields.
 - Errors: one subclass per status of the library's table, messages without the status.
 - ABI: the import-time layout check refuses a mirror that differs from mf_abi_layout().
 - fork(): the parent's channel and queue refuse calls in the child and close there without
@@ -114,6 +117,38 @@ class ViewsTest(mftest.DaemonTest):
         row = mv = None  # (the lambdas above share this cell)
         gc.collect()
         self.assertIsNone(owner(), "result not freed once nothing views it")
+
+    @unittest.skipIf(np is None, "NumPy is not importable")
+    def test_table_matches_rows(self):
+        with self.chan(want_arena=True) as ch:
+            for lease in (True, False):
+                g = self.get(ch, lease)
+                tab = g.table()
+                self.assertEqual(len(tab), self.nb)
+                self.assertEqual(g._made, [None] * self.nb)  # nothing made yet
+                for i in (self.nb - 1, 0):  # any order, one at a time
+                    row = g[i]
+                    self.assertEqual((int(tab["status"][i]), int(tab["layer"][i]),
+                                      int(tab["block"][i]), int(tab["length"][i]),
+                                      int(tab["lease_id"][i]), bool(tab["on_device"][i])),
+                                     (row.status, row.layer, row.block, row.length,
+                                      row.lease_id, row.on_device))
+                    self.assertEqual(C.string_at(int(tab["data"][i]), int(tab["length"][i])),
+                                     self.rows[i])
+                self.assertEqual(list(tab["block"]), list(range(self.nb)))
+                self.assertEqual(bool(all(tab["lease_id"])), lease)
+                self.assertIsNone(g._made[1])
+                self.assertEqual(g[-1].block, self.nb - 1)
+                with self.assertRaises(IndexError):
+                    g[self.nb]
+                g.release()
+                self.assertFalse(any(g.table()["lease_id"]))  # the C result zeroes them
+                self.assertEqual(g[0].lease_id, 0)
+                g.close()
+                self.assertEqual(g[0].block, 0)  # read before close: kept
+                for use in (lambda: g[1], lambda: g.table(), lambda: list(g)):
+                    with self.assertRaises(mapflow.ViewClosed):
+                        use()
 
     def test_views_closed_and_memory_kept(self):
         with self.chan(want_arena=True) as ch:

@@ -176,7 +176,7 @@ class GpuBindingTest(mftest.DaemonTest):
                 self.assertEqual(consume_dlpack(used)[0], g[1].device_ptr)
                 gc.collect()
                 self.assertIsNotNone(owner())  # g[*] exported __cuda_array_interface__
-                g.rows = []
+                g._made = []  # drop the Row objects made so far (each holds its CAI owner)
                 gc.collect()
                 self.assertIsNone(owner(), "the deleter did not let the result go")
             with ch.get_prefix(MODEL, B, self.tokens, [1]) as g:  # copies of GPU rows

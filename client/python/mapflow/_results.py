@@ -253,32 +253,75 @@ class GetResult:
     """Rows of a batched get (layer-major). Views stay valid until close() (then they
     raise ViewClosed); leases until release() (or their TTL, or the channel's close /
     reconnect). As a context manager it releases the leases and closes, also when the
-    block raises."""
+    block raises. Row objects are made when first asked for (a 32k prefix × 30 layers is
+    15,360 rows: making them all costs more than the get itself); table() gives every
+    row's fields at once as a NumPy array. A row first asked for after close() raises
+    ViewClosed."""
 
     def __init__(self, ch: "Channel", ptr: Any, leased: bool):
         self._ch = ch
         self._ptr = ptr
         r = ptr.contents
         self.lease_ttl_ms = r.lease_ttl_ms
+        self._n = int(r.n_rows)
+        self._made: List[Optional[Row]] = [None] * self._n
         owner = _Owner(lambda: _lib.mf_get_result_free(ptr), ch._core if leased else None)
         self._views = _Views(owner, "GetResult")
-        self.rows: List[Row] = [Row(r.rows[i], self._views, ch._gpu) for i in range(r.n_rows)]
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return self._n
 
     def __iter__(self) -> Iterator[Row]:
-        return iter(self.rows)
+        return (self[i] for i in range(self._n))
 
     def __getitem__(self, i: int) -> Row:
-        return self.rows[i]
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError("row %d of a result of %d rows" % (i, self._n))
+        row = self._made[i]
+        if row is None:
+            if not self._ptr:
+                raise ViewClosed("this GetResult is closed: row %d was not read before "
+                                 "close()" % i)
+            row = self._made[i] = Row(self._ptr.contents.rows[i], self._views, self._ch._gpu)
+        return row
+
+    @property
+    def rows(self) -> List[Row]:
+        """Every row as a Row (made now where not made yet)."""
+        return [self[i] for i in range(self._n)]
+
+    def table(self) -> Any:
+        """Every row's fields as a NumPy structured array (a copy; one record per row, in
+        the result's order): status, layer, block, tier (codes as in mapflow.h), data (the
+        row's address: host, or device when on_device), length, lease_id, on_device,
+        gpu_arena. The addresses are valid as long as the rows' views (host) or leases
+        (device) are. ViewClosed after close()."""
+        if _np is None:
+            raise ImportError("NumPy is not importable")
+        if not self._ptr:
+            raise ViewClosed("this GetResult is closed")
+        names = ("status", "layer", "block", "tier", "data", "length", "lease_id",
+                 "on_device", "gpu_arena")
+        kinds = ("<i4", "<u4", "<u4", "<i4", "<u8", "<u8", "<u8", "<i4", "<u4")
+        dt = _np.dtype({"names": names, "formats": kinds,
+                        "offsets": [getattr(_RowRef, f).offset for f in names],
+                        "itemsize": C.sizeof(_RowRef)})
+        n = self._n
+        if n == 0:
+            return _np.zeros(0, dtype=dt)
+        raw = (C.c_char * (n * C.sizeof(_RowRef))).from_address(
+            C.addressof(self._ptr.contents.rows.contents))
+        return _np.frombuffer(raw, dtype=dt).copy()
 
     def release(self, timeout_ms: Optional[int] = None) -> None:
         """Releases every lease of the result (the daemon may reuse those bytes after)."""
         if self._ptr:
             self._ch._check(_lib.mf_release_result(self._ch._h, self._ptr, _timeout(timeout_ms)))
-            for row in self.rows:
-                row.lease_id = 0
+            for row in self._made:
+                if row is not None:
+                    row.lease_id = 0
 
     def close(self) -> None:
         """Ends the views (leases are not released: call release() first). The C result
