@@ -308,6 +308,7 @@ class Store:
         self.pinned = None
         self.counts = {}
         self.batch_ok = True
+        self.region_ok = os.environ.get("HANDOFF_PUT", "region") != "batch"
         self.fake = None
         # several puts in flight: each is two round trips plus the daemon's check
         self.pool = ThreadPoolExecutor(4) if self.path == "gpu" else None
@@ -332,10 +333,23 @@ class Store:
                 self.count("put_" + mf._TIERS.get(items[i].result.tier, "none"))
 
     def put_rows(self, rows):
-        """Puts one layer's rows (a mfk.RowSet whose work is finished)."""
+        """Puts one layer's rows (a mfk.RowSet whose work is finished; rows.key = (model,
+        layer) when the caller knows them): into one put region (one GPU-arena reservation
+        and one commit for the layer) when the binding and the daemon offer it and
+        HANDOFF_PUT is not "batch", else with put_device_batch."""
         ptrs, sizes = rows.ptrs(), [int(s) for s in rows.sizes]
         if self.path == "gpu" and self.dry:
             ptrs = self._fake_device(rows)
+        if (self.path == "gpu" and self.region_ok and getattr(rows, "key", None)
+                and hasattr(self.ch, "put_region")):
+            try:
+                self._put_region(rows, ptrs, sizes)
+                return
+            except self.mf.MapflowError as e:
+                if e.code not in (self.mf.FAILED_PRECONDITION, self.mf.RESOURCE_EXHAUSTED):
+                    raise
+                log("put_region: %s; put_device_batch from now on" % e)
+                self.region_ok = False
         if self.path == "gpu":
             batch = getattr(self.ch, "put_device_batch", None)
             if batch is not None and self.batch_ok:
@@ -359,6 +373,35 @@ class Store:
         self.pinned[:used].copy_(rows.buf[:used])  # synchronous: the row bytes are here
         base = self.pinned.data_ptr()
         self._put_ptrs([base + o for o in rows.offs], sizes)
+
+    def _put_region(self, rows, ptrs, sizes):
+        """One layer's rows into one put region: reserve, copy each row from the
+        exporter's buffer to its place in the GPU arena (device to device), commit; the
+        daemon checks every row before it is visible."""
+        model, layer = rows.key
+        reg = self.ch.put_region(model, layer, sizes)
+        try:
+            dst = reg.rows
+            if self.dry:  # fake driver: device memory is host memory
+                for d, p, n in zip(dst, ptrs, sizes):
+                    C.memmove(d, p, n)
+            else:
+                t = self.t
+                span = dst[-1] + sizes[-1] - dst[0]
+                ordered = all(dst[i] + sizes[i] <= dst[i + 1] for i in range(len(dst) - 1))
+                if ordered:  # one view of the whole block, sliced per row
+                    view = t.as_tensor(_DevBytes(dst[0], span), device=rows.buf.device)
+                for i, (d, o, n) in enumerate(zip(dst, rows.offs, sizes)):
+                    to = (view[d - dst[0]:d - dst[0] + n] if ordered else
+                          t.as_tensor(_DevBytes(d, n), device=rows.buf.device))
+                    to.copy_(rows.buf[o:o + n])
+                t.cuda.current_stream(rows.buf.device).synchronize()
+            res = reg.commit()
+        finally:
+            reg.close()
+        self.count("put_region_rows", int(res["committed"]))
+        self.count("put_region_checked_on_gpu" if res["checked_on_gpu"] else
+                   "put_region_checked_on_host", int(res["committed"]))
 
     def _fake_device(self, rows):
         """--dry on the GPU path (run.sh with HANDOFF_FAKECUDA): the reference kernels
@@ -464,6 +507,14 @@ class Store:
         except Exception as e:  # noqa: BLE001
             log("delete_model %s: %s" % (model, e))
             return 0
+
+
+class _DevBytes:
+    """n bytes of device memory at ptr, for torch.as_tensor (CUDA array interface)."""
+
+    def __init__(self, ptr, n):
+        self.__cuda_array_interface__ = {"shape": (int(n),), "typestr": "|u1",
+                                         "data": (int(ptr), False), "version": 3}
 
 
 class Putter:
@@ -705,6 +756,7 @@ class Bench:
                 tt = time.perf_counter()
                 rows = self.extract(q, kk, top_p, codecs[i], i, tok32, ("src", slot), lse, entries,
                                     model)
+                rows.key = (model, i)
                 if self.cuda:
                     e.record()
                     evs.append((s, e))
@@ -746,6 +798,7 @@ class Bench:
         e.record()
         evs.append((s, e))
         lse_used[0] += 1
+        rows.key = (model, i)
         putter.submit(slot, rows)
         return out
 

@@ -11,6 +11,7 @@
 # (0.10, the headline), HANDOFF_DENSITIES (the sweep at the largest N, default
 # 0.05,0.10,0.20,0.35), HANDOFF_SWEEP_VARIANTS (mask), HANDOFF_TAU / HANDOFF_MIN_BUDGET
 # (FlexPrefill's τ 0.1 / 1024), HANDOFF_L0 (2), HANDOFF_VARIANTS (prob_fp8,prob_u8log,mask),
+# HANDOFF_PUT (region: one put region per layer when the daemon offers it | batch: put_device_batch),
 # HANDOFF_FLEX (1), HANDOFF_EXPORTER (extract | fused: the source's exported layers through
 # mf_export_cuda, attention + rows in one pass; HANDOFF_QUALITY_JSON: the headline density from
 # a bench/quality operating point),
