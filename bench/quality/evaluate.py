@@ -8,7 +8,9 @@
    error limit) writes OUT/profiles/<name>.pb (and the IAM-style argmax profile), read back
    here from the protobuf and applied as they are (modes, W, per-head Top-P).
 2. Test (State of the Union 1991–2021 = "in", Moby-Dick = "out"; windows of CTX tokens):
-   per window the source runs once and its rows are extracted by our extract kernel; the
+   per window the source runs once and its rows are extracted by our extract kernel
+   (--exporter: mf_extract_cuda, the fused mf_export_cuda, or extract's strided query
+   sample with the source's LSE, beside the same sweep on exact-mass rows); the
    target runs once with every layer through our apply kernel's compute path (the reference,
    "target alone") and once per variant with the mapped layers through our apply kernel
    (prob / mask / compute per head). Metrics per variant and split: perplexity and its change,
