@@ -27,7 +27,10 @@ would pick, on one H200 (bench/gpu/NOTES.md has the floors and the versions).
          cuDNN call, at each of --strides vs cuDNN dense alone on the same layer (the
          source's extra cost = extract / cuDNN); kept-set recall against stride 1 (exact
          masses) on the structured inputs: share of the exact Top-P kept blocks kept,
-         density ratio, exact mass covered; rows decoded. --strided-ns / --strided-heads.
+         density ratio, exact mass covered; rows decoded. --strided-ns / --strided-heads;
+         --strided-inputs structured,random adds Gaussian Q/K with a few large keys (diffuse
+         maps: near-equal masses, where recall measures tie-breaking and the exact mass
+         covered is the number that matters).
 Times: CUDA events, median of --reps (≥ 7) after warm-up. A table is printed last and the
 numbers go to --out as JSON.
 
@@ -35,7 +38,7 @@ numbers go to --out as JSON.
                                   [--reps 9] [--out core.json] [--no-flex] [--no-mask]
                                   [--mass-ns 32768] [--mass-heads 40/8,32/8] [--no-dense]
                                   [--strided-ns 32768] [--strided-heads 40/8]
-                                  [--strides 1,4,8,16]
+                                  [--strides 1,4,8,16] [--strided-inputs structured]
 """
 import argparse
 import ctypes as C
@@ -283,10 +286,16 @@ def kept_sets(buf, sizes, offs, hq, nb):
                                    hq, nb)[0]
 
 
-def bench_strided(lib, n, hq, hkv, strides, reps, log):
+def bench_strided(lib, n, hq, hkv, strides, reps, log, inputs="structured"):
     """The strided-sample extract at each stride vs cuDNN dense alone (see the module doc)."""
     nb = n // B
-    q, k = BT.structured_qk(n, hq, hkv, D)
+    if inputs == "structured":
+        q, k = BT.structured_qk(n, hq, hkv, D)
+    else:
+        q = torch.randn(n, hq, D, device="cuda").to(torch.bfloat16)
+        k = torch.randn(n, hkv, D, device="cuda")
+        k[torch.randint(0, n, (16,), device="cuda")] *= 3
+        k = k.to(torch.bfloat16)
     v = torch.randn(n, hkv, D, dtype=torch.bfloat16, device="cuda")
     qs = q.transpose(0, 1).unsqueeze(0).contiguous()
     ks = k.transpose(0, 1).unsqueeze(0).contiguous()
@@ -307,10 +316,10 @@ def bench_strided(lib, n, hq, hkv, strides, reps, log):
     tokens = np.arange(n, dtype=np.uint32)
     caps = [R.layout(R.MASK, B, i + 1, hq * (i + 1), 3)["total"] for i in range(nb)]
     mass = torch.empty(hq, nb, nb, dtype=torch.float32, device="cuda")
-    rec = {"N": n, "Hq": hq, "Hkv": hkv, "sdpa_ms": timeit(sdpa, reps)[0],
+    rec = {"N": n, "Hq": hq, "Hkv": hkv, "inputs": inputs, "sdpa_ms": timeit(sdpa, reps)[0],
            "sdpa_kernel": sdpa_backend(sdpa), "strides": []}
     exact = exact_mass = None
-    for st in sorted(set(strides), key=lambda x: (x != 1, x)):  # stride 1 first: the truth
+    for st in sorted(set(strides) | {1}, key=lambda x: (x != 1, x)):  # 1 first: the truth
         rb = BT.RowBuffers(caps)
         off = st // 2
         a = BG.ExtractArgs(t, lse.data_ptr(), B, 0.9, R.MASK, 0, nb, b"src", b"bench", 0,
@@ -351,16 +360,17 @@ def bench_strided(lib, n, hq, hkv, strides, reps, log):
 def strided_table(res, log):
     if not res.get("strided"):
         return
-    log("\n| N | Hq/Hkv | stride | extract ms (MASK, LSE given) | cuDNN dense ms |"
+    log("\n| N | Hq/Hkv | inputs | stride | extract ms (MASK, LSE given) | cuDNN dense ms |"
         " extract/cuDNN | vs stride 1 | kept-set recall | density ratio | exact mass covered |"
         " density | rows bad |")
-    log("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    log("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in res["strided"]:
         one = next((x for x in r["strides"] if x["stride"] == 1), None)
         for x in r["strides"]:
             rel1 = one["extract_ms"] / x["extract_ms"] if one else float("nan")
-            log(f"| {r['N']} | {r['Hq']}/{r['Hkv']} | {x['stride']} (+{x['offset']}) | "
-                f"{x['extract_ms']:.3f} | {r['sdpa_ms']:.3f} | {x['extra_over_cudnn']:.3f} | "
+            log(f"| {r['N']} | {r['Hq']}/{r['Hkv']} | {r['inputs']} | {x['stride']} "
+                f"(+{x['offset']}) | {x['extract_ms']:.3f} | {r['sdpa_ms']:.3f} | "
+                f"{x['extra_over_cudnn']:.3f} | "
                 f"{rel1:.2f}x faster | {x['recall']:.4f} | {x['density_ratio']:.3f} | "
                 f"{x['mass_cover']:.4f} | {x['density']:.3f} | {x['rows_bad']} "
                 f"(failed {x['failed']:#x}) |")
@@ -558,6 +568,7 @@ def main():
     ap.add_argument("--strided-ns", default="")
     ap.add_argument("--strided-heads", default="40/8")
     ap.add_argument("--strides", default="1,4,8,16")
+    ap.add_argument("--strided-inputs", default="structured")
     args = ap.parse_args()
     if args.reps < 7:
         ap.error("--reps must be at least 7 (medians of >= 7)")
@@ -592,11 +603,13 @@ def main():
     for n in [int(x) for x in args.strided_ns.split(",") if x]:
         for hh in args.strided_heads.split(","):
             hq, hkv = (int(x) for x in hh.split("/"))
-            try:
-                res["strided"].append(bench_strided(
-                    lib, n, hq, hkv, [int(x) for x in args.strides.split(",")], args.reps, log))
-            except Exception as ex:  # noqa: BLE001
-                log(f"strided N={n} {hq}/{hkv}: {str(ex)[:300]}")
+            for inp in args.strided_inputs.split(","):
+                try:
+                    res["strided"].append(bench_strided(
+                        lib, n, hq, hkv, [int(x) for x in args.strides.split(",")], args.reps,
+                        log, inp))
+                except Exception as ex:  # noqa: BLE001
+                    log(f"strided N={n} {hq}/{hkv} {inp}: {str(ex)[:300]}")
     table(res, log)
     strided_table(res, log)
     if args.out:
