@@ -41,7 +41,8 @@ $(KERNELS_CUDA_A): $(CUDA_OBJS)
 
 # The whole proto archive goes in, so ctypes users also get mf_row_decode and friends;
 # mf_kernels_abi.o is the layout table client/python/mapflow/kernels.py checks.
-KERNELS_SO_REF_OBJS := $(addprefix $(OBJ)/kernels/,attention_ref.o mf_kernels_abi.o)
+# extract_ref.o: mf_extract_options, the option checks both extracts share.
+KERNELS_SO_REF_OBJS := $(addprefix $(OBJ)/kernels/,attention_ref.o extract_ref.o mf_kernels_abi.o)
 $(KERNELS_CUDA_SO): $(CUDA_OBJS) $(KERNELS_SO_REF_OBJS) $(PROTO_A)
 	@mkdir -p $(dir $@)
 	@[ "$(V)" != 0 ] || echo "  LD    $@"

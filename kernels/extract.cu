@@ -2,7 +2,8 @@
  *
  * Six stream-ordered launches, each over (query block i, head h) or one row:
  *   lse      only when no LSE is given: online max / sum of the scaled scores;
- *   mass     mass[h][i][j] = mean over the block's rows of Σ exp(s − LSE) in key block j;
+ *   mass     mass[h][i][j] = mean over the block's rows of Σ exp(s − LSE) in key block j
+ *            (sampled_mass with MF_EXTRACT_SAMPLE: the block's sampled rows only);
  *   select   Top-P per (h, i) (sorted in shared memory), head bits OR-ed into hm[i][j];
  *   layout   per row: union columns, col_off, masks, masses, header, model, tokens;
  *   tiles    per (h, i): P recomputed on the kept blocks only, per-tile max, encoded
@@ -41,6 +42,7 @@ struct ext_params {
     const char *model;
     uint32_t model_len, layer, codec, bsz;
     uint32_t n, hq, hkv, i0, i1;
+    uint32_t stride, offset; /* the query row sample (MF_EXTRACT_SAMPLE); 1, 0 = every row */
     float top_p, scale_log2;
 };
 
@@ -145,6 +147,82 @@ template <class S> __global__ void __launch_bounds__(S::THREADS) mass_kernel(ext
                               out[j] = t / S::B;
                           }
                       });
+}
+
+/* mass_kernel over a strided sample of query rows (MF_EXTRACT_SAMPLE, stride > 1): one CTA
+ * gathers the R = B / stride sampled rows of `stride` consecutive query blocks into one
+ * B-row Q tile (tile row x ↔ query block c0 + x / R, row offset + (x % R)·stride), so the
+ * grid, and with it the score work, shrinks by the stride. Per key block each row's sum
+ * goes to shared memory and is reduced, in row order, over the rows of its own block. */
+template <class S>
+__global__ void __launch_bounds__(S::THREADS) sampled_mass_kernel(ext_params p)
+{
+    typedef typename S::T T;
+    constexpr int CH = S::D / 8; /* 16-byte chunks per row */
+    __shared__ float rsum[S::B];
+    T *qs = smem_tiles<S>(), *ks = qs + S::TILE;
+    const uint32_t st = p.stride, R = S::B / st, ncta = (p.i1 - p.i0 + st - 1) / st;
+    const uint32_t c = ncta - 1 - blockIdx.x / p.hq, h = blockIdx.x % p.hq; /* largest first */
+    const uint32_t b0 = p.i0 + c * st, bl = min(p.i1, b0 + st) - 1; /* this CTA's blocks */
+    const T *Q = static_cast<const T *>(p.q);
+    for (int x = threadIdx.x; x < S::B * CH; x += S::THREADS) {
+        uint32_t r = x / CH, blk = b0 + r / R;
+        bool ok = blk <= bl; /* the last CTA may have fewer than `stride` blocks */
+        uint32_t gr = ok ? blk * S::B + p.offset + (r % R) * st : 0;
+        cp16(qs + r * S::LD + (x % CH) * 8, Q + ((size_t)gr * p.hq + h) * S::D + (x % CH) * 8,
+             ok ? 16 : 0);
+    }
+    cp_commit();
+    cp_wait<0>();
+    __syncthreads();
+    uint32_t qf[S::D / 16][4];
+    load_q_frags<S>(qf, qs);
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    float l2[2];
+    uint32_t grow[2];
+    bool valid[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        uint32_t x = w * 16 + (lane >> 2) + r * 8, blk = b0 + x / R;
+        valid[r] = blk <= bl;
+        grow[r] = blk * S::B + p.offset + (x % R) * st;
+        l2[r] = valid[r] ? p.lse[(size_t)h * p.n + grow[r]] * MF_LOG2E : 0.0f;
+    }
+    /* keys past the warp's last query block are all above the diagonal: skip their MMAs */
+    const uint32_t wlast = min(bl, b0 + (uint32_t)(w * 16 + 15) / R);
+    kv_loop<S, false>(
+        ks, nullptr, static_cast<const T *>(p.k), nullptr, p.n, p.hkv, h / (p.hq / p.hkv),
+        (int)bl + 1, [](int x) { return (uint32_t)x; },
+        [&](const T *kt, const T *, uint32_t j, int) {
+            float sum[2] = { 0.0f, 0.0f };
+            if (j <= wlast) { /* warp-uniform */
+                float s[S::B / 8][4];
+                qk<S>(s, qf, kt);
+#pragma unroll
+                for (int nt = 0; nt < S::B / 8; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        uint32_t key = j * S::B + nt * 8 + (lane & 3) * 2 + (e & 1);
+                        int r = e >> 1;
+                        if (valid[r] && key <= grow[r])
+                            sum[r] += exp2f(s[nt][e] * p.scale_log2 - l2[r]);
+                    }
+            }
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                float t = quad_sum(sum[r]);
+                if ((lane & 3) == 0)
+                    rsum[w * 16 + (lane >> 2) + r * 8] = t;
+            }
+            __syncthreads();
+            uint32_t blk = b0 + threadIdx.x;
+            if (threadIdx.x < st && blk <= bl && j <= blk) {
+                float t = 0.0f;
+                for (uint32_t m = 0; m < R; m++)
+                    t += rsum[threadIdx.x * R + m];
+                mass_row(p, h, blk - p.i0)[j] = t / R;
+            }
+        });
 }
 
 /* Top-P per (head, query block): head bit h into hm[i][j] for every kept j. */
@@ -436,7 +514,12 @@ template <class S> mf_status_t launch_qk(const ext_params &p, ext_from from, cud
         cudaFuncSetAttribute(lse_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
         lse_kernel<S><<<grid, S::THREADS, sm, st>>>(p);
     }
-    if (from != FROM_MASSES) {
+    if (from != FROM_MASSES && p.stride > 1) {
+        uint32_t sgrid = (p.i1 - p.i0 + p.stride - 1) / p.stride * p.hq;
+        cudaFuncSetAttribute(sampled_mass_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)sm);
+        sampled_mass_kernel<S><<<sgrid, S::THREADS, sm, st>>>(p);
+    } else if (from != FROM_MASSES) {
         cudaFuncSetAttribute(mass_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              (int)sm);
         mass_kernel<S><<<grid, S::THREADS, sm, st>>>(p);
@@ -503,7 +586,9 @@ extern "C" mf_status_t mf_cuda_supported(uint32_t b, uint32_t d, mf_dtype_t dt, 
     return MF_OK;
 }
 
-static mf_status_t ext_check(const mf_extract_cuda_args_t *a, const char **why)
+/* The argument checks of mf_extract_cuda; *stride, *offset: the effective row sample. */
+static mf_status_t ext_check(const mf_extract_cuda_args_t *a, uint32_t *stride,
+                             uint32_t *offset, const char **why)
 {
     mf_status_t st = mf_qkv_check(&a->src, 0, why);
     if (st != MF_OK)
@@ -538,7 +623,8 @@ static mf_status_t ext_check(const mf_extract_cuda_args_t *a, const char **why)
             *why = "every row buffer must be present and 16-byte aligned";
             return MF_INVALID_ARGUMENT;
         }
-    return MF_OK;
+    return mf_extract_options(a->fields, a->sample_stride, a->sample_offset, a->block_size,
+                              stride, offset, why);
 }
 
 /* Masses and LSE the fused forward already computed (mf_export_cuda): device [Hq][N] LSE
@@ -551,7 +637,8 @@ struct given_masses {
 /* mf_extract_cuda's work after the argument checks; from the masses in g when given, else
  * from Q and K (and a->lse). The one selection / union / encoding / seal path. */
 static mf_status_t extract_run(const mf_extract_cuda_args_t *a, const given_masses *g,
-                               cudaStream_t s, const char **why)
+                               uint32_t stride, uint32_t offset, cudaStream_t s,
+                               const char **why)
 {
     static bool secret_set = false; /* same bytes every time: a benign race */
     mf_status_t st;
@@ -634,6 +721,8 @@ static mf_status_t extract_run(const mf_extract_cuda_args_t *a, const given_mass
         p.hkv = q.n_kv_heads;
         p.i0 = a->i0;
         p.i1 = i1;
+        p.stride = stride;
+        p.offset = offset;
         p.top_p = a->top_p;
         p.scale_log2 = MF_LOG2E / sqrtf((float)q.head_dim);
         if (!g) /* mass_kernel writes j ≤ i only; mass_out promises 0 above the diagonal */
@@ -664,10 +753,11 @@ extern "C" mf_status_t mf_extract_cuda(const mf_extract_cuda_args_t *a, mf_cuda_
         *why = "null arguments";
         return MF_INVALID_ARGUMENT;
     }
-    mf_status_t st = ext_check(a, why);
+    uint32_t stride, offset;
+    mf_status_t st = ext_check(a, &stride, &offset, why);
     if (st != MF_OK)
         return st;
-    return extract_run(a, nullptr, stream, why);
+    return extract_run(a, nullptr, stride, offset, stream, why);
 }
 
 extern "C" mf_status_t mf_export_cuda(const mf_export_cuda_args_t *a, mf_cuda_stream_t stream,
@@ -687,9 +777,14 @@ extern "C" mf_status_t mf_export_cuda(const mf_export_cuda_args_t *a, mf_cuda_st
                "(use lse and mass)";
         return MF_INVALID_ARGUMENT;
     }
-    mf_status_t st = ext_check(x, why);
+    uint32_t stride, offset;
+    mf_status_t st = ext_check(x, &stride, &offset, why);
     if (st != MF_OK)
         return st;
+    if (stride != 1) {
+        *why = "the fused export computes exact masses: a sample stride other than 1 is refused";
+        return MF_INVALID_ARGUMENT;
+    }
     if (x->block_size != 64) {
         *why = "the fused export computes block masses for B = 64 only";
         return MF_UNIMPLEMENTED;
@@ -724,7 +819,7 @@ extern "C" mf_status_t mf_export_cuda(const mf_export_cuda_args_t *a, mf_cuda_st
     st = mf_attention_masses_cuda(&q, 64, a->o, g.lse, g.mass, core_scr, core_bytes, stream,
                                   why);
     if (st == MF_OK)
-        st = extract_run(x, &g, s, why);
+        st = extract_run(x, &g, 1, 0, s, why);
     if (sc.base)
         cudaFreeAsync(sc.base, s);
     return st;

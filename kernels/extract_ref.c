@@ -3,7 +3,8 @@
  * Two passes per query block, as the GPU kernel does: the first computes every (head,
  * key block) mass from the scaled scores and the row LSE; the selection and the column
  * union follow; the second recomputes P = exp(s − LSE) only on the kept tiles and encodes
- * them straight into the row buffer (prob codecs only). */
+ * them straight into the row buffer (prob codecs only). With MF_EXTRACT_SAMPLE the first
+ * pass reads only the sampled rows' scores; everything after the masses is unchanged. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,8 +71,38 @@ static mf_status_t work_alloc(extract_work_t *w, uint32_t hq, uint32_t nb, uint3
     return MF_OK;
 }
 
+mf_status_t mf_extract_options(uint32_t fields, uint32_t sample_stride, uint32_t sample_offset,
+                               uint32_t block_size, uint32_t *stride, uint32_t *offset,
+                               const char **why)
+{
+    const char *dummy;
+    if (!why)
+        why = &dummy;
+    *stride = 1;
+    *offset = 0;
+    if (fields & ~MF_EXTRACT_FIELDS_ALL) {
+        *why = "unknown extract option bits in fields";
+        return MF_INVALID_ARGUMENT;
+    }
+    if (!(fields & MF_EXTRACT_SAMPLE))
+        return MF_OK;
+    /* B is a power of two, so "divides B" is "a power of two ≤ B" */
+    if (sample_stride < 1 || sample_stride > block_size || (sample_stride & (sample_stride - 1))) {
+        *why = "sample_stride must be a power of two in [1, B] (it must divide the block size)";
+        return MF_INVALID_ARGUMENT;
+    }
+    if (sample_offset >= sample_stride) {
+        *why = "sample_offset must be < sample_stride";
+        return MF_INVALID_ARGUMENT;
+    }
+    *stride = sample_stride;
+    *offset = sample_offset;
+    return MF_OK;
+}
+
 static mf_status_t check_args(const mf_extract_args_t *a, void *const *rows,
-                              const size_t *caps, size_t *sizes, const char **why)
+                              const size_t *caps, size_t *sizes, uint32_t *stride,
+                              uint32_t *offset, const char **why)
 {
     mf_status_t st = mf_qkv_check(&a->src, 0, why);
     if (st != MF_OK)
@@ -102,18 +133,33 @@ static mf_status_t check_args(const mf_extract_args_t *a, void *const *rows,
         *why = "model id must be 1..255 bytes";
         return MF_INVALID_ARGUMENT;
     }
-    return MF_OK;
+    return mf_extract_options(a->fields, a->sample_stride, a->sample_offset, b, stride, offset,
+                              why);
 }
 
+/* Which query rows of each block the masses are averaged over: q ≡ offset (mod stride). */
+typedef struct sample {
+    uint32_t stride, offset;
+    int tiles;         /* the codec has tiles: every row's LSE is needed, sampled or not */
+} sample_t;
+
 /* Pass 1 for block i, head h: LSE of each query row (given or computed) and the masses. */
-static void block_masses(const mf__staged_t *s, const float *lse_in, uint32_t b, uint32_t i,
-                         uint32_t h, extract_work_t *w, uint32_t nb)
+static void block_masses(const mf__staged_t *s, const float *lse_in, uint32_t b,
+                         const sample_t *smp, uint32_t i, uint32_t h, extract_work_t *w,
+                         uint32_t nb)
 {
     double *mass = w->mass + (size_t)h * nb;
     memset(mass, 0, (i + 1) * sizeof(double));
     for (uint32_t q = 0; q < b; q++) {
         uint32_t r = i * b + q;
         double l;
+        if (q % smp->stride != smp->offset) {
+            if (smp->tiles)
+                w->lse[(size_t)h * b + q] =
+                    lse_in ? lse_in[(size_t)h * s->n + r]
+                           : mf__attend_row(s, h, r, NULL, 1, w->scores, NULL);
+            continue;
+        }
         if (lse_in) {
             const float *qv = s->q + ((size_t)r * s->hq + h) * s->d;
             uint32_t kv = h / s->group;
@@ -130,7 +176,7 @@ static void block_masses(const mf__staged_t *s, const float *lse_in, uint32_t b,
             mass[k / b] += w->scores[k];
     }
     for (uint32_t j = 0; j <= i; j++)
-        mass[j] /= b;
+        mass[j] /= b / smp->stride;
 }
 
 /* Pass 2: P of (head h, query block i, key block j) into tile (row-major [q][k]). */
@@ -173,7 +219,8 @@ mf_status_t mf_extract_ref(const mf_extract_args_t *a, void *const *rows, const 
         *why = "null arguments";
         return MF_INVALID_ARGUMENT;
     }
-    mf_status_t st = check_args(a, rows, caps, sizes, why);
+    sample_t smp = { .tiles = a->codec != MF_CODEC_MASK };
+    mf_status_t st = check_args(a, rows, caps, sizes, &smp.stride, &smp.offset, why);
     if (st != MF_OK)
         return st;
     st = mf__stage(&a->src, 0, &s, why);
@@ -193,7 +240,7 @@ mf_status_t mf_extract_ref(const mf_extract_args_t *a, void *const *rows, const 
         size_t k = i - a->i0;
         for (uint32_t h = 0; h < hq; h++) {
             uint32_t kept;
-            block_masses(&s, a->lse, b, i, h, &w, nb);
+            block_masses(&s, a->lse, b, &smp, i, h, &w, nb);
             st = mf_topp_select(w.mass + (size_t)h * nb, NULL, i + 1, a->top_p,
                                 w.keep + (size_t)h * nb, &kept);
             if (st != MF_OK) {

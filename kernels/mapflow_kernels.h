@@ -105,7 +105,28 @@ typedef struct mf_extract_args {
     const char *ns;        /* namespace for the prefix hashes (DESIGN §4) */
     uint32_t layer;
     const uint32_t *tokens; /* [N] the context's tokens (rows carry theirs; hashes) */
+    /* Options: `fields` names the ones set (MF_EXTRACT_*), so a zeroed struct keeps the
+     * defaults and an older caller's layout stays valid. */
+    uint32_t fields;
+    uint32_t sample_stride; /* MF_EXTRACT_SAMPLE: masses from query rows r ≡ sample_offset
+                             * (mod stride) of each block only; 1 (default) = every row;
+                             * a power of two ≤ B (so it divides B) */
+    uint32_t sample_offset; /* MF_EXTRACT_SAMPLE: < sample_stride (default 0) */
 } mf_extract_args_t;
+
+/* Bits of mf_extract_args_t.fields / mf_extract_cuda_args_t.fields. */
+#define MF_EXTRACT_SAMPLE 1u /* sample_stride, sample_offset are set */
+#define MF_EXTRACT_FIELDS_ALL MF_EXTRACT_SAMPLE
+
+/*
+ * Checks extract's options (fields, stride, offset as in mf_extract_args_t) for block size
+ * B and returns the effective sampling: *stride = 1, *offset = 0 unless MF_EXTRACT_SAMPLE
+ * is set. MF_INVALID_ARGUMENT with *why for unknown bits or a stride / offset out of range.
+ * Shared by mf_extract_ref and mf_extract_cuda so both accept exactly the same options.
+ */
+mf_status_t mf_extract_options(uint32_t fields, uint32_t sample_stride, uint32_t sample_offset,
+                               uint32_t block_size, uint32_t *stride, uint32_t *offset,
+                               const char **why);
 
 /*
  * Upper bound on the bytes of row i (every head keeps every block j ≤ i): a buffer this
@@ -118,7 +139,11 @@ size_t mf_extract_row_bound(mf_codec_t codec, uint32_t block_size, uint32_t n_he
  * Writes query blocks i0..i1−1 as map rows: rows[k] (16-byte aligned, caps[k] bytes)
  * receives row i0 + k; sizes[k] its length. Mass of (h, i, j) = mean over the B query
  * rows of block i of the probability in key block j, accumulated in double; selection by
- * mf_topp_select(); tiles hold P[r][k] (0 above the diagonal). If a buffer is too small
+ * mf_topp_select(); tiles hold P[r][k] (0 above the diagonal). With MF_EXTRACT_SAMPLE
+ * (stride s, offset o) the mean runs over the B / s rows r = iB + o + m·s only,
+ *   mass[i][j] = (s / B) · Σ_m Σ_{k in block j, k ≤ r} exp(scale·q_r·k_k − LSE[r]),
+ * the approximate masses of a source whose attention we do not own: pass the LSE its
+ * engine returned (lse), and the work of the mass pass drops by s. If a buffer is too small
  * the call stops with MF_RESOURCE_EXHAUSTED, sizes[k] = bytes needed, *failed_block = i.
  */
 mf_status_t mf_extract_ref(const mf_extract_args_t *a, void *const *rows, const size_t *caps,

@@ -54,20 +54,26 @@ typedef struct mf_extract_cuda_args {
                               * (rows that do not fit are left unwritten) */
     float *mass_out;         /* DEVICE out, optional: [Hq][i1 − i0][i1] block masses (fp32),
                               * 0 above the diagonal; for checks */
+    uint32_t fields;         /* options, as mf_extract_args_t's (MF_EXTRACT_*) */
+    uint32_t sample_stride;  /* MF_EXTRACT_SAMPLE: only the sampled rows' scores are computed
+                              * (one CTA per `stride` query blocks gathers their B sampled rows) */
+    uint32_t sample_offset;
 } mf_extract_cuda_args_t;
 
 /*
  * Source side (mf_extract_ref): block masses from Q, K and the row LSE, Top-P per (head,
  * query block), union over heads, tiles encoded straight into the row buffers, xxh3
  * checksum sealed on the device. Never forms the dense N×N map: scratch is O(Hq·nb²)
- * masses plus O(nb²) head masks.
+ * masses plus O(nb²) head masks. With MF_EXTRACT_SAMPLE the mass pass reads only the
+ * sampled rows (and, with lse given, nothing else of the N² scores for a mask codec).
  */
 mf_status_t mf_extract_cuda(const mf_extract_cuda_args_t *a, mf_cuda_stream_t stream,
                             const char **why);
 
 typedef struct mf_export_cuda_args {
     mf_extract_cuda_args_t ex; /* as for mf_extract_cuda, with ex.src.v set (the layer's V),
-                                * block_size 64, and ex.lse, ex.mass_out NULL */
+                                * block_size 64, and ex.lse, ex.mass_out NULL; its masses
+                                * are exact, so a sample stride other than 1 is refused */
     float *o;                /* DEVICE out [N, Hq, d] float32: the layer's attention output */
     float *lse;              /* DEVICE out [Hq, N], optional: the row LSE (natural log) */
     float *mass;             /* DEVICE out [Hq][N/64][N/64], optional: the block masses the

@@ -21,12 +21,24 @@ would pick, on one H200 (bench/gpu/NOTES.md has the floors and the versions).
          today's path, cuDNN dense + mf_extract_cuda (LSE computed by extract, as SDPA
          returns none; with the LSE given as well), vs cuDNN dense alone; same layer as
          masses. Every exported row is decoded (mf_row_decode: structure + seal).
+  strided: mf_extract_cuda with the strided query sample (MF_EXTRACT_SAMPLE: masses from
+         the rows q ≡ stride/2 (mod stride) of each block, the engine's LSE given; MASK codec,
+         Top-P 0.9), the approximate exporter for a source whose attention is an engine's
+         cuDNN call, at each of --strides vs cuDNN dense alone on the same layer (the
+         source's extra cost = extract / cuDNN); kept-set recall against stride 1 (exact
+         masses) on the structured inputs: share of the exact Top-P kept blocks kept,
+         density ratio, exact mass covered; rows decoded. --strided-ns / --strided-heads;
+         --strided-inputs structured,random adds Gaussian Q/K with a few large keys (diffuse
+         maps: near-equal masses, where recall measures tie-breaking and the exact mass
+         covered is the number that matters).
 Times: CUDA events, median of --reps (≥ 7) after warm-up. A table is printed last and the
 numbers go to --out as JSON.
 
   python3 bench/gpu/core_bench.py [--ns 16384,32768,65536] [--densities 0.05,0.1,0.2,0.35]
                                   [--reps 9] [--out core.json] [--no-flex] [--no-mask]
                                   [--mass-ns 32768] [--mass-heads 40/8,32/8] [--no-dense]
+                                  [--strided-ns 32768] [--strided-heads 40/8]
+                                  [--strides 1,4,8,16] [--strided-inputs structured]
 """
 import argparse
 import ctypes as C
@@ -264,6 +276,107 @@ def bench_masses(lib, n, hq, hkv, reps, log):
     return rec
 
 
+def kept_sets(buf, sizes, offs, hq, nb):
+    """keep [Hq, nb, nb] bool of MASK rows in buf (device), read from their head masks."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                    "quality"))
+    import blocksel  # the rows' parser, NumPy only
+    host = buf.cpu().numpy()
+    return blocksel.parse_row_list([host[o:o + int(z)] for o, z in zip(offs, sizes.tolist())],
+                                   hq, nb)[0]
+
+
+def bench_strided(lib, n, hq, hkv, strides, reps, log, inputs="structured"):
+    """The strided-sample extract at each stride vs cuDNN dense alone (see the module doc)."""
+    nb = n // B
+    if inputs == "structured":
+        q, k = BT.structured_qk(n, hq, hkv, D)
+    else:
+        q = torch.randn(n, hq, D, device="cuda").to(torch.bfloat16)
+        k = torch.randn(n, hkv, D, device="cuda")
+        k[torch.randint(0, n, (16,), device="cuda")] *= 3
+        k = k.to(torch.bfloat16)
+    v = torch.randn(n, hkv, D, dtype=torch.bfloat16, device="cuda")
+    qs = q.transpose(0, 1).unsqueeze(0).contiguous()
+    ks = k.transpose(0, 1).unsqueeze(0).contiguous()
+    vs = v.transpose(0, 1).unsqueeze(0).contiguous()
+
+    def sdpa():
+        return F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
+    t = BG.Qkv(q.data_ptr(), k.data_ptr(), v.data_ptr(), 2, n, hq, hkv, D)
+    why = C.c_char_p()
+    stream = torch.cuda.current_stream().cuda_stream
+    # the LSE an engine returns with O (the same function; our dense core computes it here)
+    o = torch.empty(n, hq, D, dtype=torch.float32, device="cuda")
+    lse = torch.empty(hq, n, dtype=torch.float32, device="cuda")
+    if lib.mf_attention_dense_cuda(C.byref(t), o.data_ptr(), lse.data_ptr(), stream,
+                                   C.byref(why)) != 0:
+        raise RuntimeError(f"mf_attention_dense_cuda: {why.value}")
+    del o
+    tokens = np.arange(n, dtype=np.uint32)
+    caps = [R.layout(R.MASK, B, i + 1, hq * (i + 1), 3)["total"] for i in range(nb)]
+    mass = torch.empty(hq, nb, nb, dtype=torch.float32, device="cuda")
+    rec = {"N": n, "Hq": hq, "Hkv": hkv, "inputs": inputs, "sdpa_ms": timeit(sdpa, reps)[0],
+           "sdpa_kernel": sdpa_backend(sdpa), "strides": []}
+    exact = exact_mass = None
+    for st in sorted(set(strides) | {1}, key=lambda x: (x != 1, x)):  # 1 first: the truth
+        rb = BT.RowBuffers(caps)
+        off = st // 2
+        a = BG.ExtractArgs(t, lse.data_ptr(), B, 0.9, R.MASK, 0, nb, b"src", b"bench", 0,
+                           tokens.ctypes.data, C.cast(rb.rows, C.c_void_p),
+                           C.cast(rb.capa, C.c_void_p), rb.sizes.data_ptr(),
+                           rb.failed.data_ptr(), mass.data_ptr(),
+                           BG.K.EXTRACT_SAMPLE if st > 1 else 0, st, off)
+
+        def extract():
+            if lib.mf_extract_cuda(C.byref(a), stream, C.byref(why)) != 0:
+                raise RuntimeError(f"mf_extract_cuda stride {st}: {why.value}")
+        rb.buf.fill_(0xa5)
+        mass.fill_(float("nan"))
+        extract()
+        torch.cuda.synchronize()
+        r = {"stride": st, "offset": off, "failed": int(rb.failed.item()) & 0xffffffff,
+             "rows_bad": rows_bad(lib, rb.buf, rb.sizes, rb.offs),
+             "mass_finite": bool(torch.isfinite(mass).all())}
+        keep = kept_sets(rb.buf, rb.sizes, rb.offs, hq, nb)
+        if st == 1:
+            exact, exact_mass = keep, mass.double().cpu().numpy()
+        n_exact = int(exact.sum())
+        r["recall"] = float((keep & exact).sum()) / n_exact
+        r["density_ratio"] = float(keep.sum()) / n_exact
+        r["density"] = float(keep.sum()) / (hq * nb * (nb + 1) / 2)
+        r["mass_cover"] = float(exact_mass[keep].sum() / exact_mass[exact].sum())
+        a.mass_out = None  # timed as a source runs it
+        r["extract_ms"] = timeit(extract, reps)[0]
+        r["extra_over_cudnn"] = r["extract_ms"] / rec["sdpa_ms"]
+        rec["strides"].append(r)
+        del rb
+    log(json.dumps(rec))
+    del q, k, v, qs, ks, vs, lse, mass
+    torch.cuda.empty_cache()
+    return rec
+
+
+def strided_table(res, log):
+    if not res.get("strided"):
+        return
+    log("\n| N | Hq/Hkv | inputs | stride | extract ms (MASK, LSE given) | cuDNN dense ms |"
+        " extract/cuDNN | vs stride 1 | kept-set recall | density ratio | exact mass covered |"
+        " density | rows bad |")
+    log("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in res["strided"]:
+        one = next((x for x in r["strides"] if x["stride"] == 1), None)
+        for x in r["strides"]:
+            rel1 = one["extract_ms"] / x["extract_ms"] if one else float("nan")
+            log(f"| {r['N']} | {r['Hq']}/{r['Hkv']} | {r['inputs']} | {x['stride']} "
+                f"(+{x['offset']}) | {x['extract_ms']:.3f} | {r['sdpa_ms']:.3f} | "
+                f"{x['extra_over_cudnn']:.3f} | "
+                f"{rel1:.2f}x faster | {x['recall']:.4f} | {x['density_ratio']:.3f} | "
+                f"{x['mass_cover']:.4f} | {x['density']:.3f} | {x['rows_bad']} "
+                f"(failed {x['failed']:#x}) |")
+    log("cuDNN kernel: " + res["strided"][0]["sdpa_kernel"])
+
+
 def rows_bad(lib, buf, sizes, offs):
     """How many of the rows in buf (device) fail mf_row_decode (structure + xxh3 seal)."""
     host = buf.cpu().numpy()
@@ -452,6 +565,10 @@ def main():
     ap.add_argument("--no-dense", action="store_true")
     ap.add_argument("--mass-ns", default="")
     ap.add_argument("--mass-heads", default="40/8,32/8")
+    ap.add_argument("--strided-ns", default="")
+    ap.add_argument("--strided-heads", default="40/8")
+    ap.add_argument("--strides", default="1,4,8,16")
+    ap.add_argument("--strided-inputs", default="structured")
     args = ap.parse_args()
     if args.reps < 7:
         ap.error("--reps must be at least 7 (medians of >= 7)")
@@ -482,7 +599,19 @@ def main():
         for n in [int(x) for x in args.mask_ns.split(",") if x]:
             for dens in [float(x) for x in args.densities.split(",")]:
                 res["mask"].append(bench_mask(lib, n, dens, args.reps, rng, flex, log))
+    res["strided"] = []
+    for n in [int(x) for x in args.strided_ns.split(",") if x]:
+        for hh in args.strided_heads.split(","):
+            hq, hkv = (int(x) for x in hh.split("/"))
+            for inp in args.strided_inputs.split(","):
+                try:
+                    res["strided"].append(bench_strided(
+                        lib, n, hq, hkv, [int(x) for x in args.strides.split(",")], args.reps,
+                        log, inp))
+                except Exception as ex:  # noqa: BLE001
+                    log(f"strided N={n} {hq}/{hkv} {inp}: {str(ex)[:300]}")
     table(res, log)
+    strided_table(res, log)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1)

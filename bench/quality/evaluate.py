@@ -8,7 +8,9 @@
    error limit) writes OUT/profiles/<name>.pb (and the IAM-style argmax profile), read back
    here from the protobuf and applied as they are (modes, W, per-head Top-P).
 2. Test (State of the Union 1991–2021 = "in", Moby-Dick = "out"; windows of CTX tokens):
-   per window the source runs once and its rows are extracted by our extract kernel; the
+   per window the source runs once and its rows are extracted by our extract kernel
+   (--exporter: mf_extract_cuda, the fused mf_export_cuda, or extract's strided query
+   sample with the source's LSE, beside the same sweep on exact-mass rows); the
    target runs once with every layer through our apply kernel's compute path (the reference,
    "target alone") and once per variant with the mapped layers through our apply kernel
    (prob / mask / compute per head). Metrics per variant and split: perplexity and its change,
@@ -71,6 +73,8 @@ CONFIGS = [
 ]
 IAM_CONFIG = "r0.9-php"  # its IAM-style argmax profile is evaluated too
 ROW_TOP_P = 0.95         # the source rows' Top-P for calibrated profiles (= mask_top_p)
+# --exporter strided: mapflow-mask's sweep again on rows from the exact masses
+EXACT_EXPORTER = "mapflow-mask-exact-rows"
 MAPFLOW_MASK = "r0.97-php-noprob"  # its mapped layers are every method's layers
 # The trade-off sweeps (issue 21): method → knob values; every one runs through the same
 # apply path (mask heads; target-side selections as rows with W = I, Top-P 1), on the same
@@ -419,6 +423,26 @@ class Acc:
         return r
 
 
+# --exporter strided: per (source layer, row Top-P), the kept (head, i, j) blocks of the
+# exact extract, of the strided sample, and of both, summed over the windows.
+RECALL = {}
+
+
+def source_lse(q, k, chunk=1024):
+    """The row LSE [H, N] fp32 (natural log) an engine's attention returns with O, from the
+    model's q, k [1, H, N, d] in chunks of query rows: what the strided exporter is given."""
+    q, k = q[0].float(), k[0].float()
+    h, n, d = q.shape
+    kt = k.transpose(1, 2) / math.sqrt(d)
+    keys = torch.arange(n, device=q.device)
+    out = torch.empty(h, n, dtype=torch.float32, device=q.device)
+    for r0 in range(0, n, chunk):
+        s = q[:, r0:r0 + chunk] @ kt
+        s.masked_fill_(keys[None, :] > keys[r0:r0 + chunk, None], -math.inf)
+        out[:, r0:r0 + chunk] = torch.logsumexp(s, -1)
+    return out
+
+
 class Window:
     """Per test window: the source's Q, K per layer and the rows extracted from them."""
 
@@ -426,19 +450,35 @@ class Window:
         self.be, self.src_qk, self.tokens, self.args = be, src_qk, tokens, args
         self.rows, self.parsed = {}, {}
 
-    def rows_for(self, layer, codec, p):
-        key = (layer, codec, p)
+    def rows_for(self, layer, codec, p, exact=False):
+        """The source's rows of (layer, codec, row Top-P); exact: from the exact masses even
+        under --exporter strided (the paired mapflow-mask-exact variants)."""
+        key = (layer, codec, p, exact)
         if key not in self.rows:
-            q, k = self.src_qk[layer][:2]
-            v = self.src_qk[layer][2] if len(self.src_qk[layer]) > 2 else None
+            ent = self.src_qk[layer]
+            q, k = ent[:2]
+            v = ent[2] if len(ent) > 2 else None
+            lse = ent[3] if len(ent) > 3 else None  # --exporter strided: the source's LSE
+            stride = self.args.sample_stride if lse is not None and not exact else 1
             self.rows[key] = self.be.extract(q, k, p, mfk.CODECS[codec], layer, self.tokens,
-                                             ("src",) + key, v=v)
+                                             ("src",) + key, lse=lse, v=v, sample_stride=stride)
+            if stride > 1 and codec == "mask":
+                self.count_recall(layer, p, q.shape[1], q.shape[0] // self.be.b)
         return self.rows[key]
 
-    def parsed_for(self, layer, p, hs, nb):
-        key = (layer, p)
+    def count_recall(self, layer, p, hs, nb):
+        """Kept sets of the strided rows against the exact masses' (same LSE, stride 1)."""
+        ke = self.parsed_for(layer, p, hs, nb, exact=True)[0]
+        ks = self.parsed_for(layer, p, hs, nb)[0]
+        c = RECALL.setdefault((layer, p), [0, 0, 0])
+        c[0] += int(ke.sum())
+        c[1] += int((ke & ks).sum())
+        c[2] += int(ks.sum())
+
+    def parsed_for(self, layer, p, hs, nb, exact=False):
+        key = (layer, p, exact)
         if key not in self.parsed:
-            self.parsed[key] = mfk.parse_rows(self.rows_for(layer, "mask", p), hs, nb)
+            self.parsed[key] = mfk.parse_rows(self.rows_for(layer, "mask", p, exact), hs, nb)
         return self.parsed[key]
 
     def emu_rows(self, layer, b, p):
@@ -506,11 +546,12 @@ def run_target(tgt, idx, be, plans, var, win, acc, acct, ht, hs):
         else:
             any_prob = bool((mode == mfk.PROB).any())
             codec = var["codec"] if any_prob else "mask"
-            rows = win.rows_for(src_l, codec, var["p"])
+            ex_rows = var.get("exact_rows", False)
+            rows = win.rows_for(src_l, codec, var["p"], ex_rows)
             o, st = be.apply(rows, w, mode, top_p, qh, kh, vh, args_r)
             acc.row_bytes += rows.total_bytes()
             acc.row_tokens += n
-            stats_pairs = win.parsed_for(src_l, var["p"], hs, nb) if acct else None
+            stats_pairs = win.parsed_for(src_l, var["p"], hs, nb, ex_rows) if acct else None
             if st is not None and acct:
                 check_stats(st, stats_pairs, w, mode, top_p, b, args_r, nb)
         acc.heads += [(mode == mfk.PROB).sum(), 0]
@@ -710,9 +751,14 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--backend", choices=("cuda", "ref"), default="cuda")
     ap.add_argument("--block", type=int, default=32)
-    ap.add_argument("--exporter", choices=("extract", "fused"), default="extract",
+    ap.add_argument("--exporter", choices=("extract", "fused", "strided"), default="extract",
                     help="source rows from mf_extract_cuda, or from mf_export_cuda (the "
-                    "fused forward's masses: the exporter that ships; B = 64)")
+                    "fused forward's masses: the exporter that ships; B = 64), or from "
+                    "extract's strided query sample with the source's LSE (the approximate "
+                    "exporter of a source whose attention we do not own)")
+    ap.add_argument("--sample-stride", type=int, default=8,
+                    help="--exporter strided: masses from every S-th query row of each block "
+                    "(a power of two ≤ B; offset S / 2)")
     ap.add_argument("--recompute-last", type=int, default=1)
     ap.add_argument("--cal-windows", type=int, default=8)
     ap.add_argument("--cal-n", type=int, default=0, help="tokens per calibration window "
@@ -754,10 +800,23 @@ def main():
     if args.exporter == "fused" and (args.backend != "cuda" or args.block != 64):
         raise SystemExit("evaluate: --exporter fused needs --backend cuda and --block 64 "
                          "(mf_export_cuda's fused masses are B = 64)")
+    st = args.sample_stride
+    if args.exporter == "strided" and not (1 <= st <= args.block and st & (st - 1) == 0):
+        raise SystemExit("evaluate: --sample-stride %d must be a power of two in [1, B = %d]"
+                         % (st, args.block))
+    if args.exporter != "strided":
+        args.sample_stride = 1
     be = (mfk.Cuda(args.block, args.exporter) if args.backend == "cuda"
           else mfk.Ref(args.block))
     cal, iam, cal_json, cal_summary, bm = calibrate(args, src, tgt, dev)
     vs = variants(cal, lt)
+    if args.exporter == "strided":
+        # the same calibrated sweep on rows from the exact masses (same windows, same
+        # models): the strided sample's quality effect, paired
+        SWEEPS[EXACT_EXPORTER] = SWEEPS["mapflow-mask"]
+        vs += [dict(v, name=v["name"] + "-exact-rows", group=v["group"] + ", exact masses",
+                    method=EXACT_EXPORTER, exact_rows=True)
+               for v in vs if v.get("method") == "mapflow-mask"]
     if args.only:
         keep = set(args.only.split(","))
         vs = [v for v in vs if v["name"] in keep]
@@ -808,8 +867,12 @@ def main():
             src_qk = {}
 
             def grab(layer, q, k, v):
-                src_qk[layer] = (to_kernel(q), to_kernel(k)) + (
-                    (to_kernel(v),) if args.exporter == "fused" else ())
+                extra = ()
+                if args.exporter == "fused":
+                    extra = (to_kernel(v),)
+                elif args.exporter == "strided":
+                    extra = (None, source_lse(q, k))
+                src_qk[layer] = (to_kernel(q), to_kernel(k)) + extra
                 return M.causal_attention(q, k, v)
             src(idx, attn=grab)
             win = Window(be, src_qk, tests[s][w0:w0 + ctx].astype(np.uint32), args)
@@ -858,7 +921,8 @@ def main():
                       "acct_windows": args.acct_windows, "ref_checks": CHECKED[0],
                       "dev_windows": len(args.dev_starts), "xattn_stride": args.xattn_stride,
                       "fp_tau": args.fp_tau, "fp_min_budget": args.fp_min_budget or ctx // 32,
-                      "boot": args.boot, "seed": args.seed, "exporter": args.exporter},
+                      "boot": args.boot, "seed": args.seed, "exporter": args.exporter,
+                      "sample_stride": args.sample_stride},
            "calibration": cal_json, "calibration_summary": cal_summary,
            "profile_l0": {n: c["profile"]["l0"] for n, c in cal.items()},
            "variants": [v for v in vs if v["name"] not in failed],
@@ -869,6 +933,17 @@ def main():
         res["splits"][s] = {"base": bres,
                             "variants": {n: a.result(base[s]) for n, a in accs[s].items()
                                          if n not in failed}}
+    if RECALL:
+        tot = np.sum(list(RECALL.values()), axis=0)
+        res["exporter_recall"] = {
+            "stride": args.sample_stride, "offset": args.sample_stride // 2,
+            "recall": float(tot[1] / max(tot[0], 1)),
+            "density_ratio": float(tot[2] / max(tot[0], 1)),
+            "per_layer_top_p": [{"layer": ly, "top_p": p, "recall": c[1] / max(c[0], 1),
+                                 "density_ratio": c[2] / max(c[0], 1)}
+                                for (ly, p), c in sorted(RECALL.items())]}
+        log("strided exporter: kept-set recall %.4f, density ratio %.3f vs exact masses" % (
+            res["exporter_recall"]["recall"], res["exporter_recall"]["density_ratio"]))
     res["operating_points"], res["verdict"] = operating_points(res, vs, cal)
     res["prob_mode"] = prob_mode(res, vs, cal, lt)
     trp = os.path.join(args.work, "train.json")

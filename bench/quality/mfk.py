@@ -11,7 +11,9 @@ finds build/lib). extract() → RowSet (one row per full query block); apply(row
 ...) → O [N, H, d] fp32 (rows None = every block computed densely by the kernel's compute
 path). Q/K/V may also be bf16 (the dtype is taken from Q). extract() optionally takes the
 row LSE and a per-row bound on entries (tight row buffers at long context: the worst case
-is every head keeping every block); a row that does not fit raises RowOverflow.
+is every head keeping every block), and a sample stride (masses from every stride-th query
+row of each block, the approximate exporter of a source whose attention is an engine's: it
+needs the LSE); a row that does not fit raises RowOverflow.
 RowSet.at() wraps rows that live elsewhere (e.g. leased from mapflowd) for apply().
 bench/handoff uses both. parse_rows() reads rows back (kept blocks and 8-bit masses per
 head) and work() counts, with the kernels' rules (mapflow_kernels.h), the QKᵀ and PV pairs
@@ -124,9 +126,10 @@ class Cuda:
         self._need = L.mf_attention_masses_scratch
 
     def extract(self, q, k, top_p, codec, layer, tokens, slot, lse=None, entries=None,
-                model=MODEL, ns=NS, v=None):
+                model=MODEL, ns=NS, v=None, sample_stride=1):
         """lse: [H, N] fp32 device tensor or None (computed by the kernel); v: the layer's
-        values, used by the fused exporter (then lse must be None)."""
+        values, used by the fused exporter (then lse must be None); sample_stride > 1: the
+        strided query sample (MF_EXTRACT_SAMPLE, offset stride / 2)."""
         if self.exporter == "fused" and v is not None and lse is None:
             return self.export(q, k, v, top_p, codec, layer, tokens, slot, entries, model,
                                ns)[2]
@@ -134,7 +137,8 @@ class Cuda:
         rows = K.extract_cuda(q, k, block_size=self.b, top_p=top_p, tokens=tokens,
                               model=model, ns=ns, codec=codec, layer=layer, lse=lse,
                               caps=_caps(codec, self.b, h, n // self.b, entries, model),
-                              buf=self.pool.get(slot), lib=self.lib)
+                              buf=self.pool.get(slot), sample_stride=sample_stride,
+                              sample_offset=sample_stride // 2, lib=self.lib)
         self.pool[slot] = rows.buf  # one arena per slot, reused window after window
         return RowSet.of(rows, codec)
 
@@ -174,14 +178,16 @@ class Ref:
         K.library("ref", self.lib)
 
     def extract(self, q, k, top_p, codec, layer, tokens, slot, lse=None, entries=None,
-                model=MODEL, ns=NS, v=None):
+                model=MODEL, ns=NS, v=None, sample_stride=1):
         """lse: [H, N] fp32 host tensor or None (computed by the reference); v: unused (the
-        reference's masses are the specification both CUDA exporters are checked against)."""
+        reference's masses are the specification both CUDA exporters are checked against);
+        sample_stride as Cuda.extract's."""
         n, h, _ = q.shape
         rows = K.extract_ref(q.contiguous(), k.contiguous(), block_size=self.b, top_p=top_p,
                              tokens=tokens, model=model, ns=ns, codec=codec, layer=layer,
                              lse=None if lse is None else lse.contiguous().numpy(),
                              caps=_caps(codec, self.b, h, n // self.b, entries, model),
+                             sample_stride=sample_stride, sample_offset=sample_stride // 2,
                              lib=self.lib)
         return RowSet.of(rows, codec)
 

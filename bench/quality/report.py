@@ -399,6 +399,16 @@ def main():
                 "FLOPs/density from %d windows per split, backend %s" % (
                     c["block"], c["recompute_last"], c["cal_windows"], c["cal_n"],
                     c["acct_windows"], c["backend"]))
+    xr = res.get("exporter_recall")
+    if c.get("exporter", "extract") != "extract":
+        head.append("- source rows from the %s exporter%s" % (
+            c["exporter"], "" if not xr else
+            " (stride %d, offset %d, the source's LSE): kept-set recall against the exact "
+            "masses' %.4f, density ratio %.3f; per (layer, row Top-P): %s" % (
+                xr["stride"], xr["offset"], xr["recall"], xr["density_ratio"],
+                ", ".join("L%d@%.2g %.3f/%.2f" % (x["layer"], x["top_p"], x["recall"],
+                                                    x["density_ratio"])
+                          for x in xr["per_layer_top_p"]))))
     text = methods_section(res) + "\n".join(head) + "\n\n" + goals(res) + "\n\n" + \
         table(res) + "\n"
     with open(sys.argv[2], "w") as f:

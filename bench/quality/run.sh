@@ -56,7 +56,7 @@ if [ $smoke = 1 ]; then
     $py "$here/train.py" --data "$here/data" --work "$work" --smoke --ctx 256 --src 2,4,128 \
         --tgt 2,2,128 --src-seconds 5 --tgt-seconds 5 --batch 4 --test-windows 2
     $py "$here/evaluate.py" --work "$work" --out "$out" --backend ref --cal-windows 2 \
-        --cal-n 128 --windows 1 --dev-windows 1 --emu-check-n 128 --boot 200
+        --cal-n 128 --windows 1 --dev-windows 1 --emu-check-n 128 --boot 200 ${EVAL_ARGS:-}
 else
     # PAIR=fast (default): the 6×8 → 4×6 pair at 2048 tokens, B = 32, every variant;
     # PAIR=long: a 12×12 → 8×8 pair trained at 8192 tokens, evaluated at B = 64 and at

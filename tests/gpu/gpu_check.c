@@ -22,6 +22,9 @@
  *            within 1e-4 of float64 and 0 above the diagonal, O / LSE as dense; a partial
  *            last block, a sub-range of rows, caller-given (poisoned) and self-allocated
  *            scratch; bad arguments refused with nothing written.
+ *   sample:  mf_extract_cuda with MF_EXTRACT_SAMPLE (the strided query sample) as extract
+ *            above against mf_extract_ref with the same sample, its masses against the
+ *            float64 sampled definition; bad options refused (and by the export).
  * Usage: gpu_check [--small] [--masses] [--export] [--no-v3] [--seed S]   (--small: one
  * tiny case each, for compute-sanitizer; --masses: the masses cases and two dense ones
  * only, with --small the tiny masses cases only; --export: the export cases only (with
@@ -186,8 +189,10 @@ static double codec_bound(mf_codec_t c, double p, double m)
     }
 }
 
-/* Float64 block masses from the float64 LSE: mass[h][i][j] for i < nb. */
-static double *masses64(const tensors_t *t, const double *lse, uint32_t b, uint32_t nb)
+/* Float64 block masses from the float64 LSE: mass[h][i][j] for i < nb, averaged over the
+ * rows q ≡ offset (mod stride) of each block (stride 1: every row). */
+static double *masses64_sampled(const tensors_t *t, const double *lse, uint32_t b,
+                                uint32_t nb, uint32_t stride, uint32_t offset)
 {
     const mf_qkv_t *q = &t->host;
     uint32_t d = q->head_dim, g = q->n_q_heads / q->n_kv_heads;
@@ -195,6 +200,8 @@ static double *masses64(const tensors_t *t, const double *lse, uint32_t b, uint3
     double *m = calloc((size_t)q->n_q_heads * nb * nb, sizeof(double));
     for (uint32_t h = 0; h < q->n_q_heads; h++)
         for (uint32_t r = 0; r < nb * b; r++) {
+            if (r % b % stride != offset)
+                continue;
             const float *qv = t->qf + ((size_t)r * q->n_q_heads + h) * d;
             double *row = m + ((size_t)h * nb + r / b) * nb;
             for (uint32_t k = 0; k <= r; k++) {
@@ -202,10 +209,15 @@ static double *masses64(const tensors_t *t, const double *lse, uint32_t b, uint3
                 double s = 0;
                 for (uint32_t x = 0; x < d; x++)
                     s += (double)qv[x] * kv[x];
-                row[k / b] += exp(s * scale - lse[(size_t)h * q->n_tokens + r]) / b;
+                row[k / b] += exp(s * scale - lse[(size_t)h * q->n_tokens + r]) / (b / stride);
             }
         }
     return m;
+}
+
+static double *masses64(const tensors_t *t, const double *lse, uint32_t b, uint32_t nb)
+{
+    return masses64_sampled(t, lse, b, nb, 1, 0);
 }
 
 /* Is `keep` a Top-P set of the masses within tol: reaches the target, and dropping its
@@ -240,6 +252,7 @@ typedef struct ext_case {
     int fused;            /* mf_export_cuda (the fused forward's masses) instead of extract */
     uint32_t skip0, skip1; /* rows for query blocks [skip0, nb − skip1) only */
     int own_scratch;      /* fused: the caller passes the forward's scratch (poisoned) */
+    uint32_t stride, offset; /* > 1: the strided query sample (MF_EXTRACT_SAMPLE) */
 } ext_case_t;
 
 /* O [N, Hq, d] and LSE [Hq, N] of a GPU forward against float64: rel err of O over the
@@ -273,12 +286,15 @@ static void forward_err(const float *o, const float *lse, const double *o64, con
  * unimplemented (off sm_90). */
 static int check_extract(const ext_case_t *c, uint64_t seed)
 {
-    char name[96];
-    snprintf(name, sizeof(name), "%s %s B%u d%u N%u H%u/%u %s lse=%s%s%s",
+    char name[96], smp[24] = "";
+    uint32_t fields = c->stride > 1 ? MF_EXTRACT_SAMPLE : 0;
+    if (fields)
+        snprintf(smp, sizeof(smp), " s%u+%u", c->stride, c->offset);
+    snprintf(name, sizeof(name), "%s %s B%u d%u N%u H%u/%u %s lse=%s%s%s%s",
              c->fused ? "export" : "extract", c->dt == MF_DTYPE_F16 ? "f16" : "bf16", c->b,
              c->d, c->n, c->hq, c->hkv, mf_codec_name(c->codec),
              c->lse_given ? "given" : "computed", c->skip0 || c->skip1 ? " part" : "",
-             c->own_scratch ? " scratch" : "");
+             c->own_scratch ? " scratch" : "", smp);
     tensors_t t;
     tensors_make(&t, seed, c->dt, c->n, c->hq, c->hkv, c->d);
     uint32_t nb = c->n / c->b, i0 = c->skip0, i1 = nb - c->skip1;
@@ -306,7 +322,8 @@ static int check_extract(const ext_case_t *c, uint64_t seed)
     mf_extract_args_t ra = { .src = t.host, .lse = c->lse_given ? lse32 : NULL,
                              .block_size = c->b, .top_p = c->top_p, .codec = c->codec,
                              .i0 = i0, .i1 = i1, .model = model, .ns = ns, .layer = 3,
-                             .tokens = tokens };
+                             .tokens = tokens, .fields = fields, .sample_stride = c->stride,
+                             .sample_offset = c->offset };
     uint32_t failed = 0;
     mf_status_t st = mf_extract_ref(&ra, ref.ptrs, ref.cap, ref_sizes, &failed, &why);
     if (st != MF_OK) {
@@ -338,7 +355,9 @@ static int check_extract(const ext_case_t *c, uint64_t seed)
                                   .top_p = c->top_p, .codec = c->codec, .i0 = i0, .i1 = i1,
                                   .model = model, .ns = ns, .layer = 3, .tokens = tokens,
                                   .rows = gpu.ptrs, .caps = gpu.cap, .sizes = dsizes,
-                                  .failed_block = dfailed, .mass_out = dmass };
+                                  .failed_block = dfailed, .mass_out = dmass,
+                                  .fields = fields, .sample_stride = c->stride,
+                                  .sample_offset = c->offset };
     CK(cudaMemset(dsizes, 0xff, gpu.nq * 8));
     CK(cudaMemset(dfailed, 0, 4));
     if (c->fused) {
@@ -377,7 +396,9 @@ static int check_extract(const ext_case_t *c, uint64_t seed)
     CK(cudaMemcpy(gmass, dmass, mass_n * 4, cudaMemcpyDeviceToHost));
     ok &= failed == UINT32_MAX;
     /* masses vs float64 (the export's: every query block, 0 above the diagonal) */
-    double *m64 = masses64(&t, lse64, c->b, nb), mass_err = 0;
+    double *m64 = fields ? masses64_sampled(&t, lse64, c->b, nb, c->stride, c->offset)
+                         : masses64(&t, lse64, c->b, nb),
+           mass_err = 0;
     size_t above = 0;
     for (uint32_t h = 0; h < c->hq; h++)
         for (uint32_t i = c->fused ? 0 : i0; i < (c->fused ? nb : i1); i++)
@@ -857,6 +878,107 @@ static int check_export_args(void)
     return ok;
 }
 
+/* Bad sample options: mf_extract_cuda refuses them (status + message) and mf_export_cuda
+ * refuses any stride but 1 (its masses are exact), with no row byte written. */
+static int check_sample_args(void)
+{
+    tensors_t t;
+    tensors_make(&t, 13, MF_DTYPE_F16, 256, 2, 1, 64);
+    const char *model = "m", *ns = "n", *why = "";
+    uint32_t tokens[256];
+    for (uint32_t x = 0; x < 256; x++)
+        tokens[x] = x * 5 + 3;
+    rowset_t rs;
+    rowset_make(&rs, MF_CODEC_MASK, 64, 2, 0, 4, 1);
+    uint8_t *drows;
+    float *d_o;
+    uint64_t *dsizes;
+    uint32_t *dfailed;
+    CK(cudaMalloc((void **)&drows, rs.total));
+    CK(cudaMalloc((void **)&d_o, 256 * 2 * 64 * 4));
+    CK(cudaMalloc((void **)&dsizes, 4 * 8));
+    CK(cudaMalloc((void **)&dfailed, 4));
+    CK(cudaMemset(drows, 0xa5, rs.total));
+    for (uint32_t k = 0; k < rs.nq; k++)
+        rs.ptrs[k] = drows + rs.off[k];
+    mf_extract_cuda_args_t good = { .src = t.dev, .block_size = 64, .top_p = 0.9f,
+                                    .codec = MF_CODEC_MASK, .i0 = 0, .i1 = 4, .model = model,
+                                    .ns = ns, .tokens = tokens, .rows = rs.ptrs,
+                                    .caps = rs.cap, .sizes = dsizes, .failed_block = dfailed,
+                                    .fields = MF_EXTRACT_SAMPLE };
+    const uint32_t bad[][3] = { { MF_EXTRACT_SAMPLE, 0, 0 },  { MF_EXTRACT_SAMPLE, 6, 0 },
+                                { MF_EXTRACT_SAMPLE, 128, 0 }, { MF_EXTRACT_SAMPLE, 8, 8 },
+                                { 0x40, 1, 0 } };
+    int ok = 1;
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        mf_extract_cuda_args_t a = good;
+        a.fields = bad[k][0];
+        a.sample_stride = bad[k][1];
+        a.sample_offset = bad[k][2];
+        why = "";
+        mf_status_t st = mf_extract_cuda(&a, 0, &why);
+        if (st != MF_INVALID_ARGUMENT || !*why) {
+            printf("sample bad option %zu: %s (%s)\n", k, mf_status_name(st), why);
+            ok = 0;
+        }
+    }
+    mf_export_cuda_args_t x = { .ex = good, .o = d_o };
+    x.ex.src.v = t.dev.v;
+    x.ex.sample_stride = 4;
+    why = "";
+    mf_status_t st = mf_export_cuda(&x, 0, &why);
+    if (st != MF_INVALID_ARGUMENT || !strstr(why, "stride")) {
+        printf("export with a sample stride: %s (%s)\n", mf_status_name(st), why);
+        ok = 0;
+    }
+    CK(cudaDeviceSynchronize());
+    uint8_t *hr = malloc(rs.total);
+    CK(cudaMemcpy(hr, drows, rs.total, cudaMemcpyDeviceToHost));
+    size_t touched = 0;
+    for (size_t k = 0; k < rs.total; k++)
+        touched += hr[k] != 0xa5;
+    ok &= touched == 0;
+    report("extract sample bad options", "refused+untouched", ok ? 0 : 1, 0, ok);
+    free(hr);
+    cudaFree(drows);
+    cudaFree(d_o);
+    cudaFree(dsizes);
+    cudaFree(dfailed);
+    rowset_free(&rs);
+    tensors_free(&t);
+    return ok;
+}
+
+/* The strided-sample extract's cases (MF_EXTRACT_SAMPLE vs mf_extract_ref with the same
+ * sample): the masses against the float64 sampled definition, kept sets, tiles of every
+ * row (not only the sampled ones), at the CTA shapes the gather has: several blocks per
+ * CTA (R = B / stride < 16), one block per CTA, one row per block, a partial last CTA. */
+static int sample_cases(int small, uint64_t seed, int *cases)
+{
+    int fails = 0;
+    if (small) {
+        ext_case_t e = { MF_DTYPE_F16, 64, 64, 512, 4, 2, MF_CODEC_MASK, 1, 0.9f, 0, 0, 0, 0,
+                         8, 3 };
+        fails += !check_extract(&e, seed);
+        fails += !check_sample_args();
+        *cases += 2;
+        return fails;
+    }
+    const ext_case_t cs[] = {
+        { MF_DTYPE_BF16, 64, 128, 1024, 8, 2, MF_CODEC_MASK, 1, 0.9f, 0, 0, 0, 0, 4, 1 },
+        { MF_DTYPE_F16, 64, 128, 1024, 8, 2, MF_CODEC_MASK, 1, 0.9f, 0, 0, 0, 0, 8, 0 },
+        { MF_DTYPE_BF16, 64, 128, 1280, 8, 2, MF_CODEC_MASK, 1, 0.95f, 0, 1, 2, 0, 16, 7 },
+        { MF_DTYPE_F16, 64, 64, 768, 4, 1, MF_CODEC_FP8_E4M3, 0, 0.9f, 0, 0, 0, 0, 8, 5 },
+        { MF_DTYPE_BF16, 128, 128, 1024, 4, 4, MF_CODEC_U8_LOG, 1, 0.9f, 0, 0, 0, 0, 2, 1 },
+        { MF_DTYPE_F16, 32, 64, 640, 6, 3, MF_CODEC_FP16, 1, 0.8f, 0, 0, 0, 0, 32, 31 },
+    };
+    for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++)
+        fails += !check_extract(&cs[k], seed + k);
+    fails += !check_sample_args();
+    *cases += (int)(sizeof cs / sizeof cs[0]) + 1;
+    return fails;
+}
+
 /* The fused export's cases (mf_export_cuda vs mf_extract_ref), all at B = 64. */
 static int export_cases(int small, uint64_t seed, int *cases)
 {
@@ -1107,6 +1229,7 @@ int main(int argc, char **argv)
         fails += !check_masses_args();
         cases = 7;
         fails += export_cases(1, seed + 60, &cases);
+        fails += sample_cases(1, seed + 70, &cases);
     } else if (masses_only) {
         fails += !check_masses(MF_DTYPE_BF16, 128, 1024, 8, 2, 0.9f, 1, seed + 50);
         fails += !check_masses(MF_DTYPE_F16, 128, 2000, 4, 1, 0.95f, 0, seed + 51);
@@ -1159,6 +1282,7 @@ int main(int argc, char **argv)
         fails += !check_masses_args();
         cases += 4;
         fails += export_cases(0, seed + 60, &cases);
+        fails += sample_cases(0, seed + 70, &cases);
     }
     printf("\n== gpu_check summary (seed %llu) ==\n", (unsigned long long)seed);
     printf("%-52s %-18s %-10s %-8s %s\n", "case", "metric", "value", "limit", "result");

@@ -12,6 +12,9 @@ tests/python/test_kernels_py.py). Fresh random inputs each run, fp16 and bf16:
   ‖O_ref‖ ≤ 2e-3; with no rows it is dense attention;
 - export_cuda (the fused forward + extract's selection): O / LSE vs float64, masses vs
   extract_cuda's, rows that decode with extract_ref's headers;
+- extract_cuda with sample_stride (the strided query sample, the engine's LSE given):
+  masses within 1e-3 of the float64 sampled masses (and not the exact ones), rows that
+  decode with extract_ref's headers for the same sample; a bad stride is refused;
 - CPU tensors, float32, non-contiguous tensors and mixed devices raise InvalidArgument.
 Env: MF_BUILD (build dir), MAPFLOW_LIB, MAPFLOW_KERNELS_LIB.
 """
@@ -147,6 +150,37 @@ class KernelsCuda(unittest.TestCase):
             o = K.apply_cuda(None, w, mode, qt, kt, vt, block_size=b)
             o64, _ = K.attention_dense_ref(host(qt), host(kt), host(vt))
             self.assertLessEqual(rel(o.cpu(), o64), 2e-3)
+
+    def test_extract_sampled(self):
+        b, nb, hs, d = 64, 12, 8, 128
+        n = nb * b
+        lib = K.library("ref")
+        for dtype, codec, st, off in ((torch.float16, "mask", 8, 3),
+                                      (torch.bfloat16, "fp8", 4, 0),
+                                      (torch.float16, "mask", 16, 15)):
+            q, k, _ = rand_qkv(self.gen, n, hs, hs // 2, d, dtype)
+            tokens = np.random.default_rng().integers(1, 1 << 30, n)
+            _, lse64 = K.attention_dense_ref(host(q), host(k), host(k))
+            lse = torch.from_numpy(lse64.astype(np.float32)).cuda()
+            ex = dict(block_size=b, top_p=0.9, tokens=tokens, model="src", ns="kpy",
+                      codec=codec, layer=1, sample_stride=st, sample_offset=off)
+            rows = K.extract_cuda(q, k, lse=lse, want_mass=True, **ex)
+            ref = K.extract_ref(host(q), host(k), lse=lse.cpu().numpy(), **ex)
+            self.assertEqual(len(rows), nb)
+            self.same_headers(lib, rows, ref)
+            qf = q.double().cpu().numpy()
+            kf = np.repeat(k.double().cpu().numpy(), 2, axis=1)
+            s = np.einsum("rhd,khd->hrk", qf, kf) / np.sqrt(d)
+            s[:, np.triu(np.ones((n, n), bool), 1)] = -np.inf
+            p = np.exp(s - lse64[..., None]).reshape(hs, nb, b, nb, b)
+            sampled = p[:, :, off::st].sum((2, 4)) / (b // st)
+            exact = p.sum((2, 4)) / b
+            got = rows.mass.cpu().numpy()
+            self.assertLessEqual(float(np.abs(got - sampled).max()), 1e-3, (st, off))
+            self.assertGreater(float(np.abs(got - exact).max()), 1e-3, (st, off))
+        with self.assertRaises(mapflow.InvalidArgument) as cm:
+            K.extract_cuda(q, k, **dict(ex, sample_stride=128))
+        self.assertIn("sample_stride", str(cm.exception))
 
     def test_export(self):
         """export_cuda (the fused forward + extract's selection): O and LSE against float64,

@@ -59,7 +59,8 @@ class Direct:
         return K.Qkv(q.ctypes.data, k.ctypes.data, v.ctypes.data if v is not None else None,
                      dt, q.shape[0], q.shape[1], k.shape[1], q.shape[2])
 
-    def extract(self, q, k, b, top_p, codec, tokens, model, ns, layer, i0, i1, caps, dt):
+    def extract(self, q, k, b, top_p, codec, tokens, model, ns, layer, i0, i1, caps, dt,
+                sample=(0, 0, 0), lse=None):
         nr = i1 - i0
         bufs = [np.zeros(c + 16, np.uint8) for c in caps]
         al = [x[(-x.ctypes.data) % 16:][:c] for x, c in zip(bufs, caps)]
@@ -68,8 +69,8 @@ class Direct:
         sizes = (C.c_size_t * nr)()
         failed = C.c_uint32()
         tok = np.asarray(tokens, np.uint32)
-        a = K.ExtractArgs(self.qkv(q, k, None, dt), None, b, top_p, codec, i0, i1, model, ns,
-                          layer, tok.ctypes.data)
+        a = K.ExtractArgs(self.qkv(q, k, None, dt), None if lse is None else lse.ctypes.data,
+                          b, top_p, codec, i0, i1, model, ns, layer, tok.ctypes.data, *sample)
         why = C.c_char_p()
         st = self.lib.mf_extract_ref(C.byref(a), ptrs, capa, sizes, C.byref(failed),
                                      C.byref(why))
@@ -171,6 +172,37 @@ class KernelsRef(unittest.TestCase):
         np.testing.assert_allclose(o, o_np, atol=1e-4)
         self.assertEqual(st["prob_tiles"] + st["mask_blocks"], 0)
 
+    def test_extract_sample_equals_direct_call(self):
+        """sample_stride / sample_offset reach mf_extract_ref as MF_EXTRACT_SAMPLE (bytes of a
+        direct call with the fields set), with the LSE given and computed; stride 1 sets
+        no field; the sample changes the rows (else nothing was passed)."""
+        rng = np.random.default_rng()
+        b, nb, h, d = 16, 6, 4, 16
+        n = nb * b
+        q, k, _ = rand_qkv(rng, n, h, h, d)
+        tok = rng.integers(1, 1 << 31, n)
+        lse = rng.normal(3.0, 0.5, (h, n)).astype(np.float32)
+        caps = [K.library("ref").mf_extract_row_bound(K.CODECS["u8log"], b, h, i, 3)
+                for i in range(nb)]
+        for st in (2, 4, 16):
+            off = int(rng.integers(0, st))
+            for given in (None, lse):
+                ex = dict(block_size=b, top_p=0.8, tokens=tok, model="src", ns="n",
+                          codec="u8log", lse=given)
+                got = [bytes(r) for r in K.extract_ref(q, k, sample_stride=st,
+                                                       sample_offset=off, **ex).host()]
+                want = self.direct.extract(q, k, b, 0.8, K.CODECS["u8log"], tok, b"src", b"n",
+                                           0, 0, nb, caps, K.F32, (K.EXTRACT_SAMPLE, st, off),
+                                           given)
+                self.assertEqual(got, want, (st, off))
+                full = [bytes(r) for r in K.extract_ref(q, k, **ex).host()]
+                self.assertNotEqual(got, full, (st, off))
+        one = [bytes(r) for r in K.extract_ref(q, k, block_size=b, top_p=0.8, tokens=tok,
+                                               model="src", ns="n", codec="u8log",
+                                               sample_stride=1).host()]
+        self.assertEqual(one, self.direct.extract(q, k, b, 0.8, K.CODECS["u8log"], tok,
+                                                  b"src", b"n", 0, 0, nb, caps, K.F32))
+
     def test_row_overflow(self):
         rng = np.random.default_rng()
         b, nb, h, d = 16, 4, 4, 16
@@ -206,6 +238,11 @@ class KernelsRef(unittest.TestCase):
             ("i1 = 9", lambda: K.extract_ref(q, k, i1=9, **ex)),
             ("caps has 3 entries", lambda: K.extract_ref(q, k, caps=[4096] * 3, **ex)),
             ("lse has shape", lambda: K.extract_ref(q, k, lse=np.zeros((h, n - 1)), **ex)),
+            ("must be a power of two", lambda: K.extract_ref(q, k, sample_stride=3, **ex)),
+            ("sample_stride = 32", lambda: K.extract_ref(q, k, sample_stride=32, **ex)),
+            ("sample_stride = 0", lambda: K.extract_ref(q, k, sample_stride=0, **ex)),
+            ("sample_offset = 4", lambda: K.extract_ref(q, k, sample_stride=4,
+                                                        sample_offset=4, **ex)),
             ("multiple of Hkv", lambda: K.apply_ref(None, w, mode, q, k3, v3,
                                                     block_size=b)),
             ("w has shape", lambda: K.apply_ref(None, w[:2], mode, q, k, v, block_size=b)),

@@ -1,4 +1,5 @@
-/* Reference extract: masses, Top-P selection, tiles, GQA, hashes, dtypes, errors. */
+/* Reference extract: masses, Top-P selection, tiles, GQA, hashes, dtypes, errors, and the
+ * strided query sample (MF_EXTRACT_SAMPLE). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -347,6 +348,197 @@ static void test_errors(void **state)
     fixture_free(&f);
 }
 
+/* Float LSE [hq, N] of the fixture's source, as an engine would return it. */
+static float *fixture_lse(const fixture_t *f, uint32_t hq)
+{
+    float *lse = malloc((size_t)hq * N * sizeof(float));
+    double *p = malloc(N * sizeof(double));
+    for (uint32_t h = 0; h < hq; h++)
+        for (uint32_t r = 0; r < N; r++) {
+            double l;
+            assert_int_equal(mf_attention_row_ref(&f->a.src, h, r, p, &l), MF_OK);
+            lse[(size_t)h * N + r] = (float)l;
+        }
+    free(p);
+    return lse;
+}
+
+/* The sampled definition in float64, written out here from the dot products (not through
+ * the library): mass[j] = mean over rows r = iB + off + m·stride of Σ_{k ∈ j, k ≤ r}
+ * exp(s[r][k] − LSE[r]). */
+static void sampled_mass(const fixture_t *f, const float *lse, uint32_t hq, uint32_t hkv,
+                         uint32_t h, uint32_t i, uint32_t stride, uint32_t off, double *mass)
+{
+    memset(mass, 0, (i + 1) * sizeof(double));
+    uint32_t kv = h / (hq / hkv);
+    for (uint32_t q = off; q < B; q += stride) {
+        uint32_t r = i * B + q;
+        for (uint32_t key = 0; key <= r; key++) {
+            double dot = 0;
+            for (uint32_t x = 0; x < D; x++)
+                dot += (double)f->q[((size_t)r * hq + h) * D + x] *
+                       f->k[((size_t)key * hkv + kv) * D + x];
+            mass[key / B] += exp(dot / sqrt((double)D) - lse[(size_t)h * N + r]);
+        }
+    }
+    for (uint32_t j = 0; j <= i; j++)
+        mass[j] /= B / stride;
+}
+
+/* Sample stride 1 (offset 0) is today's extract, byte for byte. */
+static void test_sample_stride1(void **state)
+{
+    (void)state;
+    fixture_t f;
+    tk_rows_t r0, r1;
+    fixture_init(&f, 4, 2, 18);
+    f.a.codec = MF_CODEC_U8_LOG;
+    f.a.top_p = 0.8f;
+    assert_int_equal(tk_extract(&f.a, &r0), MF_OK);
+    f.a.fields = MF_EXTRACT_SAMPLE;
+    f.a.sample_stride = 1;
+    f.a.sample_offset = 0;
+    assert_int_equal(tk_extract(&f.a, &r1), MF_OK);
+    for (uint32_t k = 0; k < r0.n; k++) {
+        assert_int_equal(r0.size[k], r1.size[k]);
+        assert_memory_equal(r0.buf[k], r1.buf[k], r0.size[k]);
+    }
+    tk_rows_free(&r0);
+    tk_rows_free(&r1);
+    fixture_free(&f);
+}
+
+/* Strides 2, 4, B with random offsets and the engine's LSE: at Top-P 1 the mass bytes
+ * decode to the float64 sampled masses; at Top-P < 1 each kept set is the one
+ * mf_topp_select picks from those masses; the tiles of a prob codec are the exact
+ * extract's (every row's P, not only the sampled ones). */
+static void test_sample_masses(void **state)
+{
+    (void)state;
+    const uint32_t strides[] = { 2, 4, B };
+    fixture_t f;
+    fixture_init(&f, 4, 2, 19);
+    float *lse = fixture_lse(&f, 4);
+    mf_rng_t rng;
+    mf_rng_seed(&rng, 190);
+    double mass[NB];
+    uint8_t keep[NB];
+    int differs = 0;
+    for (size_t x = 0; x < sizeof strides / sizeof strides[0]; x++) {
+        uint32_t st = strides[x], off = (uint32_t)(mf_rng_u64(&rng) % st);
+        tk_rows_t rows;
+        f.a.lse = lse;
+        f.a.fields = MF_EXTRACT_SAMPLE;
+        f.a.sample_stride = st;
+        f.a.sample_offset = off;
+        f.a.top_p = 1.0f;
+        f.a.codec = MF_CODEC_MASK;
+        assert_int_equal(tk_extract(&f.a, &rows), MF_OK);
+        for (uint32_t i = 0; i < NB; i++)
+            for (uint32_t h = 0; h < 4; h++) {
+                double exact[NB];
+                sampled_mass(&f, lse, 4, 2, h, i, st, off, mass);
+                tk_block_mass(&f.a.src, h, i, B, exact);
+                for (uint32_t j = 0; j <= i; j++) {
+                    int e = entry_of(&rows.view[i], j, h);
+                    assert_true(e >= 0);
+                    double got = mf_row_mass(&rows.view[i], (uint32_t)e);
+                    double bound = sqrt(mass[j]) / 255.0 + 1.0 / (255.0 * 255.0) + 1e-9;
+                    assert_true(fabs(got - mass[j]) <= bound);
+                    differs |= fabs(mass[j] - exact[j]) > 1e-3;
+                }
+            }
+        tk_rows_free(&rows);
+        f.a.top_p = 0.85f;
+        assert_int_equal(tk_extract(&f.a, &rows), MF_OK);
+        for (uint32_t i = 0; i < NB; i++)
+            for (uint32_t h = 0; h < 4; h++) {
+                uint32_t n_kept;
+                sampled_mass(&f, lse, 4, 2, h, i, st, off, mass);
+                assert_int_equal(mf_topp_select(mass, NULL, i + 1, 0.85f, keep, &n_kept), MF_OK);
+                for (uint32_t j = 0; j <= i; j++)
+                    assert_int_equal(entry_of(&rows.view[i], j, h) >= 0, keep[j]);
+            }
+        tk_rows_free(&rows);
+        /* Prob tiles: same as the unsampled extract's for the same (i, j, h), with the LSE
+         * given and computed (the unsampled rows' LSE still comes from somewhere). */
+        for (int given = 0; given < 2; given++) {
+            tk_rows_t rs, re;
+            f.a.lse = given ? lse : NULL;
+            f.a.codec = MF_CODEC_FP16;
+            f.a.top_p = 1.0f;
+            f.a.i0 = NB - 3;
+            assert_int_equal(tk_extract(&f.a, &rs), MF_OK);
+            f.a.fields = 0;
+            assert_int_equal(tk_extract(&f.a, &re), MF_OK);
+            f.a.fields = MF_EXTRACT_SAMPLE;
+            for (uint32_t k = 0; k < rs.n; k++) {
+                const mf_row_view_t *a = &rs.view[k], *b = &re.view[k];
+                assert_int_equal(a->n_entries, b->n_entries);
+                size_t tb = (size_t)B * B * 2;
+                assert_memory_equal(a->tiles, b->tiles, tb * a->n_entries);
+            }
+            tk_rows_free(&rs);
+            tk_rows_free(&re);
+            f.a.i0 = 0;
+        }
+    }
+    /* a sample is an approximation: if it equalled the exact masses the test shows nothing */
+    assert_true(differs);
+    free(lse);
+    fixture_free(&f);
+}
+
+/* Bad sampling options fail with MF_INVALID_ARGUMENT and say why; without the field bit
+ * the stride is not read. */
+static void test_sample_errors(void **state)
+{
+    (void)state;
+    fixture_t f;
+    fixture_init(&f, 2, 2, 20);
+    const struct {
+        uint32_t fields, stride, offset;
+        const char *msg;
+    } bad[] = {
+        { MF_EXTRACT_SAMPLE, 0, 0, "sample_stride" },
+        { MF_EXTRACT_SAMPLE, 3, 0, "sample_stride" },
+        { MF_EXTRACT_SAMPLE, 2 * B, 0, "sample_stride" },
+        { MF_EXTRACT_SAMPLE, UINT32_MAX, 0, "sample_stride" },
+        { MF_EXTRACT_SAMPLE, 4, 4, "sample_offset" },
+        { 0x80u, 1, 0, "option bits" },
+    };
+    const char *why;
+    uint32_t failed;
+    size_t cap = 1 << 20, size;
+    void *buf = aligned_alloc(16, cap);
+    void *bufs[1] = { buf };
+    f.a.i0 = 3;
+    f.a.i1 = 4;
+    for (size_t x = 0; x < sizeof bad / sizeof bad[0]; x++) {
+        mf_extract_args_t a = f.a;
+        a.fields = bad[x].fields;
+        a.sample_stride = bad[x].stride;
+        a.sample_offset = bad[x].offset;
+        why = NULL;
+        assert_int_equal(mf_extract_ref(&a, bufs, &cap, &size, &failed, &why),
+                         MF_INVALID_ARGUMENT);
+        assert_non_null(why);
+        assert_non_null(strstr(why, bad[x].msg));
+    }
+    f.a.fields = 0;
+    f.a.sample_stride = 3; /* ignored: not named in fields */
+    assert_int_equal(mf_extract_ref(&f.a, bufs, &cap, &size, &failed, &why), MF_OK);
+    uint32_t st, off;
+    assert_int_equal(mf_extract_options(MF_EXTRACT_SAMPLE, 8, 5, B, &st, &off, &why), MF_OK);
+    assert_int_equal(st, 8);
+    assert_int_equal(off, 5);
+    assert_int_equal(mf_extract_options(0, 8, 5, B, &st, &off, &why), MF_OK);
+    assert_int_equal(st, 1);
+    assert_int_equal(off, 0);
+    free(buf);
+    fixture_free(&f);
+}
+
 /* mf_topp_select on hand-made masses: ties go to the lower block, candidates only. */
 static void test_topp_select_unit(void **state)
 {
@@ -380,6 +572,8 @@ int main(void)
         cmocka_unit_test(test_tiles_and_lse),  cmocka_unit_test(test_gqa),
         cmocka_unit_test(test_row_headers),    cmocka_unit_test(test_dtypes),
         cmocka_unit_test(test_errors),         cmocka_unit_test(test_topp_select_unit),
+        cmocka_unit_test(test_sample_stride1), cmocka_unit_test(test_sample_masses),
+        cmocka_unit_test(test_sample_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -44,7 +44,7 @@ except ImportError:  # the reference calls need NumPy; the CUDA calls need torch
 __all__ = ["extract_ref", "apply_ref", "attention_dense_ref", "extract_cuda", "apply_cuda",
            "attention_dense_cuda", "cuda_supported", "library", "Rows", "RowOverflow", "RowView",
            "Qkv", "LayerMap", "ExtractArgs", "ApplyArgs", "ApplyStats", "ExtractCudaArgs",
-           "ExportCudaArgs", "ApplyCudaArgs",
+           "ExportCudaArgs", "ApplyCudaArgs", "EXTRACT_SAMPLE",
            "CODECS", "COMPUTE", "PROB", "MASK", "F32", "F16", "BF16",
            "IMPL_DEFAULT", "IMPL_V2", "IMPL_V3", "IMPL_CORE"]
 
@@ -56,6 +56,7 @@ MAX_TOKENS = 1 << 20                     # MF_KERNELS_MAX_TOKENS
 MAX_DIM = 1024                           # MF_KERNELS_MAX_DIM
 MAX_HEADS = 64                           # mf_qkv_t: Hq 1..64
 _NO_BLOCK = 0xffffffff                   # failed_block: every row fitted
+EXTRACT_SAMPLE = 1                       # mf_extract_args_t.fields: the row sample is set
 _ENV = "MAPFLOW_KERNELS_LIB"
 
 
@@ -79,7 +80,8 @@ class ExtractArgs(C.Structure):
     _fields_ = [("src", Qkv), ("lse", C.c_void_p), ("block_size", C.c_uint32),
                 ("top_p", C.c_float), ("codec", C.c_int), ("i0", C.c_uint32),
                 ("i1", C.c_uint32), ("model", C.c_char_p), ("ns", C.c_char_p),
-                ("layer", C.c_uint32), ("tokens", C.c_void_p)]
+                ("layer", C.c_uint32), ("tokens", C.c_void_p), ("fields", C.c_uint32),
+                ("sample_stride", C.c_uint32), ("sample_offset", C.c_uint32)]
 
 
 class ApplyArgs(C.Structure):
@@ -103,7 +105,8 @@ class ExtractCudaArgs(C.Structure):
                 ("i1", C.c_uint32), ("model", C.c_char_p), ("ns", C.c_char_p),
                 ("layer", C.c_uint32), ("tokens", C.c_void_p), ("rows", C.c_void_p),
                 ("caps", C.c_void_p), ("sizes", C.c_void_p), ("failed_block", C.c_void_p),
-                ("mass_out", C.c_void_p)]
+                ("mass_out", C.c_void_p), ("fields", C.c_uint32),
+                ("sample_stride", C.c_uint32), ("sample_offset", C.c_uint32)]
 
 
 class ExportCudaArgs(C.Structure):
@@ -339,6 +342,16 @@ def _caps(caps: Optional[Sequence[int]], codec: int, b: int, h: int, i0: int, i1
     return out
 
 
+def _sample(stride: Any, offset: Any, b: int) -> Tuple[int, int, int]:
+    """(fields, stride, offset) of extract's strided query sample (MF_EXTRACT_SAMPLE):
+    masses from the rows q ≡ offset (mod stride) of each block; stride 1 = every row."""
+    st = _u32(stride, "sample_stride", 1, b)
+    if st & (st - 1):
+        raise _bad("sample_stride = %d must be a power of two ≤ B = %d (it divides B)" % (st, b))
+    off = _u32(offset, "sample_offset", 0, st - 1)
+    return (0, 1, 0) if st == 1 and off == 0 else (EXTRACT_SAMPLE, st, off)
+
+
 def _offsets(caps: Sequence[int]) -> Tuple[List[int], int]:
     offs, at = [], 0
     for c in caps:
@@ -422,11 +435,14 @@ def attention_dense_ref(q: Any, k: Any, v: Any, lib: Optional[str] = None) -> Tu
 def extract_ref(q: Any, k: Any, *, block_size: int, top_p: float, tokens: Any,
                 model: Any, ns: Any, codec: Any = "mask", layer: int = 0, lse: Any = None,
                 i0: int = 0, i1: Optional[int] = None, caps: Optional[Sequence[int]] = None,
+                sample_stride: int = 1, sample_offset: int = 0,
                 lib: Optional[str] = None) -> Rows:
     """mf_extract_ref: map rows of query blocks [i0, i1) (default every full block) from
     source Q, K [N, Hq, d]. tokens [N] (uint32), lse [Hq, N] float32 or None (computed),
     caps the rows' capacities (default mf_extract_row_bound: never too small). A row that
-    does not fit raises RowOverflow."""
+    does not fit raises RowOverflow. sample_stride s > 1: masses from the query rows
+    q ≡ sample_offset (mod s) of each block only (MF_EXTRACT_SAMPLE; s a power of two ≤ B),
+    the approximation for a source whose attention returns only O and the LSE."""
     L = library("ref", lib)
     qkv, (n, hq, _, _) = _host_qkv(q, k, None)
     b = _block(block_size)
@@ -435,6 +451,7 @@ def extract_ref(q: Any, k: Any, *, block_size: int, top_p: float, tokens: Any,
     if not 0.0 < float(top_p) <= 1.0:
         raise _bad("top_p = %r is outside (0, 1]" % (top_p,))
     tok = _host_array(tokens, "tokens", np.uint32, (n,))
+    smp = _sample(sample_stride, sample_offset, b)
     lse_a = None if lse is None else _host_array(lse, "lse", np.float32, (hq, n))
     caps = _caps(caps, cd, b, hq, i0, i1, model)
     offs, total = _offsets(caps)
@@ -447,7 +464,7 @@ def extract_ref(q: Any, k: Any, *, block_size: int, top_p: float, tokens: Any,
     sizes = (C.c_size_t * nr)()
     failed = C.c_uint32(_NO_BLOCK)
     a = ExtractArgs(qkv, None if lse_a is None else lse_a.ctypes.data, b, float(top_p), cd,
-                    i0, i1, model, ns, _u32(layer, "layer"), tok.ctypes.data)
+                    i0, i1, model, ns, _u32(layer, "layer"), tok.ctypes.data, *smp)
     why = C.c_char_p()
     st = L.mf_extract_ref(C.byref(a), ptrs, capa, sizes, C.byref(failed), C.byref(why))
     if st == RESOURCE_EXHAUSTED and failed.value != _NO_BLOCK:
@@ -597,7 +614,8 @@ def attention_dense_cuda(q: Any, k: Any, v: Any, want_lse: bool = True,
 def _extract_setup(q: Any, k: Any, v: Any, block_size: int, top_p: float, tokens: Any,
                    model: Any, ns: Any, codec: Any, layer: int, lse: Any, i0: int,
                    i1: Optional[int], caps: Optional[Sequence[int]], buf: Any,
-                   want_mass: bool) -> Tuple[ExtractCudaArgs, Dict[str, Any]]:
+                   want_mass: bool, sample: Tuple[int, int] = (1, 0)
+                   ) -> Tuple[ExtractCudaArgs, Dict[str, Any]]:
     """The argument struct of mf_extract_cuda / mf_export_cuda's ex, and what it points
     into (kept alive by the caller until the call has been issued and the sizes read)."""
     qkv, (n, hq, _, d), torch = _cuda_qkv(q, k, v)
@@ -609,6 +627,7 @@ def _extract_setup(q: Any, k: Any, v: Any, block_size: int, top_p: float, tokens
         raise _bad("top_p = %r is outside (0, 1]" % (top_p,))
     _need_np()
     tok = _host_array(tokens, "tokens", np.uint32, (n,))
+    smp = _sample(sample[0], sample[1], b)
     if lse is not None:
         _cuda_out(lse, "lse", (hq, n), torch.float32, dev)
     caps = _caps(caps, cd, b, hq, i0, i1, model)
@@ -627,7 +646,7 @@ def _extract_setup(q: Any, k: Any, v: Any, block_size: int, top_p: float, tokens
     a = ExtractCudaArgs(qkv, None if lse is None else lse.data_ptr(), b, float(top_p), cd, i0,
                         i1, model, ns, _u32(layer, "layer"), tok.ctypes.data,
                         C.cast(ptrs, C.c_void_p), C.cast(capa, C.c_void_p), sizes.data_ptr(),
-                        failed.data_ptr(), None if mass is None else mass.data_ptr())
+                        failed.data_ptr(), None if mass is None else mass.data_ptr(), *smp)
     keep = dict(torch=torch, dev=dev, n=n, hq=hq, d=d, i0=i0, i1=i1, buf=buf, offs=offs,
                 sizes=sizes, failed=failed, mass=mass, tok=tok, ptrs=ptrs, capa=capa,
                 model=model, ns=ns)
@@ -648,15 +667,17 @@ def _extract_rows(keep: Dict[str, Any], mass: Any = None) -> "Rows":
 def extract_cuda(q: Any, k: Any, *, block_size: int, top_p: float, tokens: Any,
                  model: Any, ns: Any, codec: Any = "mask", layer: int = 0, lse: Any = None,
                  i0: int = 0, i1: Optional[int] = None, caps: Optional[Sequence[int]] = None,
-                 buf: Any = None, want_mass: bool = False,
-                 lib: Optional[str] = None) -> Rows:
+                 buf: Any = None, want_mass: bool = False, sample_stride: int = 1,
+                 sample_offset: int = 0, lib: Optional[str] = None) -> Rows:
     """mf_extract_cuda: the rows of extract_ref, in a device buffer (buf: a uint8 CUDA
     tensor to reuse when large enough, else a new one). lse [Hq, N] float32 on the device
-    or None; tokens [N] on the host; want_mass: also the block masses. Synchronises torch's
-    stream to read the sizes back; a row that does not fit raises RowOverflow."""
+    or None; tokens [N] on the host; want_mass: also the block masses; sample_stride /
+    sample_offset as extract_ref's (only the sampled rows' scores are computed).
+    Synchronises torch's stream to read the sizes back; a row that does not fit raises
+    RowOverflow."""
     L = library("cuda", lib)
     a, keep = _extract_setup(q, k, None, block_size, top_p, tokens, model, ns, codec, layer,
-                             lse, i0, i1, caps, buf, want_mass)
+                             lse, i0, i1, caps, buf, want_mass, (sample_stride, sample_offset))
     why = C.c_char_p()
     with keep["torch"].cuda.device(keep["dev"]):
         st = L.mf_extract_cuda(C.byref(a), _stream(keep["torch"], keep["dev"]), C.byref(why))
