@@ -19,6 +19,10 @@ struct apply_pack {
     uint16_t t[MF_PACK_MAX];
 };
 
+/* app_params.mode value of a head this launch leaves alone (MF_APPLY_ONLY, a bench switch:
+ * its O is not written); never a user's mode (check_map refuses > MF_HEAD_MASK). */
+#define MF_HEAD_SKIP 0xffu
+
 struct app_params {
     const void *q, *k, *v;
     float *o;

@@ -11,9 +11,16 @@
  *
  * Ownership: device buffers are the caller's. Host arrays named below (row pointer tables,
  * caps, the layer map, tokens, exact flags) are read during the call only: the launcher
- * copies them into stream-ordered scratch (cudaMallocAsync / cudaFreeAsync) before it
- * returns, so they may be freed at once. Thread safety: no global state except a
- * once-initialised constant (the xxh3 secret); calls on different streams may overlap.
+ * copies them into scratch before it returns, so they may be freed at once. That scratch is
+ * stream-ordered (cudaMallocAsync / cudaFreeAsync) per call, except mf_apply_cuda's, which is
+ * cached per device (grown on demand, kept until the process ends: about
+ * Ht·ceil(N/B)²/8 bytes of bitmaps plus the constants, 4 MiB at N = 64k, Ht = 32, B = 64)
+ * with a pinned staging buffer for the constants.
+ * Thread safety: any thread may call. Global state: a once-initialised constant (the xxh3
+ * secret), per-kernel "shared-memory limit raised" flags, per-thread tensor-map caches, and
+ * mf_apply_cuda's per-device scratch under a mutex held for the host part of a call (µs);
+ * mf_apply_cuda calls on different streams of one device are ordered on the device (each
+ * waits for the previous call's launches); other calls on different streams may overlap.
  */
 #ifndef MAPFLOW_KERNELS_CUDA_H
 #define MAPFLOW_KERNELS_CUDA_H
@@ -164,6 +171,13 @@ size_t mf_attention_masses_scratch(uint32_t n_tokens);
  * than v2 (bench/gpu/NOTES.md). All compute the same function (gpu_check runs each).
  * DEFAULT: the environment's MF_APPLY_IMPL (core | v2 | v3) when set, else
  * MF_APPLY_IMPL_BUILTIN.
+ * Bench-only switches (bench/gpu/core_bench.py; read per call, not a product interface):
+ * MF_APPLY_PHASE = prepass | core | none queues only the core's pre-pass, only the core (on
+ * the bitmaps the previous call left in the cached scratch: O is right only when that call
+ * had the same inputs), or no kernel (host work and the constants copy alone), never v2;
+ * MF_APPLY_ONLY = prob | mask | compute runs only the heads of that mode (the others' O is
+ * not written); MF_APPLY_CACHE = 0 allocates the scratch per call and copies the constants
+ * from pageable memory, as before the cache. Any other value: MF_INVALID_ARGUMENT.
  */
 typedef enum mf_apply_impl {
     MF_APPLY_IMPL_DEFAULT = 0,

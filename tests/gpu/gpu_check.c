@@ -15,7 +15,9 @@
  *   apply:   ‖O − O_ref‖ / ‖O_ref‖ ≤ 2e-3 per head mode, every element written; each case
  *            runs every implementation (core: the sm_90a core for mask / compute heads with
  *            v2 for prob heads; v2, v3, and at B64 d128 v3 with 1, 2 and 4 heads a CTA),
- *            with head modes mixed inside a KV group or uniform per group.
+ *            with head modes mixed inside a KV group or uniform per group. The core path
+ *            also runs with its bench switches (per-call scratch, each mode alone) and on
+ *            two streams at once: outputs bit-identical to its own run's.
  * One line per case, a summary table last; exit status 1 on any failure.
  *   export:  mf_export_cuda (the fused forward's masses → extract's selection, encoding and
  *            seal): rows as extract's are checked against mf_extract_ref (above), masses
@@ -43,7 +45,7 @@
 
 #include "gpu_util.h"
 
-#define MAX_RESULTS 256
+#define MAX_RESULTS 512
 typedef struct result {
     char name[96];
     char metric[32];
@@ -892,6 +894,102 @@ typedef struct app_case {
     int grouped; /* modes uniform per KV group (else cycling within each group) */
 } app_case_t;
 
+/* Elements of the device output d (n·ht·d floats) that differ bitwise from want, counting
+ * only heads with sel[t] (others must still hold the NaN poison). */
+static size_t apply_diff(const float *d, const float *want, const int *sel, uint32_t n,
+                         uint32_t ht, uint32_t hd)
+{
+    size_t on = (size_t)n * ht * hd, bad = 0;
+    float *h = malloc(on * 4);
+    CK(cudaMemcpy(h, d, on * 4, cudaMemcpyDeviceToHost));
+    for (size_t x = 0; x < on; x++) {
+        uint32_t t = (uint32_t)(x / hd % ht), poison = 0xffffffffu, got;
+        memcpy(&got, &h[x], 4);
+        bad += sel[t] ? memcmp(&h[x], &want[x], 4) != 0 : got != poison;
+    }
+    free(h);
+    return bad;
+}
+
+/* The core path's bench switches and its cached scratch, against o_core (that call's
+ * output): MF_APPLY_CACHE=0 (per-call scratch) and MF_APPLY_ONLY per mode (the three runs
+ * together) give o_core bit for bit; two calls on two streams without a sync between them,
+ * the second with other constants (MF_APPLY_ONLY=mask), each give their own result (the
+ * second call's constants copy must wait for the first call's kernels); a bad switch value
+ * is refused. */
+static int check_apply_switches(const char *base, const mf_apply_cuda_args_t *ga0,
+                                const uint8_t *mode, const float *o_core, uint32_t n,
+                                uint32_t ht, uint32_t hd)
+{
+    char name[160];
+    const char *why = "";
+    size_t on = (size_t)n * ht * hd;
+    int all[MF_ROW_MAX_HEADS * 4], masks[MF_ROW_MAX_HEADS * 4], ok = 1;
+    if (ht > MF_ROW_MAX_HEADS * 4)
+        return 1;
+    for (uint32_t t = 0; t < ht; t++) {
+        all[t] = 1;
+        masks[t] = mode[t] == MF_HEAD_MASK;
+    }
+    mf_apply_cuda_args_t ga = *ga0;
+    float *d_o2;
+    CK(cudaMalloc((void **)&d_o2, on * 4));
+    /* per-call scratch */
+    setenv("MF_APPLY_CACHE", "0", 1);
+    CK(cudaMemset(ga.o, 0xff, on * 4));
+    mf_status_t st = mf_apply_cuda_impl(&ga, MF_APPLY_IMPL_CORE, 0, &why);
+    unsetenv("MF_APPLY_CACHE");
+    CK(cudaDeviceSynchronize());
+    size_t d = st == MF_OK ? apply_diff(ga.o, o_core, all, n, ht, hd) : on;
+    snprintf(name, sizeof(name), "apply core %s", base);
+    report(name, "MF_APPLY_CACHE=0 diff", (double)d, 0, d == 0);
+    ok &= d == 0;
+    /* each mode alone, into one poisoned output */
+    CK(cudaMemset(ga.o, 0xff, on * 4));
+    static const char *const only[] = { "compute", "prob", "mask" };
+    st = MF_OK;
+    for (int m = 0; m < 3 && st == MF_OK; m++) {
+        setenv("MF_APPLY_ONLY", only[m], 1);
+        st = mf_apply_cuda_impl(&ga, MF_APPLY_IMPL_CORE, 0, &why);
+    }
+    unsetenv("MF_APPLY_ONLY");
+    CK(cudaDeviceSynchronize());
+    d = st == MF_OK ? apply_diff(ga.o, o_core, all, n, ht, hd) : on;
+    report(name, "ONLY parts diff", (double)d, 0, d == 0);
+    ok &= d == 0;
+    /* two streams, no sync between the calls */
+    cudaStream_t s1, s2;
+    CK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+    CK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+    CK(cudaMemset(ga.o, 0xff, on * 4));
+    CK(cudaMemset(d_o2, 0xff, on * 4));
+    CK(cudaDeviceSynchronize());
+    st = mf_apply_cuda_impl(&ga, MF_APPLY_IMPL_CORE, (mf_cuda_stream_t)s1, &why);
+    mf_apply_cuda_args_t g2 = ga;
+    g2.o = d_o2;
+    setenv("MF_APPLY_ONLY", "mask", 1);
+    mf_status_t st2 = mf_apply_cuda_impl(&g2, MF_APPLY_IMPL_CORE, (mf_cuda_stream_t)s2, &why);
+    unsetenv("MF_APPLY_ONLY");
+    CK(cudaDeviceSynchronize());
+    d = st == MF_OK && st2 == MF_OK
+            ? apply_diff(ga.o, o_core, all, n, ht, hd) + apply_diff(d_o2, o_core, masks, n, ht, hd)
+            : 2 * on;
+    report(name, "two streams diff", (double)d, 0, d == 0);
+    ok &= d == 0;
+    CK(cudaStreamDestroy(s1));
+    CK(cudaStreamDestroy(s2));
+    /* a bad switch value: refused, nothing queued */
+    setenv("MF_APPLY_PHASE", "bogus", 1);
+    why = "";
+    st = mf_apply_cuda_impl(&ga, MF_APPLY_IMPL_CORE, 0, &why);
+    unsetenv("MF_APPLY_PHASE");
+    int refused = st == MF_INVALID_ARGUMENT && *why;
+    report(name, "bad switch refused", refused ? 0 : 1, 0, refused);
+    ok &= refused;
+    cudaFree(d_o2);
+    return ok;
+}
+
 static int check_apply(const app_case_t *c, uint64_t seed)
 {
     char base[96];
@@ -962,7 +1060,7 @@ static int check_apply(const app_case_t *c, uint64_t seed)
         exact[full - 3] = 1;
     mf_layer_map_t map = { c->ht, c->hs, w, mode, tp };
     size_t on = (size_t)c->n * c->ht * c->d;
-    float *o_ref = malloc(on * 4), *o_gpu = malloc(on * 4), *d_o;
+    float *o_ref = malloc(on * 4), *o_gpu = malloc(on * 4), *o_core = malloc(on * 4), *d_o;
     mf_apply_args_t aa = { .rows = vp, .n_rows = full, .map = &map, .tgt = tgt.host,
                            .block_size = c->b, .exact = exact, .exact_first = 0,
                            .exact_last = 1, .o = o_ref };
@@ -1007,6 +1105,8 @@ static int check_apply(const app_case_t *c, uint64_t seed)
         CK(cudaGetLastError());
         CK(cudaMemcpy(o_gpu, d_o, on * 4, cudaMemcpyDeviceToHost));
         CK(cudaMemcpy(&bad, dbad, 4, cudaMemcpyDeviceToHost));
+        if (impls[v].impl == MF_APPLY_IMPL_CORE)
+            memcpy(o_core, o_gpu, on * 4);
         /* error per mode (a head's rows in exact blocks count as compute) */
         double num[3] = { 0 }, den[3] = { 0 };
         size_t unwritten = 0;
@@ -1042,6 +1142,11 @@ static int check_apply(const app_case_t *c, uint64_t seed)
         pass &= ok;
     }
     unsetenv("MF_V3_HP");
+    mf_apply_cuda_args_t ga = { .rows = dptr, .n_rows = full, .map = &map, .tgt = tgt.dev,
+                                .block_size = c->b, .exact = exact, .exact_first = 0,
+                                .exact_last = 1, .o = d_o, .bad_rows = NULL };
+    pass &= check_apply_switches(base, &ga, mode, o_core, c->n, c->ht, c->d);
+    free(o_core);
     free(o_ref);
     free(o_gpu);
     free(w);
