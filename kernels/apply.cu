@@ -425,35 +425,6 @@ mf_status_t check_map(const mf_layer_map_t *m, uint32_t ht, const char **why)
     return MF_OK;
 }
 
-/* Packs for v3: per KV head, its target heads grouped by mode, in pieces of hp. */
-uint32_t build_packs(apply_pack *pk, const uint8_t *mode, uint32_t ht, uint32_t hkv,
-                     uint32_t hp)
-{
-    uint32_t g = ht / hkv, n = 0;
-    for (uint32_t kv = 0; kv < hkv; kv++)
-        for (uint8_t m = 0; m <= MF_HEAD_MASK; m++) {
-            apply_pack cur;
-            memset(&cur, 0, sizeof(cur));
-            for (uint32_t t = kv * g; t < (kv + 1) * g; t++) {
-                if (mode[t] != m)
-                    continue;
-                cur.t[cur.n++] = (uint16_t)t;
-                if (cur.n == hp) {
-                    cur.kvh = (uint16_t)kv;
-                    cur.mode = m;
-                    pk[n++] = cur;
-                    memset(&cur, 0, sizeof(cur));
-                }
-            }
-            if (cur.n) {
-                cur.kvh = (uint16_t)kv;
-                cur.mode = m;
-                pk[n++] = cur;
-            }
-        }
-    return n;
-}
-
 /* A switch from the environment: the index of its value in names[0..n), -1 when unset or
  * empty, -2 when set to anything else. */
 int env_choice(const char *var, const char *const *names, int n)
@@ -467,21 +438,25 @@ int env_choice(const char *var, const char *const *names, int n)
     return -2;
 }
 
-/* DEFAULT → MF_APPLY_IMPL (core | v2 | v3) from the environment, else the built-in default. */
+/* DEFAULT → MF_APPLY_IMPL (core | v2) from the environment, else the built-in default. */
 mf_status_t resolve_impl(mf_apply_impl_t *impl, const char **why)
 {
-    if (*impl == MF_APPLY_IMPL_V2 || *impl == MF_APPLY_IMPL_V3 || *impl == MF_APPLY_IMPL_CORE)
+    if (*impl == MF_APPLY_IMPL_V2 || *impl == MF_APPLY_IMPL_CORE)
         return MF_OK;
+    if (*impl == MF_APPLY_IMPL_V3) {
+        *why = "the v3 apply kernel was removed (slower than v2; bench/gpu/NOTES.md): use "
+               "core or v2";
+        return MF_INVALID_ARGUMENT;
+    }
     if (*impl != MF_APPLY_IMPL_DEFAULT) {
         *why = "unknown apply implementation";
         return MF_INVALID_ARGUMENT;
     }
-    static const char *const names[] = { "core", "v2", "v3" };
-    static const mf_apply_impl_t impls[] = { MF_APPLY_IMPL_CORE, MF_APPLY_IMPL_V2,
-                                             MF_APPLY_IMPL_V3 };
-    int x = env_choice("MF_APPLY_IMPL", names, 3);
+    static const char *const names[] = { "core", "v2" };
+    static const mf_apply_impl_t impls[] = { MF_APPLY_IMPL_CORE, MF_APPLY_IMPL_V2 };
+    int x = env_choice("MF_APPLY_IMPL", names, 2);
     if (x == -2) {
-        *why = "MF_APPLY_IMPL must be core, v2 or v3";
+        *why = "MF_APPLY_IMPL must be core or v2 (v3 was removed)";
         return MF_INVALID_ARGUMENT;
     }
     *impl = x < 0 ? MF_APPLY_IMPL_BUILTIN : impls[x];
@@ -665,8 +640,7 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
     }
     scratch sc;
     size_t o_rows = sc.take(all * sizeof(void *)), o_w = sc.take((size_t)ht * hs * 4),
-           o_tp = sc.take(ht * 4), o_mode = sc.take(ht), o_ex = sc.take(all),
-           o_pk = sc.take((size_t)ht * sizeof(apply_pack));
+           o_tp = sc.take(ht * 4), o_mode = sc.take(ht), o_ex = sc.take(all);
     /* The core where it covers the shape (else v2 does every block): keep bitmaps after
      * the constants, written by the pre-pass (never copied from the host). */
     const char *no_core = "";
@@ -704,9 +678,6 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
             host[o_mode + t] = md;
             any_prob |= md == MF_HEAD_PROB;
         }
-        uint32_t n_packs = build_packs((apply_pack *)(host + o_pk), host + o_mode, ht,
-                                       a->tgt.n_kv_heads,
-                                       apply_v3_heads_per_cta(b, a->tgt.head_dim));
         st = cuda_status(cudaMemcpyAsync(cs.dev, host, host_used, cudaMemcpyHostToDevice, s),
                          why);
         if (st == MF_OK && cache)
@@ -723,8 +694,6 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
             p.top_p = (const float *)(cs.dev + o_tp);
             p.mode = cs.dev + o_mode;
             p.exact = cs.dev + o_ex;
-            p.packs = (const apply_pack *)(cs.dev + o_pk);
-            p.n_packs = n_packs;
             p.bad = a->bad_rows;
             p.n = n;
             p.ht = ht;
@@ -751,9 +720,7 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
             }
             /* v2: every block, or the prob heads' only with the core */
             if (st == MF_OK && !(use_core && !any_prob) && bs.phase == PHASE_ALL) {
-                if (impl == MF_APPLY_IMPL_V3)
-                    st = apply_v3_launch(p, b, a->tgt.head_dim, a->tgt.dtype, s);
-                else if (a->tgt.dtype == MF_DTYPE_F16)
+                if (a->tgt.dtype == MF_DTYPE_F16)
                     st = launch_t<__half>(p, b, a->tgt.head_dim, s);
                 else
                     st = launch_t<__nv_bfloat16>(p, b, a->tgt.head_dim, s);

@@ -1,7 +1,7 @@
 /*
- * apply_internal — what apply.cu (v2 kernel, the core's mask pre-pass, host entry) and
- * apply_v3.cu (GQA-packed kernel) share: the launch parameters, the head packs of v3, the
- * row check, mask-mode selection, the column lister and the tile-piece decoder. Internal to kernels/; host and device code, no global state.
+ * apply_internal — the pieces of apply.cu (the v2 kernel, the core's mask pre-pass, the host
+ * entry): the launch parameters, the row check, mask-mode selection, the column lister and
+ * the tile-piece decoder. Internal to kernels/; host and device code, no global state.
  */
 #ifndef MF_APPLY_INTERNAL_CUH
 #define MF_APPLY_INTERNAL_CUH
@@ -11,13 +11,6 @@
 #include "mf_cuda_common.cuh"
 
 namespace mfc {
-
-/* v3: up to MF_PACK_MAX target heads of one KV head and one mode, served by one CTA. */
-#define MF_PACK_MAX 8
-struct apply_pack {
-    uint16_t kvh, n, mode, pad;
-    uint16_t t[MF_PACK_MAX];
-};
 
 /* app_params.mode value of a head this launch leaves alone (MF_APPLY_ONLY, a bench switch:
  * its O is not written); never a user's mode (check_map refuses > MF_HEAD_MASK). */
@@ -31,9 +24,8 @@ struct app_params {
     const float *top_p;    /* [Ht] */
     const uint8_t *mode;   /* [Ht] */
     const uint8_t *exact;  /* [nb_all] */
-    const apply_pack *packs; /* v3 only: [n_packs] */
     uint32_t *bad;
-    uint32_t n, ht, hkv, hs, n_rows, nb_all, n_packs;
+    uint32_t n, ht, hkv, hs, n_rows, nb_all;
     uint32_t core;         /* v2: the attention core does every block but prob ones */
     float scale_log2;
 };
@@ -41,14 +33,6 @@ struct app_params {
 /* Mask-mode selection arrays of one head: masses, sort keys, sort columns. */
 #define SEL_BYTES (MF_CUDA_MAX_BLOCKS * (2 * sizeof(double) + sizeof(uint32_t)))
 static constexpr size_t cmax(size_t a, size_t b) { return a > b ? a : b; }
-
-/* v3 (apply_v3.cu): heads per CTA for block size b, head dim d (the pack size the host
- * builds). */
-uint32_t apply_v3_heads_per_cta(uint32_t b, uint32_t d);
-/* v3 launch; p.packs / p.n_packs set. MF_UNIMPLEMENTED for an unknown shape,
- * MF_INTERNAL when the shared-memory limit cannot be raised. */
-mf_status_t apply_v3_launch(const app_params &p, uint32_t b, uint32_t d, mf_dtype_t dtype,
-                            cudaStream_t st);
 
 /* Scalars the mask selection shares across the CTA (in shared memory). */
 struct sel_shared {

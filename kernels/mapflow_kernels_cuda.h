@@ -165,11 +165,11 @@ size_t mf_attention_masses_scratch(uint32_t n_tokens);
  * compute heads and every exact block run on the sm_90a attention core (a pre-pass kernel
  * mixes the masses, selects Top-P and writes per-(head, query block) block bitmaps; the
  * core pairs adjacent 64-row query blocks into 128-row tiles), prob heads on v2. v2: one
- * CTA per (query block, target head), every mode. v3: one CTA per (query block, pack), a
- * pack being target heads that share a KV head and a mode (up to 4; 2 at B = 128; at B = 64,
- * d = 128 the environment's MF_V3_HP = 1 | 2 | 4, default 1), a labelled baseline, slower
- * than v2 (bench/gpu/NOTES.md). All compute the same function (gpu_check runs each).
- * DEFAULT: the environment's MF_APPLY_IMPL (core | v2 | v3) when set, else
+ * CTA per (query block, target head), every mode; it stays because prob heads run on it
+ * (also under core), and it is the whole apply off sm_90. Both compute the same function
+ * (gpu_check runs each). v3 (GQA-packed, slower than v2) was removed: MF_APPLY_IMPL_V3
+ * returns MF_INVALID_ARGUMENT (bench/gpu/NOTES.md keeps its numbers).
+ * DEFAULT: the environment's MF_APPLY_IMPL (core | v2) when set, else
  * MF_APPLY_IMPL_BUILTIN.
  * Bench-only switches (bench/gpu/core_bench.py; read per call, not a product interface):
  * MF_APPLY_PHASE = prepass | core | none queues only the core's pre-pass, only the core (on
@@ -182,7 +182,7 @@ size_t mf_attention_masses_scratch(uint32_t n_tokens);
 typedef enum mf_apply_impl {
     MF_APPLY_IMPL_DEFAULT = 0,
     MF_APPLY_IMPL_V2 = 2,
-    MF_APPLY_IMPL_V3 = 3,
+    MF_APPLY_IMPL_V3 = 3, /* removed; reserved: MF_INVALID_ARGUMENT */
     MF_APPLY_IMPL_CORE = 4,
 } mf_apply_impl_t;
 #define MF_APPLY_IMPL_BUILTIN MF_APPLY_IMPL_CORE

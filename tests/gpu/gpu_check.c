@@ -13,8 +13,8 @@
  *            kept sets from them equal to the float64 masses' (near-ties within 1e-4
  *            counted apart); 0 above the diagonal; bad arguments refused.
  *   apply:   ‖O − O_ref‖ / ‖O_ref‖ ≤ 2e-3 per head mode, every element written; each case
- *            runs every implementation (core: the sm_90a core for mask / compute heads with
- *            v2 for prob heads; v2, v3, and at B64 d128 v3 with 1, 2 and 4 heads a CTA),
+ *            runs both implementations (core: the sm_90a core for mask / compute heads with
+ *            v2 for prob heads; v2 alone) and checks that the removed v3 is refused,
  *            with head modes mixed inside a KV group or uniform per group. The core path
  *            also runs with its bench switches (per-call scratch, each mode alone) and on
  *            two streams at once: outputs bit-identical to its own run's.
@@ -24,11 +24,10 @@
  *            within 1e-4 of float64 and 0 above the diagonal, O / LSE as dense; a partial
  *            last block, a sub-range of rows, caller-given (poisoned) and self-allocated
  *            scratch; bad arguments refused with nothing written.
- * Usage: gpu_check [--small] [--masses] [--export] [--no-v3] [--seed S]   (--small: one
+ * Usage: gpu_check [--small] [--masses] [--export] [--seed S]   (--small: one
  * tiny case each, for compute-sanitizer; --masses: the masses cases and two dense ones
  * only, with --small the tiny masses cases only; --export: the export cases only (with
- * --small the tiny one and the bad arguments); --no-v3:
- * without the v3 baseline, whose racecheck hazard is known).
+ * --small the tiny one and the bad arguments).
  * Single-threaded tool; owns everything it allocates.
  */
 #include <cuda_runtime_api.h>
@@ -54,7 +53,6 @@ typedef struct result {
 } result_t;
 static result_t g_res[MAX_RESULTS];
 static int g_nres;
-static int g_no_v3; /* --no-v3: skip the v3 baseline (racecheck of the product's kernels) */
 
 static void report(const char *name, const char *metric, double value, double limit, int pass)
 {
@@ -916,7 +914,7 @@ static size_t apply_diff(const float *d, const float *want, const int *sel, uint
  * together) give o_core bit for bit; two calls on two streams without a sync between them,
  * the second with other constants (MF_APPLY_ONLY=mask), each give their own result (the
  * second call's constants copy must wait for the first call's kernels); a bad switch value
- * is refused. */
+ * and the removed v3 are refused. */
 static int check_apply_switches(const char *base, const mf_apply_cuda_args_t *ga0,
                                 const uint8_t *mode, const float *o_core, uint32_t n,
                                 uint32_t ht, uint32_t hd)
@@ -985,6 +983,11 @@ static int check_apply_switches(const char *base, const mf_apply_cuda_args_t *ga
     unsetenv("MF_APPLY_PHASE");
     int refused = st == MF_INVALID_ARGUMENT && *why;
     report(name, "bad switch refused", refused ? 0 : 1, 0, refused);
+    ok &= refused;
+    why = "";
+    st = mf_apply_cuda_impl(&ga, MF_APPLY_IMPL_V3, 0, &why); /* removed: refused */
+    refused = st == MF_INVALID_ARGUMENT && *why;
+    report(name, "v3 refused", refused ? 0 : 1, 0, refused);
     ok &= refused;
     cudaFree(d_o2);
     return ok;
@@ -1071,27 +1074,15 @@ static int check_apply(const app_case_t *c, uint64_t seed)
     uint32_t *dbad;
     CK(cudaMalloc((void **)&d_o, on * 4));
     CK(cudaMalloc((void **)&dbad, 4));
-    static const struct { const char *label; mf_apply_impl_t impl; const char *hp; } impls[] = {
-        { "core", MF_APPLY_IMPL_CORE, NULL },
-        { "v2", MF_APPLY_IMPL_V2, NULL },
-        { "v3", MF_APPLY_IMPL_V3, NULL },
-        { "v3hp2", MF_APPLY_IMPL_V3, "2" },
-        { "v3hp1", MF_APPLY_IMPL_V3, "1" },
-        { "v3hp4", MF_APPLY_IMPL_V3, "4" },
+    static const struct { const char *label; mf_apply_impl_t impl; } impls[] = {
+        { "core", MF_APPLY_IMPL_CORE },
+        { "v2", MF_APPLY_IMPL_V2 },
     };
     int pass = 1;
     for (size_t v = 0; v < sizeof(impls) / sizeof(impls[0]); v++) {
-        if (impls[v].hp && !(c->b == 64 && c->d == 128))
-            continue; /* the pack-size variants exist at B64 d128 only */
-        if (g_no_v3 && impls[v].impl == MF_APPLY_IMPL_V3)
-            continue;
         char label[128];
         snprintf(label, sizeof(label), "apply %s %s", impls[v].label, base);
         name = label;
-        if (impls[v].hp)
-            setenv("MF_V3_HP", impls[v].hp, 1);
-        else
-            unsetenv("MF_V3_HP");
         uint32_t bad = 0;
         CK(cudaMemset(d_o, 0xff, on * 4)); /* NaN poison */
         CK(cudaMemset(dbad, 0, 4));
@@ -1141,7 +1132,6 @@ static int check_apply(const app_case_t *c, uint64_t seed)
         }
         pass &= ok;
     }
-    unsetenv("MF_V3_HP");
     mf_apply_cuda_args_t ga = { .rows = dptr, .n_rows = full, .map = &map, .tgt = tgt.dev,
                                 .block_size = c->b, .exact = exact, .exact_first = 0,
                                 .exact_last = 1, .o = d_o, .bad_rows = NULL };
@@ -1174,8 +1164,6 @@ int main(int argc, char **argv)
     for (int x = 1; x < argc; x++) {
         if (!strcmp(argv[x], "--small"))
             small = 1;
-        else if (!strcmp(argv[x], "--no-v3"))
-            g_no_v3 = 1;
         else if (!strcmp(argv[x], "--masses"))
             masses_only = 1;
         else if (!strcmp(argv[x], "--export"))
@@ -1184,7 +1172,7 @@ int main(int argc, char **argv)
             seed = strtoull(argv[++x], NULL, 0);
         else {
             fprintf(stderr,
-                    "usage: gpu_check [--small] [--masses] [--export] [--no-v3] [--seed S]\n");
+                    "usage: gpu_check [--small] [--masses] [--export] [--seed S]\n");
             return 2;
         }
     }
@@ -1241,7 +1229,7 @@ int main(int argc, char **argv)
         }
         app_case_t a2 = { MF_DTYPE_F16, 128, 128, 900, 4, 1, 6, MF_CODEC_FP8_E4M3, 0 };
         app_case_t a3 = { MF_DTYPE_BF16, 32, 64, 520, 8, 4, 4, MF_CODEC_U8_LOG, 0 };
-        /* 8 query heads a KV head: two packs of one mode (grp), or 3 packs (mix) */
+        /* 8 query heads a KV head: modes uniform per KV group (grp), or mixed inside it */
         app_case_t a4 = { MF_DTYPE_BF16, 64, 128, 640, 16, 2, 8, MF_CODEC_FP8_E4M3, 1 };
         app_case_t a5 = { MF_DTYPE_F16, 64, 128, 700, 16, 2, 8, MF_CODEC_BF16, 0 };
         app_case_t a6 = { MF_DTYPE_F16, 128, 64, 900, 8, 2, 8, MF_CODEC_FP16, 1 };
