@@ -292,7 +292,8 @@ template <class S> __global__ void __launch_bounds__(S::THREADS) apply_kernel(ap
             attend<S>(p, sm, i, t, (int)i + 1, [](int x) { return (uint32_t)x; }, need);
         return;
     }
-    mask_select(row, i, p.top_p ? (double)p.top_p[t] : 1.0, s_w, wmask, work, s_keep, &s_sel);
+    mask_select(row, i, p.top_p ? (double)p.top_p[t] : 1.0, s_w, wmask, work,
+                MF_CUDA_MAX_BLOCKS, s_keep, &s_sel);
     /* blocks 0 and i are always attended, candidates or not */
     list_columns(row, s_col, s_j, &s_cnt, [&](uint32_t c) {
         uint32_t j = row.cols[c];
@@ -317,16 +318,22 @@ template <class S> __global__ void __launch_bounds__(S::THREADS) apply_kernel(ap
 /* The core's pre-pass, one CTA per (query block i, target head t): the block's effective
  * mode as v2 decides it (exact blocks, missing or disagreeing rows: compute), then its
  * key-block bitmap keep[(t·nb + i)·words ..]: compute → every j ≤ i; mask → mask_select's
- * kept columns plus blocks 0 and i; prob → empty (v2 computes it); skipped heads → empty. */
+ * kept columns plus blocks 0 and i; prob → empty (v2 computes it); skipped heads → empty.
+ * Shared memory is sized for cap = pow2(nb) columns, not MF_CUDA_MAX_BLOCKS (43 KB: 5 CTAs
+ * an SM for a latency-bound kernel; 11 KB at nb = 512: 16), and the largest i go first (the
+ * longest CTAs; the tail is then short ones). v1 = 1 (MF_APPLY_PREPASS=v1, bench A/B): the
+ * pre-pass of before — full-size shared memory, i ascending, the ordered loop over every
+ * column. */
 __global__ void __launch_bounds__(128) prepass_kernel(app_params p, uint32_t b,
-                                                      uint32_t *keep, uint32_t words)
+                                                      uint32_t *keep, uint32_t words,
+                                                      uint32_t cap, uint32_t v1)
 {
     extern __shared__ __align__(16) uint8_t work[];
     __shared__ float s_w[MF_ROW_MAX_HEADS];
     __shared__ sel_shared s_sel;
     __shared__ uint32_t s_bits[MF_CUDA_MAX_BLOCKS / 32];
-    uint8_t *s_keep = work + SEL_BYTES;
-    uint32_t i = blockIdx.x / p.ht, t = blockIdx.x % p.ht;
+    uint8_t *s_keep = work + SEL_BYTES_FOR(cap);
+    uint32_t i = v1 ? blockIdx.x / p.ht : p.nb_all - 1 - blockIdx.x / p.ht, t = blockIdx.x % p.ht;
     uint32_t mode = p.mode[t] == MF_HEAD_SKIP ? MF_HEAD_SKIP
                     : p.exact[i]              ? MF_HEAD_COMPUTE
                                               : p.mode[t];
@@ -352,7 +359,8 @@ __global__ void __launch_bounds__(128) prepass_kernel(app_params p, uint32_t b,
     unsigned long long wmask = load_w(p, t, s_w);
     for (uint32_t w = threadIdx.x; w < words; w += blockDim.x)
         s_bits[w] = 0;
-    mask_select(row, i, p.top_p ? (double)p.top_p[t] : 1.0, s_w, wmask, work, s_keep, &s_sel);
+    mask_select(row, i, p.top_p ? (double)p.top_p[t] : 1.0, s_w, wmask, work, cap, s_keep,
+                &s_sel, v1 != 0);
     for (uint32_t c = threadIdx.x; c < row.n_cols; c += blockDim.x)
         if (s_keep[c]) {
             uint32_t j = row.cols[c];
@@ -464,25 +472,28 @@ mf_status_t resolve_impl(mf_apply_impl_t *impl, const char **why)
 }
 
 /* The bench-only switches (mapflow_kernels_cuda.h lists them; bench/gpu/core_bench.py sets
- * them): which launches run (MF_APPLY_PHASE), which heads (MF_APPLY_ONLY), and whether the
- * per-device scratch cache is used (MF_APPLY_CACHE=0: the per-call allocation of before). */
+ * them): which launches run (MF_APPLY_PHASE), which heads (MF_APPLY_ONLY), whether the
+ * per-device scratch cache is used (MF_APPLY_CACHE=0: the per-call allocation of before),
+ * and which pre-pass (MF_APPLY_PREPASS=v1: the one of before). */
 enum { PHASE_ALL = -1, PHASE_PREPASS = 0, PHASE_CORE = 1, PHASE_NONE = 2 };
 struct bench_switches {
     int phase, only; /* only: −1 every head, else the one mode (MF_HEAD_*) that runs */
     bool cache;
+    uint32_t prepass_v1; /* MF_APPLY_PREPASS=v1: the pre-pass of before (prepass_kernel) */
 };
 mf_status_t read_switches(bench_switches *b, const char **why)
 {
     static const char *const phases[] = { "prepass", "core", "none" };
     static const char *const modes[] = { "compute", "prob", "mask" }; /* = MF_HEAD_* */
-    static const char *const off[] = { "0" };
+    static const char *const off[] = { "0" }, *const v1[] = { "v1" };
     b->phase = env_choice("MF_APPLY_PHASE", phases, 3);
     b->only = env_choice("MF_APPLY_ONLY", modes, 3);
-    int c = env_choice("MF_APPLY_CACHE", off, 1);
+    int c = env_choice("MF_APPLY_CACHE", off, 1), pp = env_choice("MF_APPLY_PREPASS", v1, 1);
     b->cache = c != 0;
-    if (b->phase == -2 || b->only == -2 || c == -2) {
+    b->prepass_v1 = pp == 0;
+    if (b->phase == -2 || b->only == -2 || c == -2 || pp == -2) {
         *why = "MF_APPLY_PHASE must be prepass, core or none; MF_APPLY_ONLY compute, prob or "
-               "mask; MF_APPLY_CACHE 0 (or unset)";
+               "mask; MF_APPLY_CACHE 0; MF_APPLY_PREPASS v1 (or unset)";
         return MF_INVALID_ARGUMENT;
     }
     return MF_OK;
@@ -705,8 +716,13 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
             if (use_core) {
                 uint32_t *keep = (uint32_t *)(cs.dev + o_keep);
                 if (bs.phase == PHASE_ALL || bs.phase == PHASE_PREPASS) {
-                    prepass_kernel<<<all * ht, 128, SEL_BYTES + MF_CUDA_MAX_BLOCKS, s>>>(
-                        p, b, keep, words);
+                    uint32_t cap = 32; /* pow2 ≥ all, ≥ a warp */
+                    while (cap < all)
+                        cap <<= 1;
+                    if (bs.prepass_v1)
+                        cap = MF_CUDA_MAX_BLOCKS;
+                    prepass_kernel<<<all * ht, 128, SEL_BYTES_FOR(cap) + cap, s>>>(
+                        p, b, keep, words, cap, bs.prepass_v1);
                     st = cuda_status(cudaGetLastError(), why);
                 }
                 core_args ca = core_args_of(&a->tgt, a->o, NULL);

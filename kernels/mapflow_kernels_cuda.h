@@ -177,7 +177,9 @@ size_t mf_attention_masses_scratch(uint32_t n_tokens);
  * had the same inputs), or no kernel (host work and the constants copy alone), never v2;
  * MF_APPLY_ONLY = prob | mask | compute runs only the heads of that mode (the others' O is
  * not written); MF_APPLY_CACHE = 0 allocates the scratch per call and copies the constants
- * from pageable memory, as before the cache. Any other value: MF_INVALID_ARGUMENT.
+ * from pageable memory, as before the cache; MF_APPLY_PREPASS = v1 runs the pre-pass of
+ * before (full-size shared memory, blocks ascending, its ordered loop over every column).
+ * Same outputs bit for bit under every switch. Any other value: MF_INVALID_ARGUMENT.
  */
 typedef enum mf_apply_impl {
     MF_APPLY_IMPL_DEFAULT = 0,

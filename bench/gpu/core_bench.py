@@ -445,7 +445,8 @@ def phase_split(lib, call, reps):
     the cached scratch), no launch at all (=none: the host work and the constants copy);
     the host wall of the whole call (µs) and of a trivial ctypes call into the library
     (mf_cuda_supported: Python + ctypes alone); the same with MF_APPLY_CACHE=0 (the per-call
-    cudaMallocAsync + pageable copy this cache replaced)."""
+    cudaMallocAsync + pageable copy this cache replaced); the pre-pass of before
+    (MF_APPLY_PREPASS=v1) alone and in the call; and the call with both (= before)."""
     out = {}
     call()  # the bitmaps the core phase reads
     torch.cuda.synchronize()
@@ -460,6 +461,12 @@ def phase_split(lib, call, reps):
     out["nocache_none_ms"] = with_env(dict(nocache, MF_APPLY_PHASE="none"),
                                       lambda: timeit(call, reps))[0]
     out["nocache_host_wall_us"] = with_env(nocache, lambda: host_wall(call, reps))
+    v1 = {"MF_APPLY_PREPASS": "v1"}
+    out["prepass_v1_ms"] = with_env(dict(v1, MF_APPLY_PHASE="prepass"),
+                                    lambda: timeit(call, reps))[0]
+    out["v1_ms"] = with_env(v1, lambda: timeit(call, reps))[0]
+    # the call as it was before this commit: per-call scratch and the old pre-pass
+    out["before_ms"] = with_env(dict(v1, **nocache), lambda: timeit(call, reps))[0]
     return out
 
 
@@ -564,18 +571,20 @@ def table(res, log):
         log("|---|---|---|---|---|---|---|---|---|")
     dense = {r["N"]: r for r in res["dense"]}
     if any("phase_prepass_ms" in r for r in res["mask"]):
-        log("\n| N | density | core call ms | pre-pass only ms | core only ms | no launch ms |"
-            " host wall µs (ctypes alone) | MF_APPLY_CACHE=0: call ms / no launch ms / wall µs |"
-            " wg tiles masked whole / walked |")
-        log("|---|---|---|---|---|---|---|---|---|")
+        log("\n| N | density | core call ms | before ms | pre-pass only ms (v1) | core only ms |"
+            " no launch ms | host wall µs (ctypes alone) | MF_APPLY_CACHE=0: call ms / no launch"
+            " ms / wall µs | PREPASS=v1 call ms | wg tiles masked whole / walked |")
+        log("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in res["mask"]:
         if "phase_prepass_ms" not in r:
             continue
-        log(f"| {r['N']} | {r['density']:.3f} | {r['core_ms']:.3f} | "
-            f"{r['phase_prepass_ms']:.3f} | {r['phase_core_ms']:.3f} | "
+        log(f"| {r['N']} | {r['density']:.3f} | {r['core_ms']:.3f} | {r['before_ms']:.3f} | "
+            f"{r['phase_prepass_ms']:.3f} ({r['prepass_v1_ms']:.3f}) | "
+            f"{r['phase_core_ms']:.3f} | "
             f"{r['phase_none_ms']:.3f} | {r['host_wall_us']:.0f} ({r['ctypes_wall_us']:.0f}) | "
             f"{r['nocache_ms']:.3f} / {r['nocache_none_ms']:.3f} / "
-            f"{r['nocache_host_wall_us']:.0f} | {r['wg_tiles_masked']} / {r['wg_tiles_walked']}"
+            f"{r['nocache_host_wall_us']:.0f} | {r['v1_ms']:.3f} | "
+            f"{r['wg_tiles_masked']} / {r['wg_tiles_walked']}"
             f" ({100 * r['masked_share']:.1f} %) |")
     if res.get("mix"):
         log("\n| N | density | heads prob/mask/compute | mixed layer ms | prob alone | mask alone |"

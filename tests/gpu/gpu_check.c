@@ -910,8 +910,8 @@ static size_t apply_diff(const float *d, const float *want, const int *sel, uint
 }
 
 /* The core path's bench switches and its cached scratch, against o_core (that call's
- * output): MF_APPLY_CACHE=0 (per-call scratch) and MF_APPLY_ONLY per mode (the three runs
- * together) give o_core bit for bit; two calls on two streams without a sync between them,
+ * output): MF_APPLY_CACHE=0 (per-call scratch), MF_APPLY_PREPASS=v1 (the pre-pass of before)
+ * and MF_APPLY_ONLY per mode (the three runs together) give o_core bit for bit; two calls on two streams without a sync between them,
  * the second with other constants (MF_APPLY_ONLY=mask), each give their own result (the
  * second call's constants copy must wait for the first call's kernels); a bad switch value
  * and the removed v3 are refused. */
@@ -932,16 +932,22 @@ static int check_apply_switches(const char *base, const mf_apply_cuda_args_t *ga
     mf_apply_cuda_args_t ga = *ga0;
     float *d_o2;
     CK(cudaMalloc((void **)&d_o2, on * 4));
-    /* per-call scratch */
-    setenv("MF_APPLY_CACHE", "0", 1);
-    CK(cudaMemset(ga.o, 0xff, on * 4));
-    mf_status_t st = mf_apply_cuda_impl(&ga, MF_APPLY_IMPL_CORE, 0, &why);
-    unsetenv("MF_APPLY_CACHE");
-    CK(cudaDeviceSynchronize());
-    size_t d = st == MF_OK ? apply_diff(ga.o, o_core, all, n, ht, hd) : on;
+    /* per-call scratch; the pre-pass of before */
     snprintf(name, sizeof(name), "apply core %s", base);
-    report(name, "MF_APPLY_CACHE=0 diff", (double)d, 0, d == 0);
-    ok &= d == 0;
+    static const char *const sw[][3] = { { "MF_APPLY_CACHE", "0", "MF_APPLY_CACHE=0 diff" },
+                                         { "MF_APPLY_PREPASS", "v1", "PREPASS=v1 diff" } };
+    mf_status_t st = MF_OK;
+    size_t d = 0;
+    for (int x = 0; x < 2; x++) {
+        setenv(sw[x][0], sw[x][1], 1);
+        CK(cudaMemset(ga.o, 0xff, on * 4));
+        st = mf_apply_cuda_impl(&ga, MF_APPLY_IMPL_CORE, 0, &why);
+        unsetenv(sw[x][0]);
+        CK(cudaDeviceSynchronize());
+        d = st == MF_OK ? apply_diff(ga.o, o_core, all, n, ht, hd) : on;
+        report(name, sw[x][2], (double)d, 0, d == 0);
+        ok &= d == 0;
+    }
     /* each mode alone, into one poisoned output */
     CK(cudaMemset(ga.o, 0xff, on * 4));
     static const char *const only[] = { "compute", "prob", "mask" };
