@@ -503,8 +503,8 @@ mf_status_t read_switches(bench_switches *b, const char **why)
  * constants. Cached per device and grown on demand (a per-call cudaMallocAsync gets memory
  * the default pool trimmed at the last synchronisation mapped again, on the host, before
  * the first launch: bench/gpu/NOTES.md). The cache's mutex is held for the whole host part
- * of a call; a call on another stream than the cache's last user first waits (on the device)
- * for that call's launches, so calls sharing the scratch never overlap on the GPU. The
+ * of a call; each call's stream first waits (on the device) for the previous call's
+ * launches, so calls sharing the scratch never overlap on the GPU, whatever the streams. The
  * constants go through pinned staging unless the previous call's copy out of it is still
  * pending (then pageable memory, as before). */
 struct dev_cache {
@@ -512,7 +512,6 @@ struct dev_cache {
     uint8_t *dev = nullptr, *pin = nullptr;
     size_t dev_cap = 0, pin_cap = 0;
     cudaEvent_t copied = nullptr, done = nullptr; /* after the last call's copy / launches */
-    cudaStream_t last = nullptr;
     bool used = false;
 };
 #define MAX_CACHED_DEVICES 16 /* devices past this allocate per call */
@@ -548,7 +547,7 @@ mf_status_t scratch_get(call_scratch *cs, dev_cache *c, size_t dev_bytes, size_t
             return st;
         }
     }
-    if (c->used && c->last != s)
+    if (c->used) /* also on the same stream: a destroyed stream's handle can come back */
         st = cuda_status(cudaStreamWaitEvent(s, c->done, 0), why);
     if (st == MF_OK && c->dev_cap < dev_bytes) { /* grow: the old one is freed in stream order */
         size_t cap = cmax(dev_bytes, 2 * c->dev_cap);
@@ -600,7 +599,6 @@ void scratch_put(call_scratch *cs, cudaStream_t s)
             cudaFreeAsync(cs->dev, s);
     } else if (cs->dev) {
         cudaEventRecord(cs->c->done, s);
-        cs->c->last = s;
         cs->c->used = true;
     }
     if (!cs->pinned)
