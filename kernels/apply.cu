@@ -678,7 +678,7 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
                                        i < a->exact_first || (uint64_t)i + a->exact_last >= full);
         }
         memcpy(host + o_w, a->map->w, (size_t)ht * hs * 4);
-        bool any_prob = false;
+        bool any_prob = false, any_other = false, any_exact = false;
         for (uint32_t t = 0; t < ht; t++) {
             uint8_t md = a->map->mode[t];
             ((float *)(host + o_tp))[t] = a->map->top_p ? a->map->top_p[t] : 1.0f;
@@ -686,7 +686,14 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
                 md = MF_HEAD_SKIP;
             host[o_mode + t] = md;
             any_prob |= md == MF_HEAD_PROB;
+            any_other |= md == MF_HEAD_MASK || md == MF_HEAD_COMPUTE;
         }
+        for (uint32_t i = 0; i < all; i++)
+            any_exact |= host[o_ex + i] != 0;
+        /* Prob heads alone and no exact block: v2 does it all (it computes a block whose row
+         * turns out unusable itself), no pre-pass and no grid of empty core tiles. */
+        if (!any_other && !(any_prob && any_exact))
+            use_core = false;
         st = cuda_status(cudaMemcpyAsync(cs.dev, host, host_used, cudaMemcpyHostToDevice, s),
                          why);
         if (st == MF_OK && cache)
@@ -733,7 +740,7 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
                 p.core = 1;
             }
             /* v2: every block, or the prob heads' only with the core */
-            if (st == MF_OK && !(use_core && !any_prob) && bs.phase == PHASE_ALL) {
+            if (st == MF_OK && (any_prob || (!use_core && any_other)) && bs.phase == PHASE_ALL) {
                 if (a->tgt.dtype == MF_DTYPE_F16)
                     st = launch_t<__half>(p, b, a->tgt.head_dim, s);
                 else

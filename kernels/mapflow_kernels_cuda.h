@@ -124,7 +124,8 @@ typedef struct mf_apply_cuda_args {
  * (dense causal, our own tensor-core kernel; no cuDNN / cuBLAS) — reading each row's
  * union columns once. v2 is one launch per layer; on sm_90 mask / compute heads run on the
  * attention core instead (see mf_apply_impl_t): a pre-pass launch, the core, and v2 for
- * prob heads when there are any.
+ * prob heads when there are any (a layer of prob heads only, with no exact block, is v2's
+ * alone).
  */
 mf_status_t mf_apply_cuda(const mf_apply_cuda_args_t *a, mf_cuda_stream_t stream,
                           const char **why);
