@@ -16,8 +16,9 @@
  *            runs both implementations (core: the sm_90a core for mask / compute heads with
  *            v2 for prob heads; v2 alone) and checks that the removed v3 is refused,
  *            with head modes mixed inside a KV group or uniform per group. The core path
- *            also runs with its bench switches (per-call scratch, each mode alone) and on
- *            two streams at once: outputs bit-identical to its own run's.
+ *            also runs with its bench switches (per-call scratch, the old pre-pass, each mode
+ *            alone) and on two streams at once: outputs bit-identical to its own run's; a
+ *            prob-only layer (v2 alone under the core) with one wrong row, vs the reference.
  * One line per case, a summary table last; exit status 1 on any failure.
  *   export:  mf_export_cuda (the fused forward's masses → extract's selection, encoding and
  *            seal): rows as extract's are checked against mf_extract_ref (above), masses
@@ -1142,6 +1143,59 @@ static int check_apply(const app_case_t *c, uint64_t seed)
                                 .block_size = c->b, .exact = exact, .exact_first = 0,
                                 .exact_last = 1, .o = d_o, .bad_rows = NULL };
     pass &= check_apply_switches(base, &ga, mode, o_core, c->n, c->ht, c->d);
+    if (c->codec != MF_CODEC_MASK && full >= 3) {
+        /* Every head prob, no exact block, N = the full blocks: the core path hands the
+         * whole layer to v2. Block 1's row given for block 2 (the GPU must count it and
+         * compute block 2 exactly; the reference gets no row there, which means the same). */
+        uint8_t *pmode = malloc(c->ht);
+        memset(pmode, MF_HEAD_PROB, c->ht);
+        mf_layer_map_t pmap = { c->ht, c->hs, w, pmode, tp };
+        const mf_row_view_t **vp2 = calloc(full, sizeof(*vp2));
+        const void **dptr2 = calloc(full, sizeof(*dptr2));
+        for (uint32_t k = 0; k < full; k++) {
+            vp2[k] = k == 2 ? NULL : &views[k];
+            dptr2[k] = drows + rs.off[k == 2 ? 1 : k];
+        }
+        mf_qkv_t th = tgt.host, td = tgt.dev;
+        th.n_tokens = td.n_tokens = full * c->b;
+        size_t pn = (size_t)full * c->b * c->ht * c->d;
+        mf_apply_args_t ra2 = { .rows = vp2, .n_rows = full, .map = &pmap, .tgt = th,
+                                .block_size = c->b, .o = o_ref };
+        if (mf_apply_ref(&ra2, NULL, &why) != MF_OK) {
+            fprintf(stderr, "%s: reference apply (prob only): %s\n", base, why);
+            exit(2);
+        }
+        mf_apply_cuda_args_t g2 = { .rows = dptr2, .n_rows = full, .map = &pmap, .tgt = td,
+                                    .block_size = c->b, .o = d_o, .bad_rows = dbad };
+        uint32_t bad = 0;
+        CK(cudaMemset(d_o, 0xff, pn * 4));
+        CK(cudaMemset(dbad, 0, 4));
+        mf_status_t st = mf_apply_cuda_impl(&g2, MF_APPLY_IMPL_CORE, 0, &why);
+        CK(cudaDeviceSynchronize());
+        CK(cudaMemcpy(o_gpu, d_o, pn * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(&bad, dbad, 4, cudaMemcpyDeviceToHost));
+        double num = 0, den = 0;
+        size_t unwritten = 0;
+        for (size_t x = 0; x < pn; x++) {
+            if (!isfinite(o_gpu[x])) {
+                unwritten++;
+                continue;
+            }
+            double dd = (double)o_gpu[x] - o_ref[x];
+            num += dd * dd;
+            den += (double)o_ref[x] * o_ref[x];
+        }
+        double rel = den > 0 ? sqrt(num / den) : 1.0;
+        char label[160];
+        snprintf(label, sizeof(label), "apply core prob-only %s", base);
+        int ok = st == MF_OK && unwritten == 0 && bad == 1;
+        report(label, "unwritten, bad != 1", (double)unwritten + (bad != 1), 0, ok);
+        report(label, "rel err prob", rel, 2e-3, rel <= 2e-3);
+        pass &= ok && rel <= 2e-3;
+        free(pmode);
+        free(vp2);
+        free(dptr2);
+    }
     free(o_core);
     free(o_ref);
     free(o_gpu);
