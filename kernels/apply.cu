@@ -244,7 +244,8 @@ template <class S> __global__ void __launch_bounds__(S::THREADS) apply_kernel(ap
     uint16_t *s_col = reinterpret_cast<uint16_t *>(work + smem_plan<S>::work);
     uint16_t *s_j = s_col + MF_CUDA_MAX_BLOCKS;
     uint8_t *s_keep = reinterpret_cast<uint8_t *>(s_j + MF_CUDA_MAX_BLOCKS);
-    uint32_t i = p.nb_all - 1 - blockIdx.x / p.ht, t = blockIdx.x % p.ht;
+    uint32_t i = p.nb_all - 1 - blockIdx.x / p.nh;
+    uint32_t t = p.heads ? p.heads[blockIdx.x % p.nh] : blockIdx.x % p.nh;
     if (p.mode[t] == MF_HEAD_SKIP)
         return;
     uint32_t mode = p.exact[i] ? MF_HEAD_COMPUTE : p.mode[t];
@@ -381,7 +382,7 @@ template <class S> mf_status_t launch(const app_params &p, cudaStream_t st)
     size_t sm = smem_plan<S>::total;
     if (smem_limit_once((const void *)apply_kernel<S>, (int)sm, &raised) != cudaSuccess)
         return MF_INTERNAL;
-    apply_kernel<S><<<p.nb_all * p.ht, S::THREADS, sm, st>>>(p);
+    apply_kernel<S><<<p.nb_all * p.nh, S::THREADS, sm, st>>>(p);
     return MF_OK;
 }
 
@@ -649,7 +650,8 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
     }
     scratch sc;
     size_t o_rows = sc.take(all * sizeof(void *)), o_w = sc.take((size_t)ht * hs * 4),
-           o_tp = sc.take(ht * 4), o_mode = sc.take(ht), o_ex = sc.take(all);
+           o_tp = sc.take(ht * 4), o_mode = sc.take(ht), o_ex = sc.take(all),
+           o_heads = sc.take(ht * sizeof(uint16_t));
     /* The core where it covers the shape (else v2 does every block): keep bitmaps after
      * the constants, written by the pre-pass (never copied from the host). */
     const char *no_core = "";
@@ -679,12 +681,15 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
         }
         memcpy(host + o_w, a->map->w, (size_t)ht * hs * 4);
         bool any_prob = false, any_other = false, any_exact = false;
+        uint32_t n_prob = 0;
         for (uint32_t t = 0; t < ht; t++) {
             uint8_t md = a->map->mode[t];
             ((float *)(host + o_tp))[t] = a->map->top_p ? a->map->top_p[t] : 1.0f;
             if (bs.only >= 0 && md != bs.only)
                 md = MF_HEAD_SKIP;
             host[o_mode + t] = md;
+            if (md == MF_HEAD_PROB) /* v2's grid under the core: these heads only */
+                ((uint16_t *)(host + o_heads))[n_prob++] = (uint16_t)t;
             any_prob |= md == MF_HEAD_PROB;
             any_other |= md == MF_HEAD_MASK || md == MF_HEAD_COMPUTE;
         }
@@ -710,6 +715,7 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
             p.top_p = (const float *)(cs.dev + o_tp);
             p.mode = cs.dev + o_mode;
             p.exact = cs.dev + o_ex;
+            p.nh = ht;
             p.bad = a->bad_rows;
             p.n = n;
             p.ht = ht;
@@ -738,6 +744,8 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
                 if (st == MF_OK && (bs.phase == PHASE_ALL || bs.phase == PHASE_CORE))
                     st = core_launch(ca, s, why);
                 p.core = 1;
+                p.heads = (const uint16_t *)(cs.dev + o_heads);
+                p.nh = n_prob;
             }
             /* v2: every block, or the prob heads' only with the core */
             if (st == MF_OK && (any_prob || (!use_core && any_other)) && bs.phase == PHASE_ALL) {

@@ -24,9 +24,12 @@ struct app_params {
     const float *top_p;    /* [Ht] */
     const uint8_t *mode;   /* [Ht] */
     const uint8_t *exact;  /* [nb_all] */
+    const uint16_t *heads; /* v2's heads, nh of them (grid nb_all × nh); NULL: 0..ht−1 */
+    uint32_t nh;
     uint32_t *bad;
     uint32_t n, ht, hkv, hs, n_rows, nb_all;
-    uint32_t core;         /* v2: the attention core does every block but prob ones */
+    uint32_t core;         /* v2: the attention core does every block but prob ones (and
+                            * heads lists only the prob heads) */
     float scale_log2;
 };
 
