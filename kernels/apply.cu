@@ -20,6 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <mutex>
+
 #include "apply_internal.cuh"
 #include "attn_core.cuh"
 
@@ -242,7 +244,10 @@ template <class S> __global__ void __launch_bounds__(S::THREADS) apply_kernel(ap
     uint16_t *s_col = reinterpret_cast<uint16_t *>(work + smem_plan<S>::work);
     uint16_t *s_j = s_col + MF_CUDA_MAX_BLOCKS;
     uint8_t *s_keep = reinterpret_cast<uint8_t *>(s_j + MF_CUDA_MAX_BLOCKS);
-    uint32_t i = p.nb_all - 1 - blockIdx.x / p.ht, t = blockIdx.x % p.ht;
+    uint32_t i = p.nb_all - 1 - blockIdx.x / p.nh;
+    uint32_t t = p.heads ? p.heads[blockIdx.x % p.nh] : blockIdx.x % p.nh;
+    if (p.mode[t] == MF_HEAD_SKIP)
+        return;
     uint32_t mode = p.exact[i] ? MF_HEAD_COMPUTE : p.mode[t];
     row_dev row;
     bool all[2] = { true, true };
@@ -288,7 +293,8 @@ template <class S> __global__ void __launch_bounds__(S::THREADS) apply_kernel(ap
             attend<S>(p, sm, i, t, (int)i + 1, [](int x) { return (uint32_t)x; }, need);
         return;
     }
-    mask_select(row, i, p.top_p ? (double)p.top_p[t] : 1.0, s_w, wmask, work, s_keep, &s_sel);
+    mask_select(row, i, p.top_p ? (double)p.top_p[t] : 1.0, s_w, wmask, work,
+                MF_CUDA_MAX_BLOCKS, s_keep, &s_sel);
     /* blocks 0 and i are always attended, candidates or not */
     list_columns(row, s_col, s_j, &s_cnt, [&](uint32_t c) {
         uint32_t j = row.cols[c];
@@ -313,20 +319,28 @@ template <class S> __global__ void __launch_bounds__(S::THREADS) apply_kernel(ap
 /* The core's pre-pass, one CTA per (query block i, target head t): the block's effective
  * mode as v2 decides it (exact blocks, missing or disagreeing rows: compute), then its
  * key-block bitmap keep[(t·nb + i)·words ..]: compute → every j ≤ i; mask → mask_select's
- * kept columns plus blocks 0 and i; prob → empty (v2 computes it). */
+ * kept columns plus blocks 0 and i; prob → empty (v2 computes it); skipped heads → empty.
+ * Shared memory is sized for cap = pow2(nb) columns, not MF_CUDA_MAX_BLOCKS (43 KB: 5 CTAs
+ * an SM for a latency-bound kernel; 11 KB at nb = 512: 16), and the largest i go first (the
+ * longest CTAs; the tail is then short ones). v1 = 1 (MF_APPLY_PREPASS=v1, bench A/B): the
+ * pre-pass of before — full-size shared memory, i ascending, the ordered loop over every
+ * column. */
 __global__ void __launch_bounds__(128) prepass_kernel(app_params p, uint32_t b,
-                                                      uint32_t *keep, uint32_t words)
+                                                      uint32_t *keep, uint32_t words,
+                                                      uint32_t cap, uint32_t v1)
 {
     extern __shared__ __align__(16) uint8_t work[];
     __shared__ float s_w[MF_ROW_MAX_HEADS];
     __shared__ sel_shared s_sel;
     __shared__ uint32_t s_bits[MF_CUDA_MAX_BLOCKS / 32];
-    uint8_t *s_keep = work + SEL_BYTES;
-    uint32_t i = blockIdx.x / p.ht, t = blockIdx.x % p.ht;
-    uint32_t mode = p.exact[i] ? MF_HEAD_COMPUTE : p.mode[t];
+    uint8_t *s_keep = work + SEL_BYTES_FOR(cap);
+    uint32_t i = v1 ? blockIdx.x / p.ht : p.nb_all - 1 - blockIdx.x / p.ht, t = blockIdx.x % p.ht;
+    uint32_t mode = p.mode[t] == MF_HEAD_SKIP ? MF_HEAD_SKIP
+                    : p.exact[i]              ? MF_HEAD_COMPUTE
+                                              : p.mode[t];
     uint32_t *dst = keep + ((size_t)t * p.nb_all + i) * words;
     row_dev row;
-    if (mode != MF_HEAD_COMPUTE) {
+    if (mode != MF_HEAD_COMPUTE && mode != MF_HEAD_SKIP) {
         row = row_open(p.rows[i]);
         if (!row_usable(row, i, b, p.hs, mode)) {
             if (threadIdx.x == 0 && p.bad)
@@ -346,7 +360,8 @@ __global__ void __launch_bounds__(128) prepass_kernel(app_params p, uint32_t b,
     unsigned long long wmask = load_w(p, t, s_w);
     for (uint32_t w = threadIdx.x; w < words; w += blockDim.x)
         s_bits[w] = 0;
-    mask_select(row, i, p.top_p ? (double)p.top_p[t] : 1.0, s_w, wmask, work, s_keep, &s_sel);
+    mask_select(row, i, p.top_p ? (double)p.top_p[t] : 1.0, s_w, wmask, work, cap, s_keep,
+                &s_sel, v1 != 0);
     for (uint32_t c = threadIdx.x; c < row.n_cols; c += blockDim.x)
         if (s_keep[c]) {
             uint32_t j = row.cols[c];
@@ -363,12 +378,11 @@ __global__ void __launch_bounds__(128) prepass_kernel(app_params p, uint32_t b,
 
 template <class S> mf_status_t launch(const app_params &p, cudaStream_t st)
 {
+    static std::atomic<uint64_t> raised; /* per instantiation: bit = device */
     size_t sm = smem_plan<S>::total;
-    cudaError_t e = cudaFuncSetAttribute(apply_kernel<S>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
-    if (e != cudaSuccess)
+    if (smem_limit_once((const void *)apply_kernel<S>, (int)sm, &raised) != cudaSuccess)
         return MF_INTERNAL;
-    apply_kernel<S><<<p.nb_all * p.ht, S::THREADS, sm, st>>>(p);
+    apply_kernel<S><<<p.nb_all * p.nh, S::THREADS, sm, st>>>(p);
     return MF_OK;
 }
 
@@ -420,58 +434,176 @@ mf_status_t check_map(const mf_layer_map_t *m, uint32_t ht, const char **why)
     return MF_OK;
 }
 
-/* Packs for v3: per KV head, its target heads grouped by mode, in pieces of hp. */
-uint32_t build_packs(apply_pack *pk, const uint8_t *mode, uint32_t ht, uint32_t hkv,
-                     uint32_t hp)
+/* A switch from the environment: the index of its value in names[0..n), -1 when unset or
+ * empty, -2 when set to anything else. */
+int env_choice(const char *var, const char *const *names, int n)
 {
-    uint32_t g = ht / hkv, n = 0;
-    for (uint32_t kv = 0; kv < hkv; kv++)
-        for (uint8_t m = 0; m <= MF_HEAD_MASK; m++) {
-            apply_pack cur;
-            memset(&cur, 0, sizeof(cur));
-            for (uint32_t t = kv * g; t < (kv + 1) * g; t++) {
-                if (mode[t] != m)
-                    continue;
-                cur.t[cur.n++] = (uint16_t)t;
-                if (cur.n == hp) {
-                    cur.kvh = (uint16_t)kv;
-                    cur.mode = m;
-                    pk[n++] = cur;
-                    memset(&cur, 0, sizeof(cur));
-                }
-            }
-            if (cur.n) {
-                cur.kvh = (uint16_t)kv;
-                cur.mode = m;
-                pk[n++] = cur;
-            }
-        }
-    return n;
+    const char *e = getenv(var);
+    if (!e || !*e)
+        return -1;
+    for (int x = 0; x < n; x++)
+        if (!strcmp(e, names[x]))
+            return x;
+    return -2;
 }
 
-/* DEFAULT → MF_APPLY_IMPL (core | v2 | v3) from the environment, else the built-in default. */
+/* DEFAULT → MF_APPLY_IMPL (core | v2) from the environment, else the built-in default. */
 mf_status_t resolve_impl(mf_apply_impl_t *impl, const char **why)
 {
-    if (*impl == MF_APPLY_IMPL_V2 || *impl == MF_APPLY_IMPL_V3 || *impl == MF_APPLY_IMPL_CORE)
+    if (*impl == MF_APPLY_IMPL_V2 || *impl == MF_APPLY_IMPL_CORE)
         return MF_OK;
+    if (*impl == MF_APPLY_IMPL_V3) {
+        *why = "the v3 apply kernel was removed (slower than v2; bench/gpu/NOTES.md): use "
+               "core or v2";
+        return MF_INVALID_ARGUMENT;
+    }
     if (*impl != MF_APPLY_IMPL_DEFAULT) {
         *why = "unknown apply implementation";
         return MF_INVALID_ARGUMENT;
     }
-    const char *e = getenv("MF_APPLY_IMPL");
-    static const struct { const char *name; mf_apply_impl_t impl; } names[] = {
-        { "core", MF_APPLY_IMPL_CORE }, { "v2", MF_APPLY_IMPL_V2 }, { "v3", MF_APPLY_IMPL_V3 } };
-    if (!e || !*e) {
-        *impl = MF_APPLY_IMPL_BUILTIN;
-        return MF_OK;
+    static const char *const names[] = { "core", "v2" };
+    static const mf_apply_impl_t impls[] = { MF_APPLY_IMPL_CORE, MF_APPLY_IMPL_V2 };
+    int x = env_choice("MF_APPLY_IMPL", names, 2);
+    if (x == -2) {
+        *why = "MF_APPLY_IMPL must be core or v2 (v3 was removed)";
+        return MF_INVALID_ARGUMENT;
     }
-    for (size_t x = 0; x < sizeof(names) / sizeof(names[0]); x++)
-        if (!strcmp(e, names[x].name)) {
-            *impl = names[x].impl;
+    *impl = x < 0 ? MF_APPLY_IMPL_BUILTIN : impls[x];
+    return MF_OK;
+}
+
+/* The bench-only switches (mapflow_kernels_cuda.h lists them; bench/gpu/core_bench.py sets
+ * them): which launches run (MF_APPLY_PHASE), which heads (MF_APPLY_ONLY), whether the
+ * per-device scratch cache is used (MF_APPLY_CACHE=0: the per-call allocation of before),
+ * and which pre-pass (MF_APPLY_PREPASS=v1: the one of before). */
+enum { PHASE_ALL = -1, PHASE_PREPASS = 0, PHASE_CORE = 1, PHASE_NONE = 2 };
+struct bench_switches {
+    int phase, only; /* only: −1 every head, else the one mode (MF_HEAD_*) that runs */
+    bool cache;
+    uint32_t prepass_v1; /* MF_APPLY_PREPASS=v1: the pre-pass of before (prepass_kernel) */
+};
+mf_status_t read_switches(bench_switches *b, const char **why)
+{
+    static const char *const phases[] = { "prepass", "core", "none" };
+    static const char *const modes[] = { "compute", "prob", "mask" }; /* = MF_HEAD_* */
+    static const char *const off[] = { "0" }, *const v1[] = { "v1" };
+    b->phase = env_choice("MF_APPLY_PHASE", phases, 3);
+    b->only = env_choice("MF_APPLY_ONLY", modes, 3);
+    int c = env_choice("MF_APPLY_CACHE", off, 1), pp = env_choice("MF_APPLY_PREPASS", v1, 1);
+    b->cache = c != 0;
+    b->prepass_v1 = pp == 0;
+    if (b->phase == -2 || b->only == -2 || c == -2 || pp == -2) {
+        *why = "MF_APPLY_PHASE must be prepass, core or none; MF_APPLY_ONLY compute, prob or "
+               "mask; MF_APPLY_CACHE 0; MF_APPLY_PREPASS v1 (or unset)";
+        return MF_INVALID_ARGUMENT;
+    }
+    return MF_OK;
+}
+
+/* The scratch of one call: device constants | keep bitmaps, and the host image of the
+ * constants. Cached per device and grown on demand (a per-call cudaMallocAsync gets memory
+ * the default pool trimmed at the last synchronisation mapped again, on the host, before
+ * the first launch: bench/gpu/NOTES.md). The cache's mutex is held for the whole host part
+ * of a call; each call's stream first waits (on the device) for the previous call's
+ * launches, so calls sharing the scratch never overlap on the GPU, whatever the streams. The
+ * constants go through pinned staging unless the previous call's copy out of it is still
+ * pending (then pageable memory, as before). */
+struct dev_cache {
+    std::mutex mu;
+    uint8_t *dev = nullptr, *pin = nullptr;
+    size_t dev_cap = 0, pin_cap = 0;
+    cudaEvent_t copied = nullptr, done = nullptr; /* after the last call's copy / launches */
+    bool used = false;
+};
+#define MAX_CACHED_DEVICES 16 /* devices past this allocate per call */
+dev_cache g_cache[MAX_CACHED_DEVICES];
+
+struct call_scratch {
+    dev_cache *c = nullptr;   /* null: per-call allocation */
+    uint8_t *dev = nullptr, *host = nullptr;
+    bool pinned = false;
+};
+
+mf_status_t scratch_get(call_scratch *cs, dev_cache *c, size_t dev_bytes, size_t host_bytes,
+                        cudaStream_t s, const char **why)
+{
+    cs->c = c;
+    if (!c) {
+        cs->host = (uint8_t *)calloc(1, host_bytes);
+        if (!cs->host) {
+            *why = "out of host memory for apply constants";
+            return MF_RESOURCE_EXHAUSTED;
+        }
+        return cuda_status(cudaMallocAsync((void **)&cs->dev, dev_bytes, s), why);
+    }
+    mf_status_t st = MF_OK;
+    if (!c->done) {
+        st = cuda_status(cudaEventCreateWithFlags(&c->copied, cudaEventDisableTiming), why);
+        if (st == MF_OK)
+            st = cuda_status(cudaEventCreateWithFlags(&c->done, cudaEventDisableTiming), why);
+        if (st != MF_OK) {
+            if (c->copied)
+                cudaEventDestroy(c->copied);
+            c->copied = c->done = nullptr;
+            return st;
+        }
+    }
+    if (c->used) /* also on the same stream: a destroyed stream's handle can come back */
+        st = cuda_status(cudaStreamWaitEvent(s, c->done, 0), why);
+    if (st == MF_OK && c->dev_cap < dev_bytes) { /* grow: the old one is freed in stream order */
+        size_t cap = cmax(dev_bytes, 2 * c->dev_cap);
+        cap = (cap + 65535) & ~(size_t)65535;
+        if (c->dev)
+            cudaFreeAsync(c->dev, s);
+        c->dev = nullptr;
+        c->dev_cap = 0;
+        st = cuda_status(cudaMallocAsync((void **)&c->dev, cap, s), why);
+        if (st == MF_OK)
+            c->dev_cap = cap;
+    }
+    if (st != MF_OK)
+        return st;
+    cs->dev = c->dev;
+    if (cudaEventQuery(c->copied) == cudaSuccess) { /* staging free (or never used) */
+        if (c->pin_cap < host_bytes) {
+            size_t cap = (cmax(host_bytes, 2 * c->pin_cap) + 4095) & ~(size_t)4095;
+            if (c->pin)
+                cudaFreeHost(c->pin);
+            c->pin = nullptr;
+            c->pin_cap = 0;
+            if (cudaMallocHost((void **)&c->pin, cap) == cudaSuccess)
+                c->pin_cap = cap;
+            else
+                c->pin = nullptr;
+        }
+        if (c->pin) {
+            cs->host = c->pin;
+            cs->pinned = true;
+            memset(cs->host, 0, host_bytes);
             return MF_OK;
         }
-    *why = "MF_APPLY_IMPL must be core, v2 or v3";
-    return MF_INVALID_ARGUMENT;
+    }
+    (void)cudaGetLastError(); /* a pending query or a failed pinned allocation is not an error */
+    cs->host = (uint8_t *)calloc(1, host_bytes);
+    if (!cs->host) {
+        *why = "out of host memory for apply constants";
+        return MF_RESOURCE_EXHAUSTED;
+    }
+    return MF_OK;
+}
+
+/* The call's launches are queued on s: hand the scratch back. */
+void scratch_put(call_scratch *cs, cudaStream_t s)
+{
+    if (!cs->c) {
+        if (cs->dev)
+            cudaFreeAsync(cs->dev, s);
+    } else if (cs->dev) {
+        cudaEventRecord(cs->c->done, s);
+        cs->c->used = true;
+    }
+    if (!cs->pinned)
+        free(cs->host);
 }
 
 } /* namespace */
@@ -490,6 +622,10 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
         why = &dummy;
     *why = "";
     mf_status_t st0 = resolve_impl(&impl, why);
+    if (st0 != MF_OK)
+        return st0;
+    bench_switches bs;
+    st0 = read_switches(&bs, why);
     if (st0 != MF_OK)
         return st0;
     if (!a || !a->o) {
@@ -515,7 +651,7 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
     scratch sc;
     size_t o_rows = sc.take(all * sizeof(void *)), o_w = sc.take((size_t)ht * hs * 4),
            o_tp = sc.take(ht * 4), o_mode = sc.take(ht), o_ex = sc.take(all),
-           o_pk = sc.take((size_t)ht * sizeof(apply_pack));
+           o_heads = sc.take(ht * sizeof(uint16_t));
     /* The core where it covers the shape (else v2 does every block): keep bitmaps after
      * the constants, written by the pre-pass (never copied from the host). */
     const char *no_core = "";
@@ -524,28 +660,49 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
                     !(((uintptr_t)a->tgt.q | (uintptr_t)a->tgt.k | (uintptr_t)a->tgt.v) & 15);
     uint32_t words = (all + 31) / 32;
     size_t host_used = sc.used, o_keep = use_core ? sc.take((size_t)ht * all * words * 4) : 0;
-    uint8_t *host = (uint8_t *)calloc(1, host_used);
-    if (!host) {
-        *why = "out of host memory for apply constants";
-        return MF_RESOURCE_EXHAUSTED;
-    }
-    for (uint32_t i = 0; i < all; i++) {
-        const void *r = i < a->n_rows ? a->rows[i] : NULL;
-        ((const void **)(host + o_rows))[i] = r;
-        host[o_ex + i] = (uint8_t)(i >= full || !r || (a->exact && a->exact[i]) ||
-                                   i < a->exact_first || (uint64_t)i + a->exact_last >= full);
-    }
-    memcpy(host + o_w, a->map->w, (size_t)ht * hs * 4);
-    for (uint32_t t = 0; t < ht; t++)
-        ((float *)(host + o_tp))[t] = a->map->top_p ? a->map->top_p[t] : 1.0f;
-    memcpy(host + o_mode, a->map->mode, ht);
-    uint32_t n_packs = build_packs((apply_pack *)(host + o_pk), a->map->mode, ht,
-                                   a->tgt.n_kv_heads,
-                                   apply_v3_heads_per_cta(b, a->tgt.head_dim));
     cudaStream_t s = stream;
-    st = cuda_status(cudaMallocAsync((void **)&sc.base, sc.used, s), why);
+    int dev = -1;
+    dev_cache *cache = nullptr;
+    if (bs.cache && cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < MAX_CACHED_DEVICES)
+        cache = &g_cache[dev];
+    (void)cudaGetLastError();
+    std::unique_lock<std::mutex> lock;
+    if (cache)
+        lock = std::unique_lock<std::mutex>(cache->mu);
+    call_scratch cs;
+    st = scratch_get(&cs, cache, sc.used, host_used, s, why);
     if (st == MF_OK) {
-        st = cuda_status(cudaMemcpyAsync(sc.base, host, host_used, cudaMemcpyHostToDevice, s), why);
+        uint8_t *host = cs.host;
+        for (uint32_t i = 0; i < all; i++) {
+            const void *r = i < a->n_rows ? a->rows[i] : NULL;
+            ((const void **)(host + o_rows))[i] = r;
+            host[o_ex + i] = (uint8_t)(i >= full || !r || (a->exact && a->exact[i]) ||
+                                       i < a->exact_first || (uint64_t)i + a->exact_last >= full);
+        }
+        memcpy(host + o_w, a->map->w, (size_t)ht * hs * 4);
+        bool any_prob = false, any_other = false, any_exact = false;
+        uint32_t n_prob = 0;
+        for (uint32_t t = 0; t < ht; t++) {
+            uint8_t md = a->map->mode[t];
+            ((float *)(host + o_tp))[t] = a->map->top_p ? a->map->top_p[t] : 1.0f;
+            if (bs.only >= 0 && md != bs.only)
+                md = MF_HEAD_SKIP;
+            host[o_mode + t] = md;
+            if (md == MF_HEAD_PROB) /* v2's grid under the core: these heads only */
+                ((uint16_t *)(host + o_heads))[n_prob++] = (uint16_t)t;
+            any_prob |= md == MF_HEAD_PROB;
+            any_other |= md == MF_HEAD_MASK || md == MF_HEAD_COMPUTE;
+        }
+        for (uint32_t i = 0; i < all; i++)
+            any_exact |= host[o_ex + i] != 0;
+        /* Prob heads alone and no exact block: v2 does it all (it computes a block whose row
+         * turns out unusable itself), no pre-pass and no grid of empty core tiles. */
+        if (!any_other && !(any_prob && any_exact))
+            use_core = false;
+        st = cuda_status(cudaMemcpyAsync(cs.dev, host, host_used, cudaMemcpyHostToDevice, s),
+                         why);
+        if (st == MF_OK && cache)
+            st = cuda_status(cudaEventRecord(cache->copied, s), why);
         if (st == MF_OK) {
             app_params p;
             memset(&p, 0, sizeof(p));
@@ -553,13 +710,12 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
             p.k = a->tgt.k;
             p.v = a->tgt.v;
             p.o = a->o;
-            p.rows = (const uint8_t *const *)(sc.base + o_rows);
-            p.w = (const float *)(sc.base + o_w);
-            p.top_p = (const float *)(sc.base + o_tp);
-            p.mode = sc.base + o_mode;
-            p.exact = sc.base + o_ex;
-            p.packs = (const apply_pack *)(sc.base + o_pk);
-            p.n_packs = n_packs;
+            p.rows = (const uint8_t *const *)(cs.dev + o_rows);
+            p.w = (const float *)(cs.dev + o_w);
+            p.top_p = (const float *)(cs.dev + o_tp);
+            p.mode = cs.dev + o_mode;
+            p.exact = cs.dev + o_ex;
+            p.nh = ht;
             p.bad = a->bad_rows;
             p.n = n;
             p.ht = ht;
@@ -568,27 +724,32 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
             p.n_rows = a->n_rows;
             p.nb_all = all;
             p.scale_log2 = MF_LOG2E / sqrtf((float)a->tgt.head_dim);
-            bool any_prob = false;
-            for (uint32_t t = 0; t < ht; t++)
-                any_prob |= a->map->mode[t] == MF_HEAD_PROB;
             if (use_core) {
-                uint32_t *keep = (uint32_t *)(sc.base + o_keep);
-                prepass_kernel<<<all * ht, 128, SEL_BYTES + MF_CUDA_MAX_BLOCKS, s>>>(p, b, keep,
-                                                                                      words);
-                st = cuda_status(cudaGetLastError(), why);
+                uint32_t *keep = (uint32_t *)(cs.dev + o_keep);
+                if (bs.phase == PHASE_ALL || bs.phase == PHASE_PREPASS) {
+                    uint32_t cap = 32; /* pow2 ≥ all, ≥ a warp */
+                    while (cap < all)
+                        cap <<= 1;
+                    if (bs.prepass_v1)
+                        cap = MF_CUDA_MAX_BLOCKS;
+                    prepass_kernel<<<all * ht, 128, SEL_BYTES_FOR(cap) + cap, s>>>(
+                        p, b, keep, words, cap, bs.prepass_v1);
+                    st = cuda_status(cudaGetLastError(), why);
+                }
                 core_args ca = core_args_of(&a->tgt, a->o, NULL);
                 ca.keep = keep;
                 ca.block = b;
                 ca.nb = all;
                 ca.words = words;
-                if (st == MF_OK)
+                if (st == MF_OK && (bs.phase == PHASE_ALL || bs.phase == PHASE_CORE))
                     st = core_launch(ca, s, why);
                 p.core = 1;
+                p.heads = (const uint16_t *)(cs.dev + o_heads);
+                p.nh = n_prob;
             }
-            if (st == MF_OK && !(use_core && !any_prob)) { /* v2 (prob heads only with the core) */
-                if (impl == MF_APPLY_IMPL_V3)
-                    st = apply_v3_launch(p, b, a->tgt.head_dim, a->tgt.dtype, s);
-                else if (a->tgt.dtype == MF_DTYPE_F16)
+            /* v2: every block, or the prob heads' only with the core */
+            if (st == MF_OK && (any_prob || (!use_core && any_other)) && bs.phase == PHASE_ALL) {
+                if (a->tgt.dtype == MF_DTYPE_F16)
                     st = launch_t<__half>(p, b, a->tgt.head_dim, s);
                 else
                     st = launch_t<__nv_bfloat16>(p, b, a->tgt.head_dim, s);
@@ -598,8 +759,7 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
             if (st == MF_OK)
                 st = cuda_status(cudaGetLastError(), why);
         }
-        cudaFreeAsync(sc.base, s);
     }
-    free(host);
+    scratch_put(&cs, s);
     return st;
 }

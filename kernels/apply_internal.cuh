@@ -1,7 +1,7 @@
 /*
- * apply_internal — what apply.cu (v2 kernel, the core's mask pre-pass, host entry) and
- * apply_v3.cu (GQA-packed kernel) share: the launch parameters, the head packs of v3, the
- * row check, mask-mode selection, the column lister and the tile-piece decoder. Internal to kernels/; host and device code, no global state.
+ * apply_internal — the pieces of apply.cu (the v2 kernel, the core's mask pre-pass, the host
+ * entry): the launch parameters, the row check, mask-mode selection, the column lister and
+ * the tile-piece decoder. Internal to kernels/; host and device code, no global state.
  */
 #ifndef MF_APPLY_INTERNAL_CUH
 #define MF_APPLY_INTERNAL_CUH
@@ -12,12 +12,9 @@
 
 namespace mfc {
 
-/* v3: up to MF_PACK_MAX target heads of one KV head and one mode, served by one CTA. */
-#define MF_PACK_MAX 8
-struct apply_pack {
-    uint16_t kvh, n, mode, pad;
-    uint16_t t[MF_PACK_MAX];
-};
+/* app_params.mode value of a head this launch leaves alone (MF_APPLY_ONLY, a bench switch:
+ * its O is not written); never a user's mode (check_map refuses > MF_HEAD_MASK). */
+#define MF_HEAD_SKIP 0xffu
 
 struct app_params {
     const void *q, *k, *v;
@@ -27,24 +24,20 @@ struct app_params {
     const float *top_p;    /* [Ht] */
     const uint8_t *mode;   /* [Ht] */
     const uint8_t *exact;  /* [nb_all] */
-    const apply_pack *packs; /* v3 only: [n_packs] */
+    const uint16_t *heads; /* v2's heads, nh of them (grid nb_all × nh); NULL: 0..ht−1 */
+    uint32_t nh;
     uint32_t *bad;
-    uint32_t n, ht, hkv, hs, n_rows, nb_all, n_packs;
-    uint32_t core;         /* v2: the attention core does every block but prob ones */
+    uint32_t n, ht, hkv, hs, n_rows, nb_all;
+    uint32_t core;         /* v2: the attention core does every block but prob ones (and
+                            * heads lists only the prob heads) */
     float scale_log2;
 };
 
-/* Mask-mode selection arrays of one head: masses, sort keys, sort columns. */
-#define SEL_BYTES (MF_CUDA_MAX_BLOCKS * (2 * sizeof(double) + sizeof(uint32_t)))
+/* Mask-mode selection arrays of one head for up to cap columns (cap a power of two ≥ the
+ * query blocks: the sort pads to one): masses, sort keys, sort columns. */
+#define SEL_BYTES_FOR(cap) ((size_t)(cap) * (2 * sizeof(double) + sizeof(uint32_t)))
+#define SEL_BYTES SEL_BYTES_FOR(MF_CUDA_MAX_BLOCKS)
 static constexpr size_t cmax(size_t a, size_t b) { return a > b ? a : b; }
-
-/* v3 (apply_v3.cu): heads per CTA for block size b, head dim d (the pack size the host
- * builds). */
-uint32_t apply_v3_heads_per_cta(uint32_t b, uint32_t d);
-/* v3 launch; p.packs / p.n_packs set. MF_UNIMPLEMENTED for an unknown shape,
- * MF_INTERNAL when the shared-memory limit cannot be raised. */
-mf_status_t apply_v3_launch(const app_params &p, uint32_t b, uint32_t d, mf_dtype_t dtype,
-                            cudaStream_t st);
 
 /* Scalars the mask selection shares across the CTA (in shared memory). */
 struct sel_shared {
@@ -79,15 +72,20 @@ __device__ __forceinline__ unsigned long long load_w(const app_params &p, uint32
 /* Mask mode's selection for query block i (mf_apply_ref): mixed masses in double, source
  * heads ascending as the reference sums, then mf_topp_select's rule over the candidates
  * (columns with a head in wmask). s_keep[c] = 1 for the kept columns c < n_cols; blocks 0
- * and i are attended whether kept or not (the caller adds them). work: SEL_BYTES of shared
- * memory. Every thread of the CTA calls; ends with a CTA barrier. */
+ * and i are attended whether kept or not (the caller adds them). work: SEL_BYTES_FOR(cap)
+ * of shared memory, cap a power of two ≥ i + 1. The ordered sums (total, and the candidate
+ * list the sort takes) are one thread's, in column order as the reference's; warp 0 first
+ * lists the candidates (ballots), so that loop walks the head's candidates, not the row's
+ * union over every source head (serial_all: every column, the pre-pass of before, for the
+ * bench's A/B). Every thread of the CTA calls; ends with a CTA barrier. */
 __device__ __forceinline__ void mask_select(const row_dev &row, uint32_t i, double tp,
                                             const float *s_w, unsigned long long wmask,
-                                            uint8_t *work, uint8_t *s_keep, sel_shared *ss)
+                                            uint8_t *work, uint32_t cap, uint8_t *s_keep,
+                                            sel_shared *ss, bool serial_all = false)
 {
     double *mall = reinterpret_cast<double *>(work);
-    double *cm = mall + MF_CUDA_MAX_BLOCKS;
-    uint32_t *cj = reinterpret_cast<uint32_t *>(cm + MF_CUDA_MAX_BLOCKS);
+    double *cm = mall + cap;
+    uint32_t *cj = reinterpret_cast<uint32_t *>(cm + cap);
     for (uint32_t c = threadIdx.x; c < row.n_cols; c += blockDim.x) {
         unsigned long long hm = row.head_mask[c], rel = hm & wmask;
         double mm = 0.0;
@@ -99,26 +97,39 @@ __device__ __forceinline__ void mask_select(const row_dev &row, uint32_t i, doub
         s_keep[c] = (hm & wmask) ? 1 : 0; /* candidate */
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        double total = 0.0, acc0 = 0.0;
-        int n = 0;
-        for (uint32_t c = 0; c < row.n_cols; c++) {
-            uint32_t j = row.cols[c];
-            if (!s_keep[c])
-                continue;
-            total += mall[c];
-            if (j == 0 || j == i)
-                continue;
-            cm[n] = mall[c];
-            cj[n++] = c; /* column index; ties go to the lower c, i.e. the lower j */
+    if (threadIdx.x < 32) {
+        /* cj[0..nc) = the columns the loop below walks, ascending */
+        uint32_t lane = threadIdx.x, nc = 0;
+        for (uint32_t base = 0; base < row.n_cols; base += 32) {
+            uint32_t c = base + lane;
+            bool in = c < row.n_cols && (serial_all || s_keep[c]);
+            uint32_t bal = __ballot_sync(0xffffffffu, in);
+            if (in)
+                cj[nc + __popc(bal & ((1u << lane) - 1))] = c;
+            nc += __popc(bal);
         }
-        if (row.cols[0] == 0 && s_keep[0])
-            acc0 += mall[0];
-        if (i > 0 && row.cols[row.n_cols - 1] == i && s_keep[row.n_cols - 1])
-            acc0 += mall[row.n_cols - 1];
-        ss->cnt = n;
-        ss->acc0 = acc0;
-        ss->target = tp * total;
+        __syncwarp();
+        if (lane == 0) {
+            double total = 0.0, acc0 = 0.0;
+            int n = 0;
+            for (uint32_t x = 0; x < nc; x++) {
+                uint32_t c = cj[x], j = row.cols[c];
+                if (!s_keep[c])
+                    continue;
+                total += mall[c];
+                if (j == 0 || j == i)
+                    continue;
+                cm[n] = mall[c];
+                cj[n++] = c; /* in place (n ≤ x); ties go to the lower c, i.e. the lower j */
+            }
+            if (row.cols[0] == 0 && s_keep[0])
+                acc0 += mall[0];
+            if (i > 0 && row.cols[row.n_cols - 1] == i && s_keep[row.n_cols - 1])
+                acc0 += mall[row.n_cols - 1];
+            ss->cnt = n;
+            ss->acc0 = acc0;
+            ss->target = tp * total;
+        }
     }
     __syncthreads();
     int n = ss->cnt;

@@ -607,19 +607,52 @@ void encode_resolve()
         g_encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
 }
 
+/* This thread's last encodes: a launch encodes three maps, and callers repeat the same
+ * tensors (layer after layer, rep after rep). A map is a pure function of the key below, so
+ * a hit is exact. */
+struct enc_entry {
+    CUtensorMap tm;
+    const void *base;
+    mf_dtype_t dt;
+    uint32_t n, h, d, rows;
+};
+#define ENC_CACHE 6
+thread_local enc_entry t_enc[ENC_CACHE];
+thread_local unsigned t_enc_used, t_enc_next;
+
 /* [N][H][d] as a 3-d tensor (d, H, N); box {64, 1, rows}, 128-byte swizzle. */
 bool encode(CUtensorMap *tm, const void *base, mf_dtype_t dt, uint32_t n, uint32_t h,
             uint32_t d, uint32_t rows)
 {
+    for (unsigned x = 0; x < t_enc_used; x++) {
+        const enc_entry &e = t_enc[x];
+        if (e.base == base && e.dt == dt && e.n == n && e.h == h && e.d == d && e.rows == rows) {
+            *tm = e.tm;
+            return true;
+        }
+    }
     cuuint64_t dims[3] = { d, h, n };
     cuuint64_t strides[2] = { (cuuint64_t)d * 2, (cuuint64_t)h * d * 2 };
     cuuint32_t box[3] = { 64, 1, rows }, estr[3] = { 1, 1, 1 };
-    return g_encode(tm, dt == MF_DTYPE_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
-                                           : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-                    3, const_cast<void *>(base), dims, strides, box, estr,
-                    CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+    if (g_encode(tm, dt == MF_DTYPE_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                        : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                 3, const_cast<void *>(base), dims, strides, box, estr,
+                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+        return false;
+    enc_entry &e = t_enc[t_enc_next];
+    e.tm = *tm;
+    e.base = base;
+    e.dt = dt;
+    e.n = n;
+    e.h = h;
+    e.d = d;
+    e.rows = rows;
+    t_enc_next = (t_enc_next + 1) % ENC_CACHE;
+    if (t_enc_used < ENC_CACHE)
+        t_enc_used++;
+    return true;
 }
 
 template <typename T, int D, int BN, bool MASS>
@@ -635,8 +668,9 @@ mf_status_t launch(const core_args &a, const core_params &p, cudaStream_t s, con
     size_t smem = cfg<D, BN>::SMEM;
     if (MASS && smem < MASS_MIN_SMEM) /* one CTA per SM: the ℓ slots count on it */
         smem = MASS_MIN_SMEM;
-    if (cudaFuncSetAttribute(core_kernel<T, D, BN, MASS>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess) {
+    static std::atomic<uint64_t> raised; /* per instantiation: bit = device */
+    if (smem_limit_once((const void *)core_kernel<T, D, BN, MASS>, (int)smem, &raised) !=
+        cudaSuccess) {
         *why = "could not raise the attention core's shared-memory limit";
         return MF_INTERNAL;
     }

@@ -18,15 +18,18 @@
  * LSE at the tile's end (attn_core.cu says how).
  *
  * The environment's MF_CORE_PINGPONG=0 turns the consumer warpgroups' turn-taking off (an A/B
- * switch for bench/gpu/core_bench.py; bench/gpu/NOTES.md). Thread safety: no global state
- * except a once-resolved driver entry point (cuTensorMapEncodeTiled through
- * cudaGetDriverEntryPointByVersion); any thread, any stream.
+ * switch for bench/gpu/core_bench.py; bench/gpu/NOTES.md). Thread safety: global state is
+ * a once-resolved driver entry point (cuTensorMapEncodeTiled through
+ * cudaGetDriverEntryPointByVersion) and per-kernel atomic "shared-memory limit raised" flags;
+ * each thread keeps its last few tensor maps (thread_local). Any thread, any stream.
  */
 #ifndef MF_ATTN_CORE_CUH
 #define MF_ATTN_CORE_CUH
 
 #include <cuda_runtime.h>
 #include <stdint.h>
+
+#include <atomic>
 
 #include "mapflow_kernels.h"
 
@@ -69,6 +72,24 @@ static inline core_args core_args_of(const mf_qkv_t *t, float *o, float *lse)
 
 /* fp32 words of one ℓ slot (128 rows × the 64-key blocks of N, rounded to 128-key tiles). */
 static inline size_t core_mass_slot_floats(uint32_t n) { return (size_t)((n + 127) / 128) * 256; }
+
+/* cudaFuncSetAttribute(fn, MaxDynamicSharedMemorySize, bytes) once per (kernel, device):
+ * a driver call per launch otherwise. raised: the kernel's own flags (bit = device ordinal;
+ * devices past 63 set it every time). bytes must be the kernel's one value. Any thread. */
+static inline cudaError_t smem_limit_once(const void *fn, int bytes, std::atomic<uint64_t> *raised)
+{
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess)
+        return e;
+    uint64_t bit = dev >= 0 && dev < 64 ? 1ull << dev : 0;
+    if (bit && (raised->load(std::memory_order_acquire) & bit))
+        return cudaSuccess;
+    e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (e == cudaSuccess && bit)
+        raised->fetch_or(bit, std::memory_order_release);
+    return e;
+}
 
 /* MF_OK when the core runs (d, dtype) on the current device (compute capability 9.0);
  * MF_UNIMPLEMENTED with *why otherwise. */

@@ -1,4 +1,4 @@
-# kernels/cuda.mk: the CUDA kernels (extract.cu, apply.cu, apply_v3.cu, attn_core.cu; API in
+# kernels/cuda.mk: the CUDA kernels (extract.cu, apply.cu, attn_core.cu; API in
 # mapflow_kernels_cuda.h)
 # as build/lib/libmfkernels_cuda.a and a self-contained build/lib/libmfkernels_cuda.so
 # (for ctypes from PyTorch scripts), and the GPU checker build/bin/tests/gpu_check.
@@ -6,7 +6,7 @@
 # nvcc but no GPU, so it compiles all of this warning-free and runs none of it.
 ifeq ($(USE_CUDA),1)
 
-CUDA_SRCS := kernels/extract.cu kernels/apply.cu kernels/apply_v3.cu kernels/attn_core.cu
+CUDA_SRCS := kernels/extract.cu kernels/apply.cu kernels/attn_core.cu
 CUDA_OBJS := $(CUDA_SRCS:%.cu=$(OBJ)/%.cu.o)
 KERNELS_CUDA_A  := $(LIB)/libmfkernels_cuda.a
 KERNELS_CUDA_SO := $(LIB)/libmfkernels_cuda.so

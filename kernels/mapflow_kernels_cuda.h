@@ -11,9 +11,16 @@
  *
  * Ownership: device buffers are the caller's. Host arrays named below (row pointer tables,
  * caps, the layer map, tokens, exact flags) are read during the call only: the launcher
- * copies them into stream-ordered scratch (cudaMallocAsync / cudaFreeAsync) before it
- * returns, so they may be freed at once. Thread safety: no global state except a
- * once-initialised constant (the xxh3 secret); calls on different streams may overlap.
+ * copies them into scratch before it returns, so they may be freed at once. That scratch is
+ * stream-ordered (cudaMallocAsync / cudaFreeAsync) per call, except mf_apply_cuda's, which is
+ * cached per device (grown on demand, kept until the process ends: about
+ * Ht·ceil(N/B)²/8 bytes of bitmaps plus the constants, 4 MiB at N = 64k, Ht = 32, B = 64)
+ * with a pinned staging buffer for the constants.
+ * Thread safety: any thread may call. Global state: a once-initialised constant (the xxh3
+ * secret), per-kernel "shared-memory limit raised" flags, per-thread tensor-map caches, and
+ * mf_apply_cuda's per-device scratch under a mutex held for the host part of a call (µs);
+ * mf_apply_cuda calls on different streams of one device are ordered on the device (each
+ * waits for the previous call's launches); other calls on different streams may overlap.
  */
 #ifndef MAPFLOW_KERNELS_CUDA_H
 #define MAPFLOW_KERNELS_CUDA_H
@@ -123,7 +130,8 @@ typedef struct mf_apply_cuda_args {
  * (dense causal, our own tensor-core kernel; no cuDNN / cuBLAS) — reading each row's
  * union columns once. v2 is one launch per layer; on sm_90 mask / compute heads run on the
  * attention core instead (see mf_apply_impl_t): a pre-pass launch, the core, and v2 for
- * prob heads when there are any.
+ * prob heads when there are any (a layer of prob heads only, with no exact block, is v2's
+ * alone).
  */
 mf_status_t mf_apply_cuda(const mf_apply_cuda_args_t *a, mf_cuda_stream_t stream,
                           const char **why);
@@ -164,17 +172,26 @@ size_t mf_attention_masses_scratch(uint32_t n_tokens);
  * compute heads and every exact block run on the sm_90a attention core (a pre-pass kernel
  * mixes the masses, selects Top-P and writes per-(head, query block) block bitmaps; the
  * core pairs adjacent 64-row query blocks into 128-row tiles), prob heads on v2. v2: one
- * CTA per (query block, target head), every mode. v3: one CTA per (query block, pack), a
- * pack being target heads that share a KV head and a mode (up to 4; 2 at B = 128; at B = 64,
- * d = 128 the environment's MF_V3_HP = 1 | 2 | 4, default 1), a labelled baseline, slower
- * than v2 (bench/gpu/NOTES.md). All compute the same function (gpu_check runs each).
- * DEFAULT: the environment's MF_APPLY_IMPL (core | v2 | v3) when set, else
+ * CTA per (query block, target head), every mode; it stays because prob heads run on it
+ * (also under core), and it is the whole apply off sm_90. Both compute the same function
+ * (gpu_check runs each). v3 (GQA-packed, slower than v2) was removed: MF_APPLY_IMPL_V3
+ * returns MF_INVALID_ARGUMENT (bench/gpu/NOTES.md keeps its numbers).
+ * DEFAULT: the environment's MF_APPLY_IMPL (core | v2) when set, else
  * MF_APPLY_IMPL_BUILTIN.
+ * Bench-only switches (bench/gpu/core_bench.py; read per call, not a product interface):
+ * MF_APPLY_PHASE = prepass | core | none queues only the core's pre-pass, only the core (on
+ * the bitmaps the previous call left in the cached scratch: O is right only when that call
+ * had the same inputs), or no kernel (host work and the constants copy alone), never v2;
+ * MF_APPLY_ONLY = prob | mask | compute runs only the heads of that mode (the others' O is
+ * not written); MF_APPLY_CACHE = 0 allocates the scratch per call and copies the constants
+ * from pageable memory, as before the cache; MF_APPLY_PREPASS = v1 runs the pre-pass of
+ * before (full-size shared memory, blocks ascending, its ordered loop over every column).
+ * Same outputs bit for bit under every switch. Any other value: MF_INVALID_ARGUMENT.
  */
 typedef enum mf_apply_impl {
     MF_APPLY_IMPL_DEFAULT = 0,
     MF_APPLY_IMPL_V2 = 2,
-    MF_APPLY_IMPL_V3 = 3,
+    MF_APPLY_IMPL_V3 = 3, /* removed; reserved: MF_INVALID_ARGUMENT */
     MF_APPLY_IMPL_CORE = 4,
 } mf_apply_impl_t;
 #define MF_APPLY_IMPL_BUILTIN MF_APPLY_IMPL_CORE

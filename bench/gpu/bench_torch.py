@@ -55,9 +55,9 @@ def ceilings(g):
     return bw, 2 * 8192 ** 3 / (t * 1e-3) / 1e12
 
 
-# (label, mf_apply_impl_t, MF_V3_HP): profile_apply.py's names for the implementations
-IMPLS = (("core", 4, None), ("v2", 2, None), ("v3", 3, None), ("v3hp1", 3, "1"), ("v3hp2", 3, "2"),
-         ("v3hp4", 3, "4"))
+# (label, mf_apply_impl_t): profile_apply.py's names for the implementations (v3 was
+# removed: bench/gpu/NOTES.md)
+IMPLS = (("core", 4), ("v2", 2))
 OPS = (("prob_fp8", "prob fp8"), ("prob_u8log", "prob u8log"), ("mask", "mask"),
        ("mask_tp95", "mask tp.95"), ("compute", "compute (dense causal, our kernel)"),
        ("mixed", "mixed per-head modes (prob fp8 / mask / compute by head % 3)"))

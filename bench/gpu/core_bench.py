@@ -11,6 +11,11 @@ would pick, on one H200 (bench/gpu/NOTES.md has the floors and the versions).
          flex_attention on the same kept (head, 64-block) pairs: BLOCK_SIZE 128 with default
          kernel options (the exact 64-block pattern as mask_mod on partial 128-blocks), and
          64-token blocks (BLOCK_M = BLOCK_N = 64). Core vs v2 rel err printed.
+         Phase split of the core call (phase_split: pre-pass only, core only, no launch,
+         host wall of one call, and the same with MF_APPLY_CACHE=0, the per-call scratch
+         of before) and the warpgroup tiles the pairing masks whole (union_waste).
+  mix:   (--mix-ns) one layer of 8 prob / 16 mask / 8 compute heads against the sum of each
+         mode's heads run alone (MF_APPLY_ONLY), FP8 rows, prob heads on v2 (bench_mix).
   masses: mf_attention_masses_cuda (O, LSE and B = 64 block masses in one pass) vs cuDNN
          dense on the same layer, vs our dense core alone, and vs the current extract path
          (mf_extract_cuda, MASK codec: masses + Top-P 0.9 + rows + seal, with the LSE given),
@@ -39,12 +44,15 @@ numbers go to --out as JSON.
                                   [--mass-ns 32768] [--mass-heads 40/8,32/8] [--no-dense]
                                   [--strided-ns 32768] [--strided-heads 40/8]
                                   [--strides 1,4,8,16] [--strided-inputs structured]
+                                  [--mix-ns 32768] [--mix-density 0.1]
 """
 import argparse
 import ctypes as C
 import json
 import os
+import statistics
 import sys
+import time
 
 import numpy as np
 import torch
@@ -57,6 +65,7 @@ import rows as R  # noqa: E402
 
 HQ, HKV, D, B = 32, 8, 128, 64
 IMPL_V2, IMPL_CORE = 2, 4
+MIX_CYCLE = (1, 2, 2, 0)  # bench_mix: head t's mode (prob, mask, mask, compute by t % 4)
 
 
 class ExportArgs(C.Structure):
@@ -477,6 +486,13 @@ def bench_mask(lib, n, dens, reps, rng, flex, log):
         rec[name + "_TFLOPs"] = flops / t[0] / 1e9
     rec["core_finite"] = bool(torch.isfinite(outs["core"]).all())
     rec["core_rel_vs_v2"] = float((outs["core"] - outs["v2"]).norm() / outs["v2"].norm())
+
+    def core_call():
+        st = lib.mf_apply_cuda_impl(C.byref(a), IMPL_CORE, stream, C.byref(why))
+        if st != 0:
+            raise RuntimeError(f"mf_apply_cuda core {st} {why.value}")
+    rec.update(phase_split(lib, core_call, reps))
+    rec.update(union_waste(keep))
     if flex is not None:
         qs = q.transpose(0, 1).unsqueeze(0).contiguous()
         ks = k.transpose(0, 1).unsqueeze(0).contiguous()
@@ -500,6 +516,131 @@ def bench_mask(lib, n, dens, reps, rng, flex, log):
         del qs, ks, vs
     log(json.dumps(rec))
     del q, k, v, o, buf, outs
+    torch.cuda.empty_cache()
+    return rec
+
+
+def with_env(env, fn):
+    """fn() with the environment variables env set (None: unset), restored after."""
+    old = {k: os.environ.get(k) for k in env}
+    try:
+        for k, v in env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        return fn()
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def host_wall(fn, reps):
+    """Median µs of fn() on the host (perf_counter), the stream idle before each call and
+    synchronised after it (nothing inside fn waits for the device)."""
+    ts = []
+    for _ in range(reps + 2):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+        torch.cuda.synchronize()
+    return statistics.median(ts[2:]) * 1e6
+
+
+def phase_split(lib, call, reps):
+    """Where one mask-apply call's time goes (the lib's bench switches, kernels/
+    mapflow_kernels_cuda.h): CUDA-event ms of the call with only the pre-pass queued
+    (MF_APPLY_PHASE=prepass), only the core (=core, on the bitmaps the previous call left in
+    the cached scratch), no launch at all (=none: the host work and the constants copy);
+    the host wall of the whole call (µs) and of a trivial ctypes call into the library
+    (mf_cuda_supported: Python + ctypes alone); the same with MF_APPLY_CACHE=0 (the per-call
+    cudaMallocAsync + pageable copy this cache replaced); the pre-pass of before
+    (MF_APPLY_PREPASS=v1) alone and in the call; and the call with both (= before)."""
+    out = {}
+    call()  # the bitmaps the core phase reads
+    torch.cuda.synchronize()
+    for ph in ("prepass", "core", "none"):
+        out[f"phase_{ph}_ms"] = with_env({"MF_APPLY_PHASE": ph}, lambda: timeit(call, reps))[0]
+    out["host_wall_us"] = host_wall(call, reps)
+    why = C.c_char_p()
+    out["ctypes_wall_us"] = host_wall(
+        lambda: lib.mf_cuda_supported(B, D, 2, 1 << 15, C.byref(why)), reps)
+    nocache = {"MF_APPLY_CACHE": "0"}
+    out["nocache_ms"] = with_env(nocache, lambda: timeit(call, reps))[0]
+    out["nocache_none_ms"] = with_env(dict(nocache, MF_APPLY_PHASE="none"),
+                                      lambda: timeit(call, reps))[0]
+    out["nocache_host_wall_us"] = with_env(nocache, lambda: host_wall(call, reps))
+    v1 = {"MF_APPLY_PREPASS": "v1"}
+    out["prepass_v1_ms"] = with_env(dict(v1, MF_APPLY_PHASE="prepass"),
+                                    lambda: timeit(call, reps))[0]
+    out["v1_ms"] = with_env(v1, lambda: timeit(call, reps))[0]
+    # the call as it was before this commit: per-call scratch and the old pre-pass
+    out["before_ms"] = with_env(dict(v1, **nocache), lambda: timeit(call, reps))[0]
+    return out
+
+
+def union_waste(keep):
+    """The core's 128-row tiles pair 64-blocks 2m, 2m + 1 and walk the union of their kept
+    sets; a warpgroup masks whole the tiles only its partner kept. keep[h, i, j] is exactly
+    what the pre-pass writes here (W = identity, top_p 1, the pattern has blocks 0 and i),
+    so these counts are the kernel's: warpgroup-tiles walked, of them masked whole."""
+    h, nb, _ = keep.shape
+    a = keep[:, 0:nb - nb % 2:2, :]
+    b = keep[:, 1:nb - nb % 2:2, :]
+    u = a | b
+    walked = 2 * int(u.sum())
+    masked = int((u & ~a).sum() + (u & ~b).sum())
+    if nb % 2:  # the last block alone: its partner row is empty, the other warpgroup idles
+        walked += 2 * int(keep[:, nb - 1, :].sum())
+        masked += int(keep[:, nb - 1, :].sum())
+    return {"wg_tiles_walked": walked, "wg_tiles_masked": masked,
+            "masked_share": masked / max(walked, 1)}
+
+
+def bench_mix(lib, n, dens, reps, log):
+    """One layer with prob / mask / compute heads mixed (head t: MIX_CYCLE[t % 4], i.e. 8 prob,
+    16 mask, 8 compute of 32, mixed inside every KV group) against each mode's heads run
+    alone (MF_APPLY_ONLY: the others skipped, their O untouched); FP8 rows (prob heads mix
+    the tiles, mask heads the masses), W mixes source heads t and t + 1 (0.75 / 0.25). The
+    three partial outputs together must equal the mixed one bit for bit."""
+    g = vars(BG)
+    hs, nb = g["HS"], n // B
+    rng = np.random.default_rng(7)
+    keep = R.patterns(rng, hs, nb, dens)
+    q = torch.randn(n, HQ, D, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(n, HKV, D, dtype=torch.bfloat16, device="cuda")
+    v = torch.randn(n, HKV, D, dtype=torch.bfloat16, device="cuda")
+    o = torch.empty(n, HQ, D, dtype=torch.float32, device="cuda")
+    w = np.zeros((HQ, hs), dtype=np.float32)
+    for t in range(HQ):
+        w[t, t % hs] = 0.75
+        w[t, (t + 1) % hs] = 0.25
+    ap = BT.Apply(lib, g, keep, R.FP8, 0, w, q, k, v, o)
+    ap.modes[:] = [MIX_CYCLE[t % len(MIX_CYCLE)] for t in range(HQ)]
+    rec = {"N": n, "density": dens,
+           "heads": {m: int((ap.modes == x).sum()) for m, x in
+                     (("prob", 1), ("mask", 2), ("compute", 0))}}
+    o.fill_(float("nan"))
+    ap()
+    torch.cuda.synchronize()
+    mixed = o.clone()
+    rec["mixed_finite"] = bool(torch.isfinite(mixed).all())
+    o.fill_(float("nan"))
+    for m in ("prob", "mask", "compute"):
+        with_env({"MF_APPLY_ONLY": m}, ap)
+    torch.cuda.synchronize()
+    rec["parts_vs_mixed_maxdiff"] = float((o - mixed).abs().max())  # NaN if a head unwritten
+    rec["mixed_ms"] = timeit(ap, reps)[0]
+    for m in ("prob", "mask", "compute"):
+        rec[f"only_{m}_ms"] = with_env({"MF_APPLY_ONLY": m}, lambda: timeit(ap, reps))[0]
+    rec["sum_ms"] = sum(rec[f"only_{m}_ms"] for m in ("prob", "mask", "compute"))
+    rec["mixed_over_sum"] = rec["mixed_ms"] / rec["sum_ms"]
+    log(json.dumps(rec))
+    del ap, q, k, v, o, mixed
     torch.cuda.empty_cache()
     return rec
 
@@ -542,6 +683,32 @@ def table(res, log):
             " core/cuDNN per block | rel vs v2 |")
         log("|---|---|---|---|---|---|---|---|---|")
     dense = {r["N"]: r for r in res["dense"]}
+    if any("phase_prepass_ms" in r for r in res["mask"]):
+        log("\n| N | density | core call ms | before ms | pre-pass only ms (v1) | core only ms |"
+            " no launch ms | host wall µs (ctypes alone) | MF_APPLY_CACHE=0: call ms / no launch"
+            " ms / wall µs | PREPASS=v1 call ms | wg tiles masked whole / walked |")
+        log("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in res["mask"]:
+        if "phase_prepass_ms" not in r:
+            continue
+        log(f"| {r['N']} | {r['density']:.3f} | {r['core_ms']:.3f} | {r['before_ms']:.3f} | "
+            f"{r['phase_prepass_ms']:.3f} ({r['prepass_v1_ms']:.3f}) | "
+            f"{r['phase_core_ms']:.3f} | "
+            f"{r['phase_none_ms']:.3f} | {r['host_wall_us']:.0f} ({r['ctypes_wall_us']:.0f}) | "
+            f"{r['nocache_ms']:.3f} / {r['nocache_none_ms']:.3f} / "
+            f"{r['nocache_host_wall_us']:.0f} | {r['v1_ms']:.3f} | "
+            f"{r['wg_tiles_masked']} / {r['wg_tiles_walked']}"
+            f" ({100 * r['masked_share']:.1f} %) |")
+    if res.get("mix"):
+        log("\n| N | density | heads prob/mask/compute | mixed layer ms | prob alone | mask alone |"
+            " compute alone | sum ms | mixed / sum | parts vs mixed max diff |")
+        log("|---|---|---|---|---|---|---|---|---|---|")
+    for r in res.get("mix", []):
+        hh = r["heads"]
+        log(f"| {r['N']} | {r['density']:.2f} | {hh['prob']}/{hh['mask']}/{hh['compute']} | "
+            f"{r['mixed_ms']:.3f} | {r['only_prob_ms']:.3f} | {r['only_mask_ms']:.3f} | "
+            f"{r['only_compute_ms']:.3f} | {r['sum_ms']:.3f} | {r['mixed_over_sum']:.3f} | "
+            f"{r['parts_vs_mixed_maxdiff']:.1e} |")
     for r in res["mask"]:
         f128, f64 = r.get("flex128_ms"), r.get("flex64_ms")
         sd = dense.get(r["N"])
@@ -569,6 +736,8 @@ def main():
     ap.add_argument("--strided-heads", default="40/8")
     ap.add_argument("--strides", default="1,4,8,16")
     ap.add_argument("--strided-inputs", default="structured")
+    ap.add_argument("--mix-ns", default="", help="layer-mix runs (e.g. 32768); none by default")
+    ap.add_argument("--mix-density", type=float, default=0.1)
     args = ap.parse_args()
     if args.reps < 7:
         ap.error("--reps must be at least 7 (medians of >= 7)")
@@ -578,7 +747,7 @@ def main():
     rng = np.random.default_rng(0)
     log(f"device {torch.cuda.get_device_name()} torch {torch.__version__} "
         f"cudnn {torch.backends.cudnn.version()}")
-    res = {"dense": [], "mask": [], "masses": []}
+    res = {"dense": [], "mask": [], "masses": [], "mix": []}
     for n in [int(x) for x in args.ns.split(",") if x and not args.no_dense]:
         res["dense"].append(bench_dense(lib, n, args.reps, log))
     for n in [int(x) for x in args.mass_ns.split(",") if x]:
@@ -610,6 +779,11 @@ def main():
                         log, inp))
                 except Exception as ex:  # noqa: BLE001
                     log(f"strided N={n} {hq}/{hkv} {inp}: {str(ex)[:300]}")
+    for n in [int(x) for x in args.mix_ns.split(",") if x]:
+        try:
+            res["mix"].append(bench_mix(lib, n, args.mix_density, args.reps, log))
+        except Exception as ex:  # noqa: BLE001
+            log(f"mix N={n}: {str(ex)[:300]}")
     table(res, log)
     strided_table(res, log)
     if args.out:

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """One launch of each apply implementation on the bench's rows, for a profiler.
 
-  ncu --clock-control none --kernel-name regex:apply -c 8 \\
-      python3 bench/gpu/profile_apply.py [--n 16384] [--density 0.1] [--impls v2,v3hp1,v3]
+  ncu --clock-control none --kernel-name 'regex:apply|prepass|core_kernel' -c 8 \\
+      python3 bench/gpu/profile_apply.py [--n 16384] [--density 0.1] [--impls v2,core]
 
 Builds the bench's rows once (bench_torch.build_rows, same patterns and W), then runs prob
 FP8 and mask (top-p 1.0) once per implementation in --impls (names as bench_torch.IMPLS),
@@ -25,7 +25,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=16384)
     ap.add_argument("--density", type=float, default=0.1)
-    ap.add_argument("--impls", default="v2,v3hp1,v3")
+    ap.add_argument("--impls", default="v2,core")
     args = ap.parse_args()
     g = vars(bench_gpu)
     lib = bench_gpu.load_lib()
@@ -49,11 +49,7 @@ def main():
         pre = [R.row_prefix(keep, i, codec, b, rng=rng) for i in range(nb)]
         bufs[codec] = BT.build_rows(g, keep, codec, pre)
     for name in args.impls.split(","):
-        _, impl, hp = impls[name]
-        if hp:
-            os.environ["MF_V3_HP"] = hp
-        else:
-            os.environ.pop("MF_V3_HP", None)
+        _, impl = impls[name]
         for codec, mode in ((R.FP8, 1), (R.MASK, 2)):
             buf, offs, _ = bufs[codec]
             ptrs = (C.c_void_p * nb)(*[buf.data_ptr() + x for x in offs])

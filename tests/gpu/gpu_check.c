@@ -13,9 +13,12 @@
  *            kept sets from them equal to the float64 masses' (near-ties within 1e-4
  *            counted apart); 0 above the diagonal; bad arguments refused.
  *   apply:   ‖O − O_ref‖ / ‖O_ref‖ ≤ 2e-3 per head mode, every element written; each case
- *            runs every implementation (core: the sm_90a core for mask / compute heads with
- *            v2 for prob heads; v2, v3, and at B64 d128 v3 with 1, 2 and 4 heads a CTA),
- *            with head modes mixed inside a KV group or uniform per group.
+ *            runs both implementations (core: the sm_90a core for mask / compute heads with
+ *            v2 for prob heads; v2 alone) and checks that the removed v3 is refused,
+ *            with head modes mixed inside a KV group or uniform per group. The core path
+ *            also runs with its bench switches (per-call scratch, the old pre-pass, each mode
+ *            alone) and on two streams at once: outputs bit-identical to its own run's; a
+ *            prob-only layer (v2 alone under the core) with one wrong row, vs the reference.
  * One line per case, a summary table last; exit status 1 on any failure.
  *   export:  mf_export_cuda (the fused forward's masses → extract's selection, encoding and
  *            seal): rows as extract's are checked against mf_extract_ref (above), masses
@@ -25,11 +28,10 @@
  *   sample:  mf_extract_cuda with MF_EXTRACT_SAMPLE (the strided query sample) as extract
  *            above against mf_extract_ref with the same sample, its masses against the
  *            float64 sampled definition; bad options refused (and by the export).
- * Usage: gpu_check [--small] [--masses] [--export] [--no-v3] [--seed S]   (--small: one
+ * Usage: gpu_check [--small] [--masses] [--export] [--seed S]   (--small: one
  * tiny case each, for compute-sanitizer; --masses: the masses cases and two dense ones
  * only, with --small the tiny masses cases only; --export: the export cases only (with
- * --small the tiny one and the bad arguments); --no-v3:
- * without the v3 baseline, whose racecheck hazard is known).
+ * --small the tiny one and the bad arguments).
  * Single-threaded tool; owns everything it allocates.
  */
 #include <cuda_runtime_api.h>
@@ -46,7 +48,7 @@
 
 #include "gpu_util.h"
 
-#define MAX_RESULTS 256
+#define MAX_RESULTS 512
 typedef struct result {
     char name[96];
     char metric[32];
@@ -55,7 +57,7 @@ typedef struct result {
 } result_t;
 static result_t g_res[MAX_RESULTS];
 static int g_nres;
-static int g_no_v3; /* --no-v3: skip the v3 baseline (racecheck of the product's kernels) */
+static int g_small; /* --small: the sanitizers' run */
 
 static void report(const char *name, const char *metric, double value, double limit, int pass)
 {
@@ -1014,6 +1016,113 @@ typedef struct app_case {
     int grouped; /* modes uniform per KV group (else cycling within each group) */
 } app_case_t;
 
+/* Elements of the device output d (n·ht·d floats) that differ bitwise from want, counting
+ * only heads with sel[t] (others must still hold the NaN poison). */
+static size_t apply_diff(const float *d, const float *want, const int *sel, uint32_t n,
+                         uint32_t ht, uint32_t hd)
+{
+    size_t on = (size_t)n * ht * hd, bad = 0;
+    float *h = malloc(on * 4);
+    CK(cudaMemcpy(h, d, on * 4, cudaMemcpyDeviceToHost));
+    for (size_t x = 0; x < on; x++) {
+        uint32_t t = (uint32_t)(x / hd % ht), poison = 0xffffffffu, got;
+        memcpy(&got, &h[x], 4);
+        bad += sel[t] ? memcmp(&h[x], &want[x], 4) != 0 : got != poison;
+    }
+    free(h);
+    return bad;
+}
+
+/* The core path's bench switches and its cached scratch, against o_core (that call's
+ * output): MF_APPLY_CACHE=0 (per-call scratch), MF_APPLY_PREPASS=v1 (the pre-pass of before)
+ * and MF_APPLY_ONLY per mode (the three runs together) give o_core bit for bit; two calls on two streams without a sync between them,
+ * the second with other constants (MF_APPLY_ONLY=mask), each give their own result (the
+ * second call's constants copy must wait for the first call's kernels); a bad switch value
+ * and the removed v3 are refused. */
+static int check_apply_switches(const char *base, const mf_apply_cuda_args_t *ga0,
+                                const uint8_t *mode, const float *o_core, uint32_t n,
+                                uint32_t ht, uint32_t hd)
+{
+    char name[160];
+    const char *why = "";
+    size_t on = (size_t)n * ht * hd;
+    int all[MF_ROW_MAX_HEADS * 4], masks[MF_ROW_MAX_HEADS * 4], ok = 1;
+    if (ht > MF_ROW_MAX_HEADS * 4)
+        return 1;
+    for (uint32_t t = 0; t < ht; t++) {
+        all[t] = 1;
+        masks[t] = mode[t] == MF_HEAD_MASK;
+    }
+    mf_apply_cuda_args_t ga = *ga0;
+    float *d_o2;
+    CK(cudaMalloc((void **)&d_o2, on * 4));
+    /* per-call scratch; the pre-pass of before */
+    snprintf(name, sizeof(name), "apply core %s", base);
+    static const char *const sw[][3] = { { "MF_APPLY_CACHE", "0", "MF_APPLY_CACHE=0 diff" },
+                                         { "MF_APPLY_PREPASS", "v1", "PREPASS=v1 diff" } };
+    mf_status_t st = MF_OK;
+    size_t d = 0;
+    for (int x = 0; x < 2; x++) {
+        setenv(sw[x][0], sw[x][1], 1);
+        CK(cudaMemset(ga.o, 0xff, on * 4));
+        st = mf_apply_cuda_impl(&ga, MF_APPLY_IMPL_CORE, 0, &why);
+        unsetenv(sw[x][0]);
+        CK(cudaDeviceSynchronize());
+        d = st == MF_OK ? apply_diff(ga.o, o_core, all, n, ht, hd) : on;
+        report(name, sw[x][2], (double)d, 0, d == 0);
+        ok &= d == 0;
+    }
+    /* each mode alone, into one poisoned output */
+    CK(cudaMemset(ga.o, 0xff, on * 4));
+    static const char *const only[] = { "compute", "prob", "mask" };
+    st = MF_OK;
+    for (int m = 0; m < 3 && st == MF_OK; m++) {
+        setenv("MF_APPLY_ONLY", only[m], 1);
+        st = mf_apply_cuda_impl(&ga, MF_APPLY_IMPL_CORE, 0, &why);
+    }
+    unsetenv("MF_APPLY_ONLY");
+    CK(cudaDeviceSynchronize());
+    d = st == MF_OK ? apply_diff(ga.o, o_core, all, n, ht, hd) : on;
+    report(name, "ONLY parts diff", (double)d, 0, d == 0);
+    ok &= d == 0;
+    /* two streams, no sync between the calls */
+    cudaStream_t s1, s2;
+    CK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+    CK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+    CK(cudaMemset(ga.o, 0xff, on * 4));
+    CK(cudaMemset(d_o2, 0xff, on * 4));
+    CK(cudaDeviceSynchronize());
+    st = mf_apply_cuda_impl(&ga, MF_APPLY_IMPL_CORE, (mf_cuda_stream_t)s1, &why);
+    mf_apply_cuda_args_t g2 = ga;
+    g2.o = d_o2;
+    setenv("MF_APPLY_ONLY", "mask", 1);
+    mf_status_t st2 = mf_apply_cuda_impl(&g2, MF_APPLY_IMPL_CORE, (mf_cuda_stream_t)s2, &why);
+    unsetenv("MF_APPLY_ONLY");
+    CK(cudaDeviceSynchronize());
+    d = st == MF_OK && st2 == MF_OK
+            ? apply_diff(ga.o, o_core, all, n, ht, hd) + apply_diff(d_o2, o_core, masks, n, ht, hd)
+            : 2 * on;
+    report(name, "two streams diff", (double)d, 0, d == 0);
+    ok &= d == 0;
+    CK(cudaStreamDestroy(s1));
+    CK(cudaStreamDestroy(s2));
+    /* a bad switch value: refused, nothing queued */
+    setenv("MF_APPLY_PHASE", "bogus", 1);
+    why = "";
+    st = mf_apply_cuda_impl(&ga, MF_APPLY_IMPL_CORE, 0, &why);
+    unsetenv("MF_APPLY_PHASE");
+    int refused = st == MF_INVALID_ARGUMENT && *why;
+    report(name, "bad switch refused", refused ? 0 : 1, 0, refused);
+    ok &= refused;
+    why = "";
+    st = mf_apply_cuda_impl(&ga, MF_APPLY_IMPL_V3, 0, &why); /* removed: refused */
+    refused = st == MF_INVALID_ARGUMENT && *why;
+    report(name, "v3 refused", refused ? 0 : 1, 0, refused);
+    ok &= refused;
+    cudaFree(d_o2);
+    return ok;
+}
+
 static int check_apply(const app_case_t *c, uint64_t seed)
 {
     char base[96];
@@ -1084,7 +1193,7 @@ static int check_apply(const app_case_t *c, uint64_t seed)
         exact[full - 3] = 1;
     mf_layer_map_t map = { c->ht, c->hs, w, mode, tp };
     size_t on = (size_t)c->n * c->ht * c->d;
-    float *o_ref = malloc(on * 4), *o_gpu = malloc(on * 4), *d_o;
+    float *o_ref = malloc(on * 4), *o_gpu = malloc(on * 4), *o_core = malloc(on * 4), *d_o;
     mf_apply_args_t aa = { .rows = vp, .n_rows = full, .map = &map, .tgt = tgt.host,
                            .block_size = c->b, .exact = exact, .exact_first = 0,
                            .exact_last = 1, .o = o_ref };
@@ -1095,27 +1204,15 @@ static int check_apply(const app_case_t *c, uint64_t seed)
     uint32_t *dbad;
     CK(cudaMalloc((void **)&d_o, on * 4));
     CK(cudaMalloc((void **)&dbad, 4));
-    static const struct { const char *label; mf_apply_impl_t impl; const char *hp; } impls[] = {
-        { "core", MF_APPLY_IMPL_CORE, NULL },
-        { "v2", MF_APPLY_IMPL_V2, NULL },
-        { "v3", MF_APPLY_IMPL_V3, NULL },
-        { "v3hp2", MF_APPLY_IMPL_V3, "2" },
-        { "v3hp1", MF_APPLY_IMPL_V3, "1" },
-        { "v3hp4", MF_APPLY_IMPL_V3, "4" },
+    static const struct { const char *label; mf_apply_impl_t impl; } impls[] = {
+        { "core", MF_APPLY_IMPL_CORE },
+        { "v2", MF_APPLY_IMPL_V2 },
     };
     int pass = 1;
     for (size_t v = 0; v < sizeof(impls) / sizeof(impls[0]); v++) {
-        if (impls[v].hp && !(c->b == 64 && c->d == 128))
-            continue; /* the pack-size variants exist at B64 d128 only */
-        if (g_no_v3 && impls[v].impl == MF_APPLY_IMPL_V3)
-            continue;
         char label[128];
         snprintf(label, sizeof(label), "apply %s %s", impls[v].label, base);
         name = label;
-        if (impls[v].hp)
-            setenv("MF_V3_HP", impls[v].hp, 1);
-        else
-            unsetenv("MF_V3_HP");
         uint32_t bad = 0;
         CK(cudaMemset(d_o, 0xff, on * 4)); /* NaN poison */
         CK(cudaMemset(dbad, 0, 4));
@@ -1129,6 +1226,8 @@ static int check_apply(const app_case_t *c, uint64_t seed)
         CK(cudaGetLastError());
         CK(cudaMemcpy(o_gpu, d_o, on * 4, cudaMemcpyDeviceToHost));
         CK(cudaMemcpy(&bad, dbad, 4, cudaMemcpyDeviceToHost));
+        if (impls[v].impl == MF_APPLY_IMPL_CORE)
+            memcpy(o_core, o_gpu, on * 4);
         /* error per mode (a head's rows in exact blocks count as compute) */
         double num[3] = { 0 }, den[3] = { 0 };
         size_t unwritten = 0;
@@ -1163,7 +1262,66 @@ static int check_apply(const app_case_t *c, uint64_t seed)
         }
         pass &= ok;
     }
-    unsetenv("MF_V3_HP");
+    mf_apply_cuda_args_t ga = { .rows = dptr, .n_rows = full, .map = &map, .tgt = tgt.dev,
+                                .block_size = c->b, .exact = exact, .exact_first = 0,
+                                .exact_last = 1, .o = d_o, .bad_rows = NULL };
+    /* host-side paths, not new kernels: left out of --small, which the sanitizers run */
+    if (!g_small)
+        pass &= check_apply_switches(base, &ga, mode, o_core, c->n, c->ht, c->d);
+    if (!g_small && c->codec != MF_CODEC_MASK && full >= 3) {
+        /* Every head prob, no exact block, N = the full blocks: the core path hands the
+         * whole layer to v2. Block 1's row given for block 2 (the GPU must count it and
+         * compute block 2 exactly; the reference gets no row there, which means the same). */
+        uint8_t *pmode = malloc(c->ht);
+        memset(pmode, MF_HEAD_PROB, c->ht);
+        mf_layer_map_t pmap = { c->ht, c->hs, w, pmode, tp };
+        const mf_row_view_t **vp2 = calloc(full, sizeof(*vp2));
+        const void **dptr2 = calloc(full, sizeof(*dptr2));
+        for (uint32_t k = 0; k < full; k++) {
+            vp2[k] = k == 2 ? NULL : &views[k];
+            dptr2[k] = drows + rs.off[k == 2 ? 1 : k];
+        }
+        mf_qkv_t th = tgt.host, td = tgt.dev;
+        th.n_tokens = td.n_tokens = full * c->b;
+        size_t pn = (size_t)full * c->b * c->ht * c->d;
+        mf_apply_args_t ra2 = { .rows = vp2, .n_rows = full, .map = &pmap, .tgt = th,
+                                .block_size = c->b, .o = o_ref };
+        if (mf_apply_ref(&ra2, NULL, &why) != MF_OK) {
+            fprintf(stderr, "%s: reference apply (prob only): %s\n", base, why);
+            exit(2);
+        }
+        mf_apply_cuda_args_t g2 = { .rows = dptr2, .n_rows = full, .map = &pmap, .tgt = td,
+                                    .block_size = c->b, .o = d_o, .bad_rows = dbad };
+        uint32_t bad = 0;
+        CK(cudaMemset(d_o, 0xff, pn * 4));
+        CK(cudaMemset(dbad, 0, 4));
+        mf_status_t st = mf_apply_cuda_impl(&g2, MF_APPLY_IMPL_CORE, 0, &why);
+        CK(cudaDeviceSynchronize());
+        CK(cudaMemcpy(o_gpu, d_o, pn * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(&bad, dbad, 4, cudaMemcpyDeviceToHost));
+        double num = 0, den = 0;
+        size_t unwritten = 0;
+        for (size_t x = 0; x < pn; x++) {
+            if (!isfinite(o_gpu[x])) {
+                unwritten++;
+                continue;
+            }
+            double dd = (double)o_gpu[x] - o_ref[x];
+            num += dd * dd;
+            den += (double)o_ref[x] * o_ref[x];
+        }
+        double rel = den > 0 ? sqrt(num / den) : 1.0;
+        char label[160];
+        snprintf(label, sizeof(label), "apply core prob-only %s", base);
+        int ok = st == MF_OK && unwritten == 0 && bad == 1;
+        report(label, "unwritten, bad != 1", (double)unwritten + (bad != 1), 0, ok);
+        report(label, "rel err prob", rel, 2e-3, rel <= 2e-3);
+        pass &= ok && rel <= 2e-3;
+        free(pmode);
+        free(vp2);
+        free(dptr2);
+    }
+    free(o_core);
     free(o_ref);
     free(o_gpu);
     free(w);
@@ -1190,9 +1348,7 @@ int main(int argc, char **argv)
     uint64_t seed = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 20);
     for (int x = 1; x < argc; x++) {
         if (!strcmp(argv[x], "--small"))
-            small = 1;
-        else if (!strcmp(argv[x], "--no-v3"))
-            g_no_v3 = 1;
+            small = g_small = 1;
         else if (!strcmp(argv[x], "--masses"))
             masses_only = 1;
         else if (!strcmp(argv[x], "--export"))
@@ -1201,7 +1357,7 @@ int main(int argc, char **argv)
             seed = strtoull(argv[++x], NULL, 0);
         else {
             fprintf(stderr,
-                    "usage: gpu_check [--small] [--masses] [--export] [--no-v3] [--seed S]\n");
+                    "usage: gpu_check [--small] [--masses] [--export] [--seed S]\n");
             return 2;
         }
     }
@@ -1259,7 +1415,7 @@ int main(int argc, char **argv)
         }
         app_case_t a2 = { MF_DTYPE_F16, 128, 128, 900, 4, 1, 6, MF_CODEC_FP8_E4M3, 0 };
         app_case_t a3 = { MF_DTYPE_BF16, 32, 64, 520, 8, 4, 4, MF_CODEC_U8_LOG, 0 };
-        /* 8 query heads a KV head: two packs of one mode (grp), or 3 packs (mix) */
+        /* 8 query heads a KV head: modes uniform per KV group (grp), or mixed inside it */
         app_case_t a4 = { MF_DTYPE_BF16, 64, 128, 640, 16, 2, 8, MF_CODEC_FP8_E4M3, 1 };
         app_case_t a5 = { MF_DTYPE_F16, 64, 128, 700, 16, 2, 8, MF_CODEC_BF16, 0 };
         app_case_t a6 = { MF_DTYPE_F16, 128, 64, 900, 8, 2, 8, MF_CODEC_FP16, 1 };

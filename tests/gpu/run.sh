@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU correctness on an H200 (or any sm_90 GPU): gpu_check against the C reference and
-# float64 on fresh random inputs, then compute-sanitizer memcheck and racecheck (without the v3
-# baseline) on the small case, then
+# float64 on fresh random inputs, then compute-sanitizer memcheck and racecheck on the small
+# case, then
 # ipc_check: the daemon's GPU tier through CUDA IPC between two processes (a mapflowd with
 # gpu_bytes=2gb on a unix socket in a temp dir, started and stopped here).
 # Usage: tests/gpu/run.sh [gpu_check args]   (MF_BIN: build/bin by default;
@@ -23,9 +23,8 @@ if [ -n "$san" ]; then
         > "${OUT:-/tmp}/sanitizer.log" 2>&1
     src=$?
     tail -n 4 "${OUT:-/tmp}/sanitizer.log"
-    # racecheck over the product's kernels (v3, a labelled baseline, has a known hazard)
     "$san" --tool racecheck --error-exitcode 3 --print-limit 20 "$bin/tests/gpu_check" --small \
-        --no-v3 > "${OUT:-/tmp}/racecheck.log" 2>&1
+        > "${OUT:-/tmp}/racecheck.log" 2>&1
     rrc=$?
     tail -n 2 "${OUT:-/tmp}/racecheck.log"
     [ "$rrc" = 0 ] || src=$rrc
