@@ -378,7 +378,7 @@ void mfd_rows_region_commit(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__PutR
                 mfd_store_unreserve_gpu(&s->store, r->arena, piece[i]);
             }
             piece[i] = NULL;
-            if (chk[i].size > 240 && !chk[i].sum_valid)
+            if (chk[i].size > MFD_GPU_RC_HEAD && !chk[i].sum_valid)
                 on_gpu = 0;
             status[i] = (uint32_t)rs;
             if (rs == MF_OK) {

@@ -716,7 +716,7 @@ size_t mfd_gpu_check_rows(mfd_gpu_t *g, uint32_t arena, mfd_gpu_rowcheck_t *rows
     size_t m = 0;
     uint64_t scratch = 0;
     for (; m < n && m < MFD_GPU_RC_ROWS; m++) {
-        uint64_t d = rows[m].size > 240 ? (rows[m].size - 1) / 1024 * 64 : 0;
+        uint64_t d = rows[m].size > MFD_GPU_RC_HEAD ? (rows[m].size - 1) / 1024 * 64 : 0;
         if (m && scratch + d > MFD_GPU_RC_BYTES)
             break;
         scratch += d;
@@ -732,7 +732,7 @@ size_t mfd_gpu_check_rows(mfd_gpu_t *g, uint32_t arena, mfd_gpu_rowcheck_t *rows
     mf_cu_deviceptr_t delta = a->scratch + outs;
     for (size_t i = 0; i < m && r == MF_CUDA_SUCCESS; i++) {
         mf_cu_deviceptr_t dptr = a->base + rows[i].off;
-        if (rows[i].size > 240) {
+        if (rows[i].size > MFD_GPU_RC_HEAD) {
             r = sum_launch(g, a, dptr, rows[i].size, delta, a->scratch + 8 * i, &step);
             delta += (rows[i].size - 1) / 1024 * 64;
         }
@@ -777,7 +777,7 @@ size_t mfd_gpu_check_rows(mfd_gpu_t *g, uint32_t arena, mfd_gpu_rowcheck_t *rows
             size_t h = rows[i].size < MFD_GPU_RC_HEAD ? (size_t)rows[i].size : MFD_GPU_RC_HEAD;
             rows[i].st = MF_OK;
             rows[i].sum = g->rc_out[i];
-            rows[i].sum_valid = rows[i].size > 240;
+            rows[i].sum_valid = rows[i].size > MFD_GPU_RC_HEAD;
             rows[i].bytes = g->stage + i * MFD_GPU_RC_HEAD;
             rows[i].have = h;
             if (pre[i]) {

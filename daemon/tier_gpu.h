@@ -139,11 +139,13 @@ mf_status_t mfd_gpu_check_row(mfd_gpu_t *g, uint32_t arena, const mfd_ablock_t *
 
 /*
  * A put region's rows (one layer, written in place by the client): the host gets what the
- * decoder reads and nothing more. With the kernels loaded, each row's checksum runs on the
- * GPU (both kernels per row, back to back on the arena's verify stream) while its header
- * is copied out; then each row's prefix up to its tiles (header, model, tokens, column
- * tables, masses, scales) is copied, adjacent prefixes in one copy; two stream
- * synchronizes per chunk. Without the kernels (no PTX, the fake driver by default,
+ * decoder reads and nothing more. With the kernels loaded, each row longer than
+ * MFD_GPU_RC_HEAD has its checksum computed on the GPU (both kernels per row, back to back
+ * on the arena's verify stream) while its first MFD_GPU_RC_HEAD bytes are copied out
+ * (shorter rows are copied whole and checksummed on the host: their bytes are what the
+ * decoder reads anyway, and a launch costs more); then the rest of each row's prefix up
+ * to its tiles (header, model, tokens, column tables, masses, scales) is copied, adjacent
+ * prefixes in one copy; two stream synchronizes per chunk. Without the kernels (no PTX, the fake driver by default,
  * MFD_GPU_VERIFY=host, or a kernel failure) rows are copied whole (adjacent rows in one
  * copy) and checked on the host. A chunk is at most MFD_GPU_RC_ROWS rows and
  * MFD_GPU_RC_BYTES of staging (one row at least); the caller validates the chunk's rows

@@ -812,7 +812,8 @@ static void test_region_bench(void **state)
     double t0 = mf_now_s();
     for (unsigned l = 0; l < nl; l++) {
         for (unsigned b = 0; b < nb; b++)
-            items[b] = (mf_put_item_t){.row = dev[(size_t)l * nb + b], .len = len[(size_t)l * nb + b]};
+            items[b] = (mf_put_item_t){.row = dev[(size_t)l * nb + b],
+                                       .len = len[(size_t)l * nb + b]};
         assert_int_equal(mf_put_device_batch(w, items, nb, 0, MF_TIMEOUT_INFINITE), MF_OK);
     }
     double t_batch = mf_now_s() - t0;

@@ -925,7 +925,8 @@ static uint8_t *region_row(uint32_t layer, const uint32_t *tokens, uint32_t i, u
         n_ent += (size_t)__builtin_popcountll(masks[c]);
     }
     size_t bb = codec == MF_CODEC_MASK ? 0 : (size_t)RG_B * RG_B;
-    float *mass = malloc(n_ent * sizeof(float)), *tiles = bb ? malloc(n_ent * bb * sizeof(float)) : NULL;
+    float *mass = malloc(n_ent * sizeof(float));
+    float *tiles = bb ? malloc(n_ent * bb * sizeof(float)) : NULL;
     for (size_t k = 0; k < n_ent; k++)
         mass[k] = (float)(rand_r(seed) % 1000) / 1000.0f;
     for (size_t k = 0; k < n_ent * bb; k++)
@@ -1019,7 +1020,9 @@ static void region_run(int expect_gpu)
         row[i] = region_row(RG_LAYER, tokens, i, &seed, &size[i]);
         lens[i] = size[i];
     }
-    const uint32_t bad = 41, other_layer = 57; /* a flipped byte; a row of layer 4 */
+    /* A flipped byte in a small MASK row (checked on the host) and in a large FP16 row's
+     * tiles (checksummed by the kernels on the GPU path); a row of layer 4. */
+    const uint32_t bad = 41, bad_tiles = 60, other_layer = 57;
     size_t wsize;
     uint8_t *wrong = region_row(RG_LAYER + 1, tokens, other_layer, &seed, &wsize);
     lens[other_layer] = wsize;
@@ -1061,25 +1064,31 @@ static void region_run(int expect_gpu)
         const uint8_t *src = i == other_layer ? wrong : row[i];
         assert_int_equal(cu->cuMemcpyHtoD(gv.base[0] + off[i], src, lens[i]), 0);
     }
-    /* The flip lands in the masses (any byte value is a valid mass: only the checksum can
-     * tell), so the refusal is DATA_LOSS on both paths. */
-    mf_row_view_t v;
-    assert_int_equal(mf_row_decode(row[bad], size[bad], 0, &v, NULL), MF_OK);
-    uint8_t flip = (uint8_t)(1u << (rand_r(&seed) % 8));
-    size_t at = (size_t)(v.mass - v.base) + (size_t)rand_r(&seed) % v.n_entries;
-    uint8_t byte;
-    assert_int_equal(cu->cuMemcpyDtoH(&byte, gv.base[0] + off[bad] + at, 1), 0);
-    byte ^= flip;
-    assert_int_equal(cu->cuMemcpyHtoD(gv.base[0] + off[bad] + at, &byte, 1), 0);
+    /* The flips land in the masses and the tiles (any byte value is valid there: only the
+     * checksum can tell), so the refusals are DATA_LOSS on both paths. */
+    for (int k = 0; k < 2; k++) {
+        uint32_t i = k ? bad_tiles : bad;
+        mf_row_view_t v;
+        assert_int_equal(mf_row_decode(row[i], size[i], 0, &v, NULL), MF_OK);
+        size_t from = (size_t)((k ? (const uint8_t *)v.tiles : v.mass) - v.base);
+        size_t span = k ? size[i] - from : v.n_entries;
+        uint8_t flip = (uint8_t)(1u << (rand_r(&seed) % 8)), byte;
+        size_t at = from + (size_t)rand_r(&seed) % span;
+        assert_int_equal(cu->cuMemcpyDtoH(&byte, gv.base[0] + off[i] + at, 1), 0);
+        byte ^= flip;
+        assert_int_equal(cu->cuMemcpyHtoD(gv.base[0] + off[i] + at, &byte, 1), 0);
+    }
     assert_int_equal(cu->cuCtxSynchronize(), 0);
 
     /* Another connection cannot commit (or abort) it. */
     assert_int_equal(hello_gpu(&c2, d.sock, 0, &gv2), 0);
     r = region_end(&c2, id, 1);
-    assert_int_equal(reply_code(r, MAPFLOW__V1__ENVELOPE__BODY_PUT_REGION_COMMIT_REPLY), MF_NOT_FOUND);
+    assert_int_equal(reply_code(r, MAPFLOW__V1__ENVELOPE__BODY_PUT_REGION_COMMIT_REPLY),
+                     MF_NOT_FOUND);
     mf_envelope_free(r);
     r = region_end(&c2, id, 0);
-    assert_int_equal(reply_code(r, MAPFLOW__V1__ENVELOPE__BODY_PUT_REGION_ABORT_REPLY), MF_NOT_FOUND);
+    assert_int_equal(reply_code(r, MAPFLOW__V1__ENVELOPE__BODY_PUT_REGION_ABORT_REPLY),
+                     MF_NOT_FOUND);
     mf_envelope_free(r);
 
     /* Commit: the flipped row and the other layer's row refused, every other row visible. */
@@ -1087,18 +1096,19 @@ static void region_run(int expect_gpu)
     assert_int_equal(reply_code(r, MAPFLOW__V1__ENVELOPE__BODY_PUT_REGION_COMMIT_REPLY), 0);
     const Mapflow__V1__PutRegionCommitReply *cr = r->put_region_commit_reply;
     assert_int_equal(cr->n_status, RG_NB);
-    assert_int_equal(cr->committed, RG_NB - 2);
+    assert_int_equal(cr->committed, RG_NB - 3);
     assert_int_equal(cr->first_failed, bad);
     assert_int_equal(cr->checked_on_gpu, expect_gpu);
     for (uint32_t i = 0; i < RG_NB; i++)
-        assert_int_equal(cr->status[i], i == bad ? (uint32_t)MF_DATA_LOSS
+        assert_int_equal(cr->status[i], i == bad || i == bad_tiles ? (uint32_t)MF_DATA_LOSS
                                         : i == other_layer ? (uint32_t)MF_INVALID_ARGUMENT
                                                            : 0u);
     printf("region commit: %s\n", cr->first_error);
     mf_envelope_free(r);
     for (uint32_t i = 0; i < RG_NB; i++)
         assert_key_row(&c, RG_LAYER, td_block_hash(NS, MODEL, RG_B, tokens, i),
-                       i == bad || i == other_layer ? NULL : row[i], size[i]);
+                       i == bad || i == bad_tiles || i == other_layer ? NULL : row[i],
+                       size[i]);
     assert_key_row(&c, RG_LAYER + 1, td_block_hash(NS, MODEL, RG_B, tokens, other_layer), NULL, 0);
     /* Leased device views are the rows where the source wrote them: nothing was moved. */
     uint32_t layer = RG_LAYER;
@@ -1115,7 +1125,7 @@ static void region_run(int expect_gpu)
     double chk_us = (double)(counter(r, "put_region_check_microseconds_total") - chk0);
     assert_int_equal(counter(r, "put_regions"), 0);
     assert_int_equal(counter(r, "put_regions_committed_total"), 1);
-    assert_int_equal(counter(r, "put_rejected_total"), 2);
+    assert_int_equal(counter(r, "put_rejected_total"), 3);
     mf_envelope_free(r);
     printf("region check (%s): %u rows, %.1f KiB, %.0f us (%.1f us/row)\n",
            expect_gpu ? "checksums on the GPU" : "rows copied to the host", RG_NB,
@@ -1123,7 +1133,8 @@ static void region_run(int expect_gpu)
 
     /* A second commit, an abort after it, a commit after an abort: NOT_FOUND. */
     r = region_end(&c, id, 1);
-    assert_int_equal(reply_code(r, MAPFLOW__V1__ENVELOPE__BODY_PUT_REGION_COMMIT_REPLY), MF_NOT_FOUND);
+    assert_int_equal(reply_code(r, MAPFLOW__V1__ENVELOPE__BODY_PUT_REGION_COMMIT_REPLY),
+                     MF_NOT_FOUND);
     assert_non_null(strstr(r->error->message, "already committed"));
     mf_envelope_free(r);
     r = region_begin(&c, RG_LAYER, lens, 4, mapped_mask(&gv));
@@ -1133,7 +1144,8 @@ static void region_run(int expect_gpu)
     assert_int_equal(reply_code(r, MAPFLOW__V1__ENVELOPE__BODY_PUT_REGION_ABORT_REPLY), 0);
     mf_envelope_free(r);
     r = region_end(&c, id2, 1);
-    assert_int_equal(reply_code(r, MAPFLOW__V1__ENVELOPE__BODY_PUT_REGION_COMMIT_REPLY), MF_NOT_FOUND);
+    assert_int_equal(reply_code(r, MAPFLOW__V1__ENVELOPE__BODY_PUT_REGION_COMMIT_REPLY),
+                     MF_NOT_FOUND);
     mf_envelope_free(r);
 
     /* Bounds: no rows, too many, a row shorter than a header, more than the arena, more
