@@ -120,5 +120,11 @@ grep -a 'put regions checksummed' "$tmp/daemon.log" "$tmp/unit.log" | head -1
 if [ $real = 1 ]; then
   [[ "$reg" == *"checksums on the GPU"* ]] || fail "region rows were not checksummed on the GPU"
 fi
+# Their cost at the hand-off's shape: 30 MASK layers and 2 FP16 layers of 512 rows (begin,
+# the DtoD a source kernel's writes stand for, commit; per layer).
+MF_REGION_RATE=${REGION_LAYERS:-30} MF_GPU_TESTS=test_region_rate MF_GPU_REAL=$real \
+  MF_BIN=$(cd "$bin" && pwd) "$bin/tests/test_daemon_gpu" >"$tmp/region.log" 2>&1 ||
+  { fail "test_region_rate"; tail -20 "$tmp/region.log"; }
+grep -a '^region rate' "$tmp/region.log" | sed 's/^/RATE /'
 echo "tier_smoke: $fails failure(s)"
 [ $fails = 0 ]

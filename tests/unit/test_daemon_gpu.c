@@ -902,8 +902,49 @@ static void test_big_device_rows_gpu_path(void **state)
 #define RG_HEADS 64
 #define RG_LAYER 3
 
-/* Row of block i for a region: codec by i (FP16, FP8, MASK), 64 heads, every column j ≤ i,
- * random head masks (sink and diagonal kept by every head), random masses and tiles. */
+/* The row of block i (parent and hash given) with `heads` heads of which every one keeps
+ * columns 0 and i, and n_mid evenly spread middle columns (all of them when n_mid ≥ i)
+ * with random head masks; random masses and tiles. */
+static uint8_t *shaped_row(uint32_t layer, uint32_t B, uint32_t heads, mf_codec_t codec,
+                           uint32_t n_mid, mf_hash128_t parent, mf_hash128_t h,
+                           const uint32_t *tokens, uint32_t i, unsigned *seed, size_t *size)
+{
+    mf_row_spec_t spec = {MODEL, layer, i, B, heads, codec, 0.9f, parent, h,
+                          tokens + (size_t)i * B};
+    uint32_t *cols = malloc((i + 1) * sizeof(*cols)), nc = 0;
+    uint64_t *masks = malloc((i + 1) * sizeof(*masks));
+    uint64_t all = heads == 64 ? ~0ull : (1ull << heads) - 1;
+    size_t n_ent = 0;
+    for (uint32_t c = 0; c <= i; c++) {
+        if (c && c < i && n_mid < i && (uint64_t)c * (n_mid + 1) / i ==
+                                           (uint64_t)(c - 1) * (n_mid + 1) / i)
+            continue; /* not one of the n_mid spread columns */
+        cols[nc] = c;
+        masks[nc] = c == 0 || c == i
+                        ? all
+                        : (((uint64_t)rand_r(seed) << 33 ^ (uint64_t)rand_r(seed)) & all) | 1;
+        n_ent += (size_t)__builtin_popcountll(masks[nc++]);
+    }
+    size_t bb = codec == MF_CODEC_MASK ? 0 : (size_t)B * B;
+    float *mass = malloc(n_ent * sizeof(float));
+    float *tiles = bb ? malloc(n_ent * bb * sizeof(float)) : NULL;
+    for (size_t k = 0; k < n_ent; k++)
+        mass[k] = (float)(rand_r(seed) % 1000) / 1000.0f;
+    for (size_t k = 0; k < n_ent * bb; k++)
+        tiles[k] = (float)(rand_r(seed) % 4096) / 4096.0f;
+    size_t need = 0;
+    mf_row_build(NULL, 0, &spec, nc, cols, masks, mass, tiles, &need, NULL);
+    uint8_t *buf = aligned_alloc(64, (need + 63) & ~(size_t)63);
+    assert_int_equal(mf_row_build(buf, need, &spec, nc, cols, masks, mass, tiles, size, NULL),
+                     MF_OK);
+    free(mass);
+    free(tiles);
+    free(cols);
+    free(masks);
+    return buf;
+}
+
+/* Row of block i for a region: codec by i (FP16, FP8, MASK), 64 heads, every column j ≤ i. */
 static uint8_t *region_row(uint32_t layer, const uint32_t *tokens, uint32_t i, unsigned *seed,
                            size_t *size)
 {
@@ -913,32 +954,7 @@ static uint8_t *region_row(uint32_t layer, const uint32_t *tokens, uint32_t i, u
         h = mf_hash_next(h, tokens + (size_t)b * RG_B, RG_B);
     }
     mf_codec_t codec = i % 3 == 0 ? MF_CODEC_FP16 : i % 3 == 1 ? MF_CODEC_FP8_E4M3 : MF_CODEC_MASK;
-    mf_row_spec_t spec = {MODEL, layer, i, RG_B, RG_HEADS, codec, 0.9f, parent, h,
-                          tokens + (size_t)i * RG_B};
-    uint32_t cols[RG_NB];
-    uint64_t masks[RG_NB];
-    size_t n_ent = 0;
-    for (uint32_t c = 0; c <= i; c++) {
-        cols[c] = c;
-        masks[c] = c == 0 || c == i ? ~0ull
-                                    : ((uint64_t)rand_r(seed) << 33 ^ (uint64_t)rand_r(seed)) | 1;
-        n_ent += (size_t)__builtin_popcountll(masks[c]);
-    }
-    size_t bb = codec == MF_CODEC_MASK ? 0 : (size_t)RG_B * RG_B;
-    float *mass = malloc(n_ent * sizeof(float));
-    float *tiles = bb ? malloc(n_ent * bb * sizeof(float)) : NULL;
-    for (size_t k = 0; k < n_ent; k++)
-        mass[k] = (float)(rand_r(seed) % 1000) / 1000.0f;
-    for (size_t k = 0; k < n_ent * bb; k++)
-        tiles[k] = (float)(rand_r(seed) % 4096) / 4096.0f;
-    size_t need = 0;
-    mf_row_build(NULL, 0, &spec, i + 1, cols, masks, mass, tiles, &need, NULL);
-    uint8_t *buf = aligned_alloc(64, (need + 63) & ~(size_t)63);
-    assert_int_equal(mf_row_build(buf, need, &spec, i + 1, cols, masks, mass, tiles, size,
-                                  NULL), MF_OK);
-    free(mass);
-    free(tiles);
-    return buf;
+    return shaped_row(layer, RG_B, RG_HEADS, codec, i, parent, h, tokens, i, seed, size);
 }
 
 /* PutRegionBegin for rows of `lens`; the reply (or an ErrorReply) for the caller to free. */
@@ -1217,6 +1233,100 @@ static void test_region_put_gpu_path(void **state)
     unsetenv("FAKECUDA_MODULES");
 }
 
+/* Region puts at the hand-off's shape, timed (printed, never asserted): layers of 512 rows
+ * (a 32k prefix at B = 64) through PutRegionBegin, a DtoD of the rows into the region (what
+ * the source's kernels would write), PutRegionCommit; MASK layers (40 heads, 8 middle
+ * columns) and FP16 "prob" layers (8 heads, 4 middle columns). MF_REGION_RATE=L runs L
+ * mask layers and 2 prob layers (tests/gpu/tier_smoke.sh: 30); unset, 1 and 1 of 64 rows. */
+static void test_region_rate(void **state)
+{
+    (void)state;
+    const char *e = getenv("MF_REGION_RATE");
+    uint32_t n_mask = e && *e ? (uint32_t)atoi(e) : 1, n_prob = e && *e ? 2 : 1;
+    uint32_t nb = e && *e ? 512 : 64, B = 64;
+    if (n_mask < 1 || n_mask > 64)
+        n_mask = 1;
+    daemon_t d;
+    td_cli_t c;
+    gview_t gv;
+    GPU_START(d, c, gv, 0, "--gpu_bytes", "512mb", "--host_bytes", "64mb", "--write_through",
+              "off", "--gpu_devices", "0");
+    assert_int_equal(gv.open_result[0], 0);
+    unsigned seed = 515;
+    uint32_t *tokens = malloc((size_t)nb * B * 4);
+    for (size_t i = 0; i < (size_t)nb * B; i++)
+        tokens[i] = 3 + (uint32_t)(rand_r(&seed) % 60000);
+    mf_hash128_t *h = malloc((nb + 1) * sizeof(*h));
+    h[0] = mf_hash_root(B, NS, strlen(NS), MODEL, strlen(MODEL));
+    for (uint32_t b = 0; b < nb; b++)
+        h[b + 1] = mf_hash_next(h[b], tokens + (size_t)b * B, B);
+    for (int prob = 0; prob < 2; prob++) {
+        uint32_t nl = prob ? n_prob : n_mask;
+        /* One layer's rows, uploaded once (the source's scratch); each layer puts them
+         * under its own layer number (the rows carry it: rebuilt per layer, same shape). */
+        double t_begin = 0, t_copy = 0, t_commit = 0, bytes = 0;
+        int on_gpu = 1, small = 1; /* rows of ≤ 4 KiB are checksummed on the host anyway */
+        for (uint32_t l = 0; l < nl; l++) {
+            uint32_t layer = 200 + (uint32_t)prob * 100 + l;
+            uint8_t **row = malloc(nb * sizeof(*row));
+            uint64_t *lens = malloc(nb * sizeof(*lens)), total = 0;
+            for (uint32_t b = 0; b < nb; b++) {
+                size_t sz;
+                row[b] = shaped_row(layer, B, prob ? 8 : 40, prob ? MF_CODEC_FP16 : MF_CODEC_MASK,
+                                    prob ? 4 : 8, h[b], h[b + 1], tokens, b, &seed, &sz);
+                lens[b] = sz;
+                total += mfd_arena_round(sz);
+                small &= sz <= MFD_GPU_RC_HEAD;
+            }
+            mf_cu_deviceptr_t src;
+            assert_int_equal(cu->cuMemAlloc(&src, total), 0);
+            uint64_t at = 0;
+            for (uint32_t b = 0; b < nb; b++) {
+                assert_int_equal(cu->cuMemcpyHtoD(src + at, row[b], lens[b]), 0);
+                at += mfd_arena_round(lens[b]);
+            }
+            assert_int_equal(cu->cuCtxSynchronize(), 0);
+            double t0 = mf_now_s();
+            mf_envelope_t *r = region_begin(&c, layer, lens, nb, mapped_mask(&gv));
+            double t1 = mf_now_s();
+            assert_int_equal(reply_code(r, MAPFLOW__V1__ENVELOPE__BODY_PUT_REGION_BEGIN_REPLY), 0);
+            const Mapflow__V1__PutRegionBeginReply *br = r->put_region_begin_reply;
+            assert_int_equal(br->bytes, total); /* rows back to back: one copy does it */
+            assert_int_equal(cu->cuMemcpyDtoD(gv.base[br->gpu_arena] + br->arena_offset, src,
+                                              total), 0);
+            assert_int_equal(cu->cuCtxSynchronize(), 0);
+            uint64_t id = br->region_id;
+            mf_envelope_free(r);
+            double t2 = mf_now_s();
+            r = region_end(&c, id, 1);
+            double t3 = mf_now_s();
+            assert_int_equal(reply_code(r, MAPFLOW__V1__ENVELOPE__BODY_PUT_REGION_COMMIT_REPLY), 0);
+            assert_int_equal(r->put_region_commit_reply->committed, nb);
+            on_gpu &= r->put_region_commit_reply->checked_on_gpu;
+            mf_envelope_free(r);
+            t_begin += t1 - t0;
+            t_copy += t2 - t1;
+            t_commit += t3 - t2;
+            bytes += (double)total;
+            assert_key_row(&c, layer, h[nb], row[nb - 1], lens[nb - 1]);
+            assert_int_equal(cu->cuMemFree(src), 0);
+            for (uint32_t b = 0; b < nb; b++)
+                free(row[b]);
+            free(row);
+            free(lens);
+        }
+        printf("region rate (%s layers): %u x %u rows, %.1f MiB/layer; per layer: begin %.2f "
+               "ms, copy %.2f ms, commit %.2f ms (%.1f us/row; checksums %s)\n",
+               prob ? "fp16" : "mask", nl, nb, bytes / nl / (1 << 20), t_begin * 1e3 / nl,
+               t_copy * 1e3 / nl, t_commit * 1e3 / nl, t_commit * 1e6 / nl / nb,
+               small ? "on the host (rows of <= 4 KiB)" : on_gpu ? "on the GPU" : "on the host");
+        fflush(stdout);
+    }
+    free(h);
+    free(tokens);
+    gpu_stop(&d, &c, &gv);
+}
+
 /* Off: gpu_bytes 0 (in-process daemon) and a missing driver (real process). Puts go to the
  * host tier, no arenas are announced, Stats and Health say why. */
 static void test_tier_off(void **state)
@@ -1405,6 +1515,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_big_device_rows_gpu_path, teardown),
         cmocka_unit_test_teardown(test_region_put, teardown),
         cmocka_unit_test_teardown(test_region_put_gpu_path, teardown),
+        cmocka_unit_test_teardown(test_region_rate, teardown),
         cmocka_unit_test_teardown(test_tier_off, teardown),
         cmocka_unit_test_teardown(test_host_pin, teardown),
     };
