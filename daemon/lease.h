@@ -59,6 +59,7 @@ typedef struct mfd_region {
     mfd_ablock_t *blk;       /* [off[0], off[0] + bytes) of the arena */
     uint64_t bytes;
     char model[MF_ROW_MAX_MODEL + 1];
+    char ns[MFD_NS_MAX + 1]; /* the namespace it was begun in (its rows' keys) */
     uint32_t layer;
     uint32_t n;
     uint64_t *off, *len;     /* each row's arena offset and length */

@@ -268,6 +268,7 @@ void mfd_rows_region_begin(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__PutRe
     }
     r->bytes = total;
     snprintf(r->model, sizeof(r->model), "%s", m->model);
+    snprintf(r->ns, sizeof(r->ns), "%s", c->ns);
     r->layer = m->layer;
     r->n = (uint32_t)n;
     uint64_t at = mfd_ablock_offset(r->blk);
@@ -323,6 +324,11 @@ void mfd_rows_region_commit(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__PutR
         return;
     }
     mfd_region_t *r = (mfd_region_t *)t;
+    if (strcmp(r->ns, c->ns) != 0) { /* owner implies namespace; checked all the same */
+        mfd_conn_error(c, rid, MF_NOT_FOUND, "PutRegionCommit: region %llu is not this "
+                       "namespace's", (unsigned long long)m->region_id);
+        return;
+    }
     mfd_tickets_remove(s->tickets, t);
     uint32_t n = r->n;
     uint32_t *status = malloc(n * sizeof(*status));
