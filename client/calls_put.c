@@ -363,3 +363,238 @@ MF_EXPORT mf_status_t mf_put_device_batch(mf_channel_t *ch, mf_put_item_t *items
     mf__op_t *g = put_batch_new(ch, items, n, flags, 1, &st);
     return mf__run_op(g, st, timeout_ms, NULL);
 }
+
+/* ==== put regions ===================================================================== */
+
+enum { REGION_OPEN = 0, REGION_COMMITTED, REGION_ABORTED, REGION_BEGINNING };
+
+struct mf_put_region {
+    mf_channel_t *ch;
+    uint64_t id;
+    uint32_t gen;               /* the connection it lives on */
+    uint32_t arena;
+    int state;
+    size_t n;
+    size_t *len;
+    void **dev;                 /* row i's address in the channel's device context */
+};
+
+/* The daemon forgets region id (lock held): a one-way abort on its connection. */
+static void region_forget(mf_channel_t *ch, uint32_t gen, uint64_t id)
+{
+    if (ch->gen != gen)
+        return; /* that connection is gone, and the region with it */
+    Mapflow__V1__PutRegionAbort pa = MAPFLOW__V1__PUT_REGION_ABORT__INIT;
+    pa.region_id = id;
+    ENV(areq, PUT_REGION_ABORT, put_region_abort) = &pa;
+    mf__do_send_oneway(ch, &areq);
+}
+
+static mf_status_t take_region_begin(mf__op_t *op, const mf__reply_t *rep, void *arg)
+{
+    mf_put_region_t *r = arg;
+    const Mapflow__V1__PutRegionBeginReply *br = rep->env->put_region_begin_reply;
+    const mf__gpu_arena_t *a = mf__gpu_find(&mf__op_conn(op)->gpu, br->gpu_arena);
+    const char *bad = !a || !a->base ? "an arena this process did not map"
+                      : br->n_row_offsets != r->n ? "a different number of rows"
+                                                  : NULL;
+    for (size_t i = 0; !bad && i < r->n; i++) {
+        uint64_t off = br->row_offsets[i];
+        if (off % MF_ROW_ALIGN || off > a->bytes || r->len[i] > a->bytes - off)
+            bad = "row offsets outside the arena or misaligned";
+        else
+            r->dev[i] = (void *)(uintptr_t)(a->base + off);
+    }
+    if (bad) {
+        pthread_mutex_lock(&op->ch->mu);
+        region_forget(op->ch, op->gen, br->region_id);
+        pthread_mutex_unlock(&op->ch->mu);
+        return (mf_status_t)mf__op_error(op, MF_INTERNAL, "PutRegionBeginReply names %s "
+                                         "(arena %u)", bad, br->gpu_arena);
+    }
+    r->id = br->region_id;
+    r->gen = op->gen;
+    r->arena = br->gpu_arena;
+    r->state = REGION_OPEN;
+    return MF_OK;
+}
+
+MF_EXPORT mf_status_t mf_put_region_begin(mf_channel_t *ch, const char *model, uint32_t layer,
+                                          const size_t *lens, size_t n, unsigned flags,
+                                          const mf_put_region_params_t *params,
+                                          void **dev_rows, mf_put_region_t **out,
+                                          int64_t timeout_ms)
+{
+    if (!ch)
+        return MF_INVALID_ARGUMENT;
+    mf_status_t st;
+    if (!out)
+        return mf__chan_error(ch, MF_INVALID_ARGUMENT, "put region: out is NULL");
+    *out = NULL;
+    if ((st = mf__check_model(ch, model)) != MF_OK)
+        return st;
+    if (flags & MF_PUT_DURABLE)
+        return mf__chan_error(ch, MF_INVALID_ARGUMENT, "put regions are not durable; put "
+                              "durable rows with mf_put_device_batch");
+    if (!lens || n == 0 || n > MF_PUT_BATCH_MAX)
+        return mf__chan_error(ch, MF_INVALID_ARGUMENT, "put region needs 1..%u row lengths",
+                              MF_PUT_BATCH_MAX);
+    for (size_t i = 0; i < n; i++)
+        if (lens[i] < MF_ROW_HEADER || lens[i] > MF_ROW_MAX_BYTES)
+            return mf__chan_error(ch, MF_INVALID_ARGUMENT, "put region: row %zu is %zu bytes "
+                                  "(want %u..%u)", i, lens[i], MF_ROW_HEADER, MF_ROW_MAX_BYTES);
+    if (!mf__gpu_usable(ch->gpu))
+        return mf__chan_error(ch, MF_FAILED_PRECONDITION, "put regions need a channel opened "
+                              "with a usable gpu_device: %s; put the rows with "
+                              "mf_put_device_batch", ch->gpu ? ch->gpu->why : "none given");
+    mf_put_region_t *r = calloc(1, sizeof(*r));
+    uint64_t *wl = malloc(n * sizeof(*wl));
+    if (r) {
+        r->len = malloc(n * sizeof(*r->len));
+        r->dev = calloc(n, sizeof(*r->dev));
+    }
+    if (!r || !wl || !r->len || !r->dev) {
+        free(wl);
+        mf_put_region_free(r);
+        return mf__chan_error(ch, MF_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    r->ch = ch;
+    r->n = n;
+    r->state = REGION_BEGINNING;
+    for (size_t i = 0; i < n; i++)
+        wl[i] = r->len[i] = lens[i];
+    Mapflow__V1__PutRegionBegin pb = MAPFLOW__V1__PUT_REGION_BEGIN__INIT;
+    pb.model = (char *)model;
+    pb.layer = layer;
+    pb.lengths = wl;
+    pb.n_lengths = n;
+    pthread_mutex_lock(&ch->mu);
+    mf__do_gpu_want(ch, &pb.gpu_mapped, &pb.gpu_arena);
+    pthread_mutex_unlock(&ch->mu);
+    if (params && (params->field_mask & MF_PUT_REGION_PARAM_GPU_ARENA))
+        pb.gpu_arena = params->gpu_arena + 1;
+    ENV(req, PUT_REGION_BEGIN, put_region_begin) = &pb;
+    mf__op_t *op = mf__simple_new(ch, &req, NULL, 0,
+                                  MAPFLOW__V1__ENVELOPE__BODY_PUT_REGION_BEGIN_REPLY,
+                                  take_region_begin, r, NULL);
+    free(wl);
+    st = op ? MF_OK : MF_RESOURCE_EXHAUSTED;
+    st = mf__run_op(op, st, timeout_ms, NULL);
+    if (st != MF_OK || r->state != REGION_OPEN) {
+        mf_put_region_free(r);
+        return st != MF_OK ? st : MF_INTERNAL;
+    }
+    if (dev_rows)
+        memcpy(dev_rows, r->dev, n * sizeof(*dev_rows));
+    *out = r;
+    return MF_OK;
+}
+
+MF_EXPORT void *mf_put_region_row(const mf_put_region_t *r, size_t i)
+{
+    return r && i < r->n ? r->dev[i] : NULL;
+}
+
+MF_EXPORT size_t mf_put_region_rows(const mf_put_region_t *r)
+{
+    return r ? r->n : 0;
+}
+
+typedef struct region_commit_arg {
+    mf_put_region_t *r;
+    mf_status_t *statuses;
+    mf_put_region_result_t res;
+    mf_status_t first;          /* the first refused row's status */
+} region_commit_arg_t;
+
+static mf_status_t take_region_commit(mf__op_t *op, const mf__reply_t *rep, void *arg)
+{
+    region_commit_arg_t *a = arg;
+    const Mapflow__V1__PutRegionCommitReply *cr = rep->env->put_region_commit_reply;
+    size_t n = a->r->n;
+    a->r->state = REGION_COMMITTED; /* the daemon forgot it, whatever the rows' fate */
+    if (cr->n_status != n || cr->committed > n || (cr->committed < n && cr->first_failed >= n))
+        return (mf_status_t)mf__op_error(op, MF_INTERNAL, "PutRegionCommitReply: %zu "
+                                         "statuses for %zu rows", cr->n_status, n);
+    a->res.committed = cr->committed;
+    a->res.replaced = cr->replaced;
+    a->res.first_failed = cr->committed < n ? cr->first_failed : n;
+    a->res.checked_on_gpu = cr->checked_on_gpu;
+    for (size_t i = 0; a->statuses && i < n; i++)
+        a->statuses[i] = cr->status[i] < MF_STATUS_COUNT ? (mf_status_t)cr->status[i]
+                                                         : MF_UNKNOWN;
+    if (cr->committed == n)
+        return MF_OK;
+    mf_status_t st = cr->status[cr->first_failed];
+    return (mf_status_t)mf__op_error(op, st < MF_STATUS_COUNT && st ? st : MF_UNKNOWN, "%s",
+                                     cr->first_error);
+}
+
+/* A region handle that can still be committed or aborted: MF_OK, or why not. */
+static mf_status_t region_usable(mf_put_region_t *r, const char *what)
+{
+    if (r->state != REGION_OPEN)
+        return mf__chan_error(r->ch, MF_FAILED_PRECONDITION, "%s: the region was already %s",
+                              what, r->state == REGION_COMMITTED ? "committed" : "aborted");
+    pthread_mutex_lock(&r->ch->mu);
+    int gone = r->ch->gen != r->gen;
+    pthread_mutex_unlock(&r->ch->mu);
+    if (gone) {
+        r->state = REGION_ABORTED;
+        return mf__chan_error(r->ch, MF_ABORTED, "%s: the connection the region was begun on "
+                              "is gone (the daemon freed it); put the rows again", what);
+    }
+    return MF_OK;
+}
+
+MF_EXPORT mf_status_t mf_put_region_commit(mf_put_region_t *r, mf_status_t *statuses,
+                                           mf_put_region_result_t *res, int64_t timeout_ms)
+{
+    if (!r)
+        return MF_INVALID_ARGUMENT;
+    mf_status_t st = region_usable(r, "put region commit");
+    if (st != MF_OK)
+        return st;
+    region_commit_arg_t a = {r, statuses, {0, 0, r->n, 0}, MF_OK};
+    Mapflow__V1__PutRegionCommit pc = MAPFLOW__V1__PUT_REGION_COMMIT__INIT;
+    pc.region_id = r->id;
+    ENV(req, PUT_REGION_COMMIT, put_region_commit) = &pc;
+    mf__op_t *op = mf__simple_new(r->ch, &req, NULL, 0,
+                                  MAPFLOW__V1__ENVELOPE__BODY_PUT_REGION_COMMIT_REPLY,
+                                  take_region_commit, &a, NULL);
+    st = mf__run_op(op, op ? MF_OK : MF_RESOURCE_EXHAUSTED, timeout_ms, NULL);
+    if (res)
+        *res = a.res;
+    return st;
+}
+
+MF_EXPORT mf_status_t mf_put_region_abort(mf_put_region_t *r, int64_t timeout_ms)
+{
+    if (!r)
+        return MF_INVALID_ARGUMENT;
+    mf_status_t st = region_usable(r, "put region abort");
+    if (st != MF_OK)
+        return st;
+    r->state = REGION_ABORTED;
+    Mapflow__V1__PutRegionAbort pa = MAPFLOW__V1__PUT_REGION_ABORT__INIT;
+    pa.region_id = r->id;
+    ENV(req, PUT_REGION_ABORT, put_region_abort) = &pa;
+    mf__op_t *op = mf__simple_new(r->ch, &req, NULL, 0,
+                                  MAPFLOW__V1__ENVELOPE__BODY_PUT_REGION_ABORT_REPLY, NULL,
+                                  NULL, NULL);
+    return mf__run_op(op, op ? MF_OK : MF_RESOURCE_EXHAUSTED, timeout_ms, NULL);
+}
+
+MF_EXPORT void mf_put_region_free(mf_put_region_t *r)
+{
+    if (!r)
+        return;
+    if (r->state == REGION_OPEN) {
+        pthread_mutex_lock(&r->ch->mu);
+        region_forget(r->ch, r->gen, r->id);
+        pthread_mutex_unlock(&r->ch->mu);
+    }
+    free(r->len);
+    free(r->dev);
+    free(r);
+}

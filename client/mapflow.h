@@ -427,6 +427,65 @@ MF_EXPORT mf_status_t mf_put_device_batch(mf_channel_t *ch, mf_put_item_t *items
                                           unsigned flags, int64_t timeout_ms);
 
 /*
+ * Put regions: a layer's rows written in place (issue 20). mf_put_region_begin reserves
+ * ONE contiguous block of a GPU arena this channel mapped for n rows of the given lengths
+ * (all of one model and layer) and returns each row's device address, valid in the
+ * channel's gpu_device context: the source's own kernels write (and seal) the rows there —
+ * no device-to-device copy, no round trip per row. Once that work is finished (its stream
+ * synchronized), mf_put_region_commit makes the daemon check every row before it becomes
+ * visible — header and tables from a copy of each row's bytes before its tiles, the
+ * checksum on the GPU (daemon/README.md says what a corrupt row can and cannot get past)
+ * — and answers per row: statuses[i] (caller's array of n, may be NULL) is MF_OK for a
+ * visible row, else why it was refused (the others stay visible). It returns MF_OK when
+ * every row is visible, else the first refused row's status (message: its index and why).
+ * Nothing is durable (MF_PUT_DURABLE is refused; write-through as the daemon configures).
+ * mf_put_region_abort gives the block back. A region belongs to the connection it was
+ * begun on: the daemon frees it when that connection closes (a reconnect: commit answers
+ * ABORTED, put the rows again) or its TTL (reservation_ttl) passes.
+ * Fallback: FAILED_PRECONDITION (the channel has no usable GPU, the daemon's GPU tier is
+ * off, no GPU arena is mapped) or RESOURCE_EXHAUSTED (no mapped arena has room, or the
+ * namespace's reservation_share of it is used) — put the rows with mf_put_device_batch.
+ * Bounds: 1 ≤ n ≤ MF_PUT_BATCH_MAX, each length in [MF_ROW_HEADER, MF_ROW_MAX_BYTES],
+ * the total (each row rounded up to 64 bytes) within one arena.
+ * Thread safety: begin / commit / abort / free of one region from one thread at a time;
+ * different regions and other calls on the channel run concurrently.
+ */
+typedef struct mf_put_region mf_put_region_t;
+
+#define MF_PUT_REGION_PARAM_GPU_ARENA 1u /* gpu_arena is set */
+
+typedef struct mf_put_region_params {
+    uint64_t field_mask;
+    uint32_t gpu_arena;      /* MF_PUT_REGION_PARAM_GPU_ARENA: the daemon's arena index to
+                                try first (mf_channel_gpu_info); default: the channel's */
+} mf_put_region_params_t;
+
+typedef struct mf_put_region_result {
+    size_t committed;        /* rows made visible */
+    size_t replaced;         /* of those, rows that replaced an existing key */
+    size_t first_failed;     /* index of the first refused row; n when none */
+    int checked_on_gpu;      /* 1: checksums ran on the GPU; 0: rows were copied whole */
+} mf_put_region_result_t;
+
+/* params may be NULL; dev_rows (caller's array of n, may be NULL) receives the rows'
+ * device addresses, also read with mf_put_region_row. */
+MF_EXPORT mf_status_t mf_put_region_begin(mf_channel_t *ch, const char *model, uint32_t layer,
+                                          const size_t *lens, size_t n, unsigned flags,
+                                          const mf_put_region_params_t *params,
+                                          void **dev_rows, mf_put_region_t **out,
+                                          int64_t timeout_ms);
+/* Row i's device address (NULL when i ≥ n) and the region's row count. */
+MF_EXPORT void *mf_put_region_row(const mf_put_region_t *r, size_t i);
+MF_EXPORT size_t mf_put_region_rows(const mf_put_region_t *r);
+/* res may be NULL. A second commit, or one after abort: FAILED_PRECONDITION. */
+MF_EXPORT mf_status_t mf_put_region_commit(mf_put_region_t *r, mf_status_t *statuses,
+                                           mf_put_region_result_t *res, int64_t timeout_ms);
+MF_EXPORT mf_status_t mf_put_region_abort(mf_put_region_t *r, int64_t timeout_ms);
+/* Frees the handle; a region neither committed nor aborted is aborted (best effort, no
+ * wait). NULL is a no-op. */
+MF_EXPORT void mf_put_region_free(mf_put_region_t *r);
+
+/*
  * How many leading full blocks of tokens[0:n_tokens] are cached, per layer:
  * blocks[i] for layers[i] (caller's array of n_layers). *total_blocks (may be NULL)
  * receives n_tokens / block_size.

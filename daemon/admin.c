@@ -246,6 +246,7 @@ void mfd_admin_stats(mfd_conn_t *c, uint64_t rid)
     mfd_server_gauges(s, &g);
     add_counter("leases", g.leases, &cv);
     add_counter("reservations", g.reservations, &cv);
+    add_counter("put_regions", g.regions, &cv);
     add_counter("ssd_inflight", g.ssd_inflight, &cv);
     add_counter("ssd_write_backlog_bytes", g.wt_backlog_bytes, &cv);
     /* Per GPU arena (the /metrics gauges of the same names). */

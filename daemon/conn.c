@@ -323,6 +323,7 @@ void mfd_server_gauges(mfd_server_t *s, mfd_gauges_t *g)
     g->connections = s->n_conns;
     g->leases = s->leased_rows;
     g->reservations = mfd_tickets_count(s->tickets, MFD_TICKET_RESERVATION);
+    g->regions = mfd_tickets_count(s->tickets, MFD_TICKET_REGION);
     g->ssd_inflight = s->store.ssd ? mfd_ssd_inflight(s->store.ssd) : 0;
     g->wt_backlog_bytes = s->store.wt_bytes + s->store.wt_deferred_bytes;
     g->uptime_s = (double)(mf_now_ms() - s->start_ms) / 1000.0;

@@ -190,6 +190,9 @@ mf_status_t mfd_server_create(mfd_config_t *cfg, const char *config_path,
     if (g)
         mfd_info("gpu tier: rows validated on the %s (%s)", g->verify_gpu ? "GPU" : "host",
                  g->verify_why);
+    if (g)
+        mfd_info("gpu tier: put regions checksummed on the %s (%s)",
+                 g->kernels ? "GPU" : "host, rows copied whole", g->region_why);
     mfd_info("host tier: %llu bytes (memfd), watermarks %.2f/%.2f",
              (unsigned long long)mfd_store_host_capacity(&s->store), s->cfg.high_watermark,
              s->cfg.low_watermark);

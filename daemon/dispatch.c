@@ -209,6 +209,15 @@ void mfd_server_dispatch(mfd_conn_t *c, const mf_envelope_t *env, const uint8_t 
         mfd_rows_put_commit(c, rid, env->put_commit, payload, plen, t0);
         break;
     case MAPFLOW__V1__ENVELOPE__BODY_PUT_ABORT: mfd_rows_put_abort(c, rid, env->put_abort); break;
+    case MAPFLOW__V1__ENVELOPE__BODY_PUT_REGION_BEGIN:
+        mfd_rows_region_begin(c, rid, env->put_region_begin);
+        break;
+    case MAPFLOW__V1__ENVELOPE__BODY_PUT_REGION_COMMIT:
+        mfd_rows_region_commit(c, rid, env->put_region_commit, t0);
+        break;
+    case MAPFLOW__V1__ENVELOPE__BODY_PUT_REGION_ABORT:
+        mfd_rows_region_abort(c, rid, env->put_region_abort);
+        break;
     case MAPFLOW__V1__ENVELOPE__BODY_LOOKUP:
         mfd_rows_lookup(c, rid, env->lookup, payload, plen, t0);
         break;

@@ -48,6 +48,17 @@ void mfd_reservation_free(mfd_server_t *s, mfd_reservation_t *r)
     free(r);
 }
 
+void mfd_region_free(mfd_server_t *s, mfd_region_t *g)
+{
+    if (g->acct)
+        g->acct->reserved -= g->bytes;
+    if (g->blk)
+        mfd_store_unreserve_gpu(&s->store, g->arena, g->blk);
+    free(g->off);
+    free(g->len);
+    free(g);
+}
+
 void mfd_lease_drop_row(mfd_server_t *s, mfd_lease_t *l, uint32_t k)
 {
     mfd_entry_t *e = l->e[k];
@@ -68,6 +79,8 @@ void mfd_ticket_release(mfd_ticket_t *t, void *arg)
             if (l->e[k])
                 mfd_lease_drop_row(s, l, k);
         free(l);
+    } else if (t->kind == MFD_TICKET_REGION) {
+        mfd_region_free(s, (mfd_region_t *)t);
     } else {
         mfd_reservation_free(s, (mfd_reservation_t *)t);
     }

@@ -1,7 +1,7 @@
 /*
  * lease — what a connection holds between requests: lease groups (the pins on the rows
  * one GET_LEASE Get handed out), put reservations (an arena block waiting for its
- * PutCommit) and the per-namespace account of reserved bytes that reservation_share
+ * PutCommit), put regions (a GPU arena block for a layer's rows, PutRegionCommit) and the per-namespace account of reserved bytes that reservation_share
  * bounds. Both kinds are tickets (ticket.h) owned by the connection: Release / PutCommit
  * find them by id and owner, the tick expires them, and a closing connection drops them.
  *
@@ -49,6 +49,22 @@ typedef struct mfd_reservation {
     mfd_slot_t slot;
 } mfd_reservation_t;
 
+/* A put region (PutRegionBegin): one GPU arena block holding n rows at the given offsets,
+ * written by the client in place, waiting for PutRegionCommit. Owned by its connection. */
+#define MFD_REGION_MAX_ROWS 65536u /* = MF_PUT_BATCH_MAX */
+typedef struct mfd_region {
+    mfd_ticket_t t;
+    mfd_ns_acct_t *acct;     /* counted there (bytes) until committed or released */
+    uint32_t arena;
+    mfd_ablock_t *blk;       /* [off[0], off[0] + bytes) of the arena */
+    uint64_t bytes;
+    char model[MF_ROW_MAX_MODEL + 1];
+    char ns[MFD_NS_MAX + 1]; /* the namespace it was begun in (its rows' keys) */
+    uint32_t layer;
+    uint32_t n;
+    uint64_t *off, *len;     /* each row's arena offset and length */
+} mfd_region_t;
+
 /* The account of namespace ns (created on first use, one more reference); NULL on OOM. */
 mfd_ns_acct_t *mfd_acct_get(mfd_server_t *s, const char *ns, size_t len);
 void mfd_acct_put(mfd_server_t *s, mfd_ns_acct_t *a);
@@ -57,6 +73,9 @@ void mfd_acct_put(mfd_server_t *s, mfd_ns_acct_t *a);
 void mfd_reservation_unaccount(mfd_reservation_t *r);
 /* Unaccounts r, gives its block back to the store and frees it (not in the table). */
 void mfd_reservation_free(mfd_server_t *s, mfd_reservation_t *r);
+
+/* Unaccounts g, gives its block back to the store and frees it (not in the table). */
+void mfd_region_free(mfd_server_t *s, mfd_region_t *g);
 
 /* Drops leased row k of group l (release, expiry, disconnect). */
 void mfd_lease_drop_row(mfd_server_t *s, mfd_lease_t *l, uint32_t k);

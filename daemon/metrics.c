@@ -260,6 +260,8 @@ char *mfd_metrics_render(const mfd_metrics_t *m, const mfd_gauges_t *g, mfd_prom
     mfd_prom_u64(&b, "leases", "", g->leases);
     mfd_prom_family(&b, "reservations", "gauge", "put reservations not yet committed");
     mfd_prom_u64(&b, "reservations", "", g->reservations);
+    mfd_prom_family(&b, "put_regions", "gauge", "put regions not yet committed");
+    mfd_prom_u64(&b, "put_regions", "", g->regions);
     mfd_prom_family(&b, "ssd_inflight", "gauge", "SSD tier operations queued or running");
     mfd_prom_u64(&b, "ssd_inflight", "", g->ssd_inflight);
     mfd_prom_family(&b, "ssd_write_backlog_bytes", "gauge",

@@ -60,6 +60,10 @@
       "kernels, synchronize)")                                                              \
     X(GPU_COMMIT_US, "gpu_commit_microseconds_total", "",                                   \
       "time commits of GPU rows spent in the store (the check above, decode, index)")       \
+    X(REGION_COMMITS, "put_regions_committed_total", "",                                    \
+      "put regions committed (PutRegionCommit)")                                            \
+    X(REGION_CHECK_US, "put_region_check_microseconds_total", "",                           \
+      "time region commits spent getting headers, prefixes and checksums from the GPU")     \
     X(SSD_WRITES, "ssd_writes_total", "", "rows submitted for writing to the SSD tier")     \
     X(SSD_WRITES_DONE, "ssd_writes_completed_total", "",                                    \
       "SSD tier writes that finished successfully")                                         \
@@ -111,7 +115,7 @@ typedef struct mfd_hist {
     double sum;
 } mfd_hist_t;
 
-#define MFD_MAX_OPS 64
+#define MFD_MAX_OPS 80
 
 typedef struct mfd_metrics {
     uint64_t c[MFD_C_COUNT];
@@ -150,7 +154,7 @@ typedef struct mfd_gauges {
     mfd_tier_gauge_t tiers[3];
     size_t n_gpu;
     mfd_gpu_gauge_t gpu[MFD_GAUGE_GPU_ARENAS];
-    uint64_t connections, leases, reservations, ssd_inflight;
+    uint64_t connections, leases, reservations, regions, ssd_inflight;
     uint64_t wt_backlog_bytes;  /* async write-through: queued + deferred row bytes */
     double uptime_s;
     int ready;

@@ -166,6 +166,27 @@ void mfd_oalloc_free(mfd_oalloc_t *a, mfd_ablock_t *b)
     bin_insert(a, b);
 }
 
+mf_status_t mfd_oalloc_split(mfd_oalloc_t *a, mfd_ablock_t *b, uint64_t at,
+                             mfd_ablock_t **rest)
+{
+    (void)a; /* used bytes do not change: both halves stay used */
+    if (!b || b->free || at == 0 || at >= b->size || at != mfd_arena_round(at))
+        return MF_INVALID_ARGUMENT;
+    mfd_ablock_t *r = calloc(1, sizeof(*r));
+    if (!r)
+        return MF_RESOURCE_EXHAUSTED;
+    r->off = b->off + at;
+    r->size = b->size - at;
+    r->prev = b;
+    r->next = b->next;
+    if (b->next)
+        b->next->prev = r;
+    b->next = r;
+    b->size = at;
+    *rest = r;
+    return MF_OK;
+}
+
 uint64_t mfd_ablock_offset(const mfd_ablock_t *b) { return b->off; }
 uint64_t mfd_ablock_size(const mfd_ablock_t *b) { return b->size; }
 uint64_t mfd_oalloc_capacity(const mfd_oalloc_t *a) { return a->cap; }

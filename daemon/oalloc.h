@@ -39,6 +39,12 @@ void mfd_oalloc_destroy(mfd_oalloc_t *o);
 /* MF_RESOURCE_EXHAUSTED when no free block is large enough (size 0 is invalid). */
 mf_status_t mfd_oalloc_alloc(mfd_oalloc_t *o, uint64_t size, mfd_ablock_t **blk);
 void mfd_oalloc_free(mfd_oalloc_t *o, mfd_ablock_t *blk);
+/* Cuts used block blk at `at` (a multiple of MFD_ARENA_ALIGN strictly inside it): blk
+ * keeps [offset, offset + at), *rest gets the remainder as a used block of its own (a put
+ * region becoming one block per row). MF_RESOURCE_EXHAUSTED when no node can be had,
+ * MF_INVALID_ARGUMENT for a bad cut. */
+mf_status_t mfd_oalloc_split(mfd_oalloc_t *o, mfd_ablock_t *blk, uint64_t at,
+                             mfd_ablock_t **rest);
 
 uint64_t mfd_ablock_offset(const mfd_ablock_t *b);
 uint64_t mfd_ablock_size(const mfd_ablock_t *b);      /* rounded size */

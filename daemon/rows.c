@@ -183,6 +183,259 @@ void mfd_rows_put_abort(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__PutAbort
     MFD_REPLY(c, rid, PUT_ABORT_REPLY, put_abort_reply, &rep, NULL, 0);
 }
 
+/* ==== Put regions ===================================================================== */
+
+void mfd_rows_region_begin(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__PutRegionBegin *m)
+{
+    mfd_server_t *s = c->srv;
+    mfd_gpu_t *g = s->store.gpu;
+    const char *why = NULL;
+    if (!g) {
+        mfd_conn_error(c, rid, MF_FAILED_PRECONDITION,
+                       "PutRegionBegin: the GPU tier is off (%s); put the rows one by one "
+                       "(mf_put_device_batch)", s->store.gpu_why);
+        return;
+    }
+    uint64_t mask = gpu_mask(c, m->gpu_mapped);
+    if (!mask) {
+        mfd_conn_error(c, rid, MF_FAILED_PRECONDITION,
+                       "PutRegionBegin: this connection mapped no GPU arena (unix socket, "
+                       "Hello.want_gpu_arena, gpu_mapped); put the rows one by one "
+                       "(mf_put_device_batch)");
+        return;
+    }
+    /* Block size 8 stands in: only the model is checked here (rows carry their own B). */
+    if (mfd_keys_check_model_block(m->model, 8, &why) != MF_OK) {
+        mfd_conn_error(c, rid, MF_INVALID_ARGUMENT, "PutRegionBegin: %s", why);
+        return;
+    }
+    size_t n = m->n_lengths;
+    if (n < 1 || n > MFD_REGION_MAX_ROWS) {
+        mfd_conn_error(c, rid, MF_INVALID_ARGUMENT, "PutRegionBegin: %zu rows (want 1..%u)", n,
+                       MFD_REGION_MAX_ROWS);
+        return;
+    }
+    uint64_t total = 0, largest = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (m->lengths[i] < MF_ROW_HEADER || m->lengths[i] > MF_ROW_MAX_BYTES) {
+            mfd_conn_error(c, rid, MF_INVALID_ARGUMENT,
+                           "PutRegionBegin: row %zu is %llu bytes (want %u..%u)", i,
+                           (unsigned long long)m->lengths[i], MF_ROW_HEADER, MF_ROW_MAX_BYTES);
+            return;
+        }
+        total += mfd_arena_round(m->lengths[i]); /* ≤ 2^16 × 2^32: no overflow */
+    }
+    for (uint32_t i = 0; i < g->n; i++)
+        if (((mask >> i) & 1) && g->a[i].bytes > largest)
+            largest = g->a[i].bytes;
+    if (total > largest) {
+        mfd_conn_error(c, rid, MF_INVALID_ARGUMENT,
+                       "PutRegionBegin: %zu rows need %llu bytes, more than the largest mapped "
+                       "GPU arena (%llu bytes); split the layer", n, (unsigned long long)total,
+                       (unsigned long long)largest);
+        return;
+    }
+    uint64_t quota = (uint64_t)(s->cfg.reservation_share * (double)largest);
+    if (c->acct && c->acct->reserved + total > quota) {
+        mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED,
+                       "PutRegionBegin: namespace '%s' already holds %llu bytes of uncommitted "
+                       "reservations; %llu more exceed its quota of %llu (reservation_share %g "
+                       "of the GPU arena)", c->ns, (unsigned long long)c->acct->reserved,
+                       (unsigned long long)total, (unsigned long long)quota,
+                       s->cfg.reservation_share);
+        return;
+    }
+    mfd_region_t *r = calloc(1, sizeof(*r));
+    uint64_t *off = r ? malloc(n * sizeof(*off)) : NULL, *len = r ? malloc(n * sizeof(*len)) : NULL;
+    if (!r || !off || !len) {
+        free(off);
+        free(len);
+        free(r);
+        mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED, "PutRegionBegin: out of memory");
+        return;
+    }
+    r->off = off;
+    r->len = len;
+    int pref = m->gpu_arena ? (int)m->gpu_arena - 1 : -1;
+    if (mfd_store_reserve_gpu_in(&s->store, total, mask, pref, &r->arena, &r->blk) != MF_OK) {
+        r->blk = NULL;
+        mfd_region_free(s, r);
+        mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED,
+                       "PutRegionBegin: no GPU arena this connection mapped has room for %llu "
+                       "bytes (pinned or reserved rows); put the rows one by one "
+                       "(mf_put_device_batch)", (unsigned long long)total);
+        return;
+    }
+    r->bytes = total;
+    snprintf(r->model, sizeof(r->model), "%s", m->model);
+    snprintf(r->ns, sizeof(r->ns), "%s", c->ns);
+    r->layer = m->layer;
+    r->n = (uint32_t)n;
+    uint64_t at = mfd_ablock_offset(r->blk);
+    for (size_t i = 0; i < n; i++) {
+        off[i] = at;
+        len[i] = m->lengths[i];
+        at += mfd_arena_round(m->lengths[i]);
+    }
+    r->acct = c->acct;
+    if (r->acct)
+        r->acct->reserved += total;
+    mfd_tickets_add(s->tickets, &r->t, MFD_TICKET_REGION, c,
+                    (uint64_t)mf_now_ms() + s->cfg.reservation_ttl_ms);
+    Mapflow__V1__PutRegionBeginReply rep = MAPFLOW__V1__PUT_REGION_BEGIN_REPLY__INIT;
+    rep.region_id = r->t.id;
+    rep.gpu_arena = r->arena;
+    rep.arena_offset = off[0];
+    rep.bytes = total;
+    rep.n_row_offsets = n;
+    rep.row_offsets = off;
+    rep.ttl_ms = s->cfg.reservation_ttl_ms;
+    MFD_REPLY(c, rid, PUT_REGION_BEGIN_REPLY, put_region_begin_reply, &rep, NULL, 0);
+}
+
+/* The key row i of region r claims: r's model and layer under c's namespace, the hash its
+ * checked header carries (the commit then checks hash = H(parent, tokens)). */
+static mf_status_t region_key(const mfd_conn_t *c, const mfd_region_t *r,
+                              const mfd_gpu_rowcheck_t *chk, mfd_key_t *key, const char **why)
+{
+    if (chk->st != MF_OK || chk->have < MF_ROW_HEADER) {
+        *why = chk->st != MF_OK ? chk->why : "row shorter than its header";
+        return chk->st != MF_OK ? chk->st : MF_INVALID_ARGUMENT;
+    }
+    mf_row_header_t h;
+    memcpy(&h, chk->bytes, sizeof(h));
+    Mapflow__V1__Key k = MAPFLOW__V1__KEY__INIT;
+    k.model = (char *)r->model;
+    k.layer = r->layer;
+    k.hash.data = h.hash;
+    k.hash.len = sizeof(h.hash);
+    return mfd_keys_from_msg(c, &k, key, why);
+}
+
+void mfd_rows_region_commit(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__PutRegionCommit *m,
+                            double t0)
+{
+    mfd_server_t *s = c->srv;
+    mfd_ticket_t *t = mfd_tickets_find(s->tickets, m->region_id, MFD_TICKET_REGION, c);
+    if (!t) {
+        mfd_conn_error(c, rid, MF_NOT_FOUND,
+                       "PutRegionCommit: region %llu is unknown, already committed or aborted, "
+                       "expired, or another connection's", (unsigned long long)m->region_id);
+        return;
+    }
+    mfd_region_t *r = (mfd_region_t *)t;
+    if (strcmp(r->ns, c->ns) != 0) { /* owner implies namespace; checked all the same */
+        mfd_conn_error(c, rid, MF_NOT_FOUND, "PutRegionCommit: region %llu is not this "
+                       "namespace's", (unsigned long long)m->region_id);
+        return;
+    }
+    mfd_tickets_remove(s->tickets, t);
+    uint32_t n = r->n;
+    uint32_t *status = malloc(n * sizeof(*status));
+    mfd_gpu_rowcheck_t *chk = calloc(n, sizeof(*chk));
+    mfd_ablock_t **piece = calloc(n, sizeof(*piece));
+    mf_status_t st = status && chk && piece ? MF_OK : MF_RESOURCE_EXHAUSTED;
+    /* One block per row, so each row is evicted, replaced and freed on its own. */
+    mfd_ablock_t *cur = r->blk;
+    for (uint32_t i = 0; st == MF_OK && i < n; i++) {
+        piece[i] = cur;
+        if (i + 1 < n && (st = mfd_gpu_split(s->store.gpu, r->arena, cur,
+                                             r->off[i + 1] - r->off[i], &cur)) != MF_OK)
+            piece[i] = NULL; /* cur (rows i..) is still r->blk's tail: freed below */
+    }
+    if (st != MF_OK) {
+        for (uint32_t i = 0; piece && i < n && piece[i]; i++)
+            if (piece[i] != cur)
+                mfd_store_unreserve_gpu(&s->store, r->arena, piece[i]);
+        r->blk = cur; /* the uncut rest (all of it when nothing was cut) */
+        mfd_region_free(s, r);
+        free(status);
+        free(chk);
+        free(piece);
+        mfd_conn_error(c, rid, MF_RESOURCE_EXHAUSTED, "PutRegionCommit: out of memory");
+        return;
+    }
+    if (r->acct)
+        r->acct->reserved -= r->bytes; /* committing: the blocks become rows (or are freed) */
+    r->acct = NULL;
+    r->blk = NULL;
+    for (uint32_t i = 0; i < n; i++) {
+        chk[i].off = r->off[i];
+        chk[i].size = r->len[i];
+    }
+    uint32_t ok = 0, replaced_n = 0, first_failed = n;
+    const char *first_why = "";
+    int on_gpu = 1;
+    uint64_t check_us = 0;
+    for (uint32_t done = 0; done < n;) {
+        int64_t c0 = mf_now_us();
+        size_t k = mfd_gpu_check_rows(s->store.gpu, r->arena, chk + done, n - done);
+        check_us += (uint64_t)(mf_now_us() - c0);
+        for (size_t i = done; i < done + k; i++) {
+            const char *why = "invalid row";
+            mfd_key_t key;
+            int replaced = 0;
+            mf_status_t rs = region_key(c, r, &chk[i], &key, &why);
+            if (rs == MF_OK) {
+                rs = mfd_store_commit_region_row(&s->store, &key, r->arena, piece[i], &chk[i],
+                                                 &replaced, &why);
+            } else {
+                mfd_count(&s->metrics, MFD_C_PUT_REJECTED, 1);
+                mfd_store_unreserve_gpu(&s->store, r->arena, piece[i]);
+            }
+            piece[i] = NULL;
+            if (chk[i].size > MFD_GPU_RC_HEAD && !chk[i].sum_valid)
+                on_gpu = 0;
+            status[i] = (uint32_t)rs;
+            if (rs == MF_OK) {
+                ok++;
+                replaced_n += (uint32_t)replaced;
+            } else {
+                mfd_metrics_error(&s->metrics, rs);
+                if (first_failed == n) {
+                    first_failed = (uint32_t)i;
+                    first_why = why;
+                }
+            }
+        }
+        done += (uint32_t)k;
+    }
+    mfd_count(&s->metrics, MFD_C_REGION_COMMITS, 1);
+    mfd_count(&s->metrics, MFD_C_REGION_CHECK_US, check_us);
+    mfd_count(&s->metrics, MFD_C_GPU_COMMIT_CHECK_US, check_us);
+    char msg[300] = "";
+    if (first_failed < n)
+        snprintf(msg, sizeof(msg), "row %u: %s", first_failed, first_why);
+    Mapflow__V1__PutRegionCommitReply rep = MAPFLOW__V1__PUT_REGION_COMMIT_REPLY__INIT;
+    rep.n_status = n;
+    rep.status = status;
+    rep.committed = ok;
+    rep.replaced = replaced_n;
+    rep.first_failed = first_failed < n ? first_failed : 0;
+    rep.first_error = msg;
+    rep.checked_on_gpu = on_gpu;
+    mfd_metrics_observe(&s->metrics, MFD_H_PUT, mf_now_s() - t0);
+    MFD_REPLY(c, rid, PUT_REGION_COMMIT_REPLY, put_region_commit_reply, &rep, NULL, 0);
+    mfd_region_free(s, r);
+    free(status);
+    free(chk);
+    free(piece);
+}
+
+void mfd_rows_region_abort(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__PutRegionAbort *m)
+{
+    mfd_ticket_t *t = mfd_tickets_find(c->srv->tickets, m->region_id, MFD_TICKET_REGION, c);
+    if (!t) {
+        mfd_conn_error(c, rid, MF_NOT_FOUND,
+                       "PutRegionAbort: region %llu is unknown, already committed or aborted, "
+                       "expired, or another connection's", (unsigned long long)m->region_id);
+        return;
+    }
+    mfd_ticket_release(t, c->srv);
+    Mapflow__V1__PutRegionAbortReply rep = MAPFLOW__V1__PUT_REGION_ABORT_REPLY__INIT;
+    MFD_REPLY(c, rid, PUT_REGION_ABORT_REPLY, put_region_abort_reply, &rep, NULL, 0);
+}
+
 /* ==== Lookup ========================================================================== */
 
 /* The hit check of one (layer, block) that the block index does not vouch for: reads

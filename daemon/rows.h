@@ -27,6 +27,11 @@ void mfd_rows_put_begin(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__PutBegin
 void mfd_rows_put_commit(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__PutCommit *m,
                          const uint8_t *payload, size_t plen, double t0);
 void mfd_rows_put_abort(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__PutAbort *m);
+/* Put regions (mapflow.proto PutRegionBegin): one GPU arena block for a layer's rows. */
+void mfd_rows_region_begin(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__PutRegionBegin *m);
+void mfd_rows_region_commit(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__PutRegionCommit *m,
+                            double t0);
+void mfd_rows_region_abort(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__PutRegionAbort *m);
 void mfd_rows_lookup(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Lookup *m,
                      const uint8_t *payload, size_t plen, double t0);
 void mfd_rows_get(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__Get *m,

@@ -210,39 +210,49 @@ void mfd_store_unreserve(mfd_store_t *st, mfd_ablock_t *blk)
     mfd_arena_free(st->arena, blk);
 }
 
-mf_status_t mfd_store_reserve_gpu(mfd_store_t *st, uint64_t size, int pref, uint32_t *arena,
-                                  mfd_ablock_t **blk)
+mf_status_t mfd_store_reserve_gpu_in(mfd_store_t *st, uint64_t size, uint64_t mask, int pref,
+                                     uint32_t *arena, mfd_ablock_t **blk)
 {
     mfd_gpu_t *g = st->gpu;
     if (!g)
         return MF_UNAVAILABLE;
-    uint32_t first = 0;
-    if (pref >= 0 && (size_t)pref < g->n) {
-        first = (uint32_t)pref;
+#define IN_MASK(i) ((i) >= 64 || ((mask >> (i)) & 1))
+    int first = -1;
+    if (pref >= 0 && (size_t)pref < g->n && IN_MASK((uint32_t)pref)) {
+        first = pref;
     } else {
         uint64_t best = 0;
         for (uint32_t i = 0; i < g->n; i++) {
             uint64_t f = mfd_oalloc_largest_free(g->a[i].alloc);
-            if (f > best) {
+            if (IN_MASK(i) && (first < 0 || f > best)) {
                 best = f;
-                first = i;
+                first = (int)i;
             }
         }
     }
-    mf_status_t s = mfd_gpu_alloc(g, first, size, blk);
+    if (first < 0)
+        return MF_RESOURCE_EXHAUSTED;
+    mf_status_t s = mfd_gpu_alloc(g, (uint32_t)first, size, blk);
     if (s == MF_RESOURCE_EXHAUSTED && size <= g->a[first].bytes) {
         /* Free the size plus the watermark gap, so puts do not mfd_store_demote one by one. */
         uint64_t gap = (uint64_t)((st->cfg->high_watermark - st->cfg->low_watermark) *
                                   (double)g->a[first].bytes);
-        mfd_store_evict_gpu(st, (int)first, mfd_arena_round(size) + gap, NULL, 0, NULL, NULL, NULL);
-        s = mfd_gpu_alloc(g, first, size, blk);
+        mfd_store_evict_gpu(st, first, mfd_arena_round(size) + gap, NULL, 0, NULL, NULL, NULL);
+        s = mfd_gpu_alloc(g, (uint32_t)first, size, blk);
     }
     for (uint32_t i = 0; s == MF_RESOURCE_EXHAUSTED && i < g->n; i++)
-        if (i != first && (s = mfd_gpu_alloc(g, i, size, blk)) == MF_OK)
-            first = i;
+        if ((int)i != first && IN_MASK(i) && (s = mfd_gpu_alloc(g, i, size, blk)) == MF_OK)
+            first = (int)i;
+#undef IN_MASK
     if (s == MF_OK)
-        *arena = first;
+        *arena = (uint32_t)first;
     return s;
+}
+
+mf_status_t mfd_store_reserve_gpu(mfd_store_t *st, uint64_t size, int pref, uint32_t *arena,
+                                  mfd_ablock_t **blk)
+{
+    return mfd_store_reserve_gpu_in(st, size, ~0ull, pref, arena, blk);
 }
 
 void mfd_store_unreserve_gpu(mfd_store_t *st, uint32_t arena, mfd_ablock_t *blk)
@@ -416,38 +426,33 @@ mf_status_t mfd_store_commit(mfd_store_t *st, const mfd_key_t *key, mfd_ablock_t
     return MF_OK;
 }
 
-mf_status_t mfd_store_commit_gpu(mfd_store_t *st, const mfd_key_t *key, uint32_t arena,
-                                 mfd_ablock_t *blk, uint64_t size, int durable,
-                                 mfd_store_done_cb done, void *arg, int *pending,
-                                 int *is_durable, int *replaced, const char **why)
+/* Validates a GPU row from its checked bytes (mfd_gpu_check_row / _rows: the whole row,
+ * or its prefix up to the tiles with the checksum computed on the GPU); counts the outcome. */
+static mf_status_t validate_checked(mfd_store_t *st, const mfd_key_t *key, const uint8_t *stg,
+                                    uint64_t size, uint64_t sum, int on_gpu, mf_row_view_t *v,
+                                    const char **why)
 {
-    *pending = *is_durable = *replaced = 0;
-    /* The daemon never reads device memory in place: the checksum runs on the GPU (or the
-     * row is copied whole into the tier's staging buffer) and the decoder checks the host
-     * bytes (tier_gpu.h, mfd_gpu_check_row). */
-    const uint8_t *stg = NULL;
-    size_t have = 0;
-    uint64_t sum = 0;
-    int on_gpu = 0;
-    mf_row_view_t v;
-    int64_t t0 = mf_now_us();
-    mf_status_t s = mfd_gpu_check_row(st->gpu, arena, blk, size, &stg, &have, &sum, &on_gpu);
-    int64_t t1 = mf_now_us();
-    mfd_count(st->metrics, MFD_C_GPU_COMMIT_CHECK_US, (uint64_t)(t1 - t0));
-    *why = "cannot copy the row out of the GPU arena";
-    if (s == MF_OK) {
-        /* The decoder reads a row's bytes before its tiles only (prefix) once the checksum
-         * is skipped, and a row it would refuse from its header came with those bytes. */
-        s = validate_flags(st, key, stg, size, on_gpu ? MF_ROW_NO_CHECKSUM : 0, &v, why);
-        if (s == MF_OK && on_gpu && ((const mf_row_header_t *)stg)->checksum != sum) {
-            mfd_count(st->metrics, MFD_C_PUT_REJECTED, 1);
-            *why = "checksum mismatch (computed on the GPU)";
-            s = MF_DATA_LOSS;
-        }
-        if (s == MF_OK)
-            mfd_count(st->metrics, on_gpu ? MFD_C_GPU_VERIFY_GPU : MFD_C_GPU_VERIFY_HOST, 1);
+    /* The decoder reads a row's bytes before its tiles only (prefix) once the checksum
+     * is skipped, and a row it would refuse from its header came with those bytes. */
+    mf_status_t s = validate_flags(st, key, stg, size, on_gpu ? MF_ROW_NO_CHECKSUM : 0, v, why);
+    if (s == MF_OK && on_gpu && ((const mf_row_header_t *)stg)->checksum != sum) {
+        mfd_count(st->metrics, MFD_C_PUT_REJECTED, 1);
+        *why = "checksum mismatch (computed on the GPU)";
+        s = MF_DATA_LOSS;
     }
-    (void)have;
+    if (s == MF_OK)
+        mfd_count(st->metrics, on_gpu ? MFD_C_GPU_VERIFY_GPU : MFD_C_GPU_VERIFY_HOST, 1);
+    return s;
+}
+
+/* Makes a validated GPU row (v from its checked bytes stg, `have` of them) visible in blk,
+ * with its write-through; on failure (s, or no memory) blk is freed. */
+static mf_status_t gpu_link(mfd_store_t *st, mf_status_t s, const mfd_key_t *key,
+                            uint32_t arena, mfd_ablock_t *blk, uint64_t size, int durable,
+                            const uint8_t *stg, size_t have, const mf_row_view_t *v,
+                            mfd_store_done_cb done, void *arg, int *pending, int *replaced,
+                            const char **why)
+{
     if (s == MF_OK && durable && !mfd_store_durable_room(st, key, size, why))
         s = MF_RESOURCE_EXHAUSTED;
     mfd_entry_t *e = s == MF_OK ? mfd_entry_new(key) : NULL;
@@ -468,7 +473,7 @@ mf_status_t mfd_store_commit_gpu(mfd_store_t *st, const mfd_key_t *key, uint32_t
     e->ghead = head;
     st->gpu_entries++;
     st->gpu->a[arena].entries++;
-    link_entry(st, key, e, &v, size, replaced);
+    link_entry(st, key, e, v, size, replaced);
     mfd_lru_add(st->ix, MFD_LRU_GPU, e);
 
     /* Write-through needs the whole row on the host: a copy of the staging bytes when the
@@ -499,8 +504,52 @@ mf_status_t mfd_store_commit_gpu(mfd_store_t *st, const mfd_key_t *key, uint32_t
         }
     }
     mfd_store_balance_gpu(st, arena, e);
-    mfd_count(st->metrics, MFD_C_GPU_COMMIT_US, (uint64_t)(mf_now_us() - t0));
     return MF_OK;
+}
+
+mf_status_t mfd_store_commit_gpu(mfd_store_t *st, const mfd_key_t *key, uint32_t arena,
+                                 mfd_ablock_t *blk, uint64_t size, int durable,
+                                 mfd_store_done_cb done, void *arg, int *pending,
+                                 int *is_durable, int *replaced, const char **why)
+{
+    *pending = *is_durable = *replaced = 0;
+    /* The daemon never reads device memory in place: the checksum runs on the GPU (or the
+     * row is copied whole into the tier's staging buffer) and the decoder checks the host
+     * bytes (tier_gpu.h, mfd_gpu_check_row). */
+    const uint8_t *stg = NULL;
+    size_t have = 0;
+    uint64_t sum = 0;
+    int on_gpu = 0;
+    mf_row_view_t v;
+    int64_t t0 = mf_now_us();
+    mf_status_t s = mfd_gpu_check_row(st->gpu, arena, blk, size, &stg, &have, &sum, &on_gpu);
+    int64_t t1 = mf_now_us();
+    mfd_count(st->metrics, MFD_C_GPU_COMMIT_CHECK_US, (uint64_t)(t1 - t0));
+    *why = "cannot copy the row out of the GPU arena";
+    if (s == MF_OK)
+        s = validate_checked(st, key, stg, size, sum, on_gpu, &v, why);
+    s = gpu_link(st, s, key, arena, blk, size, durable, stg, have, &v, done, arg, pending,
+                 replaced, why);
+    if (s == MF_OK)
+        mfd_count(st->metrics, MFD_C_GPU_COMMIT_US, (uint64_t)(mf_now_us() - t0));
+    return s;
+}
+
+mf_status_t mfd_store_commit_region_row(mfd_store_t *st, const mfd_key_t *key, uint32_t arena,
+                                        mfd_ablock_t *blk, const mfd_gpu_rowcheck_t *chk,
+                                        int *replaced, const char **why)
+{
+    int pending = 0;
+    *replaced = 0;
+    mf_row_view_t v;
+    mf_status_t s = chk->st;
+    if (s != MF_OK)
+        *why = chk->why;
+    else
+        s = validate_checked(st, key, chk->bytes, chk->size, chk->sum, chk->sum_valid, &v, why);
+    /* Not durable: no SSD completion to wait for (write-through as configured). */
+    return gpu_link(st, s, key, arena, blk, chk->size, 0, chk->bytes, chk->have, &v, NULL,
+                    NULL, &pending, replaced, why);
 }
 
 mfd_entry_t *mfd_store_find(mfd_store_t *st, const mfd_key_t *key)

@@ -101,11 +101,23 @@ mf_status_t mfd_store_commit(mfd_store_t *st, const mfd_key_t *key, mfd_ablock_t
  * and takes blk over. */
 mf_status_t mfd_store_reserve_gpu(mfd_store_t *st, uint64_t size, int pref, uint32_t *arena,
                                   mfd_ablock_t **blk);
+/* reserve_gpu restricted to the arenas of `mask` (bit i = arena i; arenas past 63 always
+ * qualify); MF_RESOURCE_EXHAUSTED when none of them has room. */
+mf_status_t mfd_store_reserve_gpu_in(mfd_store_t *st, uint64_t size, uint64_t mask, int pref,
+                                     uint32_t *arena, mfd_ablock_t **blk);
 void mfd_store_unreserve_gpu(mfd_store_t *st, uint32_t arena, mfd_ablock_t *blk);
 mf_status_t mfd_store_commit_gpu(mfd_store_t *st, const mfd_key_t *key, uint32_t arena,
                                  mfd_ablock_t *blk, uint64_t size, int durable,
                                  mfd_store_done_cb done, void *arg, int *pending,
                                  int *is_durable, int *replaced, const char **why);
+
+/* One row of a put region after mfd_gpu_check_rows: validated from its checked bytes
+ * exactly as mfd_store_commit_gpu validates, then visible in blk (its own block, cut
+ * from the region), or blk is freed and the row's error returned. Not durable; the
+ * configured write-through applies. */
+mf_status_t mfd_store_commit_region_row(mfd_store_t *st, const mfd_key_t *key, uint32_t arena,
+                                        mfd_ablock_t *blk, const mfd_gpu_rowcheck_t *chk,
+                                        int *replaced, const char **why);
 
 /* ---- a put's row, tier-blind: place, write, commit (rows.c, lease.c) --------------------
  * A slot is a reserved block for one row in the host arena or a GPU arena; the caller

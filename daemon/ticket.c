@@ -10,7 +10,7 @@ struct mfd_tickets {
     mfd_ticket_t *buckets[N_BUCKETS];
     mfd_ticket_t *head;
     uint64_t next_id;
-    size_t count[3];
+    size_t count[4];
 };
 
 mf_status_t mfd_tickets_create(mfd_tickets_t **out)
@@ -106,5 +106,5 @@ size_t mfd_tickets_all(mfd_tickets_t *tab, mfd_ticket_cb cb, void *arg)
 
 size_t mfd_tickets_count(const mfd_tickets_t *tab, int kind)
 {
-    return (kind >= 1 && kind <= 2) ? tab->count[kind] : 0;
+    return (kind >= 1 && kind <= 3) ? tab->count[kind] : 0;
 }

@@ -1,6 +1,7 @@
 /*
- * ticket — tickets with an id, an owner and a deadline: read leases (a pin on an entry)
- * and put reservations (an arena block waiting for its commit). The server embeds an
+ * ticket — tickets with an id, an owner and a deadline: read leases (a pin on an entry),
+ * put reservations (an arena block waiting for its commit) and put regions (one GPU
+ * arena block for a layer's rows). The server embeds an
  * mfd_ticket_t at the start of its lease / reservation structs.
  *
  * A ticket is found by id only together with its owner (the connection), so one
@@ -19,7 +20,7 @@
 #include "mf_clock.h"
 #include "mf_status.h"
 
-enum { MFD_TICKET_LEASE = 1, MFD_TICKET_RESERVATION = 2 };
+enum { MFD_TICKET_LEASE = 1, MFD_TICKET_RESERVATION = 2, MFD_TICKET_REGION = 3 };
 
 typedef struct mfd_ticket {
     uint64_t id;

@@ -158,21 +158,33 @@ static void verify_open(mfd_gpu_t *g)
         cu->cuMemAllocHost((void **)&g->out, sizeof(uint64_t)) != MF_CUDA_SUCCESS) {
         g->out = NULL;
         snprintf(g->verify_why, sizeof(g->verify_why), "no pinned memory for the result");
+        snprintf(g->region_why, sizeof(g->region_why), "%s", g->verify_why);
         return;
     }
-    /* Host by default: on the H200 a pinned DtoH + CPU xxh3 took 84 us per 2 MiB row
-     * against 234 us for the kernels, whose launches in the daemon's context also
-     * time-slice the GPU with the workers' contexts (their copies slowed 10x meanwhile;
-     * bench/results/handoff.md). MFD_GPU_VERIFY=gpu opts in. */
-    if (!env || strcmp(env, "gpu") != 0) {
-        snprintf(g->verify_why, sizeof(g->verify_why), "%s",
-                 env ? "MFD_GPU_VERIFY is not 'gpu'"
-                     : "the default; MFD_GPU_VERIFY=gpu runs the checksum kernels");
+    if (cu->cuMemAllocHost((void **)&g->rc_out, MFD_GPU_RC_ROWS * sizeof(uint64_t)) !=
+        MF_CUDA_SUCCESS) {
+        g->rc_out = NULL;
+        snprintf(g->region_why, sizeof(g->region_why), "no pinned memory for region sums");
+    }
+    /* Single-row puts: host by default. On the H200 a pinned DtoH + CPU xxh3 took 84 us
+     * per 2 MiB row against 234 us for the kernels, whose launches in the daemon's context
+     * also time-slice the GPU with the workers' contexts (their copies slowed 10x
+     * meanwhile; bench/results/handoff.md). MFD_GPU_VERIFY=gpu opts in. Put regions use
+     * the kernels whenever they load (no payload copy), unless MFD_GPU_VERIFY=host. */
+    int host_only = env && strcmp(env, "host") == 0;
+    snprintf(g->verify_why, sizeof(g->verify_why), "%s",
+             env && strcmp(env, "gpu") != 0 ? "MFD_GPU_VERIFY is not 'gpu'"
+                                             : "the default; MFD_GPU_VERIFY=gpu runs the "
+                                               "checksum kernels");
+    if (host_only) {
+        snprintf(g->region_why, sizeof(g->region_why), "MFD_GPU_VERIFY=host");
         return;
     }
     if (!ptx) {
-        snprintf(g->verify_why, sizeof(g->verify_why),
+        snprintf(g->region_why, sizeof(g->region_why),
                  "no PTX built in (mapflowd was built without nvcc)");
+        if (env && strcmp(env, "gpu") == 0)
+            snprintf(g->verify_why, sizeof(g->verify_why), "%s", g->region_why);
         return;
     }
     for (size_t i = 0; i < g->n; i++) {
@@ -193,16 +205,22 @@ static void verify_open(mfd_gpu_t *g)
                                         MF_CUDA_SUCCESS)
             a->stream = NULL;
         if (r != MF_CUDA_SUCCESS) {
-            snprintf(g->verify_why, sizeof(g->verify_why), "gpu %d: %s: %s", a->ordinal, step,
-                     mf_cudrv_strerror(r));
+            snprintf(g->region_why, sizeof(g->region_why), "gpu %d: %s: %s", a->ordinal,
+                     step, mf_cudrv_strerror(r));
+            if (env && strcmp(env, "gpu") == 0)
+                snprintf(g->verify_why, sizeof(g->verify_why), "%s", g->region_why);
             for (size_t k = 0; k <= i; k++)
                 if (set_ctx(g, &g->a[k]) == MF_OK)
                     verify_close(g, &g->a[k]);
             return;
         }
     }
-    g->verify_gpu = 1;
-    snprintf(g->verify_why, sizeof(g->verify_why), "checksum kernels, %zu bytes of PTX", len);
+    g->kernels = 1;
+    snprintf(g->region_why, sizeof(g->region_why), "checksum kernels, %zu bytes of PTX", len);
+    if (env && strcmp(env, "gpu") == 0) {
+        g->verify_gpu = 1;
+        snprintf(g->verify_why, sizeof(g->verify_why), "%s", g->region_why);
+    }
 }
 
 mf_status_t mfd_gpu_open(uint64_t gpu_bytes, const char *devices, mfd_gpu_t **out,
@@ -323,6 +341,8 @@ void mfd_gpu_close(mfd_gpu_t *g)
         stage_free(g);
         if (g->out)
             g->cu->cuMemFreeHost(g->out);
+        if (g->rc_out)
+            g->cu->cuMemFreeHost(g->rc_out);
     }
     for (size_t i = 0; i < g->n; i++)
         arena_close(g, &g->a[i]);
@@ -341,6 +361,13 @@ void mfd_gpu_free(mfd_gpu_t *g, uint32_t arena, mfd_ablock_t *blk)
 {
     if (blk && arena < g->n)
         mfd_oalloc_free(g->a[arena].alloc, blk);
+}
+
+mf_status_t mfd_gpu_split(mfd_gpu_t *g, uint32_t arena, mfd_ablock_t *blk, uint64_t at,
+                          mfd_ablock_t **rest)
+{
+    return arena < g->n ? mfd_oalloc_split(g->a[arena].alloc, blk, at, rest)
+                        : MF_INVALID_ARGUMENT;
 }
 
 mf_status_t mfd_gpu_write(mfd_gpu_t *g, uint32_t arena, const mfd_ablock_t *blk,
@@ -432,69 +459,93 @@ static mf_status_t stage_read(mfd_gpu_t *g, const mfd_gpu_arena_t *a, mf_cu_devi
     return MF_OK;
 }
 
+/* Arena a's device scratch of at least `need` bytes (its context current). */
+static mf_cu_result_t scratch_get(mfd_gpu_t *g, mfd_gpu_arena_t *a, uint64_t need)
+{
+    if (need <= a->scratch_cap)
+        return MF_CUDA_SUCCESS;
+    uint64_t cap = (uint64_t)1 << 16;
+    while (cap < need)
+        cap <<= 1;
+    if (a->scratch)
+        g->cu->cuMemFree(a->scratch);
+    a->scratch = 0;
+    a->scratch_cap = 0;
+    mf_cu_result_t r = g->cu->cuMemAlloc(&a->scratch, cap);
+    if (r == MF_CUDA_SUCCESS)
+        a->scratch_cap = cap;
+    return r;
+}
+
+/* Queues both checksum kernels for the row [dptr, dptr + size) (size > 240) on a's stream:
+ * delta (nblk × 64 bytes of scratch) for the per-block sums, the checksum to *out. */
+static mf_cu_result_t sum_launch(mfd_gpu_t *g, mfd_gpu_arena_t *a, mf_cu_deviceptr_t dptr,
+                                 uint64_t size, mf_cu_deviceptr_t delta, mf_cu_deviceptr_t out,
+                                 const char **step)
+{
+    static verify_secret_t sec; /* XXH3's default secret, copied once */
+    if (!sec.w[0])
+        memcpy(sec.w, XXH3_kSecret, sizeof(sec));
+    uint64_t nblk = (size - 1) / 1024;
+    mf_cu_result_t r;
+    if (nblk) {
+        void *pb[] = {&dptr, &nblk, &sec, &delta};
+        *step = "cuLaunchKernel (blocks)";
+        r = g->cu->cuLaunchKernel(a->f_blocks, (unsigned)((nblk + 7) / 8), 1, 1, 256, 1, 1, 0,
+                                  a->stream, pb, NULL);
+        if (r != MF_CUDA_SUCCESS)
+            return r;
+    }
+    void *pf[] = {&dptr, &size, &nblk, &sec, &delta, &out};
+    *step = "cuLaunchKernel (final)";
+    return g->cu->cuLaunchKernel(a->f_final, 1, 1, 1, 32, 1, 1, 0, a->stream, pf, NULL);
+}
+
+/* A kernel that cannot run here once will not later: validate on the host from now. */
+static mf_status_t kernels_failed(mfd_gpu_t *g, const mfd_gpu_arena_t *a, const char *step,
+                                  mf_cu_result_t r)
+{
+    mfd_error("gpu %d: %s: %s; rows are validated on the host from now on", a->ordinal, step,
+              mf_cudrv_strerror(r));
+    snprintf(g->verify_why, sizeof(g->verify_why), "gpu %d: %s failed: %s", a->ordinal, step,
+             mf_cudrv_strerror(r));
+    g->verify_gpu = 0;
+    g->kernels = 0;
+    snprintf(g->region_why, sizeof(g->region_why), "%s", g->verify_why);
+    return MF_UNAVAILABLE;
+}
+
 /* Runs the checksum kernels on [dptr, dptr + size) and copies [from, to) of the row into
  * the staging buffer on the same stream; *sum the checksum. */
 static mf_status_t verify_run(mfd_gpu_t *g, mfd_gpu_arena_t *a, mf_cu_deviceptr_t dptr,
                               uint64_t size, size_t from, size_t to, uint64_t *sum)
 {
     const mf_cudrv_t *cu = g->cu;
-    const char *step = "";
-    uint64_t nblk = (size - 1) / 1024, need = 64 + nblk * 64;
-    mf_cu_result_t r = MF_CUDA_SUCCESS;
+    const char *step = "cuMemAlloc (scratch)";
+    uint64_t nblk = (size - 1) / 1024;
+    mf_cu_result_t r;
     if (!stage_get(g, to, from))
         return MF_RESOURCE_EXHAUSTED;
     if (set_ctx(g, a) != MF_OK)
         return MF_INTERNAL;
-    if (need > a->scratch_cap) {
-        uint64_t cap = (uint64_t)1 << 16;
-        while (cap < need)
-            cap <<= 1;
-        if (a->scratch)
-            cu->cuMemFree(a->scratch);
-        a->scratch = 0;
-        a->scratch_cap = 0;
-        step = "cuMemAlloc (scratch)";
-        if ((r = cu->cuMemAlloc(&a->scratch, cap)) != MF_CUDA_SUCCESS)
-            goto fail;
-        a->scratch_cap = cap;
-    }
-    verify_secret_t sec;
-    memcpy(sec.w, XXH3_kSecret, sizeof(sec));
+    if ((r = scratch_get(g, a, 64 + nblk * 64)) != MF_CUDA_SUCCESS)
+        return kernels_failed(g, a, step, r);
     mf_cu_deviceptr_t out = a->scratch, delta = a->scratch + 64;
-    if (nblk) {
-        void *pb[] = {&dptr, &nblk, &sec, &delta};
-        step = "cuLaunchKernel (blocks)";
-        r = cu->cuLaunchKernel(a->f_blocks, (unsigned)((nblk + 7) / 8), 1, 1, 256, 1, 1, 0,
-                               a->stream, pb, NULL);
-        if (r != MF_CUDA_SUCCESS)
-            goto fail;
-    }
-    void *pf[] = {&dptr, &size, &nblk, &sec, &delta, &out};
-    step = "cuLaunchKernel (final)";
-    if ((r = cu->cuLaunchKernel(a->f_final, 1, 1, 1, 32, 1, 1, 0, a->stream, pf, NULL)) !=
-        MF_CUDA_SUCCESS)
-        goto fail;
+    if ((r = sum_launch(g, a, dptr, size, delta, out, &step)) != MF_CUDA_SUCCESS)
+        return kernels_failed(g, a, step, r);
     step = "cuMemcpyDtoHAsync";
     if (to > from &&
         (r = cu->cuMemcpyDtoHAsync(g->stage + from, dptr + from, to - from, a->stream)) !=
             MF_CUDA_SUCCESS)
-        goto fail;
+        return kernels_failed(g, a, step, r);
     if ((r = cu->cuMemcpyDtoHAsync(g->out, out, sizeof(uint64_t), a->stream)) !=
         MF_CUDA_SUCCESS)
-        goto fail;
+        return kernels_failed(g, a, step, r);
     step = "cuStreamSynchronize";
     if ((r = cu->cuStreamSynchronize(a->stream)) != MF_CUDA_SUCCESS)
-        goto fail;
+        return kernels_failed(g, a, step, r);
     *sum = *g->out;
     return MF_OK;
-fail:
-    /* A kernel that cannot run here once will not later: validate on the host from now. */
-    mfd_error("gpu %d: %s: %s; rows are validated on the host from now on", a->ordinal, step,
-              mf_cudrv_strerror(r));
-    snprintf(g->verify_why, sizeof(g->verify_why), "gpu %d: %s failed: %s", a->ordinal, step,
-             mf_cudrv_strerror(r));
-    g->verify_gpu = 0;
-    return MF_UNAVAILABLE;
 }
 
 /* First bytes copied with the kernels on the GPU path: a row's prefix up to its tiles
@@ -546,4 +597,206 @@ mf_status_t mfd_gpu_check_row(mfd_gpu_t *g, uint32_t arena, const mfd_ablock_t *
         *have = size;
     }
     return st;
+}
+
+/* ---- put regions ------------------------------------------------------------------------ */
+
+static const char k_copy_why[] = "cannot copy the row out of the GPU arena";
+
+/* A pending device → staging copy, grown while the next piece is adjacent on both sides
+ * (consecutive rows of a region copied whole go in one copy). */
+typedef struct copy_run {
+    mf_cu_deviceptr_t dev;
+    size_t soff, n;
+} copy_run_t;
+
+static mf_cu_result_t run_flush(mfd_gpu_t *g, const mfd_gpu_arena_t *a, copy_run_t *r,
+                                int async)
+{
+    mf_cu_result_t x = MF_CUDA_SUCCESS;
+    if (r->n)
+        x = async ? g->cu->cuMemcpyDtoHAsync(g->stage + r->soff, r->dev, r->n, a->stream)
+                  : g->cu->cuMemcpyDtoH(g->stage + r->soff, r->dev, r->n);
+    r->n = 0;
+    return x;
+}
+
+static mf_cu_result_t run_add(mfd_gpu_t *g, const mfd_gpu_arena_t *a, copy_run_t *r,
+                              mf_cu_deviceptr_t dev, size_t soff, size_t n, int async)
+{
+    if (r->n && r->dev + r->n == dev && r->soff + r->n == soff) {
+        r->n += n;
+        return MF_CUDA_SUCCESS;
+    }
+    mf_cu_result_t x = run_flush(g, a, r, async);
+    *r = (copy_run_t){dev, soff, n};
+    return x;
+}
+
+/* The length of a row's prefix up to its tiles (what the decoder reads without the
+ * checksum), from its first `have` bytes; 0 when its header does not describe `size`
+ * bytes (the decoder then refuses it from those bytes). */
+static size_t row_prefix(const uint8_t *p, size_t have, uint64_t size)
+{
+    mf_row_header_t h;
+    mf_row_layout_t l;
+    if (have < MF_ROW_HEADER)
+        return 0;
+    memcpy(&h, p, sizeof(h));
+    if (h.magic != MF_ROW_MAGIC || h.total_size != size ||
+        mf_row_layout((mf_codec_t)h.codec, h.block_size, h.n_heads, h.n_cols, h.n_entries,
+                      h.model_len, &l) != MF_OK ||
+        l.total != size)
+        return 0;
+    return l.tiles;
+}
+
+/* Every row of rows[0..m) failed to copy. */
+static size_t rows_failed(mfd_gpu_rowcheck_t *rows, size_t m, mf_status_t st)
+{
+    for (size_t i = 0; i < m; i++) {
+        rows[i].st = st;
+        rows[i].why = st == MF_RESOURCE_EXHAUSTED ? "no staging memory" : k_copy_why;
+        rows[i].have = 0;
+        rows[i].sum_valid = 0;
+    }
+    return m;
+}
+
+/* Without the kernels: rows copied whole (adjacent ones in one copy), checked on the host. */
+static size_t check_rows_host(mfd_gpu_t *g, mfd_gpu_arena_t *a, mfd_gpu_rowcheck_t *rows,
+                              size_t n)
+{
+    size_t m = 0;
+    uint64_t need = 0;
+    for (; m < n && m < MFD_GPU_RC_ROWS; m++) {
+        uint64_t r = mfd_arena_round(rows[m].size);
+        if (m && need + r > MFD_GPU_RC_BYTES)
+            break;
+        need += r;
+    }
+    if (!stage_get(g, need, 0))
+        return rows_failed(rows, m, MF_RESOURCE_EXHAUSTED);
+    if (set_ctx(g, a) != MF_OK)
+        return rows_failed(rows, m, MF_INTERNAL);
+    copy_run_t run = {0, 0, 0};
+    mf_cu_result_t r = MF_CUDA_SUCCESS;
+    size_t soff = 0;
+    for (size_t i = 0; i < m && r == MF_CUDA_SUCCESS; i++) {
+        r = run_add(g, a, &run, a->base + rows[i].off, soff, (size_t)rows[i].size, 0);
+        soff += mfd_arena_round(rows[i].size);
+    }
+    if (r == MF_CUDA_SUCCESS)
+        r = run_flush(g, a, &run, 0);
+    if (r != MF_CUDA_SUCCESS) {
+        mfd_error("gpu %d: cuMemcpyDtoH of a region's rows: %s", a->ordinal,
+                  mf_cudrv_strerror(r));
+        return rows_failed(rows, m, MF_INTERNAL);
+    }
+    soff = 0;
+    for (size_t i = 0; i < m; i++) {
+        rows[i].st = MF_OK;
+        rows[i].bytes = g->stage + soff;
+        rows[i].have = (size_t)rows[i].size;
+        rows[i].sum_valid = 0;
+        soff += mfd_arena_round(rows[i].size);
+    }
+    return m;
+}
+
+size_t mfd_gpu_check_rows(mfd_gpu_t *g, uint32_t arena, mfd_gpu_rowcheck_t *rows, size_t n)
+{
+    mfd_gpu_arena_t *a = &g->a[arena];
+    if (!n)
+        return 0;
+    if (!g->kernels || !g->rc_out || !a->stream)
+        return check_rows_host(g, a, rows, n);
+    const mf_cudrv_t *cu = g->cu;
+    /* Phase 1: the kernels of every row and a copy of its first MFD_GPU_RC_HEAD bytes. */
+    size_t m = 0;
+    uint64_t scratch = 0;
+    for (; m < n && m < MFD_GPU_RC_ROWS; m++) {
+        uint64_t d = rows[m].size > MFD_GPU_RC_HEAD ? (rows[m].size - 1) / 1024 * 64 : 0;
+        if (m && scratch + d > MFD_GPU_RC_BYTES)
+            break;
+        scratch += d;
+    }
+    uint64_t outs = mfd_arena_round(m * sizeof(uint64_t));
+    if (!stage_get(g, m * MFD_GPU_RC_HEAD, 0))
+        return rows_failed(rows, m, MF_RESOURCE_EXHAUSTED);
+    if (set_ctx(g, a) != MF_OK)
+        return rows_failed(rows, m, MF_INTERNAL);
+    const char *step = "cuMemAlloc (scratch)";
+    mf_cu_result_t r = scratch_get(g, a, outs + scratch);
+    copy_run_t run = {0, 0, 0};
+    mf_cu_deviceptr_t delta = a->scratch + outs;
+    for (size_t i = 0; i < m && r == MF_CUDA_SUCCESS; i++) {
+        mf_cu_deviceptr_t dptr = a->base + rows[i].off;
+        if (rows[i].size > MFD_GPU_RC_HEAD) {
+            r = sum_launch(g, a, dptr, rows[i].size, delta, a->scratch + 8 * i, &step);
+            delta += (rows[i].size - 1) / 1024 * 64;
+        }
+        if (r == MF_CUDA_SUCCESS) {
+            step = "cuMemcpyDtoHAsync";
+            size_t h = rows[i].size < MFD_GPU_RC_HEAD ? (size_t)rows[i].size : MFD_GPU_RC_HEAD;
+            r = run_add(g, a, &run, dptr, i * MFD_GPU_RC_HEAD, h, 1);
+        }
+    }
+    if (r == MF_CUDA_SUCCESS)
+        r = run_flush(g, a, &run, 1);
+    if (r == MF_CUDA_SUCCESS)
+        r = cu->cuMemcpyDtoHAsync(g->rc_out, a->scratch, m * sizeof(uint64_t), a->stream);
+    if (r == MF_CUDA_SUCCESS && (step = "cuStreamSynchronize",
+                                 r = cu->cuStreamSynchronize(a->stream)) == MF_CUDA_SUCCESS) {
+        /* Phase 2: the rest of each prefix longer than the first bytes, laid out after
+         * them; a chunk stops before the row whose prefix would overflow the staging. */
+        size_t head_end = m * MFD_GPU_RC_HEAD, boff = head_end;
+        size_t *pre = malloc(m * sizeof(*pre));
+        if (!pre)
+            return rows_failed(rows, m, MF_RESOURCE_EXHAUSTED);
+        for (size_t i = 0; i < m; i++) {
+            size_t h = rows[i].size < MFD_GPU_RC_HEAD ? (size_t)rows[i].size : MFD_GPU_RC_HEAD;
+            pre[i] = row_prefix(g->stage + i * MFD_GPU_RC_HEAD, h, rows[i].size);
+            if (pre[i] <= h) {
+                pre[i] = 0; /* what the decoder reads is in the first bytes already */
+                continue;
+            }
+            if (i && boff - head_end + mfd_arena_round(pre[i]) > MFD_GPU_RC_BYTES) {
+                m = i;
+                break;
+            }
+            boff += mfd_arena_round(pre[i]);
+        }
+        if (!stage_get(g, boff, head_end)) {
+            free(pre);
+            return rows_failed(rows, m, MF_RESOURCE_EXHAUSTED);
+        }
+        boff = head_end;
+        int copies = 0;
+        for (size_t i = 0; i < m && r == MF_CUDA_SUCCESS; i++) {
+            size_t h = rows[i].size < MFD_GPU_RC_HEAD ? (size_t)rows[i].size : MFD_GPU_RC_HEAD;
+            rows[i].st = MF_OK;
+            rows[i].sum = g->rc_out[i];
+            rows[i].sum_valid = rows[i].size > MFD_GPU_RC_HEAD;
+            rows[i].bytes = g->stage + i * MFD_GPU_RC_HEAD;
+            rows[i].have = h;
+            if (pre[i]) {
+                step = "cuMemcpyDtoHAsync";
+                r = run_add(g, a, &run, a->base + rows[i].off, boff, pre[i], 1);
+                rows[i].bytes = g->stage + boff;
+                rows[i].have = pre[i];
+                boff += mfd_arena_round(pre[i]);
+                copies = 1;
+            }
+        }
+        free(pre);
+        if (r == MF_CUDA_SUCCESS)
+            r = run_flush(g, a, &run, 1);
+        if (r == MF_CUDA_SUCCESS && copies)
+            step = "cuStreamSynchronize", r = cu->cuStreamSynchronize(a->stream);
+        if (r == MF_CUDA_SUCCESS)
+            return m;
+    }
+    kernels_failed(g, a, step, r);
+    return check_rows_host(g, a, rows, n);
 }

@@ -74,8 +74,11 @@ typedef struct mfd_gpu_arena {
 typedef struct mfd_gpu {
     const mf_cudrv_t *cu;
     size_t n;
-    int verify_gpu;                 /* 1: rows are checksummed on the GPU */
+    int kernels;                    /* 1: the checksum kernels are loaded (regions use them) */
+    int verify_gpu;                 /* 1: single-row puts are checksummed on the GPU too */
     char verify_why[200];           /* why not (host validation) */
+    char region_why[200];           /* why put regions are validated on the host */
+    uint64_t *rc_out;               /* pinned: a region chunk's checksums (MFD_GPU_RC_ROWS) */
     uint8_t *stage;                 /* reused DtoH staging (pinned when the driver gave it) */
     size_t stage_cap;
     int stage_pinned;
@@ -110,6 +113,9 @@ void mfd_gpu_close(mfd_gpu_t *g);
 /* A block of `size` in arena `arena`. MF_RESOURCE_EXHAUSTED when it does not fit. */
 mf_status_t mfd_gpu_alloc(mfd_gpu_t *g, uint32_t arena, uint64_t size, mfd_ablock_t **blk);
 void mfd_gpu_free(mfd_gpu_t *g, uint32_t arena, mfd_ablock_t *blk);
+/* Cuts blk at `at` (mfd_oalloc_split): a put region's block becomes one block per row. */
+mf_status_t mfd_gpu_split(mfd_gpu_t *g, uint32_t arena, mfd_ablock_t *blk, uint64_t at,
+                          mfd_ablock_t **rest);
 
 /* Synchronous copies into / out of a block (offset within the block). MF_INTERNAL with
  * the CUDA error logged when the driver refuses. */
@@ -130,6 +136,38 @@ mf_status_t mfd_gpu_read(mfd_gpu_t *g, uint32_t arena, const mfd_ablock_t *blk, 
 mf_status_t mfd_gpu_check_row(mfd_gpu_t *g, uint32_t arena, const mfd_ablock_t *blk,
                               uint64_t size, const uint8_t **bytes, size_t *have,
                               uint64_t *gpu_sum, int *gpu_sum_valid);
+
+/*
+ * A put region's rows (one layer, written in place by the client): the host gets what the
+ * decoder reads and nothing more. With the kernels loaded, each row longer than
+ * MFD_GPU_RC_HEAD has its checksum computed on the GPU (both kernels per row, back to back
+ * on the arena's verify stream) while its first MFD_GPU_RC_HEAD bytes are copied out
+ * (shorter rows are copied whole and checksummed on the host: their bytes are what the
+ * decoder reads anyway, and a launch costs more); then the rest of each row's prefix up
+ * to its tiles (header, model, tokens, column tables, masses, scales) is copied, adjacent
+ * prefixes in one copy; two stream synchronizes per chunk. Without the kernels (no PTX, the fake driver by default,
+ * MFD_GPU_VERIFY=host, or a kernel failure) rows are copied whole (adjacent rows in one
+ * copy) and checked on the host. A chunk is at most MFD_GPU_RC_ROWS rows and
+ * MFD_GPU_RC_BYTES of staging (one row at least); the caller validates the chunk's rows
+ * before the next call, which reuses the staging buffer.
+ */
+#define MFD_GPU_RC_ROWS 4096u
+#define MFD_GPU_RC_BYTES (64u << 20)
+#define MFD_GPU_RC_HEAD 4096u        /* first bytes copied with the kernels */
+
+typedef struct mfd_gpu_rowcheck {
+    uint64_t off, size;             /* in: the row's offset in the arena and its length */
+    const uint8_t *bytes;           /* out: its first `have` bytes (staging) */
+    size_t have;
+    uint64_t sum;                   /* the checksum computed on the GPU, when sum_valid */
+    int sum_valid;
+    mf_status_t st;                 /* MF_OK, or MF_INTERNAL (a copy failed; why says so) */
+    const char *why;
+} mfd_gpu_rowcheck_t;
+
+/* Checks rows[0..n) of arena `arena` (offsets inside it); returns how many (≥ 1) this
+ * chunk covered, their out fields filled. */
+size_t mfd_gpu_check_rows(mfd_gpu_t *g, uint32_t arena, mfd_gpu_rowcheck_t *rows, size_t n);
 
 /* Starts registering [base, base + bytes) (the host arena) with the driver, PORTABLE, on a
  * thread of its own; the outcome and the time it took are logged. Once per tier. */

@@ -10,7 +10,9 @@
 # line "rows validated on the host (the default" must appear; the device-put rate is
 # measured that way and again with MFD_GPU_VERIFY=gpu (the checksum kernels, PTX built
 # in; that run's tests check every row was validated on the GPU) for comparison
-# (BENCH_ROWS puts of ~2 MiB each, default 384: ~0.8 GB per run).
+# (BENCH_ROWS puts of ~2 MiB each, default 384: ~0.8 GB per run). Put regions (one
+# reservation and one commit per layer) must be checksummed on the GPU, their corrupt rows
+# refused (test_region_put).
 # Usage: tests/gpu/tier_smoke.sh [GPU_BYTES]      (MF_BIN: build/bin by default)
 # Prints PASS/FAIL lines; exit status non-zero on any failure.
 set -u
@@ -108,5 +110,21 @@ if [ $real = 1 ]; then
   [[ "$def_rate" == *"validated on the host"* ]] || fail "default device puts were not validated on the host"
   [[ "$gpu_rate" == *"validated on the gpu"* ]] || fail "MFD_GPU_VERIFY=gpu device puts were not validated on the GPU"
 fi
+# Put regions (a layer's rows written in place, one commit): test_daemon_gpu's
+# test_region_put flips a byte of one sealed row and gives another the wrong layer; both
+# must be refused and every other row stored exactly. On the real driver the checksums
+# run on the GPU (the kernels load for regions by default).
+reg=$(grep -a '^region check' "$tmp/unit.log" | head -1)
+echo "RATE region check: ${reg:-none}"
+grep -a 'put regions checksummed' "$tmp/daemon.log" "$tmp/unit.log" | head -1
+if [ $real = 1 ]; then
+  [[ "$reg" == *"checksums on the GPU"* ]] || fail "region rows were not checksummed on the GPU"
+fi
+# Their cost at the hand-off's shape: 30 MASK layers and 2 FP16 layers of 512 rows (begin,
+# the DtoD a source kernel's writes stand for, commit; per layer).
+MF_REGION_RATE=${REGION_LAYERS:-30} MF_GPU_TESTS=test_region_rate MF_GPU_REAL=$real \
+  MF_BIN=$(cd "$bin" && pwd) "$bin/tests/test_daemon_gpu" >"$tmp/region.log" 2>&1 ||
+  { fail "test_region_rate"; tail -20 "$tmp/region.log"; }
+grep -a '^region rate' "$tmp/region.log" | sed 's/^/RATE /'
 echo "tier_smoke: $fails failure(s)"
 [ $fails = 0 ]

@@ -8,7 +8,8 @@ mapflow-synth. Covers: Channel(gpu_device=) and gpu_info(), put_device / put_dev
 into the gpu tier, leased rows on_device with device_ptr and gpu_arena whose bytes are
 the rows and whose DLPack capsules / __cuda_array_interface__ describe them (kDLCUDA),
 get_lease on the device, copies of GPU rows, a channel without gpu_device
-getting host views, and errors (no GPU channel, a bad device address) as MapflowError.
+getting host views, put_region (rows written at its device addresses, one flipped byte
+refused with the others stored, misuse), and errors (no GPU channel, a bad device address) as MapflowError.
 Env: MF_BIN (build/bin), MF_BUILD (build dir, for libmapflow and the fake driver).
 """
 import ctypes as C
@@ -45,7 +46,8 @@ class FakeCuda:
                            ("cuCtxSetCurrent", [C.c_void_p]),
                            ("cuMemAlloc_v2", [C.POINTER(C.c_uint64), C.c_size_t]),
                            ("cuMemFree_v2", [C.c_uint64]),
-                           ("cuMemcpyHtoD_v2", [C.c_uint64, C.c_char_p, C.c_size_t])):
+                           ("cuMemcpyHtoD_v2", [C.c_uint64, C.c_char_p, C.c_size_t]),
+                           ("cuCtxSynchronize", [])):
             getattr(self.lib, name).argtypes = args
             getattr(self.lib, name).restype = C.c_int
         self.ok(self.lib.cuInit(0))
@@ -111,7 +113,7 @@ class GpuBindingTest(mftest.DaemonTest):
         rng = random.Random(17)
         cls.nb = 5
         cls.tokens = [rng.randrange(1, 50000) for _ in range(cls.nb * B + 3)]
-        cls.rows = mftest.synth_rows(cls.tmp, NS, MODEL, B, cls.tokens, (1, 2), cls.nb, 40)
+        cls.rows = mftest.synth_rows(cls.tmp, NS, MODEL, B, cls.tokens, (1, 2, 3), cls.nb, 40)
         cls.hashes = mapflow.hash_prefix(NS, MODEL, B, cls.tokens)
         cls.start_daemon(mapflow, "--host_bytes", "32mb", "--gpu_bytes", "8mb")
         cls.sock = cls.d.sock
@@ -195,6 +197,44 @@ class GpuBindingTest(mftest.DaemonTest):
                 self.assertEqual([r.data.tobytes() for r in g], self.rows[1])
                 self.assertEqual({r.tier for r in g}, {"host"})
                 self.assertFalse(any(r.on_device for r in g))
+
+    def test_put_region(self):
+        rows = self.rows[3]
+        bad = random.Random(os.getpid()).randrange(len(rows))
+        with self.chan(gpu_device=0) as ch:
+            with ch.put_region(MODEL, 3, [len(r) for r in rows]) as reg:
+                self.assertEqual(len(reg.rows), len(rows))
+                for i, (p, r) in enumerate(zip(reg.rows, rows)):
+                    self.assertEqual(p % 16, 0)
+                    if i == bad:  # one byte flipped after sealing (in the masses / tiles)
+                        r = r[:-5] + bytes([r[-5] ^ 0x08]) + r[-4:]
+                    self.cu.ok(self.cu.lib.cuMemcpyHtoD_v2(p, r, len(r)))
+                self.cu.ok(self.cu.lib.cuCtxSynchronize())
+                with self.assertRaises(mapflow.DataLoss) as e:
+                    reg.commit()
+                res = e.exception.result
+                self.assertEqual((res["committed"], res["first_failed"]), (len(rows) - 1, bad))
+                self.assertEqual(res["statuses"], [mapflow.DATA_LOSS if i == bad else 0
+                                                   for i in range(len(rows))])
+                with self.assertRaises(mapflow.FailedPrecondition):
+                    reg.commit()  # once only
+            for i, r in enumerate(rows):
+                if i == bad:
+                    with self.assertRaises(mapflow.NotFound):
+                        ch.get(MODEL, 3, self.hashes[i])
+                else:
+                    self.assertEqual(ch.get(MODEL, 3, self.hashes[i]), r)
+            reg = ch.put_region(MODEL, 3, [len(rows[0])])
+            reg.abort()
+            with self.assertRaises(mapflow.FailedPrecondition):
+                reg.commit()
+            reg.close()
+            with self.assertRaises(mapflow.FailedPrecondition):
+                reg.abort()  # closed
+            with self.assertRaises(mapflow.InvalidArgument):
+                ch.put_region(MODEL, 3, [])
+        with self.chan() as ch, self.assertRaises(mapflow.FailedPrecondition):
+            ch.put_region(MODEL, 3, [len(rows[0])])  # no gpu_device: put_device_batch
 
     def test_errors(self):
         p = self.cu.copy(self.rows[2][0])

@@ -30,6 +30,7 @@
 #include <cmocka.h>
 
 #include "../fakecuda/fakecuda_env.h"
+#include "mf_clock.h"
 #include "mf_cudrv.h"
 #include "mf_frame.h"
 #include "test_client_proc.h"
@@ -648,6 +649,237 @@ static void test_no_peer_reexec(void **state)
     assert_int_equal(WEXITSTATUS(status), 0);
 }
 
+/* ==== put regions ===================================================================== */
+
+/* Rows written in place: random rows (one flipped byte after sealing) into the region's
+ * device addresses, committed; Get returns the others byte-identical; the misuse cases. */
+static void test_region_put_get(void **state)
+{
+    (void)state;
+    daemon_t d;
+    start_gpu_daemon(&d, 0);
+    mf_channel_t *w = gchan(&d, 1, 0);
+    rows_t r;
+    uint64_t seed = (uint64_t)getpid() * 7919u + 5;
+    make_rows(&r, 7, seed);
+    size_t lens[NB];
+    for (int b = 0; b < NB; b++)
+        lens[b] = r.len[b];
+    void *dev[NB];
+    mf_put_region_t *reg = NULL;
+    mf_status_t st = mf_put_region_begin(w, MODEL, 7, lens, NB, 0, NULL, dev, &reg,
+                                         MF_TIMEOUT_DEFAULT);
+    if (st != MF_OK)
+        fail_msg("region begin: %s: %s", mf_status_name(st), mf_channel_last_error(w));
+    assert_int_equal(mf_put_region_rows(reg), NB);
+    /* "The source's kernels" write the rows in place (in the channel's device context). */
+    use_device(0);
+    const int bad = (int)(seed % NB);
+    for (int b = 0; b < NB; b++) {
+        assert_ptr_equal(mf_put_region_row(reg, (size_t)b), dev[b]);
+        assert_int_equal((uintptr_t)dev[b] % 16, 0);
+        assert_int_equal(cu()->cuMemcpyHtoD((mf_cu_deviceptr_t)(uintptr_t)dev[b], r.row[b],
+                                            r.len[b]), MF_CUDA_SUCCESS);
+    }
+    uint8_t byte;
+    size_t at = r.len[bad] - 1 - (size_t)(seed % 64); /* in the tiles */
+    mf_cu_deviceptr_t p = (mf_cu_deviceptr_t)(uintptr_t)dev[bad] + at;
+    assert_int_equal(cu()->cuMemcpyDtoH(&byte, p, 1), MF_CUDA_SUCCESS);
+    byte ^= 0x20;
+    assert_int_equal(cu()->cuMemcpyHtoD(p, &byte, 1), MF_CUDA_SUCCESS);
+    assert_int_equal(cu()->cuCtxSynchronize(), MF_CUDA_SUCCESS);
+    mf_status_t sts[NB];
+    mf_put_region_result_t res;
+    st = mf_put_region_commit(reg, sts, &res, MF_TIMEOUT_DEFAULT);
+    assert_int_equal(st, MF_DATA_LOSS);
+    assert_non_null(strstr(mf_channel_last_error(w), "checksum"));
+    assert_int_equal(res.committed, NB - 1);
+    assert_int_equal(res.first_failed, bad);
+    for (int b = 0; b < NB; b++)
+        assert_int_equal(sts[b], b == bad ? MF_DATA_LOSS : MF_OK);
+    /* Get by key: the good rows byte-identical, the refused one absent. */
+    for (int b = 0; b < NB; b++) {
+        mf_key_t k = {.model = MODEL, .layer = 7, .hash = r.hash[b]};
+        uint8_t *buf = malloc(r.len[b]);
+        size_t len = 0;
+        st = mf_get(w, &k, buf, r.len[b], &len, MF_TIMEOUT_DEFAULT);
+        if (b == bad) {
+            assert_int_equal(st, MF_NOT_FOUND);
+        } else {
+            assert_int_equal(st, MF_OK);
+            assert_int_equal(len, r.len[b]);
+            assert_memory_equal(buf, r.row[b], len);
+        }
+        free(buf);
+    }
+    /* A second commit, an abort after it: FAILED_PRECONDITION, nothing sent. */
+    assert_int_equal(mf_put_region_commit(reg, NULL, NULL, MF_TIMEOUT_DEFAULT),
+                     MF_FAILED_PRECONDITION);
+    assert_int_equal(mf_put_region_abort(reg, MF_TIMEOUT_DEFAULT), MF_FAILED_PRECONDITION);
+    mf_put_region_free(reg);
+    /* Abort, then commit: FAILED_PRECONDITION. */
+    assert_int_equal(mf_put_region_begin(w, MODEL, 7, lens, 2, 0, NULL, NULL, &reg,
+                                         MF_TIMEOUT_DEFAULT), MF_OK);
+    assert_int_equal(mf_put_region_abort(reg, MF_TIMEOUT_DEFAULT), MF_OK);
+    assert_int_equal(mf_put_region_commit(reg, NULL, NULL, MF_TIMEOUT_DEFAULT),
+                     MF_FAILED_PRECONDITION);
+    assert_non_null(strstr(mf_channel_last_error(w), "aborted"));
+    mf_put_region_free(reg);
+    /* Bounds and fallbacks: no rows, a row shorter than a header, durable, more rows than
+     * MF_PUT_BATCH_MAX, a region larger than the arena (4 MiB), no GPU on the channel. */
+    size_t tiny[2] = {lens[0], 40}, big[2] = {3u << 20, 3u << 20};
+    reg = (mf_put_region_t *)1;
+    assert_int_equal(mf_put_region_begin(w, MODEL, 7, lens, 0, 0, NULL, NULL, &reg,
+                                         MF_TIMEOUT_DEFAULT), MF_INVALID_ARGUMENT);
+    assert_null(reg);
+    assert_int_equal(mf_put_region_begin(w, MODEL, 7, tiny, 2, 0, NULL, NULL, &reg,
+                                         MF_TIMEOUT_DEFAULT), MF_INVALID_ARGUMENT);
+    assert_int_equal(mf_put_region_begin(w, MODEL, 7, lens, 2, MF_PUT_DURABLE, NULL, NULL,
+                                         &reg, MF_TIMEOUT_DEFAULT), MF_INVALID_ARGUMENT);
+    assert_int_equal(mf_put_region_begin(w, MODEL, 7, lens, MF_PUT_BATCH_MAX + 1, 0, NULL,
+                                         NULL, &reg, MF_TIMEOUT_DEFAULT), MF_INVALID_ARGUMENT);
+    assert_int_equal(mf_put_region_begin(w, MODEL, 7, big, 2, 0, NULL, NULL, &reg,
+                                         MF_TIMEOUT_DEFAULT), MF_INVALID_ARGUMENT);
+    assert_non_null(strstr(mf_channel_last_error(w), "GPU arena"));
+    mf_channel_t *h = gchan(&d, 1, -1);
+    assert_int_equal(mf_put_region_begin(h, MODEL, 7, lens, 2, 0, NULL, NULL, &reg,
+                                         MF_TIMEOUT_DEFAULT), MF_FAILED_PRECONDITION);
+    assert_non_null(strstr(mf_channel_last_error(h), "mf_put_device_batch"));
+    mf_channel_close(h);
+    /* A handle freed unused gives its block back (one-way abort): a new region fills the
+     * arena's half again. */
+    size_t half[1] = {(2u << 20) - 4096};
+    for (int k = 0; k < 3; k++) {
+        for (int tries = 0; tries < 200; tries++) {
+            st = mf_put_region_begin(w, MODEL, 7, half, 1, 0, NULL, NULL, &reg,
+                                     MF_TIMEOUT_DEFAULT);
+            if (st != MF_RESOURCE_EXHAUSTED)
+                break;
+            usleep(10000); /* the previous abort is one-way: it may still be in flight */
+        }
+        assert_int_equal(st, MF_OK);
+        mf_put_region_free(reg);
+    }
+    mf_channel_close(w);
+    free_rows(&r);
+    daemon_stop(&d, 1);
+}
+
+/* One source layer of the bench: n_blocks rows (MASK, 40 heads, B = 64) of one layer. */
+static uint8_t **bench_layer(const uint32_t *tokens, uint32_t layer, uint32_t n_blocks,
+                             size_t *len)
+{
+    uint8_t **rows = calloc(n_blocks, sizeof(*rows));
+    for (uint32_t b = 0; b < n_blocks; b++) {
+        rows[b] = tc_make_row(NS, MODEL, layer, 64, 40, tokens, b, MF_CODEC_MASK,
+                              layer * 100003u + b, &len[b]);
+        assert_non_null(rows[b]);
+    }
+    return rows;
+}
+
+/* MF_REGION_BENCH=LAYERSxBLOCKS (e.g. 30x512: 15,360 rows): the CPU / fake-driver time of a
+ * source's export through put regions (one begin + one commit per layer, rows written in
+ * place) against mf_put_device_batch of the same rows from device memory. Printed, not
+ * asserted; skipped unless asked (timed tests stay out of `make test`). */
+static void test_region_bench(void **state)
+{
+    (void)state;
+    const char *spec = getenv("MF_REGION_BENCH");
+    unsigned nl = 0, nb = 0;
+    if (!spec || sscanf(spec, "%ux%u", &nl, &nb) != 2 || !nl || !nb || nb > 4096)
+        skip();
+    daemon_t d;
+    daemon_start(&d, 0, "--gpu_bytes", "512mb", "--host_bytes", "256mb", "--write_through",
+                 "off", NULL);
+    mf_channel_t *w = gchan(&d, 1, 0);
+    uint32_t *tokens = malloc((size_t)nb * 64 * 4);
+    tc_tokens(tokens, (size_t)nb * 64, 77);
+    size_t *len = malloc((size_t)nl * nb * sizeof(*len));
+    uint8_t ***rows = malloc(nl * sizeof(*rows));
+    size_t bytes = 0;
+    for (unsigned l = 0; l < nl; l++) {
+        rows[l] = bench_layer(tokens, l, nb, len + (size_t)l * nb);
+        for (unsigned b = 0; b < nb; b++)
+            bytes += len[(size_t)l * nb + b];
+    }
+    /* Baseline: the rows already in device memory (the source's scratch), put as batches
+     * of one layer each (layers 0..nl-1). */
+    void **dev = malloc((size_t)nl * nb * sizeof(*dev));
+    for (size_t k = 0; k < (size_t)nl * nb; k++)
+        dev[k] = dev_copy(0, rows[k / nb][k % nb], len[k]);
+    mf_put_item_t *items = calloc(nb, sizeof(*items));
+    double t0 = mf_now_s();
+    for (unsigned l = 0; l < nl; l++) {
+        for (unsigned b = 0; b < nb; b++)
+            items[b] = (mf_put_item_t){.row = dev[(size_t)l * nb + b],
+                                       .len = len[(size_t)l * nb + b]};
+        assert_int_equal(mf_put_device_batch(w, items, nb, 0, MF_TIMEOUT_INFINITE), MF_OK);
+    }
+    double t_batch = mf_now_s() - t0;
+    /* Regions: the same rows under layers nl..2nl-1 (fresh keys), written in place. */
+    for (unsigned l = 0; l < nl; l++)
+        for (unsigned b = 0; b < nb; b++)
+            free(rows[l][b]);
+    for (unsigned l = 0; l < nl; l++) {
+        free(rows[l]);
+        rows[l] = bench_layer(tokens, nl + l, nb, len + (size_t)l * nb);
+    }
+    double t_begin = 0, t_write = 0, t_commit = 0;
+    int on_gpu = 0;
+    use_device(0);
+    for (unsigned l = 0; l < nl; l++) {
+        mf_put_region_t *reg = NULL;
+        double a = mf_now_s();
+        mf_status_t st = mf_put_region_begin(w, MODEL, nl + l, len + (size_t)l * nb, nb, 0,
+                                             NULL, NULL, &reg, MF_TIMEOUT_INFINITE);
+        if (st != MF_OK)
+            fail_msg("region begin: %s: %s", mf_status_name(st), mf_channel_last_error(w));
+        double b0 = mf_now_s();
+        for (unsigned b = 0; b < nb; b++) /* the source's kernels' writes */
+            assert_int_equal(cu()->cuMemcpyHtoD((mf_cu_deviceptr_t)(uintptr_t)
+                                                    mf_put_region_row(reg, b),
+                                                rows[l][b], len[(size_t)l * nb + b]),
+                             MF_CUDA_SUCCESS);
+        assert_int_equal(cu()->cuCtxSynchronize(), MF_CUDA_SUCCESS);
+        double c0 = mf_now_s();
+        mf_put_region_result_t res;
+        assert_int_equal(mf_put_region_commit(reg, NULL, &res, MF_TIMEOUT_INFINITE), MF_OK);
+        assert_int_equal(res.committed, nb);
+        on_gpu = res.checked_on_gpu;
+        mf_put_region_free(reg);
+        double e = mf_now_s();
+        t_begin += b0 - a;
+        t_write += c0 - b0;
+        t_commit += e - c0;
+    }
+    double t_region = t_begin + t_commit;
+    printf("region bench: %u layers x %u rows = %u rows, %.1f MiB (MASK rows, 40 heads, "
+           "B 64); checksums %s\n", nl, nb, nl * nb, (double)bytes / (1 << 20),
+           on_gpu ? "on the GPU (kernels)" : "on the host (rows copied whole)");
+    printf("  mf_put_device_batch: %.1f ms (%.1f us/row)\n", t_batch * 1e3,
+           t_batch * 1e6 / (nl * nb));
+    printf("  put region: %.1f ms (%.1f us/row): begin %.1f ms, commit %.1f ms; the rows' "
+           "writes (the source's kernels, not counted) %.1f ms\n", t_region * 1e3,
+           t_region * 1e6 / (nl * nb), t_begin * 1e3, t_commit * 1e3, t_write * 1e3);
+    printf("  ratio mf_put_device_batch / put region: %.1fx\n", t_batch / t_region);
+    fflush(stdout);
+    for (size_t k = 0; k < (size_t)nl * nb; k++)
+        dev_free(dev[k]);
+    for (unsigned l = 0; l < nl; l++) {
+        for (unsigned b = 0; b < nb; b++)
+            free(rows[l][b]);
+        free(rows[l]);
+    }
+    free(rows);
+    free(dev);
+    free(items);
+    free(len);
+    free(tokens);
+    mf_channel_close(w);
+    daemon_stop(&d, 1);
+}
+
 int main(int argc, char **argv)
 {
     g_argv0 = argv[0];
@@ -669,6 +901,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_full_gpu_tier_stages_to_host),
         cmocka_unit_test(test_daemon_without_gpu_tier),
         cmocka_unit_test(test_no_peer_reexec),
+        cmocka_unit_test(test_region_put_get),
+        cmocka_unit_test(test_region_bench),
     };
     return cmocka_run_group_tests_name("client_gpu", tests, NULL, NULL);
 }

@@ -1,5 +1,6 @@
 /* test_daemon_arena — the host arena's offset allocator: random alloc/free with no
- * overlap, coalescing back to one block, exhaustion, alignment, shared mapping. */
+ * overlap, coalescing back to one block, exhaustion, alignment, shared mapping, a put
+ * region's block cut into per-row blocks. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -9,6 +10,7 @@
 #include <cmocka.h>
 
 #include "arena.h"
+#include "oalloc.h"
 
 #define CAP (4u << 20)
 #define N 600
@@ -84,6 +86,59 @@ static void test_exhaustion_and_fragmentation(void **state)
 }
 
 /* The memfd maps again (as a client would) and shows the same bytes. */
+/* A put region: one block cut into per-row blocks (mfd_oalloc_split), freed in random
+ * order (some right away: refused rows), used bytes exact throughout, coalescing back. */
+static void test_split_region(void **state)
+{
+    (void)state;
+    mfd_oalloc_t *o;
+    assert_int_equal(mfd_oalloc_create(CAP, &o), MF_OK);
+    unsigned seed = 4711;
+    for (int round = 0; round < 50; round++) {
+        enum { ROWS = 64 };
+        uint64_t len[ROWS], total = 0;
+        for (int i = 0; i < ROWS; i++)
+            total += len[i] = mfd_arena_round(80 + (uint64_t)(rand_r(&seed) % 20000));
+        mfd_ablock_t *lead = NULL, *pad = NULL, *b = NULL;
+        /* A used neighbour on each side: the cut blocks must not merge into them. */
+        assert_int_equal(mfd_oalloc_alloc(o, 4096, &lead), MF_OK);
+        assert_int_equal(mfd_oalloc_alloc(o, total, &b), MF_OK);
+        assert_int_equal(mfd_oalloc_alloc(o, 4096, &pad), MF_OK);
+        uint64_t at = mfd_ablock_offset(b);
+        mfd_ablock_t *piece[ROWS], *rest = NULL;
+        assert_int_equal(mfd_oalloc_split(o, b, 0, &rest), MF_INVALID_ARGUMENT);
+        assert_int_equal(mfd_oalloc_split(o, b, 100, &rest), MF_INVALID_ARGUMENT);
+        assert_int_equal(mfd_oalloc_split(o, b, total, &rest), MF_INVALID_ARGUMENT);
+        for (int i = 0; i < ROWS; i++) {
+            piece[i] = b;
+            if (i + 1 < ROWS) {
+                assert_int_equal(mfd_oalloc_split(o, b, len[i], &rest), MF_OK);
+                b = rest;
+            }
+            assert_int_equal(mfd_ablock_offset(piece[i]), at);
+            assert_int_equal(mfd_ablock_size(piece[i]), len[i]);
+            at += len[i];
+        }
+        assert_int_equal(mfd_oalloc_used(o), total + 8192);
+        uint64_t freed = 0;
+        for (int left = ROWS; left > 0; left--) {
+            int k = rand_r(&seed) % ROWS;
+            while (!piece[k])
+                k = (k + 1) % ROWS;
+            mfd_oalloc_free(o, piece[k]);
+            freed += len[k];
+            piece[k] = NULL;
+            assert_int_equal(mfd_oalloc_used(o), total + 8192 - freed);
+        }
+        mfd_oalloc_free(o, lead);
+        mfd_oalloc_free(o, pad);
+        assert_int_equal(mfd_oalloc_used(o), 0);
+        assert_int_equal(mfd_oalloc_free_blocks(o), 1);
+        assert_int_equal(mfd_oalloc_largest_free(o), CAP);
+    }
+    mfd_oalloc_destroy(o);
+}
+
 static void test_shared_mapping(void **state)
 {
     (void)state;
@@ -105,6 +160,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_random_no_overlap_and_coalesce),
         cmocka_unit_test(test_exhaustion_and_fragmentation),
+        cmocka_unit_test(test_split_region),
         cmocka_unit_test(test_shared_mapping),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

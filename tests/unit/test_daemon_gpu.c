@@ -895,6 +895,438 @@ static void test_big_device_rows_gpu_path(void **state)
     unsetenv("FAKECUDA_MODULES");
 }
 
+/* ---- put regions (PutRegionBegin / Commit / Abort) -------------------------------------- */
+
+#define RG_B 8
+#define RG_NB 80  /* the last MASK rows' prefixes pass 4 KiB: the second copy of a region check */
+#define RG_HEADS 64
+#define RG_LAYER 3
+
+/* The row of block i (parent and hash given) with `heads` heads of which every one keeps
+ * columns 0 and i, and n_mid evenly spread middle columns (all of them when n_mid ≥ i)
+ * with random head masks; random masses and tiles. */
+static uint8_t *shaped_row(uint32_t layer, uint32_t B, uint32_t heads, mf_codec_t codec,
+                           uint32_t n_mid, mf_hash128_t parent, mf_hash128_t h,
+                           const uint32_t *tokens, uint32_t i, unsigned *seed, size_t *size)
+{
+    mf_row_spec_t spec = {MODEL, layer, i, B, heads, codec, 0.9f, parent, h,
+                          tokens + (size_t)i * B};
+    uint32_t *cols = malloc((i + 1) * sizeof(*cols)), nc = 0;
+    uint64_t *masks = malloc((i + 1) * sizeof(*masks));
+    uint64_t all = heads == 64 ? ~0ull : (1ull << heads) - 1;
+    size_t n_ent = 0;
+    for (uint32_t c = 0; c <= i; c++) {
+        if (c && c < i && n_mid < i && (uint64_t)c * (n_mid + 1) / i ==
+                                           (uint64_t)(c - 1) * (n_mid + 1) / i)
+            continue; /* not one of the n_mid spread columns */
+        cols[nc] = c;
+        masks[nc] = c == 0 || c == i
+                        ? all
+                        : (((uint64_t)rand_r(seed) << 33 ^ (uint64_t)rand_r(seed)) & all) | 1;
+        n_ent += (size_t)__builtin_popcountll(masks[nc++]);
+    }
+    size_t bb = codec == MF_CODEC_MASK ? 0 : (size_t)B * B;
+    float *mass = malloc(n_ent * sizeof(float));
+    float *tiles = bb ? malloc(n_ent * bb * sizeof(float)) : NULL;
+    for (size_t k = 0; k < n_ent; k++)
+        mass[k] = (float)(rand_r(seed) % 1000) / 1000.0f;
+    for (size_t k = 0; k < n_ent * bb; k++)
+        tiles[k] = (float)(rand_r(seed) % 4096) / 4096.0f;
+    size_t need = 0;
+    mf_row_build(NULL, 0, &spec, nc, cols, masks, mass, tiles, &need, NULL);
+    uint8_t *buf = aligned_alloc(64, (need + 63) & ~(size_t)63);
+    assert_int_equal(mf_row_build(buf, need, &spec, nc, cols, masks, mass, tiles, size, NULL),
+                     MF_OK);
+    free(mass);
+    free(tiles);
+    free(cols);
+    free(masks);
+    return buf;
+}
+
+/* Row of block i for a region: codec by i (FP16, FP8, MASK), 64 heads, every column j ≤ i. */
+static uint8_t *region_row(uint32_t layer, const uint32_t *tokens, uint32_t i, unsigned *seed,
+                           size_t *size)
+{
+    mf_hash128_t h = mf_hash_root(RG_B, NS, strlen(NS), MODEL, strlen(MODEL)), parent = h;
+    for (uint32_t b = 0; b <= i; b++) {
+        parent = h;
+        h = mf_hash_next(h, tokens + (size_t)b * RG_B, RG_B);
+    }
+    mf_codec_t codec = i % 3 == 0 ? MF_CODEC_FP16 : i % 3 == 1 ? MF_CODEC_FP8_E4M3 : MF_CODEC_MASK;
+    return shaped_row(layer, RG_B, RG_HEADS, codec, i, parent, h, tokens, i, seed, size);
+}
+
+/* PutRegionBegin for rows of `lens`; the reply (or an ErrorReply) for the caller to free. */
+static mf_envelope_t *region_begin(td_cli_t *c, uint32_t layer, const uint64_t *lens, size_t n,
+                                   uint64_t gpu_mapped)
+{
+    Mapflow__V1__PutRegionBegin b = MAPFLOW__V1__PUT_REGION_BEGIN__INIT;
+    b.model = MODEL;
+    b.layer = layer;
+    b.lengths = (uint64_t *)lens;
+    b.n_lengths = n;
+    b.gpu_mapped = gpu_mapped;
+    mf_envelope_t *r = td_simple(c, MAPFLOW__V1__ENVELOPE__BODY_PUT_REGION_BEGIN, &b);
+    assert_non_null(r);
+    return r;
+}
+
+/* The status of a reply: 0 for the expected body, else the ErrorReply's code. */
+static int reply_code(const mf_envelope_t *r, int want_case)
+{
+    if ((int)r->body_case == want_case)
+        return 0;
+    assert_int_equal(r->body_case, MAPFLOW__V1__ENVELOPE__BODY_ERROR);
+    return (int)r->error->code;
+}
+
+static mf_envelope_t *region_end(td_cli_t *c, uint64_t id, int commit)
+{
+    Mapflow__V1__PutRegionCommit m = MAPFLOW__V1__PUT_REGION_COMMIT__INIT; /* same shape */
+    m.region_id = id;
+    mf_envelope_t *r = td_simple(c, commit ? MAPFLOW__V1__ENVELOPE__BODY_PUT_REGION_COMMIT
+                                           : MAPFLOW__V1__ENVELOPE__BODY_PUT_REGION_ABORT, &m);
+    assert_non_null(r);
+    return r;
+}
+
+/* The stored row under (layer, hash) by key, GET_COPY; NULL-free: asserts equal to want,
+ * or (want NULL) asserts NOT_FOUND. */
+static void assert_key_row(td_cli_t *c, uint32_t layer, mf_hash128_t hash, const uint8_t *want,
+                           size_t size)
+{
+    uint8_t hb[16];
+    Mapflow__V1__Key key, *kp = &key;
+    td_key(&key, hb, MODEL, layer, hash);
+    Mapflow__V1__Get g = MAPFLOW__V1__GET__INIT;
+    g.keys = &kp;
+    g.n_keys = 1;
+    g.mode = MAPFLOW__V1__GET_MODE__GET_COPY;
+    mf_envelope_t env = MAPFLOW__V1__ENVELOPE__INIT;
+    env.body_case = MAPFLOW__V1__ENVELOPE__BODY_GET;
+    env.get = &g;
+    mf_envelope_t *r = td_call(c, &env, NULL, 0);
+    assert_non_null(r);
+    assert_int_equal(r->body_case, MAPFLOW__V1__ENVELOPE__BODY_GET_REPLY);
+    assert_int_equal(r->get_reply->n_rows, 1);
+    if (want)
+        td_assert_copy(c, r->get_reply->rows[0], want, size);
+    else
+        assert_int_equal(r->get_reply->rows[0]->status, MF_NOT_FOUND);
+    mf_envelope_free(r);
+}
+
+static void region_run(int expect_gpu)
+{
+    daemon_t d;
+    td_cli_t c, c2;
+    gview_t gv, gv2;
+    GPU_START(d, c, gv, 0, "--gpu_bytes", "64mb", "--host_bytes", "16mb", "--gpu_devices",
+              "0");
+    assert_int_equal(gv.open_result[0], 0);
+    unsigned seed = 2020;
+    uint32_t tokens[RG_NB * RG_B];
+    for (size_t i = 0; i < RG_NB * RG_B; i++)
+        tokens[i] = 5 + (uint32_t)(rand_r(&seed) % 60000);
+    uint8_t *row[RG_NB];
+    size_t size[RG_NB];
+    uint64_t lens[RG_NB];
+    for (uint32_t i = 0; i < RG_NB; i++) {
+        row[i] = region_row(RG_LAYER, tokens, i, &seed, &size[i]);
+        lens[i] = size[i];
+    }
+    /* A flipped byte in a small MASK row (checked on the host) and in a large FP16 row's
+     * tiles (checksummed by the kernels on the GPU path); a row of layer 4. */
+    const uint32_t bad = 41, bad_tiles = 60, other_layer = 57;
+    size_t wsize;
+    uint8_t *wrong = region_row(RG_LAYER + 1, tokens, other_layer, &seed, &wsize);
+    lens[other_layer] = wsize;
+    /* Some rows' prefixes (what the host decodes) are longer than the first bytes a GPU
+     * check copies: the second copy runs. */
+    size_t long_prefix = 0;
+    for (uint32_t i = 0; i < RG_NB; i++) {
+        mf_row_view_t pv;
+        const char *pwhy = "";
+        if (mf_row_decode(row[i], size[i], 0, &pv, &pwhy) != MF_OK)
+            fail_msg("row %u: %s", i, pwhy);
+        size_t pre = pv.tiles ? (size_t)((const uint8_t *)pv.tiles - pv.base) : size[i];
+        long_prefix += pre > MFD_GPU_RC_HEAD;
+    }
+    assert_true(long_prefix > 0);
+    mf_envelope_t *st0 = stats(&c);
+    uint64_t used0 = counter(st0, "gpu_arena_used_bytes{arena=\"0\",device=\"0\"}");
+    uint64_t chk0 = counter(st0, "put_region_check_microseconds_total");
+    mf_envelope_free(st0);
+
+    /* Begin: one block, row offsets ascending, 64-aligned, inside it. */
+    mf_envelope_t *r = region_begin(&c, RG_LAYER, lens, RG_NB, mapped_mask(&gv));
+    assert_int_equal(reply_code(r, MAPFLOW__V1__ENVELOPE__BODY_PUT_REGION_BEGIN_REPLY), 0);
+    const Mapflow__V1__PutRegionBeginReply *br = r->put_region_begin_reply;
+    assert_int_equal(br->n_row_offsets, RG_NB);
+    assert_int_equal(br->gpu_arena, 0);
+    uint64_t id = br->region_id, off[RG_NB], total = br->bytes;
+    for (uint32_t i = 0; i < RG_NB; i++) {
+        off[i] = br->row_offsets[i];
+        assert_int_equal(off[i] % 64, 0);
+        assert_true(off[i] >= br->arena_offset && off[i] + lens[i] <= br->arena_offset + total);
+        if (i)
+            assert_true(off[i] >= off[i - 1] + lens[i - 1]);
+    }
+    assert_true(total + br->arena_offset <= gv.bytes[0]);
+    mf_envelope_free(r);
+    /* "The source's kernels" write every row in place; one byte of a sealed row flipped. */
+    for (uint32_t i = 0; i < RG_NB; i++) {
+        const uint8_t *src = i == other_layer ? wrong : row[i];
+        assert_int_equal(cu->cuMemcpyHtoD(gv.base[0] + off[i], src, lens[i]), 0);
+    }
+    /* The flips land in the masses and the tiles (any byte value is valid there: only the
+     * checksum can tell), so the refusals are DATA_LOSS on both paths. */
+    for (int k = 0; k < 2; k++) {
+        uint32_t i = k ? bad_tiles : bad;
+        mf_row_view_t v;
+        assert_int_equal(mf_row_decode(row[i], size[i], 0, &v, NULL), MF_OK);
+        size_t from = (size_t)((k ? (const uint8_t *)v.tiles : v.mass) - v.base);
+        size_t span = k ? size[i] - from : v.n_entries;
+        uint8_t flip = (uint8_t)(1u << (rand_r(&seed) % 8)), byte;
+        size_t at = from + (size_t)rand_r(&seed) % span;
+        assert_int_equal(cu->cuMemcpyDtoH(&byte, gv.base[0] + off[i] + at, 1), 0);
+        byte ^= flip;
+        assert_int_equal(cu->cuMemcpyHtoD(gv.base[0] + off[i] + at, &byte, 1), 0);
+    }
+    assert_int_equal(cu->cuCtxSynchronize(), 0);
+
+    /* Another connection cannot commit (or abort) it. */
+    assert_int_equal(hello_gpu(&c2, d.sock, 0, &gv2), 0);
+    r = region_end(&c2, id, 1);
+    assert_int_equal(reply_code(r, MAPFLOW__V1__ENVELOPE__BODY_PUT_REGION_COMMIT_REPLY),
+                     MF_NOT_FOUND);
+    mf_envelope_free(r);
+    r = region_end(&c2, id, 0);
+    assert_int_equal(reply_code(r, MAPFLOW__V1__ENVELOPE__BODY_PUT_REGION_ABORT_REPLY),
+                     MF_NOT_FOUND);
+    mf_envelope_free(r);
+
+    /* Commit: the flipped row and the other layer's row refused, every other row visible. */
+    r = region_end(&c, id, 1);
+    assert_int_equal(reply_code(r, MAPFLOW__V1__ENVELOPE__BODY_PUT_REGION_COMMIT_REPLY), 0);
+    const Mapflow__V1__PutRegionCommitReply *cr = r->put_region_commit_reply;
+    assert_int_equal(cr->n_status, RG_NB);
+    assert_int_equal(cr->committed, RG_NB - 3);
+    assert_int_equal(cr->first_failed, bad);
+    assert_int_equal(cr->checked_on_gpu, expect_gpu);
+    for (uint32_t i = 0; i < RG_NB; i++)
+        assert_int_equal(cr->status[i], i == bad || i == bad_tiles ? (uint32_t)MF_DATA_LOSS
+                                        : i == other_layer ? (uint32_t)MF_INVALID_ARGUMENT
+                                                           : 0u);
+    printf("region commit: %s\n", cr->first_error);
+    mf_envelope_free(r);
+    for (uint32_t i = 0; i < RG_NB; i++)
+        assert_key_row(&c, RG_LAYER, td_block_hash(NS, MODEL, RG_B, tokens, i),
+                       i == bad || i == bad_tiles || i == other_layer ? NULL : row[i],
+                       size[i]);
+    assert_key_row(&c, RG_LAYER + 1, td_block_hash(NS, MODEL, RG_B, tokens, other_layer), NULL, 0);
+    /* Leased device views are the rows where the source wrote them: nothing was moved. */
+    uint32_t layer = RG_LAYER;
+    r = get_prefix(&c, RG_B, tokens, bad * RG_B, &layer, 1, 1, mapped_mask(&gv));
+    assert_int_equal(r->get_reply->n_rows, bad);
+    for (uint32_t i = 0; i < bad; i++) {
+        assert_int_equal(r->get_reply->rows[i]->tier, MAPFLOW__V1__TIER__TIER_GPU);
+        assert_int_equal(r->get_reply->rows[i]->arena_offset, off[i]);
+        assert_lease_bytes(&c, &gv, r->get_reply->rows[i], row[i], size[i]);
+    }
+    release_all(&c, r->get_reply);
+    mf_envelope_free(r);
+    r = stats(&c);
+    double chk_us = (double)(counter(r, "put_region_check_microseconds_total") - chk0);
+    assert_int_equal(counter(r, "put_regions"), 0);
+    assert_int_equal(counter(r, "put_regions_committed_total"), 1);
+    assert_int_equal(counter(r, "put_rejected_total"), 3);
+    mf_envelope_free(r);
+    printf("region check (%s): %u rows, %.1f KiB, %.0f us (%.1f us/row)\n",
+           expect_gpu ? "checksums on the GPU" : "rows copied to the host", RG_NB,
+           (double)total / 1024, chk_us, chk_us / RG_NB);
+
+    /* A second commit, an abort after it, a commit after an abort: NOT_FOUND. */
+    r = region_end(&c, id, 1);
+    assert_int_equal(reply_code(r, MAPFLOW__V1__ENVELOPE__BODY_PUT_REGION_COMMIT_REPLY),
+                     MF_NOT_FOUND);
+    assert_non_null(strstr(r->error->message, "already committed"));
+    mf_envelope_free(r);
+    r = region_begin(&c, RG_LAYER, lens, 4, mapped_mask(&gv));
+    uint64_t id2 = r->put_region_begin_reply->region_id;
+    mf_envelope_free(r);
+    r = region_end(&c, id2, 0);
+    assert_int_equal(reply_code(r, MAPFLOW__V1__ENVELOPE__BODY_PUT_REGION_ABORT_REPLY), 0);
+    mf_envelope_free(r);
+    r = region_end(&c, id2, 1);
+    assert_int_equal(reply_code(r, MAPFLOW__V1__ENVELOPE__BODY_PUT_REGION_COMMIT_REPLY),
+                     MF_NOT_FOUND);
+    mf_envelope_free(r);
+
+    /* Bounds: no rows, too many, a row shorter than a header, more than the arena, more
+     * than the namespace's share, no mapped arena. */
+    uint64_t *many = calloc(65537, sizeof(*many));
+    for (size_t i = 0; i < 65537; i++)
+        many[i] = 128;
+    uint64_t short_len[2] = {4096, 79}, huge[2] = {40u << 20, 30u << 20}, half[1] = {40u << 20};
+    struct { const uint64_t *l; size_t n; uint64_t mask; int want; } cases[] = {
+        {lens, 0, 1, MF_INVALID_ARGUMENT},        {many, 65537, 1, MF_INVALID_ARGUMENT},
+        {short_len, 2, 1, MF_INVALID_ARGUMENT},   {huge, 2, 1, MF_INVALID_ARGUMENT},
+        {half, 1, 1, MF_RESOURCE_EXHAUSTED},      {lens, 4, 0, MF_FAILED_PRECONDITION},
+    };
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        r = region_begin(&c, RG_LAYER, cases[k].l, cases[k].n, cases[k].mask);
+        assert_int_equal(reply_code(r, MAPFLOW__V1__ENVELOPE__BODY_PUT_REGION_BEGIN_REPLY),
+                         cases[k].want);
+        mf_envelope_free(r);
+    }
+    free(many);
+
+    /* A region dies with its connection: Stats sees it held, then freed. */
+    r = region_begin(&c2, RG_LAYER, lens, RG_NB, mapped_mask(&gv2));
+    assert_int_equal(reply_code(r, MAPFLOW__V1__ENVELOPE__BODY_PUT_REGION_BEGIN_REPLY), 0);
+    uint64_t held = r->put_region_begin_reply->bytes;
+    mf_envelope_free(r);
+    r = stats(&c);
+    uint64_t used1 = counter(r, "gpu_arena_used_bytes{arena=\"0\",device=\"0\"}");
+    assert_int_equal(counter(r, "put_regions"), 1);
+    mf_envelope_free(r);
+    gview_close(&gv2);
+    td_close(&c2);
+    uint64_t used2 = used1, regions = 1;
+    for (int k = 0; k < 500 && regions; k++) {
+        usleep(10000);
+        r = stats(&c);
+        regions = counter(r, "put_regions");
+        used2 = counter(r, "gpu_arena_used_bytes{arena=\"0\",device=\"0\"}");
+        mf_envelope_free(r);
+    }
+    assert_int_equal(regions, 0);
+    assert_int_equal(used1 - used2, held);
+    assert_true(used2 > used0); /* the committed rows stay */
+    for (uint32_t i = 0; i < RG_NB; i++)
+        free(row[i]);
+    free(wrong);
+    gpu_stop(&d, &c, &gv);
+}
+
+/* Region puts with rows copied whole to the host (the fake's default: no kernels), or on a
+ * GPU with the checksum kernels (the real driver with PTX built in). */
+static void test_region_put(void **state)
+{
+    (void)state;
+    size_t ptx_len;
+    region_run(g_real && mfd_gpu_verify_ptx(&ptx_len) != NULL);
+}
+
+/* The fake running the checksum kernels on the CPU: the region's GPU path (per-row kernel
+ * launches, header and prefix copies, the second copy of long prefixes). */
+static void test_region_put_gpu_path(void **state)
+{
+    (void)state;
+    size_t ptx_len;
+    if (g_real || !mfd_gpu_verify_ptx(&ptx_len))
+        skip();
+    setenv("FAKECUDA_MODULES", "1", 1);
+    region_run(1);
+    unsetenv("FAKECUDA_MODULES");
+}
+
+/* Region puts at the hand-off's shape, timed (printed, never asserted): layers of 512 rows
+ * (a 32k prefix at B = 64) through PutRegionBegin, a DtoD of the rows into the region (what
+ * the source's kernels would write), PutRegionCommit; MASK layers (40 heads, 8 middle
+ * columns) and FP16 "prob" layers (8 heads, 4 middle columns). MF_REGION_RATE=L runs L
+ * mask layers and 2 prob layers (tests/gpu/tier_smoke.sh: 30); unset, 1 and 1 of 64 rows. */
+static void test_region_rate(void **state)
+{
+    (void)state;
+    const char *e = getenv("MF_REGION_RATE");
+    uint32_t n_mask = e && *e ? (uint32_t)atoi(e) : 1, n_prob = e && *e ? 2 : 1;
+    uint32_t nb = e && *e ? 512 : 64, B = 64;
+    if (n_mask < 1 || n_mask > 64)
+        n_mask = 1;
+    daemon_t d;
+    td_cli_t c;
+    gview_t gv;
+    GPU_START(d, c, gv, 0, "--gpu_bytes", "512mb", "--host_bytes", "64mb", "--write_through",
+              "off", "--gpu_devices", "0");
+    assert_int_equal(gv.open_result[0], 0);
+    unsigned seed = 515;
+    uint32_t *tokens = malloc((size_t)nb * B * 4);
+    for (size_t i = 0; i < (size_t)nb * B; i++)
+        tokens[i] = 3 + (uint32_t)(rand_r(&seed) % 60000);
+    mf_hash128_t *h = malloc((nb + 1) * sizeof(*h));
+    h[0] = mf_hash_root(B, NS, strlen(NS), MODEL, strlen(MODEL));
+    for (uint32_t b = 0; b < nb; b++)
+        h[b + 1] = mf_hash_next(h[b], tokens + (size_t)b * B, B);
+    for (int prob = 0; prob < 2; prob++) {
+        uint32_t nl = prob ? n_prob : n_mask;
+        /* One layer's rows, uploaded once (the source's scratch); each layer puts them
+         * under its own layer number (the rows carry it: rebuilt per layer, same shape). */
+        double t_begin = 0, t_copy = 0, t_commit = 0, bytes = 0;
+        int on_gpu = 1, small = 1; /* rows of ≤ 4 KiB are checksummed on the host anyway */
+        for (uint32_t l = 0; l < nl; l++) {
+            uint32_t layer = 200 + (uint32_t)prob * 100 + l;
+            uint8_t **row = malloc(nb * sizeof(*row));
+            uint64_t *lens = malloc(nb * sizeof(*lens)), total = 0;
+            for (uint32_t b = 0; b < nb; b++) {
+                size_t sz;
+                row[b] = shaped_row(layer, B, prob ? 8 : 40, prob ? MF_CODEC_FP16 : MF_CODEC_MASK,
+                                    prob ? 4 : 8, h[b], h[b + 1], tokens, b, &seed, &sz);
+                lens[b] = sz;
+                total += mfd_arena_round(sz);
+                small &= sz <= MFD_GPU_RC_HEAD;
+            }
+            mf_cu_deviceptr_t src;
+            assert_int_equal(cu->cuMemAlloc(&src, total), 0);
+            uint64_t at = 0;
+            for (uint32_t b = 0; b < nb; b++) {
+                assert_int_equal(cu->cuMemcpyHtoD(src + at, row[b], lens[b]), 0);
+                at += mfd_arena_round(lens[b]);
+            }
+            assert_int_equal(cu->cuCtxSynchronize(), 0);
+            double t0 = mf_now_s();
+            mf_envelope_t *r = region_begin(&c, layer, lens, nb, mapped_mask(&gv));
+            double t1 = mf_now_s();
+            assert_int_equal(reply_code(r, MAPFLOW__V1__ENVELOPE__BODY_PUT_REGION_BEGIN_REPLY), 0);
+            const Mapflow__V1__PutRegionBeginReply *br = r->put_region_begin_reply;
+            assert_int_equal(br->bytes, total); /* rows back to back: one copy does it */
+            assert_int_equal(cu->cuMemcpyDtoD(gv.base[br->gpu_arena] + br->arena_offset, src,
+                                              total), 0);
+            assert_int_equal(cu->cuCtxSynchronize(), 0);
+            uint64_t id = br->region_id;
+            mf_envelope_free(r);
+            double t2 = mf_now_s();
+            r = region_end(&c, id, 1);
+            double t3 = mf_now_s();
+            assert_int_equal(reply_code(r, MAPFLOW__V1__ENVELOPE__BODY_PUT_REGION_COMMIT_REPLY), 0);
+            assert_int_equal(r->put_region_commit_reply->committed, nb);
+            on_gpu &= r->put_region_commit_reply->checked_on_gpu;
+            mf_envelope_free(r);
+            t_begin += t1 - t0;
+            t_copy += t2 - t1;
+            t_commit += t3 - t2;
+            bytes += (double)total;
+            assert_key_row(&c, layer, h[nb], row[nb - 1], lens[nb - 1]);
+            assert_int_equal(cu->cuMemFree(src), 0);
+            for (uint32_t b = 0; b < nb; b++)
+                free(row[b]);
+            free(row);
+            free(lens);
+        }
+        printf("region rate (%s layers): %u x %u rows, %.1f MiB/layer; per layer: begin %.2f "
+               "ms, copy %.2f ms, commit %.2f ms (%.1f us/row; checksums %s)\n",
+               prob ? "fp16" : "mask", nl, nb, bytes / nl / (1 << 20), t_begin * 1e3 / nl,
+               t_copy * 1e3 / nl, t_commit * 1e3 / nl, t_commit * 1e6 / nl / nb,
+               small ? "on the host (rows of <= 4 KiB)" : on_gpu ? "on the GPU" : "on the host");
+        fflush(stdout);
+    }
+    free(h);
+    free(tokens);
+    gpu_stop(&d, &c, &gv);
+}
+
 /* Off: gpu_bytes 0 (in-process daemon) and a missing driver (real process). Puts go to the
  * host tier, no arenas are announced, Stats and Health say why. */
 static void test_tier_off(void **state)
@@ -915,6 +1347,13 @@ static void test_tier_off(void **state)
     mf_envelope_t *r = stats(&c);
     assert_false(r->stats_reply->tiers[0]->enabled);
     assert_string_equal(r->stats_reply->tiers[0]->why_off, "gpu_bytes is 0");
+    mf_envelope_free(r);
+    /* No GPU tier, no region: the caller falls back to row-by-row puts. */
+    uint64_t lens[1] = {rs.size[0]};
+    r = region_begin(&c, 0, lens, 1, 1);
+    assert_int_equal(reply_code(r, MAPFLOW__V1__ENVELOPE__BODY_PUT_REGION_BEGIN_REPLY),
+                     MF_FAILED_PRECONDITION);
+    assert_non_null(strstr(r->error->message, "GPU tier is off (gpu_bytes is 0)"));
     mf_envelope_free(r);
     td_close(&c);
     td_stop(&d);
@@ -1074,6 +1513,9 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_two_devices_no_peer, teardown),
         cmocka_unit_test_teardown(test_big_device_rows, teardown),
         cmocka_unit_test_teardown(test_big_device_rows_gpu_path, teardown),
+        cmocka_unit_test_teardown(test_region_put, teardown),
+        cmocka_unit_test_teardown(test_region_put_gpu_path, teardown),
+        cmocka_unit_test_teardown(test_region_rate, teardown),
         cmocka_unit_test_teardown(test_tier_off, teardown),
         cmocka_unit_test_teardown(test_host_pin, teardown),
     };

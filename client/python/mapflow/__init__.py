@@ -54,7 +54,7 @@ except ImportError:  # NumPy is optional
     _np = None
 
 __all__ = ["Channel", "CompletionQueue", "MapflowError", "ViewClosed", "GetResult", "Row",
-           "Lease", "Event", "PutResult", "Call", "hash_prefix", "version", "__version__",
+           "Lease", "Event", "PutResult", "PutRegion", "Call", "hash_prefix", "version", "__version__",
            "STATUS", "TIMEOUT_DEFAULT", "TIMEOUT_INFINITE"]
 
 
@@ -64,7 +64,8 @@ __all__ = ["Channel", "CompletionQueue", "MapflowError", "ViewClosed", "GetResul
 from ._clib import (_abi_mismatches, _AbiField, _candidates, _ConfigItem, _dlopen, _Event,
                     _GetResult, _GpuInfo, _Hash, _Health, _Info, _Key, _Lease, _lib,
                     _lib_layout, _lib_path, _ListPage, _MIRRORS, _P, _Params, _ProfilePage,
-                    _PutItem, _PutResult, _Retry, _RowRef, _RowView, _Stats)  # noqa: F401
+                    _PutItem, _PutRegionParams, _PutRegionResult, _PutResult, _Retry,
+                    _RowRef, _RowView, _Stats)  # noqa: F401
 from ._dlpack import _KDLCPU, _KDLCUDA, _dlpack
 
 
@@ -122,6 +123,51 @@ def hash_prefix(ns: str, model: str, block_size: int, tokens: Tokens) -> List[st
 
 _PARAM_NS, _PARAM_TOKEN, _PARAM_NAME, _PARAM_ARENA, _PARAM_TIMEOUT, _PARAM_FRAME, \
     _PARAM_RETRY, _PARAM_VERIFY, _PARAM_GPU, _PARAM_ADMIN_TOKEN = (1 << i for i in range(10))
+
+
+class PutRegion:
+    """A layer's rows written in place (Channel.put_region): rows[i] is row i's device
+    address (int) in the channel's gpu_device context. commit() makes the daemon check
+    every row and returns {"committed", "replaced", "first_failed", "checked_on_gpu",
+    "statuses"}; a refused row raises MapflowError (of the first refused row's status)
+    with .result (that dict). close() frees the handle, aborting a region neither
+    committed nor aborted; the channel's close waits for it."""
+
+    def __init__(self, ch: "Channel", h: C.c_void_p, n: int):
+        self._ch, self._n, self._hv = ch, n, h
+        self._owner: Optional[_Owner] = _Owner(lambda: _lib.mf_put_region_free(h), ch._core)
+        self.rows = [_lib.mf_put_region_row(h, i) or 0 for i in range(n)]
+
+    def _handle(self) -> C.c_void_p:
+        if self._owner is None:
+            raise MapflowError(FAILED_PRECONDITION, "the put region is closed")
+        return self._hv
+
+    def commit(self, timeout_ms: Timeout = None) -> Dict[str, Any]:
+        sts = (C.c_int * max(self._n, 1))()
+        r = _PutRegionResult()
+        st = _lib.mf_put_region_commit(self._handle(), sts, C.byref(r), _timeout(timeout_ms))
+        res = {"committed": r.committed, "replaced": r.replaced,
+               "first_failed": r.first_failed if r.first_failed < self._n else None,
+               "checked_on_gpu": bool(r.checked_on_gpu),
+               "statuses": [int(sts[i]) for i in range(self._n)]}
+        if st != OK:
+            err = MapflowError(st, self._ch.last_error)
+            err.result = res
+            raise err
+        return res
+
+    def abort(self, timeout_ms: Timeout = None) -> None:
+        self._ch._check(_lib.mf_put_region_abort(self._handle(), _timeout(timeout_ms)))
+
+    def close(self) -> None:
+        self._owner = None  # its finalizer frees the C handle
+
+    def __enter__(self) -> "PutRegion":
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 class Channel:
@@ -285,6 +331,21 @@ class Channel:
             err.results = results
             raise err
         return results
+
+    def put_region(self, model: str, layer: int, lengths: Sequence[int],
+                   gpu_arena: Optional[int] = None, timeout_ms: Timeout = None) -> "PutRegion":
+        """One GPU-arena reservation for a layer's rows (mf_put_region_begin): the
+        PutRegion's rows are their device addresses; write the rows there, finish that
+        work, then commit(). Raises MapflowError (FAILED_PRECONDITION / RESOURCE_EXHAUSTED:
+        fall back to put_device_batch)."""
+        n = len(lengths)
+        lens = (C.c_size_t * max(n, 1))(*[int(x) for x in lengths])
+        params = _PutRegionParams(1, int(gpu_arena)) if gpu_arena is not None else None
+        h = _P()
+        self._check(_lib.mf_put_region_begin(self._h, _b(model), int(layer), lens, n, 0,
+                                             C.byref(params) if params else None, None,
+                                             C.byref(h), _timeout(timeout_ms)))
+        return PutRegion(self, h, n)
 
     def put_async(self, cq: CompletionQueue, row: Buffer, tag: Tag = None,
                   durable: bool = False, timeout_ms: Timeout = None) -> Call:

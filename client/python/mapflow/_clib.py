@@ -102,6 +102,17 @@ class _PutItem(C.Structure):
                 ("result", _PutResult)]
 
 
+class _PutRegionParams(C.Structure):
+    _c_type_ = "mf_put_region_params_t"
+    _fields_ = [("field_mask", C.c_uint64), ("gpu_arena", C.c_uint32)]
+
+
+class _PutRegionResult(C.Structure):
+    _c_type_ = "mf_put_region_result_t"
+    _fields_ = [("committed", C.c_size_t), ("replaced", C.c_size_t),
+                ("first_failed", C.c_size_t), ("checked_on_gpu", C.c_int)]
+
+
 class _Lease(C.Structure):
     _c_type_ = "mf_lease_t"
     _fields_ = [("data", C.c_void_p), ("length", C.c_size_t), ("lease_id", C.c_uint64),
@@ -182,7 +193,8 @@ class _AbiField(C.Structure):
 # Every C type the binding lays out itself, checked against mf_abi_layout() at import
 # (enums are passed as C int).
 _MIRRORS = [_AbiField, _Hash, _RowView, _RowRef, _GetResult, _Key, _Retry, _Params,
-            _GpuArenaInfo, _GpuInfo, _Info, _PutResult, _PutItem, _Lease, _Entry, _ListPage,
+            _GpuArenaInfo, _GpuInfo, _Info, _PutResult, _PutItem, _PutRegionParams,
+            _PutRegionResult, _Lease, _Entry, _ListPage,
             _ProfileInfo, _ProfilePage, _TierStats, _Counter, _Stats, _ConfigItem, _Health, _Event] + [
     type("_Enum", (C.c_int,), {"_c_type_": t})
     for t in ("mf_status_t", "mf_tier_t", "mf_codec_t", "mf_verify_t", "mf_get_mode_t",
@@ -209,6 +221,15 @@ _PROTOS = {
     "mf_put_device_batch": (C.c_int, [_P, C.POINTER(_PutItem), C.c_size_t, C.c_uint,
                                       C.c_int64]),
     "mf_put": (C.c_int, [_P, _P, C.c_size_t, C.c_uint, C.POINTER(_PutResult), C.c_int64]),
+    "mf_put_region_begin": (C.c_int, [_P, C.c_char_p, C.c_uint32, C.POINTER(C.c_size_t),
+                                      C.c_size_t, C.c_uint, C.POINTER(_PutRegionParams),
+                                      C.POINTER(_P), C.POINTER(_P), C.c_int64]),
+    "mf_put_region_row": (_P, [_P, C.c_size_t]),
+    "mf_put_region_rows": (C.c_size_t, [_P]),
+    "mf_put_region_commit": (C.c_int, [_P, C.POINTER(C.c_int), C.POINTER(_PutRegionResult),
+                                       C.c_int64]),
+    "mf_put_region_abort": (C.c_int, [_P, C.c_int64]),
+    "mf_put_region_free": (None, [_P]),
     "mf_put_async": (C.c_int, [_P, _P, C.c_size_t, C.c_uint, C.POINTER(_PutResult),
                                C.c_int64] + _ASYNC),
     "mf_put_batch": (C.c_int, [_P, C.POINTER(_PutItem), C.c_size_t, C.c_uint, C.c_int64]),
