@@ -118,9 +118,10 @@ typedef struct mf_apply_cuda_args {
     const uint8_t *exact;    /* host [ceil(N/B)] or NULL */
     uint32_t exact_first, exact_last;
     float *o;                /* device out [N, Ht, d] float32 */
-    uint32_t *bad_rows;      /* device, optional: incremented for each row whose header
-                              * disagrees (block index, B, heads, codec); that block is
-                              * then computed exactly instead */
+    uint32_t *bad_rows;      /* device, optional: incremented once for each (row, target
+                              * head reading it) whose header disagrees (block index, B,
+                              * heads, codec): one bad row read by h heads adds h; that
+                              * block is then computed exactly instead */
 } mf_apply_cuda_args_t;
 
 /*

@@ -46,12 +46,12 @@ __all__ = ["extract_ref", "apply_ref", "attention_dense_ref", "extract_cuda", "a
            "Qkv", "LayerMap", "ExtractArgs", "ApplyArgs", "ApplyStats", "ExtractCudaArgs",
            "ExportCudaArgs", "ApplyCudaArgs", "EXTRACT_SAMPLE",
            "CODECS", "COMPUTE", "PROB", "MASK", "F32", "F16", "BF16",
-           "IMPL_DEFAULT", "IMPL_V2", "IMPL_V3", "IMPL_CORE"]
+           "IMPL_DEFAULT", "IMPL_V2", "IMPL_CORE"]
 
 F32, F16, BF16 = 0, 1, 2                 # mf_dtype_t
 COMPUTE, PROB, MASK = 0, 1, 2            # mf_head_mode_t
 CODECS = {"mask": 0, "fp16": 1, "bf16": 2, "fp8": 3, "u8log": 4}  # mf_codec_t
-IMPL_DEFAULT, IMPL_V2, IMPL_V3, IMPL_CORE = 0, 2, 3, 4             # mf_apply_impl_t
+IMPL_DEFAULT, IMPL_V2, IMPL_CORE = 0, 2, 4  # mf_apply_impl_t (3, v3, left the product)
 MAX_TOKENS = 1 << 20                     # MF_KERNELS_MAX_TOKENS
 MAX_DIM = 1024                           # MF_KERNELS_MAX_DIM
 MAX_HEADS = 64                           # mf_qkv_t: Hq 1..64
@@ -739,8 +739,8 @@ def apply_cuda(rows: Any, w: Any, mode: Any, q: Any, k: Any, v: Any, *, block_si
     b = _block(block_size)
     lm, keep = _layer_map(w, mode, top_p, hq)
     ex, ex_keep = _exact(exact, n, b)
-    if impl not in (IMPL_DEFAULT, IMPL_V2, IMPL_V3, IMPL_CORE):
-        raise _bad("impl %r is not one of IMPL_DEFAULT, IMPL_V2, IMPL_V3, IMPL_CORE" % (impl,))
+    if impl not in (IMPL_DEFAULT, IMPL_V2, IMPL_CORE):
+        raise _bad("impl %r is not one of IMPL_DEFAULT, IMPL_V2, IMPL_CORE" % (impl,))
     if isinstance(rows, Rows):
         rows = [None] * rows.i0 + rows.ptrs()
     rows = [] if rows is None else list(rows)
