@@ -448,7 +448,8 @@ MF_EXPORT mf_status_t mf_put_device_batch(mf_channel_t *ch, mf_put_item_t *items
  * Bounds: 1 ≤ n ≤ MF_PUT_BATCH_MAX, each length in [MF_ROW_HEADER, MF_ROW_MAX_BYTES],
  * the total (each row rounded up to 64 bytes) within one arena.
  * Thread safety: begin / commit / abort / free of one region from one thread at a time;
- * different regions and other calls on the channel run concurrently.
+ * different regions and other calls on the channel run concurrently. A region handle
+ * refers to its channel: free it before mf_channel_close.
  */
 typedef struct mf_put_region mf_put_region_t;
 
