@@ -481,6 +481,12 @@ MF_EXPORT size_t mf_put_region_rows(const mf_put_region_t *r);
 /* res may be NULL. A second commit, or one after abort: FAILED_PRECONDITION. */
 MF_EXPORT mf_status_t mf_put_region_commit(mf_put_region_t *r, mf_status_t *statuses,
                                            mf_put_region_result_t *res, int64_t timeout_ms);
+/* mf_put_region_commit as an async call (the source's thread need not wait for the
+ * check); statuses and res must stay valid, and r untouched, until the event. */
+MF_EXPORT mf_status_t mf_put_region_commit_async(mf_put_region_t *r, mf_status_t *statuses,
+                                                 mf_put_region_result_t *res,
+                                                 int64_t timeout_ms, mf_cq_t *cq, void *tag,
+                                                 mf_call_t **call);
 MF_EXPORT mf_status_t mf_put_region_abort(mf_put_region_t *r, int64_t timeout_ms);
 /* Frees the handle; a region neither committed nor aborted is aborted (best effort, no
  * wait). NULL is a no-op. */
