@@ -465,7 +465,9 @@ typedef struct mf_put_region_result {
     size_t committed;        /* rows made visible */
     size_t replaced;         /* of those, rows that replaced an existing key */
     size_t first_failed;     /* index of the first refused row; n when none */
-    int checked_on_gpu;      /* 1: checksums ran on the GPU; 0: rows were copied whole */
+    int checked_on_gpu;      /* 1: every row longer than 4 KiB was checksummed on the GPU
+                                (shorter ones are copied whole and checked on the host
+                                either way); 0: rows were copied whole */
 } mf_put_region_result_t;
 
 /* params may be NULL; dev_rows (caller's array of n, may be NULL) receives the rows'

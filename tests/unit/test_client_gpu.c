@@ -890,9 +890,14 @@ static void test_region_bench(void **state)
         t_commit += e - c0;
     }
     double t_region = t_begin + t_commit;
+    size_t longest = 0;
+    for (size_t k = 0; k < (size_t)nl * nb; k++)
+        longest = len[k] > longest ? len[k] : longest;
     printf("region bench: %u layers x %u rows = %u rows, %.1f MiB (MASK rows, 40 heads, "
-           "B 64); checksums %s\n", nl, nb, nl * nb, (double)bytes / (1 << 20),
-           on_gpu ? "on the GPU (kernels)" : "on the host (rows copied whole)");
+           "B 64, longest %zu B); checksums %s\n", nl, nb, nl * nb, (double)bytes / (1 << 20),
+           longest, longest <= 4096 ? "on the host (rows of <= 4 KiB are copied whole)"
+                    : on_gpu        ? "on the GPU (kernels)"
+                                    : "on the host (rows copied whole)");
     printf("  mf_put_device_batch: %.1f ms (%.1f us/row)\n", t_batch * 1e3,
            t_batch * 1e6 / (nl * nb));
     printf("  put region: %.1f ms (%.1f us/row): begin %.1f ms, commit %.1f ms; the rows' "
