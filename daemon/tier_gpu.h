@@ -145,17 +145,18 @@ mf_status_t mfd_gpu_check_row(mfd_gpu_t *g, uint32_t arena, const mfd_ablock_t *
  * A put region's rows (one layer, written in place by the client): the host gets what the
  * decoder reads and nothing more. With the kernels loaded, each row longer than
  * MFD_GPU_RC_HEAD has its checksum computed on the GPU on the arena's verify stream — all
- * of a chunk's rows in one launch of each batched kernel (mfd_verify_rows_blocks / _final,
- * from a table of (offset, length, first block) copied HtoD), or both per-row kernels per
- * row when the batched ones are missing, failed their start-up self-test against the
- * host's XXH3, or MFD_REGION_BATCHED=0 — while its first MFD_GPU_RC_HEAD bytes are copied out
- * (shorter rows are copied whole and checksummed on the host: their bytes are what the
- * decoder reads anyway, and a launch costs more); then the rest of each row's prefix up
- * to its tiles (header, model, tokens, column tables, masses, scales) is copied, adjacent
- * prefixes in one copy; two stream synchronizes per chunk. Without the kernels (no PTX, the fake driver by default,
- * MFD_GPU_VERIFY=host, or a kernel failure) rows are copied whole (adjacent rows in one
- * copy) and checked on the host. A chunk is at most MFD_GPU_RC_ROWS rows and
- * MFD_GPU_RC_BYTES of staging (one row at least); the caller validates the chunk's rows
+ * of a chunk's rows in one launch of each batched kernel (mfd_verify_rows_blocks /
+ * _final, from a table of (offset, length, first block) copied HtoD), or both per-row
+ * kernels per row when the batched ones are missing, failed their start-up self-test
+ * against the host's XXH3, or MFD_REGION_BATCHED=0 — while its first MFD_GPU_RC_HEAD bytes
+ * are copied out (shorter rows are copied whole and checksummed on the host: their bytes
+ * are what the decoder reads anyway, and a launch costs more); then the rest of each
+ * row's prefix up to its tiles (header, model, tokens, column tables, masses, scales) is
+ * copied, adjacent prefixes in one copy; two stream synchronizes per chunk. Without the
+ * kernels (no PTX, the fake driver by default, MFD_GPU_VERIFY=host, or a kernel failure)
+ * rows are copied whole (adjacent rows in one copy) and checked on the host. A chunk is at
+ * most MFD_GPU_RC_ROWS rows and MFD_GPU_RC_BYTES of staging (one row at least); the caller
+ * validates the chunk's rows
  * before the next call, which reuses the staging buffer.
  */
 #define MFD_GPU_RC_ROWS 4096u
