@@ -307,7 +307,8 @@ static void verify_open(mfd_gpu_t *g)
                             "are missing or failed their self-test)");
     if (env && strcmp(env, "gpu") == 0) {
         g->verify_gpu = 1;
-        snprintf(g->verify_why, sizeof(g->verify_why), "%s", g->region_why);
+        snprintf(g->verify_why, sizeof(g->verify_why), "checksum kernels, %zu bytes of PTX",
+                 len);
     }
 }
 
