@@ -502,9 +502,8 @@ MF_EXPORT size_t mf_put_region_rows(const mf_put_region_t *r)
 
 typedef struct region_commit_arg {
     mf_put_region_t *r;
-    mf_status_t *statuses;
-    mf_put_region_result_t res;
-    mf_status_t first;          /* the first refused row's status */
+    mf_status_t *statuses;      /* caller's, may be NULL */
+    mf_put_region_result_t *res; /* caller's, may be NULL */
 } region_commit_arg_t;
 
 static mf_status_t take_region_commit(mf__op_t *op, const mf__reply_t *rep, void *arg)
@@ -516,10 +515,10 @@ static mf_status_t take_region_commit(mf__op_t *op, const mf__reply_t *rep, void
     if (cr->n_status != n || cr->committed > n || (cr->committed < n && cr->first_failed >= n))
         return (mf_status_t)mf__op_error(op, MF_INTERNAL, "PutRegionCommitReply: %zu "
                                          "statuses for %zu rows", cr->n_status, n);
-    a->res.committed = cr->committed;
-    a->res.replaced = cr->replaced;
-    a->res.first_failed = cr->committed < n ? cr->first_failed : n;
-    a->res.checked_on_gpu = cr->checked_on_gpu;
+    if (a->res)
+        *a->res = (mf_put_region_result_t){cr->committed, cr->replaced,
+                                           cr->committed < n ? cr->first_failed : n,
+                                           cr->checked_on_gpu};
     for (size_t i = 0; a->statuses && i < n; i++)
         a->statuses[i] = cr->status[i] < MF_STATUS_COUNT ? (mf_status_t)cr->status[i]
                                                          : MF_UNKNOWN;
@@ -547,25 +546,53 @@ static mf_status_t region_usable(mf_put_region_t *r, const char *what)
     return MF_OK;
 }
 
-MF_EXPORT mf_status_t mf_put_region_commit(mf_put_region_t *r, mf_status_t *statuses,
-                                           mf_put_region_result_t *res, int64_t timeout_ms)
+/* The commit op of r (NULL: out of memory, message in the channel). */
+static mf__op_t *region_commit_new(mf_put_region_t *r, mf_status_t *statuses,
+                                   mf_put_region_result_t *res)
+{
+    region_commit_arg_t *a = malloc(sizeof(*a));
+    if (!a) {
+        mf__chan_error(r->ch, MF_RESOURCE_EXHAUSTED, "out of memory");
+        return NULL;
+    }
+    *a = (region_commit_arg_t){r, statuses, res};
+    if (res)
+        *res = (mf_put_region_result_t){0, 0, r->n, 0};
+    Mapflow__V1__PutRegionCommit pc = MAPFLOW__V1__PUT_REGION_COMMIT__INIT;
+    pc.region_id = r->id;
+    ENV(req, PUT_REGION_COMMIT, put_region_commit) = &pc;
+    return mf__simple_new(r->ch, &req, NULL, 0,
+                          MAPFLOW__V1__ENVELOPE__BODY_PUT_REGION_COMMIT_REPLY,
+                          take_region_commit, a, free);
+}
+
+/* Commits r synchronously (a NULL) or as an async call on a->cq. */
+static mf_status_t region_commit_run(mf_put_region_t *r, mf_status_t *statuses,
+                                     mf_put_region_result_t *res, int64_t timeout_ms,
+                                     const mf__async_args_t *a)
 {
     if (!r)
         return MF_INVALID_ARGUMENT;
     mf_status_t st = region_usable(r, "put region commit");
     if (st != MF_OK)
         return st;
-    region_commit_arg_t a = {r, statuses, {0, 0, r->n, 0}, MF_OK};
-    Mapflow__V1__PutRegionCommit pc = MAPFLOW__V1__PUT_REGION_COMMIT__INIT;
-    pc.region_id = r->id;
-    ENV(req, PUT_REGION_COMMIT, put_region_commit) = &pc;
-    mf__op_t *op = mf__simple_new(r->ch, &req, NULL, 0,
-                                  MAPFLOW__V1__ENVELOPE__BODY_PUT_REGION_COMMIT_REPLY,
-                                  take_region_commit, &a, NULL);
-    st = mf__run_op(op, op ? MF_OK : MF_RESOURCE_EXHAUSTED, timeout_ms, NULL);
-    if (res)
-        *res = a.res;
-    return st;
+    mf__op_t *op = region_commit_new(r, statuses, res);
+    return mf__run_op(op, MF_RESOURCE_EXHAUSTED, timeout_ms, a);
+}
+
+MF_EXPORT mf_status_t mf_put_region_commit(mf_put_region_t *r, mf_status_t *statuses,
+                                           mf_put_region_result_t *res, int64_t timeout_ms)
+{
+    return region_commit_run(r, statuses, res, timeout_ms, NULL);
+}
+
+MF_EXPORT mf_status_t mf_put_region_commit_async(mf_put_region_t *r, mf_status_t *statuses,
+                                                 mf_put_region_result_t *res,
+                                                 int64_t timeout_ms, mf_cq_t *cq, void *tag,
+                                                 mf_call_t **call)
+{
+    mf__async_args_t a = {cq, tag, call};
+    return region_commit_run(r, statuses, res, timeout_ms, &a);
 }
 
 MF_EXPORT mf_status_t mf_put_region_abort(mf_put_region_t *r, int64_t timeout_ms)

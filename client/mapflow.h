@@ -448,7 +448,8 @@ MF_EXPORT mf_status_t mf_put_device_batch(mf_channel_t *ch, mf_put_item_t *items
  * Bounds: 1 ≤ n ≤ MF_PUT_BATCH_MAX, each length in [MF_ROW_HEADER, MF_ROW_MAX_BYTES],
  * the total (each row rounded up to 64 bytes) within one arena.
  * Thread safety: begin / commit / abort / free of one region from one thread at a time;
- * different regions and other calls on the channel run concurrently.
+ * different regions and other calls on the channel run concurrently. A region handle
+ * refers to its channel: free it before mf_channel_close.
  */
 typedef struct mf_put_region mf_put_region_t;
 
@@ -464,7 +465,9 @@ typedef struct mf_put_region_result {
     size_t committed;        /* rows made visible */
     size_t replaced;         /* of those, rows that replaced an existing key */
     size_t first_failed;     /* index of the first refused row; n when none */
-    int checked_on_gpu;      /* 1: checksums ran on the GPU; 0: rows were copied whole */
+    int checked_on_gpu;      /* 1: every row longer than 4 KiB was checksummed on the GPU
+                                (shorter ones are copied whole and checked on the host
+                                either way); 0: rows were copied whole */
 } mf_put_region_result_t;
 
 /* params may be NULL; dev_rows (caller's array of n, may be NULL) receives the rows'
@@ -480,6 +483,12 @@ MF_EXPORT size_t mf_put_region_rows(const mf_put_region_t *r);
 /* res may be NULL. A second commit, or one after abort: FAILED_PRECONDITION. */
 MF_EXPORT mf_status_t mf_put_region_commit(mf_put_region_t *r, mf_status_t *statuses,
                                            mf_put_region_result_t *res, int64_t timeout_ms);
+/* mf_put_region_commit as an async call (the source's thread need not wait for the
+ * check); statuses and res must stay valid, and r untouched, until the event. */
+MF_EXPORT mf_status_t mf_put_region_commit_async(mf_put_region_t *r, mf_status_t *statuses,
+                                                 mf_put_region_result_t *res,
+                                                 int64_t timeout_ms, mf_cq_t *cq, void *tag,
+                                                 mf_call_t **call);
 MF_EXPORT mf_status_t mf_put_region_abort(mf_put_region_t *r, int64_t timeout_ms);
 /* Frees the handle; a region neither committed nor aborted is aborted (best effort, no
  * wait). NULL is a no-op. */

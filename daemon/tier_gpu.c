@@ -84,7 +84,7 @@ static void verify_close(const mfd_gpu_t *g, mfd_gpu_arena_t *a)
     a->scratch_cap = 0;
     a->stream = NULL;
     a->mod = NULL;
-    a->f_blocks = a->f_final = NULL;
+    a->f_blocks = a->f_final = a->f_rows_blocks = a->f_rows_final = NULL;
 }
 
 /* Frees what arena a holds (any stage of opening). */
@@ -145,6 +145,81 @@ fail:
     return MF_UNAVAILABLE;
 }
 
+static mf_cu_result_t scratch_get(mfd_gpu_t *g, mfd_gpu_arena_t *a, uint64_t need);
+static mf_cu_result_t rows_launch(mfd_gpu_t *g, mfd_gpu_arena_t *a, mf_cu_deviceptr_t base,
+                                  mf_cu_deviceptr_t tab, uint32_t nrows, uint64_t total_blk,
+                                  mf_cu_deviceptr_t delta, mf_cu_deviceptr_t out,
+                                  const char **step);
+
+/* The batched region kernels of arena a (its context current, the per-row ones loaded),
+ * kept only if they agree with the host's XXH3 on three rows of random bytes (4100, 9000
+ * and 70001 bytes: few and many blocks, a length not 8-aligned). 1 when kept. */
+static int rows_kernels_open(mfd_gpu_t *g, mfd_gpu_arena_t *a)
+{
+    const mf_cudrv_t *cu = g->cu;
+    static const uint64_t lens[3] = {4100, 9000, 70001};
+    a->f_rows_blocks = a->f_rows_final = NULL;
+    mf_cu_function_t fb = NULL, ff = NULL;
+    if (!g->rc_tab || !g->rc_out || set_ctx(g, a) != MF_OK ||
+        cu->cuModuleGetFunction(&fb, a->mod, "mfd_verify_rows_blocks") != MF_CUDA_SUCCESS ||
+        cu->cuModuleGetFunction(&ff, a->mod, "mfd_verify_rows_final") != MF_CUDA_SUCCESS)
+        return 0;
+    a->f_rows_blocks = fb; /* rows_launch launches these; kept only if the test passes */
+    a->f_rows_final = ff;
+    uint64_t at = 0, blk = 0;
+    for (int r = 0; r < 3; r++) {
+        g->rc_tab[3 * r] = at;
+        g->rc_tab[3 * r + 1] = lens[r];
+        g->rc_tab[3 * r + 2] = blk;
+        at += mfd_arena_round(lens[r]);
+        blk += (lens[r] - 1) / 1024;
+    }
+    /* scratch: [0, 64) sums, [64, 256) table, rows from 256, then the block increments */
+    uint8_t *rows = malloc(at);
+    const char *step = "cuMemAlloc (scratch)";
+    mf_cu_result_t r = rows ? scratch_get(g, a, 256 + at + blk * 64) : MF_CUDA_SUCCESS;
+    int ok = 0;
+    if (rows && r == MF_CUDA_SUCCESS) {
+        uint64_t x = 0x9e3779b97f4a7c15ull;
+        for (uint64_t i = 0; i < at; i++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            rows[i] = (uint8_t)x;
+        }
+        step = "cuMemcpyHtoD";
+        if ((r = cu->cuMemcpyHtoD(a->scratch + 256, rows, at)) == MF_CUDA_SUCCESS &&
+            (r = cu->cuMemcpyHtoD(a->scratch + 64, g->rc_tab, 9 * sizeof(uint64_t))) ==
+                MF_CUDA_SUCCESS &&
+            (r = cu->cuCtxSynchronize()) == MF_CUDA_SUCCESS)
+            r = rows_launch(g, a, a->scratch + 256, a->scratch + 64, 3, blk,
+                            a->scratch + 256 + at, a->scratch, &step);
+        if (r == MF_CUDA_SUCCESS && (step = "cuMemcpyDtoHAsync",
+                                     r = cu->cuMemcpyDtoHAsync(g->rc_out, a->scratch, 24,
+                                                               a->stream)) == MF_CUDA_SUCCESS)
+            step = "cuStreamSynchronize", r = cu->cuStreamSynchronize(a->stream);
+        ok = r == MF_CUDA_SUCCESS;
+        for (int k = 0; ok && k < 3; k++) {
+            static const uint8_t zero[8];
+            const uint8_t *p = rows + g->rc_tab[3 * k];
+            XXH3_state_t st;
+            XXH3_64bits_reset(&st);
+            XXH3_64bits_update(&st, p, 8);
+            XXH3_64bits_update(&st, zero, 8);
+            XXH3_64bits_update(&st, p + 16, lens[k] - 16);
+            ok = XXH3_64bits_digest(&st) == g->rc_out[k];
+        }
+    }
+    free(rows);
+    if (!ok && r != MF_CUDA_SUCCESS)
+        mfd_warn("gpu %d: batched region kernels off: %s: %s", a->ordinal, step,
+                 mf_cudrv_strerror(r));
+    else if (!ok)
+        mfd_warn("gpu %d: batched region kernels off: their sums differ from the host's "
+                 "XXH3 (per-row launches instead)", a->ordinal);
+    if (!ok)
+        a->f_rows_blocks = a->f_rows_final = NULL;
+    return ok;
+}
+
 /* Loads the validation kernels in every arena's context; on any failure none stays loaded
  * and verify_why says why rows are validated on the host. */
 static void verify_open(mfd_gpu_t *g)
@@ -166,6 +241,9 @@ static void verify_open(mfd_gpu_t *g)
         g->rc_out = NULL;
         snprintf(g->region_why, sizeof(g->region_why), "no pinned memory for region sums");
     }
+    if (cu->cuMemAllocHost((void **)&g->rc_tab, MFD_GPU_RC_ROWS * 3 * sizeof(uint64_t)) !=
+        MF_CUDA_SUCCESS)
+        g->rc_tab = NULL; /* per-row launches */
     /* Single-row puts: host by default. On the H200 a pinned DtoH + CPU xxh3 took 84 us
      * per 2 MiB row against 234 us for the kernels, whose launches in the daemon's context
      * also time-slice the GPU with the workers' contexts (their copies slowed 10x
@@ -216,10 +294,21 @@ static void verify_open(mfd_gpu_t *g)
         }
     }
     g->kernels = 1;
-    snprintf(g->region_why, sizeof(g->region_why), "checksum kernels, %zu bytes of PTX", len);
+    /* MFD_REGION_BATCHED=0: per-row launches (how tests reach that path on the fake). */
+    const char *b = getenv("MFD_REGION_BATCHED");
+    int batched = !(b && strcmp(b, "0") == 0);
+    for (size_t i = 0; batched && i < g->n; i++)
+        batched &= rows_kernels_open(g, &g->a[i]);
+    for (size_t i = 0; !batched && i < g->n; i++)
+        g->a[i].f_rows_blocks = g->a[i].f_rows_final = NULL;
+    snprintf(g->region_why, sizeof(g->region_why), "checksum kernels, %zu bytes of PTX; %s",
+             len, batched ? "one launch of each per region chunk"
+                          : "per-row launches (MFD_REGION_BATCHED=0, or the batched kernels "
+                            "are missing or failed their self-test)");
     if (env && strcmp(env, "gpu") == 0) {
         g->verify_gpu = 1;
-        snprintf(g->verify_why, sizeof(g->verify_why), "%s", g->region_why);
+        snprintf(g->verify_why, sizeof(g->verify_why), "checksum kernels, %zu bytes of PTX",
+                 len);
     }
 }
 
@@ -343,6 +432,8 @@ void mfd_gpu_close(mfd_gpu_t *g)
             g->cu->cuMemFreeHost(g->out);
         if (g->rc_out)
             g->cu->cuMemFreeHost(g->rc_out);
+        if (g->rc_tab)
+            g->cu->cuMemFreeHost(g->rc_tab);
     }
     for (size_t i = 0; i < g->n; i++)
         arena_close(g, &g->a[i]);
@@ -499,6 +590,31 @@ static mf_cu_result_t sum_launch(mfd_gpu_t *g, mfd_gpu_arena_t *a, mf_cu_devicep
     void *pf[] = {&dptr, &size, &nblk, &sec, &delta, &out};
     *step = "cuLaunchKernel (final)";
     return g->cu->cuLaunchKernel(a->f_final, 1, 1, 1, 32, 1, 1, 0, a->stream, pf, NULL);
+}
+
+/* Queues the batched kernels for nrows rows of the table tab (device) on a's stream. */
+static mf_cu_result_t rows_launch(mfd_gpu_t *g, mfd_gpu_arena_t *a, mf_cu_deviceptr_t base,
+                                  mf_cu_deviceptr_t tab, uint32_t nrows, uint64_t total_blk,
+                                  mf_cu_deviceptr_t delta, mf_cu_deviceptr_t out,
+                                  const char **step)
+{
+    static verify_secret_t sec;
+    if (!sec.w[0])
+        memcpy(sec.w, XXH3_kSecret, sizeof(sec));
+    mf_cu_result_t r = MF_CUDA_SUCCESS;
+    if (total_blk) {
+        void *pb[] = {&base, &tab, &nrows, &total_blk, &sec, &delta};
+        *step = "cuLaunchKernel (rows blocks)";
+        r = g->cu->cuLaunchKernel(a->f_rows_blocks, (unsigned)((total_blk + 7) / 8), 1, 1, 256,
+                                  1, 1, 0, a->stream, pb, NULL);
+    }
+    if (r == MF_CUDA_SUCCESS && nrows) {
+        void *pf[] = {&base, &tab, &sec, &delta, &out};
+        *step = "cuLaunchKernel (rows final)";
+        r = g->cu->cuLaunchKernel(a->f_rows_final, nrows, 1, 1, 32, 1, 1, 0, a->stream, pf,
+                                  NULL);
+    }
+    return r;
 }
 
 /* A kernel that cannot run here once will not later: validate on the host from now. */
@@ -721,18 +837,42 @@ size_t mfd_gpu_check_rows(mfd_gpu_t *g, uint32_t arena, mfd_gpu_rowcheck_t *rows
             break;
         scratch += d;
     }
-    uint64_t outs = mfd_arena_round(m * sizeof(uint64_t));
+    /* scratch: a sum per row, the batched kernels' table, the blocks' increments */
+    uint64_t outs = mfd_arena_round(m * sizeof(uint64_t)), tabs = mfd_arena_round(m * 24);
+    int batched = a->f_rows_blocks && a->f_rows_final;
     if (!stage_get(g, m * MFD_GPU_RC_HEAD, 0))
         return rows_failed(rows, m, MF_RESOURCE_EXHAUSTED);
     if (set_ctx(g, a) != MF_OK)
         return rows_failed(rows, m, MF_INTERNAL);
     const char *step = "cuMemAlloc (scratch)";
-    mf_cu_result_t r = scratch_get(g, a, outs + scratch);
+    mf_cu_result_t r = scratch_get(g, a, outs + tabs + scratch);
     copy_run_t run = {0, 0, 0};
-    mf_cu_deviceptr_t delta = a->scratch + outs;
+    mf_cu_deviceptr_t delta = a->scratch + outs + tabs;
+    uint32_t nk = 0; /* batched: the kernel rows, in the table; their sums out[k] */
+    uint64_t blk = 0;
+    for (size_t i = 0; batched && r == MF_CUDA_SUCCESS && i < m; i++) {
+        if (rows[i].size <= MFD_GPU_RC_HEAD)
+            continue;
+        g->rc_tab[3 * nk] = rows[i].off;
+        g->rc_tab[3 * nk + 1] = rows[i].size;
+        g->rc_tab[3 * nk + 2] = blk;
+        blk += (rows[i].size - 1) / 1024;
+        nk++;
+    }
+    if (batched && r == MF_CUDA_SUCCESS && nk) {
+        step = "cuMemcpyHtoD (table)"; /* pinned: done when it returns */
+        r = cu->cuMemcpyHtoD(a->scratch + outs, g->rc_tab, nk * 24);
+        /* pinned for arena 0's context only (not PORTABLE): make sure it landed before the
+         * non-blocking stream reads it */
+        if (r == MF_CUDA_SUCCESS)
+            step = "cuCtxSynchronize", r = cu->cuCtxSynchronize();
+        if (r == MF_CUDA_SUCCESS)
+            r = rows_launch(g, a, a->base, a->scratch + outs, nk, blk, delta, a->scratch,
+                            &step);
+    }
     for (size_t i = 0; i < m && r == MF_CUDA_SUCCESS; i++) {
         mf_cu_deviceptr_t dptr = a->base + rows[i].off;
-        if (rows[i].size > MFD_GPU_RC_HEAD) {
+        if (!batched && rows[i].size > MFD_GPU_RC_HEAD) {
             r = sum_launch(g, a, dptr, rows[i].size, delta, a->scratch + 8 * i, &step);
             delta += (rows[i].size - 1) / 1024 * 64;
         }
@@ -773,10 +913,12 @@ size_t mfd_gpu_check_rows(mfd_gpu_t *g, uint32_t arena, mfd_gpu_rowcheck_t *rows
         }
         boff = head_end;
         int copies = 0;
+        uint32_t k = 0;
         for (size_t i = 0; i < m && r == MF_CUDA_SUCCESS; i++) {
             size_t h = rows[i].size < MFD_GPU_RC_HEAD ? (size_t)rows[i].size : MFD_GPU_RC_HEAD;
             rows[i].st = MF_OK;
-            rows[i].sum = g->rc_out[i];
+            rows[i].sum = !batched ? g->rc_out[i]
+                          : rows[i].size > MFD_GPU_RC_HEAD ? g->rc_out[k++] : 0;
             rows[i].sum_valid = rows[i].size > MFD_GPU_RC_HEAD;
             rows[i].bytes = g->stage + i * MFD_GPU_RC_HEAD;
             rows[i].have = h;

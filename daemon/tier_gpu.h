@@ -66,6 +66,9 @@ typedef struct mfd_gpu_arena {
     /* Validation kernels in this arena's context (mod NULL: host validation). */
     mf_cu_module_t mod;
     mf_cu_function_t f_blocks, f_final;
+    /* A region's rows in one launch each (NULL: per-row launches; also when their start-up
+     * self-test against the host's XXH3 failed). */
+    mf_cu_function_t f_rows_blocks, f_rows_final;
     mf_cu_stream_t stream;
     mf_cu_deviceptr_t scratch;      /* [0]: the checksum out; then 64 B per 1 KiB block */
     uint64_t scratch_cap;
@@ -79,6 +82,7 @@ typedef struct mfd_gpu {
     char verify_why[200];           /* why not (host validation) */
     char region_why[200];           /* why put regions are validated on the host */
     uint64_t *rc_out;               /* pinned: a region chunk's checksums (MFD_GPU_RC_ROWS) */
+    uint64_t *rc_tab;               /* pinned: its rows' (offset, length, first block) */
     uint8_t *stage;                 /* reused DtoH staging (pinned when the driver gave it) */
     size_t stage_cap;
     int stage_pinned;
@@ -140,15 +144,19 @@ mf_status_t mfd_gpu_check_row(mfd_gpu_t *g, uint32_t arena, const mfd_ablock_t *
 /*
  * A put region's rows (one layer, written in place by the client): the host gets what the
  * decoder reads and nothing more. With the kernels loaded, each row longer than
- * MFD_GPU_RC_HEAD has its checksum computed on the GPU (both kernels per row, back to back
- * on the arena's verify stream) while its first MFD_GPU_RC_HEAD bytes are copied out
- * (shorter rows are copied whole and checksummed on the host: their bytes are what the
- * decoder reads anyway, and a launch costs more); then the rest of each row's prefix up
- * to its tiles (header, model, tokens, column tables, masses, scales) is copied, adjacent
- * prefixes in one copy; two stream synchronizes per chunk. Without the kernels (no PTX, the fake driver by default,
- * MFD_GPU_VERIFY=host, or a kernel failure) rows are copied whole (adjacent rows in one
- * copy) and checked on the host. A chunk is at most MFD_GPU_RC_ROWS rows and
- * MFD_GPU_RC_BYTES of staging (one row at least); the caller validates the chunk's rows
+ * MFD_GPU_RC_HEAD has its checksum computed on the GPU on the arena's verify stream — all
+ * of a chunk's rows in one launch of each batched kernel (mfd_verify_rows_blocks /
+ * _final, from a table of (offset, length, first block) copied HtoD), or both per-row
+ * kernels per row when the batched ones are missing, failed their start-up self-test
+ * against the host's XXH3, or MFD_REGION_BATCHED=0 — while its first MFD_GPU_RC_HEAD bytes
+ * are copied out (shorter rows are copied whole and checksummed on the host: their bytes
+ * are what the decoder reads anyway, and a launch costs more); then the rest of each
+ * row's prefix up to its tiles (header, model, tokens, column tables, masses, scales) is
+ * copied, adjacent prefixes in one copy; two stream synchronizes per chunk. Without the
+ * kernels (no PTX, the fake driver by default, MFD_GPU_VERIFY=host, or a kernel failure)
+ * rows are copied whole (adjacent rows in one copy) and checked on the host. A chunk is at
+ * most MFD_GPU_RC_ROWS rows and MFD_GPU_RC_BYTES of staging (one row at least); the caller
+ * validates the chunk's rows
  * before the next call, which reuses the staging buffer.
  */
 #define MFD_GPU_RC_ROWS 4096u

@@ -788,9 +788,24 @@ EXPORT int fakecuda_host_registered(const void *p, size_t n, size_t *size, unsig
  * leaves delta alone, mfd_verify_final(row, len, nblk, secret, delta, out) writes the
  * row's XXH3-64 (checksum field read as zero) to *out. So CPU tests cover the daemon's
  * GPU-validation path (launch shapes, parameters, result copy, prefix decode); the kernels'
- * own arithmetic is checked on a GPU. */
+ * own arithmetic is checked on a GPU. The batched region kernels likewise:
+ * mfd_verify_rows_blocks(base, tab, nrows, total_blk, secret, delta) checks its shape,
+ * mfd_verify_rows_final(base, tab, secret, delta, out) writes out[r] for each of its
+ * blocks r (tab[3 r]: the row's offset from base, tab[3 r + 1]: its length). */
 static char g_module_tag;
-static char g_fn_blocks, g_fn_final;
+static char g_fn_blocks, g_fn_final, g_fn_rows_blocks, g_fn_rows_final;
+
+/* XXH3-64 of a row with its checksum field (bytes 8..15) read as zero, as the kernels do. */
+static uint64_t row_sum(const uint8_t *p, uint64_t len)
+{
+    static const uint8_t zero[8];
+    XXH3_state_t st;
+    XXH3_64bits_reset(&st);
+    XXH3_64bits_update(&st, p, 8);
+    XXH3_64bits_update(&st, zero, 8);
+    XXH3_64bits_update(&st, p + 16, len - 16);
+    return XXH3_64bits_digest(&st);
+}
 
 EXPORT CUresult cuModuleLoadData(void **m, const void *image)
 {
@@ -822,6 +837,10 @@ EXPORT CUresult cuModuleGetFunction(void **f, void *m, const char *name)
         *f = &g_fn_blocks;
     else if (!strcmp(name, "mfd_verify_final"))
         *f = &g_fn_final;
+    else if (!strcmp(name, "mfd_verify_rows_blocks"))
+        *f = &g_fn_rows_blocks;
+    else if (!strcmp(name, "mfd_verify_rows_final"))
+        *f = &g_fn_rows_final;
     else
         return E_NOT_FOUND;
     return OK;
@@ -838,6 +857,31 @@ EXPORT CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, u
         return E_INVALID_VALUE;
     land_current(); /* stream order */
     CUdeviceptr row = *(CUdeviceptr *)params[0];
+    if (f == &g_fn_rows_blocks) { /* (base, tab, nrows, total_blk, secret, delta) */
+        CUdeviceptr tab = *(CUdeviceptr *)params[1];
+        uint32_t nrows = *(uint32_t *)params[2];
+        uint64_t total = *(uint64_t *)params[3];
+        CUdeviceptr delta = *(CUdeviceptr *)params[5];
+        if (bx != 256 || gx != (total + 7) / 8 || !total || !nrows ||
+            !range_ok(tab, (size_t)nrows * 24) || !range_ok(delta, total * 64))
+            return E_INVALID_VALUE;
+        return OK;
+    }
+    if (f == &g_fn_rows_final) { /* (base, tab, secret, delta, out): one row per block */
+        const uint64_t *tab = (const uint64_t *)(uintptr_t)*(CUdeviceptr *)params[1];
+        CUdeviceptr out = *(CUdeviceptr *)params[4];
+        if (bx != 32 || !gx || !range_ok((CUdeviceptr)(uintptr_t)tab, (size_t)gx * 24) ||
+            !range_ok(out, (size_t)gx * 8))
+            return E_INVALID_VALUE;
+        for (unsigned r = 0; r < gx; r++) {
+            if (tab[3 * r + 1] <= 240 || !range_ok(row + tab[3 * r], tab[3 * r + 1]))
+                return E_INVALID_VALUE;
+            const uint8_t *p = (const uint8_t *)(uintptr_t)(row + tab[3 * r]);
+            uint64_t sum = row_sum(p, tab[3 * r + 1]);
+            memcpy((uint8_t *)(uintptr_t)out + 8 * r, &sum, 8);
+        }
+        return OK;
+    }
     if (f == &g_fn_blocks) {
         uint64_t nblk = *(uint64_t *)params[1];
         CUdeviceptr delta = *(CUdeviceptr *)params[3];
@@ -853,14 +897,7 @@ EXPORT CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, u
     if (bx != 32 || gx != 1 || len <= 240 || nblk != (len - 1) / 1024 || !range_ok(row, len) ||
         !range_ok(out, 8))
         return E_INVALID_VALUE;
-    const uint8_t *p = (const uint8_t *)(uintptr_t)row;
-    static const uint8_t zero[8];
-    XXH3_state_t st;
-    XXH3_64bits_reset(&st);
-    XXH3_64bits_update(&st, p, 8);
-    XXH3_64bits_update(&st, zero, 8);
-    XXH3_64bits_update(&st, p + 16, len - 16);
-    uint64_t sum = XXH3_64bits_digest(&st);
+    uint64_t sum = row_sum((const uint8_t *)(uintptr_t)row, len);
     memcpy((void *)(uintptr_t)out, &sum, 8);
     return OK;
 }

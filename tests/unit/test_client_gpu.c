@@ -725,6 +725,42 @@ static void test_region_put_get(void **state)
                      MF_FAILED_PRECONDITION);
     assert_non_null(strstr(mf_channel_last_error(w), "aborted"));
     mf_put_region_free(reg);
+    /* The async commit: one event, the statuses and result written before it. */
+    rows_t r8;
+    make_rows(&r8, 8, seed + 1);
+    assert_int_equal(mf_put_region_begin(w, MODEL, 8, r8.len, NB, 0, NULL, dev, &reg,
+                                         MF_TIMEOUT_DEFAULT), MF_OK);
+    for (int b = 0; b < NB; b++)
+        assert_int_equal(cu()->cuMemcpyHtoD((mf_cu_deviceptr_t)(uintptr_t)dev[b], r8.row[b],
+                                            r8.len[b]), MF_CUDA_SUCCESS);
+    assert_int_equal(cu()->cuCtxSynchronize(), MF_CUDA_SUCCESS);
+    mf_cq_t *cq;
+    assert_int_equal(mf_cq_create(&cq), MF_OK);
+    for (int b = 0; b < NB; b++)
+        sts[b] = MF_UNKNOWN;
+    assert_int_equal(mf_put_region_commit_async(reg, sts, &res, MF_TIMEOUT_DEFAULT, cq, &r8,
+                                                NULL), MF_OK);
+    mf_cq_event_t ev;
+    assert_int_equal(mf_cq_next(cq, 10000, &ev), MF_CQ_CALL_DONE);
+    assert_ptr_equal(ev.tag, &r8);
+    assert_int_equal(ev.status, MF_OK);
+    assert_int_equal(res.committed, NB);
+    assert_int_equal(res.first_failed, NB);
+    for (int b = 0; b < NB; b++)
+        assert_int_equal(sts[b], MF_OK);
+    mf_put_region_free(reg);
+    mf_cq_shutdown(cq);
+    assert_int_equal(mf_cq_next(cq, 10000, &ev), MF_CQ_SHUTDOWN);
+    mf_cq_destroy(cq);
+    for (int b = 0; b < NB; b++) {
+        mf_key_t k = {.model = MODEL, .layer = 8, .hash = r8.hash[b]};
+        uint8_t *buf = malloc(r8.len[b]);
+        size_t len = 0;
+        assert_int_equal(mf_get(w, &k, buf, r8.len[b], &len, MF_TIMEOUT_DEFAULT), MF_OK);
+        assert_memory_equal(buf, r8.row[b], r8.len[b]);
+        free(buf);
+    }
+    free_rows(&r8);
     /* Bounds and fallbacks: no rows, a row shorter than a header, durable, more rows than
      * MF_PUT_BATCH_MAX, a region larger than the arena (4 MiB), no GPU on the channel. */
     size_t tiny[2] = {lens[0], 40}, big[2] = {3u << 20, 3u << 20};
@@ -854,9 +890,14 @@ static void test_region_bench(void **state)
         t_commit += e - c0;
     }
     double t_region = t_begin + t_commit;
+    size_t longest = 0;
+    for (size_t k = 0; k < (size_t)nl * nb; k++)
+        longest = len[k] > longest ? len[k] : longest;
     printf("region bench: %u layers x %u rows = %u rows, %.1f MiB (MASK rows, 40 heads, "
-           "B 64); checksums %s\n", nl, nb, nl * nb, (double)bytes / (1 << 20),
-           on_gpu ? "on the GPU (kernels)" : "on the host (rows copied whole)");
+           "B 64, longest %zu B); checksums %s\n", nl, nb, nl * nb, (double)bytes / (1 << 20),
+           longest, longest <= 4096 ? "on the host (rows of <= 4 KiB are copied whole)"
+                    : on_gpu        ? "on the GPU (kernels)"
+                                    : "on the host (rows copied whole)");
     printf("  mf_put_device_batch: %.1f ms (%.1f us/row)\n", t_batch * 1e3,
            t_batch * 1e6 / (nl * nb));
     printf("  put region: %.1f ms (%.1f us/row): begin %.1f ms, commit %.1f ms; the rows' "
