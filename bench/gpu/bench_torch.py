@@ -84,6 +84,24 @@ def structured_qk(n, hq, hkv, d):
     return q.to(torch.bfloat16).contiguous(), k.to(torch.bfloat16).contiguous()
 
 
+def pair_w(hq, hs):
+    """W of the benches: each target head mixes two source heads (t and t + 1, 0.75 / 0.25),
+    the usual shape of a fit."""
+    w = np.zeros((hq, hs), dtype=np.float32)
+    for t in range(hq):
+        w[t, t % hs] = 0.75
+        w[t, (t + 1) % hs] = 0.25
+    return w
+
+
+def random_qkvo(n, hq, hkv, d, device="cuda"):
+    """Random bf16 Q [n, hq, d], K / V [n, hkv, d] and an fp32 O to write, on device."""
+    q = torch.randn(n, hq, d, dtype=torch.bfloat16, device=device)
+    k = torch.randn(n, hkv, d, dtype=torch.bfloat16, device=device)
+    v = torch.randn(n, hkv, d, dtype=torch.bfloat16, device=device)
+    return q, k, v, torch.empty(n, hq, d, dtype=torch.float32, device=device)
+
+
 def qkv_struct(g, q, k, v, n, hq, hkv, d):
     return g["Qkv"](q.data_ptr(), k.data_ptr(), v.data_ptr() if v is not None else 0, 2, n, hq,
                     hkv, d)
@@ -286,11 +304,7 @@ def run(lib, args, g):
     log(f"ceilings: copy {bw:.2f} TB/s (read+write), bf16 matmul {mm:.0f} TFLOP/s")
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
     flex = torch.compile(flex_attention, dynamic=False)
-    # W: each target head mixes two source heads (t and t+1), the usual shape of a fit.
-    w = np.zeros((hq, hs), dtype=np.float32)
-    for t in range(hq):
-        w[t, t % hs] = 0.75
-        w[t, (t + 1) % hs] = 0.25
+    w = pair_w(hq, hs)
     results = {"copy_TBps": bw, "matmul_TFLOPs": mm, "rows": [], "dense": [], "ablation": [],
                "commit": os.environ.get("MF_COMMIT"), "command": os.environ.get("MF_COMMAND"),
                "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__}

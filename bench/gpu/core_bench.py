@@ -445,10 +445,7 @@ def bench_mask(lib, n, dens, reps, rng, flex, log):
     keep = R.patterns(rng, HQ, nb, dens)
     kept = float(keep.sum())
     per_head = kept / (HQ * nb * (nb + 1) / 2)
-    q = torch.randn(n, HQ, D, dtype=torch.bfloat16, device="cuda")
-    k = torch.randn(n, HKV, D, dtype=torch.bfloat16, device="cuda")
-    v = torch.randn(n, HKV, D, dtype=torch.bfloat16, device="cuda")
-    o = torch.empty(n, HQ, D, dtype=torch.float32, device="cuda")
+    q, k, v, o = BT.random_qkvo(n, HQ, HKV, D)
     prefixes = [R.row_prefix(keep, i, R.MASK, B, rng=rng) for i in range(nb)]
     offs, tot = [], 0
     for _, lay in prefixes:
@@ -611,14 +608,8 @@ def bench_mix(lib, n, dens, reps, log):
     hs, nb = g["HS"], n // B
     rng = np.random.default_rng(7)
     keep = R.patterns(rng, hs, nb, dens)
-    q = torch.randn(n, HQ, D, dtype=torch.bfloat16, device="cuda")
-    k = torch.randn(n, HKV, D, dtype=torch.bfloat16, device="cuda")
-    v = torch.randn(n, HKV, D, dtype=torch.bfloat16, device="cuda")
-    o = torch.empty(n, HQ, D, dtype=torch.float32, device="cuda")
-    w = np.zeros((HQ, hs), dtype=np.float32)
-    for t in range(HQ):
-        w[t, t % hs] = 0.75
-        w[t, (t + 1) % hs] = 0.25
+    q, k, v, o = BT.random_qkvo(n, HQ, HKV, D)
+    w = BT.pair_w(HQ, hs)
     ap = BT.Apply(lib, g, keep, R.FP8, 0, w, q, k, v, o)
     ap.modes[:] = [MIX_CYCLE[t % len(MIX_CYCLE)] for t in range(HQ)]
     rec = {"N": n, "density": dens,
@@ -683,6 +674,15 @@ def table(res, log):
             " core/cuDNN per block | rel vs v2 |")
         log("|---|---|---|---|---|---|---|---|---|")
     dense = {r["N"]: r for r in res["dense"]}
+    for r in res["mask"]:
+        f128, f64 = r.get("flex128_ms"), r.get("flex64_ms")
+        sd = dense.get(r["N"])
+        per_block = r["core_TFLOPs"] / sd["sdpa_TFLOPs"] if sd else float("nan")
+        log(f"| {r['N']} | {r['density']:.3f} | {r['core_ms']:.3f} ({r['core_TFLOPs']:.0f}) | "
+            f"{r['v2_ms']:.3f} | {f128 if f128 is None else round(f128, 3)} | "
+            f"{f64 if f64 is None else round(f64, 3)} | "
+            f"{(f128 / r['core_ms']) if f128 else float('nan'):.2f}x | {per_block:.2f} | "
+            f"{r['core_rel_vs_v2']:.1e} |")
     if any("phase_prepass_ms" in r for r in res["mask"]):
         log("\n| N | density | core call ms | before ms | pre-pass only ms (v1) | core only ms |"
             " no launch ms | host wall µs (ctypes alone) | MF_APPLY_CACHE=0: call ms / no launch"
@@ -709,15 +709,6 @@ def table(res, log):
             f"{r['mixed_ms']:.3f} | {r['only_prob_ms']:.3f} | {r['only_mask_ms']:.3f} | "
             f"{r['only_compute_ms']:.3f} | {r['sum_ms']:.3f} | {r['mixed_over_sum']:.3f} | "
             f"{r['parts_vs_mixed_maxdiff']:.1e} |")
-    for r in res["mask"]:
-        f128, f64 = r.get("flex128_ms"), r.get("flex64_ms")
-        sd = dense.get(r["N"])
-        per_block = r["core_TFLOPs"] / sd["sdpa_TFLOPs"] if sd else float("nan")
-        log(f"| {r['N']} | {r['density']:.3f} | {r['core_ms']:.3f} ({r['core_TFLOPs']:.0f}) | "
-            f"{r['v2_ms']:.3f} | {f128 if f128 is None else round(f128, 3)} | "
-            f"{f64 if f64 is None else round(f64, 3)} | "
-            f"{(f128 / r['core_ms']) if f128 else float('nan'):.2f}x | {per_block:.2f} | "
-            f"{r['core_rel_vs_v2']:.1e} |")
 
 
 def main():

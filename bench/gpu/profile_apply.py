@@ -33,14 +33,8 @@ def main():
     n, nb = args.n, args.n // b
     rng = np.random.default_rng(0)
     torch.manual_seed(0)
-    q = torch.randn(n, hq, d, dtype=torch.bfloat16, device="cuda")
-    k = torch.randn(n, hkv, d, dtype=torch.bfloat16, device="cuda")
-    v = torch.randn(n, hkv, d, dtype=torch.bfloat16, device="cuda")
-    o = torch.empty(n, hq, d, dtype=torch.float32, device="cuda")
-    w = np.zeros((hq, hs), dtype=np.float32)
-    for t in range(hq):
-        w[t, t % hs] = 0.75
-        w[t, (t + 1) % hs] = 0.25
+    q, k, v, o = BT.random_qkvo(n, hq, hkv, d)
+    w = BT.pair_w(hq, hs)
     keep = R.patterns(rng, hs, nb, args.density)
     stream = torch.cuda.current_stream().cuda_stream
     impls = {x[0]: x for x in BT.IMPLS}
