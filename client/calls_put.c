@@ -520,13 +520,14 @@ static mf_status_t take_region_commit(mf__op_t *op, const mf__reply_t *rep, void
                                            cr->committed < n ? cr->first_failed : n,
                                            cr->checked_on_gpu};
     for (size_t i = 0; a->statuses && i < n; i++)
-        a->statuses[i] = cr->status[i] < MF_STATUS_COUNT ? (mf_status_t)cr->status[i]
-                                                         : MF_UNKNOWN;
+        a->statuses[i] = mf_status_valid((int)cr->status[i]) ? (mf_status_t)cr->status[i]
+                                                              : MF_UNKNOWN;
     if (cr->committed == n)
         return MF_OK;
-    mf_status_t st = cr->status[cr->first_failed];
-    return (mf_status_t)mf__op_error(op, st < MF_STATUS_COUNT && st ? st : MF_UNKNOWN, "%s",
-                                     cr->first_error);
+    int st = (int)cr->status[cr->first_failed];
+    return (mf_status_t)mf__op_error(op, st && mf_status_valid(st) ? (mf_status_t)st
+                                                                   : MF_UNKNOWN,
+                                     "%s", cr->first_error);
 }
 
 /* A region handle that can still be committed or aborted: MF_OK, or why not. */
