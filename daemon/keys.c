@@ -24,13 +24,21 @@ mf_status_t mfd_keys_from_msg(const mfd_conn_t *c, const Mapflow__V1__Key *k, mf
     return MF_OK;
 }
 
-mf_status_t mfd_keys_check_model_block(const char *model, uint32_t B, const char **why)
+mf_status_t mfd_keys_check_model(const char *model, const char **why)
 {
     size_t ml = model ? strlen(model) : 0;
     if (ml < 1 || ml > MFD_MODEL_MAX || mfd_has_control(model)) {
         *why = "model must be 1..255 bytes without control characters";
         return MF_INVALID_ARGUMENT;
     }
+    return MF_OK;
+}
+
+mf_status_t mfd_keys_check_model_block(const char *model, uint32_t B, const char **why)
+{
+    mf_status_t st = mfd_keys_check_model(model, why);
+    if (st != MF_OK)
+        return st;
     if (B < MF_ROW_MIN_BLOCK || B > MF_ROW_MAX_BLOCK || (B & (B - 1))) {
         *why = "block_size must be a power of two in [8, 256]";
         return MF_INVALID_ARGUMENT;

@@ -20,6 +20,9 @@
 /* k under c's namespace; MF_INVALID_ARGUMENT with *why for a bad model or hash. */
 mf_status_t mfd_keys_from_msg(const mfd_conn_t *c, const Mapflow__V1__Key *k, mfd_key_t *out,
                               const char **why);
+/* A model name from the wire: 1..255 bytes, no control characters (MF_INVALID_ARGUMENT). */
+mf_status_t mfd_keys_check_model(const char *model, const char **why);
+/* mfd_keys_check_model and a block size B that is a power of two in [8, 256]. */
 mf_status_t mfd_keys_check_model_block(const char *model, uint32_t B, const char **why);
 /* Aligned copy of the u32 tokens of a payload (frames are not 4-byte aligned). */
 mf_status_t mfd_keys_tokens(const uint8_t *p, size_t len, uint32_t **out, size_t *n,

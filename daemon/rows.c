@@ -204,8 +204,8 @@ void mfd_rows_region_begin(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__PutRe
                        "(mf_put_device_batch)");
         return;
     }
-    /* Block size 8 stands in: only the model is checked here (rows carry their own B). */
-    if (mfd_keys_check_model_block(m->model, 8, &why) != MF_OK) {
+    /* Only the model here: rows carry their own B, checked at commit. */
+    if (mfd_keys_check_model(m->model, &why) != MF_OK) {
         mfd_conn_error(c, rid, MF_INVALID_ARGUMENT, "PutRegionBegin: %s", why);
         return;
     }
