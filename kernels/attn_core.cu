@@ -405,7 +405,7 @@ core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUte
     float *lslot = MASS ? p.lscr + (size_t)s_cnt[1] * p.slot_floats : nullptr;
     /* Ping-pong: the two consumer warpgroups take turns issuing their GEMMs (named
      * barriers 1 + c), so one's softmax runs while the other's wgmmas use the tensor
-     * cores. Both take a turn at every list entry (a tile only the other's block kept
+     * cores. Both take a turn at every key tile (a tile only the other's block kept
      * is computed and masked whole) and once more for the last P·V, so the turns stay
      * matched; warpgroup 1 gives the first turn and skips the very last hand-over. */
     auto turn_wait = [&]() {
