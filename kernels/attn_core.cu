@@ -15,6 +15,7 @@
  * 1/sqrt(d)·log2(e) scale folded into one FFMA before ex2) runs while that P·V does; then
  * O *= alpha. The two consumer warpgroups take turns issuing (ping-pong, named barriers),
  * so one's softmax also overlaps the other's GEMMs.
+ * Block-64 lists run with BN = 128 (GATHER, at the kernel): two list entries a key tile.
  * O (fp32) goes straight from the accumulators to global memory: each quad writes 32
  * contiguous bytes of a row, whole sectors.
  * Masses (MASS = true, dense, 128-key tiles): the softmax keeps the row sum of each 64-key
@@ -283,12 +284,20 @@ __device__ __forceinline__ int build_list(const core_params &p, uint32_t m, uint
     return cnt;
 }
 
-template <typename T, int D, int BN, bool MASS>
+/* GATHER (block-64 lists only, BN = 128): list entries 2x, 2x + 1 form key tile x, each
+ * 64-key block TMA-loaded into its half of the 128-row stage (the 128-byte swizzle repeats
+ * every 8 rows, so two stacked 64-row boxes are one 128-row box); per-tile costs and the
+ * m64n128 wgmmas are then paid per 128 keys. An odd list's last half is a phantom: block
+ * s_j[count − 1] again, kept by nobody (masked whole; V stays finite, so P·V adds 0). */
+template <typename T, int D, int BN, bool MASS, bool GATHER>
 __global__ void __launch_bounds__(384, 1)
 core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
             const __grid_constant__ CUtensorMap tv, const core_params p)
 {
+    static_assert(!GATHER || (BN == 128 && !MASS), "gather: 128-key tiles, lists mode");
     typedef cfg<D, BN> C;
+    constexpr int EPT = GATHER ? 2 : 1;   /* list entries a key tile */
+    constexpr int LB = GATHER ? 64 : BN;  /* keys a list entry */
     extern __shared__ uint8_t sm_raw[];
     uint8_t *sm = reinterpret_cast<uint8_t *>(((uintptr_t)sm_raw + 1023) & ~(uintptr_t)1023);
     uint64_t *q_full = reinterpret_cast<uint64_t *>(sm + C::OFF_BAR);
@@ -317,6 +326,13 @@ core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUte
         }
         __syncwarp();
         int cnt = build_list<BN>(p, m, t, s_j, s_f);
+        if (GATHER && (cnt & 1)) { /* cnt ≤ nb ≤ MAX_TILES and odd: s_j[cnt] is in bounds */
+            __syncwarp();          /* the lanes' list writes, before lane 0 reads one */
+            if (threadIdx.x == 0) {
+                s_j[cnt] = s_j[cnt - 1];
+                s_f[cnt] = 0;
+            }
+        }
         if (threadIdx.x == 0)
             *s_cnt = cnt;
         if (MASS && threadIdx.x == 0) {
@@ -340,24 +356,32 @@ core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUte
             bar_wait(q_full, 0);
         return;
     }
+    const int ntiles = (count + EPT - 1) / EPT; /* key tiles of BN keys */
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
         if (threadIdx.x == 0) {
-            for (int x = 0; x < count; x++) {
+            /* key tile x into dst: its EPT list entries' rows, LB rows each (box rows LB),
+             * stacked; both column halves; one mbarrier counts all of it (KV_BYTES) */
+            auto load_tile = [&](uint8_t *dst, const CUtensorMap *tm, uint64_t *bar, int x) {
+                for (int e = 0; e < EPT; e++) {
+                    int row = (int)s_j[EPT * x + e] * LB;
+                    for (int h = 0; h < C::HALVES; h++)
+                        tma_load(dst + h * C::KV_HALF + e * LB * 128, tm, bar, 64 * h,
+                                 (int)kvh, row);
+                }
+            };
+            for (int x = 0; x < ntiles; x++) {
                 int s = x % C::STAGES;
                 uint32_t free_ph = ((x / C::STAGES) & 1) ^ 1;
-                int row = (int)s_j[x] * BN;
                 uint8_t *kd = sm + C::OFF_K + s * C::KV_BYTES, *vd = sm + C::OFF_V + s * C::KV_BYTES;
                 if (x >= C::STAGES)
                     bar_wait(&k_empty[s], free_ph);
                 bar_expect(&k_full[s], C::KV_BYTES);
-                for (int h = 0; h < C::HALVES; h++)
-                    tma_load(kd + h * C::KV_HALF, &tk, &k_full[s], 64 * h, (int)kvh, row);
+                load_tile(kd, &tk, &k_full[s], x);
                 if (x >= C::STAGES)
                     bar_wait(&v_empty[s], free_ph);
                 bar_expect(&v_full[s], C::KV_BYTES);
-                for (int h = 0; h < C::HALVES; h++)
-                    tma_load(vd + h * C::KV_HALF, &tv, &v_full[s], 64 * h, (int)kvh, row);
+                load_tile(vd, &tv, &v_full[s], x);
             }
         }
         return;
@@ -381,7 +405,7 @@ core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUte
     float *lslot = MASS ? p.lscr + (size_t)s_cnt[1] * p.slot_floats : nullptr;
     /* Ping-pong: the two consumer warpgroups take turns issuing their GEMMs (named
      * barriers 1 + c), so one's softmax runs while the other's wgmmas use the tensor
-     * cores. Both take a turn at every list entry (a tile only the other's block kept
+     * cores. Both take a turn at every key tile (a tile only the other's block kept
      * is computed and masked whole) and once more for the last P·V, so the turns stay
      * matched; warpgroup 1 gives the first turn and skips the very last hand-over. */
     auto turn_wait = [&]() {
@@ -422,16 +446,26 @@ core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUte
     auto softmax = [&](int x, float alpha[2]) {
         static_assert(!MASS || BN == 128, "masses: two 64-key halves a tile");
         float msub[2][2], mbase[2]; /* MASS: each row's half sums and its base */
-        bool mine = s_f[x] & (1 << c);
-        used |= mine;
-        uint32_t j0 = (uint32_t)s_j[x] * BN;
-        if (!mine || j0 + BN - 1 > r0) { /* crosses this warpgroup's diagonal */
+        /* per 64-key half h of the tile: its first key jb and whether this warpgroup's
+         * block kept it (GATHER: list entry 2x + h; else both halves are entry x) */
+        uint32_t jb[BN / 64];
+        bool mh[BN / 64], need = false;
+#pragma unroll
+        for (int h = 0; h < BN / 64; h++) {
+            int e = GATHER ? 2 * x + h : x;
+            jb[h] = GATHER ? (uint32_t)s_j[e] * 64 : (uint32_t)s_j[x] * BN + 64 * h;
+            mh[h] = s_f[e] & (1 << c);
+            used |= mh[h];
+            need |= !mh[h] || jb[h] + 63 > r0; /* not kept, or crosses the diagonal */
+        }
+        uint32_t j0 = jb[0];
+        if (need) {
 #pragma unroll
             for (int jj = 0; jj < BN / 8; jj++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    uint32_t key = j0 + 8 * jj + 2 * u + (e & 1);
-                    if (!mine || key > row[e >> 1])
+                    uint32_t key = jb[jj / 8] + 8 * (jj % 8) + 2 * u + (e & 1);
+                    if (!mh[jj / 8] || key > row[e >> 1])
                         sc[4 * jj + e] = -INFINITY;
                 }
         }
@@ -512,7 +546,7 @@ core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUte
     release(&k_empty[0]);
     softmax(0, alpha);
     rescale_pack(alpha);
-    for (int x = 1; x < count; x++) {
+    for (int x = 1; x < ntiles; x++) {
         int s = x % C::STAGES;
         bar_wait(&k_full[s], (x / C::STAGES) & 1);
         turn_wait();
@@ -655,13 +689,14 @@ bool encode(CUtensorMap *tm, const void *base, mf_dtype_t dt, uint32_t n, uint32
     return true;
 }
 
-template <typename T, int D, int BN, bool MASS>
+template <typename T, int D, int BN, bool MASS, bool GATHER = false>
 mf_status_t launch(const core_args &a, const core_params &p, cudaStream_t s, const char **why)
 {
     CUtensorMap tq, tk, tv;
+    const uint32_t kv_rows = GATHER ? 64 : BN; /* GATHER: a tile is two 64-row boxes */
     if (!encode(&tq, a.q, a.dtype, a.n, a.hq, D, 128) ||
-        !encode(&tk, a.k, a.dtype, a.n, a.hkv, D, BN) ||
-        !encode(&tv, a.v, a.dtype, a.n, a.hkv, D, BN)) {
+        !encode(&tk, a.k, a.dtype, a.n, a.hkv, D, kv_rows) ||
+        !encode(&tv, a.v, a.dtype, a.n, a.hkv, D, kv_rows)) {
         *why = "cuTensorMapEncodeTiled failed (tensor base or strides not 16-byte aligned?)";
         return MF_INTERNAL;
     }
@@ -669,27 +704,37 @@ mf_status_t launch(const core_args &a, const core_params &p, cudaStream_t s, con
     if (MASS && smem < MASS_MIN_SMEM) /* one CTA per SM: the ℓ slots count on it */
         smem = MASS_MIN_SMEM;
     static std::atomic<uint64_t> raised; /* per instantiation: bit = device */
-    if (smem_limit_once((const void *)core_kernel<T, D, BN, MASS>, (int)smem, &raised) !=
-        cudaSuccess) {
+    if (smem_limit_once((const void *)core_kernel<T, D, BN, MASS, GATHER>, (int)smem,
+                        &raised) != cudaSuccess) {
         *why = "could not raise the attention core's shared-memory limit";
         return MF_INTERNAL;
     }
-    core_kernel<T, D, BN, MASS><<<p.n_tiles * p.hq, 384, smem, s>>>(tq, tk, tv, p);
+    core_kernel<T, D, BN, MASS, GATHER><<<p.n_tiles * p.hq, 384, smem, s>>>(tq, tk, tv, p);
     return cuda_status(cudaGetLastError(), why);
 }
 
+/* bn: key block (128 dense); gather: block-64 lists as 128-key tiles (else 64-key tiles) */
 template <typename T>
-mf_status_t launch_t(const core_args &a, const core_params &p, uint32_t bn, cudaStream_t s,
-                     const char **why)
+mf_status_t launch_t(const core_args &a, const core_params &p, uint32_t bn, bool gather,
+                     cudaStream_t s, const char **why)
 {
     if (p.mass) /* dense only: 128-key tiles */
         return a.d == 128 ? launch<T, 128, 128, true>(a, p, s, why)
                           : launch<T, 64, 128, true>(a, p, s, why);
     if (a.d == 128)
         return bn == 128 ? launch<T, 128, 128, false>(a, p, s, why)
+               : gather  ? launch<T, 128, 128, false, true>(a, p, s, why)
                          : launch<T, 128, 64, false>(a, p, s, why);
     return bn == 128 ? launch<T, 64, 128, false>(a, p, s, why)
+           : gather  ? launch<T, 64, 128, false, true>(a, p, s, why)
                      : launch<T, 64, 64, false>(a, p, s, why);
+}
+
+/* A bench A/B switch from the environment, read per launch: off only when set to "0". */
+bool env_off(const char *var)
+{
+    const char *e = getenv(var);
+    return e && !strcmp(e, "0");
 }
 
 } /* namespace */
@@ -744,8 +789,8 @@ mf_status_t core_launch(const core_args &a, cudaStream_t s, const char **why)
     p.words = a.words;
     p.pair = a.keep && a.block == 64;
     p.scale_log2 = MF_LOG2E / sqrtf((float)a.d);
-    const char *pp = getenv("MF_CORE_PINGPONG"); /* for the bench's A/B runs */
-    p.pingpong = !(pp && !strcmp(pp, "0"));
+    p.pingpong = !env_off("MF_CORE_PINGPONG");
+    bool gather = bn == 64 && !env_off("MF_CORE_GATHER");
     if (a.mass) {
         if (a.keep || !a.lscr || !a.slot_busy || !a.nslots) {
             *why = "masses need the dense iterator and an ℓ scratch";
@@ -763,8 +808,8 @@ mf_status_t core_launch(const core_args &a, cudaStream_t s, const char **why)
         return MF_UNIMPLEMENTED;
     }
     if (a.dtype == MF_DTYPE_F16)
-        return launch_t<__half>(a, p, bn, s, why);
-    return launch_t<__nv_bfloat16>(a, p, bn, s, why);
+        return launch_t<__half>(a, p, bn, gather, s, why);
+    return launch_t<__nv_bfloat16>(a, p, bn, gather, s, why);
 }
 
 } /* namespace mfc */

@@ -12,13 +12,18 @@
  *    tile pairs query blocks 2m, 2m + 1 (block 64) or is block m (block 128); it walks the
  *    union of their kept sets once, and each warpgroup multiplies only the tiles its own
  *    block kept. A query block with no bit set is not this kernel's (O there untouched).
+ *    Block 64 is computed in gathered 128-key tiles: union entries 2x, 2x + 1 are loaded
+ *    into one tile (an odd union's last half: a block again, masked whole), so the loop's
+ *    per-tile costs are paid per 128 keys, as in dense mode.
  *
  * Dense mode can also return B = 64 block masses (core_args.mass: mf_attention_masses_cuda):
  * per-64-key block-local log-sum-exps kept in an ℓ slot per CTA, reduced against the final
  * LSE at the tile's end (attn_core.cu says how).
  *
  * The environment's MF_CORE_PINGPONG=0 turns the consumer warpgroups' turn-taking off (an A/B
- * switch for bench/gpu/core_bench.py; bench/gpu/NOTES.md). Thread safety: global state is
+ * switch for bench/gpu/core_bench.py; bench/gpu/NOTES.md), and MF_CORE_GATHER=0 runs block-64
+ * lists on the 64-key-tile kernel instead of gathered 128-key tiles (the same A/B use; both
+ * read once per launch). Thread safety: global state is
  * a once-resolved driver entry point (cuTensorMapEncodeTiled through
  * cudaGetDriverEntryPointByVersion) and per-kernel atomic "shared-memory limit raised" flags;
  * each thread keeps its last few tensor maps (thread_local). Any thread, any stream.

@@ -14,6 +14,10 @@ would pick, on one H200 (bench/gpu/NOTES.md has the floors and the versions).
          Phase split of the core call (phase_split: pre-pass only, core only, no launch,
          host wall of one call, and the same with MF_APPLY_CACHE=0, the per-call scratch
          of before) and the warpgroup tiles the pairing masks whole (union_waste).
+         A/B of the core's block-64 tiles: the same call with MF_CORE_GATHER=0 (the
+         64-key-tile kernel instead of gathered 128-key tiles): "BN-64 kernel" ms, its
+         core-only ms and rel err vs v2; "phantom halves": the share of the gathered
+         tiles' 64-key halves that pad an odd union (union_waste).
   mix:   (--mix-ns) one layer of 8 prob / 16 mask / 8 compute heads against the sum of each
          mode's heads run alone (MF_APPLY_ONLY), FP8 rows, prob heads on v2 (bench_mix).
   masses: mf_attention_masses_cuda (O, LSE and B = 64 block masses in one pass) vs cuDNN
@@ -488,6 +492,19 @@ def bench_mask(lib, n, dens, reps, rng, flex, log):
         st = lib.mf_apply_cuda_impl(C.byref(a), IMPL_CORE, stream, C.byref(why))
         if st != 0:
             raise RuntimeError(f"mf_apply_cuda core {st} {why.value}")
+
+    def bn64_run():  # the A/B: block-64 lists on the 64-key-tile kernel (no gather)
+        o.fill_(float("nan"))
+        core_call()
+        torch.cuda.synchronize()
+        return o.clone(), timeit(core_call, reps)[0]
+    gather_off = {"MF_CORE_GATHER": "0"}
+    ob, rec["bn64_ms"] = with_env(gather_off, bn64_run)
+    rec["bn64_TFLOPs"] = flops / rec["bn64_ms"] / 1e9
+    rec["bn64_rel_vs_v2"] = float((ob - outs["v2"]).norm() / outs["v2"].norm())
+    rec["bn64_phase_core_ms"] = with_env(dict(gather_off, MF_APPLY_PHASE="core"),
+                                         lambda: timeit(core_call, reps))[0]
+    del ob
     rec.update(phase_split(lib, core_call, reps))
     rec.update(union_waste(keep))
     if flex is not None:
@@ -584,18 +601,23 @@ def union_waste(keep):
     """The core's 128-row tiles pair 64-blocks 2m, 2m + 1 and walk the union of their kept
     sets; a warpgroup masks whole the tiles only its partner kept. keep[h, i, j] is exactly
     what the pre-pass writes here (W = identity, top_p 1, the pattern has blocks 0 and i),
-    so these counts are the kernel's: warpgroup-tiles walked, of them masked whole."""
+    so these counts are the kernel's: warpgroup-tiles walked, of them masked whole; and the
+    gathered 128-key tiles' phantom halves (one per odd union) among the halves computed."""
     h, nb, _ = keep.shape
     a = keep[:, 0:nb - nb % 2:2, :]
     b = keep[:, 1:nb - nb % 2:2, :]
     u = a | b
     walked = 2 * int(u.sum())
     masked = int((u & ~a).sum() + (u & ~b).sum())
+    counts = u.sum(axis=2)
     if nb % 2:  # the last block alone: its partner row is empty, the other warpgroup idles
         walked += 2 * int(keep[:, nb - 1, :].sum())
         masked += int(keep[:, nb - 1, :].sum())
+        counts = np.concatenate([counts, keep[:, nb - 1, :].sum(axis=1)[:, None]], axis=1)
+    phantoms = int((counts % 2).sum())
     return {"wg_tiles_walked": walked, "wg_tiles_masked": masked,
-            "masked_share": masked / max(walked, 1)}
+            "masked_share": masked / max(walked, 1), "gather_phantoms": phantoms,
+            "phantom_share": phantoms / max(int(counts.sum()) + phantoms, 1)}
 
 
 def bench_mix(lib, n, dens, reps, log):
@@ -670,19 +692,27 @@ def table(res, log):
                 f"(failed {r['export_failed']:#x}) | {r['export_rows_same_as_extract']}/"
                 f"{r['N'] // B} | {r['export_rel_vs_sdpa']:.1e} |")
     if res["mask"]:
-        log("\n| N | density | core ms (TFLOP/s) | v2 ms | flex128 ms | flex64 ms | core vs flex128 |"
-            " core/cuDNN per block | rel vs v2 |")
-        log("|---|---|---|---|---|---|---|---|---|")
+        log("\n| N | density | core ms (TFLOP/s) | BN-64 kernel ms (TFLOP/s) | core / BN-64 |"
+            " core only ms (BN-64) | v2 ms | flex128 ms | flex64 ms | core vs flex128 |"
+            " core/cuDNN per block (BN-64) | rel vs v2 (BN-64) | phantom halves |")
+        log("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     dense = {r["N"]: r for r in res["dense"]}
     for r in res["mask"]:
         f128, f64 = r.get("flex128_ms"), r.get("flex64_ms")
         sd = dense.get(r["N"])
         per_block = r["core_TFLOPs"] / sd["sdpa_TFLOPs"] if sd else float("nan")
+        b64 = r.get("bn64_ms")  # absent in JSON from before the gather A/B
+        b64_block = r["bn64_TFLOPs"] / sd["sdpa_TFLOPs"] if sd and b64 else float("nan")
         log(f"| {r['N']} | {r['density']:.3f} | {r['core_ms']:.3f} ({r['core_TFLOPs']:.0f}) | "
-            f"{r['v2_ms']:.3f} | {f128 if f128 is None else round(f128, 3)} | "
+            + (f"{b64:.3f} ({r['bn64_TFLOPs']:.0f}) | {r['core_ms'] / b64:.3f} | "
+               f"{r['phase_core_ms']:.3f} ({r['bn64_phase_core_ms']:.3f}) | " if b64
+               else "- | - | - | ")
+            + f"{r['v2_ms']:.3f} | {f128 if f128 is None else round(f128, 3)} | "
             f"{f64 if f64 is None else round(f64, 3)} | "
-            f"{(f128 / r['core_ms']) if f128 else float('nan'):.2f}x | {per_block:.2f} | "
-            f"{r['core_rel_vs_v2']:.1e} |")
+            f"{(f128 / r['core_ms']) if f128 else float('nan'):.2f}x | {per_block:.2f} "
+            f"({b64_block:.2f}) | {r['core_rel_vs_v2']:.1e} "
+            f"({r.get('bn64_rel_vs_v2', float('nan')):.1e}) | "
+            f"{100 * r.get('phantom_share', float('nan')):.1f} % |")
     if any("phase_prepass_ms" in r for r in res["mask"]):
         log("\n| N | density | core call ms | before ms | pre-pass only ms (v1) | core only ms |"
             " no launch ms | host wall µs (ctypes alone) | MF_APPLY_CACHE=0: call ms / no launch"

@@ -14,11 +14,16 @@
  *            counted apart); 0 above the diagonal; bad arguments refused.
  *   apply:   ‖O − O_ref‖ / ‖O_ref‖ ≤ 2e-3 per head mode, every element written; each case
  *            runs both implementations (core: the sm_90a core for mask / compute heads with
- *            v2 for prob heads; v2 alone) and checks that the removed v3 is refused,
+ *            v2 for prob heads; v2 alone; at B = 64 also the core with MF_CORE_GATHER=0) and
+ *            checks that the removed v3 is refused,
  *            with head modes mixed inside a KV group or uniform per group. The core path
  *            also runs with its bench switches (per-call scratch, the old pre-pass, each mode
  *            alone) and on two streams at once: outputs bit-identical to its own run's; a
  *            prob-only layer (v2 alone under the core) with one wrong row, vs the reference.
+ *            B = 64 unions on the core (gathered two list entries a 128-key tile): every pair
+ *            of query blocks keeps different sets (2m + 1's diagonal block is its own); a
+ *            last tile holding one query block (N = 805, 700, small 300) walks 0..2m, an odd
+ *            count (the phantom half); mask-head pairs give either parity from Top-P.
  * One line per case, a summary table last; exit status 1 on any failure.
  *   export:  mf_export_cuda (the fused forward's masses → extract's selection, encoding and
  *            seal): rows as extract's are checked against mf_extract_ref (above), masses
@@ -1204,12 +1209,17 @@ static int check_apply(const app_case_t *c, uint64_t seed)
     uint32_t *dbad;
     CK(cudaMalloc((void **)&d_o, on * 4));
     CK(cudaMalloc((void **)&dbad, 4));
-    static const struct { const char *label; mf_apply_impl_t impl; } impls[] = {
-        { "core", MF_APPLY_IMPL_CORE },
-        { "v2", MF_APPLY_IMPL_V2 },
+    /* core BN64: MF_CORE_GATHER=0, block-64 lists on the 64-key-tile kernel instead of the
+     * gathered 128-key tiles (the bench's A/B; not bit-identical: other summation order) */
+    static const struct { const char *label; mf_apply_impl_t impl; int gather_off; } impls[] = {
+        { "core", MF_APPLY_IMPL_CORE, 0 },
+        { "core BN64", MF_APPLY_IMPL_CORE, 1 },
+        { "v2", MF_APPLY_IMPL_V2, 0 },
     };
     int pass = 1;
     for (size_t v = 0; v < sizeof(impls) / sizeof(impls[0]); v++) {
+        if (impls[v].gather_off && c->b != 64)
+            continue;
         char label[128];
         snprintf(label, sizeof(label), "apply %s %s", impls[v].label, base);
         name = label;
@@ -1219,14 +1229,17 @@ static int check_apply(const app_case_t *c, uint64_t seed)
         mf_apply_cuda_args_t ga = { .rows = dptr, .n_rows = full, .map = &map, .tgt = tgt.dev,
                                     .block_size = c->b, .exact = exact, .exact_first = 0,
                                     .exact_last = 1, .o = d_o, .bad_rows = dbad };
+        if (impls[v].gather_off)
+            setenv("MF_CORE_GATHER", "0", 1);
         mf_status_t st = mf_apply_cuda_impl(&ga, impls[v].impl, 0, &why);
+        unsetenv("MF_CORE_GATHER");
         if (st != MF_OK)
             printf("%s: mf_apply_cuda: %s (%s)\n", name, mf_status_name(st), why);
         CK(cudaDeviceSynchronize());
         CK(cudaGetLastError());
         CK(cudaMemcpy(o_gpu, d_o, on * 4, cudaMemcpyDeviceToHost));
         CK(cudaMemcpy(&bad, dbad, 4, cudaMemcpyDeviceToHost));
-        if (impls[v].impl == MF_APPLY_IMPL_CORE)
+        if (impls[v].impl == MF_APPLY_IMPL_CORE && !impls[v].gather_off)
             memcpy(o_core, o_gpu, on * 4);
         /* error per mode (a head's rows in exact blocks count as compute) */
         double num[3] = { 0 }, den[3] = { 0 };
@@ -1375,7 +1388,8 @@ int main(int argc, char **argv)
         cases = 3;
     } else if (small) {
         ext_case_t e = { MF_DTYPE_F16, 64, 64, 256, 4, 2, MF_CODEC_FP8_E4M3, 0, 0.9f };
-        app_case_t a = { MF_DTYPE_F16, 64, 64, 200, 4, 2, 4, MF_CODEC_FP8_E4M3, 0 };
+        /* N 300: 5 blocks, the last 128-row tile block 4 alone (exact: union 0..4, odd) */
+        app_case_t a = { MF_DTYPE_F16, 64, 64, 300, 4, 2, 4, MF_CODEC_FP8_E4M3, 0 };
         app_case_t a1 = { MF_DTYPE_BF16, 64, 128, 200, 8, 2, 4, MF_CODEC_FP16, 1 };
         fails += !check_extract(&e, seed);
         fails += !check_apply(&a, seed + 1);
