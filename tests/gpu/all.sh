@@ -33,7 +33,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 
 # name | seconds | command
 steps=(
-  "kernels-check|90|bash tests/gpu/run.sh"
+  "kernels-check|${KCHECK_LIMIT:-120}|bash tests/gpu/run.sh"
   "tier-smoke|75|bash tests/gpu/tier_smoke.sh 1g"
   "worker-check|35|bash tests/gpu/worker_check.sh"
   "dlpack|40|${PYTHON:-python3} tests/gpu/test_dlpack_gpu.py"
