@@ -15,7 +15,8 @@
  * With the core (MF_APPLY_IMPL_CORE, sm_90, B ∈ {64, 128}) this kernel runs prob blocks only
  * (p.core): prepass_kernel decides each (query block, head)'s mode the same way, writes the
  * mask / compute blocks' key-block bitmaps for the sm_90a core (attn_core.cu) and counts the
- * bad rows. */
+ * bad rows; in a layer with both, v2 runs on an internal per-device stream forked from the
+ * caller's and joined back before the call's work ends on the caller's stream. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -514,6 +515,12 @@ struct dev_cache {
     size_t dev_cap = 0, pin_cap = 0;
     cudaEvent_t copied = nullptr, done = nullptr; /* after the last call's copy / launches */
     bool used = false;
+    /* A layer with prob heads and core heads: v2 (prob blocks) runs on `side`, forked from
+     * and joined back to the caller's stream, so it fills the SMs the core's last wave
+     * leaves idle (the two write disjoint blocks of O; v2 reads only the constants). */
+    cudaStream_t side = nullptr;
+    cudaEvent_t fork = nullptr, join = nullptr;
+    bool side_failed = false; /* creation failed once: run in sequence from then on */
 };
 #define MAX_CACHED_DEVICES 16 /* devices past this allocate per call */
 dev_cache g_cache[MAX_CACHED_DEVICES];
@@ -590,6 +597,31 @@ mf_status_t scratch_get(call_scratch *cs, dev_cache *c, size_t dev_bytes, size_t
         return MF_RESOURCE_EXHAUSTED;
     }
     return MF_OK;
+}
+
+/* c's side stream and its fork / join events, made on first use (the cache's mutex is
+ * held); false when they cannot be had (the call then runs v2 after the core on s). */
+bool side_ready(dev_cache *c)
+{
+    if (!c || c->side_failed)
+        return false;
+    if (c->side)
+        return true;
+    if (cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking) == cudaSuccess &&
+        cudaEventCreateWithFlags(&c->fork, cudaEventDisableTiming) == cudaSuccess &&
+        cudaEventCreateWithFlags(&c->join, cudaEventDisableTiming) == cudaSuccess)
+        return true;
+    if (c->join)
+        cudaEventDestroy(c->join);
+    if (c->fork)
+        cudaEventDestroy(c->fork);
+    if (c->side)
+        cudaStreamDestroy(c->side);
+    c->side = nullptr;
+    c->fork = c->join = nullptr;
+    c->side_failed = true;
+    (void)cudaGetLastError();
+    return false;
 }
 
 /* The call's launches are queued on s: hand the scratch back. */
@@ -724,6 +756,14 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
             p.n_rows = a->n_rows;
             p.nb_all = all;
             p.scale_log2 = MF_LOG2E / sqrtf((float)a->tgt.head_dim);
+            bool v2_needed = any_prob || (!use_core && any_other);
+            /* v2 beside the core: on the cache's side stream, after the constants' copy */
+            cudaStream_t v2s = s;
+            if (use_core && any_prob && bs.phase == PHASE_ALL && side_ready(cache) &&
+                cudaEventRecord(cache->fork, s) == cudaSuccess &&
+                cudaStreamWaitEvent(cache->side, cache->fork, 0) == cudaSuccess)
+                v2s = cache->side;
+            (void)cudaGetLastError();
             if (use_core) {
                 uint32_t *keep = (uint32_t *)(cs.dev + o_keep);
                 if (bs.phase == PHASE_ALL || bs.phase == PHASE_PREPASS) {
@@ -748,11 +788,18 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
                 p.nh = n_prob;
             }
             /* v2: every block, or the prob heads' only with the core */
-            if (st == MF_OK && (any_prob || (!use_core && any_other)) && bs.phase == PHASE_ALL) {
+            if (st == MF_OK && v2_needed && bs.phase == PHASE_ALL) {
                 if (a->tgt.dtype == MF_DTYPE_F16)
-                    st = launch_t<__half>(p, b, a->tgt.head_dim, s);
+                    st = launch_t<__half>(p, b, a->tgt.head_dim, v2s);
                 else
-                    st = launch_t<__nv_bfloat16>(p, b, a->tgt.head_dim, s);
+                    st = launch_t<__nv_bfloat16>(p, b, a->tgt.head_dim, v2s);
+            }
+            if (v2s != s) { /* join, whatever happened: s must not run ahead of side */
+                mf_status_t sj = cuda_status(cudaEventRecord(cache->join, v2s), why);
+                if (sj == MF_OK)
+                    sj = cuda_status(cudaStreamWaitEvent(s, cache->join, 0), why);
+                if (st == MF_OK)
+                    st = sj;
             }
             if (st == MF_INTERNAL && !**why)
                 *why = "could not raise the kernel's shared-memory limit";
