@@ -24,6 +24,7 @@
 
 #include "apply_internal.cuh"
 #include "attn_core.cuh"
+#include "dev_cache.cuh"
 
 using namespace mfc;
 
@@ -434,19 +435,6 @@ mf_status_t check_map(const mf_layer_map_t *m, uint32_t ht, const char **why)
     return MF_OK;
 }
 
-/* A switch from the environment: the index of its value in names[0..n), -1 when unset or
- * empty, -2 when set to anything else. */
-int env_choice(const char *var, const char *const *names, int n)
-{
-    const char *e = getenv(var);
-    if (!e || !*e)
-        return -1;
-    for (int x = 0; x < n; x++)
-        if (!strcmp(e, names[x]))
-            return x;
-    return -2;
-}
-
 /* DEFAULT → MF_APPLY_IMPL (core | v2) from the environment, else the built-in default. */
 mf_status_t resolve_impl(mf_apply_impl_t *impl, const char **why)
 {
@@ -500,111 +488,9 @@ mf_status_t read_switches(bench_switches *b, const char **why)
     return MF_OK;
 }
 
-/* The scratch of one call: device constants | keep bitmaps, and the host image of the
- * constants. Cached per device and grown on demand (a per-call cudaMallocAsync gets memory
- * the default pool trimmed at the last synchronisation mapped again, on the host, before
- * the first launch: bench/gpu/NOTES.md). The cache's mutex is held for the whole host part
- * of a call; each call's stream first waits (on the device) for the previous call's
- * launches, so calls sharing the scratch never overlap on the GPU, whatever the streams. The
- * constants go through pinned staging unless the previous call's copy out of it is still
- * pending (then pageable memory, as before). */
-struct dev_cache {
-    std::mutex mu;
-    uint8_t *dev = nullptr, *pin = nullptr;
-    size_t dev_cap = 0, pin_cap = 0;
-    cudaEvent_t copied = nullptr, done = nullptr; /* after the last call's copy / launches */
-    bool used = false;
-};
-#define MAX_CACHED_DEVICES 16 /* devices past this allocate per call */
+/* The scratch of one call (device constants | keep bitmaps, and the host image of the
+ * constants): this launcher's table of dev_cache.cuh. */
 dev_cache g_cache[MAX_CACHED_DEVICES];
-
-struct call_scratch {
-    dev_cache *c = nullptr;   /* null: per-call allocation */
-    uint8_t *dev = nullptr, *host = nullptr;
-    bool pinned = false;
-};
-
-mf_status_t scratch_get(call_scratch *cs, dev_cache *c, size_t dev_bytes, size_t host_bytes,
-                        cudaStream_t s, const char **why)
-{
-    cs->c = c;
-    if (!c) {
-        cs->host = (uint8_t *)calloc(1, host_bytes);
-        if (!cs->host) {
-            *why = "out of host memory for apply constants";
-            return MF_RESOURCE_EXHAUSTED;
-        }
-        return cuda_status(cudaMallocAsync((void **)&cs->dev, dev_bytes, s), why);
-    }
-    mf_status_t st = MF_OK;
-    if (!c->done) {
-        st = cuda_status(cudaEventCreateWithFlags(&c->copied, cudaEventDisableTiming), why);
-        if (st == MF_OK)
-            st = cuda_status(cudaEventCreateWithFlags(&c->done, cudaEventDisableTiming), why);
-        if (st != MF_OK) {
-            if (c->copied)
-                cudaEventDestroy(c->copied);
-            c->copied = c->done = nullptr;
-            return st;
-        }
-    }
-    if (c->used) /* also on the same stream: a destroyed stream's handle can come back */
-        st = cuda_status(cudaStreamWaitEvent(s, c->done, 0), why);
-    if (st == MF_OK && c->dev_cap < dev_bytes) { /* grow: the old one is freed in stream order */
-        size_t cap = cmax(dev_bytes, 2 * c->dev_cap);
-        cap = (cap + 65535) & ~(size_t)65535;
-        if (c->dev)
-            cudaFreeAsync(c->dev, s);
-        c->dev = nullptr;
-        c->dev_cap = 0;
-        st = cuda_status(cudaMallocAsync((void **)&c->dev, cap, s), why);
-        if (st == MF_OK)
-            c->dev_cap = cap;
-    }
-    if (st != MF_OK)
-        return st;
-    cs->dev = c->dev;
-    if (cudaEventQuery(c->copied) == cudaSuccess) { /* staging free (or never used) */
-        if (c->pin_cap < host_bytes) {
-            size_t cap = (cmax(host_bytes, 2 * c->pin_cap) + 4095) & ~(size_t)4095;
-            if (c->pin)
-                cudaFreeHost(c->pin);
-            c->pin = nullptr;
-            c->pin_cap = 0;
-            if (cudaMallocHost((void **)&c->pin, cap) == cudaSuccess)
-                c->pin_cap = cap;
-            else
-                c->pin = nullptr;
-        }
-        if (c->pin) {
-            cs->host = c->pin;
-            cs->pinned = true;
-            memset(cs->host, 0, host_bytes);
-            return MF_OK;
-        }
-    }
-    (void)cudaGetLastError(); /* a pending query or a failed pinned allocation is not an error */
-    cs->host = (uint8_t *)calloc(1, host_bytes);
-    if (!cs->host) {
-        *why = "out of host memory for apply constants";
-        return MF_RESOURCE_EXHAUSTED;
-    }
-    return MF_OK;
-}
-
-/* The call's launches are queued on s: hand the scratch back. */
-void scratch_put(call_scratch *cs, cudaStream_t s)
-{
-    if (!cs->c) {
-        if (cs->dev)
-            cudaFreeAsync(cs->dev, s);
-    } else if (cs->dev) {
-        cudaEventRecord(cs->c->done, s);
-        cs->c->used = true;
-    }
-    if (!cs->pinned)
-        free(cs->host);
-}
 
 } /* namespace */
 
@@ -661,11 +547,7 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
     uint32_t words = (all + 31) / 32;
     size_t host_used = sc.used, o_keep = use_core ? sc.take((size_t)ht * all * words * 4) : 0;
     cudaStream_t s = stream;
-    int dev = -1;
-    dev_cache *cache = nullptr;
-    if (bs.cache && cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < MAX_CACHED_DEVICES)
-        cache = &g_cache[dev];
-    (void)cudaGetLastError();
+    dev_cache *cache = dev_cache_of(g_cache, bs.cache);
     std::unique_lock<std::mutex> lock;
     if (cache)
         lock = std::unique_lock<std::mutex>(cache->mu);
@@ -699,10 +581,7 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
          * turns out unusable itself), no pre-pass and no grid of empty core tiles. */
         if (!any_other && !(any_prob && any_exact))
             use_core = false;
-        st = cuda_status(cudaMemcpyAsync(cs.dev, host, host_used, cudaMemcpyHostToDevice, s),
-                         why);
-        if (st == MF_OK && cache)
-            st = cuda_status(cudaEventRecord(cache->copied, s), why);
+        st = scratch_upload(&cs, host_used, s, why);
         if (st == MF_OK) {
             app_params p;
             memset(&p, 0, sizeof(p));

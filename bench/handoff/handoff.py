@@ -310,6 +310,7 @@ class Store:
         self.batch_ok = True
         self.region_ok = os.environ.get("HANDOFF_PUT", "region") != "batch"
         self.fake = None
+        self.put_stream = None  # the put thread's own CUDA stream (_put_region)
         # several puts in flight: each is two round trips plus the daemon's check
         self.pool = ThreadPoolExecutor(4) if self.path == "gpu" else None
 
@@ -375,27 +376,32 @@ class Store:
         self._put_ptrs([base + o for o in rows.offs], sizes)
 
     def _put_region(self, rows, ptrs, sizes):
-        """One layer's rows into one put region: reserve, copy each row from the
-        exporter's buffer to its place in the GPU arena (device to device), commit; the
-        daemon checks every row before it is visible."""
+        """One layer's rows into one put region: reserve, copy the rows from the
+        exporter's buffer to their places in the GPU arena in one call (mf_rows_copy_cuda:
+        one launch on this thread's own stream, after the event the source recorded right
+        after the layer's export; only that copy is waited for), commit; the daemon checks
+        every row before it is visible. --dry: the reference copy (fake driver: device
+        memory is host memory)."""
+        from mapflow import kernels as K
         model, layer = rows.key
         reg = self.ch.put_region(model, layer, sizes)
         try:
             dst = reg.rows
-            if self.dry:  # fake driver: device memory is host memory
-                for d, p, n in zip(dst, ptrs, sizes):
-                    C.memmove(d, p, n)
+            if self.dry:
+                K.rows_copy_ref(dst, ptrs, sizes)
             else:
-                t = self.t
-                span = dst[-1] + sizes[-1] - dst[0]
-                ordered = all(dst[i] + sizes[i] <= dst[i + 1] for i in range(len(dst) - 1))
-                if ordered:  # one view of the whole block, sliced per row
-                    view = t.as_tensor(_DevBytes(dst[0], span), device=rows.buf.device)
-                for i, (d, o, n) in enumerate(zip(dst, rows.offs, sizes)):
-                    to = (view[d - dst[0]:d - dst[0] + n] if ordered else
-                          t.as_tensor(_DevBytes(d, n), device=rows.buf.device))
-                    to.copy_(rows.buf[o:o + n])
-                t.cuda.current_stream(rows.buf.device).synchronize()
+                t, dev = self.t, rows.buf.device
+                if self.put_stream is None:
+                    self.put_stream = t.cuda.Stream(dev)
+                ready = getattr(rows, "ready", None)
+                if ready is not None:
+                    self.put_stream.wait_event(ready)
+                else:  # rows without the source's event: everything queued before now
+                    self.put_stream.wait_stream(t.cuda.current_stream(dev))
+                K.rows_copy_cuda(dst, ptrs, sizes, stream=self.put_stream)
+                done = t.cuda.Event()
+                done.record(self.put_stream)
+                done.synchronize()
             res = reg.commit()
         finally:
             reg.close()
@@ -507,14 +513,6 @@ class Store:
         except Exception as e:  # noqa: BLE001
             log("delete_model %s: %s" % (model, e))
             return 0
-
-
-class _DevBytes:
-    """n bytes of device memory at ptr, for torch.as_tensor (CUDA array interface)."""
-
-    def __init__(self, ptr, n):
-        self.__cuda_array_interface__ = {"shape": (int(n),), "typestr": "|u1",
-                                         "data": (int(ptr), False), "version": 3}
 
 
 class Putter:
@@ -760,6 +758,7 @@ class Bench:
                 if self.cuda:
                     e.record()
                     evs.append((s, e))
+                    rows.ready = e  # the put thread's copy waits for this, not the stream
                 else:
                     evs.append(time.perf_counter() - tt)
                 putter.submit(slot, rows)
@@ -785,20 +784,27 @@ class Bench:
                      lse_used):
         """--exporter fused: one exported layer through mf_export_cuda (O, LSE, masses,
         rows, seal), timed like extract (CUDA events: here they cover the attention too);
-        the rows go to the put thread, O (fp32) back to the model's dtype."""
+        O comes in the model's dtype from the kernel (o_dtype: no fp32 O, no cast; the
+        environment's HANDOFF_O_FP32=1 casts an fp32 O as before, for an A/B run); the rows
+        go to the put thread with the event recorded right after the export."""
         t = self.t
         slot = putter.slot(k[0])
         k[0] += 1
         s, e = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
         s.record()
+        fp32 = os.environ.get("HANDOFF_O_FP32") == "1"
         o, _, rows = self.with_entries(
             lambda e: self.be.export(q, kk, v, top_p, codec, i, tok32, ("src", slot),
-                                     entries=e, model=model, ns=NS.encode()), entries)
-        out = o.view(q.shape[0], -1).to(q.dtype)
+                                     entries=e, model=model, ns=NS.encode(),
+                                     o_dtype=None if fp32 else q.dtype), entries)
+        out = o.view(q.shape[0], -1)
+        if fp32:
+            out = out.to(q.dtype)
         e.record()
         evs.append((s, e))
         lse_used[0] += 1
         rows.key = (model, i)
+        rows.ready = e
         putter.submit(slot, rows)
         return out
 
