@@ -836,9 +836,22 @@ extern "C" mf_status_t mf_export_cuda(const mf_export_cuda_args_t *a, mf_cuda_st
     size_t core_bytes = a->scratch ? a->scratch_bytes : core_n ? sc.used - o_core : 0;
     st = masses_run(&q, 64, a->o, a->o_dtype != MF_DTYPE_F32, g.lse, g.mass, core_scr,
                     core_bytes, stream, why);
+    /* rows_stream: the rows' launches wait for the forward there, and `stream` is free
+     * for the layer's next work at once (our scratch is then freed in the rows' order) */
+    cudaStream_t rs = a->rows_stream ? (cudaStream_t)a->rows_stream : s;
+    if (st == MF_OK && rs != s) {
+        cudaEvent_t fwd;
+        st = cuda_status(cudaEventCreateWithFlags(&fwd, cudaEventDisableTiming), why);
+        if (st == MF_OK) {
+            st = cuda_status(cudaEventRecord(fwd, s), why);
+            if (st == MF_OK)
+                st = cuda_status(cudaStreamWaitEvent(rs, fwd, 0), why);
+            cudaEventDestroy(fwd); /* released once the wait is past it */
+        }
+    }
     if (st == MF_OK)
-        st = extract_run(x, &g, 1, 0, s, why);
+        st = extract_run(x, &g, 1, 0, rs, why);
     if (sc.base)
-        cudaFreeAsync(sc.base, s);
+        cudaFreeAsync(sc.base, st == MF_OK ? rs : s);
     return st;
 }

@@ -96,6 +96,11 @@ typedef struct mf_export_cuda_args {
     mf_dtype_t o_dtype;      /* O's element type: MF_DTYPE_F32 (0, the default) or ex.src.dtype
                               * (O rounded once from the fp32 accumulators: the model's own
                               * dtype, so the source needs no fp32 O and no cast) */
+    mf_cuda_stream_t rows_stream; /* optional: the rows' launches (selection … seal, and
+                              * the writes of ex.sizes / ex.failed_block) go to this stream,
+                              * after the forward (an event), so `stream` goes on with O at
+                              * once; NULL: all on `stream`. LSE, masses and the row
+                              * buffers are then in use until rows_stream passes the call */
 } mf_export_cuda_args_t;
 
 /*

@@ -26,7 +26,8 @@
  *            last block, a sub-range of rows, caller-given (poisoned) and self-allocated
  *            scratch; bad arguments refused with nothing written; O in the inputs' dtype
  *            (o_dtype): within float64 plus one rounding and bit-equal to the same call's
- *            fp32 O rounded to nearest.
+ *            fp32 O rounded to nearest; with rows_stream (the rows on a second stream) the
+ *            same rows, byte for byte.
  *   rows copy: mf_rows_copy_cuda vs mf_rows_copy_ref on random sizes / offsets: the whole
  *            destination equal (nothing outside the rows written); bad arguments refused.
  *   sample:  mf_extract_cuda with MF_EXTRACT_SAMPLE (the strided query sample) as extract
@@ -528,23 +529,43 @@ static int check_extract(const ext_case_t *c, uint64_t seed)
         report(name, "rel err O", rel, otol, rel <= otol);
         report(name, "LSE max |err|", lerr, 1e-3, lerr <= 1e-3);
         pass &= unwritten + above == 0 && rel <= otol && lerr <= 1e-3;
-        if (c->o_t) { /* the same call with an fp32 O: T must be its round-to-nearest */
+        if (c->o_t) {
+            /* the same call with an fp32 O, its rows on a second stream (rows_stream):
+             * T must be the fp32 O rounded to nearest, the rows the same bytes */
             float *d_o32, *o32 = malloc(on * 4);
+            uint8_t *rows2 = malloc(gpu.total);
+            uint64_t *sizes2 = malloc(gpu.nq * 8);
+            cudaStream_t rs;
+            CK(cudaStreamCreateWithFlags(&rs, cudaStreamNonBlocking));
             CK(cudaMalloc((void **)&d_o32, on * 4));
             CK(cudaMemset(d_o32, 0xff, on * 4));
+            CK(cudaMemset(drows, 0xa5, gpu.total));
+            CK(cudaMemset(dsizes, 0xff, gpu.nq * 8));
+            CK(cudaDeviceSynchronize());
             mf_export_cuda_args_t x32 = xa;
             x32.o = d_o32;
             x32.o_dtype = MF_DTYPE_F32;
+            x32.rows_stream = (mf_cuda_stream_t)rs;
             st = mf_export_cuda(&x32, 0, &why);
+            CK(cudaStreamSynchronize(rs)); /* the rows' launches and the free of scratch */
             CK(cudaDeviceSynchronize());
             CK(cudaMemcpy(o32, d_o32, on * 4, cudaMemcpyDeviceToHost));
-            size_t differ = st == MF_OK ? 0 : on;
+            CK(cudaMemcpy(rows2, drows, gpu.total, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(sizes2, dsizes, gpu.nq * 8, cudaMemcpyDeviceToHost));
+            size_t differ = st == MF_OK ? 0 : on, rdiff = st == MF_OK ? 0 : 1;
             for (size_t x = 0; x < on && st == MF_OK; x++)
                 differ += to16(o32[x], c->dt) != ot[x];
+            for (uint32_t k = 0; k < gpu.nq && st == MF_OK; k++)
+                rdiff += sizes2[k] != gsizes[k] ||
+                         memcmp(rows2 + gpu.off[k], gpu.host + gpu.off[k], gsizes[k]) != 0;
             report(name, "O=T vs rn(fp32 O)", (double)differ, 0, differ == 0);
-            pass &= differ == 0;
+            report(name, "rows_stream rows diff", (double)rdiff, 0, rdiff == 0);
+            pass &= differ == 0 && rdiff == 0;
+            CK(cudaStreamDestroy(rs));
             cudaFree(d_o32);
             free(o32);
+            free(rows2);
+            free(sizes2);
         }
         free(ot);
         free(o);

@@ -12,7 +12,8 @@ tests/python/test_kernels_py.py). Fresh random inputs each run, fp16 and bf16:
   ‖O_ref‖ ≤ 2e-3; with no rows it is dense attention;
 - export_cuda (the fused forward + extract's selection): O / LSE vs float64, masses vs
   extract_cuda's, rows that decode with extract_ref's headers; with o_dtype = q's dtype
-  O equals the fp32 O rounded to nearest;
+  O equals the fp32 O rounded to nearest; with rows_stream the rows (PendingRows.wait)
+  are the same bytes;
 - rows_copy_cuda on a side stream equals rows_copy_ref's copy, nothing else written;
 - extract_cuda with sample_stride (the strided query sample, the engine's LSE given):
   masses within 1e-3 of the float64 sampled masses (and not the exact ones), rows that
@@ -218,6 +219,14 @@ class KernelsCuda(unittest.TestCase):
             self.assertTrue(torch.equal(ot, o.to(dtype)), dtype)
             self.assertIsNone(rows_t.mass)
             self.assertEqual(rows_t.sizes, rows.sizes)
+            # the rows' launches on a second stream: the same rows once waited for
+            side = torch.cuda.Stream()
+            _, _, pend = K.export_cuda(q, k, v, scratch=scratch, o_dtype=dtype,
+                                       rows_stream=side, **ex)
+            rows_s = pend.wait(torch.cuda.Stream())
+            self.assertEqual(rows_s.sizes, rows.sizes)
+            for a, b_ in zip(rows_s.host(), rows.host()):
+                self.assertTrue(np.array_equal(a, b_))
         with self.assertRaises(mapflow.InvalidArgument) as cm:
             K.export_cuda(q, k, v, scratch=torch.empty(8, dtype=torch.uint8, device="cuda"),
                           **ex)

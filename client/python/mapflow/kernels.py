@@ -47,7 +47,7 @@ except ImportError:  # the reference calls need NumPy; the CUDA calls need torch
 
 __all__ = ["extract_ref", "apply_ref", "attention_dense_ref", "extract_cuda", "apply_cuda",
            "attention_dense_cuda", "cuda_supported", "export_cuda", "rows_copy_ref",
-           "rows_copy_cuda", "library", "Rows", "RowOverflow", "RowView",
+           "rows_copy_cuda", "PendingRows", "library", "Rows", "RowOverflow", "RowView",
            "Qkv", "LayerMap", "ExtractArgs", "ApplyArgs", "ApplyStats", "ExtractCudaArgs",
            "ExportCudaArgs", "ApplyCudaArgs", "EXTRACT_SAMPLE",
            "CODECS", "COMPUTE", "PROB", "MASK", "F32", "F16", "BF16",
@@ -119,7 +119,7 @@ class ExportCudaArgs(C.Structure):
     _c_type_ = "mf_export_cuda_args_t"
     _fields_ = [("ex", ExtractCudaArgs), ("o", C.c_void_p), ("lse", C.c_void_p),
                 ("mass", C.c_void_p), ("scratch", C.c_void_p), ("scratch_bytes", C.c_size_t),
-                ("o_dtype", C.c_int)]
+                ("o_dtype", C.c_int), ("rows_stream", C.c_void_p)]
 
 
 class ApplyCudaArgs(C.Structure):
@@ -698,14 +698,17 @@ def export_cuda(q: Any, k: Any, v: Any, *, top_p: float, tokens: Any, model: Any
                 codec: Any = "mask", layer: int = 0, i0: int = 0, i1: Optional[int] = None,
                 caps: Optional[Sequence[int]] = None, buf: Any = None,
                 want_mass: bool = False, scratch: Any = None, o_dtype: Any = None,
-                lib: Optional[str] = None) -> Tuple[Any, Any, "Rows"]:
+                rows_stream: Any = None, lib: Optional[str] = None) -> Tuple[Any, Any, Any]:
     """mf_export_cuda, the source's exporter: the layer's dense causal attention and its
     rows in one call (block size 64; sm_90). Returns (O [N, Hq, d], LSE [Hq, N] float32,
     rows as extract_cuda's; want_mass: rows.mass holds the [Hq, N/64, N/64] masses the rows
     were selected from). o_dtype: O's dtype, torch.float32 (None, the default) or q.dtype
     (written by the kernel's epilogue: no fp32 O and no cast for the model). scratch: a
     uint8 CUDA tensor of at least mf_attention_masses_scratch(N) bytes to reuse across
-    layers (else one per call). MapflowError UNIMPLEMENTED off sm_90."""
+    layers (else one per call). rows_stream (a torch.cuda.Stream): the rows' launches go
+    there after the forward, so torch's current stream goes on with O at once; the third
+    value is then a PendingRows (its wait() gives the Rows). MapflowError UNIMPLEMENTED off
+    sm_90."""
     L = library("cuda", lib)
     if v is None:
         raise _bad("export_cuda needs v (the layer's values)")
@@ -728,15 +731,48 @@ def export_cuda(q: Any, k: Any, v: Any, *, top_p: float, tokens: Any, model: Any
                                     scratch.data_ptr() % 256 == 0):
         raise _bad("scratch must be a contiguous, 256-byte aligned uint8 tensor of at least "
                    "%d bytes on %s" % (need, dev))
+    if rows_stream is not None and rows_stream.device != dev:
+        raise _bad("rows_stream is on %s, q on %s" % (rows_stream.device, dev))
     e = ExportCudaArgs(a, o.data_ptr(), lse.data_ptr(), mass.data_ptr(),
                        None if scratch is None else scratch.data_ptr(),
                        0 if scratch is None else scratch.numel(),
-                       F32 if odt == torch.float32 else _mf_dtype(torch, q.dtype))
+                       F32 if odt == torch.float32 else _mf_dtype(torch, q.dtype),
+                       None if rows_stream is None else rows_stream.cuda_stream)
     why = C.c_char_p()
     with torch.cuda.device(dev):
         st = L.mf_export_cuda(C.byref(e), _stream(torch, dev), C.byref(why))
     _check(st, "mf_export_cuda", why)
+    if rows_stream is not None:
+        # what the rows' launches read stays referenced until they are done
+        keep.update(q=q, k=k, lse=lse, all_mass=mass, scratch=scratch)
+        done = torch.cuda.Event()
+        done.record(rows_stream)
+        return o, lse, PendingRows(keep, mass if want_mass else None, rows_stream, done)
     return o, lse, _extract_rows(keep, mass if want_mass else None)
+
+
+class PendingRows:
+    """export_cuda's rows while their launches run on rows_stream. wait(stream) (any
+    thread) waits for the event recorded right after them (not for the stream: later
+    layers' launches may be queued there already), reads the sizes back on `stream`
+    (default rows_stream) and returns the Rows, or raises RowOverflow as export_cuda does;
+    until then this object keeps the tensors those launches read (Q, K, LSE, masses,
+    scratch, the row buffer) referenced, so torch's allocator cannot hand them out while
+    they are in use."""
+
+    def __init__(self, keep: Dict[str, Any], mass: Any, stream: Any, done: Any):
+        self._keep, self._mass, self.stream, self.done = keep, mass, stream, done
+        self.buf = keep["buf"]  # the rows' buffer (reusable once wait() has returned)
+        self._rows: Optional[Rows] = None
+
+    def wait(self, stream: Any = None) -> "Rows":
+        if self._rows is None:
+            torch = self._keep["torch"]
+            self.done.synchronize()
+            with torch.cuda.stream(self.stream if stream is None else stream):
+                rows = _extract_rows(self._keep, self._mass)
+            self._rows, self._keep = rows, None
+        return self._rows
 
 
 def _mf_dtype(torch: Any, dt: Any) -> int:
