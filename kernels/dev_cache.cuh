@@ -1,6 +1,6 @@
 /*
  * dev_cache — the per-device cached scratch of a kernel launcher (device constants and
- * work buffers, plus a pinned host staging buffer for the constants), shared by apply.cu,
+ * work buffers, plus pinned host staging for the constants), shared by apply.cu,
  * extract.cu and rows_copy.cu. Each launcher owns its own table (one dev_cache per device):
  * calls of one launcher are ordered on the device, calls of different launchers are not.
  *
@@ -9,12 +9,15 @@
  * and pageable constants make cudaMemcpyAsync a synchronous staging copy.
  *
  * Protocol: lock c->mu for the whole host part of a call (dev_cache_of + a unique_lock),
- * scratch_get, fill cs.host, copy it to cs.dev on the call's stream, record c->copied
- * there, queue the launches, scratch_put. Each call's stream first waits (on the device) for
- * the previous call's launches, so calls sharing the scratch never overlap on the GPU,
- * whatever the streams. The constants go through the pinned staging unless the previous
- * call's copy out of it is still pending (then pageable memory). Grown on demand, kept until
- * the process ends. Internal to kernels/; any thread (under c->mu).
+ * scratch_get, fill cs.host, copy it to cs.dev on the call's stream and mark its staging
+ * busy until that copy is done (scratch_upload), queue the launches, scratch_put. Each call's stream first waits
+ * (on the device) for the previous call's launches, so calls sharing the scratch never
+ * overlap on the GPU, whatever the streams. The constants go through a ring of
+ * DEV_CACHE_PINS pinned staging buffers, each free again once its copy is done (a caller
+ * whose stream waits on other work, e.g. mf_export_cuda's rows_stream, can be a few calls
+ * ahead of the device); pageable memory when all are pending (whose copy may then wait for
+ * the stream). Grown on demand, kept until the process ends. Internal to kernels/; any
+ * thread (under c->mu).
  */
 #ifndef MF_DEV_CACHE_CUH
 #define MF_DEV_CACHE_CUH
@@ -29,11 +32,14 @@
 
 namespace mfc {
 
+#define DEV_CACHE_PINS 4
 struct dev_cache {
     std::mutex mu;
-    uint8_t *dev = nullptr, *pin = nullptr;
-    size_t dev_cap = 0, pin_cap = 0;
-    cudaEvent_t copied = nullptr, done = nullptr; /* after the last call's copy / launches */
+    uint8_t *dev = nullptr, *pin[DEV_CACHE_PINS] = {};
+    size_t dev_cap = 0, pin_cap[DEV_CACHE_PINS] = {};
+    cudaEvent_t copied[DEV_CACHE_PINS] = {}; /* after the copy out of pin[k] */
+    cudaEvent_t done = nullptr;              /* after the last call's launches */
+    unsigned next = 0;                       /* the staging slot tried first */
     bool used = false;
 };
 #define MAX_CACHED_DEVICES 16 /* devices past this allocate per call */
@@ -53,7 +59,7 @@ static inline dev_cache *dev_cache_of(dev_cache *table, bool use)
 struct call_scratch {
     dev_cache *c = nullptr;   /* null: per-call allocation */
     uint8_t *dev = nullptr, *host = nullptr;
-    bool pinned = false;
+    int pin = -1;             /* the staging slot host is, or −1 (calloc'd) */
 };
 
 /* dev_bytes of device scratch and host_bytes of zeroed host staging for this call (c's
@@ -72,13 +78,18 @@ static inline mf_status_t scratch_get(call_scratch *cs, dev_cache *c, size_t dev
     }
     mf_status_t st = MF_OK;
     if (!c->done) {
-        st = cuda_status(cudaEventCreateWithFlags(&c->copied, cudaEventDisableTiming), why);
+        for (int k = 0; k < DEV_CACHE_PINS && st == MF_OK; k++)
+            st = cuda_status(cudaEventCreateWithFlags(&c->copied[k], cudaEventDisableTiming),
+                             why);
         if (st == MF_OK)
             st = cuda_status(cudaEventCreateWithFlags(&c->done, cudaEventDisableTiming), why);
         if (st != MF_OK) {
-            if (c->copied)
-                cudaEventDestroy(c->copied);
-            c->copied = c->done = nullptr;
+            for (int k = 0; k < DEV_CACHE_PINS; k++) {
+                if (c->copied[k])
+                    cudaEventDestroy(c->copied[k]);
+                c->copied[k] = nullptr;
+            }
+            c->done = nullptr;
             return st;
         }
     }
@@ -98,25 +109,30 @@ static inline mf_status_t scratch_get(call_scratch *cs, dev_cache *c, size_t dev
     if (st != MF_OK)
         return st;
     cs->dev = c->dev;
-    if (cudaEventQuery(c->copied) == cudaSuccess) { /* staging free (or never used) */
-        if (c->pin_cap < host_bytes) {
-            size_t cap = host_bytes > 2 * c->pin_cap ? host_bytes : 2 * c->pin_cap;
+    for (int x = 0; x < DEV_CACHE_PINS; x++) {
+        int k = (int)((c->next + x) % DEV_CACHE_PINS);
+        if (cudaEventQuery(c->copied[k]) != cudaSuccess) /* its copy pending */
+            continue;
+        if (c->pin_cap[k] < host_bytes) { /* free (or never used): grow */
+            size_t cap = host_bytes > 2 * c->pin_cap[k] ? host_bytes : 2 * c->pin_cap[k];
             cap = (cap + 4095) & ~(size_t)4095;
-            if (c->pin)
-                cudaFreeHost(c->pin);
-            c->pin = nullptr;
-            c->pin_cap = 0;
-            if (cudaMallocHost((void **)&c->pin, cap) == cudaSuccess)
-                c->pin_cap = cap;
+            if (c->pin[k])
+                cudaFreeHost(c->pin[k]);
+            c->pin[k] = nullptr;
+            c->pin_cap[k] = 0;
+            if (cudaMallocHost((void **)&c->pin[k], cap) == cudaSuccess)
+                c->pin_cap[k] = cap;
             else
-                c->pin = nullptr;
+                c->pin[k] = nullptr;
         }
-        if (c->pin) {
-            cs->host = c->pin;
-            cs->pinned = true;
+        if (c->pin[k]) {
+            cs->host = c->pin[k];
+            cs->pin = k;
+            c->next = (unsigned)(k + 1) % DEV_CACHE_PINS;
             memset(cs->host, 0, host_bytes);
             return MF_OK;
         }
+        break; /* no pinned memory to be had: pageable */
     }
     (void)cudaGetLastError(); /* a pending query or a failed pinned allocation is not an error */
     cs->host = (uint8_t *)calloc(1, host_bytes ? host_bytes : 1);
@@ -135,8 +151,8 @@ static inline mf_status_t scratch_upload(call_scratch *cs, size_t host_bytes, cu
     mf_status_t st =
         cuda_status(cudaMemcpyAsync(cs->dev, cs->host, host_bytes, cudaMemcpyHostToDevice, s),
                     why);
-    if (st == MF_OK && cs->c)
-        st = cuda_status(cudaEventRecord(cs->c->copied, s), why);
+    if (st == MF_OK && cs->pin >= 0)
+        st = cuda_status(cudaEventRecord(cs->c->copied[cs->pin], s), why);
     return st;
 }
 
@@ -150,7 +166,7 @@ static inline void scratch_put(call_scratch *cs, cudaStream_t s)
         cudaEventRecord(cs->c->done, s);
         cs->c->used = true;
     }
-    if (!cs->pinned)
+    if (cs->pin < 0)
         free(cs->host);
 }
 

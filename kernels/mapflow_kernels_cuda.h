@@ -16,8 +16,8 @@
  * rows; mf_rows_copy_cuda), grown on demand and kept until the process ends (apply: about
  * Ht·ceil(N/B)²/8 bytes of bitmaps plus the constants, 4 MiB at N = 64k, Ht = 32, B = 64;
  * extract: nq·i1·12 bytes of head masks and offsets plus the constants, 3 MiB at N = 32k,
- * B = 64, plus the masses and LSE when extract computes them), with a pinned staging
- * buffer for the constants (kernels/dev_cache.cuh). Bench switches MF_APPLY_CACHE=0 and
+ * B = 64, plus the masses and LSE when extract computes them), with a small ring of pinned
+ * staging buffers for the constants (kernels/dev_cache.cuh). Bench switches MF_APPLY_CACHE=0 and
  * MF_EXTRACT_CACHE=0 allocate per call (stream-ordered) and copy the constants from
  * pageable memory, as before the caches; other values are MF_INVALID_ARGUMENT.
  * Thread safety: any thread may call. Global state: a once-initialised constant (the xxh3
