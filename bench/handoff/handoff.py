@@ -33,6 +33,12 @@ tier API (Channel(gpu_device=…), put_device, rows with .device_ptr), else "hos
 copied to pinned host memory and put through the host arena; leased host views copied
 to the GPU). --dry: tiny shapes on the CPU with the C reference kernels
 (libmfkernels_ref.so), for checking the script without a GPU.
+
+Source put path (issue 20): a layer's rows go into its put region in one launch
+(mf_rows_copy_cuda) on the put thread's own stream, waiting only for that copy. With
+--exporter fused, O comes from the kernel in the model's dtype (HANDOFF_O_FP32=1: fp32 O
+and a cast, as before) and the rows' launches run on a second stream, waited for in the
+put thread (HANDOFF_ROWS_STREAM=0: on the source's stream, sizes read back there).
 """
 import argparse
 import ctypes as C
