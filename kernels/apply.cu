@@ -25,6 +25,7 @@
 
 #include "apply_internal.cuh"
 #include "attn_core.cuh"
+#include "dev_cache.cuh"
 
 using namespace mfc;
 
@@ -435,19 +436,6 @@ mf_status_t check_map(const mf_layer_map_t *m, uint32_t ht, const char **why)
     return MF_OK;
 }
 
-/* A switch from the environment: the index of its value in names[0..n), -1 when unset or
- * empty, -2 when set to anything else. */
-int env_choice(const char *var, const char *const *names, int n)
-{
-    const char *e = getenv(var);
-    if (!e || !*e)
-        return -1;
-    for (int x = 0; x < n; x++)
-        if (!strcmp(e, names[x]))
-            return x;
-    return -2;
-}
-
 /* DEFAULT → MF_APPLY_IMPL (core | v2) from the environment, else the built-in default. */
 mf_status_t resolve_impl(mf_apply_impl_t *impl, const char **why)
 {
@@ -501,141 +489,48 @@ mf_status_t read_switches(bench_switches *b, const char **why)
     return MF_OK;
 }
 
-/* The scratch of one call: device constants | keep bitmaps, and the host image of the
- * constants. Cached per device and grown on demand (a per-call cudaMallocAsync gets memory
- * the default pool trimmed at the last synchronisation mapped again, on the host, before
- * the first launch: bench/gpu/NOTES.md). The cache's mutex is held for the whole host part
- * of a call; each call's stream first waits (on the device) for the previous call's
- * launches, so calls sharing the scratch never overlap on the GPU, whatever the streams. The
- * constants go through pinned staging unless the previous call's copy out of it is still
- * pending (then pageable memory, as before). */
-struct dev_cache {
-    std::mutex mu;
-    uint8_t *dev = nullptr, *pin = nullptr;
-    size_t dev_cap = 0, pin_cap = 0;
-    cudaEvent_t copied = nullptr, done = nullptr; /* after the last call's copy / launches */
-    bool used = false;
-    /* A layer with prob heads and core heads: v2 (prob blocks) runs on `side`, forked from
-     * and joined back to the caller's stream, so it fills the SMs the core's last wave
-     * leaves idle (the two write disjoint blocks of O; v2 reads only the constants). */
-    cudaStream_t side = nullptr;
-    cudaEvent_t fork = nullptr, join = nullptr;
-    bool side_failed = false; /* creation failed once: run in sequence from then on */
-};
-#define MAX_CACHED_DEVICES 16 /* devices past this allocate per call */
+/* The scratch of one call (device constants | keep bitmaps, and the host image of the
+ * constants): this launcher's table of dev_cache.cuh. */
 dev_cache g_cache[MAX_CACHED_DEVICES];
 
-struct call_scratch {
-    dev_cache *c = nullptr;   /* null: per-call allocation */
-    uint8_t *dev = nullptr, *host = nullptr;
-    bool pinned = false;
+
+/* A layer with prob heads and core heads: v2 (prob blocks) runs on a side stream, forked
+ * from and joined back to the caller's, so it fills the SMs the core's last wave leaves
+ * idle (the two write disjoint blocks of O; v2 reads only the constants). One per device,
+ * used under that device's g_cache mutex. */
+struct side_stream {
+    cudaStream_t side = nullptr;
+    cudaEvent_t fork = nullptr, join = nullptr;
+    bool failed = false; /* creation failed once: run in sequence from then on */
 };
+side_stream g_side[MAX_CACHED_DEVICES];
 
-mf_status_t scratch_get(call_scratch *cs, dev_cache *c, size_t dev_bytes, size_t host_bytes,
-                        cudaStream_t s, const char **why)
+/* The side stream of cache c's device, made on first use (c's mutex held); NULL when there
+ * is no cache or it cannot be had (the call then runs v2 after the core on its stream). */
+side_stream *side_of(dev_cache *c)
 {
-    cs->c = c;
-    if (!c) {
-        cs->host = (uint8_t *)calloc(1, host_bytes);
-        if (!cs->host) {
-            *why = "out of host memory for apply constants";
-            return MF_RESOURCE_EXHAUSTED;
-        }
-        return cuda_status(cudaMallocAsync((void **)&cs->dev, dev_bytes, s), why);
-    }
-    mf_status_t st = MF_OK;
-    if (!c->done) {
-        st = cuda_status(cudaEventCreateWithFlags(&c->copied, cudaEventDisableTiming), why);
-        if (st == MF_OK)
-            st = cuda_status(cudaEventCreateWithFlags(&c->done, cudaEventDisableTiming), why);
-        if (st != MF_OK) {
-            if (c->copied)
-                cudaEventDestroy(c->copied);
-            c->copied = c->done = nullptr;
-            return st;
-        }
-    }
-    if (c->used) /* also on the same stream: a destroyed stream's handle can come back */
-        st = cuda_status(cudaStreamWaitEvent(s, c->done, 0), why);
-    if (st == MF_OK && c->dev_cap < dev_bytes) { /* grow: the old one is freed in stream order */
-        size_t cap = cmax(dev_bytes, 2 * c->dev_cap);
-        cap = (cap + 65535) & ~(size_t)65535;
-        if (c->dev)
-            cudaFreeAsync(c->dev, s);
-        c->dev = nullptr;
-        c->dev_cap = 0;
-        st = cuda_status(cudaMallocAsync((void **)&c->dev, cap, s), why);
-        if (st == MF_OK)
-            c->dev_cap = cap;
-    }
-    if (st != MF_OK)
-        return st;
-    cs->dev = c->dev;
-    if (cudaEventQuery(c->copied) == cudaSuccess) { /* staging free (or never used) */
-        if (c->pin_cap < host_bytes) {
-            size_t cap = (cmax(host_bytes, 2 * c->pin_cap) + 4095) & ~(size_t)4095;
-            if (c->pin)
-                cudaFreeHost(c->pin);
-            c->pin = nullptr;
-            c->pin_cap = 0;
-            if (cudaMallocHost((void **)&c->pin, cap) == cudaSuccess)
-                c->pin_cap = cap;
-            else
-                c->pin = nullptr;
-        }
-        if (c->pin) {
-            cs->host = c->pin;
-            cs->pinned = true;
-            memset(cs->host, 0, host_bytes);
-            return MF_OK;
-        }
-    }
-    (void)cudaGetLastError(); /* a pending query or a failed pinned allocation is not an error */
-    cs->host = (uint8_t *)calloc(1, host_bytes);
-    if (!cs->host) {
-        *why = "out of host memory for apply constants";
-        return MF_RESOURCE_EXHAUSTED;
-    }
-    return MF_OK;
-}
-
-/* c's side stream and its fork / join events, made on first use (the cache's mutex is
- * held); false when they cannot be had (the call then runs v2 after the core on s). */
-bool side_ready(dev_cache *c)
-{
-    if (!c || c->side_failed)
-        return false;
-    if (c->side)
-        return true;
-    if (cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking) == cudaSuccess &&
-        cudaEventCreateWithFlags(&c->fork, cudaEventDisableTiming) == cudaSuccess &&
-        cudaEventCreateWithFlags(&c->join, cudaEventDisableTiming) == cudaSuccess)
-        return true;
-    if (c->join)
-        cudaEventDestroy(c->join);
-    if (c->fork)
-        cudaEventDestroy(c->fork);
-    if (c->side)
-        cudaStreamDestroy(c->side);
-    c->side = nullptr;
-    c->fork = c->join = nullptr;
-    c->side_failed = true;
+    if (!c)
+        return nullptr;
+    side_stream *x = &g_side[c - g_cache];
+    if (x->failed)
+        return nullptr;
+    if (x->side)
+        return x;
+    if (cudaStreamCreateWithFlags(&x->side, cudaStreamNonBlocking) == cudaSuccess &&
+        cudaEventCreateWithFlags(&x->fork, cudaEventDisableTiming) == cudaSuccess &&
+        cudaEventCreateWithFlags(&x->join, cudaEventDisableTiming) == cudaSuccess)
+        return x;
+    if (x->join)
+        cudaEventDestroy(x->join);
+    if (x->fork)
+        cudaEventDestroy(x->fork);
+    if (x->side)
+        cudaStreamDestroy(x->side);
+    x->side = nullptr;
+    x->fork = x->join = nullptr;
+    x->failed = true;
     (void)cudaGetLastError();
-    return false;
-}
-
-/* The call's launches are queued on s: hand the scratch back. */
-void scratch_put(call_scratch *cs, cudaStream_t s)
-{
-    if (!cs->c) {
-        if (cs->dev)
-            cudaFreeAsync(cs->dev, s);
-    } else if (cs->dev) {
-        cudaEventRecord(cs->c->done, s);
-        cs->c->used = true;
-    }
-    if (!cs->pinned)
-        free(cs->host);
+    return nullptr;
 }
 
 } /* namespace */
@@ -693,11 +588,7 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
     uint32_t words = (all + 31) / 32;
     size_t host_used = sc.used, o_keep = use_core ? sc.take((size_t)ht * all * words * 4) : 0;
     cudaStream_t s = stream;
-    int dev = -1;
-    dev_cache *cache = nullptr;
-    if (bs.cache && cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < MAX_CACHED_DEVICES)
-        cache = &g_cache[dev];
-    (void)cudaGetLastError();
+    dev_cache *cache = dev_cache_of(g_cache, bs.cache);
     std::unique_lock<std::mutex> lock;
     if (cache)
         lock = std::unique_lock<std::mutex>(cache->mu);
@@ -731,10 +622,7 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
          * turns out unusable itself), no pre-pass and no grid of empty core tiles. */
         if (!any_other && !(any_prob && any_exact))
             use_core = false;
-        st = cuda_status(cudaMemcpyAsync(cs.dev, host, host_used, cudaMemcpyHostToDevice, s),
-                         why);
-        if (st == MF_OK && cache)
-            st = cuda_status(cudaEventRecord(cache->copied, s), why);
+        st = scratch_upload(&cs, host_used, s, why);
         if (st == MF_OK) {
             app_params p;
             memset(&p, 0, sizeof(p));
@@ -759,10 +647,11 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
             bool v2_needed = any_prob || (!use_core && any_other);
             /* v2 beside the core: on the cache's side stream, after the constants' copy */
             cudaStream_t v2s = s;
-            if (use_core && any_prob && bs.phase == PHASE_ALL && side_ready(cache) &&
-                cudaEventRecord(cache->fork, s) == cudaSuccess &&
-                cudaStreamWaitEvent(cache->side, cache->fork, 0) == cudaSuccess)
-                v2s = cache->side;
+            side_stream *ss = use_core && any_prob && bs.phase == PHASE_ALL ? side_of(cache)
+                                                                             : nullptr;
+            if (ss && cudaEventRecord(ss->fork, s) == cudaSuccess &&
+                cudaStreamWaitEvent(ss->side, ss->fork, 0) == cudaSuccess)
+                v2s = ss->side;
             (void)cudaGetLastError();
             if (use_core) {
                 uint32_t *keep = (uint32_t *)(cs.dev + o_keep);
@@ -795,9 +684,9 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
                     st = launch_t<__nv_bfloat16>(p, b, a->tgt.head_dim, v2s);
             }
             if (v2s != s) { /* join, whatever happened: s must not run ahead of side */
-                mf_status_t sj = cuda_status(cudaEventRecord(cache->join, v2s), why);
+                mf_status_t sj = cuda_status(cudaEventRecord(ss->join, v2s), why);
                 if (sj == MF_OK)
-                    sj = cuda_status(cudaStreamWaitEvent(s, cache->join, 0), why);
+                    sj = cuda_status(cudaStreamWaitEvent(s, ss->join, 0), why);
                 if (st == MF_OK)
                     st = sj;
             }

@@ -17,7 +17,8 @@
  * so one's softmax also overlaps the other's GEMMs.
  * Block-64 lists run with BN = 128 (GATHER, at the kernel): two list entries a key tile.
  * O (fp32) goes straight from the accumulators to global memory: each quad writes 32
- * contiguous bytes of a row, whole sectors.
+ * contiguous bytes of a row, whole sectors; or, for mf_export_cuda's o_dtype, O in T (16
+ * bytes a quad), so the source gets its layer's output without an fp32 round trip.
  * Masses (MASS = true, dense, 128-key tiles): the softmax keeps the row sum of each 64-key
  * half apart and stores ℓ = base + log2(sum) per (row, half) into the CTA's ℓ slot; after
  * the loop each warpgroup (= one 64-row query block) turns ℓ − LSE into its mass row.
@@ -212,10 +213,12 @@ __device__ __forceinline__ float ex2(float x)
 }
 
 struct core_params {
-    float *o, *lse;
+    void *o;       /* [N, Hq, D]: float, or T when o_t (the epilogue's store) */
+    float *lse;
     const uint32_t *keep;
     uint32_t n, hq, hkv, n_tiles, nb, words, pair;
     uint32_t pingpong; /* 1: the consumer warpgroups take turns (MF_CORE_PINGPONG=0: off) */
+    uint32_t o_t;      /* 1: O stored in the inputs' type T (bf16 / f16), else float */
     float scale_log2;
     /* masses (core_kernel<…, MASS = true>, dense only): block-local log2-sum-exp ℓ of each
      * (row, 64-key block) in a per-CTA slot of lscr ([j][128 rows] fp32, nslots slots, a
@@ -582,11 +585,20 @@ core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUte
             s_lse2[row[r] - 128 * m] = mrow[r] + log2f(lt);
         if (row[r] >= p.n)
             continue;
-        float *dst = p.o + ((size_t)row[r] * p.hq + t) * D + 2 * u;
+        size_t at = ((size_t)row[r] * p.hq + t) * D + 2 * u;
+        if (p.o_t) { /* the model's dtype: no fp32 O to write, read back and cast */
+            T *dst = static_cast<T *>(p.o) + at;
 #pragma unroll
-        for (int x2 = 0; x2 < D / 8; x2++)
-            *reinterpret_cast<float2 *>(dst + 8 * x2) =
-                make_float2(o[4 * x2 + 2 * r] * inv, o[4 * x2 + 2 * r + 1] * inv);
+            for (int x2 = 0; x2 < D / 8; x2++)
+                *reinterpret_cast<uint32_t *>(dst + 8 * x2) =
+                    elem<T>::pack(o[4 * x2 + 2 * r] * inv, o[4 * x2 + 2 * r + 1] * inv);
+        } else {
+            float *dst = static_cast<float *>(p.o) + at;
+#pragma unroll
+            for (int x2 = 0; x2 < D / 8; x2++)
+                *reinterpret_cast<float2 *>(dst + 8 * x2) =
+                    make_float2(o[4 * x2 + 2 * r] * inv, o[4 * x2 + 2 * r + 1] * inv);
+        }
         if (p.lse && u == 0)
             p.lse[(size_t)t * p.n + row[r]] = (mrow[r] + log2f(lt)) * MF_LN2;
     }
@@ -779,6 +791,7 @@ mf_status_t core_launch(const core_args &a, cudaStream_t s, const char **why)
     }
     core_params p = {};
     p.o = a.o;
+    p.o_t = a.o_t;
     p.lse = a.lse;
     p.keep = a.keep;
     p.n = a.n;
@@ -870,11 +883,19 @@ extern "C" mf_status_t mf_attention_masses_cuda(const mf_qkv_t *t, uint32_t bloc
                                                 void *scratch, size_t scratch_bytes,
                                                 mf_cuda_stream_t stream, const char **why)
 {
-    using namespace mfc;
     const char *dummy;
     if (!why)
         why = &dummy;
     *why = "";
+    return mfc::masses_run(t, block_size, o, false, lse, mass, scratch, scratch_bytes, stream,
+                           why);
+}
+
+mf_status_t mfc::masses_run(const mf_qkv_t *t, uint32_t block_size, void *o, bool o_t,
+                            float *lse, float *mass, void *scratch, size_t scratch_bytes,
+                            cudaStream_t stream, const char **why)
+{
+    using namespace mfc;
     if (!t || !o || !mass) {
         *why = "tensors, output O and the mass output are required";
         return MF_INVALID_ARGUMENT;
@@ -918,6 +939,7 @@ extern "C" mf_status_t mf_attention_masses_cuda(const mf_qkv_t *t, uint32_t bloc
     st = cuda_status(cudaMemsetAsync(base, 0, (size_t)nslots * 4, s), why);
     if (st == MF_OK) {
         core_args a = core_args_of(t, o, lse);
+        a.o_t = o_t;
         a.mass = mass;
         a.lscr = (float *)(base + flags);
         a.slot_busy = (uint32_t *)base;

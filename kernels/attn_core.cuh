@@ -44,7 +44,8 @@ struct core_args {
     const void *q, *k, *v;  /* device [N, Hq | Hkv, d] */
     mf_dtype_t dtype;       /* F16 or BF16 */
     uint32_t n, hq, hkv, d; /* d ∈ {64, 128} */
-    float *o;               /* device [N, Hq, d] */
+    void *o;                /* device [N, Hq, d]: float, or the inputs' dtype when o_t */
+    uint32_t o_t;           /* 1: O stored as F16 / BF16 (the inputs' dtype) */
     float *lse;             /* device [Hq, N] natural log, or NULL */
     const uint32_t *keep;   /* device bitmaps (lists mode) or NULL (dense) */
     uint32_t block;         /* lists mode: 64 or 128 */
@@ -59,7 +60,7 @@ struct core_args {
 
 /* The core's arguments for tensors t (checked by the caller), output o [N, Hq, d] and
  * optional lse: dense mode; lists mode and masses are set on the result. */
-static inline core_args core_args_of(const mf_qkv_t *t, float *o, float *lse)
+static inline core_args core_args_of(const mf_qkv_t *t, void *o, float *lse)
 {
     core_args a = {};
     a.q = t->q;
@@ -99,6 +100,12 @@ static inline cudaError_t smem_limit_once(const void *fn, int bytes, std::atomic
 /* MF_OK when the core runs (d, dtype) on the current device (compute capability 9.0);
  * MF_UNIMPLEMENTED with *why otherwise. */
 mf_status_t core_supported(uint32_t d, mf_dtype_t dtype, const char **why);
+
+/* mf_attention_masses_cuda (its checks and scratch) with O stored as float, or in t's dtype
+ * when o_t (mf_export_cuda's o_dtype); why non-NULL. */
+mf_status_t masses_run(const mf_qkv_t *t, uint32_t block_size, void *o, bool o_t, float *lse,
+                       float *mass, void *scratch, size_t scratch_bytes, cudaStream_t stream,
+                       const char **why);
 
 /* Queues the core on stream s. Shapes are the caller's to have checked (mf_qkv_check,
  * core_supported); returns MF_INTERNAL when a tensor map cannot be encoded or the

@@ -1,4 +1,4 @@
-# kernels/cuda.mk: the CUDA kernels (extract.cu, apply.cu, attn_core.cu; API in
+# kernels/cuda.mk: the CUDA kernels (extract.cu, apply.cu, attn_core.cu, rows_copy.cu; API in
 # mapflow_kernels_cuda.h)
 # as build/lib/libmfkernels_cuda.a and a self-contained build/lib/libmfkernels_cuda.so
 # (for ctypes from PyTorch scripts), and the GPU checker build/bin/tests/gpu_check.
@@ -6,7 +6,7 @@
 # nvcc but no GPU, so it compiles all of this warning-free and runs none of it.
 ifeq ($(USE_CUDA),1)
 
-CUDA_SRCS := kernels/extract.cu kernels/apply.cu kernels/attn_core.cu
+CUDA_SRCS := kernels/extract.cu kernels/apply.cu kernels/attn_core.cu kernels/rows_copy.cu
 CUDA_OBJS := $(CUDA_SRCS:%.cu=$(OBJ)/%.cu.o)
 KERNELS_CUDA_A  := $(LIB)/libmfkernels_cuda.a
 KERNELS_CUDA_SO := $(LIB)/libmfkernels_cuda.so
@@ -27,7 +27,7 @@ LIBS += $(KERNELS_CUDA_A) $(KERNELS_CUDA_SO)
 BINS += $(BIN)/tests/gpu_check
 
 $(OBJ)/kernels/%.cu.o: kernels/%.cu kernels/mf_cuda_common.cuh kernels/apply_internal.cuh kernels/attn_core.cuh \
-		kernels/xxh3.cuh \
+		kernels/xxh3.cuh kernels/dev_cache.cuh \
 		kernels/mapflow_kernels_cuda.h \
 		kernels/mapflow_kernels.h proto/mf_row.h
 	@mkdir -p $(dir $@)

@@ -17,6 +17,8 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "attn_core.cuh"
+#include "dev_cache.cuh"
 #include "mf_cuda_common.cuh"
 #include "mf_hash.h"
 #include "xxh3.cuh"
@@ -634,6 +636,10 @@ struct given_masses {
     size_t hs, rs;
 };
 
+/* extract_run's scratch (constants, head masks, offsets; LSE and masses when computed
+ * here): this launcher's table of dev_cache.cuh (MF_EXTRACT_CACHE=0: per call, as before). */
+static dev_cache g_ext_cache[MAX_CACHED_DEVICES];
+
 /* mf_extract_cuda's work after the argument checks; from the masses in g when given, else
  * from Q and K (and a->lse). The one selection / union / encoding / seal path. */
 static mf_status_t extract_run(const mf_extract_cuda_args_t *a, const given_masses *g,
@@ -660,32 +666,42 @@ static mf_status_t extract_run(const mf_extract_cuda_args_t *a, const given_mass
     size_t o_mass = a->mass_out || g ? 0 : sc.take((size_t)q.n_q_heads * nq * i1 * 4);
     size_t o_hm = sc.take((size_t)nq * i1 * 8), o_ce = sc.take((size_t)nq * i1 * 4),
            o_ok = sc.take(nq);
-    uint8_t *host = (uint8_t *)calloc(1, host_bytes);
-    if (!host) {
-        *why = "out of host memory for extract constants";
-        return MF_RESOURCE_EXHAUSTED;
+    static const char *const off[] = { "0" };
+    int c = env_choice("MF_EXTRACT_CACHE", off, 1);
+    if (c == -2) {
+        *why = "MF_EXTRACT_CACHE must be 0 (or unset)";
+        return MF_INVALID_ARGUMENT;
     }
-    for (uint32_t k = 0; k < nq; k++) {
-        ((void **)(host + o_rows))[k] = a->rows[k];
-        ((uint64_t *)(host + o_caps))[k] = a->caps[k];
-    }
-    mf_hash128_t hsh = mf_hash_root(b, a->ns, strlen(a->ns), a->model, ml);
-    for (uint32_t x = 0; x < i1; x++) {
-        mf_hash128_t next = mf_hash_next(hsh, a->tokens + (size_t)x * b, b);
-        if (x >= a->i0) {
-            mf_hash_to_le(hsh, host + o_hash + (size_t)(x - a->i0) * 32);
-            mf_hash_to_le(next, host + o_hash + (size_t)(x - a->i0) * 32 + 16);
+    dev_cache *cache = dev_cache_of(g_ext_cache, c != 0);
+    std::unique_lock<std::mutex> lock;
+    if (cache)
+        lock = std::unique_lock<std::mutex>(cache->mu);
+    call_scratch cs;
+    st = scratch_get(&cs, cache, sc.used, host_bytes, s, why);
+    if (st != MF_OK)
+        goto out;
+    sc.base = cs.dev;
+    {
+        uint8_t *host = cs.host;
+        for (uint32_t k = 0; k < nq; k++) {
+            ((void **)(host + o_rows))[k] = a->rows[k];
+            ((uint64_t *)(host + o_caps))[k] = a->caps[k];
         }
-        hsh = next;
+        mf_hash128_t hsh = mf_hash_root(b, a->ns, strlen(a->ns), a->model, ml);
+        for (uint32_t x = 0; x < i1; x++) {
+            mf_hash128_t next = mf_hash_next(hsh, a->tokens + (size_t)x * b, b);
+            if (x >= a->i0) {
+                mf_hash_to_le(hsh, host + o_hash + (size_t)(x - a->i0) * 32);
+                mf_hash_to_le(next, host + o_hash + (size_t)(x - a->i0) * 32 + 16);
+            }
+            hsh = next;
+        }
+        memcpy(host + o_tok, a->tokens + (size_t)a->i0 * b, (size_t)nq * b * 4);
+        memcpy(host + o_model, a->model, ml);
     }
-    memcpy(host + o_tok, a->tokens + (size_t)a->i0 * b, (size_t)nq * b * 4);
-    memcpy(host + o_model, a->model, ml);
-    st = cuda_status(cudaMallocAsync((void **)&sc.base, sc.used, s), why);
+    st = scratch_upload(&cs, host_bytes, s, why);
     if (st != MF_OK)
-        goto out_host;
-    st = cuda_status(cudaMemcpyAsync(sc.base, host, host_bytes, cudaMemcpyHostToDevice, s), why);
-    if (st != MF_OK)
-        goto out_scratch;
+        goto out;
     {
         ext_params p;
         memset(&p, 0, sizeof(p));
@@ -735,10 +751,8 @@ static mf_status_t extract_run(const mf_extract_cuda_args_t *a, const given_mass
         if (st == MF_OK)
             st = cuda_status(cudaGetLastError(), why);
     }
-out_scratch:
-    cudaFreeAsync(sc.base, s);
-out_host:
-    free(host);
+out:
+    scratch_put(&cs, s);
     return st;
 }
 
@@ -793,6 +807,10 @@ extern "C" mf_status_t mf_export_cuda(const mf_export_cuda_args_t *a, mf_cuda_st
         *why = "the fused export runs the layer's attention: V is required";
         return MF_INVALID_ARGUMENT;
     }
+    if (a->o_dtype != MF_DTYPE_F32 && a->o_dtype != x->src.dtype) {
+        *why = "o_dtype must be MF_DTYPE_F32 or the inputs' dtype";
+        return MF_INVALID_ARGUMENT;
+    }
     const mf_qkv_t &q = x->src;
     size_t nbm = q.n_tokens / 64, lse_n = (size_t)q.n_q_heads * q.n_tokens,
            mass_n = (size_t)q.n_q_heads * nbm * nbm;
@@ -816,11 +834,24 @@ extern "C" mf_status_t mf_export_cuda(const mf_export_cuda_args_t *a, mf_cuda_st
      * scratch: the device cannot be queried, and the call says why */
     void *core_scr = a->scratch ? a->scratch : core_n ? sc.base + o_core : NULL;
     size_t core_bytes = a->scratch ? a->scratch_bytes : core_n ? sc.used - o_core : 0;
-    st = mf_attention_masses_cuda(&q, 64, a->o, g.lse, g.mass, core_scr, core_bytes, stream,
-                                  why);
+    st = masses_run(&q, 64, a->o, a->o_dtype != MF_DTYPE_F32, g.lse, g.mass, core_scr,
+                    core_bytes, stream, why);
+    /* rows_stream: the rows' launches wait for the forward there, and `stream` is free
+     * for the layer's next work at once (our scratch is then freed in the rows' order) */
+    cudaStream_t rs = a->rows_stream ? (cudaStream_t)a->rows_stream : s;
+    if (st == MF_OK && rs != s) {
+        cudaEvent_t fwd;
+        st = cuda_status(cudaEventCreateWithFlags(&fwd, cudaEventDisableTiming), why);
+        if (st == MF_OK) {
+            st = cuda_status(cudaEventRecord(fwd, s), why);
+            if (st == MF_OK)
+                st = cuda_status(cudaStreamWaitEvent(rs, fwd, 0), why);
+            cudaEventDestroy(fwd); /* released once the wait is past it */
+        }
+    }
     if (st == MF_OK)
-        st = extract_run(x, &g, 1, 0, s, why);
+        st = extract_run(x, &g, 1, 0, rs, why);
     if (sc.base)
-        cudaFreeAsync(sc.base, s);
+        cudaFreeAsync(sc.base, st == MF_OK ? rs : s);
     return st;
 }

@@ -298,3 +298,58 @@ out_stage:
     mf__unstage(&s);
     return st;
 }
+
+/* The put path's row copy (mapflow_kernels.h); *max_size: the largest size, for the CUDA
+ * launcher's grid. */
+mf_status_t mf_rows_copy_check(void *const *dst, const void *const *src, const size_t *sizes,
+                               uint32_t n, size_t *max_size, const char **why)
+{
+    const char *dummy;
+    if (!why)
+        why = &dummy;
+    *why = "";
+    size_t mx = 0;
+    if (n > MF_ROWS_COPY_MAX) {
+        *why = "more than MF_ROWS_COPY_MAX rows in one copy";
+        return MF_INVALID_ARGUMENT;
+    }
+    if (n > 0 && (!dst || !src || !sizes)) {
+        *why = "dst, src and sizes are required";
+        return MF_INVALID_ARGUMENT;
+    }
+    for (uint32_t x = 0; x < n; x++) {
+        size_t z = sizes[x];
+        if (z > MF_ROW_MAX_BYTES) {
+            *why = "a row size exceeds MF_ROW_MAX_BYTES";
+            return MF_INVALID_ARGUMENT;
+        }
+        if (z == 0)
+            continue;
+        uintptr_t d = (uintptr_t)dst[x], s = (uintptr_t)src[x];
+        if (!d || !s) {
+            *why = "a row with bytes to copy has no source or destination";
+            return MF_INVALID_ARGUMENT;
+        }
+        if (d > UINTPTR_MAX - z || s > UINTPTR_MAX - z || (d < s + z && s < d + z)) {
+            *why = "a row's source and destination overlap (or wrap the address space)";
+            return MF_INVALID_ARGUMENT;
+        }
+        if (z > mx)
+            mx = z;
+    }
+    if (max_size)
+        *max_size = mx;
+    return MF_OK;
+}
+
+mf_status_t mf_rows_copy_ref(void *const *dst, const void *const *src, const size_t *sizes,
+                             uint32_t n, const char **why)
+{
+    mf_status_t st = mf_rows_copy_check(dst, src, sizes, n, NULL, why);
+    if (st != MF_OK)
+        return st;
+    for (uint32_t x = 0; x < n; x++)
+        if (sizes[x])
+            memcpy(dst[x], src[x], sizes[x]);
+    return MF_OK;
+}

@@ -129,6 +129,21 @@ mf_status_t mf_extract_options(uint32_t fields, uint32_t sample_stride, uint32_t
                                const char **why);
 
 /*
+ * The rows' copy (the spec of mf_rows_copy_cuda, kernels/mapflow_kernels_cuda.h): for x in
+ * [0, n), sizes[x] bytes from src[x] to dst[x] (a memcpy loop). Host memory here. Checks
+ * (mf_rows_copy_check, shared with the CUDA one): n ≤ MF_ROWS_COPY_MAX, the arrays present
+ * when n > 0, each size ≤ MF_ROW_MAX_BYTES, both addresses present when the size is not 0,
+ * and a row's source and destination ranges disjoint; MF_INVALID_ARGUMENT with *why
+ * otherwise, nothing copied. Ranges of different rows must not overlap either (not
+ * checked: O(n log n) for a contract the caller's allocator already gives).
+ */
+#define MF_ROWS_COPY_MAX (1u << 20)
+mf_status_t mf_rows_copy_check(void *const *dst, const void *const *src, const size_t *sizes,
+                               uint32_t n, size_t *max_size, const char **why);
+mf_status_t mf_rows_copy_ref(void *const *dst, const void *const *src, const size_t *sizes,
+                             uint32_t n, const char **why);
+
+/*
  * Upper bound on the bytes of row i (every head keeps every block j ≤ i): a buffer this
  * large never fails with MF_RESOURCE_EXHAUSTED. 0 if the arguments are out of range.
  */

@@ -12,15 +12,19 @@
  * Ownership: device buffers are the caller's. Host arrays named below (row pointer tables,
  * caps, the layer map, tokens, exact flags) are read during the call only: the launcher
  * copies them into scratch before it returns, so they may be freed at once. That scratch is
- * stream-ordered (cudaMallocAsync / cudaFreeAsync) per call, except mf_apply_cuda's, which is
- * cached per device (grown on demand, kept until the process ends: about
- * Ht·ceil(N/B)²/8 bytes of bitmaps plus the constants, 4 MiB at N = 64k, Ht = 32, B = 64)
- * with a pinned staging buffer for the constants.
+ * cached per device and per launcher (mf_apply_cuda; mf_extract_cuda and mf_export_cuda's
+ * rows; mf_rows_copy_cuda), grown on demand and kept until the process ends (apply: about
+ * Ht·ceil(N/B)²/8 bytes of bitmaps plus the constants, 4 MiB at N = 64k, Ht = 32, B = 64;
+ * extract: nq·i1·12 bytes of head masks and offsets plus the constants, 3 MiB at N = 32k,
+ * B = 64, plus the masses and LSE when extract computes them), with a small ring of pinned
+ * staging buffers for the constants (kernels/dev_cache.cuh). Bench switches MF_APPLY_CACHE=0 and
+ * MF_EXTRACT_CACHE=0 allocate per call (stream-ordered) and copy the constants from
+ * pageable memory, as before the caches; other values are MF_INVALID_ARGUMENT.
  * Thread safety: any thread may call. Global state: a once-initialised constant (the xxh3
  * secret), per-kernel "shared-memory limit raised" flags, per-thread tensor-map caches, and
- * mf_apply_cuda's per-device scratch under a mutex held for the host part of a call (µs);
- * mf_apply_cuda calls on different streams of one device are ordered on the device (each
- * waits for the previous call's launches); other calls on different streams may overlap.
+ * the launchers' per-device scratch, each under a mutex held for the host part of a call
+ * (µs); calls of one launcher on different streams of one device are ordered on the device
+ * (each waits for the previous call's launches); calls of different launchers may overlap.
  */
 #ifndef MAPFLOW_KERNELS_CUDA_H
 #define MAPFLOW_KERNELS_CUDA_H
@@ -81,7 +85,7 @@ typedef struct mf_export_cuda_args {
     mf_extract_cuda_args_t ex; /* as for mf_extract_cuda, with ex.src.v set (the layer's V),
                                 * block_size 64, and ex.lse, ex.mass_out NULL; its masses
                                 * are exact, so a sample stride other than 1 is refused */
-    float *o;                /* DEVICE out [N, Hq, d] float32: the layer's attention output */
+    void *o;                 /* DEVICE out [N, Hq, d]: the layer's attention output, as o_dtype */
     float *lse;              /* DEVICE out [Hq, N], optional: the row LSE (natural log) */
     float *mass;             /* DEVICE out [Hq][N/64][N/64], optional: the block masses the
                               * rows were selected from (mf_attention_masses_cuda's layout) */
@@ -89,6 +93,14 @@ typedef struct mf_export_cuda_args {
                               * mf_attention_masses_cuda's (≥ mf_attention_masses_scratch(N)
                               * bytes, 256-byte aligned, not shared with a concurrent call) */
     size_t scratch_bytes;
+    mf_dtype_t o_dtype;      /* O's element type: MF_DTYPE_F32 (0, the default) or ex.src.dtype
+                              * (O rounded once from the fp32 accumulators: the model's own
+                              * dtype, so the source needs no fp32 O and no cast) */
+    mf_cuda_stream_t rows_stream; /* optional: the rows' launches (selection … seal, and
+                              * the writes of ex.sizes / ex.failed_block) go to this stream,
+                              * after the forward (an event), so `stream` goes on with O at
+                              * once; NULL: all on `stream`. LSE, masses and the row
+                              * buffers are then in use until rows_stream passes the call */
 } mf_export_cuda_args_t;
 
 /*
@@ -102,10 +114,23 @@ typedef struct mf_export_cuda_args {
  * its hot path passes all three (the stream-ordered pool may give memory back at every
  * synchronisation). MF_UNIMPLEMENTED where
  * mf_attention_masses_cuda is (off sm_90, B ≠ 64); MF_INVALID_ARGUMENT for bad arguments
- * as mf_extract_cuda, or ex.lse / ex.mass_out set.
+ * as mf_extract_cuda, ex.lse / ex.mass_out set, or an o_dtype other than F32 and
+ * ex.src.dtype.
  */
 mf_status_t mf_export_cuda(const mf_export_cuda_args_t *a, mf_cuda_stream_t stream,
                            const char **why);
+
+/*
+ * mf_rows_copy_ref on the device, in one launch: for x in [0, n), sizes[x] bytes from
+ * src[x] to dst[x], device to device (both DEVICE addresses of the current device, or
+ * mapped through CUDA IPC). The source's put path: a layer's rows from the exporter's
+ * buffer into their places in a put region, on the put thread's own stream. dst, src and
+ * sizes are HOST arrays, read during the call only; the checks are mf_rows_copy_check's
+ * (MF_INVALID_ARGUMENT, nothing queued). 16-byte copies where both addresses of a row are
+ * 16-byte aligned (rows are), bytes otherwise.
+ */
+mf_status_t mf_rows_copy_cuda(void *const *dst, const void *const *src, const size_t *sizes,
+                              uint32_t n, mf_cuda_stream_t stream, const char **why);
 
 typedef struct mf_apply_cuda_args {
     const void *const *rows; /* HOST array [n_rows] of DEVICE row pointers (query block i

@@ -15,6 +15,8 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "mapflow_kernels_cuda.h"
 
@@ -448,6 +450,19 @@ __device__ __forceinline__ uint8_t mass_encode(float m)
 
 /* A cudaError_t as a status and a message. */
 mf_status_t cuda_status(cudaError_t e, const char **why);
+
+/* A (bench) switch from the environment: the index of its value in names[0..n), -1 when
+ * unset or empty, -2 when set to anything else. */
+static inline int env_choice(const char *var, const char *const *names, int n)
+{
+    const char *e = getenv(var);
+    if (!e || !*e)
+        return -1;
+    for (int x = 0; x < n; x++)
+        if (!strcmp(e, names[x]))
+            return x;
+    return -2;
+}
 
 /* Stream-ordered scratch: one allocation, carved into 256-byte aligned pieces. */
 struct scratch {

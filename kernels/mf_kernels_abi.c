@@ -47,6 +47,7 @@ static const mf_abi_field_t layout[] = {
     T_(mf_export_cuda_args_t), M_(mf_export_cuda_args_t, ex), M_(mf_export_cuda_args_t, o),
     M_(mf_export_cuda_args_t, lse), M_(mf_export_cuda_args_t, mass),
     M_(mf_export_cuda_args_t, scratch), M_(mf_export_cuda_args_t, scratch_bytes),
+    M_(mf_export_cuda_args_t, o_dtype), M_(mf_export_cuda_args_t, rows_stream),
     T_(mf_apply_cuda_args_t), M_(mf_apply_cuda_args_t, rows),
     M_(mf_apply_cuda_args_t, n_rows), M_(mf_apply_cuda_args_t, map),
     M_(mf_apply_cuda_args_t, tgt), M_(mf_apply_cuda_args_t, block_size),

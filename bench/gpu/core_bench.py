@@ -29,7 +29,11 @@ would pick, on one H200 (bench/gpu/NOTES.md has the floors and the versions).
          then extract's selection, rows and seal on those masses; MASK codec, Top-P 0.9) vs
          today's path, cuDNN dense + mf_extract_cuda (LSE computed by extract, as SDPA
          returns none; with the LSE given as well), vs cuDNN dense alone; same layer as
-         masses. Every exported row is decoded (mf_row_decode: structure + seal).
+         masses. Every exported row is decoded (mf_row_decode: structure + seal). Also the
+         export with O in bf16 from the epilogue (o_dtype; checked = rn(fp32 O)) against
+         fp32 O + the model's cast, with extract's scratch per call (MF_EXTRACT_CACHE=0)
+         and cached, and the layer's rows copied into a region-like buffer on a side
+         stream: mf_rows_copy_cuda (one launch) vs one torch copy a row (wall ms).
   strided: mf_extract_cuda with the strided query sample (MF_EXTRACT_SAMPLE: masses from
          the rows q ≡ stride/2 (mod stride) of each block, the engine's LSE given; MASK codec,
          Top-P 0.9), the approximate exporter for a source whose attention is an engine's
@@ -72,11 +76,8 @@ IMPL_V2, IMPL_CORE = 2, 4
 MIX_CYCLE = (1, 2, 2, 0)  # bench_mix: head t's mode (prob, mask, mask, compute by t % 4)
 
 
-class ExportArgs(C.Structure):
-    """mf_export_cuda_args_t (kernels/mapflow_kernels_cuda.h); layout checked in load()."""
-    _c_type_ = "mf_export_cuda_args_t"
-    _fields_ = [("ex", BG.ExtractArgs), ("o", C.c_void_p), ("lse", C.c_void_p),
-                ("mass", C.c_void_p), ("scratch", C.c_void_p), ("scratch_bytes", C.c_size_t)]
+# mf_export_cuda_args_t: mapflow.kernels' mirror (layout-checked when the library loads)
+ExportArgs = BG.K.ExportCudaArgs
 
 
 def timeit(fn, reps, warm=2):
@@ -110,12 +111,6 @@ def load():
         lib.mf_attention_masses_scratch.restype = C.c_size_t
         lib.mf_attention_masses_scratch.argtypes = [C.c_uint32]
     if hasattr(lib, "mf_export_cuda"):
-        import mapflow  # bench_gpu put client/python on the path
-        bad = mapflow._abi_mismatches(mapflow._lib_layout(lib.mf_kernels_abi_layout),
-                                      [ExportArgs])
-        if bad:
-            raise ImportError("core_bench: ExportArgs differs from the library: " +
-                              "; ".join(bad))
         lib.mf_export_cuda.restype = C.c_int
         lib.mf_export_cuda.argtypes = [C.POINTER(ExportArgs), C.c_void_p,
                                        C.POINTER(C.c_char_p)]
@@ -240,6 +235,21 @@ def bench_masses(lib, n, hq, hkv, reps, log):
         st = lib.mf_export_cuda(C.byref(xa), stream, C.byref(why))
         if st != 0:
             raise RuntimeError(f"mf_export_cuda {st} {why.value}")
+    xa_t = xo_t = None
+    if xa is not None:  # O in the model's dtype from the epilogue (o_dtype), as the source uses it
+        xo_t = torch.empty(n, hq, D, dtype=torch.bfloat16, device="cuda")
+        xa_t = ExportArgs.from_buffer_copy(xa)
+        xa_t.o = xo_t.data_ptr()
+        xa_t.o_dtype = BG.K.BF16
+
+    def export_t():
+        st = lib.mf_export_cuda(C.byref(xa_t), stream, C.byref(why))
+        if st != 0:
+            raise RuntimeError(f"mf_export_cuda (O bf16) {st} {why.value}")
+
+    def export_cast():  # the hand-off before o_dtype: fp32 O, then the model's cast
+        export()
+        return xo.to(torch.bfloat16)
     o.fill_(float("nan"))
     mass.fill_(float("nan"))
     fused()
@@ -266,6 +276,11 @@ def bench_masses(lib, n, hq, hkv, reps, log):
         rec["export_rows_same_as_extract"] = sum(
             int(torch.equal(xbuf[x:x + int(sz)], buf[x:x + int(sz)]))
             for x, sz in zip(offs, xsizes.tolist()))
+        xo_t.fill_(float("nan"))
+        export_t()
+        torch.cuda.synchronize()
+        # the epilogue's bf16 O is the fp32 O rounded to nearest, element for element
+        rec["export_t_differ_from_rn"] = int((xo_t != xo.to(torch.bfloat16)).sum())
     del ref
     rec["fused_ms"] = timeit(fused, reps)[0]
     rec["dense_ms"] = timeit(dense, reps)[0]
@@ -276,6 +291,18 @@ def bench_masses(lib, n, hq, hkv, reps, log):
         rec["export_ms"] = timeit(export, reps)[0]
         rec["export_over_sdpa"] = rec["export_ms"] / rec["sdpa_ms"]
         rec["today_over_export"] = (rec["sdpa_ms"] + rec["extract_nolse_ms"]) / rec["export_ms"]
+        rec["export_cast_ms"] = timeit(export_cast, reps)[0]
+        rec["export_t_ms"] = timeit(export_t, reps)[0]
+        rec["export_t_over_sdpa"] = rec["export_t_ms"] / rec["sdpa_ms"]
+        # extract's scratch per call and its constants from pageable memory (before the cache)
+        nocache = {"MF_EXTRACT_CACHE": "0"}
+        rec["export_t_nocache_ms"] = with_env(nocache, lambda: timeit(export_t, reps))[0]
+        rec["export_t_nocache_wall_ms"] = with_env(nocache,
+                                                   lambda: wall_to_done(export_t, reps))
+        rec["export_t_wall_ms"] = wall_to_done(export_t, reps)
+        rec["export_t_host_us"] = host_wall(export_t, reps)
+        rec["export_t_nocache_host_us"] = with_env(nocache, lambda: host_wall(export_t, reps))
+        rec.update(bench_rows_copy(xbuf, xsizes, offs, reps))
     flops = 2.0 * n * n * D * hq
     rec["fused_TFLOPs"] = flops / rec["fused_ms"] / 1e9
     rec["sdpa_TFLOPs"] = flops / rec["sdpa_ms"] / 1e9
@@ -284,8 +311,58 @@ def bench_masses(lib, n, hq, hkv, reps, log):
     log(json.dumps(rec))
     del q, k, v, o, lse, mass, xmass, scr, qs, ks, vs, buf, lse_x
     if xa is not None:
-        del xbuf, xo, xlse, xmass_out
+        del xbuf, xo, xlse, xmass_out, xo_t
     torch.cuda.empty_cache()
+    return rec
+
+
+def wall_to_done(fn, reps):
+    """Median wall ms of fn() and a device synchronisation (host work and launch gaps
+    included, unlike the CUDA-event times; host_wall below times the host part alone)."""
+    fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        ts.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(ts)
+
+
+def bench_rows_copy(buf, sizes, offs, reps):
+    """A layer's exported rows into a region-like buffer (rows packed in a shuffled order):
+    mf_rows_copy_cuda (one launch) vs one torch copy a row (the hand-off's put path before
+    it), both on a side stream as the put thread runs them; wall ms to the copy's end, and
+    whether the bytes arrived."""
+    K = BG.K
+    sz = [int(z) for z in sizes.tolist()]
+    order = np.random.default_rng(len(sz)).permutation(len(sz))
+    dst_off, at = [0] * len(sz), 0
+    for x in order:
+        dst_off[x] = at
+        at += (sz[x] + 15) // 16 * 16
+    dst = torch.zeros(at, dtype=torch.uint8, device="cuda")
+    d_ptr = [dst.data_ptr() + o for o in dst_off]
+    s_ptr = [buf.data_ptr() + o for o in offs]
+    side = torch.cuda.Stream()
+
+    def one_launch():
+        K.rows_copy_cuda(d_ptr, s_ptr, sz, stream=side)
+        side.synchronize()
+
+    def per_row():
+        with torch.cuda.stream(side):
+            for x in range(len(sz)):
+                dst[dst_off[x]:dst_off[x] + sz[x]].copy_(buf[offs[x]:offs[x] + sz[x]])
+        side.synchronize()
+    one_launch()
+    same = sum(int(torch.equal(dst[dst_off[x]:dst_off[x] + sz[x]], buf[offs[x]:offs[x] + sz[x]]))
+               for x in range(len(sz)))
+    rec = {"rows_copy_rows": len(sz), "rows_copy_bytes": sum(sz), "rows_copy_same": same,
+           "rows_copy_wall_ms": wall_to_done(one_launch, reps),
+           "rows_copy_per_row_wall_ms": wall_to_done(per_row, reps)}
+    del dst
     return rec
 
 
@@ -691,6 +768,22 @@ def table(res, log):
                 f"{r['today_over_export']:.2f}x | {r['export_rows_bad']} "
                 f"(failed {r['export_failed']:#x}) | {r['export_rows_same_as_extract']}/"
                 f"{r['N'] // B} | {r['export_rel_vs_sdpa']:.1e} |")
+        if any("export_t_ms" in r for r in res["masses"]):
+            log("\n| N | Hq/Hkv | export O fp32 + cast ms | export O bf16 ms (/cuDNN) | "
+                "bf16 ≠ rn(fp32) | per-call scratch ms (wall / host µs) | cached (wall / host µs) |"
+                " rows copy 1 launch ms | per-row copies ms | rows equal |")
+            log("|---|---|---|---|---|---|---|---|---|---|")
+        for r in res["masses"]:
+            if "export_t_ms" not in r:
+                continue
+            log(f"| {r['N']} | {r['Hq']}/{r['Hkv']} | {r['export_cast_ms']:.3f} | "
+                f"{r['export_t_ms']:.3f} ({r['export_t_over_sdpa']:.3f}x) | "
+                f"{r['export_t_differ_from_rn']} | {r['export_t_nocache_ms']:.3f} "
+                f"({r['export_t_nocache_wall_ms']:.3f} / {r['export_t_nocache_host_us']:.0f}) | "
+                f"{r['export_t_ms']:.3f} ({r['export_t_wall_ms']:.3f} / "
+                f"{r['export_t_host_us']:.0f}) | {r['rows_copy_wall_ms']:.3f} | "
+                f"{r['rows_copy_per_row_wall_ms']:.3f} | {r['rows_copy_same']}/"
+                f"{r['rows_copy_rows']} |")
     if res["mask"]:
         log("\n| N | density | core ms (TFLOP/s) | BN-64 kernel ms (TFLOP/s) | core / BN-64 |"
             " core only ms (BN-64) | v2 ms | flex128 ms | flex64 ms | core vs flex128 |"

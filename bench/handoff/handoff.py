@@ -33,6 +33,12 @@ tier API (Channel(gpu_device=…), put_device, rows with .device_ptr), else "hos
 copied to pinned host memory and put through the host arena; leased host views copied
 to the GPU). --dry: tiny shapes on the CPU with the C reference kernels
 (libmfkernels_ref.so), for checking the script without a GPU.
+
+Source put path (issue 20): a layer's rows go into its put region in one launch
+(mf_rows_copy_cuda) on the put thread's own stream, waiting only for that copy. With
+--exporter fused, O comes from the kernel in the model's dtype (HANDOFF_O_FP32=1: fp32 O
+and a cast, as before) and the rows' launches run on a second stream, waited for in the
+put thread (HANDOFF_ROWS_STREAM=0: on the source's stream, sizes read back there).
 """
 import argparse
 import ctypes as C
@@ -310,11 +316,28 @@ class Store:
         self.batch_ok = True
         self.region_ok = os.environ.get("HANDOFF_PUT", "region") != "batch"
         self.fake = None
+        self.put_stream = None  # the put thread's own CUDA stream (stream())
+        self.rows_st = None  # the exporter's row launches with async rows (rows_stream())
         # several puts in flight: each is two round trips plus the daemon's check
         self.pool = ThreadPoolExecutor(4) if self.path == "gpu" else None
 
     def count(self, key, n=1):
         self.counts[key] = self.counts.get(key, 0) + n
+
+    def stream(self):
+        """The put thread's own CUDA stream: row copies into regions, sizes read back
+        (made on first use)."""
+        if self.put_stream is None:
+            self.put_stream = self.t.cuda.Stream()
+        return self.put_stream
+
+    def rows_stream(self):
+        """With async rows: the stream the exporter's row launches go to (the source
+        thread's; made on first use). Not the put stream: the put thread's copy of layer l
+        must not queue behind layer l + 1's rows."""
+        if self.rows_st is None:
+            self.rows_st = self.t.cuda.Stream()
+        return self.rows_st
 
     def _put_ptrs(self, ptrs, sizes):
         """mf_put_batch on rows already in this process's host memory (no Python copy:
@@ -333,10 +356,11 @@ class Store:
                 self.count("put_" + mf._TIERS.get(items[i].result.tier, "none"))
 
     def put_rows(self, rows):
-        """Puts one layer's rows (a mfk.RowSet whose work is finished; rows.key = (model,
-        layer) when the caller knows them): into one put region (one GPU-arena reservation
-        and one commit for the layer) when the binding and the daemon offer it and
-        HANDOFF_PUT is not "batch", else with put_device_batch."""
+        """Puts one layer's rows (a mfk.RowSet whose work is queued before rows.ready, or
+        finished (rows.synced); rows.key = (model, layer) when the caller knows them):
+        into one put region (one GPU-arena reservation and one commit for the layer) when
+        the binding and the daemon offer it and HANDOFF_PUT is not "batch", else with
+        put_device_batch."""
         ptrs, sizes = rows.ptrs(), [int(s) for s in rows.sizes]
         if self.path == "gpu" and self.dry:
             ptrs = self._fake_device(rows)
@@ -375,27 +399,30 @@ class Store:
         self._put_ptrs([base + o for o in rows.offs], sizes)
 
     def _put_region(self, rows, ptrs, sizes):
-        """One layer's rows into one put region: reserve, copy each row from the
-        exporter's buffer to its place in the GPU arena (device to device), commit; the
-        daemon checks every row before it is visible."""
+        """One layer's rows into one put region: reserve, copy the rows from the
+        exporter's buffer to their places in the GPU arena in one call (mf_rows_copy_cuda:
+        one launch on this thread's own stream, after the event the source recorded right
+        after the layer's export; only that copy is waited for), commit; the daemon checks
+        every row before it is visible. --dry: the reference copy (fake driver: device
+        memory is host memory)."""
+        from mapflow import kernels as K
         model, layer = rows.key
         reg = self.ch.put_region(model, layer, sizes)
         try:
             dst = reg.rows
-            if self.dry:  # fake driver: device memory is host memory
-                for d, p, n in zip(dst, ptrs, sizes):
-                    C.memmove(d, p, n)
+            if self.dry:
+                K.rows_copy_ref(dst, ptrs, sizes)
             else:
-                t = self.t
-                span = dst[-1] + sizes[-1] - dst[0]
-                ordered = all(dst[i] + sizes[i] <= dst[i + 1] for i in range(len(dst) - 1))
-                if ordered:  # one view of the whole block, sliced per row
-                    view = t.as_tensor(_DevBytes(dst[0], span), device=rows.buf.device)
-                for i, (d, o, n) in enumerate(zip(dst, rows.offs, sizes)):
-                    to = (view[d - dst[0]:d - dst[0] + n] if ordered else
-                          t.as_tensor(_DevBytes(d, n), device=rows.buf.device))
-                    to.copy_(rows.buf[o:o + n])
-                t.cuda.current_stream(rows.buf.device).synchronize()
+                t, dev, ps = self.t, rows.buf.device, self.stream()
+                ready = getattr(rows, "ready", None)
+                if ready is not None:
+                    ps.wait_event(ready)
+                elif not getattr(rows, "synced", False):
+                    ps.wait_stream(t.cuda.current_stream(dev))  # all queued before now
+                K.rows_copy_cuda(dst, ptrs, sizes, stream=ps)
+                done = t.cuda.Event()
+                done.record(ps)
+                done.synchronize()
             res = reg.commit()
         finally:
             reg.close()
@@ -509,12 +536,24 @@ class Store:
             return 0
 
 
-class _DevBytes:
-    """n bytes of device memory at ptr, for torch.as_tensor (CUDA array interface)."""
+class _LazyRows:
+    """A layer's rows whose launches run on the put stream (export_layer with async rows):
+    resolve() in the put thread waits for them (sizes read back on that stream) and gives
+    the RowSet; rows that did not fit their bound are extracted again (redo)."""
 
-    def __init__(self, ptr, n):
-        self.__cuda_array_interface__ = {"shape": (int(n),), "typestr": "|u1",
-                                         "data": (int(ptr), False), "version": 3}
+    def __init__(self, pending, key, redo, stream):
+        self.pending, self.key, self.redo, self.stream = pending, key, redo, stream
+
+    def resolve(self):
+        import mapflow.kernels as K
+        try:
+            rows = self.pending.wait(self.stream)
+        except K.RowOverflow:
+            rows = self.redo()  # synchronous on the put stream
+        rows.synced = True  # their work is done: the copy waits for nothing
+        rows.key = self.key
+        self.pending = self.redo = None  # Q, K, LSE, masses of the layer released here
+        return rows
 
 
 class Putter:
@@ -543,6 +582,8 @@ class Putter:
             try:
                 if self.err is None:
                     t = time.perf_counter()
+                    if isinstance(rows, _LazyRows):  # async rows: wait for them here
+                        rows = rows.resolve()
                     self.store.put_rows(rows)
                     self.put_s += time.perf_counter() - t
                     self.bytes += rows.total_bytes()
@@ -635,6 +676,9 @@ class Bench:
             except Exception as e:  # noqa: BLE001
                 log("flex_attention unavailable: %s" % e)
         self.stream = torch.cuda.Stream() if self.cuda else None
+        # --exporter fused: the rows' launches on the put thread's stream, resolved there
+        # (HANDOFF_ROWS_STREAM=0: on the source's stream, sizes read back in the source)
+        self.rows_async = os.environ.get("HANDOFF_ROWS_STREAM", "1") != "0"
         self.res = {"path": self.store.path, "path_why": self.store.why,
                     "target": vars(ts), "source": vars(ss), "l0": self.l0,
                     "mapped_layers": len(self.map), "exported_source_layers":
@@ -760,6 +804,7 @@ class Bench:
                 if self.cuda:
                     e.record()
                     evs.append((s, e))
+                    rows.ready = e  # the put thread's copy waits for this, not the stream
                 else:
                     evs.append(time.perf_counter() - tt)
                 putter.submit(slot, rows)
@@ -785,22 +830,51 @@ class Bench:
                      lse_used):
         """--exporter fused: one exported layer through mf_export_cuda (O, LSE, masses,
         rows, seal), timed like extract (CUDA events: here they cover the attention too);
-        the rows go to the put thread, O (fp32) back to the model's dtype."""
+        O comes in the model's dtype from the kernel (o_dtype: no fp32 O, no cast; the
+        environment's HANDOFF_O_FP32=1 casts an fp32 O as before, for an A/B run); the rows
+        go to the put thread with the event recorded right after the export."""
         t = self.t
         slot = putter.slot(k[0])
         k[0] += 1
         s, e = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
         s.record()
-        o, _, rows = self.with_entries(
-            lambda e: self.be.export(q, kk, v, top_p, codec, i, tok32, ("src", slot),
-                                     entries=e, model=model, ns=NS.encode()), entries)
-        out = o.view(q.shape[0], -1).to(q.dtype)
+        fp32 = os.environ.get("HANDOFF_O_FP32") == "1"
+        if self.rows_async:  # the rows' launches on the put stream: the source goes on
+            o, _, pending = self.be.export(q, kk, v, top_p, codec, i, tok32, ("src", slot),
+                                           entries=entries, model=model, ns=NS.encode(),
+                                           o_dtype=None if fp32 else q.dtype,
+                                           rows_stream=self.store.rows_stream())
+            rows = _LazyRows(pending, (model, i), lambda: self.redo_rows(
+                q, kk, top_p, codec, i, tok32, slot, entries, model), self.store.stream())
+        else:
+            o, _, rows = self.with_entries(
+                lambda e: self.be.export(q, kk, v, top_p, codec, i, tok32, ("src", slot),
+                                         entries=e, model=model, ns=NS.encode(),
+                                         o_dtype=None if fp32 else q.dtype), entries)
+        out = o.view(q.shape[0], -1)
+        if fp32:
+            out = out.to(q.dtype)
         e.record()
         evs.append((s, e))
         lse_used[0] += 1
-        rows.key = (model, i)
+        if not self.rows_async:
+            rows.key = (model, i)
+            rows.ready = e
         putter.submit(slot, rows)
         return out
+
+    def redo_rows(self, q, kk, top_p, codec, i, tok32, slot, entries, model):
+        """A layer whose rows did not fit the entry bound (async rows, found in the put
+        thread): extracted again there, on the put stream, with mf_extract_cuda (masses
+        from Q and K; the fused forward's ℓ scratch is the source's) and a doubled bound."""
+        t = self.t
+        self.store.count("rows_redone")
+        with t.cuda.stream(self.store.stream()):
+            rows = self.with_entries(
+                lambda e: self.be.extract(q, kk, top_p, codec, i, tok32, ("src", slot),
+                                          lse=None, entries=e, model=model, ns=NS.encode()),
+                None if entries is None else [2 * x for x in entries])
+        return rows
 
     def target_reuse_attn(self, n, rowsets, modes):
         """modes: {target layer: "prob" | "mask"} (every head of a layer alike)."""

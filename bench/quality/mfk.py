@@ -143,9 +143,11 @@ class Cuda:
         return RowSet.of(rows, codec)
 
     def export(self, q, k, v, top_p, codec, layer, tokens, slot, entries=None, model=MODEL,
-               ns=NS):
-        """The source's exporter (mf_export_cuda, B = 64): (O [N, H, d] fp32, LSE [H, N],
-        the layer's rows), attention and rows from one fused pass."""
+               ns=NS, o_dtype=None, rows_stream=None):
+        """The source's exporter (mf_export_cuda, B = 64): (O [N, H, d] fp32, or o_dtype =
+        q.dtype, LSE [H, N], the layer's rows), attention and rows from one fused pass.
+        rows_stream: the rows' launches go there; the third value then has wait() → the
+        RowSet (kernels.PendingRows)."""
         n, h, _ = q.shape
         if n not in self.scratch:
             self.scratch[n] = torch.empty(int(self._need(n)), dtype=torch.uint8,
@@ -154,8 +156,11 @@ class Cuda:
                                      codec=codec, layer=layer,
                                      caps=_caps(codec, self.b, h, n // self.b, entries, model),
                                      buf=self.pool.get(slot), scratch=self.scratch[n],
-                                     lib=self.lib)
+                                     o_dtype=o_dtype, rows_stream=rows_stream, lib=self.lib)
         self.pool[slot] = rows.buf
+        if rows_stream is not None:
+            return o, lse, types.SimpleNamespace(
+                wait=lambda stream=None: RowSet.of(rows.wait(stream), codec))
         return o, lse, RowSet.of(rows, codec)
 
     def apply(self, rows, w, mode, top_p, q, k, v, exact_last):

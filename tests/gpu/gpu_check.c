@@ -29,7 +29,12 @@
  *            seal): rows as extract's are checked against mf_extract_ref (above), masses
  *            within 1e-4 of float64 and 0 above the diagonal, O / LSE as dense; a partial
  *            last block, a sub-range of rows, caller-given (poisoned) and self-allocated
- *            scratch; bad arguments refused with nothing written.
+ *            scratch; bad arguments refused with nothing written; O in the inputs' dtype
+ *            (o_dtype): within float64 plus one rounding and bit-equal to the same call's
+ *            fp32 O rounded to nearest; with rows_stream (the rows on a second stream) the
+ *            same rows, byte for byte.
+ *   rows copy: mf_rows_copy_cuda vs mf_rows_copy_ref on random sizes / offsets: the whole
+ *            destination equal (nothing outside the rows written); bad arguments refused.
  *   sample:  mf_extract_cuda with MF_EXTRACT_SAMPLE (the strided query sample) as extract
  *            above against mf_extract_ref with the same sample, its masses against the
  *            float64 sampled definition; bad options refused (and by the export).
@@ -260,6 +265,8 @@ typedef struct ext_case {
     uint32_t skip0, skip1; /* rows for query blocks [skip0, nb − skip1) only */
     int own_scratch;      /* fused: the caller passes the forward's scratch (poisoned) */
     uint32_t stride, offset; /* > 1: the strided query sample (MF_EXTRACT_SAMPLE) */
+    int o_t;              /* fused: O in the inputs' dtype (o_dtype), checked against the
+                           * same call's fp32 O rounded (bit for bit) and float64 */
 } ext_case_t;
 
 /* O [N, Hq, d] and LSE [Hq, N] of a GPU forward against float64: rel err of O over the
@@ -297,11 +304,11 @@ static int check_extract(const ext_case_t *c, uint64_t seed)
     uint32_t fields = c->stride > 1 ? MF_EXTRACT_SAMPLE : 0;
     if (fields)
         snprintf(smp, sizeof(smp), " s%u+%u", c->stride, c->offset);
-    snprintf(name, sizeof(name), "%s %s B%u d%u N%u H%u/%u %s lse=%s%s%s%s",
+    snprintf(name, sizeof(name), "%s %s B%u d%u N%u H%u/%u %s lse=%s%s%s%s%s",
              c->fused ? "export" : "extract", c->dt == MF_DTYPE_F16 ? "f16" : "bf16", c->b,
              c->d, c->n, c->hq, c->hkv, mf_codec_name(c->codec),
              c->lse_given ? "given" : "computed", c->skip0 || c->skip1 ? " part" : "",
-             c->own_scratch ? " scratch" : "", smp);
+             c->own_scratch ? " scratch" : "", smp, c->o_t ? " O=T" : "");
     tensors_t t;
     tensors_make(&t, seed, c->dt, c->n, c->hq, c->hkv, c->d);
     uint32_t nb = c->n / c->b, i0 = c->skip0, i1 = nb - c->skip1;
@@ -339,8 +346,10 @@ static int check_extract(const ext_case_t *c, uint64_t seed)
     }
     /* GPU */
     uint8_t *drows;
-    float *dlse = NULL, *dmass, *d_o = NULL, *d_lse = NULL;
-    void *dscr = NULL;
+    float *dlse = NULL, *dmass, *d_lse = NULL;
+    void *dscr = NULL, *d_o = NULL;
+    size_t osz = c->fused && c->o_t ? 2 : 4; /* bytes of an O element */
+    mf_export_cuda_args_t xa = { 0 };
     uint64_t *dsizes;
     uint32_t *dfailed;
     /* mass[h][i][j] at h·mhs + (i − mi0)·mrs + j: extract's mass_out [Hq][i1 − i0][i1], the
@@ -368,11 +377,15 @@ static int check_extract(const ext_case_t *c, uint64_t seed)
     CK(cudaMemset(dsizes, 0xff, gpu.nq * 8));
     CK(cudaMemset(dfailed, 0, 4));
     if (c->fused) {
-        CK(cudaMalloc((void **)&d_o, on * 4));
+        CK(cudaMalloc(&d_o, on * osz));
         CK(cudaMalloc((void **)&d_lse, ln * 4));
-        CK(cudaMemset(d_o, 0xff, on * 4)); /* NaN poison */
+        CK(cudaMemset(d_o, 0xff, on * osz)); /* NaN poison (fp32, f16 and bf16 alike) */
         CK(cudaMemset(d_lse, 0xff, ln * 4));
-        mf_export_cuda_args_t xa = { .ex = ga, .o = d_o, .lse = d_lse, .mass = dmass };
+        xa.ex = ga;
+        xa.o = d_o;
+        xa.lse = d_lse;
+        xa.mass = dmass;
+        xa.o_dtype = c->o_t ? c->dt : MF_DTYPE_F32;
         if (c->own_scratch) {
             xa.scratch_bytes = mf_attention_masses_scratch(c->n);
             CK(cudaMalloc(&dscr, xa.scratch_bytes));
@@ -499,20 +512,67 @@ static int check_extract(const ext_case_t *c, uint64_t seed)
            tile_excess <= 1.0 && mass_byte <= 1;
     if (c->fused) {
         float *o = malloc(on * 4), *lse = malloc(ln * 4);
-        if (!o || !lse) {
+        uint16_t *ot = c->o_t ? malloc(on * 2) : NULL;
+        if (!o || !lse || (c->o_t && !ot)) {
             fprintf(stderr, "out of memory\n");
             exit(2);
         }
-        CK(cudaMemcpy(o, d_o, on * 4, cudaMemcpyDeviceToHost));
+        if (c->o_t) {
+            CK(cudaMemcpy(ot, d_o, on * 2, cudaMemcpyDeviceToHost));
+            mf_tensor_to_f32(ot, c->dt, on, o);
+        } else {
+            CK(cudaMemcpy(o, d_o, on * 4, cudaMemcpyDeviceToHost));
+        }
         CK(cudaMemcpy(lse, d_lse, ln * 4, cudaMemcpyDeviceToHost));
         double rel, lerr;
         size_t unwritten;
         forward_err(o, lse, o64, lse64, on, ln, &rel, &lerr, &unwritten);
+        /* O in T: one more rounding (half an ulp, 2^-8 relative for bf16, 2^-11 for f16) */
+        double otol = 2e-3 + (!c->o_t ? 0 : c->dt == MF_DTYPE_BF16 ? 1.0 / 256 : 1.0 / 2048);
         report(name, "unwritten O/mass", (double)(unwritten + above), 0,
                unwritten + above == 0);
-        report(name, "rel err O", rel, 2e-3, rel <= 2e-3);
+        report(name, "rel err O", rel, otol, rel <= otol);
         report(name, "LSE max |err|", lerr, 1e-3, lerr <= 1e-3);
-        pass &= unwritten + above == 0 && rel <= 2e-3 && lerr <= 1e-3;
+        pass &= unwritten + above == 0 && rel <= otol && lerr <= 1e-3;
+        if (c->o_t) {
+            /* the same call with an fp32 O, its rows on a second stream (rows_stream):
+             * T must be the fp32 O rounded to nearest, the rows the same bytes */
+            float *d_o32, *o32 = malloc(on * 4);
+            uint8_t *rows2 = malloc(gpu.total);
+            uint64_t *sizes2 = malloc(gpu.nq * 8);
+            cudaStream_t rs;
+            CK(cudaStreamCreateWithFlags(&rs, cudaStreamNonBlocking));
+            CK(cudaMalloc((void **)&d_o32, on * 4));
+            CK(cudaMemset(d_o32, 0xff, on * 4));
+            CK(cudaMemset(drows, 0xa5, gpu.total));
+            CK(cudaMemset(dsizes, 0xff, gpu.nq * 8));
+            CK(cudaDeviceSynchronize());
+            mf_export_cuda_args_t x32 = xa;
+            x32.o = d_o32;
+            x32.o_dtype = MF_DTYPE_F32;
+            x32.rows_stream = (mf_cuda_stream_t)rs;
+            st = mf_export_cuda(&x32, 0, &why);
+            CK(cudaStreamSynchronize(rs)); /* the rows' launches and the free of scratch */
+            CK(cudaDeviceSynchronize());
+            CK(cudaMemcpy(o32, d_o32, on * 4, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(rows2, drows, gpu.total, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(sizes2, dsizes, gpu.nq * 8, cudaMemcpyDeviceToHost));
+            size_t differ = st == MF_OK ? 0 : on, rdiff = st == MF_OK ? 0 : 1;
+            for (size_t x = 0; x < on && st == MF_OK; x++)
+                differ += to16(o32[x], c->dt) != ot[x];
+            for (uint32_t k = 0; k < gpu.nq && st == MF_OK; k++)
+                rdiff += sizes2[k] != gsizes[k] ||
+                         memcmp(rows2 + gpu.off[k], gpu.host + gpu.off[k], gsizes[k]) != 0;
+            report(name, "O=T vs rn(fp32 O)", (double)differ, 0, differ == 0);
+            report(name, "rows_stream rows diff", (double)rdiff, 0, rdiff == 0);
+            pass &= differ == 0 && rdiff == 0;
+            CK(cudaStreamDestroy(rs));
+            cudaFree(d_o32);
+            free(o32);
+            free(rows2);
+            free(sizes2);
+        }
+        free(ot);
         free(o);
         free(lse);
     }
@@ -830,10 +890,11 @@ static int check_export_args(void)
                 .rows = rs.ptrs, .caps = rs.cap, .sizes = dsizes, .failed_block = dfailed },
         .o = d_o };
     int ok = 1, k = 0;
-    mf_status_t want[8] = { MF_INVALID_ARGUMENT, MF_INVALID_ARGUMENT, MF_INVALID_ARGUMENT,
-                            MF_UNIMPLEMENTED, MF_INVALID_ARGUMENT, MF_INVALID_ARGUMENT,
-                            MF_INVALID_ARGUMENT, MF_INVALID_ARGUMENT };
-    for (k = 0; k < 8; k++) {
+    mf_status_t want[10] = { MF_INVALID_ARGUMENT, MF_INVALID_ARGUMENT, MF_INVALID_ARGUMENT,
+                             MF_UNIMPLEMENTED, MF_INVALID_ARGUMENT, MF_INVALID_ARGUMENT,
+                             MF_INVALID_ARGUMENT, MF_INVALID_ARGUMENT, MF_INVALID_ARGUMENT,
+                             MF_INVALID_ARGUMENT };
+    for (k = 0; k < 10; k++) {
         mf_export_cuda_args_t a = good;
         switch (k) {
         case 0: a.o = NULL; break;
@@ -844,6 +905,8 @@ static int check_export_args(void)
         case 5: a.ex.top_p = 0.0f; break;
         case 6: a.ex.i1 = 5; break;                      /* past N / B */
         case 7: a.scratch = d_lse; a.scratch_bytes = 16; break; /* the forward's check */
+        case 8: a.o_dtype = MF_DTYPE_F16; break;         /* neither F32 nor the inputs' BF16 */
+        case 9: a.o_dtype = (mf_dtype_t)7; break;
         }
         why = "";
         mf_status_t st = mf_export_cuda(&a, 0, &why);
@@ -986,15 +1049,143 @@ static int sample_cases(int small, uint64_t seed, int *cases)
     return fails;
 }
 
+/* mf_rows_copy_cuda against mf_rows_copy_ref (the spec) on random rows: sizes 0 to 200 KB
+ * (16-byte multiples and odd ones), source and destination at random gaps, some offsets
+ * not 16-aligned (the byte path), destinations in a shuffled order; the whole destination
+ * buffer (poisoned) must equal the reference's image: bytes copied, nothing outside
+ * written. Then bad arguments refused with nothing written, on the case's own stream. */
+static int check_rows_copy(uint64_t seed)
+{
+    mf_rng_t rng;
+    mf_rng_seed(&rng, seed ^ 0xc0b1);
+    uint32_t n = 40 + (uint32_t)(mf_rng_u64(&rng) % 160);
+    size_t *sizes = malloc(n * sizeof(size_t)), *so = malloc(n * sizeof(size_t)),
+           *dof = malloc(n * sizeof(size_t));
+    uint32_t *perm = malloc(n * 4);
+    size_t stot = 0, dtot = 0;
+    for (uint32_t x = 0; x < n; x++) {
+        uint64_t r = mf_rng_u64(&rng);
+        size_t z = r % 7 == 0 ? 0 : r % 7 == 1 ? 1 + r % 100 : r % 7 == 2 ? 150000 + r % 60000
+                                                                       : 16 * (1 + r % 4096);
+        sizes[x] = z;
+        perm[x] = x;
+    }
+    for (uint32_t x = n - 1; x > 0; x--) { /* destinations in a shuffled order */
+        uint32_t y = (uint32_t)(mf_rng_u64(&rng) % (x + 1)), t = perm[x];
+        perm[x] = perm[y];
+        perm[y] = t;
+    }
+    for (uint32_t x = 0; x < n; x++) {
+        uint64_t r = mf_rng_u64(&rng);
+        /* gaps: 16-aligned mostly (rows are), an odd one every few rows */
+        stot += (r % 5 == 0) ? 1 + r % 15 : 16 * (r % 4);
+        so[x] = stot;
+        stot += sizes[x];
+    }
+    for (uint32_t k = 0; k < n; k++) {
+        uint32_t x = perm[k];
+        uint64_t r = mf_rng_u64(&rng);
+        dtot += (r % 6 == 0) ? 1 + r % 15 : 16 * (1 + r % 3);
+        dof[x] = dtot;
+        dtot += sizes[x];
+    }
+    dtot += 64;
+    uint8_t *hs = malloc(stot + 1), *hd = malloc(dtot), *got = malloc(dtot);
+    for (size_t x = 0; x < stot; x++)
+        hs[x] = (uint8_t)mf_rng_u64(&rng);
+    memset(hd, 0x5a, dtot);
+    uint8_t *ds, *dd;
+    CK(cudaMalloc((void **)&ds, stot + 1));
+    CK(cudaMalloc((void **)&dd, dtot));
+    CK(cudaMemcpy(ds, hs, stot, cudaMemcpyHostToDevice));
+    CK(cudaMemset(dd, 0x5a, dtot));
+    void **dp = malloc(n * sizeof(void *)), **hdp = malloc(n * sizeof(void *));
+    const void **sp = malloc(n * sizeof(void *)), **hsp = malloc(n * sizeof(void *));
+    for (uint32_t x = 0; x < n; x++) {
+        dp[x] = dd + dof[x];
+        sp[x] = ds + so[x];
+        hdp[x] = hd + dof[x];
+        hsp[x] = hs + so[x];
+    }
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    const char *why = "";
+    mf_status_t s1 = mf_rows_copy_cuda(dp, sp, sizes, n, (mf_cuda_stream_t)st, &why);
+    mf_status_t s2 = mf_rows_copy_ref(hdp, hsp, sizes, n, &why);
+    CK(cudaStreamSynchronize(st));
+    CK(cudaGetLastError());
+    CK(cudaMemcpy(got, dd, dtot, cudaMemcpyDeviceToHost));
+    size_t differ = 0;
+    for (size_t x = 0; x < dtot; x++)
+        differ += got[x] != hd[x];
+    int ok = s1 == MF_OK && s2 == MF_OK && differ == 0;
+    if (s1 != MF_OK || s2 != MF_OK)
+        printf("rows copy: cuda %s, ref %s (%s)\n", mf_status_name(s1), mf_status_name(s2),
+               why);
+    char name[96];
+    snprintf(name, sizeof(name), "rows copy n%u %zu bytes", n, stot);
+    report(name, "bytes differing", (double)differ, 0, ok);
+    /* bad arguments: a status and a message, nothing queued */
+    CK(cudaMemset(dd, 0x5a, dtot));
+    int bad_ok = 1;
+    for (int k = 0; k < 5; k++) {
+        void *d1[2] = { dd, dd + 4096 };
+        const void *s1p[2] = { ds, ds + 16 };
+        size_t z1[2] = { 64, 64 };
+        uint32_t nn = 2;
+        switch (k) {
+        case 0: s1p[1] = dd + 4096 + 32; break; /* a row's src overlaps its dst */
+        case 1: z1[0] = (size_t)MF_ROW_MAX_BYTES + 16; break;
+        case 2: s1p[1] = NULL; break;
+        case 3: nn = MF_ROWS_COPY_MAX + 1; break; /* the count checked before the arrays */
+        case 4: d1[0] = (void *)(UINTPTR_MAX - 8); break; /* wraps */
+        }
+        why = "";
+        mf_status_t sb = mf_rows_copy_cuda(d1, s1p, z1, nn, (mf_cuda_stream_t)st, &why);
+        if (sb != MF_INVALID_ARGUMENT || !*why) {
+            printf("rows copy bad argument %d: %s (%s)\n", k, mf_status_name(sb), why);
+            bad_ok = 0;
+        }
+    }
+    why = "";
+    mf_status_t s0 = mf_rows_copy_cuda(NULL, NULL, NULL, 0, (mf_cuda_stream_t)st, &why);
+    CK(cudaStreamSynchronize(st));
+    CK(cudaMemcpy(got, dd, dtot, cudaMemcpyDeviceToHost));
+    size_t touched = 0;
+    for (size_t x = 0; x < dtot; x++)
+        touched += got[x] != 0x5a;
+    bad_ok &= touched == 0 && s0 == MF_OK;
+    report("rows copy bad arguments", "refused+untouched", bad_ok ? 0 : 1, 0, bad_ok);
+    CK(cudaStreamDestroy(st));
+    cudaFree(ds);
+    cudaFree(dd);
+    free(dp);
+    free(sp);
+    free(hdp);
+    free(hsp);
+    free(hs);
+    free(hd);
+    free(got);
+    free(sizes);
+    free(so);
+    free(dof);
+    free(perm);
+    return ok && bad_ok;
+}
+
 /* The fused export's cases (mf_export_cuda vs mf_extract_ref), all at B = 64. */
 static int export_cases(int small, uint64_t seed, int *cases)
 {
     int fails = 0;
     if (small) {
         ext_case_t e = { MF_DTYPE_F16, 64, 64, 256, 4, 2, MF_CODEC_FP8_E4M3, 0, 0.9f, 1, 0, 0, 1 };
+        ext_case_t et = { MF_DTYPE_BF16, 64, 128, 256, 4, 2, MF_CODEC_MASK, 0, 0.9f, 1, 0, 0, 1,
+                          .o_t = 1 };
         fails += !check_extract(&e, seed);
+        fails += !check_extract(&et, seed + 1);
         fails += !check_export_args();
-        *cases += 2;
+        fails += !check_rows_copy(seed + 2);
+        *cases += 4;
         return fails;
     }
     const mf_codec_t codecs[] = { MF_CODEC_MASK, MF_CODEC_FP16, MF_CODEC_BF16,
@@ -1009,8 +1200,17 @@ static int export_cases(int small, uint64_t seed, int *cases)
     ext_case_t g = { MF_DTYPE_F16, 64, 128, 640, 4, 4, MF_CODEC_MASK, 0, 1.0f, 1, 0, 1, 0 };
     fails += !check_extract(&p, seed + 5);
     fails += !check_extract(&g, seed + 6);
+    /* O in the inputs' dtype (the source's own: no fp32 O, no cast): bf16 d 128 as the
+     * hand-off's layers, f16 d 64 with a partial last block */
+    ext_case_t tb = { MF_DTYPE_BF16, 64, 128, 768, 8, 2, MF_CODEC_MASK, 0, 0.9f, 1, 0, 0, 1,
+                      .o_t = 1 };
+    ext_case_t tf = { MF_DTYPE_F16, 64, 64, 800, 4, 2, MF_CODEC_FP8_E4M3, 0, 0.9f, 1, 0, 0, 0,
+                      .o_t = 1 };
+    fails += !check_extract(&tb, seed + 7);
+    fails += !check_extract(&tf, seed + 8);
     fails += !check_export_args();
-    *cases += 8;
+    fails += !check_rows_copy(seed + 9);
+    *cases += 11;
     return fails;
 }
 

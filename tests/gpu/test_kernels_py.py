@@ -11,7 +11,10 @@ tests/python/test_kernels_py.py). Fresh random inputs each run, fp16 and bf16:
   the same rows copied to the host, for implementations core and v2: ‖O − O_ref‖ /
   ‖O_ref‖ ≤ 2e-3; with no rows it is dense attention;
 - export_cuda (the fused forward + extract's selection): O / LSE vs float64, masses vs
-  extract_cuda's, rows that decode with extract_ref's headers;
+  extract_cuda's, rows that decode with extract_ref's headers; with o_dtype = q's dtype
+  O equals the fp32 O rounded to nearest; with rows_stream the rows (PendingRows.wait)
+  are the same bytes;
+- rows_copy_cuda on a side stream equals rows_copy_ref's copy, nothing else written;
 - extract_cuda with sample_stride (the strided query sample, the engine's LSE given):
   masses within 1e-3 of the float64 sampled masses (and not the exact ones), rows that
   decode with extract_ref's headers for the same sample; a bad stride is refused;
@@ -209,10 +212,60 @@ class KernelsCuda(unittest.TestCase):
             ref = K.extract_ref(host(q), host(k), block_size=b, **ex)
             self.assertEqual(len(rows), len(ref))
             self.same_headers(lib, rows, ref)
+            # O in the model's dtype: the fp32 O rounded to nearest, element for element,
+            # and the same rows
+            ot, _, rows_t = K.export_cuda(q, k, v, scratch=scratch, o_dtype=dtype, **ex)
+            self.assertEqual(ot.dtype, dtype)
+            self.assertTrue(torch.equal(ot, o.to(dtype)), dtype)
+            self.assertIsNone(rows_t.mass)
+            self.assertEqual(rows_t.sizes, rows.sizes)
+            # the rows' launches on a second stream: the same rows once waited for
+            side = torch.cuda.Stream()
+            _, _, pend = K.export_cuda(q, k, v, scratch=scratch, o_dtype=dtype,
+                                       rows_stream=side, **ex)
+            rows_s = pend.wait(torch.cuda.Stream())
+            self.assertEqual(rows_s.sizes, rows.sizes)
+            for a, b_ in zip(rows_s.host(), rows.host()):
+                self.assertTrue(np.array_equal(a, b_))
         with self.assertRaises(mapflow.InvalidArgument) as cm:
             K.export_cuda(q, k, v, scratch=torch.empty(8, dtype=torch.uint8, device="cuda"),
                           **ex)
         self.assertIn("scratch must be", str(cm.exception))
+        with self.assertRaises(mapflow.InvalidArgument) as cm:
+            K.export_cuda(q, k, v, o_dtype=torch.bfloat16, **ex)  # q is float16 here
+        self.assertIn("o_dtype", str(cm.exception))
+
+    def test_rows_copy(self):
+        """rows_copy_cuda on a side stream: random rows (sizes, gaps, some not 16-aligned)
+        land where rows_copy_ref puts them on the host, nothing else in the destination
+        changes; a bad table raises InvalidArgument."""
+        g = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
+        n = int(g.integers(50, 300))
+        sizes = [int(z) for z in g.integers(0, 70000, n)]
+        so, do, at = [], [0] * n, 0
+        for z in sizes:
+            at += int(g.choice([0, 16, 3]))
+            so.append(at)
+            at += z
+        src = torch.randint(0, 256, (at + 1,), dtype=torch.uint8, device="cuda")
+        at = 0
+        for x in g.permutation(n):
+            at += int(g.choice([0, 16, 5]))
+            do[x] = at
+            at += sizes[x]
+        dst = torch.full((at + 64,), 0x5a, dtype=torch.uint8, device="cuda")
+        want = dst.cpu().numpy()
+        hsrc = src.cpu().numpy()
+        K.rows_copy_ref([want.ctypes.data + o for o in do], [hsrc.ctypes.data + o for o in so],
+                        sizes)
+        side = torch.cuda.Stream()
+        K.rows_copy_cuda([dst.data_ptr() + o for o in do], [src.data_ptr() + o for o in so],
+                         sizes, stream=side)
+        side.synchronize()
+        self.assertTrue(np.array_equal(dst.cpu().numpy(), want))
+        with self.assertRaises(mapflow.InvalidArgument) as cm:
+            K.rows_copy_cuda([dst.data_ptr()], [dst.data_ptr() + 8], [64], stream=side)
+        self.assertIn("overlap", str(cm.exception))
 
     def test_bad_arguments(self):
         q, k, v = rand_qkv(self.gen, 256, 4, 2, 64, torch.float16)

@@ -4,6 +4,7 @@
   ctypes call of mf_extract_ref / mf_apply_ref / mf_attention_dense_ref gives (bytes of
   every row, O, the work counters), for several codecs, GQA, and partial block ranges;
 - apply_ref with no rows is dense causal attention (checked against NumPy in float64);
+- rows_copy_ref (the spec of the put path's one-launch row copy) copies exactly its rows;
 - a row that does not fit raises RowOverflow (.block, .needed); bad shapes, dtypes,
   layouts, codecs, modes and block sizes raise InvalidArgument naming the argument;
 - the mirror check refuses a struct that differs from mf_kernels_abi_layout(), and the
@@ -266,6 +267,44 @@ class KernelsRef(unittest.TestCase):
         with self.assertRaises(mapflow.MapflowError) as cm:
             K.apply_ref([rows[0], bytes(broken)], w, mode, q, k, v, block_size=b)
         self.assertIn("mf_row_decode (row 1)", str(cm.exception))
+
+    def test_rows_copy_ref(self):
+        """rows_copy_ref copies each row's bytes to its destination and nothing else (random
+        sizes, gaps and a shuffled order); bad tables raise InvalidArgument, nothing
+        copied."""
+        rng = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
+        n = int(rng.integers(20, 80))
+        sizes = [int(z) for z in rng.integers(0, 3000, n)]
+        sizes[0] = 0
+        src = rng.integers(0, 256, sum(sizes) + 16 * n, dtype=np.uint8)
+        dst = np.full(sum(sizes) + 32 * n, 0x5a, dtype=np.uint8)
+        want = dst.copy()
+        so, do, at = [], [0] * n, 0
+        for z in sizes:
+            at += int(rng.integers(0, 16))
+            so.append(at)
+            at += z
+        at = 0
+        for x in rng.permutation(n):
+            at += int(rng.integers(0, 32))
+            do[x] = at
+            at += sizes[x]
+        for x in range(n):
+            want[do[x]:do[x] + sizes[x]] = src[so[x]:so[x] + sizes[x]]
+        sb, db = src.ctypes.data, dst.ctypes.data
+        K.rows_copy_ref([db + o for o in do], [sb + o for o in so], sizes)
+        self.assertTrue(np.array_equal(dst, want))
+        dst[:] = 0x5a
+        for bad, msg in (((([db], [sb], [1, 2])), "1 destinations, 1 sources, 2 sizes"),
+                         (([db], [sb], [-1]), "[0, 2**64)"),
+                         (([db], [sb], [1 << 32]), "MF_ROW_MAX_BYTES"),
+                         (([db], [0], [16]), "no source or destination"),
+                         (([db + 8], [db], [16]), "overlap")):
+            with self.assertRaises(mapflow.InvalidArgument) as cm:
+                K.rows_copy_ref(*bad)
+            self.assertIn(msg, str(cm.exception))
+        self.assertTrue((dst == 0x5a).all())
+        K.rows_copy_ref([], [], [])  # nothing to copy is fine
 
     def test_cuda_calls_check_before_the_device(self):
         """Without a GPU: the CUDA wrappers refuse host tensors before any CUDA call (the

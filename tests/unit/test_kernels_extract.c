@@ -1,5 +1,5 @@
 /* Reference extract: masses, Top-P selection, tiles, GQA, hashes, dtypes, errors, and the
- * strided query sample (MF_EXTRACT_SAMPLE). */
+ * strided query sample (MF_EXTRACT_SAMPLE); the put path's row copy (mf_rows_copy_ref). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -565,6 +565,72 @@ static void test_topp_select_unit(void **state)
     assert_int_equal(mf_topp_select(m, NULL, 6, 0.0, keep, &n), MF_INVALID_ARGUMENT);
 }
 
+/* The put path's row copy (mf_rows_copy_ref, the spec of mf_rows_copy_cuda): random sizes
+ * and gaps, destinations in reverse order; each row lands, nothing else changes; bad tables
+ * are refused with nothing copied. */
+static void test_rows_copy(void **state)
+{
+    (void)state;
+    enum { R = 37 };
+    mf_rng_t rng;
+    mf_rng_seed(&rng, 0x5eed ^ (uint64_t)R);
+    size_t sizes[R], so[R], dof[R], st = 0, dt = 0;
+    for (int x = 0; x < R; x++) {
+        sizes[x] = x % 9 == 0 ? 0 : 1 + mf_rng_u64(&rng) % 900;
+        st += mf_rng_u64(&rng) % 17;
+        so[x] = st;
+        st += sizes[x];
+    }
+    for (int x = R - 1; x >= 0; x--) {
+        dt += mf_rng_u64(&rng) % 17;
+        dof[x] = dt;
+        dt += sizes[x];
+    }
+    uint8_t *src = malloc(st + 1), *dst = malloc(dt + 1), *want = malloc(dt + 1);
+    assert_non_null(src);
+    assert_non_null(dst);
+    assert_non_null(want);
+    for (size_t x = 0; x <= st; x++)
+        src[x] = (uint8_t)mf_rng_u64(&rng);
+    memset(dst, 0x5a, dt + 1);
+    memset(want, 0x5a, dt + 1);
+    void *dp[R];
+    const void *sp[R];
+    for (int x = 0; x < R; x++) {
+        dp[x] = dst + dof[x];
+        sp[x] = src + so[x];
+        for (size_t y = 0; y < sizes[x]; y++)
+            want[dof[x] + y] = src[so[x] + y];
+    }
+    const char *why = "";
+    assert_int_equal(mf_rows_copy_ref(dp, sp, sizes, R, &why), MF_OK);
+    assert_memory_equal(dst, want, dt + 1);
+    size_t mx = 0;
+    assert_int_equal(mf_rows_copy_check(dp, sp, sizes, R, &mx, &why), MF_OK);
+    size_t big = 0;
+    for (int x = 0; x < R; x++)
+        big = sizes[x] > big ? sizes[x] : big;
+    assert_int_equal(mx, big);
+    memset(dst, 0x5a, dt + 1);
+    void *d1[1] = { dst };
+    const void *s1[1] = { dst + 8 }, *s0[1] = { NULL }, *s2[1] = { src };
+    size_t z1[1] = { 16 }, zbig[1] = { (size_t)MF_ROW_MAX_BYTES + 1 };
+    why = "";
+    assert_int_equal(mf_rows_copy_ref(d1, s1, z1, 1, &why), MF_INVALID_ARGUMENT); /* overlap */
+    assert_true(*why);
+    assert_int_equal(mf_rows_copy_ref(d1, s0, z1, 1, &why), MF_INVALID_ARGUMENT);
+    assert_int_equal(mf_rows_copy_ref(d1, s2, zbig, 1, &why), MF_INVALID_ARGUMENT);
+    assert_int_equal(mf_rows_copy_ref(NULL, s2, z1, 1, &why), MF_INVALID_ARGUMENT);
+    assert_int_equal(mf_rows_copy_ref(d1, s2, z1, MF_ROWS_COPY_MAX + 1, &why),
+                     MF_INVALID_ARGUMENT);
+    for (size_t x = 0; x <= dt; x++)
+        assert_int_equal(dst[x], 0x5a);
+    assert_int_equal(mf_rows_copy_ref(NULL, NULL, NULL, 0, &why), MF_OK);
+    free(src);
+    free(dst);
+    free(want);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -573,7 +639,7 @@ int main(void)
         cmocka_unit_test(test_row_headers),    cmocka_unit_test(test_dtypes),
         cmocka_unit_test(test_errors),         cmocka_unit_test(test_topp_select_unit),
         cmocka_unit_test(test_sample_stride1), cmocka_unit_test(test_sample_masses),
-        cmocka_unit_test(test_sample_errors),
+        cmocka_unit_test(test_sample_errors),  cmocka_unit_test(test_rows_copy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

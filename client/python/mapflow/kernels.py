@@ -7,6 +7,10 @@ torch's current stream of the tensors' device):
   extract_ref / extract_cuda      source Q, K → map rows of query blocks [i0, i1)
   apply_ref / apply_cuda          rows + layer map + target Q, K, V → O [N, Ht, d] float32
   attention_dense_ref / _cuda     dense causal O and LSE [Hq, N] (natural log)
+  export_cuda                     the source's exporter: its layer's O (fp32 or the model's
+                                  dtype) and rows from one fused pass (sm_90)
+  rows_copy_ref / rows_copy_cuda  n byte ranges copied (the put path's rows into a region;
+                                  CUDA: one launch on a given stream)
 
 Tensors are [N, H, d] row-major and contiguous (mapflow_kernels.h); Q/K/V share a dtype
 (float16 or bfloat16 on CUDA; float32 / float16 / bfloat16 on the host). Everything a call
@@ -42,7 +46,8 @@ except ImportError:  # the reference calls need NumPy; the CUDA calls need torch
     np = None
 
 __all__ = ["extract_ref", "apply_ref", "attention_dense_ref", "extract_cuda", "apply_cuda",
-           "attention_dense_cuda", "cuda_supported", "library", "Rows", "RowOverflow", "RowView",
+           "attention_dense_cuda", "cuda_supported", "export_cuda", "rows_copy_ref",
+           "rows_copy_cuda", "PendingRows", "library", "Rows", "RowOverflow", "RowView",
            "Qkv", "LayerMap", "ExtractArgs", "ApplyArgs", "ApplyStats", "ExtractCudaArgs",
            "ExportCudaArgs", "ApplyCudaArgs", "EXTRACT_SAMPLE",
            "CODECS", "COMPUTE", "PROB", "MASK", "F32", "F16", "BF16",
@@ -56,6 +61,7 @@ MAX_TOKENS = 1 << 20                     # MF_KERNELS_MAX_TOKENS
 MAX_DIM = 1024                           # MF_KERNELS_MAX_DIM
 MAX_HEADS = 64                           # mf_qkv_t: Hq 1..64
 _NO_BLOCK = 0xffffffff                   # failed_block: every row fitted
+MAX_ROWS_COPY = 1 << 20                  # MF_ROWS_COPY_MAX
 EXTRACT_SAMPLE = 1                       # mf_extract_args_t.fields: the row sample is set
 _ENV = "MAPFLOW_KERNELS_LIB"
 
@@ -112,7 +118,8 @@ class ExtractCudaArgs(C.Structure):
 class ExportCudaArgs(C.Structure):
     _c_type_ = "mf_export_cuda_args_t"
     _fields_ = [("ex", ExtractCudaArgs), ("o", C.c_void_p), ("lse", C.c_void_p),
-                ("mass", C.c_void_p), ("scratch", C.c_void_p), ("scratch_bytes", C.c_size_t)]
+                ("mass", C.c_void_p), ("scratch", C.c_void_p), ("scratch_bytes", C.c_size_t),
+                ("o_dtype", C.c_int), ("rows_stream", C.c_void_p)]
 
 
 class ApplyCudaArgs(C.Structure):
@@ -147,11 +154,13 @@ _SIGS = {
         "mf_extract_row_bound": (C.c_size_t, [C.c_int, C.c_uint32, C.c_uint32, C.c_uint32,
                                               C.c_size_t]),
         "mf_row_seal": (C.c_int, [_P, C.c_size_t]),
+        "mf_rows_copy_ref": (C.c_int, [_P, _P, _P, C.c_uint32, _WHY]),
     }),
     "cuda": dict(_COMMON, **{
         "mf_cuda_supported": (C.c_int, [C.c_uint32, C.c_uint32, C.c_int, C.c_uint32, _WHY]),
         "mf_extract_cuda": (C.c_int, [C.POINTER(ExtractCudaArgs), _P, _WHY]),
         "mf_export_cuda": (C.c_int, [C.POINTER(ExportCudaArgs), _P, _WHY]),
+        "mf_rows_copy_cuda": (C.c_int, [_P, _P, _P, C.c_uint32, _P, _WHY]),
         "mf_attention_masses_scratch": (C.c_size_t, [C.c_uint32]),
         "mf_apply_cuda": (C.c_int, [C.POINTER(ApplyCudaArgs), _P, _WHY]),
         "mf_apply_cuda_impl": (C.c_int, [C.POINTER(ApplyCudaArgs), C.c_int, _P, _WHY]),
@@ -688,24 +697,33 @@ def extract_cuda(q: Any, k: Any, *, block_size: int, top_p: float, tokens: Any,
 def export_cuda(q: Any, k: Any, v: Any, *, top_p: float, tokens: Any, model: Any, ns: Any,
                 codec: Any = "mask", layer: int = 0, i0: int = 0, i1: Optional[int] = None,
                 caps: Optional[Sequence[int]] = None, buf: Any = None,
-                want_mass: bool = False, scratch: Any = None,
-                lib: Optional[str] = None) -> Tuple[Any, Any, "Rows"]:
+                want_mass: bool = False, scratch: Any = None, o_dtype: Any = None,
+                rows_stream: Any = None, lib: Optional[str] = None) -> Tuple[Any, Any, Any]:
     """mf_export_cuda, the source's exporter: the layer's dense causal attention and its
-    rows in one call (block size 64; sm_90). Returns (O [N, Hq, d] float32, LSE [Hq, N]
-    float32, rows as extract_cuda's; want_mass: rows.mass holds the [Hq, N/64, N/64]
-    masses the rows were selected from). scratch: a uint8 CUDA tensor of at least
-    mf_attention_masses_scratch(N) bytes to reuse across layers (else one per call).
-    MapflowError UNIMPLEMENTED off sm_90."""
+    rows in one call (block size 64; sm_90). Returns (O [N, Hq, d], LSE [Hq, N] float32,
+    rows as extract_cuda's; want_mass: rows.mass holds the [Hq, N/64, N/64] masses the rows
+    were selected from). o_dtype: O's dtype, torch.float32 (None, the default) or q.dtype
+    (written by the kernel's epilogue: no fp32 O and no cast for the model). scratch: a
+    uint8 CUDA tensor of at least mf_attention_masses_scratch(N) bytes to reuse across
+    layers (else one per call). rows_stream (a torch.cuda.Stream): the rows' launches go
+    there after the forward, so torch's current stream goes on with O at once; the third
+    value is then a PendingRows (its wait() gives the Rows). MapflowError UNIMPLEMENTED off
+    sm_90."""
     L = library("cuda", lib)
     if v is None:
         raise _bad("export_cuda needs v (the layer's values)")
     a, keep = _extract_setup(q, k, v, 64, top_p, tokens, model, ns, codec, layer, None, i0,
                              i1, caps, buf, False)
     torch, dev, n, hq, d = keep["torch"], keep["dev"], keep["n"], keep["hq"], keep["d"]
-    o = torch.empty((n, hq, d), dtype=torch.float32, device=dev)
+    odt = torch.float32 if o_dtype is None else o_dtype
+    if odt not in (torch.float32, q.dtype):
+        raise _bad("o_dtype %s: torch.float32 or q's dtype %s wanted" % (odt, q.dtype))
+    o = torch.empty((n, hq, d), dtype=odt, device=dev)
     lse = torch.empty((hq, n), dtype=torch.float32, device=dev)
     nb = n // 64  # a partial last block has no mass row (mf_attention_masses_cuda)
-    mass = torch.empty((hq, nb, nb), dtype=torch.float32, device=dev) if want_mass else None
+    # always passed: the kernel would otherwise allocate it stream-ordered per call, and the
+    # pool gives it back at the synchronisation _extract_rows makes; torch's cache keeps it
+    mass = torch.empty((hq, nb, nb), dtype=torch.float32, device=dev)
     with torch.cuda.device(dev):
         need = int(L.mf_attention_masses_scratch(n))
     if scratch is not None and not (scratch.dtype == torch.uint8 and scratch.device == dev and
@@ -713,15 +731,98 @@ def export_cuda(q: Any, k: Any, v: Any, *, top_p: float, tokens: Any, model: Any
                                     scratch.data_ptr() % 256 == 0):
         raise _bad("scratch must be a contiguous, 256-byte aligned uint8 tensor of at least "
                    "%d bytes on %s" % (need, dev))
-    e = ExportCudaArgs(a, o.data_ptr(), lse.data_ptr(),
-                       None if mass is None else mass.data_ptr(),
+    if rows_stream is not None and rows_stream.device != dev:
+        raise _bad("rows_stream is on %s, q on %s" % (rows_stream.device, dev))
+    e = ExportCudaArgs(a, o.data_ptr(), lse.data_ptr(), mass.data_ptr(),
                        None if scratch is None else scratch.data_ptr(),
-                       0 if scratch is None else scratch.numel())
+                       0 if scratch is None else scratch.numel(),
+                       F32 if odt == torch.float32 else _mf_dtype(torch, q.dtype),
+                       None if rows_stream is None else rows_stream.cuda_stream)
     why = C.c_char_p()
     with torch.cuda.device(dev):
         st = L.mf_export_cuda(C.byref(e), _stream(torch, dev), C.byref(why))
     _check(st, "mf_export_cuda", why)
-    return o, lse, _extract_rows(keep, mass)
+    if rows_stream is not None:
+        # what the rows' launches read stays referenced until they are done
+        keep.update(q=q, k=k, lse=lse, all_mass=mass, scratch=scratch)
+        done = torch.cuda.Event()
+        done.record(rows_stream)
+        return o, lse, PendingRows(keep, mass if want_mass else None, rows_stream, done)
+    return o, lse, _extract_rows(keep, mass if want_mass else None)
+
+
+class PendingRows:
+    """export_cuda's rows while their launches run on rows_stream. wait(stream) (any
+    thread) waits for the event recorded right after them (not for the stream: later
+    layers' launches may be queued there already), reads the sizes back on `stream`
+    (default rows_stream) and returns the Rows, or raises RowOverflow as export_cuda does;
+    until then this object keeps the tensors those launches read (Q, K, LSE, masses,
+    scratch, the row buffer) referenced, so torch's allocator cannot hand them out while
+    they are in use."""
+
+    def __init__(self, keep: Dict[str, Any], mass: Any, stream: Any, done: Any):
+        self._keep, self._mass, self.stream, self.done = keep, mass, stream, done
+        self.buf = keep["buf"]  # the rows' buffer (reusable once wait() has returned)
+        self._rows: Optional[Rows] = None
+
+    def wait(self, stream: Any = None) -> "Rows":
+        if self._rows is None:
+            torch = self._keep["torch"]
+            self.done.synchronize()
+            with torch.cuda.stream(self.stream if stream is None else stream):
+                rows = _extract_rows(self._keep, self._mass)
+            self._rows, self._keep = rows, None
+        return self._rows
+
+
+def _mf_dtype(torch: Any, dt: Any) -> int:
+    """The mf_dtype_t of a torch dtype the CUDA kernels take (F16 / BF16)."""
+    return {torch.float16: F16, torch.bfloat16: BF16}[dt]
+
+
+def _copy_tables(dst: Sequence[int], src: Sequence[int], sizes: Sequence[int]) -> Tuple:
+    """The three host arrays of mf_rows_copy_*: addresses and sizes as ints, checked here
+    (one length, sizes ≥ 0, at most MAX_ROWS_COPY) before C sees them."""
+    n = len(sizes)
+    if len(dst) != n or len(src) != n:
+        raise _bad("rows copy: %d destinations, %d sources, %d sizes" % (len(dst), len(src), n))
+    if n > MAX_ROWS_COPY:
+        raise _bad("rows copy: %d rows, at most %d" % (n, MAX_ROWS_COPY))
+    try:
+        d, s, z = [[int(x) for x in a] for a in (dst, src, sizes)]
+    except (TypeError, ValueError) as e:
+        raise _bad("rows copy: addresses and sizes must be ints (%s)" % e) from None
+    if any(x < 0 or x >= 1 << 64 for a in (d, s, z) for x in a):
+        raise _bad("rows copy: addresses and sizes must be in [0, 2**64)")
+    return ((C.c_void_p * max(1, n))(*[x or None for x in d]),
+            (C.c_void_p * max(1, n))(*[x or None for x in s]),
+            (C.c_size_t * max(1, n))(*z), n)
+
+
+def rows_copy_ref(dst: Sequence[int], src: Sequence[int], sizes: Sequence[int],
+                  lib: Optional[str] = None) -> None:
+    """mf_rows_copy_ref: sizes[x] bytes from host address src[x] to dst[x] (the spec of
+    rows_copy_cuda)."""
+    L = library("ref", lib)
+    d, s, z, n = _copy_tables(dst, src, sizes)
+    why = C.c_char_p()
+    _check(L.mf_rows_copy_ref(d, s, z, n, C.byref(why)), "mf_rows_copy_ref", why)
+
+
+def rows_copy_cuda(dst: Sequence[int], src: Sequence[int], sizes: Sequence[int],
+                   stream: Any = None, device: Any = None, lib: Optional[str] = None) -> None:
+    """mf_rows_copy_cuda: sizes[x] bytes from device address src[x] to dst[x], one launch
+    queued on stream (a torch.cuda.Stream; default: torch's current stream of device)."""
+    L = library("cuda", lib)
+    torch = _torch()
+    d, s, z, n = _copy_tables(dst, src, sizes)
+    dev = torch.device("cuda") if device is None else torch.device(device)
+    if stream is None:
+        stream = torch.cuda.current_stream(dev)
+    why = C.c_char_p()
+    with torch.cuda.device(stream.device):
+        st = L.mf_rows_copy_cuda(d, s, z, n, stream.cuda_stream, C.byref(why))
+    _check(st, "mf_rows_copy_cuda", why)
 
 
 def apply_cuda(rows: Any, w: Any, mode: Any, q: Any, k: Any, v: Any, *, block_size: int,
