@@ -256,7 +256,12 @@ class GpuBindingTest(mftest.DaemonTest):
                     with self.assertRaises(mapflow.InvalidArgument):
                         reg.commit(lengths=bad)
                 # any sequence of ints (a list, array.array, a NumPy array)
-                lens = array.array("Q", [len(r) for r in rows])
+                lens = [len(r) for r in rows]
+                try:
+                    import numpy as np
+                    lens = np.array(lens, dtype=np.int64)
+                except ImportError:
+                    lens = array.array("Q", lens)
                 res = reg.commit(lengths=lens)
                 self.assertEqual((res["committed"], res["first_failed"]), (len(rows), None))
             for i, r in enumerate(rows):

@@ -145,8 +145,8 @@ class PutRegion:
             raise MapflowError(FAILED_PRECONDITION, "the put region is closed")
         return self._hv
 
-    def commit(self, lengths: Optional[Sequence[int]] = None,
-               timeout_ms: Timeout = None) -> Dict[str, Any]:
+    def commit(self, timeout_ms: Timeout = None,
+               lengths: Optional[Sequence[int]] = None) -> Dict[str, Any]:
         if lengths is not None:
             n = len(lengths)
             lens = (C.c_size_t * max(n, 1))(*[int(x) for x in lengths])
