@@ -43,8 +43,8 @@ typedef struct mfw_extract {
     /* CUDA hook, in: a channel with a mapped GPU arena, or NULL. Set, each wanted layer's
      * rows are written straight into a put region reserved by capacity (region[layer],
      * dev_rows its addresses, its lengths set from the kernel's sizes): the caller
-     * commits it. A daemon refusing regions (FAILED_PRECONDITION, RESOURCE_EXHAUSTED)
-     * leaves region[layer] NULL and the rows in dev_mem, for mf_put_device_batch. */
+     * commits it. A daemon refusing a region (no GPU tier or room, bounds beyond one
+     * arena) leaves region[layer] NULL and the rows in dev_mem, for mf_put_device_batch. */
     mf_channel_t *region_ch;
     mf_put_region_t *region[MFW_MAX_LAYERS];
     char region_why[256];           /* the last refusal's message ("" when none) */

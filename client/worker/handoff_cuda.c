@@ -34,20 +34,18 @@ void mfw_extract_cuda_release(mfw_extract_t *e)
 }
 
 /* Layer l's put region, reserved by the rows' capacities: e->region[l] and its row
- * addresses in e->dev_rows[l]. A refusal the caller falls back from leaves it NULL. */
-static mf_status_t region_begin(mfw_extract_t *e, uint32_t l, const size_t *caps, uint32_t nb)
+ * addresses in e->dev_rows[l]. Any refusal leaves it NULL and the rows go to device
+ * buffers: besides FAILED_PRECONDITION / RESOURCE_EXHAUSTED (no tier, no room), the
+ * bounds of a large layer can exceed one arena (INVALID_ARGUMENT) while its actual rows,
+ * put one by one, fit; a fault the row puts share is reported by them. */
+static void region_begin(mfw_extract_t *e, uint32_t l, const size_t *caps, uint32_t nb)
 {
     mf_put_region_params_t p = {.field_mask = MF_PUT_REGION_PARAM_CAPACITIES, .capacities = 1};
     mf_status_t st = mf_put_region_begin(e->region_ch, e->model, l, caps, nb, 0, &p,
                                          e->dev_rows[l], &e->region[l], MF_TIMEOUT_DEFAULT);
-    if (st == MF_FAILED_PRECONDITION || st == MF_RESOURCE_EXHAUSTED) {
-        snprintf(e->region_why, sizeof(e->region_why), "%s: %s", mf_status_name(st),
-                 mf_channel_last_error(e->region_ch));
-        return MF_OK;
-    }
     if (st != MF_OK)
-        e->why = mf_channel_last_error(e->region_ch);
-    return st;
+        snprintf(e->region_why, sizeof(e->region_why), "layer %u: %s: %s", l,
+                 mf_status_name(st), mf_channel_last_error(e->region_ch));
 }
 
 mf_status_t mfw_extract_cuda_hook(void *ctx, const mfw_cuda_attn_args_t *a)
@@ -67,8 +65,8 @@ mf_status_t mfw_extract_cuda_hook(void *ctx, const mfw_cuda_attn_args_t *a)
     }
     if ((st = mfw_extract_alloc(e, l, nb, a->n_heads, caps, 0)) != MF_OK)
         goto out_host;
-    if (e->region_ch && (st = region_begin(e, l, caps, nb)) != MF_OK)
-        goto out_host;
+    if (e->region_ch)
+        region_begin(e, l, caps, nb);
     for (uint32_t i = 0; !e->region[l] && i < nb; i++)
         total += ALIGN16(caps[i]);
     /* one allocation: the rows (unless in a region), then sizes [nb] u64, then the failed
