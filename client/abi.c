@@ -55,7 +55,7 @@ static const mf_abi_field_t layout[] = {
     T_(mf_put_item_t), M_(mf_put_item_t, row), M_(mf_put_item_t, len),
     M_(mf_put_item_t, status), M_(mf_put_item_t, result),
     T_(mf_put_region_params_t), M_(mf_put_region_params_t, field_mask),
-    M_(mf_put_region_params_t, gpu_arena),
+    M_(mf_put_region_params_t, gpu_arena), M_(mf_put_region_params_t, capacities),
     T_(mf_put_region_result_t), M_(mf_put_region_result_t, committed),
     M_(mf_put_region_result_t, replaced), M_(mf_put_region_result_t, first_failed),
     M_(mf_put_region_result_t, checked_on_gpu),

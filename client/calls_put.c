@@ -374,8 +374,10 @@ struct mf_put_region {
     uint32_t gen;               /* the connection it lives on */
     uint32_t arena;
     int state;
+    int caps;                   /* len are capacities: commit sends act */
     size_t n;
     size_t *len;
+    uint64_t *act;              /* caps: the actual lengths (mf_put_region_set_lengths) */
     void **dev;                 /* row i's address in the channel's device context */
 };
 
@@ -461,6 +463,8 @@ MF_EXPORT mf_status_t mf_put_region_begin(mf_channel_t *ch, const char *model, u
     r->ch = ch;
     r->n = n;
     r->state = REGION_BEGINNING;
+    r->caps = params && (params->field_mask & MF_PUT_REGION_PARAM_CAPACITIES) &&
+              params->capacities;
     for (size_t i = 0; i < n; i++)
         wl[i] = r->len[i] = lens[i];
     Mapflow__V1__PutRegionBegin pb = MAPFLOW__V1__PUT_REGION_BEGIN__INIT;
@@ -473,6 +477,7 @@ MF_EXPORT mf_status_t mf_put_region_begin(mf_channel_t *ch, const char *model, u
     pthread_mutex_unlock(&ch->mu);
     if (params && (params->field_mask & MF_PUT_REGION_PARAM_GPU_ARENA))
         pb.gpu_arena = params->gpu_arena + 1;
+    pb.capacities = r->caps;
     ENV(req, PUT_REGION_BEGIN, put_region_begin) = &pb;
     mf__op_t *op = mf__simple_new(ch, &req, NULL, 0,
                                   MAPFLOW__V1__ENVELOPE__BODY_PUT_REGION_BEGIN_REPLY,
@@ -498,6 +503,33 @@ MF_EXPORT void *mf_put_region_row(const mf_put_region_t *r, size_t i)
 MF_EXPORT size_t mf_put_region_rows(const mf_put_region_t *r)
 {
     return r ? r->n : 0;
+}
+
+MF_EXPORT mf_status_t mf_put_region_set_lengths(mf_put_region_t *r, const size_t *lens,
+                                                size_t n)
+{
+    if (!r)
+        return MF_INVALID_ARGUMENT;
+    if (r->state != REGION_OPEN)
+        return mf__chan_error(r->ch, MF_FAILED_PRECONDITION, "put region lengths: the region "
+                              "was already %s", r->state == REGION_COMMITTED ? "committed"
+                                                                              : "aborted");
+    if (!r->caps)
+        return mf__chan_error(r->ch, MF_INVALID_ARGUMENT, "put region lengths: the region was "
+                              "begun with exact lengths (MF_PUT_REGION_PARAM_CAPACITIES)");
+    if (!lens || n != r->n)
+        return mf__chan_error(r->ch, MF_INVALID_ARGUMENT, "put region lengths: %zu for a "
+                              "region of %zu rows", lens ? n : 0, r->n);
+    for (size_t i = 0; i < n; i++)
+        if (lens[i] < MF_ROW_HEADER || lens[i] > r->len[i])
+            return mf__chan_error(r->ch, MF_INVALID_ARGUMENT, "put region lengths: row %zu "
+                                  "is %zu bytes (want %u..%zu, its capacity)", i, lens[i],
+                                  MF_ROW_HEADER, r->len[i]);
+    if (!r->act && !(r->act = malloc(n * sizeof(*r->act))))
+        return mf__chan_error(r->ch, MF_RESOURCE_EXHAUSTED, "out of memory");
+    for (size_t i = 0; i < n; i++)
+        r->act[i] = lens[i];
+    return MF_OK;
 }
 
 typedef struct region_commit_arg {
@@ -561,6 +593,8 @@ static mf__op_t *region_commit_new(mf_put_region_t *r, mf_status_t *statuses,
         *res = (mf_put_region_result_t){0, 0, r->n, 0};
     Mapflow__V1__PutRegionCommit pc = MAPFLOW__V1__PUT_REGION_COMMIT__INIT;
     pc.region_id = r->id;
+    pc.lengths = r->act;
+    pc.n_lengths = r->act ? r->n : 0;
     ENV(req, PUT_REGION_COMMIT, put_region_commit) = &pc;
     return mf__simple_new(r->ch, &req, NULL, 0,
                           MAPFLOW__V1__ENVELOPE__BODY_PUT_REGION_COMMIT_REPLY,
@@ -577,6 +611,10 @@ static mf_status_t region_commit_run(mf_put_region_t *r, mf_status_t *statuses,
     mf_status_t st = region_usable(r, "put region commit");
     if (st != MF_OK)
         return st;
+    if (r->caps && !r->act)
+        return mf__chan_error(r->ch, MF_FAILED_PRECONDITION, "put region commit: the region "
+                              "was begun with capacities: set the rows' actual lengths first "
+                              "(mf_put_region_set_lengths)");
     mf__op_t *op = region_commit_new(r, statuses, res);
     return mf__run_op(op, MF_RESOURCE_EXHAUSTED, timeout_ms, a);
 }
@@ -623,6 +661,7 @@ MF_EXPORT void mf_put_region_free(mf_put_region_t *r)
         pthread_mutex_unlock(&r->ch->mu);
     }
     free(r->len);
+    free(r->act);
     free(r->dev);
     free(r);
 }

@@ -445,20 +445,27 @@ MF_EXPORT mf_status_t mf_put_device_batch(mf_channel_t *ch, mf_put_item_t *items
  * Fallback: FAILED_PRECONDITION (the channel has no usable GPU, the daemon's GPU tier is
  * off, no GPU arena is mapped) or RESOURCE_EXHAUSTED (no mapped arena has room, or the
  * namespace's reservation_share of it is used) — put the rows with mf_put_device_batch.
- * Bounds: 1 ≤ n ≤ MF_PUT_BATCH_MAX, each length in [MF_ROW_HEADER, MF_ROW_MAX_BYTES],
- * the total (each row rounded up to 64 bytes) within one arena.
+ * Bounds: 1 ≤ n ≤ MF_PUT_BATCH_MAX, each length (or capacity) in [MF_ROW_HEADER,
+ * MF_ROW_MAX_BYTES], the total (each row rounded up to 64 bytes) within one arena.
  * Thread safety: begin / commit / abort / free of one region from one thread at a time;
  * different regions and other calls on the channel run concurrently. A region handle
  * refers to its channel: free it before mf_channel_close.
  */
 typedef struct mf_put_region mf_put_region_t;
 
-#define MF_PUT_REGION_PARAM_GPU_ARENA 1u /* gpu_arena is set */
+#define MF_PUT_REGION_PARAM_GPU_ARENA 1u  /* gpu_arena is set */
+#define MF_PUT_REGION_PARAM_CAPACITIES 2u /* capacities is set */
 
 typedef struct mf_put_region_params {
     uint64_t field_mask;
     uint32_t gpu_arena;      /* MF_PUT_REGION_PARAM_GPU_ARENA: the daemon's arena index to
                                 try first (mf_channel_gpu_info); default: the channel's */
+    int capacities;          /* MF_PUT_REGION_PARAM_CAPACITIES: nonzero = lens are each
+                                row's capacity (an upper bound, e.g. mf_extract_row_bound:
+                                the exporter writes before it knows the sizes); the actual
+                                lengths go to mf_put_region_set_lengths before the commit,
+                                which gives each row's slack back to the arena. Default 0:
+                                lens are exact */
 } mf_put_region_params_t;
 
 typedef struct mf_put_region_result {
@@ -480,7 +487,15 @@ MF_EXPORT mf_status_t mf_put_region_begin(mf_channel_t *ch, const char *model, u
 /* Row i's device address (NULL when i ≥ n) and the region's row count. */
 MF_EXPORT void *mf_put_region_row(const mf_put_region_t *r, size_t i);
 MF_EXPORT size_t mf_put_region_rows(const mf_put_region_t *r);
-/* res may be NULL. A second commit, or one after abort: FAILED_PRECONDITION. */
+/* The actual lengths of a region begun with capacities: lens[i] (n = the region's rows)
+ * in [MF_ROW_HEADER, row i's capacity], each the row's header total_size (what the
+ * exporter wrote, e.g. mf_extract_cuda's sizes). The next commit sends them; calling again
+ * replaces them. INVALID_ARGUMENT for an exact region, a count or a length out of range
+ * (nothing changes); FAILED_PRECONDITION once committed or aborted. */
+MF_EXPORT mf_status_t mf_put_region_set_lengths(mf_put_region_t *r, const size_t *lens,
+                                                size_t n);
+/* res may be NULL. A second commit, or one after abort: FAILED_PRECONDITION; a region
+ * begun with capacities whose lengths were not set: FAILED_PRECONDITION. */
 MF_EXPORT mf_status_t mf_put_region_commit(mf_put_region_t *r, mf_status_t *statuses,
                                            mf_put_region_result_t *res, int64_t timeout_ms);
 /* mf_put_region_commit as an async call (the source's thread need not wait for the

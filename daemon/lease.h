@@ -62,7 +62,8 @@ typedef struct mfd_region {
     char ns[MFD_NS_MAX + 1]; /* the namespace it was begun in (its rows' keys) */
     uint32_t layer;
     uint32_t n;
-    uint64_t *off, *len;     /* each row's arena offset and length */
+    int caps;                /* len are capacities: the commit names the actual lengths */
+    uint64_t *off, *len;     /* each row's arena offset and length (or capacity) */
 } mfd_region_t;
 
 /* The account of namespace ns (created on first use, one more reference); NULL on OOM. */

@@ -271,6 +271,7 @@ void mfd_rows_region_begin(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__PutRe
     snprintf(r->ns, sizeof(r->ns), "%s", c->ns);
     r->layer = m->layer;
     r->n = (uint32_t)n;
+    r->caps = m->capacities;
     uint64_t at = mfd_ablock_offset(r->blk);
     for (size_t i = 0; i < n; i++) {
         off[i] = at;
@@ -312,6 +313,43 @@ static mf_status_t region_key(const mfd_conn_t *c, const mfd_region_t *r,
     return mfd_keys_from_msg(c, &k, key, why);
 }
 
+/* Why m's lengths do not fit region r, into why (0: they fit): a capacities region needs
+ * one actual length per row, each in [MF_ROW_HEADER, its capacity]; an exact one none. */
+static int region_lengths_bad(const mfd_region_t *r, const Mapflow__V1__PutRegionCommit *m,
+                              char *why, size_t cap)
+{
+    if (!r->caps) {
+        if (m->n_lengths)
+            snprintf(why, cap, "%zu lengths given for a region begun with exact lengths",
+                     m->n_lengths);
+        return m->n_lengths != 0;
+    }
+    if (m->n_lengths != r->n) {
+        snprintf(why, cap, "%zu lengths for a region of %u rows begun with capacities",
+                 m->n_lengths, r->n);
+        return 1;
+    }
+    for (uint32_t i = 0; i < r->n; i++)
+        if (m->lengths[i] < MF_ROW_HEADER || m->lengths[i] > r->len[i]) {
+            snprintf(why, cap, "row %u is %llu bytes (want %u..%llu, its capacity)", i,
+                     (unsigned long long)m->lengths[i], MF_ROW_HEADER,
+                     (unsigned long long)r->len[i]);
+            return 1;
+        }
+    return 0;
+}
+
+/* Gives the slack after a row of `len` bytes in its capacity block back to the arena. Out
+ * of block nodes, the slack stays with the row and is freed with it (nothing lost). */
+static void region_trim(mfd_server_t *s, uint32_t arena, mfd_ablock_t *blk, uint64_t len)
+{
+    mfd_ablock_t *slack;
+    uint64_t keep = mfd_arena_round(len);
+    if (keep < mfd_ablock_size(blk) &&
+        mfd_gpu_split(s->store.gpu, arena, blk, keep, &slack) == MF_OK)
+        mfd_store_unreserve_gpu(&s->store, arena, slack);
+}
+
 void mfd_rows_region_commit(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__PutRegionCommit *m,
                             double t0)
 {
@@ -327,6 +365,13 @@ void mfd_rows_region_commit(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__PutR
     if (strcmp(r->ns, c->ns) != 0) { /* owner implies namespace; checked all the same */
         mfd_conn_error(c, rid, MF_NOT_FOUND, "PutRegionCommit: region %llu is not this "
                        "namespace's", (unsigned long long)m->region_id);
+        return;
+    }
+    /* Wrong lengths refuse the commit, not the region: it stays open (commit again, abort,
+     * or its TTL / the connection frees it), so nothing is lost or leaked. */
+    char bad[160];
+    if (region_lengths_bad(r, m, bad, sizeof(bad))) {
+        mfd_conn_error(c, rid, MF_INVALID_ARGUMENT, "PutRegionCommit: %s", bad);
         return;
     }
     mfd_tickets_remove(s->tickets, t);
@@ -361,7 +406,9 @@ void mfd_rows_region_commit(mfd_conn_t *c, uint64_t rid, const Mapflow__V1__PutR
     r->blk = NULL;
     for (uint32_t i = 0; i < n; i++) {
         chk[i].off = r->off[i];
-        chk[i].size = r->len[i];
+        chk[i].size = r->caps ? m->lengths[i] : r->len[i];
+        if (r->caps)
+            region_trim(s, r->arena, piece[i], chk[i].size);
     }
     uint32_t ok = 0, replaced_n = 0, first_failed = n;
     const char *first_why = "";

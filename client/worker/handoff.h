@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "gpt.h"
+#include "mapflow.h"
 #include "mf_clock.h"
 #include "mapflow.pb-c.h"
 #include "mapflow_kernels.h"
@@ -39,6 +40,14 @@ typedef struct mfw_extract {
      * inside dev_mem[layer]; rows[layer] are then NULL, sizes[layer] still set */
     void **dev_rows[MFW_MAX_LAYERS];
     void *dev_mem[MFW_MAX_LAYERS];
+    /* CUDA hook, in: a channel with a mapped GPU arena, or NULL. Set, each wanted layer's
+     * rows are written straight into a put region reserved by capacity (region[layer],
+     * dev_rows its addresses, its lengths set from the kernel's sizes): the caller
+     * commits it. A daemon refusing a region (no GPU tier or room, bounds beyond one
+     * arena) leaves region[layer] NULL and the rows in dev_mem, for mf_put_device_batch. */
+    mf_channel_t *region_ch;
+    mf_put_region_t *region[MFW_MAX_LAYERS];
+    char region_why[256];           /* the last refusal's message ("" when none) */
 } mfw_extract_t;
 
 /* mfw_attn_fn: default attention, then (prefill from position 0 only) rows for every

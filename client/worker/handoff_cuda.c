@@ -3,6 +3,7 @@
 
 #include <cuda_runtime_api.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,6 +19,8 @@ static mf_status_t cuda_st(cudaError_t e, const char **why)
 
 static void release_layer(mfw_extract_t *e, uint32_t l)
 {
+    mf_put_region_free(e->region[l]); /* aborts one not committed */
+    e->region[l] = NULL;
     free(e->dev_rows[l]);
     cudaFree(e->dev_mem[l]);
     e->dev_rows[l] = NULL;
@@ -28,6 +31,21 @@ void mfw_extract_cuda_release(mfw_extract_t *e)
 {
     for (uint32_t l = 0; l < MFW_MAX_LAYERS; l++)
         release_layer(e, l);
+}
+
+/* Layer l's put region, reserved by the rows' capacities: e->region[l] and its row
+ * addresses in e->dev_rows[l]. Any refusal leaves it NULL and the rows go to device
+ * buffers: besides FAILED_PRECONDITION / RESOURCE_EXHAUSTED (no tier, no room), the
+ * bounds of a large layer can exceed one arena (INVALID_ARGUMENT) while its actual rows,
+ * put one by one, fit; a fault the row puts share is reported by them. */
+static void region_begin(mfw_extract_t *e, uint32_t l, const size_t *caps, uint32_t nb)
+{
+    mf_put_region_params_t p = {.field_mask = MF_PUT_REGION_PARAM_CAPACITIES, .capacities = 1};
+    mf_status_t st = mf_put_region_begin(e->region_ch, e->model, l, caps, nb, 0, &p,
+                                         e->dev_rows[l], &e->region[l], MF_TIMEOUT_DEFAULT);
+    if (st != MF_OK)
+        snprintf(e->region_why, sizeof(e->region_why), "layer %u: %s: %s", l,
+                 mf_status_name(st), mf_channel_last_error(e->region_ch));
 }
 
 mf_status_t mfw_extract_cuda_hook(void *ctx, const mfw_cuda_attn_args_t *a)
@@ -47,14 +65,17 @@ mf_status_t mfw_extract_cuda_hook(void *ctx, const mfw_cuda_attn_args_t *a)
     }
     if ((st = mfw_extract_alloc(e, l, nb, a->n_heads, caps, 0)) != MF_OK)
         goto out_host;
-    for (uint32_t i = 0; i < nb; i++)
+    if (e->region_ch)
+        region_begin(e, l, caps, nb);
+    for (uint32_t i = 0; !e->region[l] && i < nb; i++)
         total += ALIGN16(caps[i]);
-    /* one allocation: the rows, then sizes [nb] u64, then the failed block u32 */
+    /* one allocation: the rows (unless in a region), then sizes [nb] u64, then the failed
+     * block u32 */
     uint8_t *dmem = NULL;
     if ((st = cuda_st(cudaMalloc((void **)&dmem, total + 8 * (size_t)nb + 4), &e->why)) != MF_OK)
         goto out_host;
     e->dev_mem[l] = dmem;
-    for (size_t i = 0, off = 0; i < nb; off += ALIGN16(caps[i]), i++)
+    for (size_t i = 0, off = 0; !e->region[l] && i < nb; off += ALIGN16(caps[i]), i++)
         e->dev_rows[l][i] = dmem + off;
     uint64_t *dsizes = (uint64_t *)(dmem + total);
     uint32_t *dfailed = (uint32_t *)(dmem + total + 8 * (size_t)nb);
@@ -87,6 +108,9 @@ mf_status_t mfw_extract_cuda_hook(void *ctx, const mfw_cuda_attn_args_t *a)
         e->sizes[l][i] = (size_t)sizes[i];
         e->entries += entries[i];
     }
+    if (st == MF_OK && e->region[l] &&
+        (st = mf_put_region_set_lengths(e->region[l], e->sizes[l], nb)) != MF_OK)
+        e->why = mf_channel_last_error(e->region_ch);
 out_host:
     free(caps);
     free(sizes);

@@ -196,6 +196,14 @@ static int run_source(const opts_t *o, mfw_backend_t *be, const mfw_gpt_t *m,
     e->model = o->source_id;
     e->ns = o->ns;
     e->tokens = tokens;
+    /* With a mapped GPU arena the CUDA extract writes each layer's rows straight into a
+     * put region reserved by capacity (one begin, one commit per layer, no copy). */
+    mf_gpu_info_t gi = { 0 };
+    if (mfw_backend_is_cuda(be)) {
+        mf_channel_gpu_info(ch, &gi);
+        if (gi.driver && gi.n_mapped)
+            e->region_ch = ch;
+    }
     if ((st = mfw_brun_create(be, n, &run)) != MF_OK)
         goto out;
     double t0 = mf_now_s();
@@ -209,9 +217,7 @@ static int run_source(const opts_t *o, mfw_backend_t *be, const mfw_gpt_t *m,
     /* Rows extracted on the device are put from there, unless the channel has no GPU or
      * that put fails for a reason a host put would not share. */
     int from_dev = mfw_backend_is_cuda(be);
-    mf_gpu_info_t gi = { 0 };
     if (from_dev) {
-        mf_channel_gpu_info(ch, &gi);
         if (!gi.driver) {
             fprintf(stderr, "source: the channel has no GPU (%s): rows go through host memory\n", gi.why);
             if ((st = mfw_backend_extract_to_host(be, e)) != MF_OK) {
@@ -221,18 +227,39 @@ static int run_source(const opts_t *o, mfw_backend_t *be, const mfw_gpt_t *m,
             from_dev = 0;
         }
     }
-    size_t n_items = 0, bytes = 0, cand = 0;
+    size_t n_items = 0, bytes = 0, cand = 0, in_place = 0, regions = 0;
+    uint8_t region_layer[MFW_MAX_LAYERS] = { 0 }; /* its rows went through a put region */
     items = calloc((size_t)nl * e->n_blocks + 1, sizeof *items);
     if (!items)
         goto out;
     for (uint32_t i = 0; i < nl; i++)
         for (uint32_t b = 0, l = layers[i]; e->sizes[l] && b < e->n_blocks; b++) {
             cand += (size_t)mfw_gpt_cfg(m)->n_head * (b + 1);
+            bytes += e->sizes[l][b];
+            if (from_dev && e->region[l]) {
+                region_layer[l] = 1;
+                continue; /* written in place: committed below */
+            }
             items[n_items].row = from_dev ? e->dev_rows[l][b] : e->rows[l][b];
             items[n_items++].len = e->sizes[l][b];
-            bytes += e->sizes[l][b];
         }
     t0 = mf_now_s();
+    for (uint32_t i = 0; from_dev && i < nl; i++) {
+        uint32_t l = layers[i];
+        if (!e->region[l])
+            continue;
+        mf_put_region_result_t rr;
+        if ((st = mf_put_region_commit(e->region[l], NULL, &rr, MF_TIMEOUT_DEFAULT)) != MF_OK) {
+            fprintf(stderr, "source: put region of layer %u: %s %s\n", l, mf_status_name(st),
+                    mf_channel_last_error(ch));
+            goto out;
+        }
+        in_place += rr.committed;
+        regions++;
+    }
+    if (e->region_ch && e->region_why[0])
+        fprintf(stderr, "source: put regions refused (%s): rows put from device buffers\n",
+                e->region_why);
     st = !n_items ? MF_OK
          : from_dev ? mf_put_device_batch(ch, items, n_items, 0, MF_TIMEOUT_DEFAULT)
                     : mf_put_batch(ch, items, n_items, 0, MF_TIMEOUT_DEFAULT);
@@ -241,7 +268,8 @@ static int run_source(const opts_t *o, mfw_backend_t *be, const mfw_gpt_t *m,
                 mf_status_name(st), mf_channel_last_error(ch));
         st = mfw_backend_extract_to_host(be, e);
         for (size_t i = 0, k = 0; st == MF_OK && i < nl; i++) /* the same order as above */
-            for (uint32_t b = 0, l = layers[i]; e->sizes[l] && b < e->n_blocks; b++)
+            for (uint32_t b = 0, l = layers[i]; e->sizes[l] && !region_layer[l] &&
+                                                 b < e->n_blocks; b++)
                 items[k++].row = e->rows[l][b];
         from_dev = 0;
         if (st == MF_OK)
@@ -256,16 +284,20 @@ static int run_source(const opts_t *o, mfw_backend_t *be, const mfw_gpt_t *m,
     printf("source  model %s: %u layers x %u heads x d=%u; prefill of %u tokens %.4f s (extract %.4f s); device %s\n",
            o->source_id, c->n_layer, c->n_head, c->head_dim, n, t_prefill, e->seconds,
            mfw_backend_desc(be));
-    printf("source  stored %zu rows: layers", n_items);
+    printf("source  stored %zu rows: layers", n_items + in_place);
     for (uint32_t i = 0; i < nl; i++)
         printf(" %u", layers[i]);
     printf(" x %u blocks of %u, %s, top-p %.2f, %.1f KiB, kept %.1f%% of (head, block) pairs\n",
            e->n_blocks, e->block_size, mf_codec_name(codec), o->top_p, bytes / 1024.0,
            cand ? 100.0 * (double)e->entries / (double)cand : 0.0);
     printf("source  put in %.1f ms to %s (tier %s, zero-copy arena: %s, from %s); profile %s -> %s stored\n",
-           1e3 * t_put, o->daemon, n_items ? mf_tier_name(items[0].result.tier) : "-",
+           1e3 * t_put, o->daemon,
+           regions ? "gpu" : n_items ? mf_tier_name(items[0].result.tier) : "-",
            mf_channel_has_arena(ch) ? "yes" : "no", from_dev ? "device memory" : "host memory",
            prof->source_model, prof->target_model);
+    if (regions)
+        printf("source  written in place: %zu rows in %zu put regions (one per layer, reserved "
+               "by capacity)\n", in_place, regions);
     rc = 0;
 out:
     free(items);

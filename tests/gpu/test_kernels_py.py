@@ -267,6 +267,42 @@ class KernelsCuda(unittest.TestCase):
             K.rows_copy_cuda([dst.data_ptr()], [dst.data_ptr() + 8], [64], stream=side)
         self.assertIn("overlap", str(cm.exception))
 
+    def test_extract_rows_at_addresses(self):
+        """rows=: the rows written at the caller's addresses (what a put region's rows
+        are: 64-aligned, laid out by capacity), byte-identical to the buffer path's; the
+        bytes after each row (the slack) untouched; caps from row_bounds."""
+        b, nb, hs, d = 64, 10, 8, 128
+        n = nb * b
+        q, k, _ = rand_qkv(self.gen, n, hs, hs // 2, d, torch.float16)
+        tokens = np.random.default_rng().integers(1, 1 << 30, n)
+        ex = dict(block_size=b, top_p=0.9, tokens=tokens, model="src", ns="kpy",
+                  codec="mask", layer=2)
+        caps = K.row_bounds(hs, 0, nb, block_size=b, model="src", codec="mask")
+        self.assertEqual(len(caps), nb)
+        want = K.extract_cuda(q, k, caps=caps, **ex)
+        offs, at = [], 0
+        for c in reversed(caps):  # not the buffer path's order or alignment
+            offs.insert(0, at)
+            at += (c + 63) // 64 * 64
+        junk = torch.randint(0, 256, (at,), dtype=torch.uint8, device="cuda",
+                             generator=self.gen)
+        dst = junk.clone()
+        got = K.extract_cuda(q, k, caps=caps, rows=[dst.data_ptr() + o for o in offs], **ex)
+        self.assertIsNone(got.buf)
+        self.assertEqual(got.sizes, want.sizes)
+        self.assertEqual(got.ptrs(), [dst.data_ptr() + o for o in offs])
+        for r, o, c, s in zip(want.host(), offs, caps, got.sizes):
+            self.assertLessEqual(s, c)
+            self.assertTrue(np.array_equal(dst[o:o + s].cpu().numpy(), r))
+            self.assertTrue(torch.equal(dst[o + s:o + c], junk[o + s:o + c]))
+        for rows, msg in (([dst.data_ptr()] * (nb - 1), "addresses for"),
+                          ([dst.data_ptr() + 8] * nb, "16-byte aligned")):
+            with self.assertRaises(mapflow.InvalidArgument) as cm:
+                K.extract_cuda(q, k, caps=caps, rows=rows, **ex)
+            self.assertIn(msg, str(cm.exception))
+        with self.assertRaises(mapflow.InvalidArgument):
+            got.host()
+
     def test_bad_arguments(self):
         q, k, v = rand_qkv(self.gen, 256, 4, 2, 64, torch.float16)
         w, mode = np.eye(4, dtype=np.float32), np.zeros(4, np.uint8)

@@ -120,6 +120,10 @@ grep -a 'put regions checksummed' "$tmp/daemon.log" "$tmp/unit.log" | head -1
 if [ $real = 1 ]; then
   [[ "$reg" == *"checksums on the GPU"* ]] || fail "region rows were not checksummed on the GPU"
 fi
+# Regions reserved by capacity (test_region_capacities, in the run above): the commit names
+# the actual lengths, the slack goes back to the arena (asserted there), wrong lengths are
+# refused; on the real driver the rows are checksummed on the GPU at their actual length.
+echo "RATE region capacities: $(grep -a '^capacities:' "$tmp/unit.log" | head -1)"
 # Their cost at the hand-off's shape: 30 MASK layers and 2 FP16 layers of 512 rows (begin,
 # the DtoD a source kernel's writes stand for, commit; per layer).
 MF_REGION_RATE=${REGION_LAYERS:-30} MF_GPU_TESTS=test_region_rate MF_GPU_REAL=$real \

@@ -10,8 +10,9 @@
 #      full prefill >= 0.90 and perplexity within 5 % of the CPU hand-off (test_demo's
 #      bounds; the rows differ a little: Top-P over masses from fp16 Q, K);
 #   4. prefill times, cpu vs cuda;
-#   5. the GPU tier: a second mapflowd with --gpu_bytes 256M; the cuda source puts its rows
-#      from device memory (mf_put_device_batch) into the daemon's GPU arena, the cuda target
+#   5. the GPU tier: a second mapflowd with --gpu_bytes 256M; the cuda source's extract
+#      writes its rows straight into the daemon's GPU arena (one put region per layer,
+#      reserved by capacity, committed with the kernel's sizes), the cuda target
 #      leases them there and reads them in place (no host copy); its reuse logits must
 #      match step 3's (same rows, fetched through host memory) within the tolerance.
 #
@@ -179,6 +180,8 @@ if start_daemon g --gpu_bytes 256M; then
     if [ "$DEV" = cuda ]; then
         grep -q "tier gpu, .*from device memory" "$tmp/gsrc.out" ||
             fail "gpu tier: the source's rows did not go from device memory into the GPU tier"
+        grep -q "written in place: [1-9][0-9]* rows in [1-9]" "$tmp/gsrc.out" ||
+            fail "gpu tier: the source's rows were not written in place (put regions)"
         inplace=$(val gtgt 's/.*rows on the device: \([0-9]*\) leased in place.*/\1/p')
         [ "${inplace:-0}" -gt 0 ] || fail "gpu tier: the target leased no row on the device ('${inplace}')"
     fi

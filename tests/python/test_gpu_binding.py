@@ -9,9 +9,10 @@ into the gpu tier, leased rows on_device with device_ptr and gpu_arena whose byt
 the rows and whose DLPack capsules / __cuda_array_interface__ describe them (kDLCUDA),
 get_lease on the device, copies of GPU rows, a channel without gpu_device
 getting host views, put_region (rows written at its device addresses, one flipped byte
-refused with the others stored, misuse), and errors (no GPU channel, a bad device address) as MapflowError.
+refused with the others stored, misuse; capacities=True with commit(lengths=...)), and errors (no GPU channel, a bad device address) as MapflowError.
 Env: MF_BIN (build/bin), MF_BUILD (build dir, for libmapflow and the fake driver).
 """
+import array
 import ctypes as C
 import gc
 import os
@@ -235,6 +236,40 @@ class GpuBindingTest(mftest.DaemonTest):
                 ch.put_region(MODEL, 3, [])
         with self.chan() as ch, self.assertRaises(mapflow.FailedPrecondition):
             ch.put_region(MODEL, 3, [len(rows[0])])  # no gpu_device: put_device_batch
+
+    def test_put_region_capacities(self):
+        rows = self.rows[2]
+        rng = random.Random(os.getpid())
+        caps = [len(r) + rng.randrange(0, 4000) for r in rows]
+        with self.chan(gpu_device=0) as ch:
+            reg = ch.put_region(MODEL, 2, caps, capacities=True)
+            with reg:
+                for p, r, c in zip(reg.rows, rows, caps):  # random bytes in the slack
+                    junk = r + bytes(rng.randrange(256) for _ in range(c - len(r)))
+                    self.cu.ok(self.cu.lib.cuMemcpyHtoD_v2(p, junk, c))
+                self.cu.ok(self.cu.lib.cuCtxSynchronize())
+                with self.assertRaises(mapflow.FailedPrecondition):
+                    reg.commit()  # a capacities region needs its lengths
+                over = [len(r) for r in rows]
+                over[-1] = caps[-1] + 1
+                for bad in (over, [len(r) for r in rows][:-1], [79] * len(rows)):
+                    with self.assertRaises(mapflow.InvalidArgument):
+                        reg.commit(lengths=bad)
+                # any sequence of ints (a list, array.array, a NumPy array)
+                lens = [len(r) for r in rows]
+                try:
+                    import numpy as np
+                    lens = np.array(lens, dtype=np.int64)
+                except ImportError:
+                    lens = array.array("Q", lens)
+                res = reg.commit(lengths=lens)
+                self.assertEqual((res["committed"], res["first_failed"]), (len(rows), None))
+            for i, r in enumerate(rows):
+                self.assertEqual(ch.get(MODEL, 2, self.hashes[i]), r)
+            with ch.put_region(MODEL, 2, [len(rows[0])]) as reg:  # exact: no lengths
+                with self.assertRaises(mapflow.InvalidArgument):
+                    reg.commit(lengths=[len(rows[0])])
+                reg.abort()
 
     def test_errors(self):
         p = self.cu.copy(self.rows[2][0])

@@ -215,6 +215,22 @@ class KernelsRef(unittest.TestCase):
         self.assertGreater(cm.exception.needed, 64)
         self.assertIsInstance(cm.exception, mapflow.ResourceExhausted)
 
+    def test_row_bounds_hold_every_row(self):
+        """row_bounds (what a put region is reserved by): one per block, growing with the
+        block, and at top_p = 1 (every block kept, the largest rows) never below a row."""
+        rng = np.random.default_rng()
+        b, nb, h, d = 16, 6, 4, 16
+        q, k, _ = rand_qkv(rng, nb * b, h, h, d)
+        for codec in ("fp16", "mask"):
+            caps = K.row_bounds(h, 1, nb, block_size=b, model="m", codec=codec)
+            self.assertEqual(len(caps), nb - 1)
+            self.assertEqual(caps, sorted(caps))
+            rows = K.extract_ref(q, k, block_size=b, top_p=1.0, tokens=rng.integers(0, 9, nb * b),
+                                 model="m", ns="n", codec=codec, i0=1, caps=caps)
+            self.assertTrue(all(80 <= s <= c for s, c in zip(rows.sizes, caps)), codec)
+        with self.assertRaises(mapflow.InvalidArgument):
+            K.row_bounds(h, 2, 2, block_size=b, model="m")
+
     def test_bad_arguments(self):
         rng = np.random.default_rng()
         n, h, d, b = 64, 4, 16, 16

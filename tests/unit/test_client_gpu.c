@@ -801,6 +801,95 @@ static void test_region_put_get(void **state)
     daemon_stop(&d, 1);
 }
 
+/* A region reserved by capacity: rows written at the addresses with random bytes in the
+ * slack, the actual lengths set, committed (async: the lengths travel with it); Get returns
+ * every row byte-identical. The misuse cases of mf_put_region_set_lengths. */
+static void test_region_capacities(void **state)
+{
+    (void)state;
+    daemon_t d;
+    start_gpu_daemon(&d, 0);
+    mf_channel_t *w = gchan(&d, 1, 0);
+    rows_t r;
+    uint64_t seed = (uint64_t)getpid() * 104729u + 11;
+    make_rows(&r, 9, seed);
+    size_t caps[NB], exact[NB];
+    for (int b = 0; b < NB; b++) {
+        caps[b] = r.len[b] + (size_t)((seed >> (b % 32)) % 3000) + (b ? 1 : 0);
+        exact[b] = r.len[b];
+    }
+    mf_put_region_params_t prm = {.field_mask = MF_PUT_REGION_PARAM_CAPACITIES,
+                                  .capacities = 1};
+    void *dev[NB];
+    mf_put_region_t *reg = NULL;
+    mf_status_t st = mf_put_region_begin(w, MODEL, 9, caps, NB, 0, &prm, dev, &reg,
+                                         MF_TIMEOUT_DEFAULT);
+    if (st != MF_OK)
+        fail_msg("region begin: %s: %s", mf_status_name(st), mf_channel_last_error(w));
+    use_device(0);
+    uint64_t rng = seed;
+    for (int b = 0; b < NB; b++) {
+        uint8_t *junk = malloc(caps[b]);
+        for (size_t k = 0; k < caps[b]; k++)
+            junk[k] = (uint8_t)((rng = rng * 6364136223846793005ull + 1442695040888963407ull) >> 56);
+        memcpy(junk, r.row[b], r.len[b]);
+        assert_int_equal(cu()->cuMemcpyHtoD((mf_cu_deviceptr_t)(uintptr_t)dev[b], junk,
+                                            caps[b]), MF_CUDA_SUCCESS);
+        free(junk);
+    }
+    assert_int_equal(cu()->cuCtxSynchronize(), MF_CUDA_SUCCESS);
+    /* No lengths yet: the commit is refused before anything is sent. */
+    assert_int_equal(mf_put_region_commit(reg, NULL, NULL, MF_TIMEOUT_DEFAULT),
+                     MF_FAILED_PRECONDITION);
+    assert_non_null(strstr(mf_channel_last_error(w), "mf_put_region_set_lengths"));
+    size_t wrong[NB];
+    memcpy(wrong, exact, sizeof(wrong));
+    wrong[NB - 1] = caps[NB - 1] + 1;
+    assert_int_equal(mf_put_region_set_lengths(reg, wrong, NB), MF_INVALID_ARGUMENT);
+    assert_non_null(strstr(mf_channel_last_error(w), "its capacity"));
+    wrong[NB - 1] = MF_ROW_HEADER - 1;
+    assert_int_equal(mf_put_region_set_lengths(reg, wrong, NB), MF_INVALID_ARGUMENT);
+    assert_int_equal(mf_put_region_set_lengths(reg, exact, NB - 1), MF_INVALID_ARGUMENT);
+    assert_int_equal(mf_put_region_set_lengths(reg, NULL, NB), MF_INVALID_ARGUMENT);
+    assert_int_equal(mf_put_region_commit(reg, NULL, NULL, MF_TIMEOUT_DEFAULT),
+                     MF_FAILED_PRECONDITION); /* still none set */
+    assert_int_equal(mf_put_region_set_lengths(reg, exact, NB), MF_OK);
+    mf_cq_t *cq;
+    assert_int_equal(mf_cq_create(&cq), MF_OK);
+    mf_status_t sts[NB];
+    mf_put_region_result_t res;
+    assert_int_equal(mf_put_region_commit_async(reg, sts, &res, MF_TIMEOUT_DEFAULT, cq, &r,
+                                                NULL), MF_OK);
+    mf_cq_event_t ev;
+    assert_int_equal(mf_cq_next(cq, 10000, &ev), MF_CQ_CALL_DONE);
+    assert_int_equal(ev.status, MF_OK);
+    assert_int_equal(res.committed, NB);
+    assert_int_equal(mf_put_region_set_lengths(reg, exact, NB), MF_FAILED_PRECONDITION);
+    mf_put_region_free(reg);
+    mf_cq_shutdown(cq);
+    assert_int_equal(mf_cq_next(cq, 10000, &ev), MF_CQ_SHUTDOWN);
+    mf_cq_destroy(cq);
+    for (int b = 0; b < NB; b++) {
+        mf_key_t k = {.model = MODEL, .layer = 9, .hash = r.hash[b]};
+        uint8_t *buf = malloc(caps[b]);
+        size_t len = 0;
+        assert_int_equal(mf_get(w, &k, buf, caps[b], &len, MF_TIMEOUT_DEFAULT), MF_OK);
+        assert_int_equal(len, r.len[b]);
+        assert_memory_equal(buf, r.row[b], len);
+        free(buf);
+    }
+    /* Lengths on a region begun with exact lengths: refused by the library. */
+    assert_int_equal(mf_put_region_begin(w, MODEL, 9, exact, 2, 0, NULL, NULL, &reg,
+                                         MF_TIMEOUT_DEFAULT), MF_OK);
+    assert_int_equal(mf_put_region_set_lengths(reg, exact, 2), MF_INVALID_ARGUMENT);
+    assert_non_null(strstr(mf_channel_last_error(w), "exact lengths"));
+    assert_int_equal(mf_put_region_abort(reg, MF_TIMEOUT_DEFAULT), MF_OK);
+    mf_put_region_free(reg);
+    mf_channel_close(w);
+    free_rows(&r);
+    daemon_stop(&d, 1);
+}
+
 /* One source layer of the bench: n_blocks rows (MASK, 40 heads, B = 64) of one layer. */
 static uint8_t **bench_layer(const uint32_t *tokens, uint32_t layer, uint32_t n_blocks,
                              size_t *len)
@@ -974,6 +1063,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_daemon_without_gpu_tier),
         cmocka_unit_test(test_no_peer_reexec),
         cmocka_unit_test(test_region_put_get),
+        cmocka_unit_test(test_region_capacities),
         cmocka_unit_test(test_region_bench),
     };
     return cmocka_run_group_tests_name("client_gpu", tests, NULL, NULL);

@@ -1211,6 +1211,186 @@ static void region_run(int expect_gpu)
     gpu_stop(&d, &c, &gv);
 }
 
+/* PutRegionCommit with each row's actual lengths (PutRegionBegin.capacities). */
+static mf_envelope_t *region_commit_lens(td_cli_t *c, uint64_t id, const uint64_t *lens,
+                                         size_t n)
+{
+    Mapflow__V1__PutRegionCommit m = MAPFLOW__V1__PUT_REGION_COMMIT__INIT;
+    m.region_id = id;
+    m.lengths = (uint64_t *)lens;
+    m.n_lengths = n;
+    mf_envelope_t *r = td_simple(c, MAPFLOW__V1__ENVELOPE__BODY_PUT_REGION_COMMIT, &m);
+    assert_non_null(r);
+    return r;
+}
+
+static uint64_t gpu_used(td_cli_t *c, uint64_t *regions)
+{
+    mf_envelope_t *r = stats(c);
+    uint64_t u = counter(r, "gpu_arena_used_bytes{arena=\"0\",device=\"0\"}");
+    if (regions)
+        *regions = counter(r, "put_regions");
+    mf_envelope_free(r);
+    return u;
+}
+
+/* A region reserved by capacity (what an exporter knows before it runs): random rows
+ * written at the row addresses with random bytes in the slack after them, the commit
+ * naming the actual lengths. Wrong lengths (none, a count mismatch, > capacity, < a
+ * header, lengths on an exact region) refuse the commit and leave the region as it was;
+ * a length the header's total_size disagrees with refuses that row. After the commit
+ * every other row reads back byte-exact and the arena holds exactly the committed rows
+ * (each rounded to 64): the slack and the refused row went back. */
+#define CAP_NB 24
+static void capacities_run(int expect_gpu)
+{
+    daemon_t d;
+    td_cli_t c;
+    gview_t gv;
+    GPU_START(d, c, gv, 0, "--gpu_bytes", "64mb", "--host_bytes", "16mb", "--gpu_devices",
+              "0");
+    assert_int_equal(gv.open_result[0], 0);
+    unsigned seed = 777;
+    uint32_t tokens[CAP_NB * RG_B];
+    for (size_t i = 0; i < CAP_NB * RG_B; i++)
+        tokens[i] = 5 + (uint32_t)(rand_r(&seed) % 60000);
+    uint8_t *row[CAP_NB];
+    size_t size[CAP_NB];
+    uint64_t cap[CAP_NB], len[CAP_NB];
+    const uint32_t lying = 9; /* committed with a length its header does not carry */
+    for (uint32_t i = 0; i < CAP_NB; i++) {
+        row[i] = region_row(RG_LAYER, tokens, i, &seed, &size[i]);
+        /* Slack from none to several KiB (row 0: exactly its size; the lying row: room
+         * for the wrong length). */
+        cap[i] = size[i] + (i == 0 ? 0 : 64 + (uint64_t)rand_r(&seed) % 6000);
+        len[i] = size[i];
+    }
+    uint64_t used0 = gpu_used(&c, NULL), want_used = 0, cap_bytes = 0;
+    for (uint32_t i = 0; i < CAP_NB; i++)
+        cap_bytes += (cap[i] + 63) & ~63ull;
+
+    Mapflow__V1__PutRegionBegin b = MAPFLOW__V1__PUT_REGION_BEGIN__INIT;
+    b.model = MODEL;
+    b.layer = RG_LAYER;
+    b.lengths = cap;
+    b.n_lengths = CAP_NB;
+    b.gpu_mapped = mapped_mask(&gv);
+    b.capacities = 1;
+    mf_envelope_t *r = td_simple(&c, MAPFLOW__V1__ENVELOPE__BODY_PUT_REGION_BEGIN, &b);
+    assert_non_null(r);
+    assert_int_equal(reply_code(r, MAPFLOW__V1__ENVELOPE__BODY_PUT_REGION_BEGIN_REPLY), 0);
+    const Mapflow__V1__PutRegionBeginReply *br = r->put_region_begin_reply;
+    assert_int_equal(br->n_row_offsets, CAP_NB);
+    assert_int_equal(br->bytes, cap_bytes); /* reserved by capacity */
+    uint64_t id = br->region_id, off[CAP_NB];
+    for (uint32_t i = 0; i < CAP_NB; i++) {
+        off[i] = br->row_offsets[i];
+        if (i)
+            assert_true(off[i] >= off[i - 1] + cap[i - 1]);
+    }
+    mf_envelope_free(r);
+    uint64_t regions;
+    uint64_t used_open = gpu_used(&c, &regions);
+    assert_int_equal(used_open - used0, cap_bytes);
+    assert_int_equal(regions, 1);
+    for (uint32_t i = 0; i < CAP_NB; i++) {
+        uint8_t *junk = malloc(cap[i]);
+        for (size_t k = 0; k < cap[i]; k++)
+            junk[k] = (uint8_t)rand_r(&seed);
+        memcpy(junk, row[i], size[i]);
+        assert_int_equal(cu->cuMemcpyHtoD(gv.base[0] + off[i], junk, cap[i]), 0);
+        free(junk);
+    }
+    assert_int_equal(cu->cuCtxSynchronize(), 0);
+
+    /* Wrong lengths: the commit is refused, the region stays open and whole. */
+    uint64_t over[CAP_NB], under[CAP_NB];
+    memcpy(over, len, sizeof(len));
+    memcpy(under, len, sizeof(len));
+    over[5] = cap[5] + 1;
+    under[7] = MF_ROW_HEADER - 1;
+    struct { const uint64_t *l; size_t n; const char *msg; } bad[] = {
+        {NULL, 0, "0 lengths"},          {len, CAP_NB - 1, "23 lengths"},
+        {over, CAP_NB, "row 5 is"},      {under, CAP_NB, "row 7 is 79 bytes"},
+    };
+    for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
+        r = region_commit_lens(&c, id, bad[k].l, bad[k].n);
+        assert_int_equal(reply_code(r, MAPFLOW__V1__ENVELOPE__BODY_PUT_REGION_COMMIT_REPLY),
+                         MF_INVALID_ARGUMENT);
+        if (!strstr(r->error->message, bad[k].msg))
+            fail_msg("case %zu: '%s' lacks '%s'", k, r->error->message, bad[k].msg);
+        mf_envelope_free(r);
+        assert_int_equal(gpu_used(&c, &regions), used_open);
+        assert_int_equal(regions, 1);
+    }
+
+    /* The commit: every row but the lying one visible, byte-exact; slack returned. */
+    len[lying] = size[lying] + 64; /* ≤ cap: only the header can tell */
+    r = region_commit_lens(&c, id, len, CAP_NB);
+    assert_int_equal(reply_code(r, MAPFLOW__V1__ENVELOPE__BODY_PUT_REGION_COMMIT_REPLY), 0);
+    const Mapflow__V1__PutRegionCommitReply *cr = r->put_region_commit_reply;
+    assert_int_equal(cr->committed, CAP_NB - 1);
+    assert_int_equal(cr->first_failed, lying);
+    assert_int_equal(cr->status[lying], MF_INVALID_ARGUMENT);
+    assert_int_equal(cr->checked_on_gpu, expect_gpu);
+    printf("capacities commit: %s\n", cr->first_error);
+    mf_envelope_free(r);
+    for (uint32_t i = 0; i < CAP_NB; i++) {
+        assert_key_row(&c, RG_LAYER, td_block_hash(NS, MODEL, RG_B, tokens, i),
+                       i == lying ? NULL : row[i], size[i]);
+        if (i != lying)
+            want_used += (size[i] + 63) & ~63ull;
+    }
+    uint64_t used1 = gpu_used(&c, &regions);
+    assert_int_equal(regions, 0);
+    assert_int_equal(used1 - used0, want_used);
+    printf("capacities: reserved %llu bytes, %llu kept by %u rows\n",
+           (unsigned long long)cap_bytes, (unsigned long long)want_used, CAP_NB - 1);
+    /* Leased device views are where the exporter wrote the rows. */
+    uint32_t layer = RG_LAYER;
+    r = get_prefix(&c, RG_B, tokens, lying * RG_B, &layer, 1, 1, mapped_mask(&gv));
+    assert_int_equal(r->get_reply->n_rows, lying);
+    for (uint32_t i = 0; i < lying; i++) {
+        assert_int_equal(r->get_reply->rows[i]->arena_offset, off[i]);
+        assert_lease_bytes(&c, &gv, r->get_reply->rows[i], row[i], size[i]);
+    }
+    release_all(&c, r->get_reply);
+    mf_envelope_free(r);
+
+    /* Lengths on a region begun with exact lengths: refused; abort gives it all back. */
+    r = region_begin(&c, RG_LAYER, len, 3, mapped_mask(&gv));
+    assert_int_equal(reply_code(r, MAPFLOW__V1__ENVELOPE__BODY_PUT_REGION_BEGIN_REPLY), 0);
+    uint64_t id2 = r->put_region_begin_reply->region_id;
+    mf_envelope_free(r);
+    r = region_commit_lens(&c, id2, len, 3);
+    assert_int_equal(reply_code(r, MAPFLOW__V1__ENVELOPE__BODY_PUT_REGION_COMMIT_REPLY),
+                     MF_INVALID_ARGUMENT);
+    assert_non_null(strstr(r->error->message, "exact lengths"));
+    mf_envelope_free(r);
+    r = region_end(&c, id2, 0);
+    assert_int_equal(reply_code(r, MAPFLOW__V1__ENVELOPE__BODY_PUT_REGION_ABORT_REPLY), 0);
+    mf_envelope_free(r);
+    assert_int_equal(gpu_used(&c, &regions), used1);
+    assert_int_equal(regions, 0);
+    for (uint32_t i = 0; i < CAP_NB; i++)
+        free(row[i]);
+    gpu_stop(&d, &c, &gv);
+}
+
+/* Rows checked on the host (the fake's default), then (with the PTX built in) the fake
+ * running the checksum kernels: the GPU check sees the actual lengths, not the caps. */
+static void test_region_capacities(void **state)
+{
+    (void)state;
+    size_t ptx_len;
+    capacities_run(g_real && mfd_gpu_verify_ptx(&ptx_len) != NULL);
+    if (g_real || !mfd_gpu_verify_ptx(&ptx_len))
+        return;
+    setenv("FAKECUDA_MODULES", "1", 1);
+    capacities_run(1);
+    unsetenv("FAKECUDA_MODULES");
+}
+
 /* Region puts with rows copied whole to the host (the fake's default: no kernels), or on a
  * GPU with the checksum kernels (the real driver with PTX built in). */
 static void test_region_put(void **state)
@@ -1521,6 +1701,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_big_device_rows_gpu_path, teardown),
         cmocka_unit_test_teardown(test_region_put, teardown),
         cmocka_unit_test_teardown(test_region_put_gpu_path, teardown),
+        cmocka_unit_test_teardown(test_region_capacities, teardown),
         cmocka_unit_test_teardown(test_region_rate, teardown),
         cmocka_unit_test_teardown(test_tier_off, teardown),
         cmocka_unit_test_teardown(test_host_pin, teardown),

@@ -128,7 +128,9 @@ _PARAM_NS, _PARAM_TOKEN, _PARAM_NAME, _PARAM_ARENA, _PARAM_TIMEOUT, _PARAM_FRAME
 class PutRegion:
     """A layer's rows written in place (Channel.put_region): rows[i] is row i's device
     address (int) in the channel's gpu_device context. commit() makes the daemon check
-    every row and returns {"committed", "replaced", "first_failed", "checked_on_gpu",
+    every row (a region begun with capacities=True: commit(lengths=...), each row's actual
+    bytes, a list or NumPy array; the slack after each row goes back to the arena) and
+    returns {"committed", "replaced", "first_failed", "checked_on_gpu",
     "statuses"}; a refused row raises MapflowError (of the first refused row's status)
     with .result (that dict). close() frees the handle, aborting a region neither
     committed nor aborted; the channel's close waits for it."""
@@ -143,7 +145,12 @@ class PutRegion:
             raise MapflowError(FAILED_PRECONDITION, "the put region is closed")
         return self._hv
 
-    def commit(self, timeout_ms: Timeout = None) -> Dict[str, Any]:
+    def commit(self, timeout_ms: Timeout = None,
+               lengths: Optional[Sequence[int]] = None) -> Dict[str, Any]:
+        if lengths is not None:
+            n = len(lengths)
+            lens = (C.c_size_t * max(n, 1))(*[int(x) for x in lengths])
+            self._ch._check(_lib.mf_put_region_set_lengths(self._handle(), lens, n))
         sts = (C.c_int * max(self._n, 1))()
         r = _PutRegionResult()
         st = _lib.mf_put_region_commit(self._handle(), sts, C.byref(r), _timeout(timeout_ms))
@@ -333,14 +340,19 @@ class Channel:
         return results
 
     def put_region(self, model: str, layer: int, lengths: Sequence[int],
-                   gpu_arena: Optional[int] = None, timeout_ms: Timeout = None) -> "PutRegion":
+                   gpu_arena: Optional[int] = None, timeout_ms: Timeout = None,
+                   capacities: bool = False) -> "PutRegion":
         """One GPU-arena reservation for a layer's rows (mf_put_region_begin): the
         PutRegion's rows are their device addresses; write the rows there, finish that
-        work, then commit(). Raises MapflowError (FAILED_PRECONDITION / RESOURCE_EXHAUSTED:
-        fall back to put_device_batch)."""
+        work, then commit(). capacities=True: lengths are each row's capacity (an upper
+        bound, e.g. the caps mf_extract_cuda takes), and commit(lengths=...) names the
+        actual sizes. Raises MapflowError (FAILED_PRECONDITION / RESOURCE_EXHAUSTED: fall
+        back to put_device_batch)."""
         n = len(lengths)
         lens = (C.c_size_t * max(n, 1))(*[int(x) for x in lengths])
-        params = _PutRegionParams(1, int(gpu_arena)) if gpu_arena is not None else None
+        mask = (1 if gpu_arena is not None else 0) | (2 if capacities else 0)
+        params = (_PutRegionParams(mask, int(gpu_arena or 0), int(bool(capacities)))
+                  if mask else None)
         h = _P()
         self._check(_lib.mf_put_region_begin(self._h, _b(model), int(layer), lens, n, 0,
                                              C.byref(params) if params else None, None,

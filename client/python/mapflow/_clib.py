@@ -104,7 +104,8 @@ class _PutItem(C.Structure):
 
 class _PutRegionParams(C.Structure):
     _c_type_ = "mf_put_region_params_t"
-    _fields_ = [("field_mask", C.c_uint64), ("gpu_arena", C.c_uint32)]
+    _fields_ = [("field_mask", C.c_uint64), ("gpu_arena", C.c_uint32),
+                ("capacities", C.c_int)]
 
 
 class _PutRegionResult(C.Structure):
@@ -226,6 +227,7 @@ _PROTOS = {
                                       C.POINTER(_P), C.POINTER(_P), C.c_int64]),
     "mf_put_region_row": (_P, [_P, C.c_size_t]),
     "mf_put_region_rows": (C.c_size_t, [_P]),
+    "mf_put_region_set_lengths": (C.c_int, [_P, C.POINTER(C.c_size_t), C.c_size_t]),
     "mf_put_region_commit": (C.c_int, [_P, C.POINTER(C.c_int), C.POINTER(_PutRegionResult),
                                        C.c_int64]),
     "mf_put_region_abort": (C.c_int, [_P, C.c_int64]),

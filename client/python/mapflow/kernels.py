@@ -47,7 +47,8 @@ except ImportError:  # the reference calls need NumPy; the CUDA calls need torch
 
 __all__ = ["extract_ref", "apply_ref", "attention_dense_ref", "extract_cuda", "apply_cuda",
            "attention_dense_cuda", "cuda_supported", "export_cuda", "rows_copy_ref",
-           "rows_copy_cuda", "PendingRows", "library", "Rows", "RowOverflow", "RowView",
+           "rows_copy_cuda", "PendingRows", "library", "row_bounds", "Rows", "RowOverflow",
+           "RowView",
            "Qkv", "LayerMap", "ExtractArgs", "ApplyArgs", "ApplyStats", "ExtractCudaArgs",
            "ExportCudaArgs", "ApplyCudaArgs", "EXTRACT_SAMPLE",
            "CODECS", "COMPUTE", "PROB", "MASK", "F32", "F16", "BF16",
@@ -351,6 +352,31 @@ def _caps(caps: Optional[Sequence[int]], codec: int, b: int, h: int, i0: int, i1
     return out
 
 
+def row_bounds(n_heads: int, i0: int, i1: int, *, block_size: int, model: Any,
+               codec: Any = "mask") -> List[int]:
+    """mf_extract_row_bound for query blocks i0..i1-1: each row's capacity, the caps
+    extract_cuda / export_cuda take by default (never too small). What a source reserves
+    a put region by (Channel.put_region(model, layer, caps, capacities=True)) before the
+    kernel writes the rows there (rows=PutRegion.rows)."""
+    b = _block(block_size)
+    if not 0 <= int(i0) < int(i1):
+        raise _bad("blocks [%r, %r) are empty or negative" % (i0, i1))
+    return _caps(None, _codec(codec), b, _u32(n_heads, "n_heads", 1, 64), int(i0), int(i1),
+                 _bytes_arg(model, "model"))
+
+
+def _dest_rows(rows: Optional[Sequence[int]], nr: int) -> Optional[List[int]]:
+    """The caller's row addresses (rows=): one per row, 16-byte aligned device addresses."""
+    if rows is None:
+        return None
+    out = [int(r) for r in rows]
+    if len(out) != nr:
+        raise _bad("rows has %d addresses for %d rows" % (len(out), nr))
+    if any(r <= 0 or r % 16 for r in out):
+        raise _bad("rows must be nonzero, 16-byte aligned device addresses")
+    return out
+
+
 def _sample(stride: Any, offset: Any, b: int) -> Tuple[int, int, int]:
     """(fields, stride, offset) of extract's strided query sample (MF_EXTRACT_SAMPLE):
     masses from the rows q ≡ offset (mod stride) of each block; stride 1 = every row."""
@@ -388,6 +414,9 @@ class Rows:
 
     def host(self) -> List[Any]:
         """Each row as a NumPy uint8 array (a copy from the device for extract_cuda)."""
+        if self.buf is None:
+            raise _bad("the rows were written at the caller's addresses (rows=): read them "
+                       "there (ptrs(), sizes)")
         b = self.buf if np is not None and isinstance(self.buf, np.ndarray) else \
             self.buf.cpu().numpy()
         return [b[o:o + s] for o, s in zip(self.offsets, self.sizes)]
@@ -623,10 +652,12 @@ def attention_dense_cuda(q: Any, k: Any, v: Any, want_lse: bool = True,
 def _extract_setup(q: Any, k: Any, v: Any, block_size: int, top_p: float, tokens: Any,
                    model: Any, ns: Any, codec: Any, layer: int, lse: Any, i0: int,
                    i1: Optional[int], caps: Optional[Sequence[int]], buf: Any,
-                   want_mass: bool, sample: Tuple[int, int] = (1, 0)
+                   want_mass: bool, sample: Tuple[int, int] = (1, 0),
+                   rows: Optional[Sequence[int]] = None
                    ) -> Tuple[ExtractCudaArgs, Dict[str, Any]]:
     """The argument struct of mf_extract_cuda / mf_export_cuda's ex, and what it points
-    into (kept alive by the caller until the call has been issued and the sizes read)."""
+    into (kept alive by the caller until the call has been issued and the sizes read).
+    rows: the caller's row addresses (e.g. a put region's), instead of buf."""
     qkv, (n, hq, _, d), torch = _cuda_qkv(q, k, v)
     dev = q.device
     b = _block(block_size)
@@ -640,8 +671,11 @@ def _extract_setup(q: Any, k: Any, v: Any, block_size: int, top_p: float, tokens
     if lse is not None:
         _cuda_out(lse, "lse", (hq, n), torch.float32, dev)
     caps = _caps(caps, cd, b, hq, i0, i1, model)
-    offs, total = _offsets(caps)
-    if buf is None or buf.numel() < total:
+    dest = _dest_rows(rows, i1 - i0)
+    offs, total = _offsets(caps) if dest is None else (dest, 0)
+    if dest is not None:
+        buf = None  # written at the caller's addresses: no buffer of ours
+    elif buf is None or buf.numel() < total:
         buf = torch.empty(total, dtype=torch.uint8, device=dev)
     elif not (buf.dtype == torch.uint8 and buf.device == dev and buf.is_contiguous() and
               buf.data_ptr() % 16 == 0):
@@ -650,7 +684,8 @@ def _extract_setup(q: Any, k: Any, v: Any, block_size: int, top_p: float, tokens
     sizes = torch.zeros(nr, dtype=torch.int64, device=dev)
     failed = torch.zeros(1, dtype=torch.int32, device=dev)
     mass = torch.zeros((hq, nr, i1), dtype=torch.float32, device=dev) if want_mass else None
-    ptrs = (C.c_void_p * nr)(*[buf.data_ptr() + o for o in offs])
+    base = 0 if buf is None else buf.data_ptr()
+    ptrs = (C.c_void_p * nr)(*[base + o for o in offs])
     capa = (C.c_size_t * nr)(*caps)
     a = ExtractCudaArgs(qkv, None if lse is None else lse.data_ptr(), b, float(top_p), cd, i0,
                         i1, model, ns, _u32(layer, "layer"), tok.ctypes.data,
@@ -669,7 +704,7 @@ def _extract_rows(keep: Dict[str, Any], mass: Any = None) -> "Rows":
     if fb != _NO_BLOCK:
         raise RowOverflow(fb, got[fb - i0] if i0 <= fb < i1 else 0)
     buf = keep["buf"]
-    return Rows(buf, buf.data_ptr(), keep["offs"], [int(s) for s in got], i0,
+    return Rows(buf, 0 if buf is None else buf.data_ptr(), keep["offs"], [int(s) for s in got], i0,
                 mass=keep["mass"] if mass is None else mass)
 
 
@@ -677,16 +712,21 @@ def extract_cuda(q: Any, k: Any, *, block_size: int, top_p: float, tokens: Any,
                  model: Any, ns: Any, codec: Any = "mask", layer: int = 0, lse: Any = None,
                  i0: int = 0, i1: Optional[int] = None, caps: Optional[Sequence[int]] = None,
                  buf: Any = None, want_mass: bool = False, sample_stride: int = 1,
-                 sample_offset: int = 0, lib: Optional[str] = None) -> Rows:
+                 sample_offset: int = 0, rows: Optional[Sequence[int]] = None,
+                 lib: Optional[str] = None) -> Rows:
     """mf_extract_cuda: the rows of extract_ref, in a device buffer (buf: a uint8 CUDA
     tensor to reuse when large enough, else a new one). lse [Hq, N] float32 on the device
     or None; tokens [N] on the host; want_mass: also the block masses; sample_stride /
     sample_offset as extract_ref's (only the sampled rows' scores are computed).
+    rows: device addresses (one per row, 16-byte aligned, caps[k] bytes each: e.g. the
+    rows of a put region begun with these caps and capacities=True) to write the rows at
+    instead of buf; the Rows then have buf None and ptrs() those addresses.
     Synchronises torch's stream to read the sizes back; a row that does not fit raises
     RowOverflow."""
     L = library("cuda", lib)
     a, keep = _extract_setup(q, k, None, block_size, top_p, tokens, model, ns, codec, layer,
-                             lse, i0, i1, caps, buf, want_mass, (sample_stride, sample_offset))
+                             lse, i0, i1, caps, buf, want_mass, (sample_stride, sample_offset),
+                             rows)
     why = C.c_char_p()
     with keep["torch"].cuda.device(keep["dev"]):
         st = L.mf_extract_cuda(C.byref(a), _stream(keep["torch"], keep["dev"]), C.byref(why))
@@ -698,7 +738,8 @@ def export_cuda(q: Any, k: Any, v: Any, *, top_p: float, tokens: Any, model: Any
                 codec: Any = "mask", layer: int = 0, i0: int = 0, i1: Optional[int] = None,
                 caps: Optional[Sequence[int]] = None, buf: Any = None,
                 want_mass: bool = False, scratch: Any = None, o_dtype: Any = None,
-                rows_stream: Any = None, lib: Optional[str] = None) -> Tuple[Any, Any, Any]:
+                rows_stream: Any = None, rows: Optional[Sequence[int]] = None,
+                lib: Optional[str] = None) -> Tuple[Any, Any, Any]:
     """mf_export_cuda, the source's exporter: the layer's dense causal attention and its
     rows in one call (block size 64; sm_90). Returns (O [N, Hq, d], LSE [Hq, N] float32,
     rows as extract_cuda's; want_mass: rows.mass holds the [Hq, N/64, N/64] masses the rows
@@ -707,13 +748,14 @@ def export_cuda(q: Any, k: Any, v: Any, *, top_p: float, tokens: Any, model: Any
     uint8 CUDA tensor of at least mf_attention_masses_scratch(N) bytes to reuse across
     layers (else one per call). rows_stream (a torch.cuda.Stream): the rows' launches go
     there after the forward, so torch's current stream goes on with O at once; the third
-    value is then a PendingRows (its wait() gives the Rows). MapflowError UNIMPLEMENTED off
-    sm_90."""
+    value is then a PendingRows (its wait() gives the Rows). rows: the rows' addresses, as
+    extract_cuda's (written in place, e.g. a put region begun with capacities=True).
+    MapflowError UNIMPLEMENTED off sm_90."""
     L = library("cuda", lib)
     if v is None:
         raise _bad("export_cuda needs v (the layer's values)")
     a, keep = _extract_setup(q, k, v, 64, top_p, tokens, model, ns, codec, layer, None, i0,
-                             i1, caps, buf, False)
+                             i1, caps, buf, False, rows=rows)
     torch, dev, n, hq, d = keep["torch"], keep["dev"], keep["n"], keep["hq"], keep["d"]
     odt = torch.float32 if o_dtype is None else o_dtype
     if odt not in (torch.float32, q.dtype):
