@@ -314,7 +314,11 @@ class Store:
         self.pinned = None
         self.counts = {}
         self.batch_ok = True
-        self.region_ok = os.environ.get("HANDOFF_PUT", "region") != "batch"
+        # HANDOFF_PUT: inplace (default: the fused exporter writes mask rows straight into a
+        # put region reserved by capacity), region (rows copied into an exact region), batch
+        put = os.environ.get("HANDOFF_PUT", "inplace")
+        self.region_ok = put != "batch"
+        self.inplace_ok = put == "inplace"
         self.fake = None
         self.put_stream = None  # the put thread's own CUDA stream (stream())
         self.rows_st = None  # the exporter's row launches with async rows (rows_stream())
@@ -355,12 +359,45 @@ class Store:
             for i in range(len(p)):
                 self.count("put_" + mf._TIERS.get(items[i].result.tier, "none"))
 
+    def begin_inplace(self, model, layer, caps):
+        """A put region reserved by capacity (caps: each row's bound) for one layer's rows,
+        begun before the exporter writes them there; None when this run does not write in
+        place or the daemon refuses (then the copy into an exact region, from now on)."""
+        if not (self.path == "gpu" and not self.dry and self.inplace_ok and self.region_ok):
+            return None
+        try:
+            return self.ch.put_region(model, layer, caps, capacities=True)
+        except (TypeError, self.mf.MapflowError) as e:
+            log("put_region(capacities=True): %s; rows copied into exact regions from now on"
+                % e)
+            self.inplace_ok = False
+            return None
+
+    def _commit_inplace(self, rows):
+        """Rows the exporter wrote into their capacities region (rows.region; their work is
+        finished): one commit with the sizes the kernel wrote; the daemon checks each row
+        and gives each row's slack back to the arena."""
+        reg = rows.region
+        try:
+            res = reg.commit(lengths=[int(x) for x in rows.sizes])
+        finally:
+            reg.close()
+        self.count("put_inplace_rows", int(res["committed"]))
+        self.count("put_region_checked_on_gpu" if res["checked_on_gpu"] else
+                   "put_region_checked_on_host", int(res["committed"]))
+        if int(res["committed"]) != len(rows.sizes):
+            raise RuntimeError("in-place region: %d of %d rows committed (first refused: %s)"
+                               % (int(res["committed"]), len(rows.sizes), res["first_failed"]))
+
     def put_rows(self, rows):
         """Puts one layer's rows (a mfk.RowSet whose work is queued before rows.ready, or
         finished (rows.synced); rows.key = (model, layer) when the caller knows them):
         into one put region (one GPU-arena reservation and one commit for the layer) when
         the binding and the daemon offer it and HANDOFF_PUT is not "batch", else with
         put_device_batch."""
+        if getattr(rows, "region", None) is not None:  # written in place
+            self._commit_inplace(rows)
+            return
         ptrs, sizes = rows.ptrs(), [int(s) for s in rows.sizes]
         if self.path == "gpu" and self.dry:
             ptrs = self._fake_device(rows)
@@ -541,15 +578,20 @@ class _LazyRows:
     resolve() in the put thread waits for them (sizes read back on that stream) and gives
     the RowSet; rows that did not fit their bound are extracted again (redo)."""
 
-    def __init__(self, pending, key, redo, stream):
+    def __init__(self, pending, key, redo, stream, region=None):
         self.pending, self.key, self.redo, self.stream = pending, key, redo, stream
+        self.region = region  # the capacities put region the rows were written into
 
     def resolve(self):
         import mapflow.kernels as K
         try:
             rows = self.pending.wait(self.stream)
+            rows.region = self.region
         except K.RowOverflow:
+            if self.region is not None:  # cannot happen at worst-case caps; the copy path
+                self.region.close()
             rows = self.redo()  # synchronous on the put stream
+            rows.region = None
         rows.synced = True  # their work is done: the copy waits for nothing
         rows.key = self.key
         self.pending = self.redo = None  # Q, K, LSE, masses of the layer released here
@@ -839,18 +881,29 @@ class Bench:
         s, e = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
         s.record()
         fp32 = os.environ.get("HANDOFF_O_FP32") == "1"
+        # mask rows in place: a region reserved by each row's worst-case bound (a few MB a
+        # layer at 32k, the slack given back at commit), so no row can outgrow its cap
+        reg, caps = None, None
+        if codec == self.mfk.CODECS["mask"]:
+            from mapflow import kernels as K
+            caps = K.row_bounds(q.shape[1], 0, q.shape[0] // 64, block_size=64, model=model,
+                                codec="mask")
+            reg = self.store.begin_inplace(model, i, caps)
+        dest = dict(rows=reg.rows, caps=caps) if reg is not None else {}
         if self.rows_async:  # the rows' launches on the put stream: the source goes on
             o, _, pending = self.be.export(q, kk, v, top_p, codec, i, tok32, ("src", slot),
                                            entries=entries, model=model, ns=NS.encode(),
                                            o_dtype=None if fp32 else q.dtype,
-                                           rows_stream=self.store.rows_stream())
+                                           rows_stream=self.store.rows_stream(), **dest)
             rows = _LazyRows(pending, (model, i), lambda: self.redo_rows(
-                q, kk, top_p, codec, i, tok32, slot, entries, model), self.store.stream())
+                q, kk, top_p, codec, i, tok32, slot, entries, model), self.store.stream(),
+                region=reg)
         else:
             o, _, rows = self.with_entries(
                 lambda e: self.be.export(q, kk, v, top_p, codec, i, tok32, ("src", slot),
                                          entries=e, model=model, ns=NS.encode(),
-                                         o_dtype=None if fp32 else q.dtype), entries)
+                                         o_dtype=None if fp32 else q.dtype, **dest), entries)
+            rows.region = reg
         out = o.view(q.shape[0], -1)
         if fp32:
             out = out.to(q.dtype)

@@ -143,21 +143,26 @@ class Cuda:
         return RowSet.of(rows, codec)
 
     def export(self, q, k, v, top_p, codec, layer, tokens, slot, entries=None, model=MODEL,
-               ns=NS, o_dtype=None, rows_stream=None):
+               ns=NS, o_dtype=None, rows_stream=None, rows=None, caps=None):
         """The source's exporter (mf_export_cuda, B = 64): (O [N, H, d] fp32, or o_dtype =
         q.dtype, LSE [H, N], the layer's rows), attention and rows from one fused pass.
         rows_stream: the rows' launches go there; the third value then has wait() → the
-        RowSet (kernels.PendingRows)."""
+        RowSet (kernels.PendingRows). rows / caps: the rows' addresses and capacities (e.g.
+        a put region begun with capacities=True: written in place) instead of the slot's
+        buffer and the entry bound's caps."""
         n, h, _ = q.shape
         if n not in self.scratch:
             self.scratch[n] = torch.empty(int(self._need(n)), dtype=torch.uint8,
                                           device=q.device)
+        if caps is None:
+            caps = _caps(codec, self.b, h, n // self.b, entries, model)
         o, lse, rows = K.export_cuda(q, k, v, top_p=top_p, tokens=tokens, model=model, ns=ns,
-                                     codec=codec, layer=layer,
-                                     caps=_caps(codec, self.b, h, n // self.b, entries, model),
-                                     buf=self.pool.get(slot), scratch=self.scratch[n],
-                                     o_dtype=o_dtype, rows_stream=rows_stream, lib=self.lib)
-        self.pool[slot] = rows.buf
+                                     codec=codec, layer=layer, caps=caps,
+                                     buf=None if rows is not None else self.pool.get(slot),
+                                     rows=rows, scratch=self.scratch[n], o_dtype=o_dtype,
+                                     rows_stream=rows_stream, lib=self.lib)
+        if rows.buf is not None:
+            self.pool[slot] = rows.buf
         if rows_stream is not None:
             return o, lse, types.SimpleNamespace(
                 wait=lambda stream=None: RowSet.of(rows.wait(stream), codec))
