@@ -426,8 +426,10 @@ class Store:
 
     def get_layers(self, model, tokens, layers, nb):
         """Leased rows of every layer: ({layer: (ptrs, sizes)}, results to release,
-        staged device buffers). Device rows are used in place; host rows are copied to
-        the GPU (one buffer per layer) unless --dry (the C reference reads them)."""
+        staged device buffers); ptrs and sizes are uint64 NumPy arrays (views of one array
+        per Get: apply_cuda takes them as they are). Device rows are used in place; host
+        rows are copied to the GPU (one buffer per layer) unless --dry (the C reference
+        reads them)."""
         # Every layer in one Get when the daemon's max_batch (rows per Get) allows it
         # (its default covers a 32k prefix × 32 layers); split only beyond that.
         per_call = max(1, int(self.ch.info()["max_batch"]) // max(1, nb))
@@ -440,28 +442,34 @@ class Store:
             if len(res) != nb * len(chunk):
                 raise RuntimeError("get_prefix: %d rows for %d layers × %d blocks"
                                    % (len(res), len(chunk), nb))
-            # All rows' fields at once (GetResult.table): no Python object per row.
-            tab = res.table()
-            blocks = np.tile(np.arange(nb, dtype=np.uint32), len(chunk))
+            # Every row's fields as arrays (GetResult.columns): no Python object per row;
+            # each check is one NumPy pass over the whole Get.
+            cols = res.columns()
+            bad = np.flatnonzero(cols.status != 0)
+            if bad.size:
+                i = int(bad[0])
+                raise RuntimeError("get_prefix layer %d: %r" % (chunk[i // nb], res[i]))
+            want = (np.repeat(np.asarray(chunk, dtype=np.uint32), nb),
+                    np.tile(np.arange(nb, dtype=np.uint32), len(chunk)))
+            wrong = np.flatnonzero((cols.layer != want[0]) | (cols.block != want[1]))
+            if wrong.size:
+                i = int(wrong[0])
+                raise RuntimeError("get_prefix: row %d is layer %d block %d, not %d / %d" % (
+                    i, int(cols.layer[i]), int(cols.block[i]), int(want[0][i]),
+                    int(want[1][i])))
+            dev = cols.on_device
+            ptrs = np.where(dev, cols.data, np.uint64(0))
+            n_dev = int(np.count_nonzero(dev))
+            self.count("get_device", n_dev)
+            self.count("get_host", dev.size - n_dev)
             for li, layer in enumerate(chunk):
                 sl = slice(li * nb, (li + 1) * nb)
-                bad = np.nonzero(tab["status"][sl] != 0)[0]
-                if bad.size:
-                    raise RuntimeError("get_prefix layer %d: %r" % (layer,
-                                                                    res[li * nb + int(bad[0])]))
-                wrong = np.nonzero(tab["block"][sl] != blocks[sl])[0]
-                if wrong.size:
-                    raise RuntimeError("get_prefix: layer %d row %d is block %d" % (
-                        layer, int(wrong[0]), int(tab["block"][sl][wrong[0]])))
-                dev = tab["on_device"][sl] != 0
-                ptrs = np.where(dev, tab["data"][sl], 0).astype(np.uint64).tolist()
-                sizes = tab["length"][sl].astype(np.int64).tolist()
-                host = np.nonzero(~dev)[0].tolist()
-                self.count("get_device", int(dev.sum()))
-                self.count("get_host", len(host))
-                if host:
-                    self._stage({i: res[li * nb + i] for i in host}, host, ptrs, staged)
-                out[layer] = (ptrs, sizes)
+                if n_dev < dev.size:
+                    host = np.flatnonzero(~dev[sl]).tolist()
+                    if host:
+                        self._stage({i: res[li * nb + i] for i in host}, host, ptrs[sl],
+                                    staged)
+                out[layer] = (ptrs[sl], cols.length[sl])
         return out, results, staged
 
     def _stage(self, lr, idx, ptrs, staged):
