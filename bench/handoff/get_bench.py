@@ -7,12 +7,15 @@ libfakecuda.so: device memory is host memory) and a real mapflowd with its GPU t
 layers × BLOCKS MASK rows (40 heads, B = 64) put with one put region per layer, then the
 get REPS times (leases released between), split into
   c        the C call alone (mf_get_prefix through ctypes, nothing made in Python),
-  binding  Channel.get_prefix (the C call + the GetResult),
-  +table   binding + GetResult.table() (every row's fields as a NumPy copy),
-  +columns binding + GetResult.columns() (the fields the bench needs, as NumPy arrays),
-  bench    handoff.Store.get_layers: the bench's own code, rows checked and per-layer
-           (device pointers, sizes) made;
-medians in ms. Not a test (timed; make test does not run it).
+  result   the binding's GetResult around it (what Channel.get_prefix adds),
+  table / columns  GetResult.table() / GetResult.columns() alone (when it has them),
+  bench_after  handoff.Store.get_layers on that result: the bench's own code (rows
+           checked, per-layer device pointers and sizes);
+  c_cpu    the CPU behind the C call: this process's (the channel's I/O thread: the reply's
+           unpack and the result) and mapflowd's (per get + release);
+  end_to_end  handoff.Store.get_layers as the hand-off times it;
+medians in ms (each phase on the same result, leases released after each get). Not a
+test (timed; make test does not run it).
   python3 bench/handoff/get_bench.py [--layers 30] [--blocks 512] [--reps 15]
 Env: MF_BUILD (build dir, default build), MF_BIN (its bin/).
 """
@@ -111,6 +114,13 @@ class _Answer:
         return getattr(self._ch, name)
 
 
+def _proc_cpu(pid):
+    """User + system CPU seconds of process pid so far (/proc/PID/stat)."""
+    with open("/proc/%d/stat" % pid) as f:
+        st = f.read().rsplit(")", 1)[1].split()
+    return (int(st[11]) + int(st[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def timed(reps, get, done):
     """Median ms of get() over reps runs; done(result) after each (untimed)."""
     ts = []
@@ -156,17 +166,21 @@ def main():
             tok, ntok = mapflow._u32(tok32)
             lay, nlay = mapflow._u32(layers)
             cols = hasattr(mapflow.GetResult, "columns")
-            split = {k: [] for k in ("c", "result", "table", "columns", "bench_after")}
-            split["columns"] = [] if cols else None
-            for _ in range(a.reps):
-                t0 = time.perf_counter()
+
+            def c_get():
                 out = C.POINTER(mapflow._GetResult)()
                 st = mapflow._lib.mf_get_prefix_peer(ch._h, None, MODEL.encode(), B, tok,
                                                      ntok, lay, nlay, 0, 0, 1, C.byref(out),
                                                      -1)
-                t1 = time.perf_counter()
                 if st:
                     raise RuntimeError("mf_get_prefix: %d %s" % (st, ch.last_error))
+                return out
+            split = {k: [] for k in ("c", "result", "table", "columns", "bench_after")}
+            split["columns"] = [] if cols else None
+            for _ in range(a.reps):
+                t0 = time.perf_counter()
+                out = c_get()
+                t1 = time.perf_counter()
                 res = mapflow.GetResult(ch, out, True)  # what Channel.get_prefix returns
                 t2 = time.perf_counter()
                 res.table()
@@ -197,6 +211,19 @@ def main():
                 if v is not None:
                     print("  %-12s %6.2f [%.2f, %.2f]  %s" % (
                         k, statistics.median(v), min(v), max(v), what[k]))
+            # CPU behind the C call: this process (the caller and the channel's I/O thread:
+            # the reply's unpack and the result) per get; mapflowd per get + release
+            cpu, dcpu0 = [], _proc_cpu(d.proc.pid)
+            for _ in range(a.reps):
+                t0 = time.process_time()
+                out = c_get()
+                cpu.append((time.process_time() - t0) * 1e3)
+                mapflow._lib.mf_release_result(ch._h, out, -1)
+                mapflow._lib.mf_get_result_free(out)
+            dcpu = (_proc_cpu(d.proc.pid) - dcpu0) * 1e3 / a.reps
+            print("  %-12s %6.2f client CPU of the C call (this process, all threads); mapflowd "
+                  "CPU %.2f per get + release (mean of %d)" % ("c_cpu", statistics.median(cpu),
+                                                               dcpu, a.reps))
             e2e = timed(a.reps, lambda: store.get_layers(MODEL, tok32, layers, nb)[1],
                         store.release)
             print("  %-12s %6.2f [%.2f, %.2f]  handoff.Store.get_layers end to end (the "

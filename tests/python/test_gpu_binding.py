@@ -11,7 +11,8 @@ get_lease on the device, copies of GPU rows, a channel without gpu_device
 getting host views, put_region (rows written at its device addresses, one flipped byte
 refused with the others stored, misuse), GetResult.columns() of a leased get of device
 rows and missing ones (equal to the Row objects and to table(), addresses at the rows'
-bytes, leases released, mf_get_result_columns refusing a short cap or no result), and errors (no GPU channel, a bad device address) as MapflowError.
+bytes, leases released, mf_get_result_columns refusing a short cap or no result), and
+errors (no GPU channel, a bad device address) as MapflowError.
 Env: MF_BIN (build/bin), MF_BUILD (build dir, for libmapflow and the fake driver).
 """
 import ctypes as C

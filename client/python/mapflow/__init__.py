@@ -54,7 +54,8 @@ except ImportError:  # NumPy is optional
     _np = None
 
 __all__ = ["Channel", "CompletionQueue", "MapflowError", "ViewClosed", "GetResult", "Row",
-           "RowColumns", "Lease", "Event", "PutResult", "PutRegion", "Call", "hash_prefix", "version", "__version__",
+           "RowColumns", "Lease", "Event", "PutResult", "PutRegion", "Call", "hash_prefix",
+           "version", "__version__",
            "STATUS", "TIMEOUT_DEFAULT", "TIMEOUT_INFINITE"]
 
 
