@@ -569,6 +569,37 @@ MF_EXPORT void mf_get_result_free(mf_get_result_t *r)
     free(r);
 }
 
+MF_EXPORT mf_status_t mf_get_result_columns(const mf_get_result_t *r,
+                                            const mf_row_columns_t *c)
+{
+    if (!r || !c || r->n_rows > c->cap || (r->n_rows && !r->rows))
+        return MF_INVALID_ARGUMENT;
+    /* One pass over the rows (each mf_row_ref_t is read once); absent columns skipped. */
+    for (size_t i = 0; i < r->n_rows; i++) {
+        const mf_row_ref_t *x = &r->rows[i];
+        int ok = x->status == MF_OK;
+        if (c->status)
+            c->status[i] = (int32_t)x->status;
+        if (c->layer)
+            c->layer[i] = x->layer;
+        if (c->block)
+            c->block[i] = x->block;
+        if (c->tier)
+            c->tier[i] = (int32_t)x->tier;
+        if (c->data)
+            c->data[i] = ok ? (uint64_t)(uintptr_t)x->data : 0;
+        if (c->length)
+            c->length[i] = ok ? (uint64_t)x->length : 0;
+        if (c->lease_id)
+            c->lease_id[i] = x->lease_id;
+        if (c->on_device)
+            c->on_device[i] = x->on_device ? 1 : 0;
+        if (c->gpu_arena)
+            c->gpu_arena[i] = x->gpu_arena;
+    }
+    return MF_OK;
+}
+
 MF_EXPORT mf_status_t mf_get(mf_channel_t *ch, const mf_key_t *key, void *buf, size_t cap,
                              size_t *len, int64_t timeout_ms)
 {

@@ -613,6 +613,29 @@ MF_EXPORT mf_status_t mf_get_keys_peer(mf_channel_t *ch, const char *peer,
                                        mf_get_result_t **out, int64_t timeout_ms);
 /* Frees the result (does not release leases). NULL is a no-op. Any thread. */
 MF_EXPORT void mf_get_result_free(mf_get_result_t *r);
+
+/*
+ * The rows' fields of a result as columns in the caller's arrays (a struct of arrays),
+ * for code that hands them on whole (e.g. a 32k prefix × 30 layers: 15,360 device
+ * addresses for the apply kernel) instead of walking mf_row_ref_t. Each non-NULL array
+ * receives r->n_rows entries in the result's order; cap is how many each holds.
+ */
+typedef struct mf_row_columns {
+    size_t cap;
+    int32_t *status;         /* mf_status_t */
+    uint32_t *layer;
+    uint32_t *block;
+    int32_t *tier;           /* mf_tier_t */
+    uint64_t *data;          /* the row's address (device when on_device); 0 unless OK */
+    uint64_t *length;        /* 0 unless OK */
+    uint64_t *lease_id;
+    uint8_t *on_device;      /* 0 / 1 */
+    uint32_t *gpu_arena;
+} mf_row_columns_t;
+/* INVALID_ARGUMENT (nothing written) when r or cols is NULL or r->n_rows > cols->cap.
+ * Any thread; r is not changed. */
+MF_EXPORT mf_status_t mf_get_result_columns(const mf_get_result_t *r,
+                                            const mf_row_columns_t *cols);
 /* Releases every lease of a result (and zeroes their lease_id). */
 MF_EXPORT mf_status_t mf_release_result(mf_channel_t *ch, mf_get_result_t *r,
                                         int64_t timeout_ms);

@@ -46,7 +46,7 @@ import handoff as H
 
 
 def _layer_bytes(got, layers):
-    return {sl: int(sum(got[sl][1])) for sl in layers}
+    return {sl: int(np.sum(got[sl][1])) for sl in layers}
 
 
 class Copier:
@@ -238,7 +238,7 @@ class Worker(H.Bench):
         base = dst.data_ptr()
         for sl in self.layers:
             o = 0
-            for p, s in zip(*got[sl]):
+            for p, s in zip(got[sl][0].tolist(), got[sl][1].tolist()):  # Python ints
                 cp.copy(base + o, p, s)
                 o += s
         self.clock.sync()

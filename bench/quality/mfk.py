@@ -79,8 +79,11 @@ class RowSet:
 
     @classmethod
     def at(cls, ptrs, sizes, codec):
-        """Rows at arbitrary addresses (device for Cuda, host for Ref), e.g. leased views."""
-        return cls(None, list(ptrs), list(sizes), 0, codec)
+        """Rows at arbitrary addresses (device for Cuda, host for Ref), e.g. leased views;
+        NumPy arrays stay arrays (a uint64 array goes to apply_cuda whole)."""
+        def keep(x):
+            return x if isinstance(x, np.ndarray) else list(x)
+        return cls(None, keep(ptrs), keep(sizes), 0, codec)
 
     @classmethod
     def of(cls, rows, codec):
@@ -90,6 +93,8 @@ class RowSet:
         return rs
 
     def ptrs(self):
+        if isinstance(self.offs, np.ndarray):
+            return self.offs + np.uint64(self.base)
         return [self.base + o for o in self.offs]
 
     def total_bytes(self):
@@ -102,7 +107,7 @@ class RowSet:
     def host_views(self):
         """Each row as a NumPy view of host memory at its address (Ref: rows of this
         process, or leased host rows of RowSet.at), without a copy."""
-        return [np.ctypeslib.as_array((C.c_uint8 * s).from_address(p))
+        return [np.ctypeslib.as_array((C.c_uint8 * int(s)).from_address(int(p)))
                 for p, s in zip(self.ptrs(), self.sizes)]
 
 

@@ -9,7 +9,11 @@ into the gpu tier, leased rows on_device with device_ptr and gpu_arena whose byt
 the rows and whose DLPack capsules / __cuda_array_interface__ describe them (kDLCUDA),
 get_lease on the device, copies of GPU rows, a channel without gpu_device
 getting host views, put_region (rows written at its device addresses, one flipped byte
-refused with the others stored, misuse; capacities=True with commit(lengths=...)), and errors (no GPU channel, a bad device address) as MapflowError.
+refused with the others stored, misuse; capacities=True with commit(lengths=...)),
+GetResult.columns() of a leased get of device rows and missing ones (equal to the Row
+objects and to table(), addresses at the rows' bytes, leases released,
+mf_get_result_columns refusing a short cap or no result), and errors (no GPU channel, a
+bad device address) as MapflowError.
 Env: MF_BIN (build/bin), MF_BUILD (build dir, for libmapflow and the fake driver).
 """
 import array
@@ -20,6 +24,8 @@ import random
 import sys
 import unittest
 import weakref
+
+import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mftest  # noqa: E402
@@ -114,7 +120,8 @@ class GpuBindingTest(mftest.DaemonTest):
         rng = random.Random(17)
         cls.nb = 5
         cls.tokens = [rng.randrange(1, 50000) for _ in range(cls.nb * B + 3)]
-        cls.rows = mftest.synth_rows(cls.tmp, NS, MODEL, B, cls.tokens, (1, 2, 3), cls.nb, 40)
+        cls.rows = mftest.synth_rows(cls.tmp, NS, MODEL, B, cls.tokens, (1, 2, 3, 4, 5),
+                                     cls.nb, 40)
         cls.hashes = mapflow.hash_prefix(NS, MODEL, B, cls.tokens)
         cls.start_daemon(mapflow, "--host_bytes", "32mb", "--gpu_bytes", "8mb")
         cls.sock = cls.d.sock
@@ -270,6 +277,67 @@ class GpuBindingTest(mftest.DaemonTest):
                 with self.assertRaises(mapflow.InvalidArgument):
                     reg.commit(lengths=[len(rows[0])])
                 reg.abort()
+
+    def test_row_columns(self):
+        rng = random.Random(os.getpid())
+        layers = [4, 6, 5]  # 6 has no rows: NOT_FOUND rows among the device views
+        rng.shuffle(layers)
+        with self.chan(gpu_device=0) as ch:
+            for layer in (4, 5):
+                with ch.put_region(MODEL, layer, [len(r) for r in self.rows[layer]]) as reg:
+                    for p, r in zip(reg.rows, self.rows[layer]):
+                        self.cu.ok(self.cu.lib.cuMemcpyHtoD_v2(p, r, len(r)))
+                    self.cu.ok(self.cu.lib.cuCtxSynchronize())
+                    self.assertEqual(reg.commit()["committed"], self.nb)
+            first = rng.randrange(self.nb - 1)
+            nb = self.nb - first
+            g = ch.get_prefix(MODEL, B, self.tokens, layers, first_block=first, lease=True)
+            cols = g.columns()
+            self.assertEqual(len(cols), len(layers) * nb)
+            self.assertEqual(g._made, [None] * len(g))  # no Row made for the columns
+            self.assertEqual(ch.stats()["counters"]["leases"], 2 * nb)
+            tab = g.table()
+            for i in rng.sample(range(len(g)), len(g)):  # any order
+                row, layer = g[i], layers[i // nb]
+                want = (0, layer, first + i % nb, "gpu") if layer != 6 else \
+                    (mapflow.NOT_FOUND, layer, first + i % nb, "none")
+                self.assertEqual((int(cols.status[i]), int(cols.layer[i]), int(cols.block[i]),
+                                  mapflow._TIERS[int(cols.tier[i])]), want)
+                self.assertEqual((int(cols.status[i]), int(cols.layer[i]), int(cols.block[i]),
+                                  int(cols.data[i]), int(cols.length[i]), int(cols.lease_id[i]),
+                                  bool(cols.on_device[i]), int(cols.gpu_arena[i])),
+                                 (row.status, row.layer, row.block, row.device_ptr, row.length,
+                                  row.lease_id, row.on_device, row.gpu_arena))
+                for f, _ in mapflow.RowColumns.FIELDS:
+                    self.assertEqual(tab[f][i], cols[f][i], f)
+                if layer != 6:  # the fake driver's device memory is readable here
+                    self.assertEqual(C.string_at(int(cols.data[i]), int(cols.length[i])),
+                                     self.rows[layer][first + i % nb])
+                else:
+                    self.assertEqual((int(cols.data[i]), int(cols.length[i]),
+                                      bool(cols.on_device[i])), (0, 0, False))
+            k = layers.index(5)
+            sl = cols.data[k * nb:(k + 1) * nb]  # a layer's rows: a view, not a copy
+            self.assertIs(sl.base, cols.data)
+            self.assertEqual(sl.dtype, np.uint64)
+            # The C call refuses a cap below the result's rows and writes nothing.
+            out = np.full(len(g), 7, dtype=np.uint64)
+            short = mapflow._clib._RowColumns(len(g) - 1, data=out.ctypes.data)
+            self.assertEqual(mapflow._lib.mf_get_result_columns(g._ptr, C.byref(short)),
+                             mapflow.INVALID_ARGUMENT)
+            self.assertEqual(set(out.tolist()), {7})
+            self.assertEqual(mapflow._lib.mf_get_result_columns(None, C.byref(short)),
+                             mapflow.INVALID_ARGUMENT)
+            self.assertEqual(mapflow._lib.mf_get_result_columns(g._ptr, None),
+                             mapflow.INVALID_ARGUMENT)
+            g.release()
+            self.assertFalse(g.columns().lease_id.any())
+            self.assertEqual(ch.stats()["counters"]["leases"], 0)
+            g.close()
+            with self.assertRaises(mapflow.ViewClosed):
+                g.columns()
+            self.assertEqual(cols.length.dtype, np.uint64)  # arrays outlive the result
+            self.assertTrue(cols.length[cols.status == 0].all())
 
     def test_errors(self):
         p = self.cu.copy(self.rows[2][0])

@@ -7,6 +7,8 @@
 - rows_copy_ref (the spec of the put path's one-launch row copy) copies exactly its rows;
 - a row that does not fit raises RowOverflow (.block, .needed); bad shapes, dtypes,
   layouts, codecs, modes and block sizes raise InvalidArgument naming the argument;
+- apply_cuda's row addresses (host side): a uint64 NumPy array is passed without a copy
+  and equals what a list of ints gives; bad arrays are refused naming the entry;
 - the mirror check refuses a struct that differs from mf_kernels_abi_layout(), and the
   library search honours MAPFLOW_KERNELS_LIB (only there).
 The CUDA half is tests/gpu/test_kernels_py.py. Env: MF_BUILD (build dir), MAPFLOW_LIB.
@@ -14,6 +16,7 @@ The CUDA half is tests/gpu/test_kernels_py.py. Env: MF_BUILD (build dir), MAPFLO
 import ctypes as C
 import os
 import sys
+import types
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -342,6 +345,38 @@ class KernelsRef(unittest.TestCase):
         with self.assertRaises(mapflow.InvalidArgument):
             K.apply_cuda(None, w, mode, np.zeros((128, 4, 64), np.float16), q, q,
                          block_size=64)
+
+    def test_apply_cuda_row_addresses(self):
+        """apply_cuda's rows (its host-side step, no GPU): a uint64 NumPy array of
+        addresses is passed as it is (no copy) and gives the array the per-row list
+        gives; bad arrays are refused naming the first bad entry."""
+        rng = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
+        nblk = 64
+        ptrs = (rng.integers(1, 1 << 40, nblk, dtype=np.uint64) << np.uint64(4))
+        at, n, keep = K._row_ptrs(ptrs[:50], nblk, None, None)
+        self.assertEqual((at, n), (ptrs.ctypes.data, 50))  # the slice itself, no copy
+        no_torch = types.SimpleNamespace(Tensor=type("Tensor", (), {}))  # ints only here
+        l_at, l_n, l_keep = K._row_ptrs([int(x) for x in ptrs[:50]], nblk, None, no_torch)
+        self.assertEqual(l_n, n)
+        self.assertEqual(C.string_at(l_at, 8 * n), C.string_at(at, 8 * n))
+        odd = ptrs[::2]  # strided: made contiguous, same addresses
+        at, n, keep = K._row_ptrs(odd, nblk, None, None)
+        self.assertEqual(np.frombuffer(C.string_at(at, 8 * n), np.uint64).tolist(),
+                         odd.tolist())
+        self.assertEqual(K._row_ptrs(np.zeros(0, np.uint64), nblk, None, None)[:2], (0, 0))
+        i = int(rng.integers(0, nblk))
+        zero, unaligned = ptrs.copy(), ptrs.copy()
+        zero[i] = 0
+        unaligned[i] += np.uint64(8)
+        for bad, why in ((ptrs.astype(np.int64), "1-D uint64"),
+                         (ptrs.reshape(8, 8), "1-D uint64"),
+                         (np.concatenate([ptrs, ptrs[:1]]), "65 rows for 64 query blocks"),
+                         (zero, "rows[%d] = 0 is not a 16-byte aligned" % i),
+                         (unaligned, "rows[%d] = %d is not a 16-byte aligned"
+                          % (i, int(unaligned[i])))):
+            with self.assertRaises(mapflow.InvalidArgument) as cm:
+                K._row_ptrs(bad, nblk, None, None)
+            self.assertIn(why, str(cm.exception))
 
     def test_layout_check_and_search(self):
         lay = mapflow._lib_layout(K.library("ref").mf_kernels_abi_layout)

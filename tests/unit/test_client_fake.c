@@ -472,6 +472,53 @@ static void test_lookup_sends_full_blocks(void **state)
     mf_channel_close(ch);
 }
 
+/* mf_get_result_columns of r equals its rows (data and length 0 unless OK); a cap one
+ * short, no result or no columns: INVALID_ARGUMENT with nothing written; NULL columns
+ * are skipped. */
+static void check_columns(const mf_get_result_t *r)
+{
+    size_t n = r->n_rows;
+    int32_t *st = malloc(n * 4), *tier = malloc(n * 4);
+    uint32_t *layer = malloc(n * 4), *block = malloc(n * 4), *arena = malloc(n * 4);
+    uint64_t *data = malloc(n * 8), *len = malloc(n * 8), *lease = malloc(n * 8);
+    uint8_t *dev = malloc(n);
+    memset(data, 0xa5, n * 8);
+    mf_row_columns_t c = {n - 1, st, layer, block, tier, data, len, lease, dev, arena};
+    assert_int_equal(mf_get_result_columns(r, &c), MF_INVALID_ARGUMENT);
+    for (size_t i = 0; i < n; i++)
+        assert_true(data[i] == 0xa5a5a5a5a5a5a5a5ull);
+    assert_int_equal(mf_get_result_columns(NULL, &c), MF_INVALID_ARGUMENT);
+    assert_int_equal(mf_get_result_columns(r, NULL), MF_INVALID_ARGUMENT);
+    c.cap = n;
+    c.lease_id = NULL; /* not asked for: not written */
+    assert_int_equal(mf_get_result_columns(r, &c), MF_OK);
+    for (size_t i = 0; i < n; i++) {
+        const mf_row_ref_t *x = &r->rows[i];
+        int ok = x->status == MF_OK;
+        assert_int_equal(st[i], x->status);
+        assert_int_equal(layer[i], x->layer);
+        assert_int_equal(block[i], x->block);
+        assert_int_equal(tier[i], x->tier);
+        assert_true(data[i] == (ok ? (uint64_t)(uintptr_t)x->data : 0));
+        assert_true(len[i] == (ok ? x->length : 0));
+        assert_int_equal(dev[i], x->on_device);
+        assert_int_equal(arena[i], x->gpu_arena);
+    }
+    c.lease_id = lease;
+    assert_int_equal(mf_get_result_columns(r, &c), MF_OK);
+    for (size_t i = 0; i < n; i++)
+        assert_true(lease[i] == r->rows[i].lease_id);
+    free(st);
+    free(tier);
+    free(layer);
+    free(block);
+    free(arena);
+    free(data);
+    free(len);
+    free(lease);
+    free(dev);
+}
+
 static void get_prefix(fake_t *f, mf_get_mode_t mode)
 {
     mf_channel_t *ch = open_fake(f, mode == MF_GET_LEASE, 5000);
@@ -498,6 +545,7 @@ static void get_prefix(fake_t *f, mf_get_mode_t mode)
     assert_null(r->rows[2].data);
     for (int i = 3; i < 6; i++)
         assert_int_equal(r->rows[i].status, MF_NOT_FOUND);
+    check_columns(r);
     if (mode == MF_GET_LEASE) {
         /* Zero copy: the view is the arena itself. */
         assert_ptr_not_equal(r->rows[1].data, NULL);
@@ -505,6 +553,7 @@ static void get_prefix(fake_t *f, mf_get_mode_t mode)
         assert_int_equal(mf_release_result(ch, r, MF_TIMEOUT_DEFAULT), MF_OK);
         assert_int_equal(f->released, 2); /* row 1 and the refused row 2 */
         assert_int_equal(r->rows[1].lease_id, 0);
+        check_columns(r); /* lease ids now 0 */
     }
     mf_get_result_free(r);
 

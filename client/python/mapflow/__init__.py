@@ -54,7 +54,8 @@ except ImportError:  # NumPy is optional
     _np = None
 
 __all__ = ["Channel", "CompletionQueue", "MapflowError", "ViewClosed", "GetResult", "Row",
-           "Lease", "Event", "PutResult", "PutRegion", "Call", "hash_prefix", "version", "__version__",
+           "RowColumns", "Lease", "Event", "PutResult", "PutRegion", "Call", "hash_prefix",
+           "version", "__version__",
            "STATUS", "TIMEOUT_DEFAULT", "TIMEOUT_INFINITE"]
 
 
@@ -73,12 +74,12 @@ from ._base import (MapflowError, ViewClosed, STATUS, TIMEOUT_DEFAULT,  # noqa: 
                     TIMEOUT_INFINITE, _ERRORS, _CODECS, _TIERS, _b, _class_name, _hash, _hex,
                     _key, _timeout, _u32, Buffer, Hash, Tag, Timeout, Tokens)
 from ._results import (_Chan, _Owner, _Views, _Exportable, PutResult, Row,  # noqa: F401
-                       GetResult, Lease, Event, Call, CompletionQueue)
+                       RowColumns, GetResult, Lease, Event, Call, CompletionQueue)
 
 # Public classes defined in the private modules say mapflow is their home (repr, pickle,
 # documentation tools).
-for _c in (MapflowError, ViewClosed, PutResult, Row, GetResult, Lease, Event, Call,
-           CompletionQueue):
+for _c in (MapflowError, ViewClosed, PutResult, Row, RowColumns, GetResult, Lease, Event,
+           Call, CompletionQueue):
     _c.__module__ = __name__
 del _c
 

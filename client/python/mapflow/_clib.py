@@ -49,6 +49,14 @@ class _GetResult(C.Structure):
                 ("lease_ttl_ms", C.c_uint64), ("priv_", C.c_void_p)]
 
 
+class _RowColumns(C.Structure):
+    _c_type_ = "mf_row_columns_t"
+    _fields_ = [("cap", C.c_size_t), ("status", C.c_void_p), ("layer", C.c_void_p),
+                ("block", C.c_void_p), ("tier", C.c_void_p), ("data", C.c_void_p),
+                ("length", C.c_void_p), ("lease_id", C.c_void_p), ("on_device", C.c_void_p),
+                ("gpu_arena", C.c_void_p)]
+
+
 class _Key(C.Structure):
     _c_type_ = "mf_key_t"
     _fields_ = [("model", C.c_char_p), ("layer", C.c_uint32), ("hash", _Hash)]
@@ -193,8 +201,8 @@ class _AbiField(C.Structure):
 
 # Every C type the binding lays out itself, checked against mf_abi_layout() at import
 # (enums are passed as C int).
-_MIRRORS = [_AbiField, _Hash, _RowView, _RowRef, _GetResult, _Key, _Retry, _Params,
-            _GpuArenaInfo, _GpuInfo, _Info, _PutResult, _PutItem, _PutRegionParams,
+_MIRRORS = [_AbiField, _Hash, _RowView, _RowRef, _GetResult, _RowColumns, _Key, _Retry,
+            _Params, _GpuArenaInfo, _GpuInfo, _Info, _PutResult, _PutItem, _PutRegionParams,
             _PutRegionResult, _Lease, _Entry, _ListPage,
             _ProfileInfo, _ProfilePage, _TierStats, _Counter, _Stats, _ConfigItem, _Health, _Event] + [
     type("_Enum", (C.c_int,), {"_c_type_": t})
@@ -255,6 +263,7 @@ _PROTOS = {
     "mf_get_keys_peer": (C.c_int, [_P, C.c_char_p, C.POINTER(_Key), C.c_size_t, C.c_int,
                                    C.POINTER(C.POINTER(_GetResult)), C.c_int64]),
     "mf_get_result_free": (None, [C.POINTER(_GetResult)]),
+    "mf_get_result_columns": (C.c_int, [C.POINTER(_GetResult), C.POINTER(_RowColumns)]),
     "mf_release_result": (C.c_int, [_P, C.POINTER(_GetResult), C.c_int64]),
     "mf_get": (C.c_int, [_P, C.POINTER(_Key), _P, C.c_size_t, C.POINTER(C.c_size_t),
                          C.c_int64]),

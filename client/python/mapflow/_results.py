@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional,
 from ._base import (MapflowError, ViewClosed, STATUS, TIMEOUT_INFINITE, _CODECS, _TIERS, _hex,
                     _np, _timeout, Tag, Timeout)
 from ._base import OK, FAILED_PRECONDITION  # noqa: F401  (status names: set at import)
-from ._clib import _Event, _Lease, _lib, _P, _PutResult, _RowRef
+from ._clib import _Event, _Lease, _lib, _P, _PutResult, _RowColumns, _RowRef
 from ._dlpack import _KDLCPU, _KDLCUDA, _dlpack
 
 if TYPE_CHECKING:  # annotations only: the package imports this module
@@ -249,14 +249,40 @@ class Row(_Exportable):
             else "%d bytes" % self.length if self._data is not None else "no data")
 
 
+class RowColumns:
+    """The rows' fields of a GetResult as NumPy arrays (GetResult.columns()): attributes
+    status, layer, block, tier, data, length, lease_id, on_device, gpu_arena, also by name
+    (cols["data"]); len() is the row count. Slices of a layer's rows are views."""
+
+    FIELDS = (("status", "<i4"), ("layer", "<u4"), ("block", "<u4"), ("tier", "<i4"),
+              ("data", "<u8"), ("length", "<u8"), ("lease_id", "<u8"), ("on_device", "?"),
+              ("gpu_arena", "<u4"))
+    __slots__ = tuple(f for f, _ in FIELDS)
+
+    def __init__(self, cols: Dict[str, Any]):
+        for f, _ in self.FIELDS:
+            setattr(self, f, cols[f])
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self.__slots__:
+            raise KeyError(name)
+        return getattr(self, name)
+
+    def __len__(self) -> int:
+        return len(self.status)
+
+    def __repr__(self) -> str:
+        return "RowColumns(%d rows)" % len(self)
+
+
 class GetResult:
     """Rows of a batched get (layer-major). Views stay valid until close() (then they
     raise ViewClosed); leases until release() (or their TTL, or the channel's close /
     reconnect). As a context manager it releases the leases and closes, also when the
     block raises. Row objects are made when first asked for (a 32k prefix × 30 layers is
-    15,360 rows: making them all costs more than the get itself); table() gives every
-    row's fields at once as a NumPy array. A row first asked for after close() raises
-    ViewClosed."""
+    15,360 rows: making them all costs more than the get itself); columns() gives every
+    row's fields at once as NumPy arrays (table(): as one structured array). A row first
+    asked for after close() raises ViewClosed."""
 
     def __init__(self, ch: "Channel", ptr: Any, leased: bool):
         self._ch = ch
@@ -292,28 +318,36 @@ class GetResult:
         """Every row as a Row (made now where not made yet)."""
         return [self[i] for i in range(self._n)]
 
-    def table(self) -> Any:
-        """Every row's fields as a NumPy structured array (a copy; one record per row, in
-        the result's order): status, layer, block, tier (codes as in mapflow.h), data (the
-        row's address: host, or device when on_device), length, lease_id, on_device,
-        gpu_arena. The addresses are valid as long as the rows' views (host) or leases
-        (device) are. ViewClosed after close()."""
+    def columns(self) -> "RowColumns":
+        """Every row's fields as NumPy arrays, one per field, in the result's order
+        (RowColumns; mf_get_result_columns: no Python object per row): status, layer,
+        block, tier (codes as in mapflow.h), data (the row's address: host, or device when
+        on_device; 0 unless OK), length (0 unless OK), lease_id, on_device (bool),
+        gpu_arena. The arrays are the caller's; the addresses are valid as long as the
+        rows' views (host) or leases (device) are. ViewClosed after close()."""
         if _np is None:
             raise ImportError("NumPy is not importable")
         if not self._ptr:
             raise ViewClosed("this GetResult is closed")
-        names = ("status", "layer", "block", "tier", "data", "length", "lease_id",
-                 "on_device", "gpu_arena")
-        kinds = ("<i4", "<u4", "<u4", "<i4", "<u8", "<u8", "<u8", "<i4", "<u4")
-        dt = _np.dtype({"names": names, "formats": kinds,
-                        "offsets": [getattr(_RowRef, f).offset for f in names],
-                        "itemsize": C.sizeof(_RowRef)})
         n = self._n
-        if n == 0:
-            return _np.zeros(0, dtype=dt)
-        raw = (C.c_char * (n * C.sizeof(_RowRef))).from_address(
-            C.addressof(self._ptr.contents.rows.contents))
-        return _np.frombuffer(raw, dtype=dt).copy()
+        cols = {f: _np.empty(n, dtype=dt) for f, dt in RowColumns.FIELDS}
+        c = _RowColumns(n, *[cols[f].ctypes.data for f, _ in RowColumns.FIELDS])
+        st = _lib.mf_get_result_columns(self._ptr, C.byref(c))
+        if st != OK:
+            raise MapflowError(st, "mf_get_result_columns: %d rows" % n)
+        return RowColumns(cols)
+
+    def table(self) -> Any:
+        """Every row's fields as a NumPy structured array (one record per row, in the
+        result's order; the fields of columns(), on_device as int32). ViewClosed after
+        close()."""
+        cols = self.columns()
+        dt = _np.dtype([(f, "<i4" if f == "on_device" else dt)
+                        for f, dt in RowColumns.FIELDS])
+        tab = _np.empty(len(cols), dtype=dt)
+        for f, _ in RowColumns.FIELDS:
+            tab[f] = cols[f]
+        return tab
 
     def release(self, timeout_ms: Optional[int] = None) -> None:
         """Releases every lease of the result (the daemon may reuse those bytes after)."""

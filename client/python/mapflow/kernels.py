@@ -867,27 +867,25 @@ def rows_copy_cuda(dst: Sequence[int], src: Sequence[int], sizes: Sequence[int],
     _check(st, "mf_rows_copy_cuda", why)
 
 
-def apply_cuda(rows: Any, w: Any, mode: Any, q: Any, k: Any, v: Any, *, block_size: int,
-               top_p: Any = None, exact: Any = None, exact_first: int = 0,
-               exact_last: int = 0, impl: int = IMPL_DEFAULT, out: Any = None,
-               bad_rows: Any = None, lib: Optional[str] = None) -> Any:
-    """mf_apply_cuda_impl: O [N, Ht, d] float32 on q's device (new, or out), queued on
-    torch's current stream. rows: a Rows from extract_cuda, or per query block a device
-    address (int; e.g. a leased device row's device_ptr), a uint8 CUDA tensor, or None;
-    None = no rows. bad_rows: an optional int32 [1] CUDA tensor, incremented per row whose
-    header disagrees (that block is then computed exactly)."""
-    L = library("cuda", lib)
-    qkv, (n, hq, _, d), torch = _cuda_qkv(q, k, v)
-    dev = q.device
-    b = _block(block_size)
-    lm, keep = _layer_map(w, mode, top_p, hq)
-    ex, ex_keep = _exact(exact, n, b)
-    if impl not in (IMPL_DEFAULT, IMPL_V2, IMPL_CORE):
-        raise _bad("impl %r is not one of IMPL_DEFAULT, IMPL_V2, IMPL_CORE" % (impl,))
-    if isinstance(rows, Rows):
-        rows = [None] * rows.i0 + rows.ptrs()
+def _row_ptrs(rows: Any, nblk: int, dev: Any, torch: Any) -> Tuple[int, int, Any]:
+    """apply_cuda's rows as (address of an array of 16-byte aligned device addresses, 0 =
+    no row; its length ≤ nblk; the object that owns it). A uint64 NumPy array (e.g. a
+    layer's slice of GetResult.columns().data) is checked whole and passed without a copy
+    when contiguous: every entry must be a row (non-zero). Other sequences: entry by entry."""
+    if np is not None and isinstance(rows, np.ndarray):
+        if rows.dtype != np.uint64 or rows.ndim != 1:
+            raise _bad("rows as a NumPy array must be 1-D uint64 device addresses, not %s %s"
+                       % (rows.dtype, rows.shape))
+        if rows.size > nblk:
+            raise _bad("%d rows for %d query blocks" % (rows.size, nblk))
+        bad = np.flatnonzero((rows == 0) | (rows % np.uint64(16) != 0))
+        if bad.size:
+            i = int(bad[0])
+            raise _bad("rows[%d] = %d is not a 16-byte aligned device address"
+                       % (i, int(rows[i])))
+        a = np.ascontiguousarray(rows)
+        return (a.ctypes.data if a.size else 0), a.size, a
     rows = [] if rows is None else list(rows)
-    nblk = -(-n // b)
     if len(rows) > nblk:
         raise _bad("%d rows for %d query blocks" % (len(rows), nblk))
     ptrs = (C.c_void_p * max(1, len(rows)))()
@@ -901,17 +899,42 @@ def apply_cuda(rows: Any, w: Any, mode: Any, q: Any, k: Any, v: Any, *, block_si
         if not isinstance(r, int) or r <= 0 or r % 16:
             raise _bad("rows[%d] = %r is not a 16-byte aligned device address" % (i, r))
         ptrs[i] = r
+    return C.addressof(ptrs), len(rows), ptrs
+
+
+def apply_cuda(rows: Any, w: Any, mode: Any, q: Any, k: Any, v: Any, *, block_size: int,
+               top_p: Any = None, exact: Any = None, exact_first: int = 0,
+               exact_last: int = 0, impl: int = IMPL_DEFAULT, out: Any = None,
+               bad_rows: Any = None, lib: Optional[str] = None) -> Any:
+    """mf_apply_cuda_impl: O [N, Ht, d] float32 on q's device (new, or out), queued on
+    torch's current stream. rows: a Rows from extract_cuda, or per query block a device
+    address (int; e.g. a leased device row's device_ptr), a uint8 CUDA tensor, or None;
+    or a uint64 NumPy array of addresses, all rows (checked whole: no loop per row); None
+    = no rows. bad_rows: an optional int32 [1] CUDA tensor, incremented per row whose
+    header disagrees (that block is then computed exactly)."""
+    L = library("cuda", lib)
+    qkv, (n, hq, _, d), torch = _cuda_qkv(q, k, v)
+    dev = q.device
+    b = _block(block_size)
+    lm, keep = _layer_map(w, mode, top_p, hq)
+    ex, ex_keep = _exact(exact, n, b)
+    if impl not in (IMPL_DEFAULT, IMPL_V2, IMPL_CORE):
+        raise _bad("impl %r is not one of IMPL_DEFAULT, IMPL_V2, IMPL_CORE" % (impl,))
+    if isinstance(rows, Rows):
+        rows = [None] * rows.i0 + rows.ptrs()
+    nblk = -(-n // b)
+    rows_at, n_rows, rows_keep = _row_ptrs(rows, nblk, dev, torch)
     if out is None:
         out = torch.empty((n, hq, d), dtype=torch.float32, device=dev)
     _cuda_out(out, "out", (n, hq, d), torch.float32, dev)
     if bad_rows is not None:
         _cuda_out(bad_rows, "bad_rows", (1,), torch.int32, dev)
-    a = ApplyCudaArgs(C.cast(ptrs, C.c_void_p), len(rows), C.pointer(lm), qkv, b, ex,
+    a = ApplyCudaArgs(rows_at, n_rows, C.pointer(lm), qkv, b, ex,
                       _u32(exact_first, "exact_first"), _u32(exact_last, "exact_last"),
                       out.data_ptr(), None if bad_rows is None else bad_rows.data_ptr())
     why = C.c_char_p()
     with torch.cuda.device(dev):
         st = L.mf_apply_cuda_impl(C.byref(a), impl, _stream(torch, dev), C.byref(why))
-    del keep, ex_keep  # the launcher copied the host arrays before it returned
+    del keep, ex_keep, rows_keep  # the launcher copied the host arrays before it returned
     _check(st, "mf_apply_cuda", why)
     return out
