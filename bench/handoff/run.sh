@@ -11,7 +11,10 @@
 # (0.10, the headline), HANDOFF_DENSITIES (the sweep at the largest N, default
 # 0.05,0.10,0.20,0.35), HANDOFF_SWEEP_VARIANTS (mask), HANDOFF_TAU / HANDOFF_MIN_BUDGET
 # (FlexPrefill's τ 0.1 / 1024), HANDOFF_L0 (2), HANDOFF_VARIANTS (prob_fp8,prob_u8log,mask),
-# HANDOFF_PUT (region: one put region per layer when the daemon offers it | batch: put_device_batch),
+# HANDOFF_PUT (inplace, the default: the fused exporter writes mask rows straight into a put
+# region reserved by capacity | region: rows copied into an exact put region per layer | batch:
+# put_device_batch), HANDOFF_ROWS_STREAM (1: the rows' kernels on a second stream; 0: in line),
+# HANDOFF_O_FP32 (1: O in fp32 + a cast, for an A/B),
 # HANDOFF_FLEX (1), HANDOFF_EXPORTER (extract | fused: the source's exported layers through
 # mf_export_cuda, attention + rows in one pass; HANDOFF_QUALITY_JSON: the headline density from
 # a bench/quality operating point),
