@@ -15,7 +15,9 @@
  * 1/sqrt(d)·log2(e) scale folded into one FFMA before ex2) runs while that P·V does; then
  * O *= alpha. The two consumer warpgroups take turns issuing (ping-pong, named barriers),
  * so one's softmax also overlaps the other's GEMMs.
- * Block-64 lists run with BN = 128 (GATHER, at the kernel): two list entries a key tile.
+ * Block-64 lists run with BN = 128 (GATHER, at the kernel): two list entries a key tile;
+ * with MF_CORE_PERSIST=1 on persist_kernel (the same tile code, consume_tile /
+ * produce_tiles, in a loop over tiles with double-buffered Q and lists; its section says how).
  * O (fp32) goes straight from the accumulators to global memory: each quad writes 32
  * contiguous bytes of a row, whole sectors.
  * Masses (MASS = true, dense, 128-key tiles): the softmax keeps the row sum of each 64-key
