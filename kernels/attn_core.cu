@@ -704,13 +704,18 @@ __device__ __forceinline__ void store_o(const core_params &p, const float (&o)[D
  * tile first), so one tile's fixed costs (list build, Q load, first K / V latency) overlap the
  * previous tile's loop. Q and the list are double-buffered (buffer k & 1 for the CTA's k-th
  * tile); the K / V ring runs on across tiles (ring position = key tiles walked so far).
- * Barriers, per buffer b: list_full[b] (the producer warp's lane 0 arrives once the list and
- * its count are written), q_full[b] (Q's TMA bytes), tile_free[b] (one arrival per consumer
- * warp once it no longer reads that Q and list). Every tile, empty or not, passes list_full
- * and tile_free once, so their parity is (k / 2) & 1; an empty tile (count 0) loads nothing
- * and is skipped by both consumers, so q_full[b] advances only on non-empty tiles and each
- * consumer keeps its parity bit per buffer. The producer waits tile_free[b] of tile k − 2
- * before rewriting buffer b, so it runs at most one tile ahead of the consumers' lists. */
+ * Producer warpgroup: warp 1 is the lister (builds tile k's list, lane 0 issues its Q), the
+ * loader (thread 0) issues every tile's K / V into the ring; apart, so that the next list and
+ * Q do not wait behind the loads of the tile before. Barriers, per buffer b: list_full[b]
+ * (the lister's lane 0 arrives once the list and its count are written), q_full[b] (Q's TMA
+ * bytes), tile_free[b] (one arrival per consumer warp once it no longer reads that Q and
+ * list, and the loader's once it has issued the tile's loads: 9). Every tile, empty or not,
+ * passes list_full and tile_free once, so their parity is (k / 2) & 1; an empty tile (count
+ * 0) loads nothing and the consumers skip it, so q_full[b] advances only on non-empty tiles
+ * and each consumer keeps its parity bit per buffer. The lister waits tile_free[b] of tile
+ * k − 2 before rewriting buffer b: it runs at most two tiles ahead of the consumers.
+ * Turns (ping-pong) stay consume_tile's per-tile protocol: matched within each tile, none
+ * on a skipped one. gpu_check runs it with MF_CORE_PERSIST_CTAS=3 (many tiles a CTA). */
 template <int D> struct pcfg {
     typedef cfg<D, 128> C;
     static constexpr uint32_t OFF_K = 2 * C::Q_BYTES, OFF_V = OFF_K + C::STAGES * C::KV_BYTES;
@@ -748,7 +753,7 @@ persist_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ C
         for (int b = 0; b < 2; b++) {
             bar_init(&q_full[b], 1);
             bar_init(&list_full[b], 1);
-            bar_init(&tile_free[b], 8);
+            bar_init(&tile_free[b], 9); /* 8 consumer warps + the loader */
         }
         for (int s = 0; s < C::STAGES; s++) {
             bar_init(&ring.k_full[s], 1);
@@ -760,39 +765,47 @@ persist_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ C
     }
     __syncthreads();
     if (wg == 0) {
-        /* 40, not core_kernel's 24: the list build and the ring loop of a tile walk spill at
-         * 24 (ptxas -v: 80–96 bytes); 40 + 2 · 232 keeps the 168 · 3 a thread launched */
+        /* 40 / 232, not core_kernel's 24 / 240: at 24 the lister and loader loops spill
+         * (ptxas -v: 128–136 bytes; 40–48 at 32); 40 + 2 · 232 = 3 · 168, the launch's */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if (threadIdx.x >= 32)
-            return;
-        uint32_t kt = 0; /* key tiles handed to the ring so far */
-        for (uint32_t k = 0, i = blockIdx.x; i < total; k++, i += gridDim.x) {
-            int b = (int)(k & 1);
-            uint32_t m = p.n_tiles - 1 - i / p.hq, t = i % p.hq;
-            uint16_t *s_j = list_j(b);
-            uint8_t *s_f = list_f(b);
-            if (k >= 2) /* the consumers are done with tile k − 2's Q and list */
-                bar_wait(&tile_free[b], ((k >> 1) & 1) ^ 1);
-            int cnt = build_list<128>(p, m, t, s_j, s_f);
-            __syncwarp(); /* the lanes' list writes, before lane 0 reads or publishes them */
-            if (threadIdx.x == 0) {
-                if (cnt & 1) { /* phantom half, as core_kernel: cnt odd < MAX_TILES */
-                    s_j[cnt] = s_j[cnt - 1];
-                    s_f[cnt] = 0;
+        int warp = threadIdx.x / 32;
+        if (warp == 1) { /* the lister: tile k's list and Q, as soon as buffer k & 1 is free */
+            for (uint32_t k = 0, i = blockIdx.x; i < total; k++, i += gridDim.x) {
+                int b = (int)(k & 1);
+                uint32_t m = p.n_tiles - 1 - i / p.hq, t = i % p.hq;
+                uint16_t *s_j = list_j(b);
+                uint8_t *s_f = list_f(b);
+                if (k >= 2) /* the consumers and the loader are done with tile k − 2's */
+                    bar_wait(&tile_free[b], ((k >> 1) & 1) ^ 1);
+                int cnt = build_list<128>(p, m, t, s_j, s_f);
+                __syncwarp(); /* the lanes' list writes, before lane 0 reads or publishes them */
+                if (threadIdx.x == 32) {
+                    if (cnt & 1) { /* phantom half, as core_kernel: cnt odd < MAX_TILES */
+                        s_j[cnt] = s_j[cnt - 1];
+                        s_f[cnt] = 0;
+                    }
+                    *list_cnt(b) = cnt;
+                    if (cnt) {
+                        bar_expect(&q_full[b], C::Q_BYTES);
+                        for (int h = 0; h < C::HALVES; h++)
+                            tma_load(sm + b * C::Q_BYTES + h * C::Q_HALF, &tq, &q_full[b],
+                                     64 * h, (int)t, (int)(128 * m));
+                    }
+                    bar_arrive(&list_full[b]);
                 }
-                *list_cnt(b) = cnt;
-                if (cnt) {
-                    bar_expect(&q_full[b], C::Q_BYTES);
-                    for (int h = 0; h < C::HALVES; h++)
-                        tma_load(sm + b * C::Q_BYTES + h * C::Q_HALF, &tq, &q_full[b], 64 * h,
-                                 (int)t, (int)(128 * m));
-                }
-                bar_arrive(&list_full[b]);
-                produce_tiles<D, 128, true>(ring, &tk, &tv, s_j, (cnt + 1) / 2, kt,
-                                            t / (p.hq / p.hkv));
+                __syncwarp();
             }
-            kt += (uint32_t)(cnt + 1) / 2;
-            __syncwarp();
+        } else if (threadIdx.x == 0) { /* the loader: every tile's K / V into the ring */
+            uint32_t kt = 0; /* key tiles handed to the ring so far */
+            for (uint32_t k = 0, i = blockIdx.x; i < total; k++, i += gridDim.x) {
+                int b = (int)(k & 1);
+                bar_wait(&list_full[b], (k >> 1) & 1);
+                int nt = (*list_cnt(b) + 1) / 2;
+                produce_tiles<D, 128, true>(ring, &tk, &tv, list_j(b), nt, kt,
+                                            (i % p.hq) / (p.hq / p.hkv));
+                kt += (uint32_t)nt;
+                bar_arrive(&tile_free[b]); /* its list read: every load of the tile issued */
+            }
         }
         return;
     }
