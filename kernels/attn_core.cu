@@ -676,7 +676,9 @@ core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUte
 }
 
 /* Consumer epilogue of the persistent kernel: rows row[0..1] of head t, O = o / l (fp32)
- * and the natural-log LSE when asked; each quad writes 32 contiguous bytes of a row. */
+ * and the natural-log LSE when asked; each quad writes 32 contiguous bytes of a row. The
+ * same lines as core_kernel's non-MASS store, kept apart while that store is being changed
+ * (O in 16 bits for the mass path); one should call the other once it settles. */
 template <int D>
 __device__ __forceinline__ void store_o(const core_params &p, const float (&o)[D / 2],
                                         const float (&mrow)[2], const float (&l)[2],
