@@ -331,15 +331,16 @@ __device__ __forceinline__ void produce_tiles(const kv_ring &r, const CUtensorMa
  * unnormalised in o with each row's max and sum, used = whether its block kept an entry;
  * every K / V stage it waited for is released, and Q and the list are no longer read.
  * kt0: key tiles the ring carried before this tile (its stage and phase run on across the
- * persistent kernel's tiles; 0 in core_kernel). lslot: MASS only. */
+ * persistent kernel's tiles; 0 in core_kernel). lslot: MASS only. give_first: warpgroup 1
+ * gives the tile's first turn (false: it already did, at the end of the tile before). */
 template <typename T, int D, int BN, bool MASS, bool GATHER>
 __device__ __forceinline__ void consume_tile(const core_params &p, const kv_ring &r,
                                              uint64_t *q_full, uint32_t q_ph, uint32_t qa,
                                              const uint16_t *s_j, const uint8_t *s_f, int ntiles,
                                              uint32_t kt0, uint32_t m, int c, int tid,
                                              const uint32_t (&row)[2], float *lslot,
-                                             float (&o)[D / 2], float (&mrow)[2], float (&l)[2],
-                                             bool &used)
+                                             bool give_first, float (&o)[D / 2],
+                                             float (&mrow)[2], float (&l)[2], bool &used)
 {
     typedef cfg<D, BN> C;
     int lane = tid & 31, u = lane & 3;
@@ -486,7 +487,7 @@ __device__ __forceinline__ void consume_tile(const core_params &p, const kv_ring
             pa[kk][3] = elem<T>::pack(sc[8 * kk + 6], sc[8 * kk + 7]);
         }
     };
-    if (c == 1)
+    if (c == 1 && give_first)
         turn_give();
     bar_wait(q_full, q_ph);
     float alpha[2];
@@ -620,7 +621,7 @@ core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUte
     float *lslot = MASS ? p.lscr + (size_t)s_cnt[1] * p.slot_floats : nullptr;
     const kv_ring ring = { sm + C::OFF_K, sm + C::OFF_V, k_full, v_full, k_empty, v_empty };
     consume_tile<T, D, BN, MASS, GATHER>(p, ring, q_full, 0, qa, s_j, s_f, ntiles, 0, m, c, tid,
-                                         row, lslot, o, mrow, l, used);
+                                         row, lslot, true, o, mrow, l, used);
     if (!MASS && !used)
         return;
 #pragma unroll
@@ -716,8 +717,10 @@ __device__ __forceinline__ void store_o(const core_params &p, const float (&o)[D
  * 0) loads nothing and the consumers skip it, so q_full[b] advances only on non-empty tiles
  * and each consumer keeps its parity bit per buffer. The lister waits tile_free[b] of tile
  * k − 2 before rewriting buffer b: it runs at most two tiles ahead of the consumers.
- * Turns (ping-pong) stay consume_tile's per-tile protocol: matched within each tile, none
- * on a skipped one. gpu_check runs it with MF_CORE_PERSIST_CTAS=3 (many tiles a CTA). */
+ * Turns (ping-pong) stay consume_tile's per-tile protocol, matched within each tile, none
+ * on a skipped one, except that warpgroup 1 gives a non-empty next tile's first turn
+ * before its O store rather than after. gpu_check runs it with MF_CORE_PERSIST_CTAS=3
+ * (many tiles a CTA). */
 template <int D> struct pcfg {
     typedef cfg<D, 128> C;
     static constexpr uint32_t OFF_K = 2 * C::Q_BYTES, OFF_V = OFF_K + C::STAGES * C::KV_BYTES;
@@ -815,6 +818,7 @@ persist_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ C
     int c = wg - 1, tid = threadIdx.x - 128 * wg, w = tid / 32, lane = tid & 31;
     int g = lane >> 2, u = lane & 3;
     uint32_t kt = 0, q_ph = 0; /* ring position; bit b: q_full[b]'s next parity */
+    bool gave = false;         /* warpgroup 1: this tile's first turn already given */
     for (uint32_t k = 0, i = blockIdx.x; i < total; k++, i += gridDim.x) {
         int b = (int)(k & 1);
         uint32_t m = p.n_tiles - 1 - i / p.hq, t = i % p.hq;
@@ -834,12 +838,25 @@ persist_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ C
         consume_tile<T, D, 128, false, true>(p, ring, &q_full[b], (q_ph >> b) & 1,
                                              smem_addr(sm + b * C::Q_BYTES) + c * 64 * 128,
                                              list_j(b), list_f(b), ntiles, kt, m, c, tid, row,
-                                             nullptr, o, mrow, l, used);
+                                             nullptr, !gave, o, mrow, l, used);
         q_ph ^= 1u << b;
         kt += (uint32_t)ntiles;
         __syncwarp(); /* Q and the list read by every lane: free them before the O store */
         if (lane == 0)
             bar_arrive(&tile_free[b]);
+        /* Warpgroup 1 gives the next tile's first turn before its O store, so warpgroup 0's
+         * first S there does not wait for the store's issue; only when that tile is not
+         * empty (the turn would stay unmatched). Its list is normally there already: the
+         * lister runs a tile ahead and waits on nothing this warpgroup still holds. */
+        gave = false;
+        if (c == 1 && p.pingpong && i + gridDim.x < total) {
+            uint32_t k1 = k + 1;
+            bar_wait(&list_full[k1 & 1], (k1 >> 1) & 1);
+            if (*list_cnt((int)(k1 & 1)) != 0) {
+                asm volatile("bar.arrive 1, 256;\n" ::: "memory"); /* consume_tile's turn_give */
+                gave = true;
+            }
+        }
         if (used)
             store_o<D>(p, o, mrow, l, row, t, u);
     }

@@ -93,7 +93,7 @@ def run(counts, grid, b_idx, seed, pingpong=True):
             l_users[b].discard(me)
             tf[b].arrive()
     def consumer(c):
-        kt = 0; qph = 0
+        kt = 0; qph = 0; gave = False
         me = ("wg", c)
         def tg():
             if pingpong: turn[1 - c].give()
@@ -112,7 +112,7 @@ def run(counts, grid, b_idx, seed, pingpong=True):
                 continue
             nt = (cnt + 1) // 2
             ps = kt % STAGES; pph = (kt // STAGES) & 1
-            if c == 1: tg()
+            if c == 1 and not gave: tg()
             yield from W(lambda: qf[b].done((qph >> b) & 1))
             q_users[b].add(me)
             assert qbuf[b] == i, ("Q of", qbuf[b], "expected", i)
@@ -145,6 +145,14 @@ def run(counts, grid, b_idx, seed, pingpong=True):
             qph ^= 1 << b; kt += nt
             q_users[b].discard(me); l_users[b].discard(me)
             for _ in range(4): tf[b].arrive()
+            # wg 1 gives a non-empty next tile's first turn before its O store
+            gave = False
+            if c == 1 and pingpong and k + 1 < len(tiles):
+                k1 = k + 1
+                yield from W(lambda: lf[k1 & 1].done((k1 >> 1) & 1))
+                if lists[k1 & 1][1]:
+                    tg(); gave = True
+            yield  # the O store
             done_tiles[c].append(i)
     procs = {"lister": lister(), "loader": loader(), "c0": consumer(0), "c1": consumer(1)}
     steps = 0
