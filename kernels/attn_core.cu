@@ -710,9 +710,9 @@ __device__ __forceinline__ void store_o(const core_params &p, const float (&o)[D
  * Producer warpgroup: warp 1 is the lister (builds tile k's list, lane 0 issues its Q), the
  * loader (thread 0) issues every tile's K / V into the ring; apart, so that the next list and
  * Q do not wait behind the loads of the tile before. Barriers, per buffer b: list_full[b]
- * (the lister's lane 0 arrives once the list and its count are written), q_full[b] (Q's TMA
- * bytes), tile_free[b] (one arrival per consumer warp once it no longer reads that Q and
- * list, and the loader's once it has issued the tile's loads: 9). Every tile, empty or not,
+ * (each lister lane arrives once the list and its count are written: 32), q_full[b] (Q's
+ * TMA bytes), tile_free[b] (each consumer thread once it no longer reads that Q and list,
+ * and the loader once it has issued the tile's loads: 257). Every tile, empty or not,
  * passes list_full and tile_free once, so their parity is (k / 2) & 1; an empty tile (count
  * 0) loads nothing and the consumers skip it, so q_full[b] advances only on non-empty tiles
  * and each consumer keeps its parity bit per buffer. The lister waits tile_free[b] of tile
@@ -757,8 +757,11 @@ persist_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ C
     if (threadIdx.x == 0) {
         for (int b = 0; b < 2; b++) {
             bar_init(&q_full[b], 1);
-            bar_init(&list_full[b], 1);
-            bar_init(&tile_free[b], 9); /* 8 consumer warps + the loader */
+            /* every lister lane / consumer thread arrives itself: an arrive releases only
+             * its own thread's list writes / reads (one lane's after __syncwarp is valid
+             * too, but racecheck need not see it that way) */
+            bar_init(&list_full[b], 32);
+            bar_init(&tile_free[b], 257); /* 256 consumer threads + the loader */
         }
         for (int s = 0; s < C::STAGES; s++) {
             bar_init(&ring.k_full[s], 1);
@@ -796,9 +799,8 @@ persist_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ C
                             tma_load(sm + b * C::Q_BYTES + h * C::Q_HALF, &tq, &q_full[b],
                                      64 * h, (int)t, (int)(128 * m));
                     }
-                    bar_arrive(&list_full[b]);
                 }
-                __syncwarp();
+                bar_arrive(&list_full[b]); /* after lane 0's count and phantom */
             }
         } else if (threadIdx.x == 0) { /* the loader: every tile's K / V into the ring */
             uint32_t kt = 0; /* key tiles handed to the ring so far */
@@ -825,9 +827,7 @@ persist_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ C
         bar_wait(&list_full[b], (k >> 1) & 1);
         int count = *list_cnt(b);
         if (count == 0) { /* not this kernel's tile: nothing was loaded for it */
-            __syncwarp();
-            if (lane == 0)
-                bar_arrive(&tile_free[b]);
+            bar_arrive(&tile_free[b]);
             continue;
         }
         int ntiles = (count + 1) / 2;
@@ -841,9 +841,7 @@ persist_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ C
                                              nullptr, !gave, o, mrow, l, used);
         q_ph ^= 1u << b;
         kt += (uint32_t)ntiles;
-        __syncwarp(); /* Q and the list read by every lane: free them before the O store */
-        if (lane == 0)
-            bar_arrive(&tile_free[b]);
+        bar_arrive(&tile_free[b]); /* done with Q and the list: free them before the O store */
         /* Warpgroup 1 gives the next tile's first turn before its O store, so warpgroup 0's
          * first S there does not wait for the store's issue; only when that tile is not
          * empty (the turn would stay unmatched). Its list is normally there already: the

@@ -38,7 +38,7 @@ def run(counts, grid, b_idx, seed, pingpong=True):
     total = len(counts)
     qf = [MBar("q_full%d" % b, 1) for b in range(2)]
     lf = [MBar("list_full%d" % b, 1) for b in range(2)]
-    tf = [MBar("tile_free%d" % b, 9) for b in range(2)]
+    tf = [MBar("tile_free%d" % b, 257) for b in range(2)]
     kf = [MBar("k_full%d" % s, 1) for s in range(STAGES)]
     vf = [MBar("v_full%d" % s, 1) for s in range(STAGES)]
     ke = [MBar("k_empty%d" % s, 8) for s in range(STAGES)]
@@ -108,7 +108,7 @@ def run(counts, grid, b_idx, seed, pingpong=True):
             assert ti == i, ("list of tile", ti, "expected", i)
             if cnt == 0:
                 l_users[b].discard(me)
-                for _ in range(4): tf[b].arrive()
+                for _ in range(128): tf[b].arrive()
                 continue
             nt = (cnt + 1) // 2
             ps = kt % STAGES; pph = (kt // STAGES) & 1
@@ -144,7 +144,7 @@ def run(counts, grid, b_idx, seed, pingpong=True):
             for _ in range(4): ve[ps].arrive()
             qph ^= 1 << b; kt += nt
             q_users[b].discard(me); l_users[b].discard(me)
-            for _ in range(4): tf[b].arrive()
+            for _ in range(128): tf[b].arrive()
             # wg 1 gives a non-empty next tile's first turn before its O store
             gave = False
             if c == 1 and pingpong and k + 1 < len(tiles):
