@@ -951,7 +951,9 @@ mf_status_t launch(const core_args &a, const core_params &p, cudaStream_t s, con
         return MF_INTERNAL;
     }
     size_t smem = PERSIST ? pcfg<D>::SMEM : cfg<D, BN>::SMEM;
-    if (MASS && smem < MASS_MIN_SMEM) /* one CTA per SM: the ℓ slots count on it */
+    /* one CTA per SM: the ℓ slots count on it; the persistent grid (one CTA an SM) at d 64
+     * (110 KiB) would otherwise let two share an SM while another idles */
+    if ((MASS || PERSIST) && smem < MASS_MIN_SMEM)
         smem = MASS_MIN_SMEM;
     void (*kern)(CUtensorMap, CUtensorMap, CUtensorMap, core_params) =
         PERSIST ? persist_kernel<T, D> : core_kernel<T, D, BN, MASS, GATHER>;
