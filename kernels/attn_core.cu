@@ -690,7 +690,7 @@ __device__ __forceinline__ void store_o(const core_params &p, const float (&o)[D
         float lt = quad_sum(l[r]), inv = 1.0f / lt;
         if (row[r] >= p.n)
             continue;
-        float *dst = p.o + ((size_t)row[r] * p.hq + t) * D + 2 * u;
+        float *dst = static_cast<float *>(p.o) + ((size_t)row[r] * p.hq + t) * D + 2 * u;
 #pragma unroll
         for (int x2 = 0; x2 < D / 8; x2++)
             *reinterpret_cast<float2 *>(dst + 8 * x2) =
