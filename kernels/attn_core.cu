@@ -15,7 +15,9 @@
  * 1/sqrt(d)·log2(e) scale folded into one FFMA before ex2) runs while that P·V does; then
  * O *= alpha. The two consumer warpgroups take turns issuing (ping-pong, named barriers),
  * so one's softmax also overlaps the other's GEMMs.
- * Block-64 lists run with BN = 128 (GATHER, at the kernel): two list entries a key tile.
+ * Block-64 lists run with BN = 128 (GATHER, at the kernel): two list entries a key tile;
+ * with MF_CORE_PERSIST=1 on persist_kernel (the same tile code, consume_tile /
+ * produce_tiles, in a loop over tiles with double-buffered Q and lists; its section says how).
  * O (fp32) goes straight from the accumulators to global memory: each quad writes 32
  * contiguous bytes of a row, whole sectors; or, for mf_export_cuda's o_dtype, O in T (16
  * bytes a quad), so the source gets its layer's output without an fp32 round trip.
@@ -287,125 +289,77 @@ __device__ __forceinline__ int build_list(const core_params &p, uint32_t m, uint
     return cnt;
 }
 
-/* GATHER (block-64 lists only, BN = 128): list entries 2x, 2x + 1 form key tile x, each
- * 64-key block TMA-loaded into its half of the 128-row stage (the 128-byte swizzle repeats
- * every 8 rows, so two stacked 64-row boxes are one 128-row box); per-tile costs and the
- * m64n128 wgmmas are then paid per 128 keys. An odd list's last half is a phantom: block
- * s_j[count − 1] again, kept by nobody (masked whole; V stays finite, so P·V adds 0). */
-template <typename T, int D, int BN, bool MASS, bool GATHER>
-__global__ void __launch_bounds__(384, 1)
-core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-            const __grid_constant__ CUtensorMap tv, const core_params p)
+/* The CTA's K / V ring: STAGES tiles of K and of V (KV_BYTES each) and their barriers. */
+struct kv_ring {
+    uint8_t *k, *v;
+    uint64_t *k_full, *v_full, *k_empty, *v_empty;
+};
+
+/* The producer thread's K / V loads for one 128-row tile: ntiles key tiles of the list s_j
+ * into the ring, key tile x at ring position kt0 + x (consume_tile's numbering). A key tile
+ * is its EPT list entries' rows, LB rows each (box rows LB), stacked; both column halves;
+ * one mbarrier counts all of it (KV_BYTES). */
+template <int D, int BN, bool GATHER>
+__device__ __forceinline__ void produce_tiles(const kv_ring &r, const CUtensorMap *tk,
+                                              const CUtensorMap *tv, const uint16_t *s_j,
+                                              int ntiles, uint32_t kt0, uint32_t kvh)
 {
-    static_assert(!GATHER || (BN == 128 && !MASS), "gather: 128-key tiles, lists mode");
     typedef cfg<D, BN> C;
-    constexpr int EPT = GATHER ? 2 : 1;   /* list entries a key tile */
-    constexpr int LB = GATHER ? 64 : BN;  /* keys a list entry */
-    extern __shared__ uint8_t sm_raw[];
-    uint8_t *sm = reinterpret_cast<uint8_t *>(((uintptr_t)sm_raw + 1023) & ~(uintptr_t)1023);
-    uint64_t *q_full = reinterpret_cast<uint64_t *>(sm + C::OFF_BAR);
-    uint64_t *k_full = q_full + 1, *v_full = k_full + C::STAGES, *k_empty = v_full + C::STAGES,
-             *v_empty = k_empty + C::STAGES;
-    uint16_t *s_j = reinterpret_cast<uint16_t *>(sm + C::OFF_LIST);
-    uint8_t *s_f = reinterpret_cast<uint8_t *>(s_j + MAX_TILES);
-    int *s_cnt = reinterpret_cast<int *>(s_f + MAX_TILES);
-    float *s_lse2 = reinterpret_cast<float *>(sm + C::OFF_LSE2);
-    uint32_t m = p.n_tiles - 1 - blockIdx.x / p.hq, t = blockIdx.x % p.hq;
-    uint32_t kvh = t / (p.hq / p.hkv);
-    int wg = threadIdx.x / 128;
-    if (threadIdx.x < 32) {
-        if (threadIdx.x == 0) { /* Q does not depend on the list: its load overlaps the build */
-            bar_init(q_full, 1);
-            for (int s = 0; s < C::STAGES; s++) {
-                bar_init(&k_full[s], 1);
-                bar_init(&v_full[s], 1);
-                bar_init(&k_empty[s], 8);
-                bar_init(&v_empty[s], 8);
-            }
-            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-            bar_expect(q_full, C::Q_BYTES);
+    constexpr int EPT = GATHER ? 2 : 1, LB = GATHER ? 64 : BN;
+    auto load_tile = [&](uint8_t *dst, const CUtensorMap *tm, uint64_t *bar, int x) {
+        for (int e = 0; e < EPT; e++) {
+            int row = (int)s_j[EPT * x + e] * LB;
             for (int h = 0; h < C::HALVES; h++)
-                tma_load(sm + h * C::Q_HALF, &tq, q_full, 64 * h, (int)t, (int)(128 * m));
+                tma_load(dst + h * C::KV_HALF + e * LB * 128, tm, bar, 64 * h, (int)kvh, row);
         }
-        __syncwarp();
-        int cnt = build_list<BN>(p, m, t, s_j, s_f);
-        if (GATHER && (cnt & 1)) { /* cnt ≤ nb ≤ MAX_TILES and odd: s_j[cnt] is in bounds */
-            __syncwarp();          /* the lanes' list writes, before lane 0 reads one */
-            if (threadIdx.x == 0) {
-                s_j[cnt] = s_j[cnt - 1];
-                s_f[cnt] = 0;
-            }
-        }
-        if (threadIdx.x == 0)
-            *s_cnt = cnt;
-        if (MASS && threadIdx.x == 0) {
-            /* An ℓ slot for this CTA's lifetime: at most one CTA per SM is resident (the
-             * launcher asks for more than half the shared memory), so nslots = #SMs always
-             * has a free one; starting at %smid makes the first CAS succeed in practice.
-             * A slot, not a per-(head, tile) array: the working set stays ~#SMs·128·nb·4
-             * bytes, small enough to live in L2 (a CTA reads back what it wrote). */
-            uint32_t sid;
-            asm volatile("mov.u32 %0, %%smid;\n" : "=r"(sid));
-            uint32_t x = sid % p.nslots;
-            while (atomicCAS(&p.slot_busy[x], 0u, 1u) != 0u)
-                x = x + 1 == p.nslots ? 0 : x + 1;
-            s_cnt[1] = (int)x;
-        }
+    };
+    for (int x = 0; x < ntiles; x++) {
+        uint32_t gx = kt0 + (uint32_t)x;
+        int s = (int)(gx % C::STAGES);
+        uint32_t free_ph = ((gx / C::STAGES) & 1) ^ 1;
+        if (gx >= C::STAGES)
+            bar_wait(&r.k_empty[s], free_ph);
+        bar_expect(&r.k_full[s], C::KV_BYTES);
+        load_tile(r.k + s * C::KV_BYTES, tk, &r.k_full[s], x);
+        if (gx >= C::STAGES)
+            bar_wait(&r.v_empty[s], free_ph);
+        bar_expect(&r.v_full[s], C::KV_BYTES);
+        load_tile(r.v + s * C::KV_BYTES, tv, &r.v_full[s], x);
     }
-    __syncthreads();
-    int count = *s_cnt;
-    if (count == 0) { /* not this kernel's tile: let the Q copy land before the CTA ends */
-        if (threadIdx.x == 0)
-            bar_wait(q_full, 0);
-        return;
-    }
-    const int ntiles = (count + EPT - 1) / EPT; /* key tiles of BN keys */
-    if (wg == 0) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
-        if (threadIdx.x == 0) {
-            /* key tile x into dst: its EPT list entries' rows, LB rows each (box rows LB),
-             * stacked; both column halves; one mbarrier counts all of it (KV_BYTES) */
-            auto load_tile = [&](uint8_t *dst, const CUtensorMap *tm, uint64_t *bar, int x) {
-                for (int e = 0; e < EPT; e++) {
-                    int row = (int)s_j[EPT * x + e] * LB;
-                    for (int h = 0; h < C::HALVES; h++)
-                        tma_load(dst + h * C::KV_HALF + e * LB * 128, tm, bar, 64 * h,
-                                 (int)kvh, row);
-                }
-            };
-            for (int x = 0; x < ntiles; x++) {
-                int s = x % C::STAGES;
-                uint32_t free_ph = ((x / C::STAGES) & 1) ^ 1;
-                uint8_t *kd = sm + C::OFF_K + s * C::KV_BYTES, *vd = sm + C::OFF_V + s * C::KV_BYTES;
-                if (x >= C::STAGES)
-                    bar_wait(&k_empty[s], free_ph);
-                bar_expect(&k_full[s], C::KV_BYTES);
-                load_tile(kd, &tk, &k_full[s], x);
-                if (x >= C::STAGES)
-                    bar_wait(&v_empty[s], free_ph);
-                bar_expect(&v_full[s], C::KV_BYTES);
-                load_tile(vd, &tv, &v_full[s], x);
-            }
-        }
-        return;
-    }
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
-    int c = wg - 1, tid = threadIdx.x - 128 * wg, w = tid / 32, lane = tid & 31;
-    int g = lane >> 2, u = lane & 3;
-    uint32_t r0 = 128 * m + 64 * c;              /* this warpgroup's first query row */
-    uint32_t row[2] = { r0 + 16 * w + g, r0 + 16 * w + g + 8 };
-    uint32_t qa = smem_addr(sm) + c * 64 * 128;
-    float o[D / 2], mrow[2] = { -INFINITY, -INFINITY }, l[2] = { 0.0f, 0.0f };
+}
+
+/* Consumer warpgroup c's part of one 128-row tile (m): waits for its Q (q_full, parity q_ph;
+ * qa = its 64 rows), resets o / mrow / l and walks the tile's ntiles key tiles of the list
+ * s_j / s_f in ping-pong with the other warpgroup (the file's head says how). Returns O
+ * unnormalised in o with each row's max and sum, used = whether its block kept an entry;
+ * every K / V stage it waited for is released, and Q and the list are no longer read.
+ * kt0: key tiles the ring carried before this tile (its stage and phase run on across the
+ * persistent kernel's tiles; 0 in core_kernel). lslot: MASS only. give_first: warpgroup 1
+ * gives the tile's first turn (false: it already did, at the end of the tile before). */
+template <typename T, int D, int BN, bool MASS, bool GATHER>
+__device__ __forceinline__ void consume_tile(const core_params &p, const kv_ring &r,
+                                             uint64_t *q_full, uint32_t q_ph, uint32_t qa,
+                                             const uint16_t *s_j, const uint8_t *s_f, int ntiles,
+                                             uint32_t kt0, uint32_t m, int c, int tid,
+                                             const uint32_t (&row)[2], float *lslot,
+                                             bool give_first, float (&o)[D / 2],
+                                             float (&mrow)[2], float (&l)[2], bool &used)
+{
+    typedef cfg<D, BN> C;
+    int lane = tid & 31, u = lane & 3;
+    uint32_t r0 = 128 * m + 64 * c; /* this warpgroup's first query row */
+    mrow[0] = mrow[1] = -INFINITY;
+    l[0] = l[1] = 0.0f;
 #pragma unroll
     for (int x = 0; x < D / 2; x++)
         o[x] = 0.0f;
     const float sl2 = p.scale_log2;
-    bool used = false;
-    int ps = 0;          /* stage of the previous tile, whose P·V is still to issue */
-    uint32_t pph = 0;
+    used = false;
+    /* stage and phase of the previous key tile, whose P·V is still to issue */
+    int ps = (int)(kt0 % C::STAGES);
+    uint32_t pph = (kt0 / C::STAGES) & 1;
     float sc[BN / 2];
     uint32_t pa[BN / 16][4];
-    float *lslot = MASS ? p.lscr + (size_t)s_cnt[1] * p.slot_floats : nullptr;
     /* Ping-pong: the two consumer warpgroups take turns issuing their GEMMs (named
      * barriers 1 + c), so one's softmax runs while the other's wgmmas use the tensor
      * cores. Both take a turn at every key tile (a tile only the other's block kept
@@ -421,8 +375,8 @@ core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUte
     };
     /* O += P·V of the previous tile (issue only) */
     auto issue_pv = [&]() {
-        bar_wait(&v_full[ps], pph);
-        uint32_t va = smem_addr(sm + C::OFF_V + ps * C::KV_BYTES);
+        bar_wait(&r.v_full[ps], pph);
+        uint32_t va = smem_addr(r.v + ps * C::KV_BYTES);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++)
@@ -435,7 +389,7 @@ core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUte
             bar_arrive(bar);
     };
     auto issue_s = [&](int st) { /* S = Q·Kᵀ (issue only) */
-        uint32_t ka = smem_addr(sm + C::OFF_K + st * C::KV_BYTES);
+        uint32_t ka = smem_addr(r.k + st * C::KV_BYTES);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++)
@@ -536,37 +490,38 @@ core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUte
             pa[kk][3] = elem<T>::pack(sc[8 * kk + 6], sc[8 * kk + 7]);
         }
     };
-    if (c == 1)
+    if (c == 1 && give_first)
         turn_give();
-    bar_wait(q_full, 0);
+    bar_wait(q_full, q_ph);
     float alpha[2];
-    bar_wait(&k_full[0], 0); /* tile 0: no P·V before it */
+    bar_wait(&r.k_full[ps], pph); /* tile 0: no P·V before it */
     turn_wait();
-    issue_s(0);
+    issue_s(ps);
     turn_give();
     wgmma_wait<0>();
     fence_regs(sc);
-    release(&k_empty[0]);
+    release(&r.k_empty[ps]);
     softmax(0, alpha);
     rescale_pack(alpha);
     for (int x = 1; x < ntiles; x++) {
-        int s = x % C::STAGES;
-        bar_wait(&k_full[s], (x / C::STAGES) & 1);
+        uint32_t gx = kt0 + (uint32_t)x;
+        int s = (int)(gx % C::STAGES);
+        bar_wait(&r.k_full[s], (gx / C::STAGES) & 1);
         turn_wait();
         issue_s(s);
         issue_pv();
         turn_give();
         wgmma_wait<1>();
         fence_regs(sc);
-        release(&k_empty[s]);
+        release(&r.k_empty[s]);
         softmax(x, alpha);
         wgmma_wait<0>(); /* the previous tile's P·V is done: its V is free */
         fence_regs(o);
         fence_regs(pa);
-        release(&v_empty[ps]);
+        release(&r.v_empty[ps]);
         rescale_pack(alpha);
         ps = s;
-        pph = (x / C::STAGES) & 1;
+        pph = (gx / C::STAGES) & 1;
     }
     turn_wait();
     issue_pv();
@@ -575,7 +530,101 @@ core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUte
     wgmma_wait<0>();
     fence_regs(o);
     fence_regs(pa);
-    release(&v_empty[ps]);
+    release(&r.v_empty[ps]);
+}
+
+/* GATHER (block-64 lists only, BN = 128): list entries 2x, 2x + 1 form key tile x, each
+ * 64-key block TMA-loaded into its half of the 128-row stage (the 128-byte swizzle repeats
+ * every 8 rows, so two stacked 64-row boxes are one 128-row box); per-tile costs and the
+ * m64n128 wgmmas are then paid per 128 keys. An odd list's last half is a phantom: block
+ * s_j[count − 1] again, kept by nobody (masked whole; V stays finite, so P·V adds 0). */
+template <typename T, int D, int BN, bool MASS, bool GATHER>
+__global__ void __launch_bounds__(384, 1)
+core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+            const __grid_constant__ CUtensorMap tv, const core_params p)
+{
+    static_assert(!GATHER || (BN == 128 && !MASS), "gather: 128-key tiles, lists mode");
+    typedef cfg<D, BN> C;
+    constexpr int EPT = GATHER ? 2 : 1; /* list entries a key tile */
+    extern __shared__ uint8_t sm_raw[];
+    uint8_t *sm = reinterpret_cast<uint8_t *>(((uintptr_t)sm_raw + 1023) & ~(uintptr_t)1023);
+    uint64_t *q_full = reinterpret_cast<uint64_t *>(sm + C::OFF_BAR);
+    uint64_t *k_full = q_full + 1, *v_full = k_full + C::STAGES, *k_empty = v_full + C::STAGES,
+             *v_empty = k_empty + C::STAGES;
+    uint16_t *s_j = reinterpret_cast<uint16_t *>(sm + C::OFF_LIST);
+    uint8_t *s_f = reinterpret_cast<uint8_t *>(s_j + MAX_TILES);
+    int *s_cnt = reinterpret_cast<int *>(s_f + MAX_TILES);
+    float *s_lse2 = reinterpret_cast<float *>(sm + C::OFF_LSE2);
+    uint32_t m = p.n_tiles - 1 - blockIdx.x / p.hq, t = blockIdx.x % p.hq;
+    uint32_t kvh = t / (p.hq / p.hkv);
+    int wg = threadIdx.x / 128;
+    if (threadIdx.x < 32) {
+        if (threadIdx.x == 0) { /* Q does not depend on the list: its load overlaps the build */
+            bar_init(q_full, 1);
+            for (int s = 0; s < C::STAGES; s++) {
+                bar_init(&k_full[s], 1);
+                bar_init(&v_full[s], 1);
+                bar_init(&k_empty[s], 8);
+                bar_init(&v_empty[s], 8);
+            }
+            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+            bar_expect(q_full, C::Q_BYTES);
+            for (int h = 0; h < C::HALVES; h++)
+                tma_load(sm + h * C::Q_HALF, &tq, q_full, 64 * h, (int)t, (int)(128 * m));
+        }
+        __syncwarp();
+        int cnt = build_list<BN>(p, m, t, s_j, s_f);
+        if (GATHER && (cnt & 1)) { /* cnt ≤ nb ≤ MAX_TILES and odd: s_j[cnt] is in bounds */
+            __syncwarp();          /* the lanes' list writes, before lane 0 reads one */
+            if (threadIdx.x == 0) {
+                s_j[cnt] = s_j[cnt - 1];
+                s_f[cnt] = 0;
+            }
+        }
+        if (threadIdx.x == 0)
+            *s_cnt = cnt;
+        if (MASS && threadIdx.x == 0) {
+            /* An ℓ slot for this CTA's lifetime: at most one CTA per SM is resident (the
+             * launcher asks for more than half the shared memory), so nslots = #SMs always
+             * has a free one; starting at %smid makes the first CAS succeed in practice.
+             * A slot, not a per-(head, tile) array: the working set stays ~#SMs·128·nb·4
+             * bytes, small enough to live in L2 (a CTA reads back what it wrote). */
+            uint32_t sid;
+            asm volatile("mov.u32 %0, %%smid;\n" : "=r"(sid));
+            uint32_t x = sid % p.nslots;
+            while (atomicCAS(&p.slot_busy[x], 0u, 1u) != 0u)
+                x = x + 1 == p.nslots ? 0 : x + 1;
+            s_cnt[1] = (int)x;
+        }
+    }
+    __syncthreads();
+    int count = *s_cnt;
+    if (count == 0) { /* not this kernel's tile: let the Q copy land before the CTA ends */
+        if (threadIdx.x == 0)
+            bar_wait(q_full, 0);
+        return;
+    }
+    const int ntiles = (count + EPT - 1) / EPT; /* key tiles of BN keys */
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+        if (threadIdx.x == 0) {
+            const kv_ring ring = { sm + C::OFF_K, sm + C::OFF_V, k_full, v_full, k_empty, v_empty };
+            produce_tiles<D, BN, GATHER>(ring, &tk, &tv, s_j, ntiles, 0, kvh);
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+    int c = wg - 1, tid = threadIdx.x - 128 * wg, w = tid / 32, lane = tid & 31;
+    int g = lane >> 2, u = lane & 3;
+    uint32_t r0 = 128 * m + 64 * c;              /* this warpgroup's first query row */
+    uint32_t row[2] = { r0 + 16 * w + g, r0 + 16 * w + g + 8 };
+    uint32_t qa = smem_addr(sm) + c * 64 * 128;
+    float o[D / 2], mrow[2], l[2];
+    bool used;
+    float *lslot = MASS ? p.lscr + (size_t)s_cnt[1] * p.slot_floats : nullptr;
+    const kv_ring ring = { sm + C::OFF_K, sm + C::OFF_V, k_full, v_full, k_empty, v_empty };
+    consume_tile<T, D, BN, MASS, GATHER>(p, ring, q_full, 0, qa, s_j, s_f, ntiles, 0, m, c, tid,
+                                         row, lslot, true, o, mrow, l, used);
     if (!MASS && !used)
         return;
 #pragma unroll
@@ -636,6 +685,190 @@ core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUte
             __threadfence();
             atomicExch(&p.slot_busy[s_cnt[1]], 0u);
         }
+    }
+}
+
+/* Consumer epilogue of the persistent kernel: rows row[0..1] of head t, O = o / l (fp32)
+ * and the natural-log LSE when asked; each quad writes 32 contiguous bytes of a row. The
+ * same lines as core_kernel's non-MASS store, kept apart while that store is being changed
+ * (O in 16 bits for the mass path); one should call the other once it settles. */
+template <int D>
+__device__ __forceinline__ void store_o(const core_params &p, const float (&o)[D / 2],
+                                        const float (&mrow)[2], const float (&l)[2],
+                                        const uint32_t (&row)[2], uint32_t t, int u)
+{
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float lt = quad_sum(l[r]), inv = 1.0f / lt;
+        if (row[r] >= p.n)
+            continue;
+        float *dst = static_cast<float *>(p.o) + ((size_t)row[r] * p.hq + t) * D + 2 * u;
+#pragma unroll
+        for (int x2 = 0; x2 < D / 8; x2++)
+            *reinterpret_cast<float2 *>(dst + 8 * x2) =
+                make_float2(o[4 * x2 + 2 * r] * inv, o[4 * x2 + 2 * r + 1] * inv);
+        if (p.lse && u == 0)
+            p.lse[(size_t)t * p.n + row[r]] = (mrow[r] + log2f(lt)) * MF_LN2;
+    }
+}
+
+/* ---- persistent gathered kernel (MF_CORE_PERSIST=1) ------------------------------------
+ *
+ * Block-64 lists in gathered 128-key tiles, as core_kernel<…, GATHER>, but grid = min(tiles,
+ * SMs) CTAs that each walk tiles b, b + grid, … of core_kernel's blockIdx order (largest query
+ * tile first), so one tile's fixed costs (list build, Q load, first K / V latency) overlap the
+ * previous tile's loop. Q and the list are double-buffered (buffer k & 1 for the CTA's k-th
+ * tile); the K / V ring runs on across tiles (ring position = key tiles walked so far).
+ * Producer warpgroup: warp 1 is the lister (builds tile k's list, lane 0 issues its Q), the
+ * loader (thread 0) issues every tile's K / V into the ring; apart, so that the next list and
+ * Q do not wait behind the loads of the tile before. Barriers, per buffer b: list_full[b]
+ * (each lister lane arrives once the list and its count are written: 32), q_full[b] (Q's
+ * TMA bytes), tile_free[b] (each consumer thread once it no longer reads that Q and list,
+ * and the loader once it has issued the tile's loads: 257). Every tile, empty or not,
+ * passes list_full and tile_free once, so their parity is (k / 2) & 1; an empty tile (count
+ * 0) loads nothing and the consumers skip it, so q_full[b] advances only on non-empty tiles
+ * and each consumer keeps its parity bit per buffer. The lister waits tile_free[b] of tile
+ * k − 2 before rewriting buffer b: it runs at most two tiles ahead of the consumers.
+ * Turns (ping-pong) stay consume_tile's per-tile protocol, matched within each tile, none
+ * on a skipped one, except that warpgroup 1 gives a non-empty next tile's first turn
+ * before its O store rather than after. gpu_check runs it with MF_CORE_PERSIST_CTAS=3
+ * (many tiles a CTA). */
+template <int D> struct pcfg {
+    typedef cfg<D, 128> C;
+    static constexpr uint32_t OFF_K = 2 * C::Q_BYTES, OFF_V = OFF_K + C::STAGES * C::KV_BYTES;
+    static constexpr uint32_t OFF_BAR = OFF_V + C::STAGES * C::KV_BYTES;
+    static constexpr uint32_t OFF_LIST = OFF_BAR + 8 * (6 + 4 * C::STAGES);
+    static constexpr uint32_t LIST_BYTES = MAX_TILES * 3 + 16; /* s_j, s_f, count */
+    static constexpr uint32_t SMEM = OFF_LIST + 2 * LIST_BYTES + 1024; /* + alignment slack */
+    static_assert(SMEM <= 227 * 1024, "persistent kernel: shared memory per block");
+    static_assert(LIST_BYTES % 16 == 0, "list buffers 16-byte aligned");
+};
+
+template <typename T, int D>
+__global__ void __launch_bounds__(384, 1)
+persist_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+               const __grid_constant__ CUtensorMap tv, const core_params p)
+{
+    typedef cfg<D, 128> C;
+    typedef pcfg<D> P;
+    extern __shared__ uint8_t sm_raw[];
+    uint8_t *sm = reinterpret_cast<uint8_t *>(((uintptr_t)sm_raw + 1023) & ~(uintptr_t)1023);
+    uint64_t *q_full = reinterpret_cast<uint64_t *>(sm + P::OFF_BAR);
+    uint64_t *list_full = q_full + 2, *tile_free = list_full + 2;
+    const kv_ring ring = { sm + P::OFF_K, sm + P::OFF_V, tile_free + 2,
+                           tile_free + 2 + C::STAGES, tile_free + 2 + 2 * C::STAGES,
+                           tile_free + 2 + 3 * C::STAGES };
+    /* buffer b's list: s_j [MAX_TILES], s_f [MAX_TILES], count */
+    auto list_j = [&](int b) {
+        return reinterpret_cast<uint16_t *>(sm + P::OFF_LIST + b * P::LIST_BYTES);
+    };
+    auto list_f = [&](int b) { return reinterpret_cast<uint8_t *>(list_j(b) + MAX_TILES); };
+    auto list_cnt = [&](int b) { return reinterpret_cast<int *>(list_f(b) + MAX_TILES); };
+    const uint32_t total = p.n_tiles * p.hq;
+    int wg = threadIdx.x / 128;
+    if (threadIdx.x == 0) {
+        for (int b = 0; b < 2; b++) {
+            bar_init(&q_full[b], 1);
+            /* every lister lane / consumer thread arrives itself: an arrive releases only
+             * its own thread's list writes / reads (one lane's after __syncwarp is valid
+             * too, but racecheck need not see it that way) */
+            bar_init(&list_full[b], 32);
+            bar_init(&tile_free[b], 257); /* 256 consumer threads + the loader */
+        }
+        for (int s = 0; s < C::STAGES; s++) {
+            bar_init(&ring.k_full[s], 1);
+            bar_init(&ring.v_full[s], 1);
+            bar_init(&ring.k_empty[s], 8);
+            bar_init(&ring.v_empty[s], 8);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (wg == 0) {
+        /* 40 / 232, not core_kernel's 24 / 240: at 24 the lister and loader loops spill
+         * (ptxas -v: 128–136 bytes; 40–48 at 32); 40 + 2 · 232 = 3 · 168, the launch's */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        int warp = threadIdx.x / 32;
+        if (warp == 1) { /* the lister: tile k's list and Q, as soon as buffer k & 1 is free */
+            for (uint32_t k = 0, i = blockIdx.x; i < total; k++, i += gridDim.x) {
+                int b = (int)(k & 1);
+                uint32_t m = p.n_tiles - 1 - i / p.hq, t = i % p.hq;
+                uint16_t *s_j = list_j(b);
+                uint8_t *s_f = list_f(b);
+                if (k >= 2) /* the consumers and the loader are done with tile k − 2's */
+                    bar_wait(&tile_free[b], ((k >> 1) & 1) ^ 1);
+                int cnt = build_list<128>(p, m, t, s_j, s_f);
+                __syncwarp(); /* the lanes' list writes, before lane 0 reads or publishes them */
+                if (threadIdx.x == 32) {
+                    if (cnt & 1) { /* phantom half, as core_kernel: cnt odd < MAX_TILES */
+                        s_j[cnt] = s_j[cnt - 1];
+                        s_f[cnt] = 0;
+                    }
+                    *list_cnt(b) = cnt;
+                    if (cnt) {
+                        bar_expect(&q_full[b], C::Q_BYTES);
+                        for (int h = 0; h < C::HALVES; h++)
+                            tma_load(sm + b * C::Q_BYTES + h * C::Q_HALF, &tq, &q_full[b],
+                                     64 * h, (int)t, (int)(128 * m));
+                    }
+                }
+                bar_arrive(&list_full[b]); /* after lane 0's count and phantom */
+            }
+        } else if (threadIdx.x == 0) { /* the loader: every tile's K / V into the ring */
+            uint32_t kt = 0; /* key tiles handed to the ring so far */
+            for (uint32_t k = 0, i = blockIdx.x; i < total; k++, i += gridDim.x) {
+                int b = (int)(k & 1);
+                bar_wait(&list_full[b], (k >> 1) & 1);
+                int nt = (*list_cnt(b) + 1) / 2;
+                produce_tiles<D, 128, true>(ring, &tk, &tv, list_j(b), nt, kt,
+                                            (i % p.hq) / (p.hq / p.hkv));
+                kt += (uint32_t)nt;
+                bar_arrive(&tile_free[b]); /* its list read: every load of the tile issued */
+            }
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    int c = wg - 1, tid = threadIdx.x - 128 * wg, w = tid / 32, lane = tid & 31;
+    int g = lane >> 2, u = lane & 3;
+    uint32_t kt = 0, q_ph = 0; /* ring position; bit b: q_full[b]'s next parity */
+    bool gave = false;         /* warpgroup 1: this tile's first turn already given */
+    for (uint32_t k = 0, i = blockIdx.x; i < total; k++, i += gridDim.x) {
+        int b = (int)(k & 1);
+        uint32_t m = p.n_tiles - 1 - i / p.hq, t = i % p.hq;
+        bar_wait(&list_full[b], (k >> 1) & 1);
+        int count = *list_cnt(b);
+        if (count == 0) { /* not this kernel's tile: nothing was loaded for it */
+            bar_arrive(&tile_free[b]);
+            continue;
+        }
+        int ntiles = (count + 1) / 2;
+        uint32_t r0 = 128 * m + 64 * c;
+        uint32_t row[2] = { r0 + 16 * w + g, r0 + 16 * w + g + 8 };
+        float o[D / 2], mrow[2], l[2];
+        bool used;
+        consume_tile<T, D, 128, false, true>(p, ring, &q_full[b], (q_ph >> b) & 1,
+                                             smem_addr(sm + b * C::Q_BYTES) + c * 64 * 128,
+                                             list_j(b), list_f(b), ntiles, kt, m, c, tid, row,
+                                             nullptr, !gave, o, mrow, l, used);
+        q_ph ^= 1u << b;
+        kt += (uint32_t)ntiles;
+        bar_arrive(&tile_free[b]); /* done with Q and the list: free them before the O store */
+        /* Warpgroup 1 gives the next tile's first turn before its O store, so warpgroup 0's
+         * first S there does not wait for the store's issue; only when that tile is not
+         * empty (the turn would stay unmatched). Its list is normally there already: the
+         * lister runs a tile ahead and waits on nothing this warpgroup still holds. */
+        gave = false;
+        if (c == 1 && p.pingpong && i + gridDim.x < total) {
+            uint32_t k1 = k + 1;
+            bar_wait(&list_full[k1 & 1], (k1 >> 1) & 1);
+            if (*list_cnt((int)(k1 & 1)) != 0) {
+                asm volatile("bar.arrive 1, 256;\n" ::: "memory"); /* consume_tile's turn_give */
+                gave = true;
+            }
+        }
+        if (used)
+            store_o<D>(p, o, mrow, l, row, t, u);
     }
 }
 
@@ -701,9 +934,26 @@ bool encode(CUtensorMap *tm, const void *base, mf_dtype_t dt, uint32_t n, uint32
     return true;
 }
 
-template <typename T, int D, int BN, bool MASS, bool GATHER = false>
+/* Multiprocessors of the current device (≥ 1). */
+mf_status_t sm_count(uint32_t *n, const char **why)
+{
+    int dev = 0, sms = 0;
+    mf_status_t st = cuda_status(cudaGetDevice(&dev), why);
+    if (st == MF_OK)
+        st = cuda_status(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), why);
+    if (st == MF_OK && sms < 1) {
+        *why = "the device reports no multiprocessors";
+        st = MF_INTERNAL;
+    }
+    *n = (uint32_t)sms;
+    return st;
+}
+
+/* PERSIST (block-64 lists, GATHER): persist_kernel on min(tiles, SMs) CTAs */
+template <typename T, int D, int BN, bool MASS, bool GATHER = false, bool PERSIST = false>
 mf_status_t launch(const core_args &a, const core_params &p, cudaStream_t s, const char **why)
 {
+    static_assert(!PERSIST || (GATHER && !MASS), "persistent: the gathered lists kernel");
     CUtensorMap tq, tk, tv;
     const uint32_t kv_rows = GATHER ? 64 : BN; /* GATHER: a tile is two 64-row boxes */
     if (!encode(&tq, a.q, a.dtype, a.n, a.hq, D, 128) ||
@@ -712,27 +962,48 @@ mf_status_t launch(const core_args &a, const core_params &p, cudaStream_t s, con
         *why = "cuTensorMapEncodeTiled failed (tensor base or strides not 16-byte aligned?)";
         return MF_INTERNAL;
     }
-    size_t smem = cfg<D, BN>::SMEM;
-    if (MASS && smem < MASS_MIN_SMEM) /* one CTA per SM: the ℓ slots count on it */
+    size_t smem = PERSIST ? pcfg<D>::SMEM : cfg<D, BN>::SMEM;
+    /* one CTA per SM: the ℓ slots count on it; the persistent grid (one CTA an SM) at d 64
+     * (110 KiB) would otherwise let two share an SM while another idles */
+    if ((MASS || PERSIST) && smem < MASS_MIN_SMEM)
         smem = MASS_MIN_SMEM;
+    void (*kern)(CUtensorMap, CUtensorMap, CUtensorMap, core_params) =
+        PERSIST ? persist_kernel<T, D> : core_kernel<T, D, BN, MASS, GATHER>;
+    uint32_t grid = p.n_tiles * p.hq;
+    if (PERSIST) {
+        uint32_t sms;
+        mf_status_t st = sm_count(&sms, why);
+        if (st != MF_OK)
+            return st;
+        /* MF_CORE_PERSIST_CTAS=n: at most n CTAs, so that gpu_check's small shapes walk
+         * several tiles a CTA (buffer reuse, parities, empty tiles) */
+        const char *e = getenv("MF_CORE_PERSIST_CTAS");
+        unsigned long cap = e ? strtoul(e, nullptr, 10) : 0;
+        if (cap >= 1 && cap < sms)
+            sms = (uint32_t)cap;
+        grid = grid < sms ? grid : sms;
+    }
     static std::atomic<uint64_t> raised; /* per instantiation: bit = device */
-    if (smem_limit_once((const void *)core_kernel<T, D, BN, MASS, GATHER>, (int)smem,
-                        &raised) != cudaSuccess) {
+    if (smem_limit_once((const void *)kern, (int)smem, &raised) != cudaSuccess) {
         *why = "could not raise the attention core's shared-memory limit";
         return MF_INTERNAL;
     }
-    core_kernel<T, D, BN, MASS, GATHER><<<p.n_tiles * p.hq, 384, smem, s>>>(tq, tk, tv, p);
+    kern<<<grid, 384, smem, s>>>(tq, tk, tv, p);
     return cuda_status(cudaGetLastError(), why);
 }
 
-/* bn: key block (128 dense); gather: block-64 lists as 128-key tiles (else 64-key tiles) */
+/* bn: key block (128 dense); gather: block-64 lists as 128-key tiles (else 64-key tiles);
+ * persist: those on the persistent kernel */
 template <typename T>
 mf_status_t launch_t(const core_args &a, const core_params &p, uint32_t bn, bool gather,
-                     cudaStream_t s, const char **why)
+                     bool persist, cudaStream_t s, const char **why)
 {
     if (p.mass) /* dense only: 128-key tiles */
         return a.d == 128 ? launch<T, 128, 128, true>(a, p, s, why)
                           : launch<T, 64, 128, true>(a, p, s, why);
+    if (bn == 64 && gather && persist)
+        return a.d == 128 ? launch<T, 128, 128, false, true, true>(a, p, s, why)
+                          : launch<T, 64, 128, false, true, true>(a, p, s, why);
     if (a.d == 128)
         return bn == 128 ? launch<T, 128, 128, false>(a, p, s, why)
                : gather  ? launch<T, 128, 128, false, true>(a, p, s, why)
@@ -747,6 +1018,12 @@ bool env_off(const char *var)
 {
     const char *e = getenv(var);
     return e && !strcmp(e, "0");
+}
+/* The same for a switch that is off by default: on only when set to "1". */
+bool env_on(const char *var)
+{
+    const char *e = getenv(var);
+    return e && !strcmp(e, "1");
 }
 
 } /* namespace */
@@ -804,6 +1081,7 @@ mf_status_t core_launch(const core_args &a, cudaStream_t s, const char **why)
     p.scale_log2 = MF_LOG2E / sqrtf((float)a.d);
     p.pingpong = !env_off("MF_CORE_PINGPONG");
     bool gather = bn == 64 && !env_off("MF_CORE_GATHER");
+    bool persist = gather && env_on("MF_CORE_PERSIST");
     if (a.mass) {
         if (a.keep || !a.lscr || !a.slot_busy || !a.nslots) {
             *why = "masses need the dense iterator and an ℓ scratch";
@@ -821,8 +1099,8 @@ mf_status_t core_launch(const core_args &a, cudaStream_t s, const char **why)
         return MF_UNIMPLEMENTED;
     }
     if (a.dtype == MF_DTYPE_F16)
-        return launch_t<__half>(a, p, bn, gather, s, why);
-    return launch_t<__nv_bfloat16>(a, p, bn, gather, s, why);
+        return launch_t<__half>(a, p, bn, gather, persist, s, why);
+    return launch_t<__nv_bfloat16>(a, p, bn, gather, persist, s, why);
 }
 
 } /* namespace mfc */
@@ -855,17 +1133,7 @@ extern "C" mf_status_t mf_attention_dense_cuda(const mf_qkv_t *t, float *o, floa
 /* Slots for the ℓ scratch: one per SM (at most one mass CTA is resident on each). */
 static mf_status_t mass_slots(uint32_t *nslots, const char **why)
 {
-    int dev = 0, sms = 0;
-    mf_status_t st = mfc::cuda_status(cudaGetDevice(&dev), why);
-    if (st == MF_OK)
-        st = mfc::cuda_status(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev),
-                              why);
-    if (st == MF_OK && sms < 1) {
-        *why = "the device reports no multiprocessors";
-        st = MF_INTERNAL;
-    }
-    *nslots = (uint32_t)sms;
-    return st;
+    return mfc::sm_count(nslots, why);
 }
 
 extern "C" size_t mf_attention_masses_scratch(uint32_t n_tokens)

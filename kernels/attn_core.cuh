@@ -23,7 +23,11 @@
  * The environment's MF_CORE_PINGPONG=0 turns the consumer warpgroups' turn-taking off (an A/B
  * switch for bench/gpu/core_bench.py; bench/gpu/NOTES.md), and MF_CORE_GATHER=0 runs block-64
  * lists on the 64-key-tile kernel instead of gathered 128-key tiles (the same A/B use; both
- * read once per launch). Thread safety: global state is
+ * read once per launch). MF_CORE_PERSIST=1 (default off) runs the gathered block-64 lists on
+ * the persistent kernel instead: min(tiles, SMs) CTAs walking the tiles in the same order,
+ * a tile's list build, Q load and first K / V loads overlapping the previous tile's loop;
+ * MF_CORE_PERSIST_CTAS=n caps its grid (gpu_check: many tiles a CTA on small shapes).
+ * Thread safety: global state is
  * a once-resolved driver entry point (cuTensorMapEncodeTiled through
  * cudaGetDriverEntryPointByVersion) and per-kernel atomic "shared-memory limit raised" flags;
  * each thread keeps its last few tensor maps (thread_local). Any thread, any stream.

@@ -17,7 +17,9 @@ would pick, on one H200 (bench/gpu/NOTES.md has the floors and the versions).
          A/B of the core's block-64 tiles: the same call with MF_CORE_GATHER=0 (the
          64-key-tile kernel instead of gathered 128-key tiles): "BN-64 kernel" ms, its
          core-only ms and rel err vs v2; "phantom halves": the share of the gathered
-         tiles' 64-key halves that pad an odd union (union_waste).
+         tiles' 64-key halves that pad an odd union (union_waste). A/B of the persistent
+         gathered kernel: the same call with MF_CORE_PERSIST=1: "persistent" ms, its
+         core-only ms, and whether its O is bit for bit the core's (it should be).
   mix:   (--mix-ns) one layer of 8 prob / 16 mask / 8 compute heads against the sum of each
          mode's heads run alone (MF_APPLY_ONLY), FP8 rows, prob heads on v2 (bench_mix).
   masses: mf_attention_masses_cuda (O, LSE and B = 64 block masses in one pass) vs cuDNN
@@ -570,17 +572,26 @@ def bench_mask(lib, n, dens, reps, rng, flex, log):
         if st != 0:
             raise RuntimeError(f"mf_apply_cuda core {st} {why.value}")
 
-    def bn64_run():  # the A/B: block-64 lists on the 64-key-tile kernel (no gather)
+    def ab_run():  # the core call under an A/B switch: its output and median ms
         o.fill_(float("nan"))
         core_call()
         torch.cuda.synchronize()
         return o.clone(), timeit(core_call, reps)[0]
+    # A/B 1: block-64 lists on the 64-key-tile kernel (no gather)
     gather_off = {"MF_CORE_GATHER": "0"}
-    ob, rec["bn64_ms"] = with_env(gather_off, bn64_run)
+    ob, rec["bn64_ms"] = with_env(gather_off, ab_run)
     rec["bn64_TFLOPs"] = flops / rec["bn64_ms"] / 1e9
     rec["bn64_rel_vs_v2"] = float((ob - outs["v2"]).norm() / outs["v2"].norm())
     rec["bn64_phase_core_ms"] = with_env(dict(gather_off, MF_APPLY_PHASE="core"),
                                          lambda: timeit(core_call, reps))[0]
+    # A/B 2: the persistent gathered kernel (same tile math: O bit for bit the core's)
+    persist = {"MF_CORE_PERSIST": "1"}
+    op, rec["persist_ms"] = with_env(persist, ab_run)
+    rec["persist_TFLOPs"] = flops / rec["persist_ms"] / 1e9
+    rec["persist_same_as_core"] = bool(torch.equal(op, outs["core"]))
+    rec["persist_phase_core_ms"] = with_env(dict(persist, MF_APPLY_PHASE="core"),
+                                            lambda: timeit(core_call, reps))[0]
+    del op
     del ob
     rec.update(phase_split(lib, core_call, reps))
     rec.update(union_waste(keep))
@@ -786,9 +797,11 @@ def table(res, log):
                 f"{r['rows_copy_rows']} |")
     if res["mask"]:
         log("\n| N | density | core ms (TFLOP/s) | BN-64 kernel ms (TFLOP/s) | core / BN-64 |"
-            " core only ms (BN-64) | v2 ms | flex128 ms | flex64 ms | core vs flex128 |"
-            " core/cuDNN per block (BN-64) | rel vs v2 (BN-64) | phantom halves |")
-        log("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+            " core only ms (BN-64) | persistent ms (TFLOP/s) | persistent / core |"
+            " persistent core only ms | persistent = core bits | v2 ms | flex128 ms |"
+            " flex64 ms | core vs flex128 | core/cuDNN per block (BN-64, persistent) |"
+            " rel vs v2 (BN-64) | phantom halves |")
+        log("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     dense = {r["N"]: r for r in res["dense"]}
     for r in res["mask"]:
         f128, f64 = r.get("flex128_ms"), r.get("flex64_ms")
@@ -796,14 +809,19 @@ def table(res, log):
         per_block = r["core_TFLOPs"] / sd["sdpa_TFLOPs"] if sd else float("nan")
         b64 = r.get("bn64_ms")  # absent in JSON from before the gather A/B
         b64_block = r["bn64_TFLOPs"] / sd["sdpa_TFLOPs"] if sd and b64 else float("nan")
+        pm = r.get("persist_ms")  # absent in JSON from before the persistent A/B
+        p_block = r["persist_TFLOPs"] / sd["sdpa_TFLOPs"] if sd and pm else float("nan")
         log(f"| {r['N']} | {r['density']:.3f} | {r['core_ms']:.3f} ({r['core_TFLOPs']:.0f}) | "
             + (f"{b64:.3f} ({r['bn64_TFLOPs']:.0f}) | {r['core_ms'] / b64:.3f} | "
                f"{r['phase_core_ms']:.3f} ({r['bn64_phase_core_ms']:.3f}) | " if b64
                else "- | - | - | ")
+            + (f"{pm:.3f} ({r['persist_TFLOPs']:.0f}) | {pm / r['core_ms']:.3f} | "
+               f"{r['persist_phase_core_ms']:.3f} | {r['persist_same_as_core']} | " if pm
+               else "- | - | - | - | ")
             + f"{r['v2_ms']:.3f} | {f128 if f128 is None else round(f128, 3)} | "
             f"{f64 if f64 is None else round(f64, 3)} | "
             f"{(f128 / r['core_ms']) if f128 else float('nan'):.2f}x | {per_block:.2f} "
-            f"({b64_block:.2f}) | {r['core_rel_vs_v2']:.1e} "
+            f"({b64_block:.2f}, {p_block:.2f}) | {r['core_rel_vs_v2']:.1e} "
             f"({r.get('bn64_rel_vs_v2', float('nan')):.1e}) | "
             f"{100 * r.get('phantom_share', float('nan')):.1f} % |")
     if any("phase_prepass_ms" in r for r in res["mask"]):

@@ -14,7 +14,8 @@
  *            counted apart); 0 above the diagonal; bad arguments refused.
  *   apply:   ‖O − O_ref‖ / ‖O_ref‖ ≤ 2e-3 per head mode, every element written; each case
  *            runs both implementations (core: the sm_90a core for mask / compute heads with
- *            v2 for prob heads; v2 alone; at B = 64 also the core with MF_CORE_GATHER=0) and
+ *            v2 for prob heads; v2 alone; at B = 64 also the core with MF_CORE_GATHER=0 and
+ *            with MF_CORE_PERSIST=1, on one CTA per SM and on 3 CTAs) and
  *            checks that the removed v3 is refused,
  *            with head modes mixed inside a KV group or uniform per group. The core path
  *            also runs with its bench switches (per-call scratch, the old pre-pass, each mode
@@ -1410,15 +1411,25 @@ static int check_apply(const app_case_t *c, uint64_t seed)
     CK(cudaMalloc((void **)&d_o, on * 4));
     CK(cudaMalloc((void **)&dbad, 4));
     /* core BN64: MF_CORE_GATHER=0, block-64 lists on the 64-key-tile kernel instead of the
-     * gathered 128-key tiles (the bench's A/B; not bit-identical: other summation order) */
-    static const struct { const char *label; mf_apply_impl_t impl; int gather_off; } impls[] = {
-        { "core", MF_APPLY_IMPL_CORE, 0 },
-        { "core BN64", MF_APPLY_IMPL_CORE, 1 },
-        { "v2", MF_APPLY_IMPL_V2, 0 },
+     * gathered 128-key tiles (the bench's A/B; not bit-identical: other summation order);
+     * core persist: MF_CORE_PERSIST=1, the persistent gathered kernel, on one CTA per SM
+     * and on 3 CTAs (MF_CORE_PERSIST_CTAS), so that a CTA walks many tiles: both Q / list
+     * buffers reused, the K / V ring across tiles, the other modes' empty tiles skipped */
+    static const struct {
+        const char *label;
+        mf_apply_impl_t impl;
+        const char *env, *val, *ctas; /* B = 64 only when env is set */
+        int same;                     /* 1: bit for bit the "core" run's O (same tile math) */
+    } impls[] = {
+        { "core", MF_APPLY_IMPL_CORE, NULL, NULL, NULL, 0 },
+        { "core BN64", MF_APPLY_IMPL_CORE, "MF_CORE_GATHER", "0", NULL, 0 },
+        { "core persist", MF_APPLY_IMPL_CORE, "MF_CORE_PERSIST", "1", NULL, 1 },
+        { "core persist3", MF_APPLY_IMPL_CORE, "MF_CORE_PERSIST", "1", "3", 1 },
+        { "v2", MF_APPLY_IMPL_V2, NULL, NULL, NULL, 0 },
     };
     int pass = 1;
     for (size_t v = 0; v < sizeof(impls) / sizeof(impls[0]); v++) {
-        if (impls[v].gather_off && c->b != 64)
+        if (impls[v].env && c->b != 64)
             continue;
         char label[128];
         snprintf(label, sizeof(label), "apply %s %s", impls[v].label, base);
@@ -1429,17 +1440,21 @@ static int check_apply(const app_case_t *c, uint64_t seed)
         mf_apply_cuda_args_t ga = { .rows = dptr, .n_rows = full, .map = &map, .tgt = tgt.dev,
                                     .block_size = c->b, .exact = exact, .exact_first = 0,
                                     .exact_last = 1, .o = d_o, .bad_rows = dbad };
-        if (impls[v].gather_off)
-            setenv("MF_CORE_GATHER", "0", 1);
+        if (impls[v].env)
+            setenv(impls[v].env, impls[v].val, 1);
+        if (impls[v].ctas)
+            setenv("MF_CORE_PERSIST_CTAS", impls[v].ctas, 1);
         mf_status_t st = mf_apply_cuda_impl(&ga, impls[v].impl, 0, &why);
-        unsetenv("MF_CORE_GATHER");
+        if (impls[v].env)
+            unsetenv(impls[v].env);
+        unsetenv("MF_CORE_PERSIST_CTAS");
         if (st != MF_OK)
             printf("%s: mf_apply_cuda: %s (%s)\n", name, mf_status_name(st), why);
         CK(cudaDeviceSynchronize());
         CK(cudaGetLastError());
         CK(cudaMemcpy(o_gpu, d_o, on * 4, cudaMemcpyDeviceToHost));
         CK(cudaMemcpy(&bad, dbad, 4, cudaMemcpyDeviceToHost));
-        if (impls[v].impl == MF_APPLY_IMPL_CORE && !impls[v].gather_off)
+        if (impls[v].impl == MF_APPLY_IMPL_CORE && !impls[v].env)
             memcpy(o_core, o_gpu, on * 4);
         /* error per mode (a head's rows in exact blocks count as compute) */
         double num[3] = { 0 }, den[3] = { 0 };
@@ -1472,6 +1487,13 @@ static int check_apply(const app_case_t *c, uint64_t seed)
             snprintf(metric, sizeof(metric), "rel err %s", mn[md]);
             report(name, metric, rel, 2e-3, rel <= 2e-3);
             ok &= rel <= 2e-3;
+        }
+        if (impls[v].same) {
+            size_t diff = 0;
+            for (size_t x = 0; x < on; x++)
+                diff += memcmp(&o_gpu[x], &o_core[x], 4) != 0;
+            report(name, "bits vs core", (double)diff, 0, diff == 0);
+            ok &= diff == 0;
         }
         pass &= ok;
     }
