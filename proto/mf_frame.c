@@ -1,6 +1,7 @@
 /* mf_frame — incremental frame reader and frame encoder (see mf_frame.h). */
 #include "mf_frame.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -182,6 +183,23 @@ static int read_varint(const uint8_t **p, const uint8_t *end, uint64_t *v)
     return -1;
 }
 
+/* Whether a message of type d can hold a string field, itself or in a submessage (a type
+ * nested deeper than 16 counts as yes). The NUL walk below skips submessages that cannot:
+ * a GetReply's thousands of RowRefs are not walked again at all. */
+static int desc_has_strings(const ProtobufCMessageDescriptor *d, int depth)
+{
+    if (depth >= 16)
+        return 1;
+    for (unsigned i = 0; i < d->n_fields; i++) {
+        const ProtobufCFieldDescriptor *fd = &d->fields[i];
+        if (fd->type == PROTOBUF_C_TYPE_STRING ||
+            (fd->type == PROTOBUF_C_TYPE_MESSAGE && fd->descriptor != d &&
+             desc_has_strings(fd->descriptor, depth + 1)))
+            return 1;
+    }
+    return 0;
+}
+
 /* protobuf-c hands strings over as C strings, so one carrying a NUL would be read cut
  * short ("ab\0cd" as "ab", "token\0junk" as "token"). The message decoded already; walk
  * its wire bytes with the descriptors and refuse a NUL in any string field. */
@@ -189,6 +207,8 @@ static int strings_have_nul(const ProtobufCMessageDescriptor *d, const uint8_t *
                             size_t len, int depth)
 {
     const uint8_t *end = p + len;
+    const ProtobufCFieldDescriptor *last = NULL; /* a repeated field's elements come together */
+    int last_nested = 0;
     while (p < end) {
         uint64_t key, n;
         if (read_varint(&p, end, &key) != 0)
@@ -204,10 +224,17 @@ static int strings_have_nul(const ProtobufCMessageDescriptor *d, const uint8_t *
             if (read_varint(&p, end, &n) != 0 || n > (uint64_t)(end - p))
                 return 0;
             const ProtobufCFieldDescriptor *fd =
-                protobuf_c_message_descriptor_get_field(d, (unsigned)(key >> 3));
+                last && last->id == (uint32_t)(key >> 3)
+                    ? last
+                    : protobuf_c_message_descriptor_get_field(d, (unsigned)(key >> 3));
+            if (fd != last) {
+                last = fd;
+                last_nested = fd && fd->type == PROTOBUF_C_TYPE_MESSAGE &&
+                              desc_has_strings(fd->descriptor, depth + 1);
+            }
             if (fd && fd->type == PROTOBUF_C_TYPE_STRING && memchr(p, 0, (size_t)n))
                 return 1;
-            if (fd && fd->type == PROTOBUF_C_TYPE_MESSAGE && depth < 16 &&
+            if (last_nested && depth < 16 &&
                 strings_have_nul(fd->descriptor, p, (size_t)n, depth + 1))
                 return 1;
             p += n;
@@ -219,27 +246,113 @@ static int strings_have_nul(const ProtobufCMessageDescriptor *d, const uint8_t *
     return 0;
 }
 
+/*
+ * The memory of one decoded envelope: protobuf-c allocates every submessage, repeated
+ * array and string through this bump allocator (a GetReply of 15,360 RowRefs would
+ * otherwise be 15,360 mallocs and as many frees), frees are no-ops, and the chunks go
+ * together in mf_envelope_free. The envelope itself is protobuf-c's first allocation,
+ * so it sits at the start of the first chunk and finds its chunks from there.
+ */
+typedef struct dec_chunk {
+    struct dec_chunk *next; /* the first chunk: the later ones; a later one: the next */
+    size_t cap, used;
+    max_align_t data[];
+} dec_chunk_t;
+
+typedef struct dec_arena {
+    dec_chunk_t *first, *cur;
+    size_t total;     /* bytes of every chunk: the next one doubles it */
+    int failed;
+} dec_arena_t;
+
+#define DEC_ALIGN 16u
+
+static dec_chunk_t *dec_chunk_new(size_t cap)
+{
+    dec_chunk_t *c = malloc(sizeof(*c) + cap);
+    if (c)
+        *c = (dec_chunk_t){NULL, cap, 0};
+    return c;
+}
+
+static void *dec_alloc(void *state, size_t size)
+{
+    dec_arena_t *a = state;
+    size = (size + DEC_ALIGN - 1) & ~(size_t)(DEC_ALIGN - 1);
+    dec_chunk_t *c = a->cur;
+    if (c->cap - c->used < size) {
+        size_t cap = a->total > size ? a->total : size;
+        dec_chunk_t *nc = size <= SIZE_MAX / 2 ? dec_chunk_new(cap) : NULL;
+        if (!nc) {
+            a->failed = 1;
+            return NULL;
+        }
+        nc->next = a->first->next; /* the first chunk heads the list of the later ones */
+        a->first->next = nc;
+        a->cur = c = nc;
+        a->total += cap;
+    }
+    void *p = (uint8_t *)c->data + c->used;
+    c->used += size;
+    return p;
+}
+
+static void dec_free(void *state, void *p)
+{
+    (void)state;
+    (void)p; /* the chunks go together */
+}
+
+static void dec_chunks_free(dec_chunk_t *first)
+{
+    if (!first)
+        return;
+    for (dec_chunk_t *c = first->next, *n; c; c = n) {
+        n = c->next;
+        free(c);
+    }
+    free(first);
+}
+
 mf_status_t mf_envelope_decode(const mf_frame_t *f, mf_envelope_t **env, const char **why)
 {
     const char *dummy;
     if (!why)
         why = &dummy;
-    *env = mapflow__v1__envelope__unpack(NULL, f->msg_len, f->msg);
-    if (!*env) {
-        *why = "malformed message";
-        return MF_INVALID_ARGUMENT;
-    }
-    if ((*env)->body_case == MAPFLOW__V1__ENVELOPE__BODY__NOT_SET) {
-        mapflow__v1__envelope__free_unpacked(*env, NULL);
+    /* The unpacked form is a few times the wire size (RowRef: ~30 wire bytes, an 80-byte
+     * struct, its pointer and 32 bytes of protobuf-c scan state); pages a chunk does not
+     * use are never touched. */
+    size_t cap = 1024 + 6 * (size_t)f->msg_len;
+    dec_arena_t a = {dec_chunk_new(cap), NULL, cap, 0};
+    if (!a.first) {
         *env = NULL;
-        *why = "unknown message type";
-        return MF_UNIMPLEMENTED;
+        *why = "out of memory";
+        return MF_RESOURCE_EXHAUSTED;
     }
-    if (strings_have_nul(&mapflow__v1__envelope__descriptor, f->msg, f->msg_len, 0)) {
-        mapflow__v1__envelope__free_unpacked(*env, NULL);
+    a.cur = a.first;
+    ProtobufCAllocator al = {dec_alloc, dec_free, &a};
+    *env = mapflow__v1__envelope__unpack(&al, f->msg_len, f->msg);
+    const char *bad = NULL;
+    mf_status_t st = MF_INVALID_ARGUMENT;
+    if (!*env && a.failed) {
+        bad = "out of memory";
+        st = MF_RESOURCE_EXHAUSTED;
+    } else if (!*env) {
+        bad = "malformed message";
+    } else if ((void *)*env != (void *)a.first->data) {
+        bad = "decoder's envelope outside its arena"; /* a protobuf-c that allocates otherwise */
+        st = MF_INTERNAL;
+    } else if ((*env)->body_case == MAPFLOW__V1__ENVELOPE__BODY__NOT_SET) {
+        bad = "unknown message type";
+        st = MF_UNIMPLEMENTED;
+    } else if (strings_have_nul(&mapflow__v1__envelope__descriptor, f->msg, f->msg_len, 0)) {
+        bad = "a string field contains a NUL byte";
+    }
+    if (bad) {
+        dec_chunks_free(a.first);
         *env = NULL;
-        *why = "a string field contains a NUL byte";
-        return MF_INVALID_ARGUMENT;
+        *why = bad;
+        return st;
     }
     return MF_OK;
 }
@@ -247,7 +360,7 @@ mf_status_t mf_envelope_decode(const mf_frame_t *f, mf_envelope_t **env, const c
 void mf_envelope_free(mf_envelope_t *env)
 {
     if (env)
-        mapflow__v1__envelope__free_unpacked(env, NULL);
+        dec_chunks_free((dec_chunk_t *)((uint8_t *)env - offsetof(dec_chunk_t, data)));
 }
 
 static mf_status_t encode(const mf_envelope_t *env, const void *payload, size_t payload_len,

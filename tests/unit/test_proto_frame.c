@@ -218,6 +218,123 @@ static void test_nul_in_strings(void **s)
     }
 }
 
+/* A GetReply of many RowRefs decodes field for field, through the decoder's arena: empty
+ * rows (2 wire bytes, an 80-byte struct) among random ones make it outgrow its first
+ * chunk, so later chunks are exercised; a truncated copy is refused with nothing leaked. */
+static void test_get_reply_many_rows(void **s)
+{
+    (void)s;
+    for (int t = 0; t < 3; t++) {
+        size_t n = 5000 + rnd() % 20000;
+        Mapflow__V1__RowRef *rr = calloc(n, sizeof(*rr));
+        Mapflow__V1__RowRef **rp = malloc(n * sizeof(*rp));
+        assert_non_null(rr);
+        assert_non_null(rp);
+        for (size_t i = 0; i < n; i++) {
+            mapflow__v1__row_ref__init(&rr[i]);
+            rp[i] = &rr[i];
+            if (rnd() % 4 != 0)
+                continue; /* every field default: the smallest wire form (3 in 4) */
+            rr[i].status = rnd() % MF_STATUS_COUNT;
+            rr[i].layer = rnd() % 64;
+            rr[i].block = rnd();
+            rr[i].tier = (Mapflow__V1__Tier)(rnd() % 3);
+            rr[i].length = ((uint64_t)rnd() << 20) ^ rnd();
+            rr[i].lease_id = ((uint64_t)rnd() << 32) | rnd();
+            rr[i].arena_offset = ((uint64_t)rnd() << 4) & ~(uint64_t)15;
+            rr[i].gpu_arena = rnd() % 8;
+        }
+        Mapflow__V1__GetReply gr = MAPFLOW__V1__GET_REPLY__INIT;
+        gr.n_rows = n;
+        gr.rows = rp;
+        gr.lease_ttl_ms = 1 + rnd();
+        mf_envelope_t env = MAPFLOW__V1__ENVELOPE__INIT;
+        env.request_id = rnd();
+        env.body_case = MAPFLOW__V1__ENVELOPE__BODY_GET_REPLY;
+        env.get_reply = &gr;
+        size_t len = mapflow__v1__envelope__get_packed_size(&env);
+        uint8_t *buf = malloc(len);
+        assert_int_equal(mapflow__v1__envelope__pack(&env, buf), len);
+        mf_frame_t fr = {buf, (uint32_t)len, NULL, 0};
+        mf_envelope_t *out = NULL;
+        const char *why = NULL;
+        assert_int_equal(mf_envelope_decode(&fr, &out, &why), MF_OK);
+        assert_int_equal(out->request_id, env.request_id);
+        assert_int_equal(out->body_case, MAPFLOW__V1__ENVELOPE__BODY_GET_REPLY);
+        const Mapflow__V1__GetReply *g = out->get_reply;
+        assert_int_equal(g->n_rows, n);
+        assert_int_equal(g->lease_ttl_ms, gr.lease_ttl_ms);
+        for (size_t i = 0; i < n; i++) {
+            const Mapflow__V1__RowRef *a = g->rows[i], *b = &rr[i];
+            assert_int_equal(a->status, b->status);
+            assert_int_equal(a->layer, b->layer);
+            assert_int_equal(a->block, b->block);
+            assert_int_equal(a->tier, b->tier);
+            assert_int_equal(a->length, b->length);
+            assert_int_equal(a->lease_id, b->lease_id);
+            assert_int_equal(a->arena_offset, b->arena_offset);
+            assert_int_equal(a->gpu_arena, b->gpu_arena);
+        }
+        mf_envelope_free(out);
+        fr.msg_len = (uint32_t)(len - 1 - rnd() % 8); /* cut inside the last row */
+        assert_int_equal(mf_envelope_decode(&fr, &out, &why), MF_INVALID_ARGUMENT);
+        assert_null(out);
+        free(buf);
+        free(rp);
+        free(rr);
+    }
+}
+
+/* A NUL in the string of a later element of a repeated submessage (Get.keys[i].model) is
+ * found too: the walk reuses what it learnt of the field from the first element. */
+static void test_nul_in_later_key(void **s)
+{
+    (void)s;
+    for (int t = 0; t < 50; t++) {
+        size_t n = 2 + rnd() % 30, bad = 1 + rnd() % (n - 1);
+        char models[32][12];
+        uint8_t hash[16];
+        Mapflow__V1__Key k[32], *kp[32];
+        for (size_t j = 0; j < 16; j++)
+            hash[j] = (uint8_t)rnd();
+        for (size_t i = 0; i < n; i++) {
+            for (size_t j = 0; j + 1 < sizeof models[i]; j++)
+                models[i][j] = (char)('a' + rnd() % 26);
+            models[i][sizeof models[i] - 1] = 0;
+            mapflow__v1__key__init(&k[i]);
+            k[i].model = models[i];
+            k[i].layer = rnd() % 80;
+            k[i].hash.data = hash;
+            k[i].hash.len = 16;
+            kp[i] = &k[i];
+        }
+        Mapflow__V1__Get g = MAPFLOW__V1__GET__INIT;
+        g.n_keys = n;
+        g.keys = kp;
+        mf_envelope_t env = MAPFLOW__V1__ENVELOPE__INIT;
+        env.body_case = MAPFLOW__V1__ENVELOPE__BODY_GET;
+        env.get = &g;
+        uint8_t buf[2048];
+        size_t len = mapflow__v1__envelope__pack(&env, buf);
+        mf_frame_t fr = {buf, (uint32_t)len, NULL, 0};
+        mf_envelope_t *out;
+        const char *why;
+        assert_int_equal(mf_envelope_decode(&fr, &out, &why), MF_OK);
+        assert_int_equal(out->get->n_keys, n);
+        assert_string_equal(out->get->keys[bad]->model, models[bad]);
+        mf_envelope_free(out);
+        uint8_t *at = NULL;
+        for (size_t i = 0; !at && i + sizeof models[bad] - 1 <= len; i++)
+            if (memcmp(buf + i, models[bad], sizeof models[bad] - 1) == 0)
+                at = buf + i;
+        assert_non_null(at);
+        at[1 + rnd() % (strlen(models[bad]) - 1)] = 0;
+        assert_int_equal(mf_envelope_decode(&fr, &out, &why), MF_INVALID_ARGUMENT);
+        assert_non_null(strstr(why, "NUL"));
+        assert_null(out);
+    }
+}
+
 static void test_unknown_type_and_garbage(void **s)
 {
     (void)s;
@@ -285,6 +402,8 @@ int main(void)
         cmocka_unit_test(test_bad_lengths_and_truncation),
         cmocka_unit_test(test_unknown_type_and_garbage),
         cmocka_unit_test(test_nul_in_strings),
+        cmocka_unit_test(test_nul_in_later_key),
+        cmocka_unit_test(test_get_reply_many_rows),
         cmocka_unit_test(test_status_table),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
