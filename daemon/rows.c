@@ -676,6 +676,7 @@ struct get_op {
     size_t n_rows, outstanding;
     get_row_t *rows;
     double t0;
+    uint64_t now_ms;         /* get_run: the rows' access time (one clock read per Get) */
 };
 
 static void get_op_free(get_op_t *op)
@@ -1010,7 +1011,7 @@ static void resolve_row(get_op_t *op, get_row_t *r)
 {
     mfd_server_t *s = op->c->srv;
     mfd_entry_t *e = r->e;
-    mfd_store_touch(&s->store, e);
+    mfd_store_touch_at(&s->store, e, op->now_ms);
     if (!op->lease_mode && r->ref.status != MF_OK)
         return; /* OUT_OF_RANGE: no room in this reply */
     mfd_view_t v;
@@ -1142,6 +1143,7 @@ static void get_run(get_op_t *op)
 {
     mfd_conn_t *c = op->c;
     op->outstanding = 1; /* held by this function until every row has started */
+    op->now_ms = (uint64_t)mf_now_ms();
     mfd_conn_hold(c);
     for (size_t i = 0; i < op->n_rows; i++)
         if (op->rows[i].e && (op->rows[i].ref.status == MF_OK ||

@@ -363,11 +363,111 @@ void mf_envelope_free(mf_envelope_t *env)
         dec_chunks_free((dec_chunk_t *)((uint8_t *)env - offsetof(dec_chunk_t, data)));
 }
 
+/*
+ * GetReply envelopes packed by hand: byte for byte what protobuf-c writes (fields in
+ * number order, proto3 zeros left out, enums as int32 varints; test_proto_frame compares
+ * the two on random replies), without its per-field descriptor walk, done twice (size,
+ * then pack) for each of a leased prefix Get's 15,360 RowRefs. Any unknown fields: the
+ * generic packer.
+ */
+static size_t varint_size(uint64_t v)
+{
+    size_t n = 1;
+    while (v >= 0x80) {
+        v >>= 7;
+        n++;
+    }
+    return n;
+}
+
+static uint8_t *varint_put(uint8_t *p, uint64_t v)
+{
+    while (v >= 0x80) {
+        *p++ = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    *p++ = (uint8_t)v;
+    return p;
+}
+
+/* A proto3 scalar field of number n < 16 (one tag byte): 0 when v is 0 (not written). */
+#define FIELD_SIZE(v) ((v) ? 1 + varint_size(v) : 0)
+#define ENUM_U64(e) ((uint64_t)(int64_t)(int32_t)(e))
+
+static size_t row_ref_size(const Mapflow__V1__RowRef *r)
+{
+    return FIELD_SIZE(r->status) + FIELD_SIZE(r->layer) + FIELD_SIZE(r->block) +
+           FIELD_SIZE(ENUM_U64(r->tier)) + FIELD_SIZE(r->length) + FIELD_SIZE(r->lease_id) +
+           FIELD_SIZE(r->arena_offset) + FIELD_SIZE(r->payload_offset) +
+           FIELD_SIZE(r->gpu_arena);
+}
+
+static uint8_t *field_put(uint8_t *p, unsigned n, uint64_t v)
+{
+    if (!v)
+        return p;
+    *p++ = (uint8_t)(n << 3);
+    return varint_put(p, v);
+}
+
+/* The GetReply body's size, or 0 with *generic set when it needs the generic packer. */
+static size_t get_reply_size(const Mapflow__V1__GetReply *g, int *generic)
+{
+    size_t n = FIELD_SIZE(g->lease_ttl_ms);
+    *generic = g->base.n_unknown_fields != 0;
+    for (size_t i = 0; i < g->n_rows && !*generic; i++) {
+        const Mapflow__V1__RowRef *r = g->rows[i];
+        size_t m = row_ref_size(r);
+        *generic = r->base.n_unknown_fields != 0;
+        n += 1 + varint_size(m) + m;
+    }
+    return n;
+}
+
+static size_t get_reply_env_size(const mf_envelope_t *env, size_t *body, int *generic)
+{
+    *generic = env->base.n_unknown_fields != 0 || !env->get_reply;
+    if (*generic)
+        return 0;
+    *body = get_reply_size(env->get_reply, generic);
+    return FIELD_SIZE(env->request_id) +
+           varint_size((uint64_t)MAPFLOW__V1__ENVELOPE__BODY_GET_REPLY << 3 | 2) +
+           varint_size(*body) + *body;
+}
+
+static void get_reply_env_pack(const mf_envelope_t *env, size_t body, uint8_t *p)
+{
+    const Mapflow__V1__GetReply *g = env->get_reply;
+    p = field_put(p, 1, env->request_id);
+    p = varint_put(p, (uint64_t)MAPFLOW__V1__ENVELOPE__BODY_GET_REPLY << 3 | 2);
+    p = varint_put(p, body);
+    for (size_t i = 0; i < g->n_rows; i++) {
+        const Mapflow__V1__RowRef *r = g->rows[i];
+        *p++ = 1 << 3 | 2;
+        p = varint_put(p, row_ref_size(r));
+        p = field_put(p, 1, r->status);
+        p = field_put(p, 2, r->layer);
+        p = field_put(p, 3, r->block);
+        p = field_put(p, 4, ENUM_U64(r->tier));
+        p = field_put(p, 5, r->length);
+        p = field_put(p, 6, r->lease_id);
+        p = field_put(p, 7, r->arena_offset);
+        p = field_put(p, 8, r->payload_offset);
+        p = field_put(p, 9, r->gpu_arena);
+    }
+    field_put(p, 2, g->lease_ttl_ms);
+}
+
 static mf_status_t encode(const mf_envelope_t *env, const void *payload, size_t payload_len,
                           int copy_payload, uint32_t max_frame, uint8_t **out,
                           size_t *out_len)
 {
-    size_t mlen = mapflow__v1__envelope__get_packed_size(env);
+    size_t body = 0;
+    int generic = 1;
+    size_t mlen = env->body_case == MAPFLOW__V1__ENVELOPE__BODY_GET_REPLY
+                      ? get_reply_env_size(env, &body, &generic) : 0;
+    if (generic)
+        mlen = mapflow__v1__envelope__get_packed_size(env);
     uint64_t flen = 4ull + mlen + payload_len;
     if (flen > max_frame)
         return MF_RESOURCE_EXHAUSTED;
@@ -377,7 +477,10 @@ static mf_status_t encode(const mf_envelope_t *env, const void *payload, size_t 
         return MF_RESOURCE_EXHAUSTED;
     put_u32le(b, (uint32_t)flen);
     put_u32le(b + 4, (uint32_t)mlen);
-    mapflow__v1__envelope__pack(env, b + 8);
+    if (generic)
+        mapflow__v1__envelope__pack(env, b + 8);
+    else
+        get_reply_env_pack(env, body, b + 8);
     if (copy_payload && payload_len)
         memcpy(b + 8 + mlen, payload, payload_len);
     *out = b;
