@@ -314,6 +314,136 @@ static void dec_chunks_free(dec_chunk_t *first)
     free(first);
 }
 
+/* Back to an empty first chunk (a fast decode that handed the message to protobuf-c). */
+static void dec_reset(dec_arena_t *a)
+{
+    for (dec_chunk_t *c = a->first->next, *n; c; c = n) {
+        n = c->next;
+        free(c);
+    }
+    a->first->next = NULL;
+    a->first->used = 0;
+    a->cur = a->first;
+    a->total = a->first->cap;
+    a->failed = 0;
+}
+
+/*
+ * GetReply envelopes decoded by hand into the arena, the same structs protobuf-c would
+ * make: a leased prefix Get's reply is 15,360 RowRefs, which protobuf-c scans, sorts into
+ * per-field slabs and unpacks through the descriptors one by one. Only the plain form
+ * is taken (one-byte tags of known fields, each of its wire type; 32-bit fields below
+ * 2^32; GetReply once; varints of up to 10 bytes read as protobuf-c reads them): anything else, unknown fields or
+ * malformed bytes included, returns -1 and goes to protobuf-c, whose answer stands.
+ */
+static int row_ref_fast(const uint8_t *p, const uint8_t *end, Mapflow__V1__RowRef *r)
+{
+    while (p < end) {
+        uint8_t key = *p++;
+        uint64_t v;
+        if ((key & 0x87) != 0 || read_varint(&p, end, &v) != 0)
+            return -1; /* wire type 0 and a field below 16 */
+        unsigned n = key >> 3;
+        if (n >= 5 && n <= 8) {
+            *(n == 5 ? &r->length : n == 6 ? &r->lease_id : n == 7 ? &r->arena_offset
+                                                                 : &r->payload_offset) = v;
+        } else if (v > UINT32_MAX) {
+            return -1;
+        } else if (n == 4) {
+            if (v > INT32_MAX)
+                return -1;
+            r->tier = (Mapflow__V1__Tier)v;
+        } else if (n == 1 || n == 2 || n == 3 || n == 9) {
+            *(n == 1 ? &r->status : n == 2 ? &r->layer : n == 3 ? &r->block
+                                                                : &r->gpu_arena) = (uint32_t)v;
+        } else {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Rows counted first (pass 1), then decoded into one array of RowRefs. */
+static int get_reply_fast(const uint8_t *p, const uint8_t *end, Mapflow__V1__GetReply *g,
+                          dec_arena_t *a)
+{
+    size_t n = 0;
+    for (const uint8_t *q = p; q < end;) {
+        uint8_t key = *q++;
+        uint64_t v;
+        if (read_varint(&q, end, &v) != 0)
+            return -1;
+        if (key == (1 << 3 | 2)) {
+            if (v > (uint64_t)(end - q))
+                return -1;
+            q += v;
+            n++;
+        } else if (key != (2 << 3 | 0)) {
+            return -1;
+        }
+    }
+    Mapflow__V1__RowRef *rows = NULL;
+    if (n) {
+        g->rows = dec_alloc(a, n * sizeof(*g->rows));
+        rows = dec_alloc(a, n * sizeof(*rows));
+        if (!g->rows || !rows)
+            return -1;
+    }
+    while (p < end) {
+        uint8_t key = *p++;
+        uint64_t v;
+        read_varint(&p, end, &v); /* pass 1 read it */
+        if (key == (2 << 3 | 0)) {
+            g->lease_ttl_ms = v;
+            continue;
+        }
+        Mapflow__V1__RowRef *r = &rows[g->n_rows];
+        mapflow__v1__row_ref__init(r);
+        if (row_ref_fast(p, p + v, r) != 0)
+            return -1;
+        g->rows[g->n_rows++] = r;
+        p += v;
+    }
+    return 0;
+}
+
+/* 0: *env is the GetReply envelope, the arena's first allocation. */
+static int get_reply_env_fast(const uint8_t *p, size_t len, dec_arena_t *a,
+                              mf_envelope_t **env)
+{
+    const uint8_t *end = p + len;
+    mf_envelope_t *e = dec_alloc(a, sizeof(*e));
+    Mapflow__V1__GetReply *g = dec_alloc(a, sizeof(*g));
+    if (!e || !g || (void *)e != (void *)a->first->data)
+        return -1;
+    mapflow__v1__envelope__init(e);
+    mapflow__v1__get_reply__init(g);
+    while (p < end) {
+        uint64_t v;
+        if (*p == (1 << 3 | 0)) {
+            p++;
+            if (read_varint(&p, end, &v) != 0)
+                return -1;
+            e->request_id = v;
+        } else if (end - p >= 2 && p[0] == (uint8_t)(0x80 | (22 << 3 | 2)) && p[1] == 22 >> 4 &&
+                   !e->get_reply) {
+            p += 2;
+            if (read_varint(&p, end, &v) != 0 || v > (uint64_t)(end - p) ||
+                get_reply_fast(p, p + v, g, a) != 0)
+                return -1;
+            e->body_case = MAPFLOW__V1__ENVELOPE__BODY_GET_REPLY;
+            e->get_reply = g;
+            p += v;
+        } else {
+            return -1;
+        }
+    }
+    if (!e->get_reply)
+        return -1;
+    *env = e;
+    return 0;
+}
+
 mf_status_t mf_envelope_decode(const mf_frame_t *f, mf_envelope_t **env, const char **why)
 {
     const char *dummy;
@@ -330,6 +460,9 @@ mf_status_t mf_envelope_decode(const mf_frame_t *f, mf_envelope_t **env, const c
         return MF_RESOURCE_EXHAUSTED;
     }
     a.cur = a.first;
+    if (get_reply_env_fast(f->msg, f->msg_len, &a, env) == 0)
+        return MF_OK; /* no string fields: nothing for the NUL walk */
+    dec_reset(&a);
     ProtobufCAllocator al = {dec_alloc, dec_free, &a};
     *env = mapflow__v1__envelope__unpack(&al, f->msg_len, f->msg);
     const char *bad = NULL;
