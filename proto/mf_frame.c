@@ -505,12 +505,7 @@ void mf_envelope_free(mf_envelope_t *env)
  */
 static size_t varint_size(uint64_t v)
 {
-    size_t n = 1;
-    while (v >= 0x80) {
-        v >>= 7;
-        n++;
-    }
-    return n;
+    return 1 + (size_t)(63 - __builtin_clzll(v | 1)) / 7; /* 7 bits a byte */
 }
 
 static uint8_t *varint_put(uint8_t *p, uint64_t v)
@@ -550,9 +545,8 @@ static size_t get_reply_size(const Mapflow__V1__GetReply *g, int *generic)
     *generic = g->base.n_unknown_fields != 0;
     for (size_t i = 0; i < g->n_rows && !*generic; i++) {
         const Mapflow__V1__RowRef *r = g->rows[i];
-        size_t m = row_ref_size(r);
         *generic = r->base.n_unknown_fields != 0;
-        n += 1 + varint_size(m) + m;
+        n += 2 + row_ref_size(r); /* tag, one length byte (get_reply_env_pack) */
     }
     return n;
 }
@@ -576,8 +570,9 @@ static void get_reply_env_pack(const mf_envelope_t *env, size_t body, uint8_t *p
     p = varint_put(p, body);
     for (size_t i = 0; i < g->n_rows; i++) {
         const Mapflow__V1__RowRef *r = g->rows[i];
+        /* A RowRef is at most 9 × 11 bytes: its length is one byte, filled in after. */
         *p++ = 1 << 3 | 2;
-        p = varint_put(p, row_ref_size(r));
+        uint8_t *len = p++, *at = p;
         p = field_put(p, 1, r->status);
         p = field_put(p, 2, r->layer);
         p = field_put(p, 3, r->block);
@@ -587,6 +582,7 @@ static void get_reply_env_pack(const mf_envelope_t *env, size_t body, uint8_t *p
         p = field_put(p, 7, r->arena_offset);
         p = field_put(p, 8, r->payload_offset);
         p = field_put(p, 9, r->gpu_arena);
+        *len = (uint8_t)(p - at);
     }
     field_put(p, 2, g->lease_ttl_ms);
 }
