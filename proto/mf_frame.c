@@ -451,8 +451,10 @@ mf_status_t mf_envelope_decode(const mf_frame_t *f, mf_envelope_t **env, const c
         why = &dummy;
     /* The unpacked form is a few times the wire size (RowRef: ~30 wire bytes, an 80-byte
      * struct, its pointer and 32 bytes of protobuf-c scan state); pages a chunk does not
-     * use are never touched. */
+     * use are never touched. Past 16 MiB later chunks double it as needed. */
     size_t cap = 1024 + 6 * (size_t)f->msg_len;
+    if (cap > ((size_t)16 << 20))
+        cap = (size_t)16 << 20;
     dec_arena_t a = {dec_chunk_new(cap), NULL, cap, 0};
     if (!a.first) {
         *env = NULL;
