@@ -278,11 +278,15 @@ static dec_chunk_t *dec_chunk_new(size_t cap)
 static void *dec_alloc(void *state, size_t size)
 {
     dec_arena_t *a = state;
+    if (size > SIZE_MAX / 2) {
+        a->failed = 1;
+        return NULL;
+    }
     size = (size + DEC_ALIGN - 1) & ~(size_t)(DEC_ALIGN - 1);
     dec_chunk_t *c = a->cur;
     if (c->cap - c->used < size) {
         size_t cap = a->total > size ? a->total : size;
-        dec_chunk_t *nc = size <= SIZE_MAX / 2 ? dec_chunk_new(cap) : NULL;
+        dec_chunk_t *nc = dec_chunk_new(cap);
         if (!nc) {
             a->failed = 1;
             return NULL;
