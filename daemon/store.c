@@ -626,7 +626,12 @@ void mfd_store_promote_gpu(mfd_store_t *st, mfd_entry_t *e)
 
 void mfd_store_touch(mfd_store_t *st, mfd_entry_t *e)
 {
-    e->last_access_ms = (uint64_t)mf_now_ms();
+    mfd_store_touch_at(st, e, (uint64_t)mf_now_ms());
+}
+
+void mfd_store_touch_at(mfd_store_t *st, mfd_entry_t *e, uint64_t now_ms)
+{
+    e->last_access_ms = now_ms;
     if (e->gpu)
         mfd_lru_touch(st->ix, MFD_LRU_GPU, e);
     if (e->host)

@@ -79,13 +79,17 @@ mf_status_t mf_frame_parse(const void *data, size_t len, uint32_t max_frame,
 /*
  * Unpacks the Envelope of a frame. MF_INVALID_ARGUMENT "malformed message" when
  * protobuf-c rejects it or a string field holds a NUL byte (it would be read cut short),
- * MF_UNIMPLEMENTED "unknown message type" when no known body is set. Free with mf_envelope_free.
+ * MF_UNIMPLEMENTED "unknown message type" when no known body is set. Free with mf_envelope_free
+ * (only envelopes from here: the whole message lives in one arena that goes with it; its
+ * parts are never freed or kept on their own). A plain GetReply is decoded by hand into
+ * the same structs (thousands of RowRefs), anything else by protobuf-c.
  */
 mf_status_t mf_envelope_decode(const mf_frame_t *f, mf_envelope_t **env, const char **why);
 void mf_envelope_free(mf_envelope_t *env);
 
 /*
- * Encodes env (+ payload) as one frame into a malloc'd buffer (*out, *out_len).
+ * Encodes env (+ payload) as one frame into a malloc'd buffer (*out, *out_len); a GetReply
+ * without unknown fields is packed by hand, byte for byte what protobuf-c writes.
  * MF_RESOURCE_EXHAUSTED if it would exceed max_frame (or memory runs out).
  */
 mf_status_t mf_frame_encode(const mf_envelope_t *env, const void *payload,
