@@ -15,7 +15,7 @@
  *   apply:   ‖O − O_ref‖ / ‖O_ref‖ ≤ 2e-3 per head mode, every element written; each case
  *            runs both implementations (core: the sm_90a core for mask / compute heads with
  *            v2 for prob heads; v2 alone; at B = 64 also the core with MF_CORE_GATHER=0 and
- *            with MF_CORE_PERSIST=1, on one CTA per SM and on 3 CTAs) and
+ *            with MF_CORE_PERSIST=1, on one CTA per SM, 3 CTAs and 1) and
  *            checks that the removed v3 is refused,
  *            with head modes mixed inside a KV group or uniform per group. The core path
  *            also runs with its bench switches (per-call scratch, the old pre-pass, each mode
@@ -1413,8 +1413,10 @@ static int check_apply(const app_case_t *c, uint64_t seed)
     /* core BN64: MF_CORE_GATHER=0, block-64 lists on the 64-key-tile kernel instead of the
      * gathered 128-key tiles (the bench's A/B; not bit-identical: other summation order);
      * core persist: MF_CORE_PERSIST=1, the persistent gathered kernel, on one CTA per SM
-     * and on 3 CTAs (MF_CORE_PERSIST_CTAS), so that a CTA walks many tiles: both Q / list
-     * buffers reused, the K / V ring across tiles, the other modes' empty tiles skipped */
+     * and on 3 and 1 CTAs (MF_CORE_PERSIST_CTAS), so that a CTA walks many tiles: both Q / list
+     * buffers reused, the K / V ring across tiles, the other modes' empty tiles skipped; the
+     * runs in a row share the call's cached scratch, so a tile counter left unzeroed by one
+     * shows in the next (tiles skipped: NaN poison left) */
     static const struct {
         const char *label;
         mf_apply_impl_t impl;
@@ -1425,6 +1427,7 @@ static int check_apply(const app_case_t *c, uint64_t seed)
         { "core BN64", MF_APPLY_IMPL_CORE, "MF_CORE_GATHER", "0", NULL, 0 },
         { "core persist", MF_APPLY_IMPL_CORE, "MF_CORE_PERSIST", "1", NULL, 1 },
         { "core persist3", MF_APPLY_IMPL_CORE, "MF_CORE_PERSIST", "1", "3", 1 },
+        { "core persist1", MF_APPLY_IMPL_CORE, "MF_CORE_PERSIST", "1", "1", 1 },
         { "v2", MF_APPLY_IMPL_V2, NULL, NULL, NULL, 0 },
     };
     int pass = 1;
