@@ -720,13 +720,14 @@ __device__ __forceinline__ void store_o(const core_params &p, const float (&o)[D
  * before the launch), in core_kernel's blockIdx order (largest query tile first), so one
  * tile's fixed costs (list build, Q load, first K / V latency) overlap the previous tile's
  * loop. Dynamic, not a static walk b, b + grid, …: a tile's work grows with its query index
- * (causal lists), and the static walk left CTAs with unequal totals (NOTES core v5; 64k and
- * 20–35 % density lost to core_kernel, which the hardware schedules largest-first). Q and the list are double-buffered (buffer k & 1 for the CTA's k-th
- * tile); the K / V ring runs on across tiles (ring position = key tiles walked so far).
- * Producer warpgroup: warp 1 is the lister (lane 0 takes tile k's index, the warp builds its
- * list, lane 0 issues its Q and writes index and count beside the list), the
- * loader (thread 0) issues every tile's K / V into the ring; apart, so that the next list and
- * Q do not wait behind the loads of the tile before. Barriers, per buffer b: list_full[b]
+ * (causal lists) and differs by head, so a static walk leaves CTAs unequal totals (NOTES
+ * core v5.1), where core_kernel's CTAs are handed out as SMs free up. Q and the list are
+ * double-buffered (buffer k & 1 for the CTA's k-th tile); the K / V ring runs on across
+ * tiles (ring position = key tiles walked so far). Producer warpgroup: warp 1 is the lister
+ * (lane 0 takes tile k's index and writes it beside the list, the warp builds the list,
+ * lane 0 writes its count and issues its Q), the loader (thread 0) issues every tile's K / V
+ * into the ring; apart, so that the next list and Q do not wait behind the loads of the tile
+ * before. Barriers, per buffer b: list_full[b]
  * (each lister lane arrives once the list and its count are written: 32), q_full[b] (Q's
  * TMA bytes), tile_free[b] (each consumer thread once it no longer reads that Q and list,
  * and the loader once it has issued the tile's loads: 257). Every tile, empty or not,
@@ -739,8 +740,8 @@ __device__ __forceinline__ void store_o(const core_params &p, const float (&o)[D
  * same tile.
  * Turns (ping-pong) stay consume_tile's per-tile protocol, matched within each tile, none
  * on a skipped one, except that warpgroup 1 gives a non-empty next tile's first turn
- * before its O store rather than after. gpu_check runs it with MF_CORE_PERSIST_CTAS=3
- * (many tiles a CTA). */
+ * before its O store rather than after. gpu_check runs it with MF_CORE_PERSIST_CTAS=3 and 1
+ * (many tiles a CTA). Registers 40 / 232: no spills (ptxas -v), the lister included. */
 template <int D> struct pcfg {
     typedef cfg<D, 128> C;
     static constexpr uint32_t OFF_K = 2 * C::Q_BYTES, OFF_V = OFF_K + C::STAGES * C::KV_BYTES;
