@@ -9,7 +9,8 @@ no deadlock, every tile taken by exactly one CTA, every list / Q / K / V buffer 
 tile it should be and is never overwritten while in use, both consumers of a CTA walk
 exactly the non-empty tiles its lister took, in that order, no named-barrier double
 arrival, turns matched at the end. bench/gpu/NOTES.md
-("core v5") says what it found. Usage: python3 bench/gpu/persist_model.py
+("core v5", "core v5.1") says what it found. Usage: python3 bench/gpu/persist_model.py
+(--sched: instead, the static walk's and the counter's makespans on the bench's patterns)
 """
 import random, sys
 
@@ -201,6 +202,49 @@ def run(counts, grid, seed, pingpong=True):
     for _, _, check in ctas:
         check()
 
+def keep_rows(rnd, nb, dens):
+    """bench/gpu/rows.py patterns() for one head (sink + window + stripes), rows as int
+    bitmasks; pure Python, so its random stripes are not rows.py's draw."""
+    stripes = rnd.sample(range(nb), min(nb, max(1, int(round(0.4 * dens * nb)))))
+    rows = []
+    for i in range(nb):
+        win = max(1, int(round(0.6 * dens * (i + 1))))
+        r = ((1 << (i + 1)) - 1) & ~((1 << max(0, i - win + 1)) - 1)
+        for j in stripes:
+            if j <= i:
+                r |= 1 << j
+        rows.append(r | 1 | (1 << i))
+    return rows
+
+def sched(grid=132, hq=32, fixed_us=1.5, per_kt_us=1.9):
+    """Makespan of the persistent grid, static walk (CTA b: tiles b, b + grid, ...) vs the
+    counter (the next free CTA takes the next tile), tiles in blockIdx order (largest query
+    tile first), a tile costing fixed_us + per_kt_us per gathered 128-key tile of its
+    union list (NOTES core v5: ~1.9 us a key tile)."""
+    import heapq
+    for n in (16384, 32768, 65536):
+        for dens in (0.05, 0.1, 0.2, 0.35):
+            rnd = random.Random(0)
+            nb, nt = n // 64, (n + 127) // 128
+            heads = [keep_rows(rnd, nb, dens) for _ in range(hq)]
+            w = []
+            for i in range(nt * hq):
+                m, t = nt - 1 - i // hq, i % hq
+                u = heads[t][2 * m] | (heads[t][2 * m + 1] if 2 * m + 1 < nb else 0)
+                w.append(fixed_us + per_kt_us * ((bin(u).count("1") + 1) // 2))
+            static = max(sum(w[b::grid]) for b in range(grid))
+            h = [0.0] * grid
+            for x in w:
+                heapq.heappush(h, heapq.heappop(h) + x)
+            ideal = sum(w) / grid
+            print("N %5d density %.2f: static %.3f ms, counter %.3f ms, ideal %.3f ms; "
+                  "static / ideal %.3f, counter / static %.3f"
+                  % (n, dens, static / 1e3, max(h) / 1e3, ideal / 1e3, static / ideal,
+                     max(h) / static))
+
+if "--sched" in sys.argv:
+    sched()
+    sys.exit(0)
 rnd = random.Random(1)
 n = 0
 for trial in range(3000):
