@@ -67,7 +67,7 @@ def cta(counts, ctr, taken, pingpong):
             assert not l_users[b], "list overwritten in use"
             i = ctr[0]; ctr[0] += 1  # atomicAdd
             if i >= total:  # the sentinel: published like a tile, then the lister stops
-                lists[b] = (i, None)
+                lists[b] = (i, lists[b][1] if lists[b] else 0)  # the count stays stale
                 lf[b].arrive()
                 return
             tiles.append(i); taken.append(i)
