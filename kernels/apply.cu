@@ -587,6 +587,7 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
                     !(((uintptr_t)a->tgt.q | (uintptr_t)a->tgt.k | (uintptr_t)a->tgt.v) & 15);
     uint32_t words = (all + 31) / 32;
     size_t host_used = sc.used, o_keep = use_core ? sc.take((size_t)ht * all * words * 4) : 0;
+    size_t o_ctr = use_core ? sc.take(sizeof(uint32_t)) : 0; /* the core's tile counter */
     cudaStream_t s = stream;
     dev_cache *cache = dev_cache_of(g_cache, bs.cache);
     std::unique_lock<std::mutex> lock;
@@ -670,6 +671,7 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
                 ca.block = b;
                 ca.nb = all;
                 ca.words = words;
+                ca.tile_ctr = (uint32_t *)(cs.dev + o_ctr);
                 if (st == MF_OK && (bs.phase == PHASE_ALL || bs.phase == PHASE_CORE))
                     st = core_launch(ca, s, why);
                 p.core = 1;

@@ -228,6 +228,7 @@ struct core_params {
     float *lscr, *mass;
     uint32_t *slot_busy;
     uint32_t nslots, slot_floats, nbm;
+    uint32_t *tile_ctr; /* persist_kernel: the next tile index to take (zeroed per launch) */
 };
 
 #define MAX_TILES 2048
@@ -715,30 +716,38 @@ __device__ __forceinline__ void store_o(const core_params &p, const float (&o)[D
 /* ---- persistent gathered kernel (MF_CORE_PERSIST=1) ------------------------------------
  *
  * Block-64 lists in gathered 128-key tiles, as core_kernel<…, GATHER>, but grid = min(tiles,
- * SMs) CTAs that each walk tiles b, b + grid, … of core_kernel's blockIdx order (largest query
- * tile first), so one tile's fixed costs (list build, Q load, first K / V latency) overlap the
- * previous tile's loop. Q and the list are double-buffered (buffer k & 1 for the CTA's k-th
- * tile); the K / V ring runs on across tiles (ring position = key tiles walked so far).
- * Producer warpgroup: warp 1 is the lister (builds tile k's list, lane 0 issues its Q), the
- * loader (thread 0) issues every tile's K / V into the ring; apart, so that the next list and
- * Q do not wait behind the loads of the tile before. Barriers, per buffer b: list_full[b]
+ * SMs) CTAs that each take their next tile index from a device counter (atomicAdd, zeroed
+ * before the launch), in core_kernel's blockIdx order (largest query tile first), so one
+ * tile's fixed costs (list build, Q load, first K / V latency) overlap the previous tile's
+ * loop. Dynamic, not a static walk b, b + grid, …: a tile's work grows with its query index
+ * (causal lists) and differs by head, so a static walk leaves CTAs unequal totals (NOTES
+ * core v5.1), where core_kernel's CTAs are handed out as SMs free up. Q and the list are
+ * double-buffered (buffer k & 1 for the CTA's k-th tile); the K / V ring runs on across
+ * tiles (ring position = key tiles walked so far). Producer warpgroup: warp 1 is the lister
+ * (lane 0 takes tile k's index and writes it beside the list, the warp builds the list,
+ * lane 0 writes its count and issues its Q), the loader (thread 0) issues every tile's K / V
+ * into the ring; apart, so that the next list and Q do not wait behind the loads of the tile
+ * before. Barriers, per buffer b: list_full[b]
  * (each lister lane arrives once the list and its count are written: 32), q_full[b] (Q's
  * TMA bytes), tile_free[b] (each consumer thread once it no longer reads that Q and list,
  * and the loader once it has issued the tile's loads: 257). Every tile, empty or not,
  * passes list_full and tile_free once, so their parity is (k / 2) & 1; an empty tile (count
  * 0) loads nothing and the consumers skip it, so q_full[b] advances only on non-empty tiles
  * and each consumer keeps its parity bit per buffer. The lister waits tile_free[b] of tile
- * k − 2 before rewriting buffer b: it runs at most two tiles ahead of the consumers.
+ * k − 2 before rewriting buffer b: it runs at most two tiles ahead of the consumers. An
+ * index ≥ tiles is the "no more tiles" sentinel: the lister publishes it (list_full as any
+ * tile) and stops, and the loader and consumers, reading the same buffer, stop after the
+ * same tile.
  * Turns (ping-pong) stay consume_tile's per-tile protocol, matched within each tile, none
  * on a skipped one, except that warpgroup 1 gives a non-empty next tile's first turn
- * before its O store rather than after. gpu_check runs it with MF_CORE_PERSIST_CTAS=3
- * (many tiles a CTA). */
+ * before its O store rather than after. gpu_check runs it with MF_CORE_PERSIST_CTAS=3 and 1
+ * (many tiles a CTA). Registers 40 / 232: no spills (ptxas -v), the lister included. */
 template <int D> struct pcfg {
     typedef cfg<D, 128> C;
     static constexpr uint32_t OFF_K = 2 * C::Q_BYTES, OFF_V = OFF_K + C::STAGES * C::KV_BYTES;
     static constexpr uint32_t OFF_BAR = OFF_V + C::STAGES * C::KV_BYTES;
     static constexpr uint32_t OFF_LIST = OFF_BAR + 8 * (6 + 4 * C::STAGES);
-    static constexpr uint32_t LIST_BYTES = MAX_TILES * 3 + 16; /* s_j, s_f, count */
+    static constexpr uint32_t LIST_BYTES = MAX_TILES * 3 + 16; /* s_j, s_f, count, index */
     static constexpr uint32_t SMEM = OFF_LIST + 2 * LIST_BYTES + 1024; /* + alignment slack */
     static_assert(SMEM <= 227 * 1024, "persistent kernel: shared memory per block");
     static_assert(LIST_BYTES % 16 == 0, "list buffers 16-byte aligned");
@@ -758,12 +767,13 @@ persist_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ C
     const kv_ring ring = { sm + P::OFF_K, sm + P::OFF_V, tile_free + 2,
                            tile_free + 2 + C::STAGES, tile_free + 2 + 2 * C::STAGES,
                            tile_free + 2 + 3 * C::STAGES };
-    /* buffer b's list: s_j [MAX_TILES], s_f [MAX_TILES], count */
+    /* buffer b's list: s_j [MAX_TILES], s_f [MAX_TILES], count, tile index (≥ total: none) */
     auto list_j = [&](int b) {
         return reinterpret_cast<uint16_t *>(sm + P::OFF_LIST + b * P::LIST_BYTES);
     };
     auto list_f = [&](int b) { return reinterpret_cast<uint8_t *>(list_j(b) + MAX_TILES); };
     auto list_cnt = [&](int b) { return reinterpret_cast<int *>(list_f(b) + MAX_TILES); };
+    auto list_idx = [&](int b) { return reinterpret_cast<uint32_t *>(list_cnt(b) + 1); };
     const uint32_t total = p.n_tiles * p.hq;
     int wg = threadIdx.x / 128;
     if (threadIdx.x == 0) {
@@ -790,13 +800,21 @@ persist_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ C
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         int warp = threadIdx.x / 32;
         if (warp == 1) { /* the lister: tile k's list and Q, as soon as buffer k & 1 is free */
-            for (uint32_t k = 0, i = blockIdx.x; i < total; k++, i += gridDim.x) {
+            for (uint32_t k = 0;; k++) {
                 int b = (int)(k & 1);
-                uint32_t m = p.n_tiles - 1 - i / p.hq, t = i % p.hq;
                 uint16_t *s_j = list_j(b);
                 uint8_t *s_f = list_f(b);
                 if (k >= 2) /* the consumers and the loader are done with tile k − 2's */
                     bar_wait(&tile_free[b], ((k >> 1) & 1) ^ 1);
+                uint32_t i = 0;
+                if (threadIdx.x == 32) /* ≥ total: none left, the sentinel (everyone stops) */
+                    *list_idx(b) = i = atomicAdd(p.tile_ctr, 1u);
+                i = __shfl_sync(0xffffffffu, i, 0);
+                if (i >= total) {
+                    bar_arrive(&list_full[b]);
+                    break;
+                }
+                uint32_t m = p.n_tiles - 1 - i / p.hq, t = i % p.hq;
                 int cnt = build_list<128>(p, m, t, s_j, s_f);
                 __syncwarp(); /* the lanes' list writes, before lane 0 reads or publishes them */
                 if (threadIdx.x == 32) {
@@ -812,13 +830,16 @@ persist_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ C
                                      64 * h, (int)t, (int)(128 * m));
                     }
                 }
-                bar_arrive(&list_full[b]); /* after lane 0's count and phantom */
+                bar_arrive(&list_full[b]); /* after lane 0's index, count and phantom */
             }
         } else if (threadIdx.x == 0) { /* the loader: every tile's K / V into the ring */
             uint32_t kt = 0; /* key tiles handed to the ring so far */
-            for (uint32_t k = 0, i = blockIdx.x; i < total; k++, i += gridDim.x) {
+            for (uint32_t k = 0;; k++) {
                 int b = (int)(k & 1);
                 bar_wait(&list_full[b], (k >> 1) & 1);
+                uint32_t i = *list_idx(b);
+                if (i >= total)
+                    break;
                 int nt = (*list_cnt(b) + 1) / 2;
                 produce_tiles<D, 128, true>(ring, &tk, &tv, list_j(b), nt, kt,
                                             (i % p.hq) / (p.hq / p.hkv));
@@ -833,10 +854,13 @@ persist_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ C
     int g = lane >> 2, u = lane & 3;
     uint32_t kt = 0, q_ph = 0; /* ring position; bit b: q_full[b]'s next parity */
     bool gave = false;         /* warpgroup 1: this tile's first turn already given */
-    for (uint32_t k = 0, i = blockIdx.x; i < total; k++, i += gridDim.x) {
+    for (uint32_t k = 0;; k++) {
         int b = (int)(k & 1);
-        uint32_t m = p.n_tiles - 1 - i / p.hq, t = i % p.hq;
         bar_wait(&list_full[b], (k >> 1) & 1);
+        uint32_t i = *list_idx(b);
+        if (i >= total)
+            break;
+        uint32_t m = p.n_tiles - 1 - i / p.hq, t = i % p.hq;
         int count = *list_cnt(b);
         if (count == 0) { /* not this kernel's tile: nothing was loaded for it */
             bar_arrive(&tile_free[b]);
@@ -856,13 +880,14 @@ persist_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ C
         bar_arrive(&tile_free[b]); /* done with Q and the list: free them before the O store */
         /* Warpgroup 1 gives the next tile's first turn before its O store, so warpgroup 0's
          * first S there does not wait for the store's issue; only when that tile is not
-         * empty (the turn would stay unmatched). Its list is normally there already: the
-         * lister runs a tile ahead and waits on nothing this warpgroup still holds. */
+         * empty nor the sentinel (the turn would stay unmatched). Its list (or the sentinel)
+         * is normally there already: the lister runs a tile ahead and waits on nothing this
+         * warpgroup still holds. */
         gave = false;
-        if (c == 1 && p.pingpong && i + gridDim.x < total) {
-            uint32_t k1 = k + 1;
-            bar_wait(&list_full[k1 & 1], (k1 >> 1) & 1);
-            if (*list_cnt((int)(k1 & 1)) != 0) {
+        if (c == 1 && p.pingpong) {
+            int b1 = (int)((k + 1) & 1);
+            bar_wait(&list_full[b1], ((k + 1) >> 1) & 1);
+            if (*list_idx(b1) < total && *list_cnt(b1) != 0) {
                 asm volatile("bar.arrive 1, 256;\n" ::: "memory"); /* consume_tile's turn_give */
                 gave = true;
             }
@@ -982,6 +1007,10 @@ mf_status_t launch(const core_args &a, const core_params &p, cudaStream_t s, con
         if (cap >= 1 && cap < sms)
             sms = (uint32_t)cap;
         grid = grid < sms ? grid : sms;
+        /* the tile counter starts at 0 each launch (stream-ordered before the kernel) */
+        st = cuda_status(cudaMemsetAsync(p.tile_ctr, 0, sizeof(uint32_t), s), why);
+        if (st != MF_OK)
+            return st;
     }
     static std::atomic<uint64_t> raised; /* per instantiation: bit = device */
     if (smem_limit_once((const void *)kern, (int)smem, &raised) != cudaSuccess) {
@@ -1081,7 +1110,9 @@ mf_status_t core_launch(const core_args &a, cudaStream_t s, const char **why)
     p.scale_log2 = MF_LOG2E / sqrtf((float)a.d);
     p.pingpong = !env_off("MF_CORE_PINGPONG");
     bool gather = bn == 64 && !env_off("MF_CORE_GATHER");
-    bool persist = gather && env_on("MF_CORE_PERSIST");
+    /* persistent only with the caller's tile counter (apply.cu gives one; else core_kernel) */
+    bool persist = gather && a.tile_ctr && env_on("MF_CORE_PERSIST");
+    p.tile_ctr = a.tile_ctr;
     if (a.mass) {
         if (a.keep || !a.lscr || !a.slot_busy || !a.nslots) {
             *why = "masses need the dense iterator and an ℓ scratch";

@@ -24,8 +24,9 @@
  * switch for bench/gpu/core_bench.py; bench/gpu/NOTES.md), and MF_CORE_GATHER=0 runs block-64
  * lists on the 64-key-tile kernel instead of gathered 128-key tiles (the same A/B use; both
  * read once per launch). MF_CORE_PERSIST=1 (default off) runs the gathered block-64 lists on
- * the persistent kernel instead: min(tiles, SMs) CTAs walking the tiles in the same order,
- * a tile's list build, Q load and first K / V loads overlapping the previous tile's loop;
+ * the persistent kernel instead (when core_args.tile_ctr is given): min(tiles, SMs) CTAs
+ * taking tiles from a device counter in the same largest-first order, a tile's list build,
+ * Q load and first K / V loads overlapping the previous tile's loop;
  * MF_CORE_PERSIST_CTAS=n caps its grid (gpu_check: many tiles a CTA on small shapes).
  * Thread safety: global state is
  * a once-resolved driver entry point (cuTensorMapEncodeTiled through
@@ -60,6 +61,10 @@ struct core_args {
     float *mass, *lscr;
     uint32_t *slot_busy;
     uint32_t nslots;
+    /* lists mode, optional: 4 bytes of device scratch the persistent kernel's dynamic tile
+     * scheduler counts in (zeroed by core_launch on its stream); NULL: never persistent.
+     * One launch at a time per counter (stream order). */
+    uint32_t *tile_ctr;
 };
 
 /* The core's arguments for tensors t (checked by the caller), output o [N, Hq, d] and
