@@ -3,7 +3,9 @@
  * through mapflowd (DESIGN §1).
  *
  *   --role source: prefill the first N tokens of a text, extract rows for the source layers
- *     the profile maps (handoff.h), put them (and the profile) to the daemon, print them;
+ *     of the profile's export plan (mf_profile.h: mask rows, or --prob-codec rows where a
+ *     head reads prob tiles; --codec X: X for all), put them (and the profile) to the
+ *     daemon, print them;
  *   --role target: the same N tokens plus a continuation (the text's next M tokens, or
  *     --prompt), look up and get the rows (leased, zero-copy on the same node), prefill
  *     with reuse, score the continuation, generate greedily. --no-reuse: only the full
