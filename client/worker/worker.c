@@ -468,8 +468,9 @@ static int run_target(const opts_t *o, mfw_backend_t *be, const mfw_gpt_t *m,
         for (uint32_t i = 0; i < nl; i++)
             layers[i] = plan[i].source_layer;
         uint32_t blocks[MFW_MAX_LAYERS];
-        st = mf_lookup(ch, o->source_id, prof->block_size, tokens, total, layers, nl, blocks,
-                       &total_blocks, MF_TIMEOUT_DEFAULT);
+        if (nl) /* else no rows to look for: every mapped head computes */
+            st = mf_lookup(ch, o->source_id, prof->block_size, tokens, total, layers, nl,
+                           blocks, &total_blocks, MF_TIMEOUT_DEFAULT);
         hit = total_blocks;
         for (uint32_t i = 0; st == MF_OK && i < nl; i++)
             hit = blocks[i] < hit ? blocks[i] : hit;
