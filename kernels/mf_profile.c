@@ -243,3 +243,51 @@ mf_status_t mf_layer_map_from_proto(const Mapflow__V1__LayerMap *lm, mf_layer_ma
     out->top_p = top_p_buf;
     return MF_OK;
 }
+
+mf_status_t mf_profile_export_plan(const Mapflow__V1__MappingProfile *p, mf_codec_t prob_codec,
+                                   mf_export_layer_t *out, uint32_t cap, uint32_t *n,
+                                   const char **why)
+{
+    const char *dummy;
+    if (!why)
+        why = &dummy;
+    if (!n || (!out && cap))
+        FAIL("null argument");
+    *n = 0;
+    if ((unsigned)prob_codec >= MF_CODEC_COUNT || prob_codec == MF_CODEC_MASK)
+        FAIL("the prob codec must be one with tiles (fp16, bf16, fp8, u8log)");
+    mf_status_t st = mf_profile_validate(p, why);
+    if (st != MF_OK)
+        return st;
+    /* Insertion into the sorted plan: at most 4096 maps, so O(layers²) stays small and the
+     * output is the only storage (no allocation). */
+    uint32_t len = 0;
+    for (size_t i = 0; i < p->n_layers; i++) {
+        const Mapflow__V1__LayerMap *lm = p->layers[i];
+        int prob = 0, mask = 0;
+        for (size_t t = 0; t < lm->n_heads; t++) {
+            prob |= lm->heads[t]->mode == MAPFLOW__V1__HEAD_MODE__HEAD_PROB;
+            mask |= lm->heads[t]->mode == MAPFLOW__V1__HEAD_MODE__HEAD_MASK;
+        }
+        if (!prob && !mask)
+            continue;
+        uint32_t s = lm->source_layer, k = 0;
+        while (k < len && out[k].source_layer < s)
+            k++;
+        if (k < len && out[k].source_layer == s) {
+            if (prob)
+                out[k].codec = prob_codec;
+            continue;
+        }
+        if (len == cap) {
+            *why = "more source layers than the plan's capacity";
+            return MF_RESOURCE_EXHAUSTED;
+        }
+        memmove(out + k + 1, out + k, sizeof *out * (len - k));
+        out[k].source_layer = s;
+        out[k].codec = prob ? prob_codec : MF_CODEC_MASK;
+        len++;
+    }
+    *n = len;
+    return MF_OK;
+}

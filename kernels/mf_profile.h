@@ -9,6 +9,10 @@
  * sum to 1 within 1e-3; one HeadProfile per target head with a known mode, error ≥ 0
  * and top_p in [0, 1] (0 = 1.0). Files over 64 MiB are refused before reading.
  *
+ * mf_profile_export_plan turns a profile into what a source must export for it: per
+ * mapped source layer, mask rows or prob rows (issue 20: rows cost ∝ N² only where a
+ * target head reads tiles).
+ *
  * Ownership: a loaded/decoded profile belongs to the caller, freed by mf_profile_free
  * (protobuf-c's free_unpacked). Profiles a caller builds by hand are the caller's to
  * free; mf_profile_save only reads them. Thread safety: no global state; any thread.
@@ -55,6 +59,25 @@ const Mapflow__V1__LayerMap *mf_profile_layer(const Mapflow__V1__MappingProfile 
  */
 mf_status_t mf_layer_map_from_proto(const Mapflow__V1__LayerMap *lm, mf_layer_map_t *out,
                                     uint8_t *mode_buf, float *top_p_buf);
+
+/* One source layer a source exports, and the codec its rows need. */
+typedef struct mf_export_layer {
+    uint32_t source_layer;
+    mf_codec_t codec;
+} mf_export_layer_t;
+
+/*
+ * The export plan of a (valid) profile, sorted by source layer, each layer once: a source
+ * layer some LayerMap reads gets prob_codec when any of those maps has a head in PROB mode
+ * (its W row, summing to 1, reads that layer), else MF_CODEC_MASK when one has a head in
+ * MASK mode; a layer whose readers are all COMPUTE heads needs no rows and is left out.
+ * prob_codec must carry tiles (not MF_CODEC_MASK). *n = the plan's length; more than cap
+ * layers: MF_RESOURCE_EXHAUSTED (out holds cap of them, *n = 0). MF_INVALID_ARGUMENT
+ * (message in *why, which may be NULL) for an invalid profile, codec or null argument.
+ */
+mf_status_t mf_profile_export_plan(const Mapflow__V1__MappingProfile *p, mf_codec_t prob_codec,
+                                   mf_export_layer_t *out, uint32_t cap, uint32_t *n,
+                                   const char **why);
 
 #ifdef __cplusplus
 }

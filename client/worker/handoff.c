@@ -5,7 +5,6 @@
 #include <string.h>
 #include <time.h>
 
-#include "mf_profile.h"
 
 static void free_layer(mfw_extract_t *e, uint32_t l)
 {
@@ -33,7 +32,7 @@ mf_status_t mfw_extract_alloc(mfw_extract_t *e, uint32_t layer, uint32_t n_block
         return MF_RESOURCE_EXHAUSTED;
     size_t mlen = strlen(e->model);
     for (uint32_t i = 0; i < n_blocks; i++) {
-        caps[i] = mf_extract_row_bound(e->codec, e->block_size, n_heads, i, mlen);
+        caps[i] = mf_extract_row_bound(e->codec[layer], e->block_size, n_heads, i, mlen);
         if (!caps[i])
             return MF_INVALID_ARGUMENT;
         if (host_rows && !(e->rows[layer][i] = aligned_alloc(16, (caps[i] + 15) & ~(size_t)15)))
@@ -61,7 +60,7 @@ mf_status_t mfw_extract_hook(void *ctx, const mfw_attn_args_t *a)
     }
     mf_extract_args_t ea = { .src = { a->q, a->k, NULL, MF_DTYPE_F32, a->n, a->n_heads,
                                       a->n_heads, a->head_dim },
-                             .block_size = e->block_size, .top_p = e->top_p, .codec = e->codec,
+                             .block_size = e->block_size, .top_p = e->top_p, .codec = e->codec[l],
                              .i0 = 0, .i1 = nb, .model = e->model, .ns = e->ns, .layer = l,
                              .tokens = e->tokens };
     uint32_t failed = 0;
@@ -77,21 +76,28 @@ mf_status_t mfw_extract_hook(void *ctx, const mfw_attn_args_t *a)
     return st;
 }
 
-uint32_t mfw_profile_source_layers(const Mapflow__V1__MappingProfile *p, uint32_t *layers,
-                                   uint32_t max)
+mf_status_t mfw_extract_plan(mfw_extract_t *e, const Mapflow__V1__MappingProfile *p,
+                             mf_codec_t prob_codec, const mf_codec_t *force, uint32_t n_layer,
+                             mf_export_layer_t *plan, uint32_t *n, const char **why)
 {
-    uint32_t n = 0;
-    for (size_t i = 0; i < p->n_layers; i++) {
-        uint32_t s = p->layers[i]->source_layer, k = 0;
-        while (k < n && layers[k] < s)
-            k++;
-        if ((k < n && layers[k] == s) || n == max)
-            continue;
-        memmove(layers + k + 1, layers + k, sizeof(uint32_t) * (n - k));
-        layers[k] = s;
-        n++;
+    mf_status_t st = mf_profile_export_plan(p, prob_codec, plan, MFW_MAX_LAYERS, n, why);
+    if (st != MF_OK)
+        return st;
+    if (force && (unsigned)*force >= MF_CODEC_COUNT) {
+        if (why)
+            *why = "unknown codec";
+        return MF_INVALID_ARGUMENT;
     }
-    return n;
+    for (uint32_t i = 0; i < *n; i++) {
+        uint32_t l = plan[i].source_layer;
+        if (force)
+            plan[i].codec = *force;
+        if (l < n_layer && l < MFW_MAX_LAYERS) {
+            e->want[l] = 1;
+            e->codec[l] = plan[i].codec;
+        }
+    }
+    return MF_OK;
 }
 
 mf_status_t mfw_reuse_layer(mfw_reuse_t *r, uint32_t layer, uint32_t pos0, uint32_t n_heads,

@@ -18,15 +18,16 @@
 #include "mf_clock.h"
 #include "mapflow.pb-c.h"
 #include "mapflow_kernels.h"
+#include "mf_profile.h"
 
 #define MFW_MAX_LAYERS 256u
 
 typedef struct mfw_extract {
     /* in */
     uint8_t want[MFW_MAX_LAYERS];   /* nonzero: extract this layer */
+    mf_codec_t codec[MFW_MAX_LAYERS]; /* a wanted layer's row codec (mfw_extract_plan) */
     uint32_t block_size;
     float top_p;
-    mf_codec_t codec;
     const char *model, *ns;
     const uint32_t *tokens;         /* the prefill's tokens */
     /* out: rows[layer][block], 16-byte aligned, sizes[layer][block] bytes */
@@ -65,9 +66,13 @@ int mfw_extract_wants(const mfw_extract_t *e, uint32_t layer, uint32_t pos0, uin
 mf_status_t mfw_extract_alloc(mfw_extract_t *e, uint32_t layer, uint32_t n_blocks,
                               uint32_t n_heads, size_t *caps, int host_rows);
 
-/* The source layers a profile needs (sorted, unique); returns their count. */
-uint32_t mfw_profile_source_layers(const Mapflow__V1__MappingProfile *p, uint32_t *layers,
-                                   uint32_t max);
+/* Wants the layers of a profile's export plan (mf_profile_export_plan: mask rows, prob
+ * rows in prob_codec where a head reads tiles) that lie below n_layer, each with its plan
+ * codec, or with *force when force is not NULL (one codec for every layer). The plan goes
+ * to plan[MFW_MAX_LAYERS], its length to *n (layers ≥ n_layer included, not wanted). */
+mf_status_t mfw_extract_plan(mfw_extract_t *e, const Mapflow__V1__MappingProfile *p,
+                             mf_codec_t prob_codec, const mf_codec_t *force, uint32_t n_layer,
+                             mf_export_layer_t *plan, uint32_t *n, const char **why);
 
 typedef struct mfw_reuse {
     /* in */

@@ -81,7 +81,7 @@ mf_status_t mfw_extract_cuda_hook(void *ctx, const mfw_cuda_attn_args_t *a)
     uint32_t *dfailed = (uint32_t *)(dmem + total + 8 * (size_t)nb);
     mf_extract_cuda_args_t ea = {
         .src = { a->q, a->k, NULL, MF_DTYPE_F16, a->n, a->n_heads, a->n_heads, a->head_dim },
-        .lse = NULL, .block_size = e->block_size, .top_p = e->top_p, .codec = e->codec,
+        .lse = NULL, .block_size = e->block_size, .top_p = e->top_p, .codec = e->codec[l],
         .i0 = 0, .i1 = nb, .model = e->model, .ns = e->ns, .layer = l, .tokens = e->tokens,
         .rows = e->dev_rows[l], .caps = caps, .sizes = dsizes, .failed_block = dfailed };
     cudaStream_t s = (cudaStream_t)a->stream;

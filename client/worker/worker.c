@@ -3,7 +3,9 @@
  * through mapflowd (DESIGN §1).
  *
  *   --role source: prefill the first N tokens of a text, extract rows for the source layers
- *     the profile maps (handoff.h), put them (and the profile) to the daemon, print them;
+ *     of the profile's export plan (mf_profile.h: mask rows, or --prob-codec rows where a
+ *     head reads prob tiles; --codec X: X for all), put them (and the profile) to the
+ *     daemon, print them;
  *   --role target: the same N tokens plus a continuation (the text's next M tokens, or
  *     --prompt), look up and get the rows (leased, zero-copy on the same node), prefill
  *     with reuse, score the continuation, generate greedily. --no-reuse: only the full
@@ -31,7 +33,7 @@
 
 typedef struct opts {
     const char *role, *model, *tokenizer, *daemon, *ns, *id, *source_id, *target_id;
-    const char *profile, *text, *prompt, *codec, *device, *dump;
+    const char *profile, *text, *prompt, *codec, *prob_codec, *device, *dump;
     uint32_t tokens, cont, generate;
     float top_p;
     int no_reuse, compare;
@@ -44,7 +46,8 @@ static void usage(void)
             "usage: mapflow-worker --role source|target --model W.safetensors --tokenizer TOK\n"
             "         --text FILE [--tokens N] [--daemon TARGET] [--ns NS] [--profile FILE]\n"
             "         [--source-id ID] [--target-id ID] [--device cpu|cuda|auto]\n"
-            "  source: [--codec fp16|bf16|fp8|u8log|mask] [--top-p P]\n"
+            "  source: [--codec auto|fp16|bf16|fp8|u8log|mask] [--prob-codec fp16|bf16|fp8|u8log]\n"
+            "          [--top-p P]\n"
             "  target: [--continue M | --prompt TEXT] [--generate G] [--no-reuse | --compare]\n"
             "          [--agree-min F] [--dump PREFIX]\n");
 }
@@ -157,8 +160,13 @@ static int run_source(const opts_t *o, mfw_backend_t *be, const mfw_gpt_t *m,
                       const uint32_t *tokens, uint32_t n)
 {
     int rc = 1;
-    mf_codec_t codec;
-    if (mf_codec_parse(o->codec, &codec) != MF_OK || !o->profile || !o->daemon) {
+    /* auto: the profile's export plan picks each layer's codec (mask rows unless a head
+     * reads prob tiles); an explicit codec is used for every planned layer */
+    mf_codec_t force, prob_codec;
+    int is_auto = !strcmp(o->codec, "auto");
+    if ((!is_auto && mf_codec_parse(o->codec, &force) != MF_OK) ||
+        mf_codec_parse(o->prob_codec, &prob_codec) != MF_OK || prob_codec == MF_CODEC_MASK ||
+        !o->profile || !o->daemon) {
         usage();
         return 2;
     }
@@ -185,14 +193,26 @@ static int run_source(const opts_t *o, mfw_backend_t *be, const mfw_gpt_t *m,
         fprintf(stderr, "source: profile put: %s %s\n", mf_status_name(st), perr);
         goto out;
     }
-    uint32_t layers[MFW_MAX_LAYERS];
-    uint32_t nl = mfw_profile_source_layers(prof, layers, MFW_MAX_LAYERS);
-    for (uint32_t i = 0; i < nl; i++)
-        if (layers[i] < mfw_gpt_cfg(m)->n_layer)
-            e->want[layers[i]] = 1;
+    mf_export_layer_t plan[MFW_MAX_LAYERS];
+    uint32_t layers[MFW_MAX_LAYERS], nl = 0;
+    if ((st = mfw_extract_plan(e, prof, prob_codec, is_auto ? NULL : &force,
+                               mfw_gpt_cfg(m)->n_layer, plan, &nl, &why)) != MF_OK) {
+        fprintf(stderr, "source: export plan of %s: %s %s\n", o->profile, mf_status_name(st), why);
+        goto out;
+    }
+    printf("source  export plan (--codec %s):", o->codec);
+    uint32_t np = nl;
+    nl = 0;
+    for (uint32_t i = 0; i < np; i++) {
+        uint32_t l = plan[i].source_layer;
+        printf("%s layer %u %s%s", i ? "," : "", l, mf_codec_name(plan[i].codec),
+               l < MFW_MAX_LAYERS && e->want[l] ? "" : " (beyond the model: skipped)");
+        if (l < MFW_MAX_LAYERS && e->want[l])
+            layers[nl++] = l;
+    }
+    printf("%s\n", np ? "" : " nothing (every mapped head computes)");
     e->block_size = prof->block_size;
     e->top_p = o->top_p;
-    e->codec = codec;
     e->model = o->source_id;
     e->ns = o->ns;
     e->tokens = tokens;
@@ -287,8 +307,8 @@ static int run_source(const opts_t *o, mfw_backend_t *be, const mfw_gpt_t *m,
     printf("source  stored %zu rows: layers", n_items + in_place);
     for (uint32_t i = 0; i < nl; i++)
         printf(" %u", layers[i]);
-    printf(" x %u blocks of %u, %s, top-p %.2f, %.1f KiB, kept %.1f%% of (head, block) pairs\n",
-           e->n_blocks, e->block_size, mf_codec_name(codec), o->top_p, bytes / 1024.0,
+    printf(" x %u blocks of %u, codec %s, top-p %.2f, %.1f KiB, kept %.1f%% of (head, block) pairs\n",
+           e->n_blocks, e->block_size, is_auto ? "by plan" : o->codec, o->top_p, bytes / 1024.0,
            cand ? 100.0 * (double)e->entries / (double)cand : 0.0);
     printf("source  put in %.1f ms to %s (tier %s, zero-copy arena: %s, from %s); profile %s -> %s stored\n",
            1e3 * t_put, o->daemon,
@@ -437,10 +457,20 @@ static int run_target(const opts_t *o, mfw_backend_t *be, const mfw_gpt_t *m,
             goto out;
         }
         free(pb);
-        nl = mfw_profile_source_layers(prof, layers, MFW_MAX_LAYERS);
+        /* the layers a source exports for this profile (whatever their codec: apply reads
+         * it from each row's header); layers of compute heads only have no rows */
+        mf_export_layer_t plan[MFW_MAX_LAYERS];
+        if ((st = mf_profile_export_plan(prof, MF_CODEC_FP16, plan, MFW_MAX_LAYERS, &nl,
+                                         &why)) != MF_OK) {
+            fprintf(stderr, "target: export plan: %s %s\n", mf_status_name(st), why);
+            goto out;
+        }
+        for (uint32_t i = 0; i < nl; i++)
+            layers[i] = plan[i].source_layer;
         uint32_t blocks[MFW_MAX_LAYERS];
-        st = mf_lookup(ch, o->source_id, prof->block_size, tokens, total, layers, nl, blocks,
-                       &total_blocks, MF_TIMEOUT_DEFAULT);
+        if (nl) /* else no rows to look for: every mapped head computes */
+            st = mf_lookup(ch, o->source_id, prof->block_size, tokens, total, layers, nl,
+                           blocks, &total_blocks, MF_TIMEOUT_DEFAULT);
         hit = total_blocks;
         for (uint32_t i = 0; st == MF_OK && i < nl; i++)
             hit = blocks[i] < hit ? blocks[i] : hit;
@@ -569,13 +599,15 @@ int main(int argc, char **argv)
 {
     opts_t o = { .device = "auto", .ns = "mapflow", .source_id = "mapflow-small-src",
                  .target_id = "mapflow-small-tgt",
-                 .codec = "fp16", .tokens = 448, .cont = 64, .generate = 24, .top_p = 0.95f,
+                 .codec = "auto", .prob_codec = "fp16", .tokens = 448, .cont = 64,
+                 .generate = 24, .top_p = 0.95f,
                  .agree_min = -1 };
     static const struct option lo[] = {
         { "role", 1, 0, 'r' }, { "model", 1, 0, 'm' }, { "tokenizer", 1, 0, 'k' },
         { "daemon", 1, 0, 'a' }, { "ns", 1, 0, 'N' }, { "source-id", 1, 0, 'S' },
         { "target-id", 1, 0, 'T' }, { "profile", 1, 0, 'P' }, { "text", 1, 0, 'x' },
-        { "prompt", 1, 0, 'p' }, { "codec", 1, 0, 'c' }, { "tokens", 1, 0, 'n' },
+        { "prompt", 1, 0, 'p' }, { "codec", 1, 0, 'c' }, { "prob-codec", 1, 0, 'B' },
+        { "tokens", 1, 0, 'n' },
         { "continue", 1, 0, 'C' }, { "generate", 1, 0, 'g' }, { "top-p", 1, 0, 't' },
         { "no-reuse", 0, 0, 'R' }, { "compare", 0, 0, 'Q' }, { "agree-min", 1, 0, 'A' },
         { "device", 1, 0, 'D' }, { "dump", 1, 0, 'U' }, { "help", 0, 0, 'h' }, { 0, 0, 0, 0 } };
@@ -592,6 +624,7 @@ int main(int argc, char **argv)
         case 'x': o.text = optarg; break;
         case 'p': o.prompt = optarg; break;
         case 'c': o.codec = optarg; break;
+        case 'B': o.prob_codec = optarg; break;
         case 'n': o.tokens = (uint32_t)strtoul(optarg, NULL, 10); break;
         case 'C': o.cont = (uint32_t)strtoul(optarg, NULL, 10); break;
         case 'g': o.generate = (uint32_t)strtoul(optarg, NULL, 10); break;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # mapflow-worker against a real mapflowd on a temp unix socket: the source stores rows for
-# the profile's layers, the target hits every full block of the shared context and its
+# the profile's layers (by its export plan: the committed profile has no prob heads, so mask
+# rows only), the target hits every full block of the shared context and its
 # reuse prefill keeps the full prefill's top-1 predictions on the passage; bad inputs
 # (missing or corrupt weights, a tokenizer of another vocabulary, no profile, no daemon)
 # end with a clear message and the documented exit code.
@@ -40,12 +41,17 @@ expect 1 "tokenizer has 257 tokens" "$BIN/mapflow-worker" --tokenizer "$tmp/tok.
   --role target --model "$M/target.safetensors" --no-reuse
 expect 3 "cannot reach mapflowd" "${W[@]}" --role source --model "$M/source.safetensors" \
   --profile "$M/profile.pb" --daemon "unix:$tmp/nobody.sock" --tokens 64
+expect 2 usage "${W[@]}" --role source --model "$M/source.safetensors" --profile "$M/profile.pb" \
+  --daemon "unix:$sock" --prob-codec mask
 expect 1 "no usable profile" "${W[@]}" --role target --model "$M/target.safetensors" \
   --daemon "unix:$sock" --source-id nobody --tokens 64 --continue 8
 
 src=$("${W[@]}" --role source --model "$M/source.safetensors" --profile "$M/profile.pb" \
-  --daemon "unix:$sock" --tokens 128 --codec fp16) || fail "source failed"
+  --daemon "unix:$sock" --tokens 128) || fail "source failed"
 printf '%s\n' "$src"
+# --codec auto (the default): every planned layer of this profile is a mask layer
+printf '%s\n' "$src" | grep -Eq "export plan \(--codec auto\): layer [0-9]+ mask" || fail "no export plan"
+printf '%s\n' "$src" | grep -q "export plan.*fp16" && fail "fp16 rows for a profile without prob heads"
 printf '%s\n' "$src" | grep -q "stored [1-9][0-9]* rows" || fail "source stored nothing"
 tgt=$("${W[@]}" --role target --model "$M/target.safetensors" --daemon "unix:$sock" \
   --tokens 128 --continue 32 --generate 4 --compare) || fail "target failed"

@@ -123,8 +123,10 @@ static void test_extract_alloc_and_entries(void **state)
     srand(7);
     for (uint32_t i = 0; i < N; i++)
         tokens[i] = (uint32_t)rand() % c->vocab;
-    mfw_extract_t e = { .block_size = B, .top_p = 0.9f, .codec = MF_CODEC_MASK,
-                        .model = "test-src", .ns = "t", .tokens = tokens };
+    mfw_extract_t e = { .block_size = B, .top_p = 0.9f, .model = "test-src", .ns = "t",
+                        .tokens = tokens };
+    for (uint32_t l = 0; l < MFW_MAX_LAYERS; l++)
+        e.codec[l] = MF_CODEC_MASK;
     size_t caps[N / B];
 
     /* without host buffers (the CUDA hook's case): sizes only, caps the row bounds */

@@ -87,13 +87,19 @@ static int setup(void **state)
     assert_true(F.prof->n_layers > 0);
     assert_int_equal(F.prof->block_size, 32);
 
-    uint32_t layers[MFW_MAX_LAYERS];
-    uint32_t nl = mfw_profile_source_layers(F.prof, layers, MFW_MAX_LAYERS);
-    for (uint32_t i = 0; i < nl; i++)
-        F.ex.want[layers[i]] = 1;
+    /* every mapped source layer in FP16, whatever the profile's modes (the tests force
+     * them), hence not mfw_extract_plan, which leaves out layers read by compute heads */
+    uint32_t layers[MFW_MAX_LAYERS], nl = 0;
+    for (size_t i = 0; i < F.prof->n_layers; i++) {
+        uint32_t l = F.prof->layers[i]->source_layer;
+        assert_true(l < MFW_MAX_LAYERS);
+        if (!F.ex.want[l])
+            layers[nl++] = l;
+        F.ex.want[l] = 1;
+        F.ex.codec[l] = MF_CODEC_FP16;
+    }
     F.ex.block_size = 32;
     F.ex.top_p = 1.0f;
-    F.ex.codec = MF_CODEC_FP16;
     F.ex.model = F.prof->source_model;
     F.ex.ns = "test";
     F.ex.tokens = F.tokens;
@@ -129,7 +135,7 @@ static int teardown(void **state)
     return 0;
 }
 
-typedef enum { CHECK_PROB, CHECK_MASK, CHECK_APPLY } check_t;
+typedef enum { CHECK_PROB, CHECK_MASK, CHECK_APPLY, CHECK_MIXED } check_t;
 
 typedef struct target_ctx {
     mfw_reuse_t ru;
@@ -215,9 +221,12 @@ static mf_status_t check_hook(void *ctx, const mfw_attn_args_t *a)
         int exact = blk >= hit || blk >= full_blocks || blk + last >= full_blocks;
         for (uint32_t h = 0; h < H; h++) {
             const float *o = a->o + ((size_t)r * H + h) * d;
-            if (exact || t->check == CHECK_MASK) {
+            check_t c = t->check != CHECK_MIXED ? t->check
+                        : lm->heads[h]->mode == MAPFLOW__V1__HEAD_MODE__HEAD_PROB ? CHECK_PROB
+                                                                                   : CHECK_MASK;
+            if (exact || c == CHECK_MASK) {
                 dense_row(a, h, r, ref);
-            } else if (t->check == CHECK_PROB) {
+            } else if (c == CHECK_PROB) {
                 /* m[k] = Σ_s W[t,s]·P_s[r,k] over k ≤ r (every block kept at Top-P 1) */
                 memset(m, 0, sizeof(double) * (r + 1));
                 for (uint32_t s = 0; s < Hs; s++) {
@@ -261,22 +270,29 @@ static mf_status_t check_hook(void *ctx, const mfw_attn_args_t *a)
     return MF_OK;
 }
 
-static void run_target(check_t check, target_ctx_t *t)
+/* rows: by source layer, [N_CTX / 32] views or NULL (NULL rows: the fixture's FP16 rows) */
+static void run_target_rows(check_t check, target_ctx_t *t, const mf_row_view_t *const *const *rows,
+                            uint32_t mapped)
 {
     memset(t, 0, sizeof *t);
     t->check = check;
     t->ru.profile = F.prof;
     t->ru.n_rows = N_CTX / 32;
     for (uint32_t l = 0; l < MFW_MAX_LAYERS; l++)
-        t->ru.rows[l] = F.views[l] ? F.vptr[l] : NULL;
+        t->ru.rows[l] = rows ? rows[l] : F.views[l] ? F.vptr[l] : NULL;
     mfw_run_t *run = NULL;
     assert_int_equal(mfw_run_create(F.tgt, N_ALL, &run), MF_OK);
     assert_int_equal(mfw_gpt_forward(F.tgt, run, F.tokens, N_ALL, check_hook, t, N_ALL, NULL), MF_OK);
     mfw_run_free(run);
     assert_int_equal(t->layers_checked, F.prof->n_layers);
-    assert_int_equal(t->ru.layers_mapped, F.prof->n_layers);
+    assert_int_equal(t->ru.layers_mapped, mapped);
     print_message("worst reused-row error %.2e, worst exact-row error %.2e\n", t->worst, t->worst_exact);
     assert_true(t->worst_exact < 1e-4);
+}
+
+static void run_target(check_t check, target_ctx_t *t)
+{
+    run_target_rows(check, t, NULL, (uint32_t)F.prof->n_layers);
 }
 
 /* Runs the target with every head of every mapped layer forced to one mode at Top-P 1,
@@ -331,12 +347,85 @@ static void test_profile_modes_equal_apply_ref(void **state)
     assert_true(t.ru.stats.exact_blocks > 0);
 }
 
+/* The export plan (issue 20): one random head of the first mapped layer in prob mode, every
+ * other head in mask mode (Top-P 1). The plan's extract writes that source layer's rows in
+ * FP16 and the others' as MASK rows (smaller than the fixture's FP16 rows of the same
+ * layer); the target's reuse over these mixed rows still meets each head's reference. */
+static void test_export_plan_mixed_codecs(void **state)
+{
+    (void)state;
+    int saved[4096];
+    float saved_p[4096];
+    size_t k = 0;
+    for (size_t i = 0; i < F.prof->n_layers; i++)
+        for (size_t h = 0; h < F.prof->layers[i]->n_heads && k < 4096; h++, k++) {
+            Mapflow__V1__HeadProfile *hp = F.prof->layers[i]->heads[h];
+            saved[k] = hp->mode;
+            saved_p[k] = hp->top_p;
+            hp->mode = MAPFLOW__V1__HEAD_MODE__HEAD_MASK;
+            hp->top_p = 1.0f;
+        }
+    srand(20);
+    const Mapflow__V1__LayerMap *first = F.prof->layers[0];
+    first->heads[(size_t)rand() % first->n_heads]->mode = MAPFLOW__V1__HEAD_MODE__HEAD_PROB;
+    uint32_t prob_layer = first->source_layer, n_mask_layers = 0;
+
+    mfw_extract_t ex = { .block_size = 32, .top_p = 1.0f, .model = F.prof->source_model,
+                         .ns = "test", .tokens = F.tokens };
+    mf_export_layer_t plan[MFW_MAX_LAYERS];
+    uint32_t n = 0;
+    const char *why = "";
+    assert_int_equal(mfw_extract_plan(&ex, F.prof, MF_CODEC_FP16, NULL, mfw_gpt_cfg(F.src)->n_layer,
+                                      plan, &n, &why), MF_OK);
+    mfw_run_t *run = NULL;
+    assert_int_equal(mfw_run_create(F.src, N_CTX, &run), MF_OK);
+    assert_int_equal(mfw_gpt_forward(F.src, run, F.tokens, N_CTX, mfw_extract_hook, &ex, N_CTX, NULL),
+                     MF_OK);
+    mfw_run_free(run);
+
+    static mf_row_view_t views[MFW_MAX_LAYERS][N_CTX / 32];
+    static const mf_row_view_t *vp[MFW_MAX_LAYERS][N_CTX / 32];
+    const mf_row_view_t *const *rows[MFW_MAX_LAYERS] = { 0 };
+    for (uint32_t l = 0; l < MFW_MAX_LAYERS; l++) {
+        assert_int_equal(ex.want[l] != 0, F.views[l] != NULL); /* every mapped layer: no compute */
+        if (!ex.want[l])
+            continue;
+        mf_codec_t want = l == prob_layer ? MF_CODEC_FP16 : MF_CODEC_MASK;
+        n_mask_layers += want == MF_CODEC_MASK;
+        for (uint32_t b = 0; b < N_CTX / 32; b++) {
+            assert_int_equal(mf_row_decode(ex.rows[l][b], ex.sizes[l][b], 0, &views[l][b], NULL), MF_OK);
+            assert_int_equal(views[l][b].codec, want);
+            if (want == MF_CODEC_MASK)
+                assert_true(ex.sizes[l][b] < F.ex.sizes[l][b]);
+            else
+                assert_int_equal(ex.sizes[l][b], F.ex.sizes[l][b]); /* the same FP16 row */
+            vp[l][b] = &views[l][b];
+        }
+        rows[l] = vp[l];
+    }
+    assert_true(n_mask_layers > 0); /* the pair maps more than one source layer */
+
+    target_ctx_t t;
+    run_target_rows(CHECK_MIXED, &t, rows, (uint32_t)F.prof->n_layers);
+    assert_true(t.ru.stats.prob_tiles > 0);
+    assert_true(t.ru.stats.mask_blocks > 0);
+    assert_true(t.worst < 2e-3);
+    mfw_extract_release(&ex);
+    k = 0;
+    for (size_t i = 0; i < F.prof->n_layers; i++)
+        for (size_t h = 0; h < F.prof->layers[i]->n_heads && k < 4096; h++, k++) {
+            F.prof->layers[i]->heads[h]->mode = saved[k];
+            F.prof->layers[i]->heads[h]->top_p = saved_p[k];
+        }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prob_reproduces_mixed_source_maps),
         cmocka_unit_test(test_mask_at_top_p_one_is_exact),
         cmocka_unit_test(test_profile_modes_equal_apply_ref),
+        cmocka_unit_test(test_export_plan_mixed_codecs),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
