@@ -45,7 +45,7 @@ for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
 grep -E "listening|tier|http" "$tmp/mapflowd.log" | sed 's/^/  /' | head -6
 
 echo "== source worker: $N tokens of a held-out passage ($M/passage.txt)"
-"${W[@]}" --role source --model "$M/source.safetensors" --profile "$M/profile.pb" --codec fp16
+"${W[@]}" --role source --model "$M/source.safetensors" --profile "$M/profile.pb"
 
 echo "== target worker: the same $N tokens + the passage's next $CONT, then $GEN generated; with and without reuse"
 "${W[@]}" --role target --model "$M/target.safetensors" --continue "$CONT" --generate "$GEN" \
