@@ -295,28 +295,45 @@ static void run_target(check_t check, target_ctx_t *t)
     run_target_rows(check, t, NULL, (uint32_t)F.prof->n_layers);
 }
 
-/* Runs the target with every head of every mapped layer forced to one mode at Top-P 1,
- * then puts the profile's own modes back. */
-static void run_forced(Mapflow__V1__HeadMode mode, check_t check, target_ctx_t *t)
+/* The profile's head modes and Top-Ps, kept while a test forces others (force_modes) and
+ * put back after it (restore_modes). */
+typedef struct saved_modes {
+    int mode[4096];
+    float top_p[4096];
+} saved_modes_t;
+
+/* Every head of every mapped layer to one mode at Top-P 1; the old ones into sv. */
+static void force_modes(Mapflow__V1__HeadMode mode, saved_modes_t *sv)
 {
-    int saved[4096];
-    float saved_p[4096];
     size_t k = 0;
     for (size_t i = 0; i < F.prof->n_layers; i++)
         for (size_t h = 0; h < F.prof->layers[i]->n_heads && k < 4096; h++, k++) {
             Mapflow__V1__HeadProfile *hp = F.prof->layers[i]->heads[h];
-            saved[k] = hp->mode;
-            saved_p[k] = hp->top_p;
+            sv->mode[k] = hp->mode;
+            sv->top_p[k] = hp->top_p;
             hp->mode = mode;
             hp->top_p = 1.0f;
         }
-    run_target(check, t);
-    k = 0;
+}
+
+static void restore_modes(const saved_modes_t *sv)
+{
+    size_t k = 0;
     for (size_t i = 0; i < F.prof->n_layers; i++)
         for (size_t h = 0; h < F.prof->layers[i]->n_heads && k < 4096; h++, k++) {
-            F.prof->layers[i]->heads[h]->mode = saved[k];
-            F.prof->layers[i]->heads[h]->top_p = saved_p[k];
+            F.prof->layers[i]->heads[h]->mode = sv->mode[k];
+            F.prof->layers[i]->heads[h]->top_p = sv->top_p[k];
         }
+}
+
+/* Runs the target with every head of every mapped layer forced to one mode at Top-P 1,
+ * then puts the profile's own modes back. */
+static void run_forced(Mapflow__V1__HeadMode mode, check_t check, target_ctx_t *t)
+{
+    static saved_modes_t sv;
+    force_modes(mode, &sv);
+    run_target(check, t);
+    restore_modes(&sv);
 }
 
 static void test_prob_reproduces_mixed_source_maps(void **state)
@@ -354,17 +371,8 @@ static void test_profile_modes_equal_apply_ref(void **state)
 static void test_export_plan_mixed_codecs(void **state)
 {
     (void)state;
-    int saved[4096];
-    float saved_p[4096];
-    size_t k = 0;
-    for (size_t i = 0; i < F.prof->n_layers; i++)
-        for (size_t h = 0; h < F.prof->layers[i]->n_heads && k < 4096; h++, k++) {
-            Mapflow__V1__HeadProfile *hp = F.prof->layers[i]->heads[h];
-            saved[k] = hp->mode;
-            saved_p[k] = hp->top_p;
-            hp->mode = MAPFLOW__V1__HEAD_MODE__HEAD_MASK;
-            hp->top_p = 1.0f;
-        }
+    static saved_modes_t sv;
+    force_modes(MAPFLOW__V1__HEAD_MODE__HEAD_MASK, &sv);
     srand(20);
     const Mapflow__V1__LayerMap *first = F.prof->layers[0];
     first->heads[(size_t)rand() % first->n_heads]->mode = MAPFLOW__V1__HEAD_MODE__HEAD_PROB;
@@ -411,12 +419,7 @@ static void test_export_plan_mixed_codecs(void **state)
     assert_true(t.ru.stats.mask_blocks > 0);
     assert_true(t.worst < 2e-3);
     mfw_extract_release(&ex);
-    k = 0;
-    for (size_t i = 0; i < F.prof->n_layers; i++)
-        for (size_t h = 0; h < F.prof->layers[i]->n_heads && k < 4096; h++, k++) {
-            F.prof->layers[i]->heads[h]->mode = saved[k];
-            F.prof->layers[i]->heads[h]->top_p = saved_p[k];
-        }
+    restore_modes(&sv);
 }
 
 int main(void)
