@@ -383,9 +383,7 @@ class Store:
             res = reg.commit(lengths=[int(x) for x in rows.sizes])
         finally:
             reg.close()
-        self.count("put_inplace_rows", int(res["committed"]))
-        self.count("put_region_checked_on_gpu" if res["checked_on_gpu"] else
-                   "put_region_checked_on_host", int(res["committed"]))
+        self._count_region("put_inplace_rows", res)
         if int(res["committed"]) != len(rows.sizes):
             raise RuntimeError("in-place region: %d of %d rows committed (first refused: %s)"
                                % (int(res["committed"]), len(rows.sizes), res["first_failed"]))
@@ -464,7 +462,11 @@ class Store:
             res = reg.commit()
         finally:
             reg.close()
-        self.count("put_region_rows", int(res["committed"]))
+        self._count_region("put_region_rows", res)
+
+    def _count_region(self, key, res):
+        """A region commit's rows under key, and where the daemon checked them."""
+        self.count(key, int(res["committed"]))
         self.count("put_region_checked_on_gpu" if res["checked_on_gpu"] else
                    "put_region_checked_on_host", int(res["committed"]))
 
@@ -733,6 +735,7 @@ class Bench:
         # --exporter fused: the rows' launches on the put thread's stream, resolved there
         # (HANDOFF_ROWS_STREAM=0: on the source's stream, sizes read back in the source)
         self.rows_async = os.environ.get("HANDOFF_ROWS_STREAM", "1") != "0"
+        self._mask_bounds = {}  # mask_bounds' caps per (heads, query blocks, model)
         self.res = {"path": self.store.path, "path_why": self.store.why,
                     "target": vars(ts), "source": vars(ss), "l0": self.l0,
                     "mapped_layers": len(self.map), "exported_source_layers":
@@ -897,9 +900,7 @@ class Bench:
         # layer at 32k, the slack given back at commit), so no row can outgrow its cap
         reg, caps = None, None
         if codec == self.mfk.CODECS["mask"]:
-            from mapflow import kernels as K
-            caps = K.row_bounds(q.shape[1], 0, q.shape[0] // 64, block_size=64, model=model,
-                                codec="mask")
+            caps = self.mask_bounds(q.shape[1], q.shape[0] // 64, model)
             reg = self.store.begin_inplace(model, i, caps)
         dest = dict(rows=reg.rows, caps=caps) if reg is not None else {}
         if self.rows_async:  # the rows' launches on the put stream: the source goes on
@@ -927,6 +928,16 @@ class Bench:
             rows.ready = e
         putter.submit(slot, rows)
         return out
+
+    def mask_bounds(self, heads, nb, model):
+        """Each mask row's worst-case size (kernels.row_bounds), the caps an in-place region
+        is reserved by: the same for every exported layer of a shape, computed once."""
+        key = (heads, nb, model)
+        if key not in self._mask_bounds:
+            from mapflow import kernels as K
+            self._mask_bounds[key] = K.row_bounds(heads, 0, nb, block_size=64, model=model,
+                                                  codec="mask")
+        return self._mask_bounds[key]
 
     def redo_rows(self, q, kk, top_p, codec, i, tok32, slot, entries, model):
         """A layer whose rows did not fit the entry bound (async rows, found in the put
@@ -1101,7 +1112,8 @@ class Bench:
                 "%.1f, of it in get_prefix %.1f), hand-off %.1f ms, source wall %.1f ms (+%.1f: "
                 "extract %.1f, put thread %.1f, tail %.1f), rows %.2f GB, %s"
                 % (n, dens, var, v["ttft_ms"], -100 * v["gain"], ms, st[0], st[2], get_ms,
-                   statistics.median(get_call_all), v["handoff_ms"], srec["wall_ms"], v["source_extra_ms"], srec["extract_ms"],
+                   statistics.median(get_call_all), v["handoff_ms"], srec["wall_ms"],
+                   v["source_extra_ms"], srec["extract_ms"],
                    srec["put_thread_ms"], srec["put_tail_ms"], srec["row_bytes"] / 1e9,
                    v["counts"]))
             return v

@@ -365,16 +365,25 @@ def row_bounds(n_heads: int, i0: int, i1: int, *, block_size: int, model: Any,
                  _bytes_arg(model, "model"))
 
 
+def _row_addr(i: int, r: Any) -> int:
+    """Row i's device address r as an int: non-zero and 16-byte aligned (the kernels' rule
+    for every row they read or write), else MapflowError INVALID_ARGUMENT."""
+    if not isinstance(r, int) or r <= 0 or r % 16:
+        raise _bad("rows[%d] = %r is not a 16-byte aligned device address" % (i, r))
+    return r
+
+
 def _dest_rows(rows: Optional[Sequence[int]], nr: int) -> Optional[List[int]]:
     """The caller's row addresses (rows=): one per row, 16-byte aligned device addresses."""
     if rows is None:
         return None
-    out = [int(r) for r in rows]
+    try:
+        out = [int(r) for r in rows]
+    except (TypeError, ValueError) as e:
+        raise _bad("rows must be device addresses (ints): %s" % e) from None
     if len(out) != nr:
         raise _bad("rows has %d addresses for %d rows" % (len(out), nr))
-    if any(r <= 0 or r % 16 for r in out):
-        raise _bad("rows must be nonzero, 16-byte aligned device addresses")
-    return out
+    return [_row_addr(i, r) for i, r in enumerate(out)]
 
 
 def _sample(stride: Any, offset: Any, b: int) -> Tuple[int, int, int]:
@@ -896,9 +905,7 @@ def _row_ptrs(rows: Any, nblk: int, dev: Any, torch: Any) -> Tuple[int, int, Any
             if not (r.device == dev and r.dtype == torch.uint8 and r.is_contiguous()):
                 raise _bad("rows[%d] must be a contiguous uint8 tensor on %s" % (i, dev))
             r = r.data_ptr()
-        if not isinstance(r, int) or r <= 0 or r % 16:
-            raise _bad("rows[%d] = %r is not a 16-byte aligned device address" % (i, r))
-        ptrs[i] = r
+        ptrs[i] = _row_addr(i, r)
     return C.addressof(ptrs), len(rows), ptrs
 
 
