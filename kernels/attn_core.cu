@@ -753,7 +753,9 @@ template <int D> struct pcfg {
     static_assert(LIST_BYTES % 16 == 0, "list buffers 16-byte aligned");
 };
 
-template <typename T, int D>
+/* CREGS: the consumers' setmaxnreg (232 with a 40-register producer warpgroup; 240 with 24,
+ * where the lister / loader spill — a bench A/B, MF_CORE_PERSIST_REGS240=1) */
+template <typename T, int D, int CREGS>
 __global__ void __launch_bounds__(384, 1)
 persist_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                const __grid_constant__ CUtensorMap tv, const core_params p)
@@ -797,7 +799,8 @@ persist_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ C
     if (wg == 0) {
         /* 40 / 232, not core_kernel's 24 / 240: at 24 the lister and loader loops spill
          * (ptxas -v: 128–136 bytes; 40–48 at 32); 40 + 2 · 232 = 3 · 168, the launch's */
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        static_assert(CREGS == 232 || CREGS == 240, "40 / 232 or 24 / 240");
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(CREGS == 240 ? 24 : 40));
         int warp = threadIdx.x / 32;
         if (warp == 1) { /* the lister: tile k's list and Q, as soon as buffer k & 1 is free */
             for (uint32_t k = 0;; k++) {
@@ -849,7 +852,7 @@ persist_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ C
         }
         return;
     }
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CREGS));
     int c = wg - 1, tid = threadIdx.x - 128 * wg, w = tid / 32, lane = tid & 31;
     int g = lane >> 2, u = lane & 3;
     uint32_t kt = 0, q_ph = 0; /* ring position; bit b: q_full[b]'s next parity */
@@ -974,6 +977,8 @@ mf_status_t sm_count(uint32_t *n, const char **why)
     return st;
 }
 
+bool env_on(const char *var);
+
 /* PERSIST (block-64 lists, GATHER): persist_kernel on min(tiles, SMs) CTAs */
 template <typename T, int D, int BN, bool MASS, bool GATHER = false, bool PERSIST = false>
 mf_status_t launch(const core_args &a, const core_params &p, cudaStream_t s, const char **why)
@@ -992,8 +997,10 @@ mf_status_t launch(const core_args &a, const core_params &p, cudaStream_t s, con
      * (110 KiB) would otherwise let two share an SM while another idles */
     if ((MASS || PERSIST) && smem < MASS_MIN_SMEM)
         smem = MASS_MIN_SMEM;
+    const bool regs240 = PERSIST && env_on("MF_CORE_PERSIST_REGS240");
     void (*kern)(CUtensorMap, CUtensorMap, CUtensorMap, core_params) =
-        PERSIST ? persist_kernel<T, D> : core_kernel<T, D, BN, MASS, GATHER>;
+        !PERSIST ? core_kernel<T, D, BN, MASS, GATHER>
+        : regs240 ? persist_kernel<T, D, 240> : persist_kernel<T, D, 232>;
     uint32_t grid = p.n_tiles * p.hq;
     if (PERSIST) {
         uint32_t sms;
@@ -1012,8 +1019,8 @@ mf_status_t launch(const core_args &a, const core_params &p, cudaStream_t s, con
         if (st != MF_OK)
             return st;
     }
-    static std::atomic<uint64_t> raised; /* per instantiation: bit = device */
-    if (smem_limit_once((const void *)kern, (int)smem, &raised) != cudaSuccess) {
+    static std::atomic<uint64_t> raised[2]; /* per kernel: bit = device */
+    if (smem_limit_once((const void *)kern, (int)smem, &raised[regs240]) != cudaSuccess) {
         *why = "could not raise the attention core's shared-memory limit";
         return MF_INTERNAL;
     }

@@ -523,6 +523,9 @@ def flex_masks(keep, n, b):
     return out
 
 
+NCU = False  # --ncu
+
+
 def bench_mask(lib, n, dens, reps, rng, flex, log):
     nb = n // B
     keep = R.patterns(rng, HQ, nb, dens)
@@ -577,6 +580,16 @@ def bench_mask(lib, n, dens, reps, rng, flex, log):
         core_call()
         torch.cuda.synchronize()
         return o.clone(), timeit(core_call, reps)[0]
+    if NCU:  # one call per kernel variant inside an NVTX range, for ncu --nvtx-include ncu/
+        for tag, env in (("core", {}), ("persist", {"MF_CORE_PERSIST": "1"}),
+                         ("persist240", {"MF_CORE_PERSIST": "1",
+                                         "MF_CORE_PERSIST_REGS240": "1"})):
+            torch.cuda.synchronize()
+            torch.cuda.nvtx.range_push(f"ncu/{tag}")
+            with_env(env, core_call)
+            torch.cuda.synchronize()
+            torch.cuda.nvtx.range_pop()
+        return rec
     # A/B 1: block-64 lists on the 64-key-tile kernel (no gather)
     gather_off = {"MF_CORE_GATHER": "0"}
     ob, rec["bn64_ms"] = with_env(gather_off, ab_run)
@@ -591,6 +604,13 @@ def bench_mask(lib, n, dens, reps, rng, flex, log):
     rec["persist_same_as_core"] = bool(torch.equal(op, outs["core"]))
     rec["persist_phase_core_ms"] = with_env(dict(persist, MF_APPLY_PHASE="core"),
                                             lambda: timeit(core_call, reps))[0]
+    # A/B 3: the persistent kernel with the core's 24 / 240 register split (its lister spills)
+    o3, rec["persist240_ms"] = with_env(dict(persist, MF_CORE_PERSIST_REGS240="1"), ab_run)
+    rec["persist240_same_as_core"] = bool(torch.equal(o3, outs["core"]))
+    log(f"persist 24/240 N={n} density {per_head:.3f}: {rec['persist240_ms']:.3f} ms "
+        f"(40/232 {rec['persist_ms']:.3f}, core {rec['core_ms']:.3f}), "
+        f"bits = core {rec['persist240_same_as_core']}")
+    del o3
     del op
     del ob
     rec.update(phase_split(lib, core_call, reps))
@@ -870,7 +890,12 @@ def main():
     ap.add_argument("--strided-inputs", default="structured")
     ap.add_argument("--mix-ns", default="", help="layer-mix runs (e.g. 32768); none by default")
     ap.add_argument("--mix-density", type=float, default=0.1)
+    ap.add_argument("--ncu", action="store_true",
+                    help="mask cases: one call per core kernel variant in NVTX ranges ncu/<variant>"
+                         " (run under ncu --nvtx --nvtx-include 'ncu/'), no timing tables")
     args = ap.parse_args()
+    global NCU
+    NCU = args.ncu
     if args.reps < 7:
         ap.error("--reps must be at least 7 (medians of >= 7)")
     log = print
@@ -900,6 +925,8 @@ def main():
         for n in [int(x) for x in args.mask_ns.split(",") if x]:
             for dens in [float(x) for x in args.densities.split(",")]:
                 res["mask"].append(bench_mask(lib, n, dens, args.reps, rng, flex, log))
+    if NCU:
+        return 0
     res["strided"] = []
     for n in [int(x) for x in args.strided_ns.split(",") if x]:
         for hh in args.strided_heads.split(","):

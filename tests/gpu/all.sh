@@ -6,7 +6,9 @@
 # mapflow.kernels' CUDA calls against the C reference (test_kernels_py.py),
 # the kernel benchmark (bench/gpu/run.sh), the attention core's export / masses timing
 # (core-bench: bench/gpu/core_bench.py, CORE_BENCH_ARGS replacing its default arguments;
-# its core.json is in logs.tar.xz) and the hand-off benchmark (bench/handoff/run.sh).
+# its core.json is in logs.tar.xz), hardware counters of the mask core's kernels (core-ncu:
+# ncu over core_bench.py --ncu, NCU_NS / NCU_DENSITIES; ncu.csv in logs.tar.xz) and the
+# hand-off benchmark (bench/handoff/run.sh).
 # Each step has a time limit; logs and results are packed into $OUT (at most 8 files come
 # back) and a summary table is printed last.
 # Usage: tests/gpu/all.sh [STEP ...]   (default: every step; names as in the table)
@@ -40,6 +42,7 @@ steps=(
   "kernels-py|90|${PYTHON:-python3} tests/gpu/test_kernels_py.py"
   "kernels-bench|${KBENCH_LIMIT:-150}|bash bench/gpu/run.sh"
   "core-bench|${CORE_BENCH_LIMIT:-150}|${PYTHON:-python3} bench/gpu/core_bench.py --out \$OUT/core.json ${CORE_BENCH_ARGS:---no-dense --no-mask --mass-ns 32768 --mass-heads 40/8,32/8 --reps 9}"
+  "core-ncu|${NCU_LIMIT:-240}|ncu --clock-control none --nvtx --nvtx-include 'ncu/' --kernel-name regex:'core_kernel|persist_kernel' --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats --csv --page details ${PYTHON:-python3} bench/gpu/core_bench.py --ncu --no-dense --no-flex --mask-ns ${NCU_NS:-32768} --densities ${NCU_DENSITIES:-0.05,0.35} --reps 7 > \$OUT/ncu.csv"
   "handoff|${HANDOFF_LIMIT:-300}|bash bench/handoff/run.sh"
   "handoff-2gpu|230|bash bench/handoff/two_gpu.sh"
 )
