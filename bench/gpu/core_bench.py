@@ -585,7 +585,8 @@ def bench_mask(lib, n, dens, reps, rng, flex, log):
                          ("persist240", {"MF_CORE_PERSIST": "1",
                                          "MF_CORE_PERSIST_REGS240": "1"})):
             torch.cuda.synchronize()
-            torch.cuda.nvtx.range_push(f"ncu/{tag}")
+            torch.cuda.nvtx.range_push("ncu")  # one range name: ncu tells the variants apart by
+            log(f"ncu: {tag} N={n} density {per_head:.3f}")  # kernel name and order
             with_env(env, core_call)
             torch.cuda.synchronize()
             torch.cuda.nvtx.range_pop()
@@ -604,12 +605,19 @@ def bench_mask(lib, n, dens, reps, rng, flex, log):
     rec["persist_same_as_core"] = bool(torch.equal(op, outs["core"]))
     rec["persist_phase_core_ms"] = with_env(dict(persist, MF_APPLY_PHASE="core"),
                                             lambda: timeit(core_call, reps))[0]
-    # A/B 3: the persistent kernel with the core's 24 / 240 register split (its lister spills)
-    o3, rec["persist240_ms"] = with_env(dict(persist, MF_CORE_PERSIST_REGS240="1"), ab_run)
+    # A/B 3, interleaved (core, persistent 40 / 232, persistent 24 / 240 in turn, each rep
+    # timed alone): sequential medians of one variant after another moved by up to 7 % from
+    # run to run with the card's clocks (gpu-core.md §10 / §11), more than the variants differ
+    o3 = with_env(dict(persist, MF_CORE_PERSIST_REGS240="1"), ab_run)[0]
     rec["persist240_same_as_core"] = bool(torch.equal(o3, outs["core"]))
-    log(f"persist 24/240 N={n} density {per_head:.3f}: {rec['persist240_ms']:.3f} ms "
-        f"(40/232 {rec['persist_ms']:.3f}, core {rec['core_ms']:.3f}), "
-        f"bits = core {rec['persist240_same_as_core']}")
+    ab = interleaved({"core": ({}, core_call), "persist": (persist, core_call),
+                      "persist240": (dict(persist, MF_CORE_PERSIST_REGS240="1"), core_call)},
+                     3 * reps)
+    for k, t in ab.items():
+        rec[f"ab_{k}_ms"] = t
+    log(f"interleaved N={n} density {per_head:.3f}: core {ab['core']:.3f} ms, persistent "
+        f"{ab['persist']:.3f} ({ab['persist'] / ab['core']:.3f}), 24/240 {ab['persist240']:.3f}"
+        f"; 24/240 bits = core {rec['persist240_same_as_core']}")
     del o3
     del op
     del ob
@@ -640,6 +648,26 @@ def bench_mask(lib, n, dens, reps, rng, flex, log):
     del q, k, v, o, buf, outs
     torch.cuda.empty_cache()
     return rec
+
+
+def interleaved(variants, reps, warm=2):
+    """Median ms of each variant {name: (env, fn)}, the variants called in turn rep by rep
+    (each call timed alone with CUDA events), so drift in the card's clocks hits all alike."""
+    ts = {k: [] for k in variants}
+    for r in range(warm + reps):
+        for k, (env, fn) in variants.items():
+            def one():
+                torch.cuda.synchronize()
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                fn()
+                e.record()
+                e.synchronize()
+                return s.elapsed_time(e)
+            t = with_env(env, one)
+            if r >= warm:
+                ts[k].append(t)
+    return {k: float(np.median(v)) for k, v in ts.items()}
 
 
 def with_env(env, fn):
@@ -891,8 +919,9 @@ def main():
     ap.add_argument("--mix-ns", default="", help="layer-mix runs (e.g. 32768); none by default")
     ap.add_argument("--mix-density", type=float, default=0.1)
     ap.add_argument("--ncu", action="store_true",
-                    help="mask cases: one call per core kernel variant in NVTX ranges ncu/<variant>"
-                         " (run under ncu --nvtx --nvtx-include 'ncu/'), no timing tables")
+                    help="mask cases: one call per core kernel variant (core, persistent 40/232, 24/240), each"
+                         " in an NVTX range 'ncu' (run under ncu --nvtx --nvtx-include 'ncu/'),"
+                         " no timing tables")
     args = ap.parse_args()
     global NCU
     NCU = args.ncu
