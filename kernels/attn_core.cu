@@ -176,6 +176,14 @@ __device__ __forceinline__ uint64_t sdesc(uint32_t saddr, uint32_t lbo, uint32_t
            (uint64_t)((sbo >> 4) & 0x3fffu) << 32 | 1ull << 62;
 }
 
+/* sdesc(a + off, …) from d = sdesc(a, …): the start-address field is the low 14 bits,
+ * a >> 4 (the 0x3ffff mask keeps every shared address whole), so for a + off < 2^18 adding
+ * off >> 4 to the low word never carries into LBO; one 32-bit add, the high word reused. */
+__device__ __forceinline__ uint64_t desc_add(uint64_t d, uint32_t off)
+{
+    return (d & 0xffffffff00000000ull) | (uint32_t)((uint32_t)d + (off >> 4));
+}
+
 /* ---- mbarrier / TMA ------------------------------------------------------------------ */
 
 __device__ __forceinline__ void bar_init(uint64_t *b, uint32_t count)
@@ -398,13 +406,19 @@ __device__ __forceinline__ void consume_tile(const core_params &p, const kv_ring
             asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - c) : "memory");
     };
     /* O += P·V of the previous tile (issue only) */
+    /* v5 on: descriptors as these bases + desc_add, not re-encoded for every wgmma */
+    const uint64_t dq0 = sdesc(qa, 16, 1024), dk0 = sdesc(smem_addr(r.k), 16, 1024),
+                   dv0 = sdesc(smem_addr(r.v), C::KV_HALF, 1024);
     auto issue_pv = [&]() {
         bar_wait(&r.v_full[ps], pph);
         uint32_t va = smem_addr(r.v + ps * C::KV_BYTES);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++)
-            wgmma_rs<T, D>(o, pa[kk], sdesc(va + kk * 2048, C::KV_HALF, 1024), 1);
+            wgmma_rs<T, D>(o, pa[kk],
+                           MASS >= 5 ? desc_add(dv0, ps * C::KV_BYTES + kk * 2048)
+                                     : sdesc(va + kk * 2048, C::KV_HALF, 1024),
+                           1);
         wgmma_commit();
     };
     auto release = [&](uint64_t *bar) {
@@ -416,10 +430,15 @@ __device__ __forceinline__ void consume_tile(const core_params &p, const kv_ring
         uint32_t ka = smem_addr(r.k + st * C::KV_BYTES);
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < D / 16; kk++)
-            wgmma_ss<T, BN>(sc, sdesc(qa + (kk / 4) * C::Q_HALF + (kk % 4) * 32, 16, 1024),
-                            sdesc(ka + (kk / 4) * C::KV_HALF + (kk % 4) * 32, 16, 1024),
-                            kk > 0);
+        for (int kk = 0; kk < D / 16; kk++) {
+            uint32_t qo = (kk / 4) * C::Q_HALF + (kk % 4) * 32,
+                     ko = (kk / 4) * C::KV_HALF + (kk % 4) * 32;
+            if (MASS >= 5)
+                wgmma_ss<T, BN>(sc, desc_add(dq0, qo), desc_add(dk0, st * C::KV_BYTES + ko),
+                                kk > 0);
+            else
+                wgmma_ss<T, BN>(sc, sdesc(qa + qo, 16, 1024), sdesc(ka + ko, 16, 1024), kk > 0);
+        }
         wgmma_commit();
     };
     /* Online softmax of S (tile x) in place; a tile this warpgroup's block did not keep
@@ -429,7 +448,8 @@ __device__ __forceinline__ void consume_tile(const core_params &p, const kv_ring
     float msub[2][2], mbase[2];
     /* v3 on: this lane's ℓ address for the next flush: (row u / 2, half u % 2) of key tile 0,
      * + 256 floats a tile (dense lists: s_j[x] = x, so tile x's halves are ℓ columns 2x, 2x+1) */
-    float *lp = MASS >= 3 ? lslot + (u & 1) * 128 + ((u >> 1 ? row[1] : row[0]) - 128 * m) : nullptr;
+    float *lp = MASS >= 3 ? lslot + (u & 1) * 128 + ((u >> 1 ? row[1] : row[0]) - 128 * m)
+                          : nullptr;
     auto mass_flush = [&]() {
         if (MASS >= 3) {
             __stcg(lp, mass_ell<true>(msub, mbase, u));
@@ -497,7 +517,8 @@ __device__ __forceinline__ void consume_tile(const core_params &p, const kv_ring
         if (MASS == 2) /* v2: ℓ of each (row, 64-key half) stored right here, in the softmax
                         * (log2 units, relative to the running max: exp2(ℓ − LSE2) is then
                         * the block's share of the row) */
-            __stcg(lslot + (size_t)(j0 / 64 + (u & 1)) * 128 + ((u >> 1 ? row[1] : row[0]) - 128 * m),
+            __stcg(lslot + (size_t)(j0 / 64 + (u & 1)) * 128 +
+                       ((u >> 1 ? row[1] : row[0]) - 128 * m),
                    mass_ell<false>(msub, mbase, u));
     };
     auto rescale_pack = [&](const float alpha[2]) {
@@ -702,8 +723,8 @@ core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUte
                     const float4 *lj = reinterpret_cast<const float4 *>(lslot + (size_t)j * 128 +
                                                                         64 * c);
                     const float *lq = s_lse2 + 64 * c;
-                    if (MASS >= 5) {
-                        /* v5: the 16 loads in flight at once and four partial sums (rows
+                    if (MASS >= 6) {
+                        /* v6: the 16 loads in flight at once and four partial sums (rows
                          * q ≡ 0..3 mod 4), not 4 round trips and one 64-long FADD chain;
                          * the sum's order changes (masses within fp32 rounding of v2's) */
                         float4 v[16];
@@ -1081,16 +1102,18 @@ template <typename T, int MV>
 mf_status_t launch_mass(const core_args &a, const core_params &p, cudaStream_t s,
                         const char **why)
 {
-    return a.d == 128 ? launch<T, 128, 128, MV>(a, p, s, why) : launch<T, 64, 128, MV>(a, p, s, why);
+    return a.d == 128 ? launch<T, 128, 128, MV>(a, p, s, why)
+                      : launch<T, 64, 128, MV>(a, p, s, why);
 }
 
-/* mv: the mass bookkeeping (2..5, mass_variant), when p.mass */
+/* mv: the mass bookkeeping (2..6, mass_variant), when p.mass */
 template <typename T>
 mf_status_t launch_t(const core_args &a, const core_params &p, uint32_t bn, bool gather,
                      bool persist, int mv, cudaStream_t s, const char **why)
 {
     if (p.mass) /* dense only: 128-key tiles */
-        return mv == 5   ? launch_mass<T, 5>(a, p, s, why)
+        return mv == 6   ? launch_mass<T, 6>(a, p, s, why)
+               : mv == 5 ? launch_mass<T, 5>(a, p, s, why)
                : mv == 4 ? launch_mass<T, 4>(a, p, s, why)
                : mv == 3 ? launch_mass<T, 3>(a, p, s, why)
                          : launch_mass<T, 2>(a, p, s, why);
@@ -1124,19 +1147,20 @@ bool env_on(const char *var)
  * bookkeeping"). Unset: v2. v2: ℓ reduced, lg2'd and stored inside the softmax; v3: the same
  * ℓ (bitwise), its shuffles / lg2 / store deferred to the next tile's S wait, lg2.ftz, a
  * running address; v4: v3 + the softmax overlapping the warpgroup's own P·V (a branch keeps
- * ptxas from hoisting that wait); v5: v4 + an epilogue with its loads in flight at once and
- * four partial sums (masses within fp32 rounding of v2's, not bitwise). */
+ * ptxas from hoisting that wait); v5: v4 + wgmma descriptors as base + offset (desc_add);
+ * v6: v5 + an epilogue with its loads in flight at once and four partial sums (masses
+ * within fp32 rounding of v2's, not bitwise). */
 mf_status_t mass_variant(int *mv, const char **why)
 {
     const char *e = getenv("MF_MASS_VARIANT");
     *mv = 2;
     if (!e || !*e)
         return MF_OK;
-    if (e[0] == 'v' && e[1] >= '2' && e[1] <= '5' && !e[2]) {
+    if (e[0] == 'v' && e[1] >= '2' && e[1] <= '6' && !e[2]) {
         *mv = e[1] - '0';
         return MF_OK;
     }
-    *why = "MF_MASS_VARIANT must be v2, v3, v4 or v5";
+    *why = "MF_MASS_VARIANT must be v2, v3, v4, v5 or v6";
     return MF_INVALID_ARGUMENT;
 }
 

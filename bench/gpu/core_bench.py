@@ -27,7 +27,7 @@ would pick, on one H200 (bench/gpu/NOTES.md has the floors and the versions).
          (mf_extract_cuda, MASK codec: masses + Top-P 0.9 + rows + seal, with the LSE given),
          bf16, d 128, Hq/Hkv from --mass-heads, structured Q/K (bench_torch.structured_qk);
          fused masses vs extract's mass_out max |diff| printed. The mass bookkeepings
-         (MF_MASS_VARIANT, --mass-variants v2,v3,v4,v5): each one's O / LSE / masses against
+         (MF_MASS_VARIANT, --mass-variants v2,v3,v4,v5,v6): each one's O / LSE / masses against
          v2's on these inputs, then fused ms of each beside the dense core, in --mass-rounds
          interleaved rounds (median of the rounds' medians, so drift between calls hits
          every variant alike): fused / dense core, / cuDNN, / v2.
@@ -56,7 +56,7 @@ numbers go to --out as JSON.
   python3 bench/gpu/core_bench.py [--ns 16384,32768,65536] [--densities 0.05,0.1,0.2,0.35]
                                   [--reps 9] [--out core.json] [--no-flex] [--no-mask]
                                   [--mass-ns 32768] [--mass-heads 40/8,32/8] [--no-dense]
-                                  [--mass-variants v2,v3,v4,v5] [--mass-rounds 3]
+                                  [--mass-variants v2,v3,v4,v5,v6] [--mass-rounds 3]
                                   [--strided-ns 32768] [--strided-heads 40/8]
                                   [--strides 1,4,8,16] [--strided-inputs structured]
                                   [--mix-ns 32768] [--mix-density 0.1]
@@ -925,7 +925,7 @@ def main():
     ap.add_argument("--no-dense", action="store_true")
     ap.add_argument("--mass-ns", default="")
     ap.add_argument("--mass-heads", default="40/8,32/8")
-    ap.add_argument("--mass-variants", default="v2,v3,v4,v5",
+    ap.add_argument("--mass-variants", default="v2,v3,v4,v5,v6",
                     help="MF_MASS_VARIANT A/B in the masses table ('' for none)")
     ap.add_argument("--mass-rounds", type=int, default=3)
     ap.add_argument("--strided-ns", default="")

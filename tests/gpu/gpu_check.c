@@ -12,8 +12,8 @@
  *            float64 (relative 1e-3 where ≥ 1e-4) and of mf_extract_cuda's mass_out; Top-P
  *            kept sets from them equal to the float64 masses' (near-ties within 1e-4
  *            counted apart); 0 above the diagonal; bad arguments refused. Each case runs
- *            every MF_MASS_VARIANT (v2 default, v3, v4, v5) with these checks, and each
- *            against v2: O / LSE bit for bit, masses bit for bit (v5: ≤ 4e-6), kept sets equal.
+ *            every MF_MASS_VARIANT (v2 default, v3 – v6) with these checks, and each
+ *            against v2: O / LSE bit for bit, masses bit for bit (v6: ≤ 4e-6), kept sets equal.
  *   apply:   ‖O − O_ref‖ / ‖O_ref‖ ≤ 2e-3 per head mode, every element written; each case
  *            runs both implementations (core: the sm_90a core for mask / compute heads with
  *            v2 for prob heads; v2 alone; at B = 64 also the core with MF_CORE_GATHER=0 and
@@ -704,13 +704,13 @@ static void extract_masses(tensors_t *t, uint32_t nb, float *mass_host)
  * float64 masses; every output written (NaN poison), 0 above the diagonal. own_scratch:
  * the caller passes the scratch (else the call allocates it). Every mass bookkeeping
  * (MF_MASS_VARIANT, attn_core.cu) runs the same checks, and against the default's (v2)
- * outputs: O and LSE bit for bit (the same math), the masses bit for bit (v3, v4: the same
- * ℓ and epilogue) or within fp32 rounding (v5: the epilogue sums in another order), and
+ * outputs: O and LSE bit for bit (the same math), the masses bit for bit (v3 – v5: the same
+ * ℓ and epilogue) or within fp32 rounding (v6: the epilogue sums in another order), and
  * the kept sets identical to v2's. */
 static int check_masses(mf_dtype_t dt, uint32_t d, uint32_t n, uint32_t hq, uint32_t hkv,
                         float top_p, int own_scratch, uint64_t seed)
 {
-    static const char *const variants[] = { NULL, "v3", "v4", "v5" };
+    static const char *const variants[] = { NULL, "v3", "v4", "v5", "v6" };
     const int nv = (int)(sizeof(variants) / sizeof(variants[0]));
     char base[96], name[112];
     snprintf(base, sizeof(base), "masses core %s d%u N%u H%u/%u p%.2f%s",
@@ -849,9 +849,9 @@ static int check_masses(mf_dtype_t dt, uint32_t d, uint32_t n, uint32_t hq, uint
                 obits += memcmp(&o[x], &o2[x], 4) != 0;
             for (size_t x = 0; x < ln; x++)
                 lbits += memcmp(&lse[x], &lse2[x], 4) != 0;
-            /* v5: a 64-term sum of values ≤ 1 in another order, scaled by 1/64: ≤ 63 · 2^-24
-             * apart in the worst case (4e-6); v3 / v4: the same bits */
-            int exact = strcmp(variants[v], "v5") != 0;
+            /* v6: a 64-term sum of values ≤ 1 in another order, scaled by 1/64: ≤ 63 · 2^-24
+             * apart in the worst case (4e-6); v3 – v5: the same bits */
+            int exact = strcmp(variants[v], "v6") != 0;
             double vlim = exact ? 0.0 : 4e-6;
             report(name, "O bits != v2", (double)obits, 0, obits == 0);
             report(name, "LSE bits != v2", (double)lbits, 0, lbits == 0);
