@@ -21,9 +21,10 @@
  * O (fp32) goes straight from the accumulators to global memory: each quad writes 32
  * contiguous bytes of a row, whole sectors; or, for mf_export_cuda's o_dtype, O in T (16
  * bytes a quad), so the source gets its layer's output without an fp32 round trip.
- * Masses (MASS = true, dense, 128-key tiles): the softmax keeps the row sum of each 64-key
- * half apart and stores ℓ = base + log2(sum) per (row, half) into the CTA's ℓ slot; after
- * the loop each warpgroup (= one 64-row query block) turns ℓ − LSE into its mass row.
+ * Masses (MASS = 2…6, the bookkeeping variant; 0: none; dense, 128-key tiles): the softmax
+ * keeps the row sum of each 64-key half apart and stores ℓ = base + log2(sum) per (row,
+ * half) into the CTA's ℓ slot (v3 on: in the next tile's S wait); after the loop each
+ * warpgroup (= one 64-row query block) turns ℓ − LSE into its mass row.
  * Rationale and measurements: bench/gpu/NOTES.md (issue 20). */
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -253,7 +254,7 @@ struct core_params {
     uint32_t pingpong; /* 1: the consumer warpgroups take turns (MF_CORE_PINGPONG=0: off) */
     uint32_t o_t;      /* 1: O stored in the inputs' type T (bf16 / f16), else float */
     float scale_log2;
-    /* masses (core_kernel<…, MASS = true>, dense only): block-local log2-sum-exp ℓ of each
+    /* masses (core_kernel<…, MASS ≥ 2>, dense only): block-local log2-sum-exp ℓ of each
      * (row, 64-key block) in a per-CTA slot of lscr ([j][128 rows] fp32, nslots slots, a
      * slot taken by CAS on slot_busy), reduced into mass [Hq][nbm][nbm] at the end. */
     float *lscr, *mass;
