@@ -406,10 +406,10 @@ __device__ __forceinline__ void consume_tile(const core_params &p, const kv_ring
         if (p.pingpong)
             asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - c) : "memory");
     };
-    /* O += P·V of the previous tile (issue only) */
     /* v5 on: descriptors as these bases + desc_add, not re-encoded for every wgmma */
     const uint64_t dq0 = sdesc(qa, 16, 1024), dk0 = sdesc(smem_addr(r.k), 16, 1024),
                    dv0 = sdesc(smem_addr(r.v), C::KV_HALF, 1024);
+    /* O += P·V of the previous tile (issue only) */
     auto issue_pv = [&]() {
         bar_wait(&r.v_full[ps], pph);
         uint32_t va = smem_addr(r.v + ps * C::KV_BYTES);
