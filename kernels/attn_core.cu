@@ -21,9 +21,10 @@
  * O (fp32) goes straight from the accumulators to global memory: each quad writes 32
  * contiguous bytes of a row, whole sectors; or, for mf_export_cuda's o_dtype, O in T (16
  * bytes a quad), so the source gets its layer's output without an fp32 round trip.
- * Masses (MASS = true, dense, 128-key tiles): the softmax keeps the row sum of each 64-key
- * half apart and stores ℓ = base + log2(sum) per (row, half) into the CTA's ℓ slot; after
- * the loop each warpgroup (= one 64-row query block) turns ℓ − LSE into its mass row.
+ * Masses (MASS = 2…6, the bookkeeping variant; 0: none; dense, 128-key tiles): the softmax
+ * keeps the row sum of each 64-key half apart and stores ℓ = base + log2(sum) per (row,
+ * half) into the CTA's ℓ slot (v3 on: in the next tile's S wait); after the loop each
+ * warpgroup (= one 64-row query block) turns ℓ − LSE into its mass row.
  * Rationale and measurements: bench/gpu/NOTES.md (issue 20). */
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -176,6 +177,14 @@ __device__ __forceinline__ uint64_t sdesc(uint32_t saddr, uint32_t lbo, uint32_t
            (uint64_t)((sbo >> 4) & 0x3fffu) << 32 | 1ull << 62;
 }
 
+/* sdesc(a + off, …) from d = sdesc(a, …): the start-address field is the low 14 bits,
+ * a >> 4 (the 0x3ffff mask keeps every shared address whole), so for a + off < 2^18 adding
+ * off >> 4 to the low word never carries into LBO; one 32-bit add, the high word reused. */
+__device__ __forceinline__ uint64_t desc_add(uint64_t d, uint32_t off)
+{
+    return (d & 0xffffffff00000000ull) | (uint32_t)((uint32_t)d + (off >> 4));
+}
+
 /* ---- mbarrier / TMA ------------------------------------------------------------------ */
 
 __device__ __forceinline__ void bar_init(uint64_t *b, uint32_t count)
@@ -214,6 +223,29 @@ __device__ __forceinline__ float ex2(float x)
     return y;
 }
 
+/* The mass bookkeeping's ℓ of one (row, 64-key half) of a 128-key tile, for lane u of a quad:
+ * msub[r][h] is this lane's part of row r's sum over half h (relative to base[r], the row's
+ * running max, the same in all four lanes). A 4-way reduce-scatter over the quad: lane u
+ * ends with row u / 2, half u % 2 — 3 shuffles and 1 lg2 a thread, where a quad sum per
+ * (row, half) took 8 and 2. The additions are the quad sum's, (s0 + s1) + (s2 + s3) in every
+ * lane, so ℓ is bitwise the same. A half above the row gives −inf, unread. FTZ (v3 on):
+ * lg2.approx.ftz, without __log2f's denormal scaling (3 instructions): a sum of
+ * ex2.approx.ftz outputs is 0 or ≥ 2^-126, never denormal, so the result is bitwise the same. */
+template <bool FTZ>
+__device__ __forceinline__ float mass_ell(const float (&msub)[2][2], const float (&base)[2], int u)
+{
+    int odd = u & 1, hi = u >> 1;
+    float k0 = odd ? msub[0][1] : msub[0][0], k1 = odd ? msub[1][1] : msub[1][0];
+    k0 += __shfl_xor_sync(0xffffffffu, odd ? msub[0][0] : msub[0][1], 1);
+    k1 += __shfl_xor_sync(0xffffffffu, odd ? msub[1][0] : msub[1][1], 1);
+    float tot = (hi ? k1 : k0) + __shfl_xor_sync(0xffffffffu, hi ? k0 : k1, 2), lg;
+    if (FTZ)
+        asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(lg) : "f"(tot));
+    else
+        lg = __log2f(tot);
+    return (hi ? base[1] : base[0]) + lg;
+}
+
 struct core_params {
     void *o;       /* [N, Hq, D]: float, or T when o_t (the epilogue's store) */
     float *lse;
@@ -222,7 +254,7 @@ struct core_params {
     uint32_t pingpong; /* 1: the consumer warpgroups take turns (MF_CORE_PINGPONG=0: off) */
     uint32_t o_t;      /* 1: O stored in the inputs' type T (bf16 / f16), else float */
     float scale_log2;
-    /* masses (core_kernel<…, MASS = true>, dense only): block-local log2-sum-exp ℓ of each
+    /* masses (core_kernel<…, MASS ≥ 2>, dense only): block-local log2-sum-exp ℓ of each
      * (row, 64-key block) in a per-CTA slot of lscr ([j][128 rows] fp32, nslots slots, a
      * slot taken by CAS on slot_busy), reduced into mass [Hq][nbm][nbm] at the end. */
     float *lscr, *mass;
@@ -337,7 +369,7 @@ __device__ __forceinline__ void produce_tiles(const kv_ring &r, const CUtensorMa
  * kt0: key tiles the ring carried before this tile (its stage and phase run on across the
  * persistent kernel's tiles; 0 in core_kernel). lslot: MASS only. give_first: warpgroup 1
  * gives the tile's first turn (false: it already did, at the end of the tile before). */
-template <typename T, int D, int BN, bool MASS, bool GATHER>
+template <typename T, int D, int BN, int MASS, bool GATHER>
 __device__ __forceinline__ void consume_tile(const core_params &p, const kv_ring &r,
                                              uint64_t *q_full, uint32_t q_ph, uint32_t qa,
                                              const uint16_t *s_j, const uint8_t *s_f, int ntiles,
@@ -374,6 +406,9 @@ __device__ __forceinline__ void consume_tile(const core_params &p, const kv_ring
         if (p.pingpong)
             asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - c) : "memory");
     };
+    /* v5 on: descriptors as these bases + desc_add, not re-encoded for every wgmma */
+    const uint64_t dq0 = sdesc(qa, 16, 1024), dk0 = sdesc(smem_addr(r.k), 16, 1024),
+                   dv0 = sdesc(smem_addr(r.v), C::KV_HALF, 1024);
     /* O += P·V of the previous tile (issue only) */
     auto issue_pv = [&]() {
         bar_wait(&r.v_full[ps], pph);
@@ -381,7 +416,10 @@ __device__ __forceinline__ void consume_tile(const core_params &p, const kv_ring
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++)
-            wgmma_rs<T, D>(o, pa[kk], sdesc(va + kk * 2048, C::KV_HALF, 1024), 1);
+            wgmma_rs<T, D>(o, pa[kk],
+                           MASS >= 5 ? desc_add(dv0, ps * C::KV_BYTES + kk * 2048)
+                                     : sdesc(va + kk * 2048, C::KV_HALF, 1024),
+                           1);
         wgmma_commit();
     };
     auto release = [&](uint64_t *bar) {
@@ -393,17 +431,34 @@ __device__ __forceinline__ void consume_tile(const core_params &p, const kv_ring
         uint32_t ka = smem_addr(r.k + st * C::KV_BYTES);
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < D / 16; kk++)
-            wgmma_ss<T, BN>(sc, sdesc(qa + (kk / 4) * C::Q_HALF + (kk % 4) * 32, 16, 1024),
-                            sdesc(ka + (kk / 4) * C::KV_HALF + (kk % 4) * 32, 16, 1024),
-                            kk > 0);
+        for (int kk = 0; kk < D / 16; kk++) {
+            uint32_t qo = (kk / 4) * C::Q_HALF + (kk % 4) * 32,
+                     ko = (kk / 4) * C::KV_HALF + (kk % 4) * 32;
+            if (MASS >= 5)
+                wgmma_ss<T, BN>(sc, desc_add(dq0, qo), desc_add(dk0, st * C::KV_BYTES + ko),
+                                kk > 0);
+            else
+                wgmma_ss<T, BN>(sc, sdesc(qa + qo, 16, 1024), sdesc(ka + ko, 16, 1024), kk > 0);
+        }
         wgmma_commit();
     };
     /* Online softmax of S (tile x) in place; a tile this warpgroup's block did not keep
      * is masked whole (P = 0, alpha = 1): every wgmma stays on the non-divergent path. */
+    /* MASS: the tile's half sums and bases (mass_ell's input); v3 on: kept from the softmax
+     * of tile x to mass_flush in iteration x + 1 */
+    float msub[2][2], mbase[2];
+    /* v3 on: this lane's ℓ address for the next flush: (row u / 2, half u % 2) of key tile 0,
+     * + 256 floats a tile (dense lists: s_j[x] = x, so tile x's halves are ℓ columns 2x, 2x+1) */
+    float *lp = MASS >= 3 ? lslot + (u & 1) * 128 + ((u >> 1 ? row[1] : row[0]) - 128 * m)
+                          : nullptr;
+    auto mass_flush = [&]() {
+        if (MASS >= 3) {
+            __stcg(lp, mass_ell<true>(msub, mbase, u));
+            lp += 256;
+        }
+    };
     auto softmax = [&](int x, float alpha[2]) {
         static_assert(!MASS || BN == 128, "masses: two 64-key halves a tile");
-        float msub[2][2], mbase[2]; /* MASS: each row's half sums and its base */
         /* per 64-key half h of the tile: its first key jb and whether this warpgroup's
          * block kept it (GATHER: list entry 2x + h; else both halves are entry x) */
         uint32_t jb[BN / 64];
@@ -449,6 +504,8 @@ __device__ __forceinline__ void consume_tile(const core_params &p, const kv_ring
                     }
                 sum += sub[b];
             }
+            if (MASS >= 3) /* the same value as 0 + sub[0] + sub[1] (sums ≥ 0), one FADD less */
+                sum = sub[0] + sub[BN / 64 - 1];
             if (MASS) {
                 msub[r][0] = sub[0];
                 msub[r][1] = sub[BN / 64 - 1];
@@ -458,22 +515,12 @@ __device__ __forceinline__ void consume_tile(const core_params &p, const kv_ring
             l[r] = l[r] * alpha[r] + sum;
             mrow[r] = mn;
         }
-        if (MASS) {
-            /* ℓ of each (row, 64-key half) of the tile (log2 units, relative to the running
-             * max: exp2(ℓ − LSE2) is then the block's share of the row). The quad's four
-             * sums (2 rows × 2 halves) by a reduce-scatter: lane u ends with row u / 2,
-             * half u % 2 — 3 shuffles, 1 lg2 and 1 store a thread, where a quad sum per
-             * (row, half) took 8, 2 and 2. The additions are the quad sum's,
-             * (s0 + s1) + (s2 + s3) in every lane, so ℓ is bitwise the same. A half above
-             * the row gives −inf, unread. */
-            int odd = u & 1, hi = u >> 1;
-            float k0 = odd ? msub[0][1] : msub[0][0], k1 = odd ? msub[1][1] : msub[1][0];
-            k0 += __shfl_xor_sync(0xffffffffu, odd ? msub[0][0] : msub[0][1], 1);
-            k1 += __shfl_xor_sync(0xffffffffu, odd ? msub[1][0] : msub[1][1], 1);
-            float tot = (hi ? k1 : k0) + __shfl_xor_sync(0xffffffffu, hi ? k0 : k1, 2);
-            __stcg(lslot + (size_t)(j0 / 64 + odd) * 128 + ((hi ? row[1] : row[0]) - 128 * m),
-                   (hi ? mbase[1] : mbase[0]) + __log2f(tot));
-        }
+        if (MASS == 2) /* v2: ℓ of each (row, 64-key half) stored right here, in the softmax
+                        * (log2 units, relative to the running max: exp2(ℓ − LSE2) is then
+                        * the block's share of the row) */
+            __stcg(lslot + (size_t)(j0 / 64 + (u & 1)) * 128 +
+                       ((u >> 1 ? row[1] : row[0]) - 128 * m),
+                   mass_ell<false>(msub, mbase, u));
     };
     auto rescale_pack = [&](const float alpha[2]) {
 #pragma unroll
@@ -512,10 +559,19 @@ __device__ __forceinline__ void consume_tile(const core_params &p, const kv_ring
         issue_s(s);
         issue_pv();
         turn_give();
+        /* v3 on: tile x − 1's ℓ while this warpgroup waits for S (its wgmmas are queued) */
+        mass_flush();
         wgmma_wait<1>();
         fence_regs(sc);
         release(&r.k_empty[s]);
         softmax(x, alpha);
+        /* v4 on: tile x + 1's K wait (needed next anyway) here, a real branch: ptxas
+         * otherwise hoists the P·V wait below above the whole softmax (into the block
+         * after the mask's branch, SASS: WARPGROUP.DEPBAR before the first FMNMX), to pack
+         * P early into the registers the P·V in flight still reads — so the softmax never
+         * overlapped this warpgroup's own P·V, only the other warpgroup's GEMMs */
+        if (MASS >= 4 && x + 1 < ntiles)
+            bar_wait(&r.k_full[(gx + 1) % C::STAGES], ((gx + 1) / C::STAGES) & 1);
         wgmma_wait<0>(); /* the previous tile's P·V is done: its V is free */
         fence_regs(o);
         fence_regs(pa);
@@ -528,6 +584,7 @@ __device__ __forceinline__ void consume_tile(const core_params &p, const kv_ring
     issue_pv();
     if (c == 0)
         turn_give();
+    mass_flush(); /* v3 on: the last tile's ℓ, under its P·V */
     wgmma_wait<0>();
     fence_regs(o);
     fence_regs(pa);
@@ -539,7 +596,7 @@ __device__ __forceinline__ void consume_tile(const core_params &p, const kv_ring
  * every 8 rows, so two stacked 64-row boxes are one 128-row box); per-tile costs and the
  * m64n128 wgmmas are then paid per 128 keys. An odd list's last half is a phantom: block
  * s_j[count − 1] again, kept by nobody (masked whole; V stays finite, so P·V adds 0). */
-template <typename T, int D, int BN, bool MASS, bool GATHER>
+template <typename T, int D, int BN, int MASS, bool GATHER>
 __global__ void __launch_bounds__(384, 1)
 core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
             const __grid_constant__ CUtensorMap tv, const core_params p)
@@ -667,13 +724,32 @@ core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUte
                     const float4 *lj = reinterpret_cast<const float4 *>(lslot + (size_t)j * 128 +
                                                                         64 * c);
                     const float *lq = s_lse2 + 64 * c;
+                    if (MASS >= 6) {
+                        /* v6: the 16 loads in flight at once and four partial sums (rows
+                         * q ≡ 0..3 mod 4), not 4 round trips and one 64-long FADD chain;
+                         * the sum's order changes (masses within fp32 rounding of v2's) */
+                        float4 v[16];
+                        float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+#pragma unroll
+                        for (int q4 = 0; q4 < 16; q4++)
+                            v[q4] = __ldcg(lj + q4);
+#pragma unroll
+                        for (int q4 = 0; q4 < 16; q4++) {
+                            a0 += ex2(v[q4].x - lq[4 * q4 + 0]);
+                            a1 += ex2(v[q4].y - lq[4 * q4 + 1]);
+                            a2 += ex2(v[q4].z - lq[4 * q4 + 2]);
+                            a3 += ex2(v[q4].w - lq[4 * q4 + 3]);
+                        }
+                        acc = (a0 + a1) + (a2 + a3);
+                    } else {
 #pragma unroll 4
-                    for (int q4 = 0; q4 < 16; q4++) {
-                        float4 v = __ldcg(lj + q4);
-                        acc += ex2(v.x - lq[4 * q4 + 0]);
-                        acc += ex2(v.y - lq[4 * q4 + 1]);
-                        acc += ex2(v.z - lq[4 * q4 + 2]);
-                        acc += ex2(v.w - lq[4 * q4 + 3]);
+                        for (int q4 = 0; q4 < 16; q4++) {
+                            float4 v = __ldcg(lj + q4);
+                            acc += ex2(v.x - lq[4 * q4 + 0]);
+                            acc += ex2(v.y - lq[4 * q4 + 1]);
+                            acc += ex2(v.z - lq[4 * q4 + 2]);
+                            acc += ex2(v.w - lq[4 * q4 + 3]);
+                        }
                     }
                     acc *= 1.0f / 64.0f;
                 }
@@ -874,7 +950,7 @@ persist_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ C
         uint32_t row[2] = { r0 + 16 * w + g, r0 + 16 * w + g + 8 };
         float o[D / 2], mrow[2], l[2];
         bool used;
-        consume_tile<T, D, 128, false, true>(p, ring, &q_full[b], (q_ph >> b) & 1,
+        consume_tile<T, D, 128, 0, true>(p, ring, &q_full[b], (q_ph >> b) & 1,
                                              smem_addr(sm + b * C::Q_BYTES) + c * 64 * 128,
                                              list_j(b), list_f(b), ntiles, kt, m, c, tid, row,
                                              nullptr, !gave, o, mrow, l, used);
@@ -980,7 +1056,7 @@ mf_status_t sm_count(uint32_t *n, const char **why)
 bool env_on(const char *var);
 
 /* PERSIST (block-64 lists, GATHER): persist_kernel on min(tiles, SMs) CTAs */
-template <typename T, int D, int BN, bool MASS, bool GATHER = false, bool PERSIST = false>
+template <typename T, int D, int BN, int MASS, bool GATHER = false, bool PERSIST = false>
 mf_status_t launch(const core_args &a, const core_params &p, cudaStream_t s, const char **why)
 {
     static_assert(!PERSIST || (GATHER && !MASS), "persistent: the gathered lists kernel");
@@ -1030,23 +1106,35 @@ mf_status_t launch(const core_args &a, const core_params &p, cudaStream_t s, con
 
 /* bn: key block (128 dense); gather: block-64 lists as 128-key tiles (else 64-key tiles);
  * persist: those on the persistent kernel */
+template <typename T, int MV>
+mf_status_t launch_mass(const core_args &a, const core_params &p, cudaStream_t s,
+                        const char **why)
+{
+    return a.d == 128 ? launch<T, 128, 128, MV>(a, p, s, why)
+                      : launch<T, 64, 128, MV>(a, p, s, why);
+}
+
+/* mv: the mass bookkeeping (2..6, mass_variant), when p.mass */
 template <typename T>
 mf_status_t launch_t(const core_args &a, const core_params &p, uint32_t bn, bool gather,
-                     bool persist, cudaStream_t s, const char **why)
+                     bool persist, int mv, cudaStream_t s, const char **why)
 {
     if (p.mass) /* dense only: 128-key tiles */
-        return a.d == 128 ? launch<T, 128, 128, true>(a, p, s, why)
-                          : launch<T, 64, 128, true>(a, p, s, why);
+        return mv == 6   ? launch_mass<T, 6>(a, p, s, why)
+               : mv == 5 ? launch_mass<T, 5>(a, p, s, why)
+               : mv == 4 ? launch_mass<T, 4>(a, p, s, why)
+               : mv == 3 ? launch_mass<T, 3>(a, p, s, why)
+                         : launch_mass<T, 2>(a, p, s, why);
     if (bn == 64 && gather && persist)
-        return a.d == 128 ? launch<T, 128, 128, false, true, true>(a, p, s, why)
-                          : launch<T, 64, 128, false, true, true>(a, p, s, why);
+        return a.d == 128 ? launch<T, 128, 128, 0, true, true>(a, p, s, why)
+                          : launch<T, 64, 128, 0, true, true>(a, p, s, why);
     if (a.d == 128)
-        return bn == 128 ? launch<T, 128, 128, false>(a, p, s, why)
-               : gather  ? launch<T, 128, 128, false, true>(a, p, s, why)
-                         : launch<T, 128, 64, false>(a, p, s, why);
-    return bn == 128 ? launch<T, 64, 128, false>(a, p, s, why)
-           : gather  ? launch<T, 64, 128, false, true>(a, p, s, why)
-                     : launch<T, 64, 64, false>(a, p, s, why);
+        return bn == 128 ? launch<T, 128, 128, 0>(a, p, s, why)
+               : gather  ? launch<T, 128, 128, 0, true>(a, p, s, why)
+                         : launch<T, 128, 64, 0>(a, p, s, why);
+    return bn == 128 ? launch<T, 64, 128, 0>(a, p, s, why)
+           : gather  ? launch<T, 64, 128, 0, true>(a, p, s, why)
+                     : launch<T, 64, 64, 0>(a, p, s, why);
 }
 
 /* A bench A/B switch from the environment, read per launch: off only when set to "0". */
@@ -1060,6 +1148,28 @@ bool env_on(const char *var)
 {
     const char *e = getenv(var);
     return e && !strcmp(e, "1");
+}
+
+/* MF_MASS_VARIANT (read per launch, like the switches above): the mass bookkeeping of the
+ * fused forward, for A/B in one process (bench/gpu/NOTES.md "v3/v4 of the mass
+ * bookkeeping"). Unset: v2. v2: ℓ reduced, lg2'd and stored inside the softmax; v3: the same
+ * ℓ (bitwise), its shuffles / lg2 / store deferred to the next tile's S wait, lg2.ftz, a
+ * running address; v4: v3 + the softmax overlapping the warpgroup's own P·V (a branch keeps
+ * ptxas from hoisting that wait); v5: v4 + wgmma descriptors as base + offset (desc_add);
+ * v6: v5 + an epilogue with its loads in flight at once and four partial sums (masses
+ * within fp32 rounding of v2's, not bitwise). */
+mf_status_t mass_variant(int *mv, const char **why)
+{
+    const char *e = getenv("MF_MASS_VARIANT");
+    *mv = 2;
+    if (!e || !*e)
+        return MF_OK;
+    if (e[0] == 'v' && e[1] >= '2' && e[1] <= '6' && !e[2]) {
+        *mv = e[1] - '0';
+        return MF_OK;
+    }
+    *why = "MF_MASS_VARIANT must be v2, v3, v4, v5 or v6";
+    return MF_INVALID_ARGUMENT;
 }
 
 } /* namespace */
@@ -1136,9 +1246,15 @@ mf_status_t core_launch(const core_args &a, cudaStream_t s, const char **why)
         *why = "the attention core takes at most 2048 key tiles";
         return MF_UNIMPLEMENTED;
     }
+    int mv = 2;
+    if (a.mass) {
+        mf_status_t st = mass_variant(&mv, why);
+        if (st != MF_OK)
+            return st;
+    }
     if (a.dtype == MF_DTYPE_F16)
-        return launch_t<__half>(a, p, bn, gather, persist, s, why);
-    return launch_t<__nv_bfloat16>(a, p, bn, gather, persist, s, why);
+        return launch_t<__half>(a, p, bn, gather, persist, mv, s, why);
+    return launch_t<__nv_bfloat16>(a, p, bn, gather, persist, mv, s, why);
 }
 
 } /* namespace mfc */

@@ -26,7 +26,11 @@ would pick, on one H200 (bench/gpu/NOTES.md has the floors and the versions).
          dense on the same layer, vs our dense core alone, and vs the current extract path
          (mf_extract_cuda, MASK codec: masses + Top-P 0.9 + rows + seal, with the LSE given),
          bf16, d 128, Hq/Hkv from --mass-heads, structured Q/K (bench_torch.structured_qk);
-         fused masses vs extract's mass_out max |diff| printed.
+         fused masses vs extract's mass_out max |diff| printed. The mass bookkeepings
+         (MF_MASS_VARIANT, --mass-variants v2,v3,v4,v5,v6): each one's O / LSE / masses against
+         v2's on these inputs, then fused ms of each beside the dense core, in --mass-rounds
+         interleaved rounds (median of the rounds' medians, so drift between calls hits
+         every variant alike): fused / dense core, / cuDNN, / v2.
   export: mf_export_cuda (the exporter that ships: the fused forward's O, LSE and masses,
          then extract's selection, rows and seal on those masses; MASK codec, Top-P 0.9) vs
          today's path, cuDNN dense + mf_extract_cuda (LSE computed by extract, as SDPA
@@ -52,6 +56,7 @@ numbers go to --out as JSON.
   python3 bench/gpu/core_bench.py [--ns 16384,32768,65536] [--densities 0.05,0.1,0.2,0.35]
                                   [--reps 9] [--out core.json] [--no-flex] [--no-mask]
                                   [--mass-ns 32768] [--mass-heads 40/8,32/8] [--no-dense]
+                                  [--mass-variants v2,v3,v4,v5,v6] [--mass-rounds 3]
                                   [--strided-ns 32768] [--strided-heads 40/8]
                                   [--strides 1,4,8,16] [--strided-inputs structured]
                                   [--mix-ns 32768] [--mix-density 0.1]
@@ -161,7 +166,44 @@ def bench_dense(lib, n, reps, log):
     return rec
 
 
-def bench_masses(lib, n, hq, hkv, reps, log):
+def mass_variants_ab(fused, dense, o, lse, mass, variants, rounds, reps):
+    """The mass bookkeepings A/B (MF_MASS_VARIANT): each variant's outputs against v2's
+    (bit-equal O / LSE, masses: differing words and max |diff|), then the fused ms of each
+    and the dense core's, interleaved over rounds (median of the round medians)."""
+    def run(v):
+        o.fill_(float("nan"))
+        mass.fill_(float("nan"))
+        with_env({"MF_MASS_VARIANT": v}, fused)
+        torch.cuda.synchronize()
+        return o.clone(), lse.clone(), mass.clone()
+    o2, lse2, mass2 = run("v2")
+    out = {}
+    for v in variants:
+        ov, lv, mv = (o2, lse2, mass2) if v == "v2" else run(v)
+        out[v] = {"o_same": bool(torch.equal(ov, o2)), "lse_same": bool(torch.equal(lv, lse2)),
+                  "mass_words_differ": int((mv.view(torch.int32) != mass2.view(torch.int32))
+                                           .sum()),
+                  "mass_maxdiff_v2": float((mv - mass2).abs().max()),
+                  "finite": bool(torch.isfinite(mv).all()), "ms_rounds": []}
+        del ov, lv, mv
+    del o2, lse2, mass2
+    dense_rounds = []
+    for _ in range(rounds):
+        dense_rounds.append(timeit(dense, reps)[0])
+        for v in variants:
+            out[v]["ms_rounds"].append(with_env({"MF_MASS_VARIANT": v},
+                                                lambda: timeit(fused, reps))[0])
+    dense_ms = float(np.median(dense_rounds))
+    for v in variants:
+        out[v]["ms"] = float(np.median(out[v]["ms_rounds"]))
+        out[v]["over_dense"] = out[v]["ms"] / dense_ms
+    base = out.get("v2", {}).get("ms")
+    for v in variants:
+        out[v]["over_v2"] = out[v]["ms"] / base if base else None
+    return {"variants": out, "variants_dense_ms": dense_ms, "variants_dense_rounds": dense_rounds}
+
+
+def bench_masses(lib, n, hq, hkv, reps, log, variants=(), rounds=3):
     import bench_torch as BT
     nb = n // B
     q, k = BT.structured_qk(n, hq, hkv, D)
@@ -284,6 +326,8 @@ def bench_masses(lib, n, hq, hkv, reps, log):
         # the epilogue's bf16 O is the fp32 O rounded to nearest, element for element
         rec["export_t_differ_from_rn"] = int((xo_t != xo.to(torch.bfloat16)).sum())
     del ref
+    if variants:
+        rec.update(mass_variants_ab(fused, dense, o, lse, mass, variants, rounds, reps))
     rec["fused_ms"] = timeit(fused, reps)[0]
     rec["dense_ms"] = timeit(dense, reps)[0]
     rec["sdpa_ms"] = timeit(sdpa, reps)[0]
@@ -306,6 +350,9 @@ def bench_masses(lib, n, hq, hkv, reps, log):
         rec["export_t_nocache_host_us"] = with_env(nocache, lambda: host_wall(export_t, reps))
         rec.update(bench_rows_copy(xbuf, xsizes, offs, reps))
     flops = 2.0 * n * n * D * hq
+    for x in rec.get("variants", {}).values():
+        x["over_sdpa"] = x["ms"] / rec["sdpa_ms"]
+        x["TFLOPs"] = flops / x["ms"] / 1e9
     rec["fused_TFLOPs"] = flops / rec["fused_ms"] / 1e9
     rec["sdpa_TFLOPs"] = flops / rec["sdpa_ms"] / 1e9
     rec["sdpa_over_fused"] = rec["sdpa_ms"] / rec["fused_ms"]
@@ -812,6 +859,20 @@ def table(res, log):
                 f"{r['sdpa_over_fused']:.3f}x | {r['extract_ms']:.3f} | "
                 f"{r['today_over_fused']:.2f}x | {r['mass_vs_extract_maxdiff']:.1e} | "
                 f"{r['rel_vs_sdpa']:.1e} |")
+        if any("variants" in r for r in res["masses"]):
+            log("\n| N | Hq/Hkv | mass bookkeeping | fused ms (TFLOP/s) | / dense core |"
+                " / cuDNN | / v2 | rounds ms | O, LSE = v2 | masses ≠ v2 (words, max diff) |")
+            log("|---|---|---|---|---|---|---|---|---|---|")
+        for r in res["masses"]:
+            for v, x in r.get("variants", {}).items():
+                rel = f"{x['over_v2']:.3f}" if x["over_v2"] else "-"
+                log(f"| {r['N']} | {r['Hq']}/{r['Hkv']} | {v} | {x['ms']:.3f} "
+                    f"({x['TFLOPs']:.0f}) | {x['over_dense']:.3f}x "
+                    f"(dense {r['variants_dense_ms']:.3f}) | {x['over_sdpa']:.3f}x | {rel} | "
+                    f"{' '.join(f'{t:.2f}' for t in x['ms_rounds'])} | "
+                    f"{'yes' if x['o_same'] and x['lse_same'] else 'NO'} | "
+                    f"{x['mass_words_differ']}, {x['mass_maxdiff_v2']:.1e}"
+                    f"{'' if x['finite'] else ' NOT FINITE'} |")
         if any("export_ms" in r for r in res["masses"]):
             log("\n| N | Hq/Hkv | export ms (O+LSE+masses+rows+seal) | cuDNN dense ms |"
                 " export/cuDNN | extract ms (LSE computed / given) | cuDNN+extract ms |"
@@ -912,6 +973,9 @@ def main():
     ap.add_argument("--no-dense", action="store_true")
     ap.add_argument("--mass-ns", default="")
     ap.add_argument("--mass-heads", default="40/8,32/8")
+    ap.add_argument("--mass-variants", default="v2,v3,v4,v5,v6",
+                    help="MF_MASS_VARIANT A/B in the masses table ('' for none)")
+    ap.add_argument("--mass-rounds", type=int, default=3)
     ap.add_argument("--strided-ns", default="")
     ap.add_argument("--strided-heads", default="40/8")
     ap.add_argument("--strides", default="1,4,8,16")
@@ -940,7 +1004,9 @@ def main():
         for hh in args.mass_heads.split(","):
             hq, hkv = (int(x) for x in hh.split("/"))
             try:
-                res["masses"].append(bench_masses(lib, n, hq, hkv, args.reps, log))
+                res["masses"].append(bench_masses(
+                    lib, n, hq, hkv, args.reps, log,
+                    [x for x in args.mass_variants.split(",") if x], args.mass_rounds))
             except Exception as ex:  # noqa: BLE001
                 log(f"masses N={n} {hq}/{hkv}: {str(ex)[:300]}")
     flex = None

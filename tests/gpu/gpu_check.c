@@ -11,7 +11,9 @@
  *   masses:  mf_attention_masses_cuda: O / LSE as dense; B = 64 block masses within 1e-4 of
  *            float64 (relative 1e-3 where ≥ 1e-4) and of mf_extract_cuda's mass_out; Top-P
  *            kept sets from them equal to the float64 masses' (near-ties within 1e-4
- *            counted apart); 0 above the diagonal; bad arguments refused.
+ *            counted apart); 0 above the diagonal; bad arguments refused. Each case runs
+ *            every MF_MASS_VARIANT (v2 default, v3 – v6) with these checks, and each
+ *            against v2: O / LSE bit for bit, masses bit for bit (v6: ≤ 4e-6), kept sets equal.
  *   apply:   ‖O − O_ref‖ / ‖O_ref‖ ≤ 2e-3 per head mode, every element written; each case
  *            runs both implementations (core: the sm_90a core for mask / compute heads with
  *            v2 for prob heads; v2 alone; at B = 64 also the core with MF_CORE_GATHER=0 and
@@ -59,7 +61,7 @@
 
 #include "gpu_util.h"
 
-#define MAX_RESULTS 512
+#define MAX_RESULTS 1024
 typedef struct result {
     char name[96];
     char metric[32];
@@ -700,12 +702,18 @@ static void extract_masses(tensors_t *t, uint32_t nb, float *mass_host)
  * block_masses) and against mf_extract_cuda's mass_out; the Top-P kept sets
  * (mf_topp_select, as mf_extract_ref selects) of the fused masses against those of the
  * float64 masses; every output written (NaN poison), 0 above the diagonal. own_scratch:
- * the caller passes the scratch (else the call allocates it). */
+ * the caller passes the scratch (else the call allocates it). Every mass bookkeeping
+ * (MF_MASS_VARIANT, attn_core.cu) runs the same checks, and against the default's (v2)
+ * outputs: O and LSE bit for bit (the same math), the masses bit for bit (v3 – v5: the same
+ * ℓ and epilogue) or within fp32 rounding (v6: the epilogue sums in another order), and
+ * the kept sets identical to v2's. */
 static int check_masses(mf_dtype_t dt, uint32_t d, uint32_t n, uint32_t hq, uint32_t hkv,
                         float top_p, int own_scratch, uint64_t seed)
 {
-    char name[96];
-    snprintf(name, sizeof(name), "masses core %s d%u N%u H%u/%u p%.2f%s",
+    static const char *const variants[] = { NULL, "v3", "v4", "v5", "v6" };
+    const int nv = (int)(sizeof(variants) / sizeof(variants[0]));
+    char base[96], name[112];
+    snprintf(base, sizeof(base), "masses core %s d%u N%u H%u/%u p%.2f%s",
              dt == MF_DTYPE_F16 ? "f16" : "bf16", d, n, hq, hkv, top_p,
              own_scratch ? " scratch" : "");
     tensors_t t;
@@ -714,51 +722,66 @@ static int check_masses(mf_dtype_t dt, uint32_t d, uint32_t n, uint32_t hq, uint
     size_t on = (size_t)n * hq * d, ln = (size_t)hq * n, mn = (size_t)hq * nb * nb;
     double *o64 = malloc(on * sizeof(double)), *lse64 = malloc(ln * sizeof(double));
     float *o = malloc(on * 4), *lse = malloc(ln * 4), *mass = malloc(mn * 4),
-          *xmass = malloc(mn * 4), *d_o, *d_lse, *d_mass;
-    if (!o64 || !lse64 || !o || !lse || !mass || !xmass ||
+          *xmass = malloc(mn * 4), *o2 = malloc(on * 4), *lse2 = malloc(ln * 4),
+          *mass2 = malloc(mn * 4), *d_o, *d_lse, *d_mass;
+    uint8_t *kept2 = malloc(mn); /* v2's kept sets, [h][i][j ≤ i] */
+    if (!o64 || !lse64 || !o || !lse || !mass || !xmass || !o2 || !lse2 || !mass2 || !kept2 ||
         mf_attention_dense_ref(&t.host, o64, lse64) != MF_OK) {
-        fprintf(stderr, "%s: dense reference failed\n", name);
+        fprintf(stderr, "%s: dense reference failed\n", base);
         exit(2);
     }
     CK(cudaMalloc((void **)&d_o, on * 4));
     CK(cudaMalloc((void **)&d_lse, ln * 4));
     CK(cudaMalloc((void **)&d_mass, mn * 4));
-    CK(cudaMemset(d_o, 0xff, on * 4)); /* NaN poison */
-    CK(cudaMemset(d_lse, 0xff, ln * 4));
-    CK(cudaMemset(d_mass, 0xff, mn * 4));
     void *scr = NULL;
     size_t scr_n = 0;
     if (own_scratch) {
         scr_n = mf_attention_masses_scratch(n);
         CK(cudaMalloc(&scr, scr_n));
-        CK(cudaMemset(scr, 0xa5, scr_n)); /* the call must not rely on its contents */
     }
-    const char *why = "";
-    mf_status_t st = mf_attention_masses_cuda(&t.dev, 64, d_o, d_lse, d_mass, scr, scr_n, 0,
-                                              &why);
-    int pass = 1;
-    if (st == MF_UNIMPLEMENTED) {
-        printf("%s: skipped: %s\n", name, why);
-        goto out;
-    }
-    if (st != MF_OK)
-        printf("%s: mf_attention_masses_cuda: %s (%s)\n", name, mf_status_name(st), why);
-    CK(cudaDeviceSynchronize());
-    CK(cudaGetLastError());
-    CK(cudaMemcpy(o, d_o, on * 4, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(lse, d_lse, ln * 4, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(mass, d_mass, mn * 4, cudaMemcpyDeviceToHost));
     extract_masses(&t, nb, xmass);
-    {
+    double *m64 = masses64(&t, lse64, 64, nb);
+    int pass = 1;
+    for (int v = 0; v < nv; v++) {
+        snprintf(name, sizeof(name), "%s%s%s", base, variants[v] ? " " : "",
+                 variants[v] ? variants[v] : "");
+        CK(cudaMemset(d_o, 0xff, on * 4)); /* NaN poison */
+        CK(cudaMemset(d_lse, 0xff, ln * 4));
+        CK(cudaMemset(d_mass, 0xff, mn * 4));
+        if (scr)
+            CK(cudaMemset(scr, 0xa5, scr_n)); /* the call must not rely on its contents */
+        if (variants[v])
+            setenv("MF_MASS_VARIANT", variants[v], 1);
+        const char *why = "";
+        mf_status_t st = mf_attention_masses_cuda(&t.dev, 64, d_o, d_lse, d_mass, scr, scr_n,
+                                                  0, &why);
+        unsetenv("MF_MASS_VARIANT");
+        if (st == MF_UNIMPLEMENTED) {
+            printf("%s: skipped: %s\n", name, why);
+            break;
+        }
+        if (st != MF_OK)
+            printf("%s: mf_attention_masses_cuda: %s (%s)\n", name, mf_status_name(st), why);
+        CK(cudaDeviceSynchronize());
+        CK(cudaGetLastError());
+        CK(cudaMemcpy(o, d_o, on * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(lse, d_lse, ln * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(mass, d_mass, mn * 4, cudaMemcpyDeviceToHost));
         double rel, lerr;
         size_t unwritten;
         forward_err(o, lse, o64, lse64, on, ln, &rel, &lerr, &unwritten);
-        double *m64 = masses64(&t, lse64, 64, nb), merr = 0, mrel = 0, xerr = 0, xref = 0;
-        size_t above = 0;
+        double merr = 0, mrel = 0, xerr = 0, xref = 0, vdiff = 0;
+        size_t above = 0, vbits = 0;
         for (uint32_t h = 0; h < hq; h++)
             for (uint32_t i = 0; i < nb; i++)
                 for (uint32_t j = 0; j < nb; j++) {
                     size_t x = ((size_t)h * nb + i) * nb + j;
+                    if (v > 0) { /* against v2's masses */
+                        vbits += memcmp(&mass[x], &mass2[x], 4) != 0;
+                        double e = fabs((double)mass[x] - mass2[x]);
+                        if (!(e <= vdiff))
+                            vdiff = isnan(e) ? INFINITY : e;
+                    }
                     if (j > i) {
                         above += mass[x] != 0.0f; /* NaN poison counts too */
                         continue;
@@ -776,12 +799,13 @@ static int check_masses(mf_dtype_t dt, uint32_t d, uint32_t n, uint32_t hq, uint
                         xref = isnan(e) ? INFINITY : e;
                 }
         /* kept sets: the reference's selection on float64 masses vs on the fused ones */
-        uint32_t sets = 0, same = 0, tolerated = 0, bad = 0;
+        uint32_t sets = 0, same = 0, tolerated = 0, bad = 0, vsets = 0;
         double *md = malloc(nb * sizeof(double));
         uint8_t *kf = malloc(nb), *kr = malloc(nb);
         for (uint32_t h = 0; h < hq; h++)
             for (uint32_t i = 0; i < nb; i++) {
                 const double *mr = m64 + ((size_t)h * nb + i) * nb;
+                uint8_t *k2 = kept2 + ((size_t)h * nb + i) * nb;
                 uint32_t kept;
                 for (uint32_t j = 0; j <= i; j++)
                     md[j] = mass[((size_t)h * nb + i) * nb + j];
@@ -791,6 +815,10 @@ static int check_masses(mf_dtype_t dt, uint32_t d, uint32_t n, uint32_t hq, uint
                     continue;
                 }
                 sets++;
+                if (v == 0)
+                    memcpy(k2, kf, i + 1);
+                else
+                    vsets += memcmp(k2, kf, i + 1) != 0;
                 if (!memcmp(kf, kr, i + 1))
                     same++;
                 else if (topp_valid(mr, kf, i + 1, top_p, 1e-4))
@@ -798,8 +826,8 @@ static int check_masses(mf_dtype_t dt, uint32_t d, uint32_t n, uint32_t hq, uint
                 else
                     bad++;
             }
-        pass = st == MF_OK && unwritten == 0 && above == 0;
-        report(name, "unwritten O/mass", (double)(unwritten + above), 0, pass);
+        int ok = st == MF_OK && unwritten == 0 && above == 0;
+        report(name, "unwritten O/mass", (double)(unwritten + above), 0, ok);
         report(name, "rel err O", rel, 2e-3, rel <= 2e-3);
         report(name, "LSE max |err|", lerr, 1e-3, lerr <= 1e-3);
         report(name, "mass max |err| f64", merr, 1e-4, merr <= 1e-4);
@@ -809,20 +837,49 @@ static int check_masses(mf_dtype_t dt, uint32_t d, uint32_t n, uint32_t hq, uint
         report(name, "kept sets bad", bad, 0, bad == 0 && sets > 0);
         printf("    kept sets: %u total, %u identical, %u near-tie (valid Top-P within 1e-4)\n",
                sets, same, tolerated);
-        pass &= rel <= 2e-3 && lerr <= 1e-3 && merr <= 1e-4 && mrel <= 1e-3 && xerr <= 1e-4 &&
-                bad == 0 && sets > 0;
+        ok &= rel <= 2e-3 && lerr <= 1e-3 && merr <= 1e-4 && mrel <= 1e-3 && xerr <= 1e-4 &&
+              bad == 0 && sets > 0;
+        if (v == 0) { /* the default (v2): what the other variants must reproduce */
+            memcpy(o2, o, on * 4);
+            memcpy(lse2, lse, ln * 4);
+            memcpy(mass2, mass, mn * 4);
+        } else {
+            size_t obits = 0, lbits = 0;
+            for (size_t x = 0; x < on; x++)
+                obits += memcmp(&o[x], &o2[x], 4) != 0;
+            for (size_t x = 0; x < ln; x++)
+                lbits += memcmp(&lse[x], &lse2[x], 4) != 0;
+            /* v6: a 64-term sum of values ≤ 1 in another order, scaled by 1/64: ≤ 63 · 2^-24
+             * apart in the worst case (4e-6); v3 – v5: the same bits */
+            int exact = strcmp(variants[v], "v6") != 0;
+            double vlim = exact ? 0.0 : 4e-6;
+            report(name, "O bits != v2", (double)obits, 0, obits == 0);
+            report(name, "LSE bits != v2", (double)lbits, 0, lbits == 0);
+            if (exact)
+                report(name, "mass bits != v2", (double)vbits, 0, vbits == 0);
+            else
+                printf("    masses differing from v2 in any bit: %zu of %zu\n", vbits, mn);
+            report(name, "mass |x - v2|", vdiff, vlim, vdiff <= vlim);
+            report(name, "kept sets != v2", (double)vsets, 0, vsets == 0);
+            ok &= obits == 0 && lbits == 0 && (!exact || vbits == 0) && vdiff <= vlim &&
+                  vsets == 0;
+        }
+        pass &= ok;
         free(md);
         free(kf);
         free(kr);
-        free(m64);
     }
-out:
+    free(m64);
     free(o64);
     free(lse64);
     free(o);
     free(lse);
     free(mass);
     free(xmass);
+    free(o2);
+    free(lse2);
+    free(mass2);
+    free(kept2);
     cudaFree(d_o);
     cudaFree(d_lse);
     cudaFree(d_mass);
@@ -850,6 +907,11 @@ static int check_masses_args(void)
     mf_qkv_t tiny = t.dev;
     tiny.n_tokens = 63;
     st = mf_attention_masses_cuda(&tiny, 64, d_o, NULL, d_mass, NULL, 0, 0, &why);
+    ok &= (st == MF_INVALID_ARGUMENT || st == MF_UNIMPLEMENTED) && *why;
+    setenv("MF_MASS_VARIANT", "v9", 1); /* not a mass bookkeeping */
+    why = "";
+    st = mf_attention_masses_cuda(&t.dev, 64, d_o, NULL, d_mass, NULL, 0, 0, &why);
+    unsetenv("MF_MASS_VARIANT");
     ok &= (st == MF_INVALID_ARGUMENT || st == MF_UNIMPLEMENTED) && *why;
     CK(cudaDeviceSynchronize());
     report("masses bad arguments", "refused", ok ? 0 : 1, 0, ok);
