@@ -12,6 +12,8 @@
  *    sorted in shared memory, then attention over the kept blocks (online softmax).
  *  - compute: the same attention loop over every block j ≤ i.
  * Rows whose header disagrees are counted in bad_rows and computed exactly.
+ * O is stored as float or, with o_dtype, in the target's dtype, by every path through the
+ * one store (store_o_row; the core's epilogue uses it too): rn of the same fp32 value.
  * With the core (MF_APPLY_IMPL_CORE, sm_90, B ∈ {64, 128}) this kernel runs prob blocks only
  * (p.core): prepass_kernel decides each (query block, head)'s mode the same way, writes the
  * mask / compute blocks' key-block bitmaps for the sm_90a core (attn_core.cu) and counts the
