@@ -190,9 +190,6 @@ def dense_apply(lib, q, k, v, o, ref, reps):
         if st != 0:
             raise RuntimeError(f"mf_apply_cuda (compute) {st} {why.value}")
 
-    def f32_cast():
-        call(a32)
-        return o.to(torch.bfloat16)
     o.fill_(float("nan"))
     ot.fill_(float("nan"))
     call(a32)
@@ -200,10 +197,9 @@ def dense_apply(lib, q, k, v, o, ref, reps):
     torch.cuda.synchronize()
     rec = {"apply_t_differ_from_rn": int((ot.view(torch.int16) != o.to(
                torch.bfloat16).view(torch.int16)).sum()),
-           "apply_t_rel_vs_sdpa": float((ot.float() - ref).norm() / ref.norm()),
-           "apply_t_ms": timeit(lambda: call(a), reps)[0],
-           "apply_f32_ms": timeit(lambda: call(a32), reps)[0],
-           "apply_f32_cast_ms": timeit(f32_cast, reps)[0]}
+           "apply_t_rel_vs_sdpa": float((ot.float() - ref).norm() / ref.norm())}
+    rec.update(o_dtype_ab(lambda: call(a), lambda: call(a32), o, reps, "apply"))
+    rec["apply_t_ms"] = rec["apply_t_ab_ms"]
     del ot
     return rec
 
@@ -630,16 +626,6 @@ def bench_mask(lib, n, dens, reps, rng, flex, log):
         rec[name + "_TFLOPs"] = flops / t[0] / 1e9
     rec["core_finite"] = bool(torch.isfinite(outs["core"]).all())
     rec["core_rel_vs_v2"] = float((outs["core"] - outs["v2"]).norm() / outs["v2"].norm())
-    # fp32 O: the call alone, and with the cast the model needed after it
-    rec["core_f32_ms"] = timeit(lambda: apply_call(a32, IMPL_CORE, "core fp32"), reps)[0]
-
-    def f32_cast():
-        apply_call(a32, IMPL_CORE, "core fp32")
-        return o.to(torch.bfloat16)
-    rec["core_f32_cast_ms"] = timeit(f32_cast, reps)[0]
-    rec["o_saved_ms"] = rec["core_f32_ms"] - rec["core_ms"]
-    rec["o_saved_vs_cast_ms"] = rec["core_f32_cast_ms"] - rec["core_ms"]
-
     def core_call():
         apply_call(a, IMPL_CORE, "core")
 
@@ -689,6 +675,10 @@ def bench_mask(lib, n, dens, reps, rng, flex, log):
     del o3
     del op
     del ob
+    rec.update(o_dtype_ab(core_call, lambda: apply_call(a32, IMPL_CORE, "core fp32"), o,
+                          reps, "core"))
+    log(f"O dtype N={n} density {per_head:.3f}: bf16 {rec['core_t_ab_ms']:.3f} ms, fp32 "
+        f"{rec['core_f32_ms']:.3f}, fp32 + cast {rec['core_f32_cast_ms']:.3f}")
     rec.update(phase_split(lib, core_call, reps))
     rec.update(union_waste(keep))
     if flex is not None:
@@ -716,6 +706,21 @@ def bench_mask(lib, n, dens, reps, rng, flex, log):
     del q, k, v, o, ot, buf, outs
     torch.cuda.empty_cache()
     return rec
+
+
+def o_dtype_ab(call_t, call_f32, o32, reps, key):
+    """O in bf16 (call_t) against fp32 O (call_f32, writing o32) alone and followed by the
+    model's cast, interleaved (the clocks' drift is larger than the difference):
+    {key}_t_ab_ms, {key}_f32_ms, {key}_f32_cast_ms and the savings, bf16 call vs fp32 call
+    ({key}_o_saved_ms) and vs fp32 + cast ({key}_o_saved_vs_cast_ms)."""
+    def f32_cast():
+        call_f32()
+        return o32.to(torch.bfloat16)
+    ab = interleaved({"t": ({}, call_t), "f32": ({}, call_f32), "f32_cast": ({}, f32_cast)},
+                     3 * reps)
+    return {f"{key}_t_ab_ms": ab["t"], f"{key}_f32_ms": ab["f32"],
+            f"{key}_f32_cast_ms": ab["f32_cast"], f"{key}_o_saved_ms": ab["f32"] - ab["t"],
+            f"{key}_o_saved_vs_cast_ms": ab["f32_cast"] - ab["t"]}
 
 
 def interleaved(variants, reps, warm=2):
@@ -851,9 +856,9 @@ def bench_mix(lib, n, dens, reps, log):
         with_env({"MF_APPLY_ONLY": m}, ap)
     torch.cuda.synchronize()
     rec["parts_vs_mixed_maxdiff"] = float((o - mixed).abs().max())  # NaN if a head unwritten
-    rec["mixed_f32_ms"] = timeit(ap, reps)[0]
     # timed from here as the target calls it: O in bf16 from the kernels (o_dtype), which
     # must be the fp32 O rounded to nearest (v2 on its side stream and the core alike)
+    ap32 = BG.ApplyArgs.from_buffer_copy(ap.a)
     ot = torch.full((n, HQ, D), float("nan"), dtype=torch.bfloat16, device="cuda")
     ap.a.o, ap.a.o_dtype = ot.data_ptr(), BG.K.BF16
     ap()
@@ -861,6 +866,12 @@ def bench_mix(lib, n, dens, reps, log):
     rec["o_dtype"] = "bf16"
     rec["mixed_t_differ_from_rn"] = int((ot.view(torch.int16) != mixed.to(
         torch.bfloat16).view(torch.int16)).sum())
+
+    def mixed_f32():
+        why = C.c_char_p()
+        if lib.mf_apply_cuda(C.byref(ap32), ap.stream, C.byref(why)) != 0:
+            raise RuntimeError(f"mf_apply_cuda (mixed, fp32 O) {why.value}")
+    rec.update(o_dtype_ab(ap, mixed_f32, o, reps, "mixed"))
     rec["mixed_ms"] = timeit(ap, reps)[0]
     for m in ("prob", "mask", "compute"):
         rec[f"only_{m}_ms"] = with_env({"MF_APPLY_ONLY": m}, lambda: timeit(ap, reps))[0]
@@ -879,8 +890,8 @@ def _f(r, key, fmt=".3f"):
 
 def table(res, log):
     log("\n| N | ours dense ms (TFLOP/s) | SDPA default ms (TFLOP/s) | ours/SDPA | rel err |"
-        " apply compute, O bf16 ms | O fp32 ms | fp32 + cast ms | bf16 ≠ rn(fp32) |"
-        " SDPA kernel |")
+        " apply compute, O bf16 ms | O fp32 ms | fp32 + cast ms (interleaved) |"
+        " bf16 ≠ rn(fp32) | SDPA kernel |")
     log("|---|---|---|---|---|---|---|---|---|---|")
     for r in res["dense"]:
         log(f"| {r['N']} | {r['ours_ms']:.3f} ({r['ours_TFLOPs']:.0f}) | {r['sdpa_ms']:.3f} "
@@ -961,15 +972,15 @@ def table(res, log):
             f"{100 * r.get('phantom_share', float('nan')):.1f} % |")
     if any("core_f32_ms" in r for r in res["mask"]):
         log("\n| N | density | core call, O bf16 ms | O fp32 ms | saved ms | fp32 + cast ms |"
-            " saved vs fp32 + cast ms | bf16 ≠ rn(fp32) core / v2 |")
+            " saved vs fp32 + cast ms | bf16 ≠ rn(fp32) core / v2 |  (interleaved medians)")
         log("|---|---|---|---|---|---|---|---|")
     for r in res["mask"]:
         if "core_f32_ms" not in r:
             continue
-        log(f"| {r['N']} | {r['density']:.3f} | {r['core_ms']:.3f} | {r['core_f32_ms']:.3f} | "
-            f"{r['o_saved_ms']:.3f} | {r['core_f32_cast_ms']:.3f} | "
-            f"{r['o_saved_vs_cast_ms']:.3f} | {r['core_t_differ_from_rn']} / "
-            f"{r['v2_t_differ_from_rn']} |")
+        log(f"| {r['N']} | {r['density']:.3f} | {r['core_t_ab_ms']:.3f} | "
+            f"{r['core_f32_ms']:.3f} | {r['core_o_saved_ms']:.3f} | "
+            f"{r['core_f32_cast_ms']:.3f} | {r['core_o_saved_vs_cast_ms']:.3f} | "
+            f"{r['core_t_differ_from_rn']} / {r['v2_t_differ_from_rn']} |")
     if any("phase_prepass_ms" in r for r in res["mask"]):
         log("\n| N | density | core call ms | before ms | pre-pass only ms (v1) | core only ms |"
             " no launch ms | host wall µs (ctypes alone) | MF_APPLY_CACHE=0: call ms / no launch"
@@ -989,14 +1000,15 @@ def table(res, log):
     if res.get("mix"):
         log("\n| N | density | heads prob/mask/compute | mixed layer ms (O bf16) | prob alone |"
             " mask alone | compute alone | sum ms | mixed / sum | parts vs mixed max diff |"
-            " mixed, O fp32 ms | bf16 ≠ rn(fp32) |")
+            " interleaved: O bf16 / fp32 / fp32 + cast ms | bf16 ≠ rn(fp32) |")
         log("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in res.get("mix", []):
         hh = r["heads"]
         log(f"| {r['N']} | {r['density']:.2f} | {hh['prob']}/{hh['mask']}/{hh['compute']} | "
             f"{r['mixed_ms']:.3f} | {r['only_prob_ms']:.3f} | {r['only_mask_ms']:.3f} | "
             f"{r['only_compute_ms']:.3f} | {r['sum_ms']:.3f} | {r['mixed_over_sum']:.3f} | "
-            f"{r['parts_vs_mixed_maxdiff']:.1e} | {_f(r, 'mixed_f32_ms')} | "
+            f"{r['parts_vs_mixed_maxdiff']:.1e} | {_f(r, 'mixed_t_ab_ms')} / "
+            f"{_f(r, 'mixed_f32_ms')} / {_f(r, 'mixed_f32_cast_ms')} | "
             f"{_f(r, 'mixed_t_differ_from_rn', 'd')} |")
 
 
