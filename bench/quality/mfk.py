@@ -8,8 +8,8 @@ Two backends with one interface (torch tensors Q, K, V [N, H, d] fp16, contiguou
         (attributes), which the smoke test compares with work() below.
 MF_CUDA_LIB / MF_REF_LIB name the library files (default: mapflow.kernels' search, which
 finds build/lib). extract() → RowSet (one row per full query block); apply(rows or None,
-...) → O [N, H, d] fp32 (rows None = every block computed densely by the kernel's compute
-path). Q/K/V may also be bf16 (the dtype is taken from Q). extract() optionally takes the
+...) → O [N, H, d] fp32, or in o_dtype = Q's dtype (the kernels store it: no cast; rows
+None = every block computed densely by the kernel's compute path). Q/K/V may also be bf16 (the dtype is taken from Q). extract() optionally takes the
 row LSE and a per-row bound on entries (tight row buffers at long context: the worst case
 is every head keeping every block), and a sample stride (masses from every stride-th query
 row of each block, the approximate exporter of a source whose attention is an engine's: it
@@ -173,10 +173,11 @@ class Cuda:
                 wait=lambda stream=None: RowSet.of(rows.wait(stream), codec))
         return o, lse, RowSet.of(rows, codec)
 
-    def apply(self, rows, w, mode, top_p, q, k, v, exact_last):
+    def apply(self, rows, w, mode, top_p, q, k, v, exact_last, o_dtype=None):
+        """O [N, H, d]: fp32, or o_dtype = q.dtype stored by the kernels (no cast)."""
         o = K.apply_cuda(None if rows is None else rows.ptrs(), w, mode, q, k, v,
                          block_size=self.b, top_p=top_p, exact_last=exact_last,
-                         bad_rows=self.bad, lib=self.lib)
+                         bad_rows=self.bad, o_dtype=o_dtype, lib=self.lib)
         return o, None
 
     def check(self):
@@ -206,11 +207,13 @@ class Ref:
                              lib=self.lib)
         return RowSet.of(rows, codec)
 
-    def apply(self, rows, w, mode, top_p, q, k, v, exact_last):
+    def apply(self, rows, w, mode, top_p, q, k, v, exact_last, o_dtype=None):
+        """As Cuda.apply; the reference is fp32 (the spec), so o_dtype is a cast here."""
         o, st = K.apply_ref(None if rows is None else rows.host_views(), w, mode,
                             q.contiguous(), k.contiguous(), v.contiguous(), block_size=self.b,
                             top_p=top_p, exact_last=exact_last, lib=self.lib)
-        return torch.from_numpy(o), types.SimpleNamespace(**st)
+        o = torch.from_numpy(o)
+        return (o if o_dtype is None else o.to(o_dtype)), types.SimpleNamespace(**st)
 
     def check(self):
         return 0
