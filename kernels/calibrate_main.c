@@ -8,7 +8,9 @@
  *       [--recompute-first F] [--source-model ID] [--target-model ID] [--max-elems N]
  *
  * Each DIR holds one .npy per sequence, [L, H, N, N] float32 or float16, the same file
- * names in both. PROFILE is a serialized Mapflow__V1__MappingProfile. The summary goes to
+ * names in both. The inputs hold maps only, no values V, so the tool fits the MAPS
+ * objective (calibrate.h); the OUTPUTS objective needs the target's V (mf_calib_add_v;
+ * bench/quality/evaluate.py feeds it). PROFILE is a serialized Mapflow__V1__MappingProfile. The summary goes to
  * stdout, or to stderr with --json (then stdout carries only the JSON).
  * Exit: 0 ok, 1 error (bad data, cannot write), 2 usage.
  */
@@ -40,6 +42,8 @@ static void usage(FILE *f)
             "  the blocks mask mode attends) >= --mask-min-recall (and error <\n"
             "  --mask-max-error if given); else compute. --per-head-top-p: each mask head\n"
             "  gets the smallest target Top-P (grid 0.5..1) reaching the recall.\n"
+            "  W is fitted to the maps (the inputs carry no V: the output objective of\n"
+            "  calibrate.h, MF_CALIB_OUTPUTS, is a library option, e.g. bench/quality).\n"
             "  defaults: --max-error 0.9 --prob-max-error 0.2 --mask-min-recall 0.9\n"
             "            --mask-top-p 0.95 --min-l0 1 --block 64 --recompute-last 1\n");
 }
