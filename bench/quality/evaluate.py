@@ -113,6 +113,7 @@ SWEEPS = {
     "pooled-qk": ("density", (0.2, 0.3, 0.4, 0.5, 0.6, 0.7)),
     "random-w-calibrated": ("R", (0.95, 0.98, 0.99)),
 }
+ALL_SWEEPS = dict(SWEEPS)  # variants() builds every sweep; --sweeps trims SWEEPS
 
 
 def log(*a):
@@ -385,7 +386,7 @@ def variants(cal, lt):
     v.append(dict(name="uniform-L0=1", group="control", kind="uniform", l0=1,
                   policy="uniform", codec="none", p=1.0))
     l0m = cal[MAPFLOW_MASK]["profile"]["l0"]  # the layers MapFlow mask maps
-    for p in SWEEPS["oracle"][1]:  # the target's own exact block masses, Top-P
+    for p in ALL_SWEEPS["oracle"][1]:  # the target's own exact block masses, Top-P
         v.append(dict(name="own-p%g-L0=%d" % (p, l0m), group="oracle (own Top-P)",
                       kind="own", l0=l0m, policy="own", codec="mask", p=p, method="oracle",
                       knob=p))
@@ -395,12 +396,12 @@ def variants(cal, lt):
     # target-side estimators from the target's own Q, K of the same forward pass
     for method, sel in (("xattention", "xattn"), ("flexprefill", "flexprefill"),
                         ("pooled-qk", "pooled")):
-        knob = SWEEPS[method][0]
-        for x in SWEEPS[method][1]:
+        knob = ALL_SWEEPS[method][0]
+        for x in ALL_SWEEPS[method][1]:
             v.append(dict(name="%s-%s%g" % (method, knob, x), group=method, kind="target",
                           sel=sel, l0=l0m, policy="target", codec="mask", p=1.0,
                           method=method, knob=x))
-    for r in SWEEPS["random-w-calibrated"][1]:  # random W, then the per-head Top-P rule
+    for r in ALL_SWEEPS["random-w-calibrated"][1]:  # random W, then the per-head Top-P rule
         v.append(dict(name="random-cal-r%g" % r, group="control", kind="random-cal",
                       l0=l0m, policy="mask", codec="mask", p=ROW_TOP_P, recall=r,
                       method="random-w-calibrated", knob=r))
@@ -871,6 +872,10 @@ def main():
     ap.add_argument("--only", default="", help="comma-separated variant names (smoke test)")
     ap.add_argument("--methods-only", action="store_true",
                     help="only the trade-off sweeps of SWEEPS (the long configuration)")
+    ap.add_argument("--sweeps", default="",
+                    help="comma-separated SWEEPS methods to run (default: all; the prob-mode "
+                    "study runs whatever this says): fits the long pair's two block sizes "
+                    "into one device call")
     ap.add_argument("--dev-windows", type=int, default=16,
                     help="dev windows (thresholds are chosen there), between the calibration "
                     "windows of the calibration split")
@@ -905,10 +910,17 @@ def main():
         args.sample_stride = 1
     be = (mfk.Cuda(args.block, args.exporter) if args.backend == "cuda"
           else mfk.Ref(args.block))
+    if args.sweeps:
+        keep = set(args.sweeps.split(","))
+        if keep - set(SWEEPS):
+            raise SystemExit("evaluate: --sweeps: unknown %s (known: %s)" % (
+                ",".join(sorted(keep - set(SWEEPS))), ",".join(SWEEPS)))
+        for m in [m for m in SWEEPS if m not in keep]:
+            del SWEEPS[m]
     cal, iam, cal_json, cal_summary, bm = calibrate(args, src, tgt, dev,
                                                     needed_configs(args.methods_only))
     vs = variants(cal, lt)
-    if args.exporter == "strided":
+    if args.exporter == "strided" and "mapflow-mask" in SWEEPS:
         # the same calibrated sweep on rows from the exact masses (same windows, same
         # models): the strided sample's quality effect, paired
         SWEEPS[EXACT_EXPORTER] = SWEEPS["mapflow-mask"]
@@ -920,6 +932,7 @@ def main():
         vs = [v for v in vs if v["name"] in keep]
     if args.methods_only:  # the sweeps and the prob-mode study
         vs = [v for v in vs if "method" in v or "prob" in v]
+    vs = [v for v in vs if v.get("method") in SWEEPS or "method" not in v]
     plans = {v["name"]: layer_plans(v, cal, iam, ht, hs, lt, args.seed, bm) for v in vs}
     del bm
     tests = {s: np.load(os.path.join(args.work, "tokens_%s.npy" % s)).astype(np.int64)

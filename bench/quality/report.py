@@ -382,7 +382,7 @@ def summary(paths):
             r = ops.get(m, {})
             cells.append("%.3f%s" % (r["effective_density"], " ✓" if r["passes_test_ci"]
                                      else "") if r.get("effective_density") is not None
-                         else "none")
+                         else "none" if m in ops else "–")  # –: not run (--sweeps)
         verdict = "–" if v.get("met") is None else "%s (%.2f×)" % (
             "met" if v["met"] else "missed", v["ratio"])
         lines.append("| %s | %s | %d | %d | %s | %s |" % (
