@@ -34,6 +34,7 @@ struct mf_calib {
     uint64_t bm_cap;
     /* results */
     int fitted;
+    int objective;         /* the last fit's mf_calib_objective_t */
     uint32_t l0;
     uint32_t *src_layer;   /* [lt] */
     double *err;           /* [lt] */
@@ -615,6 +616,7 @@ mf_status_t mf_calib_fit(mf_calib_t *c, const mf_calib_opts_t *opts)
             c->l0 = t;
     }
     c->fitted = 1;
+    c->objective = o.objective;
 out_free:
     free(w);
     free(herr);
@@ -686,8 +688,11 @@ mf_status_t mf_calib_profile(const mf_calib_t *c, const mf_calib_opts_t *opts, i
     rp.last_blocks = o.recompute_last;
     rp.first_blocks = o.recompute_first;
     p.recompute = &rp;
-    p.created_by = (char *)(baseline ? "mapflow-calibrate (IAM-style argmax baseline)"
-                                     : "mapflow-calibrate");
+    static const char *const by[2][2] = {
+        { "mapflow-calibrate", "mapflow-calibrate (IAM-style argmax baseline)" },
+        { "mapflow-calibrate (output objective)",
+          "mapflow-calibrate (output objective, IAM-style argmax baseline)" } };
+    p.created_by = (char *)by[c->objective == MF_CALIB_OUTPUTS][baseline != 0];
     for (uint32_t k = 0; k < n_layers; k++) {
         uint32_t t = c->l0 + k;
         const double *w = (baseline ? c->bw : c->w) + t * hw;

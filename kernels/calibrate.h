@@ -81,7 +81,9 @@ typedef struct mf_calib_opts {
     int objective;           /* mf_calib_objective_t (0: MF_CALIB_MAPS) */
 } mf_calib_opts_t;
 
-/* One target layer's result; arrays are [Ht × Hs] and [Ht]. */
+/* One target layer's result; arrays are [Ht × Hs] and [Ht]. The errors (error,
+ * head_error, source_errors, base_*) are those of the last fit's objective: relative map
+ * errors, or centred relative output errors under MF_CALIB_OUTPUTS. */
 typedef struct mf_calib_layer {
     uint32_t target_layer, source_layer;
     double error;            /* fitted layer error against source_layer */

@@ -196,6 +196,11 @@ static void test_objectives_disagree(void **state)
     assert_true(em > 0.05 && em > 10 * eo);
     assert_true(map_err > 0.05);             /* the map objective saw a poor fit... */
     assert_int_equal(ro.mode[0], MF_HEAD_PROB); /* ...the output objective a prob head */
+    Mapflow__V1__MappingProfile *p;
+    assert_int_equal(mf_calib_profile(c, &o, 0, &p), MF_OK);
+    assert_non_null(strstr(p->created_by, "output objective"));
+    assert_int_equal(p->layers[0]->heads[0]->mode, MF_HEAD_PROB);
+    mf_profile_free(p);
     for (int q = 0; q < SEQS; q++) {
         free(src[q]);
         free(tgt[q]);
