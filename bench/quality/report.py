@@ -242,10 +242,14 @@ def prob_section(res):
     for obj, r in pm.get("by_objective", {}).items():
         if r.get("variant"):
             lines.append("- %s objective, dev-chosen at Δppl ≤ +2 %%: gate %g, %.0f %% of the "
-                         "heads in prob mode (per layer %s %%); test Δppl %s / %s." % (
+                         "heads in prob mode (per layer %s %%); test in / out: Δppl %s / %s, "
+                         "KL %s / %s, agreement %s / %s." % (
                              obj, r["gate"], 100 * r["share"], layers_cell(r["per_layer"]),
                              ci_cell(r["in"], "dppl_pct", "%+.2f"),
-                             ci_cell(r["out"], "dppl_pct", "%+.2f")))
+                             ci_cell(r["out"], "dppl_pct", "%+.2f"),
+                             ci_cell(r["in"], "kl", "%.4f"), ci_cell(r["out"], "kl", "%.4f"),
+                             ci_cell(r["in"], "agree_pct", "%.1f"),
+                             ci_cell(r["out"], "agree_pct", "%.1f")))
         else:
             lines.append("- %s objective: no profile of the study within Δppl ≤ +2 %% on dev."
                          % obj)
