@@ -34,7 +34,8 @@
  * mf_calib_add_outputs (calibrate_out.h). Its head error is sqrt(residual / Σ_q ‖O_t[q] −
  * mean_q O_t‖²) per sequence: centred, because every mixture of row-stochastic maps
  * reproduces the values' common part for free, so the raw norm would shrink every error
- * by how large the values' mean is, not by how well the head is matched. The best source
+ * by how large the values' mean is, not by how well the head is matched (centred, the
+ * error does not change when one vector is added to every value row). The best source
  * layer, the layer error, the prob gate (head error < prob_max_error, layer error ≤
  * max_error), mask_max_error and the IAM-style baseline (cosine of outputs) then use the
  * output numbers; the mask recall rule is unchanged (computed for the fitted W).

@@ -397,6 +397,8 @@ def summary(paths):
     for (ctx, b), runs in sorted(groups.items()):
         cells = []
         for m in METHODS:
+            if not any(m in o for o, _ in runs):  # not run (--sweeps)
+                continue
             d = [o[m]["effective_density"] for o, _ in runs
                  if o.get(m, {}).get("effective_density") is not None]
             ok = sum(1 for o, _ in runs if o.get(m, {}).get("passes_test_ci"))
