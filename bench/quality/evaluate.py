@@ -5,7 +5,8 @@
    (never trained on) go once into the calibration library (kernels/calibrate.c through
    libmfkernels_ref.so: the code of mapflow-calibrate, without writing GBs of .npy); then
    one fit per rule setting (CONFIGS: mask recall threshold, per-head target Top-P, prob
-   error limit) writes OUT/profiles/<name>.pb (and the IAM-style argmax profile), read back
+   error limit, calibration objective: maps, or head outputs A·V with the target's V fed
+   through add_outputs) writes OUT/profiles/<name>.pb (and the IAM-style argmax profile), read back
    here from the protobuf and applied as they are (modes, W, per-head Top-P).
 2. Test (State of the Union 1991–2021 = "in", Moby-Dick = "out"; windows of CTX tokens):
    per window the source runs once and its rows are extracted by our extract kernel
