@@ -227,7 +227,10 @@ class CalibOpts(C.Structure):
                 ("min_l0", C.c_uint32), ("block_size", C.c_uint32),
                 ("recompute_last", C.c_uint32), ("recompute_first", C.c_uint32),
                 ("source_model", C.c_char_p), ("target_model", C.c_char_p),
-                ("max_iters", C.c_uint32)]
+                ("max_iters", C.c_uint32), ("objective", C.c_int)]
+
+
+MAPS, OUTPUTS = 0, 1  # mf_calib_objective_t
 
 
 class CalibLayer(C.Structure):
@@ -250,6 +253,7 @@ class Calib:
         self.lib = _cdll("MF_REF_LIB", "libmfkernels_ref.so", {
             "mf_calib_create": [C.c_uint32] * 4 + [C.POINTER(p)],
             "mf_calib_add": [p, p, p, C.c_uint32],
+            "mf_calib_add_outputs": [p, C.c_uint32, C.c_uint32, p, p] + [C.c_uint32] * 3,
             "mf_calib_fit": [p, C.POINTER(CalibOpts)],
             "mf_calib_layer": [p, C.c_uint32, C.POINTER(CalibLayer)],
             "mf_calib_profile": [p, C.POINTER(CalibOpts), C.c_int, C.POINTER(p)],
@@ -275,6 +279,18 @@ class Calib:
             raise ValueError("calib add: shapes %s %s" % (src.shape, tgt.shape))
         self._ok(self.lib.mf_calib_add(self.c, src.ctypes.data, tgt.ctypes.data,
                                        src.shape[-1]), "add")
+
+    def add_outputs(self, t, l, o_src, o_tgt):
+        """The OUTPUTS objective's products of one sequence for pair (target layer t,
+        source layer l), after add() of that sequence: o_src [Hkv, Hs, N, d] = A_l[s]·V_t[g],
+        o_tgt [Ht, N, d] the target's head outputs (float32 numpy)."""
+        o_src = np.ascontiguousarray(o_src, dtype=np.float32)
+        o_tgt = np.ascontiguousarray(o_tgt, dtype=np.float32)
+        hkv, hs, n, d = o_src.shape
+        if hs != self.shape[1] or o_tgt.shape != (self.shape[3], n, d):
+            raise ValueError("calib add_outputs: shapes %s %s" % (o_src.shape, o_tgt.shape))
+        self._ok(self.lib.mf_calib_add_outputs(self.c, t, l, o_src.ctypes.data,
+                                               o_tgt.ctypes.data, n, hkv, d), "add_outputs")
 
     def fit(self, **kw):
         """Fits with the given mf_calib_opts_t fields; returns {l0, layers: [...]}, every
