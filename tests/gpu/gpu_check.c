@@ -1513,7 +1513,7 @@ static int check_apply(const app_case_t *c, uint64_t seed)
      * tile counter left unzeroed by one shows in the next (tiles skipped: NaN poison left);
      * pvwait: the same with MF_CORE_PVWAIT=1 (the P·V wait after the softmax; the dense /
      * lists kernel for compute heads and B = 128, gathered or persistent at B = 64), bit for
-     * bit the default core's O */
+     * bit the default core's O (under --small: core pvwait and persist3 pvwait) */
     static const struct {
         const char *label;
         mf_apply_impl_t impl;
@@ -1528,7 +1528,7 @@ static int check_apply(const app_case_t *c, uint64_t seed)
         { "core persist", MF_APPLY_IMPL_CORE, "MF_CORE_PERSIST", "1", NULL, 1, 0, 0 },
         { "core persist3", MF_APPLY_IMPL_CORE, "MF_CORE_PERSIST", "1", "3", 1, 0, 0 },
         { "core persist1", MF_APPLY_IMPL_CORE, "MF_CORE_PERSIST", "1", "1", 1, 1, 0 },
-        { "core persist pvwait", MF_APPLY_IMPL_CORE, "MF_CORE_PERSIST", "1", NULL, 1, 0, 1 },
+        { "core persist pvwait", MF_APPLY_IMPL_CORE, "MF_CORE_PERSIST", "1", NULL, 1, 1, 1 },
         { "core persist3 pvwait", MF_APPLY_IMPL_CORE, "MF_CORE_PERSIST", "1", "3", 1, 0, 1 },
         { "core persist1 pvwait", MF_APPLY_IMPL_CORE, "MF_CORE_PERSIST", "1", "1", 1, 1, 1 },
         { "v2", MF_APPLY_IMPL_V2, NULL, NULL, NULL, 0, 0, 0 },
