@@ -12,6 +12,8 @@
  *    sorted in shared memory, then attention over the kept blocks (online softmax).
  *  - compute: the same attention loop over every block j ≤ i.
  * Rows whose header disagrees are counted in bad_rows and computed exactly.
+ * O is stored as float or, with o_dtype, in the target's dtype, by every path through the
+ * one store (store_o_row; the core's epilogue uses it too): rn of the same fp32 value.
  * With the core (MF_APPLY_IMPL_CORE, sm_90, B ∈ {64, 128}) this kernel runs prob blocks only
  * (p.core): prepass_kernel decides each (query block, head)'s mode the same way, writes the
  * mask / compute blocks' key-block bitmaps for the sm_90a core (attn_core.cu) and counts the
@@ -91,11 +93,8 @@ __device__ void attend(const app_params &p, uint8_t *sm, uint32_t i, uint32_t t,
         uint32_t row = i * S::B + w * 16 + (lane >> 2) + r * 8;
         if (!store[r] || row >= p.n)
             continue;
-        float *dst = p.o + ((size_t)row * p.ht + t) * S::D + (lane & 3) * 2;
-#pragma unroll
-        for (int dt = 0; dt < S::D / 8; dt++)
-            *reinterpret_cast<float2 *>(dst + dt * 8) =
-                make_float2(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
+        store_o_row<T, S::D>(p.o, p.o_t, ((size_t)row * p.ht + t) * S::D + (lane & 3) * 2,
+                             &o[0][0] + 2 * r, inv);
     }
 }
 
@@ -227,12 +226,8 @@ __device__ void prob_path(const app_params &p, uint8_t *sm, const row_dev &row, 
         uint32_t rr = i * S::B + row0 + 8 * r;
         if (!(kmass[r] > 0.0f) || rr >= p.n)
             continue;
-        float inv = 1.0f / kmass[r];
-        float *dst = p.o + ((size_t)rr * p.ht + t) * S::D + (lane & 3) * 2;
-#pragma unroll
-        for (int dt = 0; dt < S::D / 8; dt++)
-            *reinterpret_cast<float2 *>(dst + dt * 8) =
-                make_float2(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
+        store_o_row<T, S::D>(p.o, p.o_t, ((size_t)rr * p.ht + t) * S::D + (lane & 3) * 2,
+                             &o[0][0] + 2 * r, 1.0f / kmass[r]);
     }
 }
 
@@ -566,6 +561,10 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
     st = mf_cuda_supported(b, a->tgt.head_dim, a->tgt.dtype, a->tgt.n_tokens, why);
     if (st != MF_OK)
         return st;
+    if (a->o_dtype != MF_DTYPE_F32 && a->o_dtype != a->tgt.dtype) {
+        *why = "o_dtype must be MF_DTYPE_F32 or the inputs' dtype";
+        return MF_INVALID_ARGUMENT;
+    }
     st = check_map(a->map, a->tgt.n_q_heads, why);
     if (st != MF_OK)
         return st;
@@ -631,6 +630,7 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
             p.k = a->tgt.k;
             p.v = a->tgt.v;
             p.o = a->o;
+            p.o_t = a->o_dtype != MF_DTYPE_F32;
             p.rows = (const uint8_t *const *)(cs.dev + o_rows);
             p.w = (const float *)(cs.dev + o_w);
             p.top_p = (const float *)(cs.dev + o_tp);
@@ -667,6 +667,7 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
                     st = cuda_status(cudaGetLastError(), why);
                 }
                 core_args ca = core_args_of(&a->tgt, a->o, NULL);
+                ca.o_t = p.o_t; /* the core's epilogue stores O as v2 does */
                 ca.keep = keep;
                 ca.block = b;
                 ca.nb = all;

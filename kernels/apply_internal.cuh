@@ -18,7 +18,8 @@ namespace mfc {
 
 struct app_params {
     const void *q, *k, *v;
-    float *o;
+    void *o;               /* [N][Ht][D]: float, or T when o_t (mf_apply_cuda_args_t.o_dtype) */
+    uint32_t o_t;
     const uint8_t *const *rows; /* [n_rows] */
     const float *w;        /* [Ht][Hs] */
     const float *top_p;    /* [Ht] */

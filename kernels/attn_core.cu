@@ -19,8 +19,9 @@
  * with MF_CORE_PERSIST=1 on persist_kernel (the same tile code, consume_tile /
  * produce_tiles, in a loop over tiles with double-buffered Q and lists; its section says how).
  * O (fp32) goes straight from the accumulators to global memory: each quad writes 32
- * contiguous bytes of a row, whole sectors; or, for mf_export_cuda's o_dtype, O in T (16
- * bytes a quad), so the source gets its layer's output without an fp32 round trip.
+ * contiguous bytes of a row, whole sectors; or, for mf_export_cuda's and mf_apply_cuda's
+ * o_dtype, O in T (16 bytes a quad), so the model gets its layer's output without an fp32
+ * round trip (store_o, the one epilogue of both kernels; store_o_row is v2's store too).
  * PVW (MF_CORE_PVWAIT=1, MASS = 0, 128-key tiles): the next K tile's wait between the softmax
  * and the P·V wait, so that the softmax overlaps this warpgroup's own P·V (the MASS ≥ 4 v4
  * placement; consume_tile says why and why it cannot deadlock).
@@ -602,6 +603,30 @@ __device__ __forceinline__ void consume_tile(const core_params &p, const kv_ring
     release(&r.v_empty[ps]);
 }
 
+/* The consumers' epilogue (core_kernel's and persist_kernel's; a prob kernel on the core
+ * stores through it too): rows row[0..1] of head t, O = o / l through store_o_row (float,
+ * or T when p.o_t: mf_export_cuda's and mf_apply_cuda's o_dtype) and the natural-log LSE
+ * when asked. lse2 (MASS): the tile's base-2 LSE per row into lse2[row − row0] (shared
+ * memory, rows past N included: the mass reduction reads all 128). */
+template <typename T, int D>
+__device__ __forceinline__ void store_o(const core_params &p, const float (&o)[D / 2],
+                                        const float (&mrow)[2], const float (&l)[2],
+                                        const uint32_t (&row)[2], uint32_t t, int u,
+                                        float *lse2 = nullptr, uint32_t row0 = 0)
+{
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float lt = quad_sum(l[r]), inv = 1.0f / lt;
+        if (lse2 && u == 0)
+            lse2[row[r] - row0] = mrow[r] + log2f(lt);
+        if (row[r] >= p.n)
+            continue;
+        store_o_row<T, D>(p.o, p.o_t, ((size_t)row[r] * p.hq + t) * D + 2 * u, o + 2 * r, inv);
+        if (p.lse && u == 0)
+            p.lse[(size_t)t * p.n + row[r]] = (mrow[r] + log2f(lt)) * MF_LN2;
+    }
+}
+
 /* GATHER (block-64 lists only, BN = 128): list entries 2x, 2x + 1 form key tile x, each
  * 64-key block TMA-loaded into its half of the 128-row stage (the 128-byte swizzle repeats
  * every 8 rows, so two stacked 64-row boxes are one 128-row box); per-tile costs and the
@@ -693,34 +718,11 @@ core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUte
     bool used;
     float *lslot = MASS ? p.lscr + (size_t)s_cnt[1] * p.slot_floats : nullptr;
     const kv_ring ring = { sm + C::OFF_K, sm + C::OFF_V, k_full, v_full, k_empty, v_empty };
-    consume_tile<T, D, BN, MASS, GATHER, PVW>(p, ring, q_full, 0, qa, s_j, s_f, ntiles, 0, m, c, tid,
-                                         row, lslot, true, o, mrow, l, used);
+    consume_tile<T, D, BN, MASS, GATHER, PVW>(p, ring, q_full, 0, qa, s_j, s_f, ntiles, 0, m, c,
+                                              tid, row, lslot, true, o, mrow, l, used);
     if (!MASS && !used)
         return;
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float lt = quad_sum(l[r]), inv = 1.0f / lt;
-        if (MASS && u == 0)
-            s_lse2[row[r] - 128 * m] = mrow[r] + log2f(lt);
-        if (row[r] >= p.n)
-            continue;
-        size_t at = ((size_t)row[r] * p.hq + t) * D + 2 * u;
-        if (p.o_t) { /* the model's dtype: no fp32 O to write, read back and cast */
-            T *dst = static_cast<T *>(p.o) + at;
-#pragma unroll
-            for (int x2 = 0; x2 < D / 8; x2++)
-                *reinterpret_cast<uint32_t *>(dst + 8 * x2) =
-                    elem<T>::pack(o[4 * x2 + 2 * r] * inv, o[4 * x2 + 2 * r + 1] * inv);
-        } else {
-            float *dst = static_cast<float *>(p.o) + at;
-#pragma unroll
-            for (int x2 = 0; x2 < D / 8; x2++)
-                *reinterpret_cast<float2 *>(dst + 8 * x2) =
-                    make_float2(o[4 * x2 + 2 * r] * inv, o[4 * x2 + 2 * r + 1] * inv);
-        }
-        if (p.lse && u == 0)
-            p.lse[(size_t)t * p.n + row[r]] = (mrow[r] + log2f(lt)) * MF_LN2;
-    }
+    store_o<T, D>(p, o, mrow, l, row, t, u, MASS ? s_lse2 : nullptr, 128 * m);
     if (MASS) {
         /* mass[t][i][j] = mean over the block's 64 rows of exp2(ℓ[q][j] − LSE2[q]): one
          * thread a key block, rows summed in order (deterministic), ℓ read back through L2
@@ -777,29 +779,6 @@ core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUte
     }
 }
 
-/* Consumer epilogue of the persistent kernel: rows row[0..1] of head t, O = o / l (fp32)
- * and the natural-log LSE when asked; each quad writes 32 contiguous bytes of a row. The
- * same lines as core_kernel's non-MASS store, kept apart while that store is being changed
- * (O in 16 bits for the mass path); one should call the other once it settles. */
-template <int D>
-__device__ __forceinline__ void store_o(const core_params &p, const float (&o)[D / 2],
-                                        const float (&mrow)[2], const float (&l)[2],
-                                        const uint32_t (&row)[2], uint32_t t, int u)
-{
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float lt = quad_sum(l[r]), inv = 1.0f / lt;
-        if (row[r] >= p.n)
-            continue;
-        float *dst = static_cast<float *>(p.o) + ((size_t)row[r] * p.hq + t) * D + 2 * u;
-#pragma unroll
-        for (int x2 = 0; x2 < D / 8; x2++)
-            *reinterpret_cast<float2 *>(dst + 8 * x2) =
-                make_float2(o[4 * x2 + 2 * r] * inv, o[4 * x2 + 2 * r + 1] * inv);
-        if (p.lse && u == 0)
-            p.lse[(size_t)t * p.n + row[r]] = (mrow[r] + log2f(lt)) * MF_LN2;
-    }
-}
 
 /* ---- persistent gathered kernel (MF_CORE_PERSIST=1) ------------------------------------
  *
@@ -964,9 +943,9 @@ persist_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ C
         float o[D / 2], mrow[2], l[2];
         bool used;
         consume_tile<T, D, 128, 0, true, PVW>(p, ring, &q_full[b], (q_ph >> b) & 1,
-                                             smem_addr(sm + b * C::Q_BYTES) + c * 64 * 128,
-                                             list_j(b), list_f(b), ntiles, kt, m, c, tid, row,
-                                             nullptr, !gave, o, mrow, l, used);
+                                              smem_addr(sm + b * C::Q_BYTES) + c * 64 * 128,
+                                              list_j(b), list_f(b), ntiles, kt, m, c, tid, row,
+                                              nullptr, !gave, o, mrow, l, used);
         q_ph ^= 1u << b;
         kt += (uint32_t)ntiles;
         bar_arrive(&tile_free[b]); /* done with Q and the list: free them before the O store */
@@ -985,7 +964,7 @@ persist_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ C
             }
         }
         if (used)
-            store_o<D>(p, o, mrow, l, row, t, u);
+            store_o<T, D>(p, o, mrow, l, row, t, u);
     }
 }
 

@@ -1,5 +1,6 @@
 /* calibrate — simplex-constrained least-squares head mixing (see calibrate.h). */
 #include "calibrate.h"
+#include "calibrate_out.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -24,6 +25,7 @@ struct mf_calib {
     double *gram;      /* [ls][hs][hs]  Σ S_a·S_b */
     double *cross;     /* [lt][ls][ht][hs]  Σ T_h·S_s */
     double *tnorm;     /* [lt][ht]  Σ T_h² */
+    mf_calib_out_t *out; /* the OUTPUTS objective's statistics (NULL until fed) */
     /* Block masses per sequence (mask recall): bm[q] = [(ls·hs + lt·ht)][tri(nb8[q])],
      * source heads first; entry (a, b ≤ a) at a(a+1)/2 + b = Σ of the map over query
      * block a × key block b (causal part). Grows with the sample count (≈ 1/128 of the maps). */
@@ -32,6 +34,7 @@ struct mf_calib {
     uint64_t bm_cap;
     /* results */
     int fitted;
+    int objective;         /* the last fit's mf_calib_objective_t */
     uint32_t l0;
     uint32_t *src_layer;   /* [lt] */
     double *err;           /* [lt] */
@@ -56,6 +59,7 @@ void mf_calib_destroy(mf_calib_t *c)
     free(c->gram);
     free(c->cross);
     free(c->tnorm);
+    mf_calib_out_destroy(c->out);
     for (uint64_t q = 0; q < c->n_seq && c->bm; q++)
         free(c->bm[q]);
     free(c->bm);
@@ -201,6 +205,37 @@ mf_status_t mf_calib_add(mf_calib_t *c, const float *src, const float *tgt, uint
     c->n_seq++;
     c->fitted = 0;
     return MF_OK;
+}
+
+/* The output statistics for (kv_heads, head_dim), created on the first feed. */
+static mf_status_t out_stats(mf_calib_t *c, uint32_t hkv, uint32_t d)
+{
+    if (c->out)
+        return c->out->hkv == hkv && c->out->d == d ? MF_OK : MF_INVALID_ARGUMENT;
+    return mf_calib_out_create(c->ls, c->hs, c->lt, c->ht, hkv, d, &c->out);
+}
+
+mf_status_t mf_calib_add_v(mf_calib_t *c, const float *src, const float *tgt, const float *v,
+                           uint32_t n, uint32_t kv_heads, uint32_t head_dim)
+{
+    if (!c || !src || !tgt || !v || n < 1)
+        return MF_INVALID_ARGUMENT;
+    mf_status_t st = out_stats(c, kv_heads, head_dim);
+    if (st == MF_OK)
+        st = mf_calib_add(c, src, tgt, n);
+    return st == MF_OK ? mf_calib_out_add_v(c->out, src, tgt, v, n) : st;
+}
+
+mf_status_t mf_calib_add_outputs(mf_calib_t *c, uint32_t t, uint32_t l, const float *o_src,
+                                 const float *o_tgt, uint32_t n, uint32_t kv_heads,
+                                 uint32_t head_dim)
+{
+    if (!c || !o_src || !o_tgt || n < 1 || t >= c->lt || l >= c->ls)
+        return MF_INVALID_ARGUMENT;
+    mf_status_t st = out_stats(c, kv_heads, head_dim);
+    if (st == MF_OK)
+        c->fitted = 0;
+    return st == MF_OK ? mf_calib_out_add(c->out, t, l, o_src, o_tgt, n) : st;
 }
 
 void mf_simplex_project(double *v, uint32_t n)
@@ -452,32 +487,61 @@ static void fill_defaults(const mf_calib_opts_t *in, mf_calib_opts_t *o)
         o->max_iters = 5000;
 }
 
-/* Fits target layer t against source layer l into w/herr; returns the layer error. */
-static double fit_pair(const mf_calib_t *c, uint32_t t, uint32_t l, uint32_t iters,
-                       double *w, double *herr)
+/* One target head's least-squares problem against one source layer: residual(w) =
+ * wᵀ·g·w − 2·bᵀw + norm, and the error's scale (maps: norm; outputs: the centred norm). */
+typedef struct head_stats {
+    const double *g, *b;
+    double norm, scale;
+} head_stats_t;
+
+static head_stats_t head_stats(const mf_calib_t *c, int objective, uint32_t t, uint32_t l,
+                               uint32_t h)
 {
-    const double *g = c->gram + (size_t)l * c->hs * c->hs;
-    double lip = 2.0 * lambda_max(g, c->hs) * 1.01, rsum = 0, nsum = 0;
+    head_stats_t s;
+    if (objective == MF_CALIB_OUTPUTS) {
+        const mf_calib_out_t *o = c->out;
+        size_t pair = (size_t)t * c->ls + l;
+        s.g = o->gram + (pair * o->hkv + h / (c->ht / o->hkv)) * c->hs * c->hs;
+        s.b = o->cross + (pair * c->ht + h) * c->hs;
+        s.norm = o->norm[pair * c->ht + h];
+        s.scale = o->cnorm[pair * c->ht + h];
+    } else {
+        s.g = c->gram + (size_t)l * c->hs * c->hs;
+        s.b = c->cross + (((size_t)t * c->ls + l) * c->ht + h) * c->hs;
+        s.norm = s.scale = c->tnorm[(size_t)t * c->ht + h];
+    }
+    return s;
+}
+
+/* Fits target layer t against source layer l into w/herr; returns the layer error. */
+static double fit_pair(const mf_calib_t *c, int objective, uint32_t t, uint32_t l,
+                       uint32_t iters, double *w, double *herr)
+{
+    const double *g_lip = NULL; /* heads sharing a Gram matrix share its Lipschitz bound */
+    double lip = 0, rsum = 0, nsum = 0;
     for (uint32_t h = 0; h < c->ht; h++) {
-        const double *b = c->cross + (((size_t)t * c->ls + l) * c->ht + h) * c->hs;
-        double norm = c->tnorm[(size_t)t * c->ht + h];
-        double f = fit_head(g, b, c->hs, iters, lip, w + (size_t)h * c->hs);
-        herr[h] = rel_error(f + norm, norm);
-        rsum += f + norm;
-        nsum += norm;
+        head_stats_t s = head_stats(c, objective, t, l, h);
+        if (s.g != g_lip) {
+            lip = 2.0 * lambda_max(s.g, c->hs) * 1.01;
+            g_lip = s.g;
+        }
+        double f = fit_head(s.g, s.b, c->hs, iters, lip, w + (size_t)h * c->hs);
+        herr[h] = rel_error(f + s.norm, s.scale);
+        rsum += f + s.norm;
+        nsum += s.scale;
     }
     return rel_error(rsum, nsum);
 }
 
 /* IAM-style: each head takes its most cosine-similar source head of layer l. */
-static double fit_baseline(const mf_calib_t *c, uint32_t t, uint32_t l, double *w,
-                           double *herr)
+static double fit_baseline(const mf_calib_t *c, int objective, uint32_t t, uint32_t l,
+                           double *w, double *herr)
 {
-    const double *g = c->gram + (size_t)l * c->hs * c->hs;
     double rsum = 0, nsum = 0;
     for (uint32_t h = 0; h < c->ht; h++) {
-        const double *b = c->cross + (((size_t)t * c->ls + l) * c->ht + h) * c->hs;
-        double norm = c->tnorm[(size_t)t * c->ht + h], best = -INFINITY;
+        head_stats_t stats = head_stats(c, objective, t, l, h);
+        const double *g = stats.g, *b = stats.b;
+        double norm = stats.norm, best = -INFINITY;
         uint32_t arg = 0;
         for (uint32_t s = 0; s < c->hs; s++) {
             double gs = g[(size_t)s * c->hs + s];
@@ -490,9 +554,9 @@ static double fit_baseline(const mf_calib_t *c, uint32_t t, uint32_t l, double *
         memset(w + (size_t)h * c->hs, 0, c->hs * sizeof(double));
         w[(size_t)h * c->hs + arg] = 1.0;
         double resid = g[(size_t)arg * c->hs + arg] - 2.0 * b[arg] + norm;
-        herr[h] = rel_error(resid, norm);
+        herr[h] = rel_error(resid, stats.scale);
         rsum += resid;
-        nsum += norm;
+        nsum += stats.scale;
     }
     return rel_error(rsum, nsum);
 }
@@ -505,8 +569,16 @@ mf_status_t mf_calib_fit(mf_calib_t *c, const mf_calib_opts_t *opts)
     if (!c->n_seq)
         return MF_FAILED_PRECONDITION;
     fill_defaults(opts, &o);
-    if (o.block_size < BASE_BLOCK || (o.block_size & (o.block_size - 1)))
+    if (o.block_size < BASE_BLOCK || (o.block_size & (o.block_size - 1)) ||
+        (o.objective != MF_CALIB_MAPS && o.objective != MF_CALIB_OUTPUTS))
         return MF_INVALID_ARGUMENT;
+    if (o.objective == MF_CALIB_OUTPUTS) { /* every pair saw every sequence of the maps */
+        if (!c->out)
+            return MF_FAILED_PRECONDITION;
+        for (size_t x = 0; x < (size_t)c->lt * c->ls; x++)
+            if (c->out->count[x] != c->n_seq)
+                return MF_FAILED_PRECONDITION;
+    }
     size_t hw = (size_t)c->ht * c->hs;
     double *w = malloc(hw * sizeof(double)), *herr = malloc(c->ht * sizeof(double));
     mf_status_t st = MF_RESOURCE_EXHAUSTED;
@@ -517,7 +589,7 @@ mf_status_t mf_calib_fit(mf_calib_t *c, const mf_calib_opts_t *opts)
     for (uint32_t t = 0; t < c->lt; t++) {
         double best = INFINITY;
         for (uint32_t l = 0; l < c->ls; l++) {
-            double e = fit_pair(c, t, l, o.max_iters, w, herr);
+            double e = fit_pair(c, o.objective, t, l, o.max_iters, w, herr);
             c->src_err[(size_t)t * c->ls + l] = e;
             if (e < best) { /* ties keep the lower source layer */
                 best = e;
@@ -527,7 +599,7 @@ mf_status_t mf_calib_fit(mf_calib_t *c, const mf_calib_opts_t *opts)
                 memcpy(c->herr + (size_t)t * c->ht, herr, c->ht * sizeof(double));
             }
         }
-        c->berr[t] = fit_baseline(c, t, c->src_layer[t], c->bw + (size_t)t * hw,
+        c->berr[t] = fit_baseline(c, o.objective, t, c->src_layer[t], c->bw + (size_t)t * hw,
                                   c->bherr + (size_t)t * c->ht);
         size_t k = (size_t)t * c->ht;
         st = assign_modes(c, &o, t, c->src_layer[t], c->w + t * hw, c->herr + k, c->err[t],
@@ -544,6 +616,7 @@ mf_status_t mf_calib_fit(mf_calib_t *c, const mf_calib_opts_t *opts)
             c->l0 = t;
     }
     c->fitted = 1;
+    c->objective = o.objective;
 out_free:
     free(w);
     free(herr);
@@ -615,8 +688,11 @@ mf_status_t mf_calib_profile(const mf_calib_t *c, const mf_calib_opts_t *opts, i
     rp.last_blocks = o.recompute_last;
     rp.first_blocks = o.recompute_first;
     p.recompute = &rp;
-    p.created_by = (char *)(baseline ? "mapflow-calibrate (IAM-style argmax baseline)"
-                                     : "mapflow-calibrate");
+    static const char *const by[2][2] = {
+        { "mapflow-calibrate", "mapflow-calibrate (IAM-style argmax baseline)" },
+        { "mapflow-calibrate (output objective)",
+          "mapflow-calibrate (output objective, IAM-style argmax baseline)" } };
+    p.created_by = (char *)by[c->objective == MF_CALIB_OUTPUTS][baseline != 0];
     for (uint32_t k = 0; k < n_layers; k++) {
         uint32_t t = c->l0 + k;
         const double *w = (baseline ? c->bw : c->w) + t * hw;

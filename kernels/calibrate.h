@@ -26,6 +26,20 @@
  * Otherwise compute. L0 = the first layer ≥ min_l0 with a head that is not computed
  * (every layer before it is computed).
  *
+ * Objective (opts.objective): MF_CALIB_MAPS (default) fits W to the maps as above;
+ * MF_CALIB_OUTPUTS fits W to the head OUTPUTS O = A·V with the target's own V (what prob
+ * mode changes: a map error on keys whose values are alike costs nothing, a small one on
+ * an outlier value costs a lot): min_w Σ_q ‖(A_t[h,q,:] − Σ_s w_s A_l[s,q,:])·V_t[g]‖²,
+ * g = h / (Ht / Hkv), same solver, from statistics fed by mf_calib_add_v or
+ * mf_calib_add_outputs (calibrate_out.h). Its head error is sqrt(residual / Σ_q ‖O_t[q] −
+ * mean_q O_t‖²) per sequence: centred, because every mixture of row-stochastic maps
+ * reproduces the values' common part for free, so the raw norm would shrink every error
+ * by how large the values' mean is, not by how well the head is matched (centred, the
+ * error does not change when one vector is added to every value row). The best source
+ * layer, the layer error, the prob gate (head error < prob_max_error, layer error ≤
+ * max_error), mask_max_error and the IAM-style baseline (cosine of outputs) then use the
+ * output numbers; the mask recall rule is unchanged (computed for the fitted W).
+ *
  * Memory: Gram statistics are fixed-size; the block masses for the recall are kept per
  * sequence at 8 × 8 blocks (≈ 1/128 of the maps' size each).
  *
@@ -46,6 +60,12 @@ extern "C" {
 
 typedef struct mf_calib mf_calib_t;
 
+/* What W is fitted to (mf_calib_opts_t.objective). */
+typedef enum mf_calib_objective {
+    MF_CALIB_MAPS = 0,    /* the attention maps (the default) */
+    MF_CALIB_OUTPUTS = 1, /* the head outputs A·V with the target's own V */
+} mf_calib_objective_t;
+
 typedef struct mf_calib_opts {
     double max_error;        /* layer error above this: no prob head in it (0: 0.9) */
     double prob_max_error;   /* head error below this: prob mode (0: 0.2) */
@@ -59,9 +79,12 @@ typedef struct mf_calib_opts {
     uint32_t recompute_last, recompute_first;
     const char *source_model, *target_model;
     uint32_t max_iters;      /* projected-gradient iterations per fit (0: 5000) */
+    int objective;           /* mf_calib_objective_t (0: MF_CALIB_MAPS) */
 } mf_calib_opts_t;
 
-/* One target layer's result; arrays are [Ht × Hs] and [Ht]. */
+/* One target layer's result; arrays are [Ht × Hs] and [Ht]. The errors (error,
+ * head_error, source_errors, base_*) are those of the last fit's objective: relative map
+ * errors, or centred relative output errors under MF_CALIB_OUTPUTS. */
 typedef struct mf_calib_layer {
     uint32_t target_layer, source_layer;
     double error;            /* fitted layer error against source_layer */
@@ -87,6 +110,26 @@ void mf_calib_destroy(mf_calib_t *c);
 /* Adds one sequence: src [Ls, Hs, N, N], tgt [Lt, Ht, N, N] (row = query, col = key;
  * entries above the diagonal are ignored). */
 mf_status_t mf_calib_add(mf_calib_t *c, const float *src, const float *tgt, uint32_t n);
+
+/*
+ * The OUTPUTS objective's feed (both optional; MF_CALIB_MAPS needs neither). Every
+ * (target, source) layer pair must have received as many sequences as mf_calib_add did
+ * before an OUTPUTS fit (else MF_FAILED_PRECONDITION); kv_heads must divide Ht, head_dim
+ * ≤ 1024, and both stay the same across calls (else MF_INVALID_ARGUMENT).
+ *
+ * mf_calib_add_v: one sequence's maps (as mf_calib_add, which it calls) and the target's
+ * values v [Lt, kv_heads, N, head_dim]; the products A·V are computed here (N²·d per
+ * source head, target layer and kv head: fine for tests and the CLI, slow at 2k tokens).
+ *
+ * mf_calib_add_outputs: the products given by the caller (e.g. on a GPU), for one
+ * sequence of one pair (t, l), after mf_calib_add of that sequence: o_src [kv_heads, Hs,
+ * N, head_dim] = A_l[s]·V_t[g] (causal), o_tgt [Ht, N, head_dim] = the target's head outputs.
+ */
+mf_status_t mf_calib_add_v(mf_calib_t *c, const float *src, const float *tgt, const float *v,
+                           uint32_t n, uint32_t kv_heads, uint32_t head_dim);
+mf_status_t mf_calib_add_outputs(mf_calib_t *c, uint32_t target_layer, uint32_t source_layer,
+                                 const float *o_src, const float *o_tgt, uint32_t n,
+                                 uint32_t kv_heads, uint32_t head_dim);
 
 /* Fits every target layer; afterwards mf_calib_l0 / mf_calib_layer read the result. */
 mf_status_t mf_calib_fit(mf_calib_t *c, const mf_calib_opts_t *opts);

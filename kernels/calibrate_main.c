@@ -6,9 +6,14 @@
  *       [--mask-min-recall R] [--per-head-top-p]
  *       [--mask-top-p P] [--min-l0 N] [--block B] [--recompute-last R]
  *       [--recompute-first F] [--source-model ID] [--target-model ID] [--max-elems N]
+ *       [--values DIR [--objective maps|outputs]]
  *
  * Each DIR holds one .npy per sequence, [L, H, N, N] float32 or float16, the same file
- * names in both. PROFILE is a serialized Mapflow__V1__MappingProfile. The summary goes to
+ * names in both. --values DIR: the target's values V per sequence (same names), [Lt,
+ * Hkv, N, d] with Hkv dividing Ht, fed with the maps (mf_calib_add_v: the products A·V are
+ * computed on the CPU, N²·d each); --objective outputs then fits W to the head outputs
+ * (calibrate.h, MF_CALIB_OUTPUTS) instead of the maps (the default). PROFILE is a
+ * serialized Mapflow__V1__MappingProfile. The summary goes to
  * stdout, or to stderr with --json (then stdout carries only the JSON).
  * Exit: 0 ok, 1 error (bad data, cannot write), 2 usage.
  */
@@ -34,12 +39,16 @@ static void usage(FILE *f)
             "         [--json] [--mask-top-p P] [--min-l0 N]\n"
             "         [--block B] [--recompute-last R] [--recompute-first F]\n"
             "         [--source-model ID] [--target-model ID] [--max-elems N]\n"
+            "         [--values DIR [--objective maps|outputs]]\n"
             "  DIRs hold one .npy [L, H, N, N] (f4 or f2) per sequence, same names in both.\n"
             "  modes: prob if head error < --prob-max-error (layer error <= --max-error);\n"
             "  else mask if the mask recall (share of the target head's attention mass in\n"
             "  the blocks mask mode attends) >= --mask-min-recall (and error <\n"
             "  --mask-max-error if given); else compute. --per-head-top-p: each mask head\n"
             "  gets the smallest target Top-P (grid 0.5..1) reaching the recall.\n"
+            "  --values DIR: the target's V per sequence, .npy [Lt, Hkv, N, d] (same names);\n"
+            "  --objective outputs (needs --values) fits W to the head outputs A.V and\n"
+            "  gates prob mode by their centred error; default maps: W fits the maps.\n"
             "  defaults: --max-error 0.9 --prob-max-error 0.2 --mask-min-recall 0.9\n"
             "            --mask-top-p 0.95 --min-l0 1 --block 64 --recompute-last 1\n");
 }
@@ -112,6 +121,28 @@ static int read_map(const char *dir, const char *name, uint64_t max_elems, mf_np
         s[1] > 64 || s[2] < 1 || s[2] > 65536) {
         fprintf(stderr, "mapflow-calibrate: %s: need shape [L, H, N, N] with L <= 1024, "
                         "H <= 64, N <= 65536\n", path);
+        mf_npy_free(a);
+        return 0;
+    }
+    return 1;
+}
+
+/* The target's values of one sequence: [Lt, Hkv, N, d] matching the maps' Lt, Ht, N. */
+static int read_values(const char *dir, const char *name, uint64_t max_elems,
+                       const uint32_t *dims, mf_npy_t *a)
+{
+    char path[4096], err[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    mf_status_t st = mf_npy_read(path, max_elems, a, err, sizeof err);
+    if (st != MF_OK) {
+        fprintf(stderr, "mapflow-calibrate: %s\n", err);
+        return 0;
+    }
+    const uint64_t *s = a->hdr.shape;
+    if (a->hdr.ndim != 4 || s[0] != dims[2] || s[1] < 1 || s[1] > dims[3] ||
+        dims[3] % s[1] || s[2] != dims[4] || s[3] < 1 || s[3] > 1024) {
+        fprintf(stderr, "mapflow-calibrate: %s: need values [Lt = %u, Hkv dividing %u, "
+                        "N = %u, d <= 1024]\n", path, dims[2], dims[3], dims[4]);
         mf_npy_free(a);
         return 0;
     }
@@ -192,7 +223,7 @@ int main(int argc, char **argv)
 {
     enum { O_SOURCE = 1, O_TARGET, O_OUT, O_BASE, O_MAXE, O_PROBE, O_MASKE, O_JSON, O_TOPP,
            O_MINL0, O_BLOCK, O_RLAST, O_RFIRST, O_SMODEL, O_TMODEL, O_MAXELEMS, O_RECALL,
-           O_PERHEAD, O_HELP };
+           O_PERHEAD, O_VALUES, O_OBJ, O_HELP };
     static const struct option opts[] = {
         { "source", 1, 0, O_SOURCE }, { "target", 1, 0, O_TARGET }, { "out", 1, 0, O_OUT },
         { "baseline-out", 1, 0, O_BASE }, { "max-error", 1, 0, O_MAXE },
@@ -202,9 +233,11 @@ int main(int argc, char **argv)
         { "recompute-first", 1, 0, O_RFIRST }, { "source-model", 1, 0, O_SMODEL },
         { "target-model", 1, 0, O_TMODEL }, { "max-elems", 1, 0, O_MAXELEMS },
         { "mask-min-recall", 1, 0, O_RECALL }, { "per-head-top-p", 0, 0, O_PERHEAD },
+        { "values", 1, 0, O_VALUES }, { "objective", 1, 0, O_OBJ },
         { "help", 0, 0, O_HELP }, { 0, 0, 0, 0 },
     };
-    const char *src_dir = NULL, *tgt_dir = NULL, *out = NULL, *base_out = NULL;
+    const char *src_dir = NULL, *tgt_dir = NULL, *out = NULL, *base_out = NULL,
+               *val_dir = NULL;
     mf_calib_opts_t o = { .min_l0 = 1, .recompute_last = 1 };
     int json = 0, c;
     double x, max_elems = (double)(1ull << 28);
@@ -234,6 +267,10 @@ int main(int argc, char **argv)
         case O_MAXELEMS: ok = parse_double(optarg, 1, 1e12, &max_elems); break;
         case O_RECALL: ok = parse_double(optarg, 1e-9, 1.0, &o.mask_min_recall); break;
         case O_PERHEAD: o.per_head_top_p = 1; break;
+        case O_VALUES: val_dir = optarg; break;
+        case O_OBJ: ok = !strcmp(optarg, "maps") || !strcmp(optarg, "outputs");
+                    o.objective = strcmp(optarg, "outputs") ? MF_CALIB_MAPS : MF_CALIB_OUTPUTS;
+                    break;
         case O_HELP: usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -245,6 +282,10 @@ int main(int argc, char **argv)
     }
     if (!src_dir || !tgt_dir || !out || optind != argc) {
         usage(stderr);
+        return 2;
+    }
+    if (o.objective == MF_CALIB_OUTPUTS && !val_dir) {
+        fprintf(stderr, "mapflow-calibrate: --objective outputs needs --values DIR\n");
         return 2;
     }
     if (!o.source_model)
@@ -287,12 +328,28 @@ int main(int argc, char **argv)
             memcpy(dims, d, sizeof dims);
             ok = mf_calib_create(d[0], d[1], d[2], d[3], &cal) == MF_OK;
         }
-        ok = ok && memcmp(d, dims, 4 * sizeof(uint32_t)) == 0 &&
-             mf_calib_add(cal, sa.data, ta.data, d[4]) == MF_OK;
+        ok = ok && memcmp(d, dims, 4 * sizeof(uint32_t)) == 0;
         if (!ok)
             fprintf(stderr, "mapflow-calibrate: %s: source [%u, %u, N, N] / target [%u, %u, "
                             "N, N] disagree with each other or with the first sequence\n",
                     sn[k], d[0], d[1], d[2], d[3]);
+        mf_npy_t va = { 0 };
+        if (ok && val_dir) /* against this sequence's Lt, Ht and N */
+            ok = read_values(val_dir, sn[k], (uint64_t)max_elems, d, &va);
+        mf_status_t st = !ok ? MF_INVALID_ARGUMENT
+                         : val_dir ? mf_calib_add_v(cal, sa.data, ta.data, va.data, d[4],
+                                                    (uint32_t)va.hdr.shape[1],
+                                                    (uint32_t)va.hdr.shape[3])
+                                   : mf_calib_add(cal, sa.data, ta.data, d[4]);
+        if (ok && st != MF_OK) {
+            fprintf(stderr, "mapflow-calibrate: %s: cannot add (%s%s)\n", sn[k],
+                    mf_status_name(st),
+                    val_dir ? "; the values' Hkv and d must be the same in every sequence"
+                            : "");
+            ok = 0;
+        }
+        if (val_dir)
+            mf_npy_free(&va);
         mf_npy_free(&sa);
         mf_npy_free(&ta);
         if (!ok)

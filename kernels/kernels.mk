@@ -4,6 +4,7 @@
 
 KERNELS_SRCS := kernels/attention_ref.c kernels/extract_ref.c kernels/apply_ref.c \
                 kernels/synth.c kernels/npy.c kernels/mf_profile.c kernels/calibrate.c \
+                kernels/calibrate_out.c \
                 kernels/mf_kernels_abi.c
 KERNELS_OBJS := $(KERNELS_SRCS:%.c=$(OBJ)/%.o)
 KERNELS_A    := $(LIB)/libmfkernels.a

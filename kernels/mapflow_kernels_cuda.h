@@ -7,7 +7,8 @@
  *
  * Supported here (else MF_UNIMPLEMENTED): B ∈ {32, 64, 128}, d ∈ {64, 128}, Q/K/V in
  * F16 or BF16, ceil(N / B) ≤ MF_CUDA_MAX_BLOCKS. Tensors are device pointers in the
- * layouts of mapflow_kernels.h ([N, H, d] row-major, O float32).
+ * layouts of mapflow_kernels.h ([N, H, d] row-major, O float32; mf_apply_cuda and
+ * mf_export_cuda can also store O in the inputs' dtype: o_dtype).
  *
  * Ownership: device buffers are the caller's. Host arrays named below (row pointer tables,
  * caps, the layer map, tokens, exact flags) are read during the call only: the launcher
@@ -142,11 +143,15 @@ typedef struct mf_apply_cuda_args {
     uint32_t block_size;
     const uint8_t *exact;    /* host [ceil(N/B)] or NULL */
     uint32_t exact_first, exact_last;
-    float *o;                /* device out [N, Ht, d] float32 */
+    void *o;                 /* device out [N, Ht, d], as o_dtype (float32 by default) */
     uint32_t *bad_rows;      /* device, optional: incremented once for each (row, target
                               * head reading it) whose header disagrees (block index, B,
                               * heads, codec): one bad row read by h heads adds h; that
                               * block is then computed exactly instead */
+    mf_dtype_t o_dtype;      /* O's element type: MF_DTYPE_F32 (0, the default) or tgt.dtype
+                              * (every path's O rounded once to nearest from its fp32 value:
+                              * the model's own dtype, no fp32 O to write and cast; last in
+                              * the struct so that initialisers of before still compile) */
 } mf_apply_cuda_args_t;
 
 /*
@@ -157,7 +162,8 @@ typedef struct mf_apply_cuda_args {
  * union columns once. v2 is one launch per layer; on sm_90 mask / compute heads run on the
  * attention core instead (see mf_apply_impl_t): a pre-pass launch, the core, and v2 for
  * prob heads when there are any (a layer of prob heads only, with no exact block, is v2's
- * alone).
+ * alone). MF_INVALID_ARGUMENT (nothing queued) for an o_dtype other than F32 and
+ * tgt.dtype, as mf_export_cuda's.
  */
 mf_status_t mf_apply_cuda(const mf_apply_cuda_args_t *a, mf_cuda_stream_t stream,
                           const char **why);

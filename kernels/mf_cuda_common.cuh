@@ -240,6 +240,32 @@ __device__ __forceinline__ float quad_sum(float x)
     return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+/* The O store, the one copy every attention epilogue uses (apply's v2, the sm_90a core
+ * for mf_apply_cuda, mf_export_cuda, mf_attention_*_cuda): this thread's D / 4 values of
+ * one O row, the pairs (v[4x], v[4x + 1]) at columns 8x + 2u (x < D / 8; the m16n8 and
+ * wgmma accumulator layout, v = the row's first value, stride 4), times inv (1 / the row
+ * sum), into element `at` of o: float (o_t = 0), or T (o_t = 1: the model's dtype, so it
+ * needs no fp32 O and no cast), rounded once to nearest from the same fp32 products, so
+ * O in T is rn(fp32 O) bit for bit. A quad writes 32 (float) or 16 (T) contiguous bytes. */
+template <typename T, int D>
+__device__ __forceinline__ void store_o_row(void *o, uint32_t o_t, size_t at, const float *v,
+                                            float inv)
+{
+    if (o_t) {
+        T *dst = static_cast<T *>(o) + at;
+#pragma unroll
+        for (int x = 0; x < D / 8; x++)
+            *reinterpret_cast<uint32_t *>(dst + 8 * x) =
+                elem<T>::pack(v[4 * x] * inv, v[4 * x + 1] * inv);
+    } else {
+        float *dst = static_cast<float *>(o) + at;
+#pragma unroll
+        for (int x = 0; x < D / 8; x++)
+            *reinterpret_cast<float2 *>(dst + 8 * x) =
+                make_float2(v[4 * x] * inv, v[4 * x + 1] * inv);
+    }
+}
+
 /* Scaled (log2) scores of this warp's rows against the K tile of key block j, with the
  * keys above the diagonal (j == i, key > row) at −inf. */
 template <class S>

@@ -53,7 +53,7 @@ static const mf_abi_field_t layout[] = {
     M_(mf_apply_cuda_args_t, tgt), M_(mf_apply_cuda_args_t, block_size),
     M_(mf_apply_cuda_args_t, exact), M_(mf_apply_cuda_args_t, exact_first),
     M_(mf_apply_cuda_args_t, exact_last), M_(mf_apply_cuda_args_t, o),
-    M_(mf_apply_cuda_args_t, bad_rows),
+    M_(mf_apply_cuda_args_t, bad_rows), M_(mf_apply_cuda_args_t, o_dtype),
 };
 
 const mf_abi_field_t *mf_kernels_abi_layout(size_t *n)

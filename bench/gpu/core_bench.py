@@ -26,6 +26,11 @@ would pick, on one H200 (bench/gpu/NOTES.md has the floors and the versions).
          ours (ab_ours_ms, ab_ours_pvw_ms), O bit for bit ours.
   mix:   (--mix-ns) one layer of 8 prob / 16 mask / 8 compute heads against the sum of each
          mode's heads run alone (MF_APPLY_ONLY), FP8 rows, prob heads on v2 (bench_mix).
+  O dtype: the apply calls (mask, mix, and the dense table's compute-mode apply) are timed
+         as the target calls them, O in the model's dtype (o_dtype = bf16: no fp32 O, no
+         cast), each bf16 O checked = rn(fp32 O) of the same path; the fp32 call alone and
+         followed by the model's cast are extra columns (the mask table's A/B runs and
+         phase split time the bf16 call too; their O checks use the fp32 O).
   masses: mf_attention_masses_cuda (O, LSE and B = 64 block masses in one pass) vs cuDNN
          dense on the same layer, vs our dense core alone, and vs the current extract path
          (mf_extract_cuda, MASK codec: masses + Top-P 0.9 + rows + seal, with the LSE given),
@@ -177,6 +182,7 @@ def bench_dense(lib, n, reps, log):
     rec["ab_ours_ms"], rec["ab_ours_pvw_ms"] = ab["ours"], ab["ours_pvw"]
     log(f"interleaved dense N={n}: ours {ab['ours']:.3f} ms, ours+pvwait {ab['ours_pvw']:.3f}"
         f" ({ab['ours_pvw'] / ab['ours']:.3f}); pvwait bits = ours {rec['pvw_same_as_ours']}")
+    rec.update(dense_apply(lib, q, k, v, o, ref, reps))
     log(json.dumps(rec))
     del q, k, v, o, lse, qs, ks, vs, ref
     torch.cuda.empty_cache()
@@ -218,6 +224,43 @@ def mass_variants_ab(fused, dense, o, lse, mass, variants, rounds, reps):
     for v in variants:
         out[v]["over_v2"] = out[v]["ms"] / base if base else None
     return {"variants": out, "variants_dense_ms": dense_ms, "variants_dense_rounds": dense_rounds}
+
+
+def dense_apply(lib, q, k, v, o, ref, reps):
+    """The dense layer as a target calls it: mf_apply_cuda with every head in compute mode
+    and no rows (the core's lists, every j ≤ i), O in the model's dtype (o_dtype = bf16:
+    "apply_t_ms", and its rel err vs SDPA) and, for comparison, fp32 O alone and with the
+    model's cast after it; the bf16 O must be the fp32 O rounded to nearest."""
+    n = q.shape[0]
+    w = np.ones((HQ, 1), dtype=np.float32)
+    modes = np.zeros(HQ, dtype=np.uint8)  # MF_HEAD_COMPUTE
+    lm = BG.LayerMap(HQ, 1, w.ctypes.data, modes.ctypes.data, None)
+    a32 = BG.ApplyArgs(None, 0, C.pointer(lm),
+                       BG.Qkv(q.data_ptr(), k.data_ptr(), v.data_ptr(), 2, n, HQ, HKV, D), B,
+                       None, 0, 0, o.data_ptr(), None)
+    ot = torch.empty(n, HQ, D, dtype=torch.bfloat16, device="cuda")
+    a = BG.ApplyArgs.from_buffer_copy(a32)
+    a.o, a.o_dtype = ot.data_ptr(), BG.K.BF16
+    why = C.c_char_p()
+    stream = torch.cuda.current_stream().cuda_stream
+
+    def call(args):
+        st = lib.mf_apply_cuda_impl(C.byref(args), IMPL_CORE, stream, C.byref(why))
+        if st != 0:
+            raise RuntimeError(f"mf_apply_cuda (compute) {st} {why.value}")
+
+    o.fill_(float("nan"))
+    ot.fill_(float("nan"))
+    call(a32)
+    call(a)
+    torch.cuda.synchronize()
+    rec = {"apply_t_differ_from_rn": int((ot.view(torch.int16) != o.to(
+               torch.bfloat16).view(torch.int16)).sum()),
+           "apply_t_rel_vs_sdpa": float((ot.float() - ref).norm() / ref.norm())}
+    rec.update(o_dtype_ab(lambda: call(a), lambda: call(a32), o, reps, "apply"))
+    rec["apply_t_ms"] = rec["apply_t_ab_ms"]
+    del ot
+    return rec
 
 
 def bench_masses(lib, n, hq, hkv, reps, log, variants=(), rounds=3):
@@ -611,37 +654,48 @@ def bench_mask(lib, n, dens, reps, rng, flex, log):
     modes = np.full(HQ, 2, dtype=np.uint8)
     tps = np.ones(HQ, dtype=np.float32)
     lm = BG.LayerMap(HQ, HQ, w.ctypes.data, modes.ctypes.data, tps.ctypes.data)
-    a = BG.ApplyArgs(C.cast(ptrs, C.c_void_p), nb, C.pointer(lm),
-                     BG.Qkv(q.data_ptr(), k.data_ptr(), v.data_ptr(), 2, n, HQ, HKV, D), B,
-                     None, 0, 0, o.data_ptr(), None)
+    # timed as the target calls it: O in the model's dtype (o_dtype = bf16, from the
+    # kernels' epilogues); a32 writes fp32 O, for the accuracy checks and the fp32 column
+    a32 = BG.ApplyArgs(C.cast(ptrs, C.c_void_p), nb, C.pointer(lm),
+                       BG.Qkv(q.data_ptr(), k.data_ptr(), v.data_ptr(), 2, n, HQ, HKV, D), B,
+                       None, 0, 0, o.data_ptr(), None)
+    ot = torch.empty(n, HQ, D, dtype=torch.bfloat16, device="cuda")
+    a = BG.ApplyArgs.from_buffer_copy(a32)
+    a.o, a.o_dtype = ot.data_ptr(), BG.K.BF16
     why = C.c_char_p()
     stream = torch.cuda.current_stream().cuda_stream
     flops = kept * 4 * B * B * D
-    rec = {"N": n, "density": per_head, "kept_blocks": kept, "TFLOP": flops / 1e12}
+    rec = {"N": n, "density": per_head, "kept_blocks": kept, "TFLOP": flops / 1e12,
+           "o_dtype": "bf16"}
+
+    def apply_call(args, impl, name):
+        st = lib.mf_apply_cuda_impl(C.byref(args), impl, stream, C.byref(why))
+        if st != 0:
+            raise RuntimeError(f"mf_apply_cuda {name} {st} {why.value}")
     outs = {}
     for name, impl in (("core", IMPL_CORE), ("v2", IMPL_V2)):
         def call():
-            st = lib.mf_apply_cuda_impl(C.byref(a), impl, stream, C.byref(why))
-            if st != 0:
-                raise RuntimeError(f"mf_apply_cuda {name} {st} {why.value}")
+            apply_call(a, impl, name)
         o.fill_(float("nan"))
+        apply_call(a32, impl, name)
+        ot.fill_(float("nan"))
         call()
         torch.cuda.synchronize()
         outs[name] = o.clone()
+        # the bf16 O is the same path's fp32 O rounded to nearest, element for element
+        rec[name + "_t_differ_from_rn"] = int((ot.view(torch.int16) != o.to(
+            torch.bfloat16).view(torch.int16)).sum())
         t = timeit(call, reps)
         rec[name + "_ms"] = t[0]
         rec[name + "_TFLOPs"] = flops / t[0] / 1e9
     rec["core_finite"] = bool(torch.isfinite(outs["core"]).all())
     rec["core_rel_vs_v2"] = float((outs["core"] - outs["v2"]).norm() / outs["v2"].norm())
-
     def core_call():
-        st = lib.mf_apply_cuda_impl(C.byref(a), IMPL_CORE, stream, C.byref(why))
-        if st != 0:
-            raise RuntimeError(f"mf_apply_cuda core {st} {why.value}")
+        apply_call(a, IMPL_CORE, "core")
 
-    def ab_run():  # the core call under an A/B switch: its output and median ms
+    def ab_run():  # under an A/B switch: the fp32 O (checks) and the bf16 call's median ms
         o.fill_(float("nan"))
-        core_call()
+        apply_call(a32, IMPL_CORE, "core fp32")
         torch.cuda.synchronize()
         return o.clone(), timeit(core_call, reps)[0]
     if NCU:  # one call per kernel variant inside an NVTX range, for ncu --nvtx-include ncu/
@@ -692,6 +746,10 @@ def bench_mask(lib, n, dens, reps, rng, flex, log):
         f"{rec['persist240_same_as_core']}")
     del op
     del ob
+    rec.update(o_dtype_ab(core_call, lambda: apply_call(a32, IMPL_CORE, "core fp32"), o,
+                          reps, "core"))
+    log(f"O dtype N={n} density {per_head:.3f}: bf16 {rec['core_t_ab_ms']:.3f} ms, fp32 "
+        f"{rec['core_f32_ms']:.3f}, fp32 + cast {rec['core_f32_cast_ms']:.3f}")
     rec.update(phase_split(lib, core_call, reps))
     rec.update(union_waste(keep))
     if flex is not None:
@@ -716,9 +774,24 @@ def bench_mask(lib, n, dens, reps, rng, flex, log):
             log(f"flex masks N={n}: {str(ex)[:300]}")
         del qs, ks, vs
     log(json.dumps(rec))
-    del q, k, v, o, buf, outs
+    del q, k, v, o, ot, buf, outs
     torch.cuda.empty_cache()
     return rec
+
+
+def o_dtype_ab(call_t, call_f32, o32, reps, key):
+    """O in bf16 (call_t) against fp32 O (call_f32, writing o32) alone and followed by the
+    model's cast, interleaved (the clocks' drift is larger than the difference):
+    {key}_t_ab_ms, {key}_f32_ms, {key}_f32_cast_ms and the savings, bf16 call vs fp32 call
+    ({key}_o_saved_ms) and vs fp32 + cast ({key}_o_saved_vs_cast_ms)."""
+    def f32_cast():
+        call_f32()
+        return o32.to(torch.bfloat16)
+    ab = interleaved({"t": ({}, call_t), "f32": ({}, call_f32), "f32_cast": ({}, f32_cast)},
+                     3 * reps)
+    return {f"{key}_t_ab_ms": ab["t"], f"{key}_f32_ms": ab["f32"],
+            f"{key}_f32_cast_ms": ab["f32_cast"], f"{key}_o_saved_ms": ab["f32"] - ab["t"],
+            f"{key}_o_saved_vs_cast_ms": ab["f32_cast"] - ab["t"]}
 
 
 def interleaved(variants, reps, warm=2):
@@ -854,28 +927,52 @@ def bench_mix(lib, n, dens, reps, log):
         with_env({"MF_APPLY_ONLY": m}, ap)
     torch.cuda.synchronize()
     rec["parts_vs_mixed_maxdiff"] = float((o - mixed).abs().max())  # NaN if a head unwritten
+    # timed from here as the target calls it: O in bf16 from the kernels (o_dtype), which
+    # must be the fp32 O rounded to nearest (v2 on its side stream and the core alike)
+    ap32 = BG.ApplyArgs.from_buffer_copy(ap.a)
+    ot = torch.full((n, HQ, D), float("nan"), dtype=torch.bfloat16, device="cuda")
+    ap.a.o, ap.a.o_dtype = ot.data_ptr(), BG.K.BF16
+    ap()
+    torch.cuda.synchronize()
+    rec["o_dtype"] = "bf16"
+    rec["mixed_t_differ_from_rn"] = int((ot.view(torch.int16) != mixed.to(
+        torch.bfloat16).view(torch.int16)).sum())
+
+    def mixed_f32():
+        why = C.c_char_p()
+        if lib.mf_apply_cuda(C.byref(ap32), ap.stream, C.byref(why)) != 0:
+            raise RuntimeError(f"mf_apply_cuda (mixed, fp32 O) {why.value}")
+    rec.update(o_dtype_ab(ap, mixed_f32, o, reps, "mixed"))
     rec["mixed_ms"] = timeit(ap, reps)[0]
     for m in ("prob", "mask", "compute"):
         rec[f"only_{m}_ms"] = with_env({"MF_APPLY_ONLY": m}, lambda: timeit(ap, reps))[0]
     rec["sum_ms"] = sum(rec[f"only_{m}_ms"] for m in ("prob", "mask", "compute"))
     rec["mixed_over_sum"] = rec["mixed_ms"] / rec["sum_ms"]
     log(json.dumps(rec))
-    del ap, q, k, v, o, mixed
+    del ap, q, k, v, o, ot, mixed
     torch.cuda.empty_cache()
     return rec
 
 
+def _f(r, key, fmt=".3f"):
+    """r[key] formatted, or "-" (JSON from before the column)."""
+    return "-" if r.get(key) is None else format(r[key], fmt)
+
+
 def table(res, log):
     log("\n| N | ours dense ms (TFLOP/s) | ours+pvwait ms (/ ours, interleaved) |"
-        " SDPA default ms (TFLOP/s) | ours/SDPA | rel err | SDPA kernel |")
-    log("|---|---|---|---|---|---|---|")
+        " SDPA default ms (TFLOP/s) | ours/SDPA | rel err | apply compute, O bf16 ms |"
+        " O fp32 ms | fp32 + cast ms (interleaved) | bf16 ≠ rn(fp32) | SDPA kernel |")
+    log("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in res["dense"]:
         pv = (f"{r['ab_ours_pvw_ms']:.3f} ({r['ab_ours_pvw_ms'] / r['ab_ours_ms']:.3f}"
               f"{'' if r['pvw_same_as_ours'] else ', BITS DIFFER'})" if "ab_ours_ms" in r
               else "-")  # absent in JSON from before the PVWAIT A/B
         log(f"| {r['N']} | {r['ours_ms']:.3f} ({r['ours_TFLOPs']:.0f}) | {pv} | "
             f"{r['sdpa_ms']:.3f} ({r['sdpa_TFLOPs']:.0f}) | {r['sdpa_ms'] / r['ours_ms']:.2f}x | "
-            f"{r['rel_vs_sdpa']:.1e} | {r['sdpa_kernel'][:40]} |")
+            f"{r['rel_vs_sdpa']:.1e} | {_f(r, 'apply_t_ms')} | {_f(r, 'apply_f32_ms')} | "
+            f"{_f(r, 'apply_f32_cast_ms')} | {_f(r, 'apply_t_differ_from_rn', 'd')} | "
+            f"{r['sdpa_kernel'][:40]} |")
     if res.get("masses"):
         log("\n| N | Hq/Hkv | fused O+LSE+masses ms (TFLOP/s) | dense core ms | cuDNN ms |"
             " cuDNN/fused | extract (MASK, LSE given) ms | (cuDNN+extract)/fused |"
@@ -975,6 +1072,17 @@ def table(res, log):
             f"{r['ab_persist_pvw_ms']:.3f} ({r['ab_persist_pvw_ms'] / p:.3f}) | "
             f"{r['ab_persist240_ms']:.3f} | {r['core_pvw_same_as_core']}, "
             f"{r['persist_pvw_same_as_core']} |")
+    if any("core_f32_ms" in r for r in res["mask"]):
+        log("\n| N | density | core call, O bf16 ms | O fp32 ms | saved ms | fp32 + cast ms |"
+            " saved vs fp32 + cast ms | bf16 ≠ rn(fp32) core / v2 |  (interleaved medians)")
+        log("|---|---|---|---|---|---|---|---|")
+    for r in res["mask"]:
+        if "core_f32_ms" not in r:
+            continue
+        log(f"| {r['N']} | {r['density']:.3f} | {r['core_t_ab_ms']:.3f} | "
+            f"{r['core_f32_ms']:.3f} | {r['core_o_saved_ms']:.3f} | "
+            f"{r['core_f32_cast_ms']:.3f} | {r['core_o_saved_vs_cast_ms']:.3f} | "
+            f"{r['core_t_differ_from_rn']} / {r['v2_t_differ_from_rn']} |")
     if any("phase_prepass_ms" in r for r in res["mask"]):
         log("\n| N | density | core call ms | before ms | pre-pass only ms (v1) | core only ms |"
             " no launch ms | host wall µs (ctypes alone) | MF_APPLY_CACHE=0: call ms / no launch"
@@ -992,15 +1100,18 @@ def table(res, log):
             f"{r['wg_tiles_masked']} / {r['wg_tiles_walked']}"
             f" ({100 * r['masked_share']:.1f} %) |")
     if res.get("mix"):
-        log("\n| N | density | heads prob/mask/compute | mixed layer ms | prob alone | mask alone |"
-            " compute alone | sum ms | mixed / sum | parts vs mixed max diff |")
-        log("|---|---|---|---|---|---|---|---|---|---|")
+        log("\n| N | density | heads prob/mask/compute | mixed layer ms (O bf16) | prob alone |"
+            " mask alone | compute alone | sum ms | mixed / sum | parts vs mixed max diff |"
+            " interleaved: O bf16 / fp32 / fp32 + cast ms | bf16 ≠ rn(fp32) |")
+        log("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in res.get("mix", []):
         hh = r["heads"]
         log(f"| {r['N']} | {r['density']:.2f} | {hh['prob']}/{hh['mask']}/{hh['compute']} | "
             f"{r['mixed_ms']:.3f} | {r['only_prob_ms']:.3f} | {r['only_mask_ms']:.3f} | "
             f"{r['only_compute_ms']:.3f} | {r['sum_ms']:.3f} | {r['mixed_over_sum']:.3f} | "
-            f"{r['parts_vs_mixed_maxdiff']:.1e} |")
+            f"{r['parts_vs_mixed_maxdiff']:.1e} | {_f(r, 'mixed_t_ab_ms')} / "
+            f"{_f(r, 'mixed_f32_ms')} / {_f(r, 'mixed_f32_cast_ms')} | "
+            f"{_f(r, 'mixed_t_differ_from_rn', 'd')} |")
 
 
 def main():

@@ -39,6 +39,8 @@ Source put path (issue 20): a layer's rows go into its put region in one launch
 --exporter fused, O comes from the kernel in the model's dtype (HANDOFF_O_FP32=1: fp32 O
 and a cast, as before) and the rows' launches run on a second stream, waited for in the
 put thread (HANDOFF_ROWS_STREAM=0: on the source's stream, sizes read back there).
+The target's mapped layers get O from mf_apply_cuda in the model's dtype too (o_dtype: no
+fp32 O, no cast; HANDOFF_O_FP32=1 applies to both sides).
 """
 import argparse
 import ctypes as C
@@ -961,14 +963,18 @@ class Bench:
         top_p = np.ones(ht, dtype=np.float32)
         exact_last = 1
 
+        # O in the model's dtype from the kernels (o_dtype: no fp32 O, no cast);
+        # HANDOFF_O_FP32=1 casts an fp32 O as before (A/B, as for the exporter)
+        fp32 = os.environ.get("HANDOFF_O_FP32") == "1"
+
         def attn(i, xn, m):
             if i not in rowsets:
                 return self.dense(i, xn, m)
             prob = modes[i] == "prob"
             q, k, v = m.qkv(i, xn, q_rows=B * exact_last if prob else None)
             o, _ = self.be.apply(rowsets[i], self.w, mode[modes[i]], top_p, q, k, v,
-                                 exact_last)
-            return o.view(n, -1).to(q.dtype)
+                                 exact_last, o_dtype=None if fp32 else q.dtype)
+            return o.view(n, -1).to(q.dtype) if fp32 else o.view(n, -1)
         return attn
 
     def flex_attn(self, n, density, kind):

@@ -5,7 +5,8 @@
    (never trained on) go once into the calibration library (kernels/calibrate.c through
    libmfkernels_ref.so: the code of mapflow-calibrate, without writing GBs of .npy); then
    one fit per rule setting (CONFIGS: mask recall threshold, per-head target Top-P, prob
-   error limit) writes OUT/profiles/<name>.pb (and the IAM-style argmax profile), read back
+   error limit, calibration objective: maps, or head outputs A·V with the target's V fed
+   through add_outputs) writes OUT/profiles/<name>.pb (and the IAM-style argmax profile), read back
    here from the protobuf and applied as they are (modes, W, per-head Top-P).
 2. Test (State of the Union 1991–2021 = "in", Moby-Dick = "out"; windows of CTX tokens):
    per window the source runs once and its rows are extracted by our extract kernel
@@ -71,6 +72,32 @@ CONFIGS = [
     ("r0.98-php-B16", dict(mask_min_recall=0.98, per_head_top_p=1, block_size=16, **NO_PROB)),
     ("r0.99-php-B16", dict(mask_min_recall=0.99, per_head_top_p=1, block_size=16, **NO_PROB)),
 ]
+# Prob mode (issue 21, goal 3): the prob gate under each calibration objective (maps: W
+# fitted to the attention maps, gated by the map's error; outputs: W fitted to the head
+# outputs A·V with the target's own V, gated by the output error), the other heads mask
+# with per-head Top-P at R 0.97 as "r0.97-php" (which is maps at the default gate 0.2).
+# These run in --methods-only too (the long pair): prob_mode() reports them per objective.
+PROB_GATES = {"maps": (0.2, 0.3), "outputs": (0.05, 0.1, 0.2, 0.3)}
+PROB_MASK = dict(mask_min_recall=0.97, per_head_top_p=1)
+for _obj, _gates in PROB_GATES.items():
+    for _g in _gates:
+        if _obj == "maps" and _g == 0.2:
+            continue  # r0.97-php itself
+        CONFIGS.append(("%s-prob%g-r0.97-php" % ("out" if _obj == "outputs" else "map", _g),
+                        dict(PROB_MASK, prob_max_error=_g,
+                             objective=mfk.OUTPUTS if _obj == "outputs" else mfk.MAPS)))
+
+
+def prob_study(name):
+    """(objective, prob gate) of a CONFIGS entry in the prob-mode study, else None."""
+    if name == "r0.97-php":
+        return "maps", 0.2
+    for obj, pre in (("maps", "map-prob"), ("outputs", "out-prob")):
+        if name.startswith(pre) and name.endswith("-r0.97-php"):
+            return obj, float(name[len(pre):-len("-r0.97-php")])
+    return None
+
+
 IAM_CONFIG = "r0.9-php"  # its IAM-style argmax profile is evaluated too
 ROW_TOP_P = 0.95         # the source rows' Top-P for calibrated profiles (= mask_top_p)
 # --exporter strided: mapflow-mask's sweep again on rows from the exact masses
@@ -87,6 +114,7 @@ SWEEPS = {
     "pooled-qk": ("density", (0.2, 0.3, 0.4, 0.5, 0.6, 0.7)),
     "random-w-calibrated": ("R", (0.95, 0.98, 0.99)),
 }
+ALL_SWEEPS = dict(SWEEPS)  # variants() builds every sweep; --sweeps trims SWEEPS
 
 
 def log(*a):
@@ -174,8 +202,10 @@ def read_profile(path):
 # ---- calibration --------------------------------------------------------------------------
 
 @torch.no_grad()
-def dense_maps(m, idx):
-    """[L, H, N, N] softmax maps of one sequence (float32, numpy)."""
+def dense_maps(m, idx, keep=None):
+    """[L, H, N, N] softmax maps of one sequence (float32, numpy); keep: a dict whose lists
+    "p" and "v" get every layer's map [H, N, N] and values [Hkv, N, d] (float32, on the
+    model's device: the output objective's products)."""
     maps = []
 
     def hook(layer, q, k, v):
@@ -184,9 +214,27 @@ def dense_maps(m, idx):
         s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), -math.inf)
         p = torch.softmax(s, -1)
         maps.append(p[0].cpu().numpy())
+        if keep is not None:
+            keep["p"].append(p[0])
+            keep["v"].append(v[0].float())
         return (p @ v.float()).to(q.dtype)
     m(idx, attn=hook)
     return np.stack(maps)
+
+
+@torch.no_grad()
+def add_outputs(cb, ps, pt, vt):
+    """One window's statistics of the OUTPUTS objective (mf_calib_add_outputs): per target
+    layer t and source layer l, every source head's map applied to each of the target's kv
+    heads' V, O_s = A_l[s]·V_t[g], and the target's own outputs A_t[h]·V_t[h // (Ht/Hkv)],
+    computed here on the model's device (the C feed mf_calib_add_v computes the same
+    products on the CPU: N²·d per product, too slow at 2048 tokens and 144 source heads).
+    The maps are causal (zeros above the diagonal), so the full product is the causal one."""
+    for t, (at, v) in enumerate(zip(pt, vt)):
+        ot = torch.einsum("hqk,hkd->hqd", at, v.repeat_interleave(at.shape[0] // v.shape[0],
+                                                                   0)).cpu().numpy()
+        for l, al in enumerate(ps):
+            cb.add_outputs(t, l, torch.einsum("sqk,gkd->gsqd", al, v).cpu().numpy(), ot)
 
 
 def summary_text(name, kw, fit, count):
@@ -217,10 +265,27 @@ def jsonable(fit):
         for lm in fit["layers"]]}
 
 
-def calibrate(args, src, tgt, dev):
-    """{config: {"fit": all target layers, "profile": read back from its .pb}}, the IAM
-    profile, the JSON of every fit, the summary text and the calibration windows' block
-    masses ({"src", "tgt"}: per window, per layer [H, nb, nb]); sets args.dev_starts."""
+def needed_configs(methods_only):
+    """The CONFIGS to fit: all of them, or with --methods-only those its variants use (the
+    mapflow-mask sweep, the prob study and CONFIGS[0], whose W and source layers the
+    per-layer variants and the random-W control take)."""
+    if not methods_only:
+        return list(CONFIGS)
+    return [(n, kw) for n, kw in CONFIGS if n == CONFIGS[0][0] or prob_study(n) or
+            sweep_config(kw)]
+
+
+def sweep_config(kw):
+    """Whether a CONFIGS entry is a point of the mapflow-mask sweep."""
+    return (kw.get("per_head_top_p", 0) and kw.get("prob_max_error") == NO_PROB["prob_max_error"]
+            and not kw.get("block_size") and not kw.get("min_l0"))
+
+
+def calibrate(args, src, tgt, dev, configs):
+    """{config: {"fit": all target layers, "profile": read back from its .pb}} for configs
+    (a list of CONFIGS entries), the IAM profile, the JSON of every fit, the summary text
+    and the calibration windows' block masses ({"src", "tgt"}: per window, per layer [H,
+    nb, nb]); sets args.dev_starts."""
     cal = np.load(os.path.join(args.work, "tokens_calib.npy")).astype(np.int64)
     n = args.cal_n
     # calibration and dev windows (thresholds are chosen there) interleaved, disjoint
@@ -233,22 +298,30 @@ def calibrate(args, src, tgt, dev):
     t = time.time()
     cb = mfk.Calib(src.cfg.n_layer, src.cfg.n_head, tgt.cfg.n_layer, tgt.cfg.n_head)
     bm = {"src": [], "tgt": []}  # block masses per window: the random-W control's calibration
+    outputs = any(kw.get("objective") == mfk.OUTPUTS for _, kw in configs)
+    t_out = 0.0
     for w in starts:
         idx = torch.from_numpy(cal[w:w + n])[None].to(dev)
-        ms, mt = dense_maps(src, idx), dense_maps(tgt, idx)
+        ks, kt = ({"p": [], "v": []}, {"p": [], "v": []}) if outputs else (None, None)
+        ms, mt = dense_maps(src, idx, ks), dense_maps(tgt, idx, kt)
         cb.add(ms, mt)
+        if outputs:
+            t1 = time.time()
+            add_outputs(cb, ks["p"], kt["p"], kt["v"])
+            t_out += time.time() - t1
+            del ks, kt
         bm["src"].append([BS.block_masses(x, args.block) for x in ms])
         bm["tgt"].append([BS.block_masses(x, args.block) for x in mt])
         del ms, mt
-    log("calibration maps: %d windows of %d tokens, added in %.1f s" % (count, n,
-                                                                       time.time() - t))
+    log("calibration maps: %d windows of %d tokens, added in %.1f s (output statistics "
+        "%.1f s of it)" % (count, n, time.time() - t, t_out))
     common = dict(min_l0=0, block_size=args.block, recompute_last=args.recompute_last,
                   mask_top_p=ROW_TOP_P, source_model=b"source", target_model=b"target")
     pdir = os.path.join(args.out, "profiles")
     os.makedirs(pdir, exist_ok=True)
     out, js, text, iam = {}, {}, [], None
     t = time.time()
-    for name, kw in CONFIGS:
+    for name, kw in configs:
         fit = cb.fit(**dict(common, **kw))
         path = os.path.join(pdir, name + ".pb")
         cb.save_profile(path)
@@ -259,7 +332,7 @@ def calibrate(args, src, tgt, dev):
         js[name] = dict(jsonable(fit), opts=kw)
         text.append(summary_text(name, kw, fit, count))
     cb.close()
-    log("calibration fits: %d settings in %.1f s" % (len(CONFIGS), time.time() - t))
+    log("calibration fits: %d settings in %.1f s" % (len(configs), time.time() - t))
     return out, iam, js, "\n".join(text), bm
 
 
@@ -277,6 +350,8 @@ def variants(cal, lt):
             v.append(dict(name="mask-p%g-L0=%d" % (p, l0), group="mask per layer L0=%d" % l0,
                           kind="fit", l0=l0, policy="mask", codec="mask", p=p))
     for name, kw in CONFIGS:
+        if name not in cal:  # not fitted (--methods-only)
+            continue
         php = kw.get("per_head_top_p", 0)
         group = ("calibrated, per-head Top-P" if php else "calibrated, Top-P 0.95") + \
             (" + prob" if "prob_max_error" in kw else "")
@@ -288,9 +363,11 @@ def variants(cal, lt):
             continue
         d = dict(name="cal-" + name, group=group, kind="calib", cfg=name,
                  l0=cal[name]["profile"]["l0"], policy="profile", codec="fp8", p=ROW_TOP_P)
-        if php and kw.get("prob_max_error") == NO_PROB["prob_max_error"] and not b and \
-                not kw.get("min_l0"):
+        if sweep_config(kw):
             d.update(method="mapflow-mask", knob=kw["mask_min_recall"])
+        if prob_study(name):  # (objective, prob gate): prob_mode() reports these
+            d.update(prob=prob_study(name))
+            d["group"] = "prob mode, %s objective" % d["prob"][0]
         v.append(d)
     for r in (0, 4):  # recompute the last R query blocks exactly (the profile says 1)
         v.append(dict(name="cal-r0.97-php-R%d" % r, group="recompute last R", kind="calib",
@@ -310,7 +387,7 @@ def variants(cal, lt):
     v.append(dict(name="uniform-L0=1", group="control", kind="uniform", l0=1,
                   policy="uniform", codec="none", p=1.0))
     l0m = cal[MAPFLOW_MASK]["profile"]["l0"]  # the layers MapFlow mask maps
-    for p in SWEEPS["oracle"][1]:  # the target's own exact block masses, Top-P
+    for p in ALL_SWEEPS["oracle"][1]:  # the target's own exact block masses, Top-P
         v.append(dict(name="own-p%g-L0=%d" % (p, l0m), group="oracle (own Top-P)",
                       kind="own", l0=l0m, policy="own", codec="mask", p=p, method="oracle",
                       knob=p))
@@ -320,12 +397,12 @@ def variants(cal, lt):
     # target-side estimators from the target's own Q, K of the same forward pass
     for method, sel in (("xattention", "xattn"), ("flexprefill", "flexprefill"),
                         ("pooled-qk", "pooled")):
-        knob = SWEEPS[method][0]
-        for x in SWEEPS[method][1]:
+        knob = ALL_SWEEPS[method][0]
+        for x in ALL_SWEEPS[method][1]:
             v.append(dict(name="%s-%s%g" % (method, knob, x), group=method, kind="target",
                           sel=sel, l0=l0m, policy="target", codec="mask", p=1.0,
                           method=method, knob=x))
-    for r in SWEEPS["random-w-calibrated"][1]:  # random W, then the per-head Top-P rule
+    for r in ALL_SWEEPS["random-w-calibrated"][1]:  # random W, then the per-head Top-P rule
         v.append(dict(name="random-cal-r%g" % r, group="control", kind="random-cal",
                       l0=l0m, policy="mask", codec="mask", p=ROW_TOP_P, recall=r,
                       method="random-w-calibrated", knob=r))
@@ -722,26 +799,48 @@ def operating_points(res, vs, cal):
 
 
 def prob_mode(res, vs, cal, lt):
-    """The calibrated profile with the most heads in prob mode whose dev Δppl ≤ +2 %
-    (chosen on dev), its share of prob heads per target layer, and its test numbers."""
+    """Prob mode (issue 21, goal 3). "variant" / "per_layer" / splits: the calibrated
+    profile with the most heads in prob mode whose dev Δppl ≤ +2 % (chosen on dev), its
+    share of prob heads per target layer and its test numbers. "study": every profile of
+    the prob study (objective maps / outputs × prob gate, PROB_GATES) with the same
+    numbers; "by_objective": per objective the study's dev-chosen profile (most prob heads
+    with dev Δppl ≤ +2 %, ties: more FLOPs skipped), {"variant": None} if none."""
     sp = res["splits"]
-    best = None
-    for v in vs:
-        if v["kind"] != "calib" or v["name"] not in sp["dev"]["variants"]:
-            continue
-        d = sp["dev"]["variants"][v["name"]]
-        if d["dppl_pct"] > 2.0:
-            continue
+
+    def share(v):
         layers = cal[v["cfg"]]["profile"]["layers"]
-        share = [float((layers[t]["mode"] == mfk.PROB).mean()) if t in layers else 0.0
-                 for t in range(lt)]
-        key = (sum(share), d.get("skipped_pct") or 0.0)
-        if best is None or key > best[0]:
-            best = (key, v["name"], share, d)
-    if best is None:
-        return {"variant": None}
-    return {"variant": best[1], "per_layer": best[2], "dev": _numbers(best[3]),
-            **{s: _numbers(sp[s]["variants"][best[1]]) for s in ("in", "out")}}
+        return [float((layers[t]["mode"] == mfk.PROB).mean()) if t in layers else 0.0
+                for t in range(lt)]
+
+    def numbers(v, sh):
+        return {"variant": v["name"], "per_layer": sh, "share": float(np.mean(sh)),
+                **{s: _numbers(sp[s]["variants"][v["name"]]) for s in ("dev", "in", "out")}}
+
+    def choose(cands):
+        best = None
+        for v in cands:
+            d = sp["dev"]["variants"][v["name"]]
+            if d.get("dppl_pct") is None or d["dppl_pct"] > 2.0:
+                continue
+            sh = share(v)
+            key = (sum(sh), d.get("skipped_pct") or 0.0)
+            if best is None or key > best[0]:
+                best = (key, v, sh)
+        if best is None:
+            return None
+        r = numbers(best[1], best[2])
+        if best[1].get("prob"):
+            r["objective"], r["gate"] = best[1]["prob"]
+        return r
+
+    ran = [v for v in vs if v["kind"] == "calib" and v["name"] in sp["dev"]["variants"]]
+    study = [v for v in ran if v.get("prob")]
+    out = choose(ran) or {"variant": None}
+    out["study"] = [dict(numbers(v, share(v)), objective=v["prob"][0], gate=v["prob"][1])
+                    for v in sorted(study, key=lambda v: v["prob"])]
+    out["by_objective"] = {obj: choose([v for v in study if v["prob"][0] == obj]) or
+                           {"variant": None} for obj in PROB_GATES}
+    return out
 
 
 def main():
@@ -774,6 +873,10 @@ def main():
     ap.add_argument("--only", default="", help="comma-separated variant names (smoke test)")
     ap.add_argument("--methods-only", action="store_true",
                     help="only the trade-off sweeps of SWEEPS (the long configuration)")
+    ap.add_argument("--sweeps", default="",
+                    help="comma-separated SWEEPS methods to run (default: all; the prob-mode "
+                    "study runs whatever this says): fits the long pair's two block sizes "
+                    "into one device call")
     ap.add_argument("--dev-windows", type=int, default=16,
                     help="dev windows (thresholds are chosen there), between the calibration "
                     "windows of the calibration split")
@@ -808,9 +911,17 @@ def main():
         args.sample_stride = 1
     be = (mfk.Cuda(args.block, args.exporter) if args.backend == "cuda"
           else mfk.Ref(args.block))
-    cal, iam, cal_json, cal_summary, bm = calibrate(args, src, tgt, dev)
+    if args.sweeps:
+        keep = set(args.sweeps.split(","))
+        if keep - set(SWEEPS):
+            raise SystemExit("evaluate: --sweeps: unknown %s (known: %s)" % (
+                ",".join(sorted(keep - set(SWEEPS))), ",".join(SWEEPS)))
+        for m in [m for m in SWEEPS if m not in keep]:
+            del SWEEPS[m]
+    cal, iam, cal_json, cal_summary, bm = calibrate(args, src, tgt, dev,
+                                                    needed_configs(args.methods_only))
     vs = variants(cal, lt)
-    if args.exporter == "strided":
+    if args.exporter == "strided" and "mapflow-mask" in SWEEPS:
         # the same calibrated sweep on rows from the exact masses (same windows, same
         # models): the strided sample's quality effect, paired
         SWEEPS[EXACT_EXPORTER] = SWEEPS["mapflow-mask"]
@@ -820,8 +931,9 @@ def main():
     if args.only:
         keep = set(args.only.split(","))
         vs = [v for v in vs if v["name"] in keep]
-    if args.methods_only:
-        vs = [v for v in vs if "method" in v]
+    if args.methods_only:  # the sweeps and the prob-mode study
+        vs = [v for v in vs if "method" in v or "prob" in v]
+    vs = [v for v in vs if v.get("method") in SWEEPS or "method" not in v]
     plans = {v["name"]: layer_plans(v, cal, iam, ht, hs, lt, args.seed, bm) for v in vs}
     del bm
     tests = {s: np.load(os.path.join(args.work, "tokens_%s.npy" % s)).astype(np.int64)

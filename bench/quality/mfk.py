@@ -8,8 +8,8 @@ Two backends with one interface (torch tensors Q, K, V [N, H, d] fp16, contiguou
         (attributes), which the smoke test compares with work() below.
 MF_CUDA_LIB / MF_REF_LIB name the library files (default: mapflow.kernels' search, which
 finds build/lib). extract() → RowSet (one row per full query block); apply(rows or None,
-...) → O [N, H, d] fp32 (rows None = every block computed densely by the kernel's compute
-path). Q/K/V may also be bf16 (the dtype is taken from Q). extract() optionally takes the
+...) → O [N, H, d] fp32, or in o_dtype = Q's dtype (the kernels store it: no cast; rows
+None = every block computed densely by the kernel's compute path). Q/K/V may also be bf16 (the dtype is taken from Q). extract() optionally takes the
 row LSE and a per-row bound on entries (tight row buffers at long context: the worst case
 is every head keeping every block), and a sample stride (masses from every stride-th query
 row of each block, the approximate exporter of a source whose attention is an engine's: it
@@ -173,10 +173,11 @@ class Cuda:
                 wait=lambda stream=None: RowSet.of(rows.wait(stream), codec))
         return o, lse, RowSet.of(rows, codec)
 
-    def apply(self, rows, w, mode, top_p, q, k, v, exact_last):
+    def apply(self, rows, w, mode, top_p, q, k, v, exact_last, o_dtype=None):
+        """O [N, H, d]: fp32, or o_dtype = q.dtype stored by the kernels (no cast)."""
         o = K.apply_cuda(None if rows is None else rows.ptrs(), w, mode, q, k, v,
                          block_size=self.b, top_p=top_p, exact_last=exact_last,
-                         bad_rows=self.bad, lib=self.lib)
+                         bad_rows=self.bad, o_dtype=o_dtype, lib=self.lib)
         return o, None
 
     def check(self):
@@ -206,11 +207,13 @@ class Ref:
                              lib=self.lib)
         return RowSet.of(rows, codec)
 
-    def apply(self, rows, w, mode, top_p, q, k, v, exact_last):
+    def apply(self, rows, w, mode, top_p, q, k, v, exact_last, o_dtype=None):
+        """As Cuda.apply; the reference is fp32 (the spec), so o_dtype is a cast here."""
         o, st = K.apply_ref(None if rows is None else rows.host_views(), w, mode,
                             q.contiguous(), k.contiguous(), v.contiguous(), block_size=self.b,
                             top_p=top_p, exact_last=exact_last, lib=self.lib)
-        return torch.from_numpy(o), types.SimpleNamespace(**st)
+        o = torch.from_numpy(o)
+        return (o if o_dtype is None else o.to(o_dtype)), types.SimpleNamespace(**st)
 
     def check(self):
         return 0
@@ -224,7 +227,10 @@ class CalibOpts(C.Structure):
                 ("min_l0", C.c_uint32), ("block_size", C.c_uint32),
                 ("recompute_last", C.c_uint32), ("recompute_first", C.c_uint32),
                 ("source_model", C.c_char_p), ("target_model", C.c_char_p),
-                ("max_iters", C.c_uint32)]
+                ("max_iters", C.c_uint32), ("objective", C.c_int)]
+
+
+MAPS, OUTPUTS = 0, 1  # mf_calib_objective_t
 
 
 class CalibLayer(C.Structure):
@@ -247,6 +253,7 @@ class Calib:
         self.lib = _cdll("MF_REF_LIB", "libmfkernels_ref.so", {
             "mf_calib_create": [C.c_uint32] * 4 + [C.POINTER(p)],
             "mf_calib_add": [p, p, p, C.c_uint32],
+            "mf_calib_add_outputs": [p, C.c_uint32, C.c_uint32, p, p] + [C.c_uint32] * 3,
             "mf_calib_fit": [p, C.POINTER(CalibOpts)],
             "mf_calib_layer": [p, C.c_uint32, C.POINTER(CalibLayer)],
             "mf_calib_profile": [p, C.POINTER(CalibOpts), C.c_int, C.POINTER(p)],
@@ -272,6 +279,18 @@ class Calib:
             raise ValueError("calib add: shapes %s %s" % (src.shape, tgt.shape))
         self._ok(self.lib.mf_calib_add(self.c, src.ctypes.data, tgt.ctypes.data,
                                        src.shape[-1]), "add")
+
+    def add_outputs(self, t, l, o_src, o_tgt):
+        """The OUTPUTS objective's products of one sequence for pair (target layer t,
+        source layer l), after add() of that sequence: o_src [Hkv, Hs, N, d] = A_l[s]·V_t[g],
+        o_tgt [Ht, N, d] the target's head outputs (float32 numpy)."""
+        o_src = np.ascontiguousarray(o_src, dtype=np.float32)
+        o_tgt = np.ascontiguousarray(o_tgt, dtype=np.float32)
+        hkv, hs, n, d = o_src.shape
+        if hs != self.shape[1] or o_tgt.shape != (self.shape[3], n, d):
+            raise ValueError("calib add_outputs: shapes %s %s" % (o_src.shape, o_tgt.shape))
+        self._ok(self.lib.mf_calib_add_outputs(self.c, t, l, o_src.ctypes.data,
+                                               o_tgt.ctypes.data, n, hkv, d), "add_outputs")
 
     def fit(self, **kw):
         """Fits with the given mf_calib_opts_t fields; returns {l0, layers: [...]}, every

@@ -5,7 +5,7 @@
 # pass over the maps with several rule settings (on the GPU machine too).
 QUALITY_REF_SO := $(LIB)/libmfkernels_ref.so
 QUALITY_REF_OBJS := $(addprefix $(OBJ)/kernels/,attention_ref.o extract_ref.o apply_ref.o \
-                      calibrate.o mf_profile.o mf_kernels_abi.o)
+                      calibrate.o calibrate_out.o mf_profile.o mf_kernels_abi.o)
 
 LIBS += $(QUALITY_REF_SO)
 

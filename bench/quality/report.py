@@ -208,6 +208,51 @@ def methods_section(res):
                          ci_cell(pm["out"], "dppl_pct", "%+.2f")))
     else:
         lines.append("- Prob mode: no calibrated profile within Δppl ≤ +2 % on dev.")
+    return "\n".join(lines) + "\n\n" + prob_section(res)
+
+
+def layers_cell(per_layer):
+    return " ".join("%.0f" % (100 * x) for x in per_layer)
+
+
+def prob_section(res):
+    """The prob-mode study (issue 21, goal 3): per calibration objective and prob gate the
+    share of heads in prob mode per target layer and the numbers, the dev-chosen profile
+    of each objective (most prob heads with dev Δppl ≤ +2 %) marked; '' without it."""
+    pm = res.get("prob_mode", {})
+    if not pm.get("study"):
+        return ""
+    chosen = {r.get("variant") for r in pm.get("by_objective", {}).values()}
+    lines = ["### Prob mode by calibration objective (maps: W fitted to the attention maps, "
+             "gated by the map's error; outputs: fitted to the head outputs A·V with the "
+             "target's own V, gated by the centred output error; other heads mask, per-head "
+             "Top-P, R 0.97)", "",
+             "| objective | prob gate | variant | prob heads % per target layer | all | "
+             "Δppl dev | Δppl in | Δppl out | KL in | KL out | agree in | agree out | "
+             "dev-chosen |", "|" + "---|" * 13]
+    for r in pm["study"]:
+        d, i, o = r["dev"], r["in"], r["out"]
+        lines.append("| %s | %g | `%s` | %s | %.0f %% | %s | %s | %s | %s | %s | %s | %s | %s |"
+                     % (r["objective"], r["gate"], r["variant"], layers_cell(r["per_layer"]),
+                        100 * r["share"], ci_cell(d, "dppl_pct", "%+.2f"),
+                        ci_cell(i, "dppl_pct", "%+.2f"), ci_cell(o, "dppl_pct", "%+.2f"),
+                        ci_cell(i, "kl", "%.4f"), ci_cell(o, "kl", "%.4f"),
+                        ci_cell(i, "agree_pct", "%.1f"), ci_cell(o, "agree_pct", "%.1f"),
+                        "**yes**" if r["variant"] in chosen else ""))
+    for obj, r in pm.get("by_objective", {}).items():
+        if r.get("variant"):
+            lines.append("- %s objective, dev-chosen at Δppl ≤ +2 %%: gate %g, %.0f %% of the "
+                         "heads in prob mode (per layer %s %%); test in / out: Δppl %s / %s, "
+                         "KL %s / %s, agreement %s / %s." % (
+                             obj, r["gate"], 100 * r["share"], layers_cell(r["per_layer"]),
+                             ci_cell(r["in"], "dppl_pct", "%+.2f"),
+                             ci_cell(r["out"], "dppl_pct", "%+.2f"),
+                             ci_cell(r["in"], "kl", "%.4f"), ci_cell(r["out"], "kl", "%.4f"),
+                             ci_cell(r["in"], "agree_pct", "%.1f"),
+                             ci_cell(r["out"], "agree_pct", "%.1f")))
+        else:
+            lines.append("- %s objective: no profile of the study within Δppl ≤ +2 %% on dev."
+                         % obj)
     return "\n".join(lines) + "\n\n"
 
 
@@ -326,10 +371,11 @@ def summary(paths):
              "the bounds on both test splits, intervals included)", "",
              "| run | seed (source, target) | ctx | B | verdict (ratio) | " +
              " | ".join(METHODS) + " |", "|" + "---|" * (5 + len(METHODS))]
-    groups = {}
+    groups, loaded = {}, []
     for n, p in enumerate(paths):
         with open(p) as f:
             res = json.load(f)
+        loaded.append(res)
         c, ops, v = res["config"], res.get("operating_points", {}), res.get("verdict", {})
         groups.setdefault((c["ctx"], c["block"]), []).append((ops, v))
         tr = res.get("train", {})
@@ -340,7 +386,7 @@ def summary(paths):
             r = ops.get(m, {})
             cells.append("%.3f%s" % (r["effective_density"], " ✓" if r["passes_test_ci"]
                                      else "") if r.get("effective_density") is not None
-                         else "none")
+                         else "none" if m in ops else "–")  # –: not run (--sweeps)
         verdict = "–" if v.get("met") is None else "%s (%.2f×)" % (
             "met" if v["met"] else "missed", v["ratio"])
         lines.append("| %s | %s | %d | %d | %s | %s |" % (
@@ -351,6 +397,8 @@ def summary(paths):
     for (ctx, b), runs in sorted(groups.items()):
         cells = []
         for m in METHODS:
+            if not any(m in o for o, _ in runs):  # not run (--sweeps)
+                continue
             d = [o[m]["effective_density"] for o, _ in runs
                  if o.get(m, {}).get("effective_density") is not None]
             ok = sum(1 for o, _ in runs if o.get(m, {}).get("passes_test_ci"))
@@ -359,6 +407,21 @@ def summary(paths):
         met = sum(1 for _, v in runs if v.get("met"))
         lines.append("- ctx %d, B %d, %d seed(s): verdict met in %d; %s." % (
             ctx, b, len(runs), met, "; ".join(cells)))
+    lines += ["", "Prob mode per run (the dev-chosen profile of each objective at Δppl ≤ +2 %: "
+              "prob gate, share of heads in prob mode, per target layer in %, test Δppl in / "
+              "out):", "", "| run | B | objective | gate | prob heads | per layer % | "
+              "Δppl in | Δppl out |", "|" + "---|" * 8]
+    for n, (p, res) in enumerate(zip(paths, loaded)):
+        for obj, r in res.get("prob_mode", {}).get("by_objective", {}).items():
+            run = "first" if n == 0 else os.path.basename(os.path.dirname(p))
+            if not r.get("variant"):
+                lines.append("| %s | %d | %s | none within +2 %% on dev | – | – | – | – |" % (
+                    run, res["config"]["block"], obj))
+                continue
+            lines.append("| %s | %d | %s | %g | %.0f %% | %s | %s | %s |" % (
+                run, res["config"]["block"], obj, r["gate"], 100 * r["share"],
+                layers_cell(r["per_layer"]), ci_cell(r["in"], "dppl_pct", "%+.2f"),
+                ci_cell(r["out"], "dppl_pct", "%+.2f")))
     return "\n".join(lines) + "\n"
 
 

@@ -14,7 +14,10 @@
  *            counted apart); 0 above the diagonal; bad arguments refused. Each case runs
  *            every MF_MASS_VARIANT (v2 default, v3 – v6) with these checks, and each
  *            against v2: O / LSE bit for bit, masses bit for bit (v6: ≤ 4e-6), kept sets equal.
- *   apply:   ‖O − O_ref‖ / ‖O_ref‖ ≤ 2e-3 per head mode, every element written; each case
+ *   apply:   ‖O − O_ref‖ / ‖O_ref‖ ≤ 2e-3 per head mode, every element written; every
+ *            run also again with O in the inputs' dtype (o_dtype): bit for bit that run's
+ *            fp32 O rounded to nearest, the same elements written; a bad o_dtype refused
+ *            with O untouched; each case
  *            runs both implementations (core: the sm_90a core for mask / compute heads with
  *            v2 for prob heads; v2 alone; at B = 64 also the core with MF_CORE_GATHER=0 and
  *            with MF_CORE_PERSIST=1, on one CTA per SM, 3 CTAs and 1; the core and the
@@ -1333,6 +1336,86 @@ static size_t apply_diff(const float *d, const float *want, const int *sel, uint
     return bad;
 }
 
+/* O in the inputs' dtype (o_dtype = dt) from d_t (n·ht·d 16-bit elements, poisoned with
+ * 0xffff before the call) against o32, the same path's fp32 O: elements that differ from
+ * o32 rounded to nearest (mf_f32_to_bf16 / _f16), bit for bit; where o32 holds the NaN
+ * poison d_t must hold its own (the same elements written). */
+static size_t apply_t_diff(const void *d_t, const float *o32, size_t on, mf_dtype_t dt)
+{
+    uint16_t *h = malloc(on * 2);
+    CK(cudaMemcpy(h, d_t, on * 2, cudaMemcpyDeviceToHost));
+    size_t bad = 0;
+    for (size_t x = 0; x < on; x++)
+        bad += h[x] != (isnan(o32[x]) ? 0xffffu : to16(o32[x], dt));
+    free(h);
+    return bad;
+}
+
+/* ga's call again with O in tgt.dtype into d_t (poisoned first), under the environment
+ * variable env = val when env is set and MF_CORE_PERSIST_CTAS = ctas when set; then
+ * apply_t_diff against o32, reported as "O=T vs rn(fp32 O)". Returns 1 when it passes. */
+static int check_apply_t(const char *name, const mf_apply_cuda_args_t *ga, mf_apply_impl_t impl,
+                         const char *env, const char *val, const char *ctas, void *d_t,
+                         const float *o32, size_t on)
+{
+    mf_apply_cuda_args_t gt = *ga;
+    const char *why = "";
+    gt.o = d_t;
+    gt.o_dtype = ga->tgt.dtype;
+    gt.bad_rows = NULL; /* the fp32 run counted them */
+    CK(cudaMemset(d_t, 0xff, on * 2));
+    if (env)
+        setenv(env, val, 1);
+    if (ctas)
+        setenv("MF_CORE_PERSIST_CTAS", ctas, 1);
+    mf_status_t st = mf_apply_cuda_impl(&gt, impl, 0, &why);
+    if (env)
+        unsetenv(env);
+    unsetenv("MF_CORE_PERSIST_CTAS");
+    if (st != MF_OK)
+        printf("%s: mf_apply_cuda (O=T): %s (%s)\n", name, mf_status_name(st), why);
+    CK(cudaDeviceSynchronize());
+    CK(cudaGetLastError());
+    size_t d = st == MF_OK ? apply_t_diff(d_t, o32, on, ga->tgt.dtype) : on;
+    report(name, "O=T vs rn(fp32 O)", (double)d, 0, d == 0);
+    return d == 0;
+}
+
+/* o_dtype neither F32 nor tgt.dtype (the other 16-bit type, an unknown value): refused
+ * with MF_INVALID_ARGUMENT and a message naming o_dtype, before anything is queued (O
+ * keeps its poison); F32 and tgt.dtype themselves are the runs above. */
+static int check_apply_odtype_args(const char *base, const mf_apply_cuda_args_t *ga,
+                                   size_t on)
+{
+    char name[160];
+    snprintf(name, sizeof(name), "apply o_dtype refused %s", base);
+    mf_dtype_t bad[2] = { ga->tgt.dtype == MF_DTYPE_F16 ? MF_DTYPE_BF16 : MF_DTYPE_F16,
+                          (mf_dtype_t)7 };
+    int ok = 1;
+    CK(cudaMemset(ga->o, 0xa5, on * 4));
+    for (int x = 0; x < 2; x++) {
+        mf_apply_cuda_args_t g = *ga;
+        const char *why = "";
+        g.o_dtype = bad[x];
+        mf_status_t st = mf_apply_cuda_impl(&g, MF_APPLY_IMPL_CORE, 0, &why);
+        if (st != MF_INVALID_ARGUMENT || !strstr(why, "o_dtype")) {
+            printf("%s: o_dtype %d: %s (%s), want MF_INVALID_ARGUMENT\n", name, (int)bad[x],
+                   mf_status_name(st), why);
+            ok = 0;
+        }
+    }
+    CK(cudaDeviceSynchronize());
+    uint8_t *h = malloc(on * 4);
+    CK(cudaMemcpy(h, ga->o, on * 4, cudaMemcpyDeviceToHost));
+    size_t touched = 0;
+    for (size_t x = 0; x < on * 4; x++)
+        touched += h[x] != 0xa5;
+    free(h);
+    ok &= touched == 0;
+    report(name, "refused+untouched", ok ? 0 : 1, 0, ok);
+    return ok;
+}
+
 /* The core path's bench switches and its cached scratch, against o_core (that call's
  * output): MF_APPLY_CACHE=0 (per-call scratch), MF_APPLY_PREPASS=v1 (the pre-pass of before)
  * and MF_APPLY_ONLY per mode (the three runs together) give o_core bit for bit; two calls on two streams without a sync between them,
@@ -1502,7 +1585,9 @@ static int check_apply(const app_case_t *c, uint64_t seed)
         exit(2);
     }
     uint32_t *dbad;
+    void *d_t; /* O in the inputs' dtype (o_dtype) */
     CK(cudaMalloc((void **)&d_o, on * 4));
+    CK(cudaMalloc(&d_t, on * 2));
     CK(cudaMalloc((void **)&dbad, 4));
     /* core BN64: MF_CORE_GATHER=0, block-64 lists on the 64-key-tile kernel instead of the
      * gathered 128-key tiles (the bench's A/B; not bit-identical: other summation order);
@@ -1604,11 +1689,18 @@ static int check_apply(const app_case_t *c, uint64_t seed)
             report(name, "bits vs core", (double)diff, 0, diff == 0);
             ok &= diff == 0;
         }
+        /* the same path with O in the model's dtype: rn of this run's fp32 O */
+        if (impls[v].pvw)
+            setenv("MF_CORE_PVWAIT", "1", 1);
+        ok &= check_apply_t(name, &ga, impls[v].impl, impls[v].env, impls[v].val,
+                            impls[v].ctas, d_t, o_gpu, on);
+        unsetenv("MF_CORE_PVWAIT");
         pass &= ok;
     }
     mf_apply_cuda_args_t ga = { .rows = dptr, .n_rows = full, .map = &map, .tgt = tgt.dev,
                                 .block_size = c->b, .exact = exact, .exact_first = 0,
                                 .exact_last = 1, .o = d_o, .bad_rows = NULL };
+    pass &= check_apply_odtype_args(base, &ga, on);
     /* host-side paths, not new kernels: left out of --small, which the sanitizers run */
     if (!g_small)
         pass &= check_apply_switches(base, &ga, mode, o_core, c->n, c->ht, c->d);
@@ -1662,6 +1754,8 @@ static int check_apply(const app_case_t *c, uint64_t seed)
         report(label, "unwritten, bad != Ht", (double)unwritten + (bad != c->ht), 0, ok);
         report(label, "rel err prob", rel, 2e-3, rel <= 2e-3);
         pass &= ok && rel <= 2e-3;
+        /* O in T on v2 alone, the bad row's block recomputed: rn of the fp32 run's O */
+        pass &= check_apply_t(label, &g2, MF_APPLY_IMPL_CORE, NULL, NULL, NULL, d_t, o_gpu, pn);
         free(pmode);
         free(vp2);
         free(dptr2);
@@ -1680,6 +1774,7 @@ static int check_apply(const app_case_t *c, uint64_t seed)
     free(tokens);
     cudaFree(drows);
     cudaFree(d_o);
+    cudaFree(d_t);
     cudaFree(dbad);
     rowset_free(&rs);
     tensors_free(&src);

@@ -9,7 +9,9 @@ tests/python/test_kernels_py.py). Fresh random inputs each run, fp16 and bf16:
   masses (want_mass) are within 1e-3 of float64 masses from the dense reference;
 - apply_cuda with those rows (as Rows, and as a list of device addresses) vs apply_ref on
   the same rows copied to the host, for implementations core and v2: ‖O − O_ref‖ /
-  ‖O_ref‖ ≤ 2e-3; with no rows it is dense attention;
+  ‖O_ref‖ ≤ 2e-3; with no rows it is dense attention; with o_dtype = q's dtype (new or
+  out=) O equals that call's fp32 O rounded to nearest, bit for bit; another o_dtype, or
+  an out of the wrong dtype, is refused;
 - export_cuda (the fused forward + extract's selection): O / LSE vs float64, masses vs
   extract_cuda's, rows that decode with extract_ref's headers; with o_dtype = q's dtype
   O equals the fp32 O rounded to nearest; with rows_stream the rows (PendingRows.wait)
@@ -149,6 +151,28 @@ class KernelsCuda(unittest.TestCase):
                                      exact_last=1, impl=impl, bad_rows=bad)
                     torch.cuda.synchronize()
                     self.assertLessEqual(rel(o.cpu(), o_ref), 2e-3, (dtype, codec, impl))
+                # O in the model's dtype (o_dtype): the same call's fp32 O rounded to
+                # nearest, element for element (a new tensor, and into out=)
+                ot = K.apply_cuda(rows, w, mode, qt, kt, vt, block_size=b, top_p=tp,
+                                  exact_last=1, impl=impl, o_dtype=dtype)
+                out = torch.full_like(ot, float("nan"))
+                ot2 = K.apply_cuda(rows, w, mode, qt, kt, vt, block_size=b, top_p=tp,
+                                   exact_last=1, impl=impl, o_dtype=dtype, out=out)
+                torch.cuda.synchronize()
+                self.assertEqual(ot.dtype, dtype)
+                self.assertIs(ot2, out)
+                want = o.to(dtype)  # o: this impl's fp32 O (rows as addresses, same O)
+                for got in (ot, ot2):
+                    self.assertEqual(int((got.view(torch.int16) !=
+                                          want.view(torch.int16)).sum()), 0, (dtype, impl))
+            other = torch.bfloat16 if dtype == torch.float16 else torch.float16
+            with self.assertRaises(mapflow.InvalidArgument) as cm:
+                K.apply_cuda(rows, w, mode, qt, kt, vt, block_size=b, o_dtype=other)
+            self.assertIn("o_dtype", str(cm.exception))
+            with self.assertRaises(mapflow.InvalidArgument) as cm:  # out must have o_dtype
+                K.apply_cuda(rows, w, mode, qt, kt, vt, block_size=b, o_dtype=dtype,
+                             out=torch.empty(n, ht, d, device="cuda"))
+            self.assertIn("out must be", str(cm.exception))
             self.assertEqual(int(bad.item()), 0)
             o = K.apply_cuda(None, w, mode, qt, kt, vt, block_size=b)
             o64, _ = K.attention_dense_ref(host(qt), host(kt), host(vt))

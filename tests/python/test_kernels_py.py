@@ -9,6 +9,8 @@
   layouts, codecs, modes and block sizes raise InvalidArgument naming the argument;
 - apply_cuda's row addresses (host side): a uint64 NumPy array is passed without a copy
   and equals what a list of ints gives; bad arrays are refused naming the entry;
+- mf_apply_cuda refuses an o_dtype other than F32 and the target's dtype on the host
+  (no GPU needed), and so does apply_cuda(o_dtype=);
 - the mirror check refuses a struct that differs from mf_kernels_abi_layout(), and the
   library search honours MAPFLOW_KERNELS_LIB (only there).
 The CUDA half is tests/gpu/test_kernels_py.py. Env: MF_BUILD (build dir), MAPFLOW_LIB.
@@ -345,6 +347,56 @@ class KernelsRef(unittest.TestCase):
         with self.assertRaises(mapflow.InvalidArgument):
             K.apply_cuda(None, w, mode, np.zeros((128, 4, 64), np.float16), q, q,
                          block_size=64)
+
+    def test_apply_cuda_o_dtype_refused(self):
+        """mf_apply_cuda's o_dtype check is on the host, before any CUDA call (no GPU here):
+        an o_dtype other than F32 and the target's dtype (the other 16-bit type, an
+        unknown value) is MF_INVALID_ARGUMENT with the exporter's message, while F32 and
+        tgt.dtype pass it (to the layer map's check, which comes next and refuses the
+        negative W given here: nothing reaches a device, even where there is one); and
+        apply_cuda(o_dtype=) refuses the same before it looks at the tensors' device
+        (with torch only). Skipped where the CUDA library was not built."""
+        try:
+            L = K.library("cuda")
+        except ImportError as e:
+            self.skipTest(str(e))
+        rng = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
+        ht, dt = int(rng.integers(1, 9)), [K.F16, K.BF16][int(rng.integers(0, 2))]
+        other = K.BF16 if dt == K.F16 else K.F16
+        w = np.full(ht, -1.0, np.float32)  # refused by the map check, after o_dtype's
+        mode = np.zeros(ht, np.uint8)
+        lm = K.LayerMap(ht, 1, w.ctypes.data, mode.ctypes.data, None)
+        fake = 1 << 20  # device addresses never dereferenced on the host, 16-byte aligned
+        qkv = K.Qkv(fake, fake, fake, dt, 64 * int(rng.integers(1, 5)), ht, ht, 64)
+        for odt, refused in ((other, True), (7, True), (-1, True), (K.F32, False),
+                             (dt, False)):
+            a = K.ApplyCudaArgs(None, 0, C.pointer(lm), qkv, 64, None, 0, 0, fake, None, odt)
+            why = C.c_char_p()
+            st = L.mf_apply_cuda_impl(C.byref(a), K.IMPL_CORE, None, C.byref(why))
+            msg = (why.value or b"").decode()
+            if refused:
+                with self.assertRaises(mapflow.InvalidArgument) as cm:
+                    K._check(st, "mf_apply_cuda", why)
+                self.assertIn("o_dtype must be MF_DTYPE_F32 or the inputs' dtype",
+                              str(cm.exception))
+            else:
+                self.assertEqual(st, K.INVALID_ARGUMENT)
+                self.assertIn("W has a negative", msg)
+        try:
+            import torch
+        except ImportError:
+            return
+        q = torch.randn(128, 4, 64).half()
+        w4, m4 = np.eye(4, dtype=np.float32), np.zeros(4, np.uint8)
+        for odt in (torch.bfloat16, torch.float64, torch.int8):
+            with self.assertRaises(mapflow.InvalidArgument) as cm:
+                K.apply_cuda(None, w4, m4, q, q, q, block_size=64, o_dtype=odt)
+            self.assertIn("o_dtype", str(cm.exception))
+        # accepted dtypes get as far as the device check
+        for odt in (None, torch.float32, torch.float16):
+            with self.assertRaises(mapflow.InvalidArgument) as cm:
+                K.apply_cuda(None, w4, m4, q, q, q, block_size=64, o_dtype=odt)
+            self.assertIn("q is on cpu", str(cm.exception))
 
     def test_apply_cuda_row_addresses(self):
         """apply_cuda's rows (its host-side step, no GPU): a uint64 NumPy array of

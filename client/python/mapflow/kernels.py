@@ -128,7 +128,7 @@ class ApplyCudaArgs(C.Structure):
     _fields_ = [("rows", C.c_void_p), ("n_rows", C.c_uint32), ("map", C.POINTER(LayerMap)),
                 ("tgt", Qkv), ("block_size", C.c_uint32), ("exact", C.c_void_p),
                 ("exact_first", C.c_uint32), ("exact_last", C.c_uint32), ("o", C.c_void_p),
-                ("bad_rows", C.c_void_p)]
+                ("bad_rows", C.c_void_p), ("o_dtype", C.c_int)]
 
 
 # mf_row_view_t (proto/mf_row.h): what mf_row_decode of either library fills in; its
@@ -766,9 +766,7 @@ def export_cuda(q: Any, k: Any, v: Any, *, top_p: float, tokens: Any, model: Any
     a, keep = _extract_setup(q, k, v, 64, top_p, tokens, model, ns, codec, layer, None, i0,
                              i1, caps, buf, False, rows=rows)
     torch, dev, n, hq, d = keep["torch"], keep["dev"], keep["n"], keep["hq"], keep["d"]
-    odt = torch.float32 if o_dtype is None else o_dtype
-    if odt not in (torch.float32, q.dtype):
-        raise _bad("o_dtype %s: torch.float32 or q's dtype %s wanted" % (odt, q.dtype))
+    odt, o_code = _o_dtype(o_dtype, q)
     o = torch.empty((n, hq, d), dtype=odt, device=dev)
     lse = torch.empty((hq, n), dtype=torch.float32, device=dev)
     nb = n // 64  # a partial last block has no mass row (mf_attention_masses_cuda)
@@ -787,8 +785,7 @@ def export_cuda(q: Any, k: Any, v: Any, *, top_p: float, tokens: Any, model: Any
     e = ExportCudaArgs(a, o.data_ptr(), lse.data_ptr(), mass.data_ptr(),
                        None if scratch is None else scratch.data_ptr(),
                        0 if scratch is None else scratch.numel(),
-                       F32 if odt == torch.float32 else _mf_dtype(torch, q.dtype),
-                       None if rows_stream is None else rows_stream.cuda_stream)
+                       o_code, None if rows_stream is None else rows_stream.cuda_stream)
     why = C.c_char_p()
     with torch.cuda.device(dev):
         st = L.mf_export_cuda(C.byref(e), _stream(torch, dev), C.byref(why))
@@ -829,6 +826,17 @@ class PendingRows:
 def _mf_dtype(torch: Any, dt: Any) -> int:
     """The mf_dtype_t of a torch dtype the CUDA kernels take (F16 / BF16)."""
     return {torch.float16: F16, torch.bfloat16: BF16}[dt]
+
+
+def _o_dtype(o_dtype: Any, q: Any) -> Tuple[Any, int]:
+    """(torch dtype, mf_dtype_t) of O for export_cuda / apply_cuda's o_dtype: torch.float32
+    (None) or q's dtype (the C side's o_dtype rule, checked here first)."""
+    torch = _torch()
+    odt = torch.float32 if o_dtype is None else o_dtype
+    qdt = getattr(q, "dtype", None)
+    if odt != torch.float32 and (odt != qdt or qdt not in (torch.float16, torch.bfloat16)):
+        raise _bad("o_dtype %s: torch.float32 or q's dtype %s wanted" % (odt, qdt))
+    return odt, F32 if odt == torch.float32 else _mf_dtype(torch, odt)
 
 
 def _copy_tables(dst: Sequence[int], src: Sequence[int], sizes: Sequence[int]) -> Tuple:
@@ -912,14 +920,17 @@ def _row_ptrs(rows: Any, nblk: int, dev: Any, torch: Any) -> Tuple[int, int, Any
 def apply_cuda(rows: Any, w: Any, mode: Any, q: Any, k: Any, v: Any, *, block_size: int,
                top_p: Any = None, exact: Any = None, exact_first: int = 0,
                exact_last: int = 0, impl: int = IMPL_DEFAULT, out: Any = None,
-               bad_rows: Any = None, lib: Optional[str] = None) -> Any:
-    """mf_apply_cuda_impl: O [N, Ht, d] float32 on q's device (new, or out), queued on
-    torch's current stream. rows: a Rows from extract_cuda, or per query block a device
-    address (int; e.g. a leased device row's device_ptr), a uint8 CUDA tensor, or None;
-    or a uint64 NumPy array of addresses, all rows (checked whole: no loop per row); None
-    = no rows. bad_rows: an optional int32 [1] CUDA tensor, incremented per row whose
-    header disagrees (that block is then computed exactly)."""
+               bad_rows: Any = None, o_dtype: Any = None, lib: Optional[str] = None) -> Any:
+    """mf_apply_cuda_impl: O [N, Ht, d] on q's device (new, or out), queued on torch's
+    current stream. rows: a Rows from extract_cuda, or per query block a device address
+    (int; e.g. a leased device row's device_ptr), a uint8 CUDA tensor, or None; or a
+    uint64 NumPy array of addresses, all rows (checked whole: no loop per row); None = no
+    rows. bad_rows: an optional int32 [1] CUDA tensor, incremented per row whose header
+    disagrees (that block is then computed exactly). o_dtype: O's dtype, torch.float32
+    (None, the default) or q.dtype (the model's: stored by the kernels, each element the
+    fp32 O rounded to nearest; no fp32 O and no cast); out must have it."""
     L = library("cuda", lib)
+    odt, o_code = _o_dtype(o_dtype, q)  # before the device checks: an argument error
     qkv, (n, hq, _, d), torch = _cuda_qkv(q, k, v)
     dev = q.device
     b = _block(block_size)
@@ -932,13 +943,14 @@ def apply_cuda(rows: Any, w: Any, mode: Any, q: Any, k: Any, v: Any, *, block_si
     nblk = -(-n // b)
     rows_at, n_rows, rows_keep = _row_ptrs(rows, nblk, dev, torch)
     if out is None:
-        out = torch.empty((n, hq, d), dtype=torch.float32, device=dev)
-    _cuda_out(out, "out", (n, hq, d), torch.float32, dev)
+        out = torch.empty((n, hq, d), dtype=odt, device=dev)
+    _cuda_out(out, "out", (n, hq, d), odt, dev)
     if bad_rows is not None:
         _cuda_out(bad_rows, "bad_rows", (1,), torch.int32, dev)
     a = ApplyCudaArgs(rows_at, n_rows, C.pointer(lm), qkv, b, ex,
                       _u32(exact_first, "exact_first"), _u32(exact_last, "exact_last"),
-                      out.data_ptr(), None if bad_rows is None else bad_rows.data_ptr())
+                      out.data_ptr(), None if bad_rows is None else bad_rows.data_ptr(),
+                      o_code)
     why = C.c_char_p()
     with torch.cuda.device(dev):
         st = L.mf_apply_cuda_impl(C.byref(a), impl, _stream(torch, dev), C.byref(why))
