@@ -22,6 +22,9 @@
  * contiguous bytes of a row, whole sectors; or, for mf_export_cuda's and mf_apply_cuda's
  * o_dtype, O in T (16 bytes a quad), so the model gets its layer's output without an fp32
  * round trip (store_o, the one epilogue of both kernels; store_o_row is v2's store too).
+ * PVW (MF_CORE_PVWAIT=1, MASS = 0, 128-key tiles): the next K tile's wait between the softmax
+ * and the P·V wait, so that the softmax overlaps this warpgroup's own P·V (the MASS ≥ 4 v4
+ * placement; consume_tile says why and why it cannot deadlock).
  * Masses (MASS = 2…6, the bookkeeping variant; 0: none; dense, 128-key tiles): the softmax
  * keeps the row sum of each 64-key half apart and stores ℓ = base + log2(sum) per (row,
  * half) into the CTA's ℓ slot (v3 on: in the next tile's S wait); after the loop each
@@ -369,8 +372,10 @@ __device__ __forceinline__ void produce_tiles(const kv_ring &r, const CUtensorMa
  * every K / V stage it waited for is released, and Q and the list are no longer read.
  * kt0: key tiles the ring carried before this tile (its stage and phase run on across the
  * persistent kernel's tiles; 0 in core_kernel). lslot: MASS only. give_first: warpgroup 1
- * gives the tile's first turn (false: it already did, at the end of the tile before). */
-template <typename T, int D, int BN, int MASS, bool GATHER>
+ * gives the tile's first turn (false: it already did, at the end of the tile before).
+ * PVW (MF_CORE_PVWAIT=1, MASS = 0): the v4 wait placement below for the dense / lists /
+ * gathered / persistent kernels, the same math in the same order (bit for bit). */
+template <typename T, int D, int BN, int MASS, bool GATHER, bool PVW>
 __device__ __forceinline__ void consume_tile(const core_params &p, const kv_ring &r,
                                              uint64_t *q_full, uint32_t q_ph, uint32_t qa,
                                              const uint16_t *s_j, const uint8_t *s_f, int ntiles,
@@ -570,8 +575,14 @@ __device__ __forceinline__ void consume_tile(const core_params &p, const kv_ring
          * otherwise hoists the P·V wait below above the whole softmax (into the block
          * after the mask's branch, SASS: WARPGROUP.DEPBAR before the first FMNMX), to pack
          * P early into the registers the P·V in flight still reads — so the softmax never
-         * overlapped this warpgroup's own P·V, only the other warpgroup's GEMMs */
-        if (MASS >= 4 && x + 1 < ntiles)
+         * overlapped this warpgroup's own P·V, only the other warpgroup's GEMMs. PVW: the
+         * same for MASS = 0. Deadlock-free: the producer issues K(x + 1) once both
+         * warpgroups released K(x + 1 − STAGES) and, before it in its order, V(x − STAGES):
+         * iterations x + 1 − STAGES ≤ x − 1 (STAGES ≥ 2), none of whose waits needs
+         * anything of iteration x; the turn is already given (NOTES "MF_CORE_PVWAIT").
+         * The next iteration's K wait (same parity) then passes at once: that stage cannot
+         * refill before this warpgroup's own release of K(x + 1) */
+        if ((MASS >= 4 || PVW) && x + 1 < ntiles)
             bar_wait(&r.k_full[(gx + 1) % C::STAGES], ((gx + 1) / C::STAGES) & 1);
         wgmma_wait<0>(); /* the previous tile's P·V is done: its V is free */
         fence_regs(o);
@@ -621,12 +632,13 @@ __device__ __forceinline__ void store_o(const core_params &p, const float (&o)[D
  * every 8 rows, so two stacked 64-row boxes are one 128-row box); per-tile costs and the
  * m64n128 wgmmas are then paid per 128 keys. An odd list's last half is a phantom: block
  * s_j[count − 1] again, kept by nobody (masked whole; V stays finite, so P·V adds 0). */
-template <typename T, int D, int BN, int MASS, bool GATHER>
+template <typename T, int D, int BN, int MASS, bool GATHER, bool PVW>
 __global__ void __launch_bounds__(384, 1)
 core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
             const __grid_constant__ CUtensorMap tv, const core_params p)
 {
     static_assert(!GATHER || (BN == 128 && !MASS), "gather: 128-key tiles, lists mode");
+    static_assert(!PVW || !MASS, "pvwait: MASS >= 4 places that wait itself");
     typedef cfg<D, BN> C;
     constexpr int EPT = GATHER ? 2 : 1; /* list entries a key tile */
     extern __shared__ uint8_t sm_raw[];
@@ -706,8 +718,8 @@ core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUte
     bool used;
     float *lslot = MASS ? p.lscr + (size_t)s_cnt[1] * p.slot_floats : nullptr;
     const kv_ring ring = { sm + C::OFF_K, sm + C::OFF_V, k_full, v_full, k_empty, v_empty };
-    consume_tile<T, D, BN, MASS, GATHER>(p, ring, q_full, 0, qa, s_j, s_f, ntiles, 0, m, c, tid,
-                                         row, lslot, true, o, mrow, l, used);
+    consume_tile<T, D, BN, MASS, GATHER, PVW>(p, ring, q_full, 0, qa, s_j, s_f, ntiles, 0, m, c,
+                                              tid, row, lslot, true, o, mrow, l, used);
     if (!MASS && !used)
         return;
     store_o<T, D>(p, o, mrow, l, row, t, u, MASS ? s_lse2 : nullptr, 128 * m);
@@ -809,8 +821,9 @@ template <int D> struct pcfg {
 };
 
 /* CREGS: the consumers' setmaxnreg (232 with a 40-register producer warpgroup; 240 with 24,
- * where the lister / loader spill — a bench A/B, MF_CORE_PERSIST_REGS240=1) */
-template <typename T, int D, int CREGS>
+ * where the lister / loader spill — a bench A/B, MF_CORE_PERSIST_REGS240=1); PVW:
+ * consume_tile's, MF_CORE_PVWAIT=1 */
+template <typename T, int D, int CREGS, bool PVW>
 __global__ void __launch_bounds__(384, 1)
 persist_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                const __grid_constant__ CUtensorMap tv, const core_params p)
@@ -929,10 +942,10 @@ persist_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ C
         uint32_t row[2] = { r0 + 16 * w + g, r0 + 16 * w + g + 8 };
         float o[D / 2], mrow[2], l[2];
         bool used;
-        consume_tile<T, D, 128, 0, true>(p, ring, &q_full[b], (q_ph >> b) & 1,
-                                             smem_addr(sm + b * C::Q_BYTES) + c * 64 * 128,
-                                             list_j(b), list_f(b), ntiles, kt, m, c, tid, row,
-                                             nullptr, !gave, o, mrow, l, used);
+        consume_tile<T, D, 128, 0, true, PVW>(p, ring, &q_full[b], (q_ph >> b) & 1,
+                                              smem_addr(sm + b * C::Q_BYTES) + c * 64 * 128,
+                                              list_j(b), list_f(b), ntiles, kt, m, c, tid, row,
+                                              nullptr, !gave, o, mrow, l, used);
         q_ph ^= 1u << b;
         kt += (uint32_t)ntiles;
         bar_arrive(&tile_free[b]); /* done with Q and the list: free them before the O store */
@@ -1034,9 +1047,12 @@ mf_status_t sm_count(uint32_t *n, const char **why)
 
 bool env_on(const char *var);
 
-/* PERSIST (block-64 lists, GATHER): persist_kernel on min(tiles, SMs) CTAs */
+/* PERSIST (block-64 lists, GATHER): persist_kernel on min(tiles, SMs) CTAs. pvw
+ * (MF_CORE_PVWAIT=1): consume_tile's PVW instantiation, for 128-key tiles without masses
+ * (MASS ≥ 4 has that wait anyway; the 64-key-tile kernel, itself an A/B, ignores it) */
 template <typename T, int D, int BN, int MASS, bool GATHER = false, bool PERSIST = false>
-mf_status_t launch(const core_args &a, const core_params &p, cudaStream_t s, const char **why)
+mf_status_t launch(const core_args &a, const core_params &p, bool pvw, cudaStream_t s,
+                   const char **why)
 {
     static_assert(!PERSIST || (GATHER && !MASS), "persistent: the gathered lists kernel");
     CUtensorMap tq, tk, tv;
@@ -1053,9 +1069,13 @@ mf_status_t launch(const core_args &a, const core_params &p, cudaStream_t s, con
     if ((MASS || PERSIST) && smem < MASS_MIN_SMEM)
         smem = MASS_MIN_SMEM;
     const bool regs240 = PERSIST && env_on("MF_CORE_PERSIST_REGS240");
+    constexpr bool PV_OK = BN == 128 && !MASS;
+    pvw = pvw && PV_OK;
     void (*kern)(CUtensorMap, CUtensorMap, CUtensorMap, core_params) =
-        !PERSIST ? core_kernel<T, D, BN, MASS, GATHER>
-        : regs240 ? persist_kernel<T, D, 240> : persist_kernel<T, D, 232>;
+        !PERSIST ? (pvw ? core_kernel<T, D, BN, MASS, GATHER, PV_OK>
+                        : core_kernel<T, D, BN, MASS, GATHER, false>)
+        : regs240 ? (pvw ? persist_kernel<T, D, 240, true> : persist_kernel<T, D, 240, false>)
+                  : (pvw ? persist_kernel<T, D, 232, true> : persist_kernel<T, D, 232, false>);
     uint32_t grid = p.n_tiles * p.hq;
     if (PERSIST) {
         uint32_t sms;
@@ -1074,8 +1094,9 @@ mf_status_t launch(const core_args &a, const core_params &p, cudaStream_t s, con
         if (st != MF_OK)
             return st;
     }
-    static std::atomic<uint64_t> raised[2]; /* per kernel: bit = device */
-    if (smem_limit_once((const void *)kern, (int)smem, &raised[regs240]) != cudaSuccess) {
+    static std::atomic<uint64_t> raised[4]; /* per kernel: bit = device */
+    if (smem_limit_once((const void *)kern, (int)smem, &raised[regs240 + 2 * pvw]) !=
+        cudaSuccess) {
         *why = "could not raise the attention core's shared-memory limit";
         return MF_INTERNAL;
     }
@@ -1089,14 +1110,14 @@ template <typename T, int MV>
 mf_status_t launch_mass(const core_args &a, const core_params &p, cudaStream_t s,
                         const char **why)
 {
-    return a.d == 128 ? launch<T, 128, 128, MV>(a, p, s, why)
-                      : launch<T, 64, 128, MV>(a, p, s, why);
+    return a.d == 128 ? launch<T, 128, 128, MV>(a, p, false, s, why)
+                      : launch<T, 64, 128, MV>(a, p, false, s, why);
 }
 
-/* mv: the mass bookkeeping (2..6, mass_variant), when p.mass */
+/* mv: the mass bookkeeping (2..6, mass_variant), when p.mass; pvw: MF_CORE_PVWAIT=1 */
 template <typename T>
 mf_status_t launch_t(const core_args &a, const core_params &p, uint32_t bn, bool gather,
-                     bool persist, int mv, cudaStream_t s, const char **why)
+                     bool persist, int mv, bool pvw, cudaStream_t s, const char **why)
 {
     if (p.mass) /* dense only: 128-key tiles */
         return mv == 6   ? launch_mass<T, 6>(a, p, s, why)
@@ -1105,15 +1126,15 @@ mf_status_t launch_t(const core_args &a, const core_params &p, uint32_t bn, bool
                : mv == 3 ? launch_mass<T, 3>(a, p, s, why)
                          : launch_mass<T, 2>(a, p, s, why);
     if (bn == 64 && gather && persist)
-        return a.d == 128 ? launch<T, 128, 128, 0, true, true>(a, p, s, why)
-                          : launch<T, 64, 128, 0, true, true>(a, p, s, why);
+        return a.d == 128 ? launch<T, 128, 128, 0, true, true>(a, p, pvw, s, why)
+                          : launch<T, 64, 128, 0, true, true>(a, p, pvw, s, why);
     if (a.d == 128)
-        return bn == 128 ? launch<T, 128, 128, 0>(a, p, s, why)
-               : gather  ? launch<T, 128, 128, 0, true>(a, p, s, why)
-                         : launch<T, 128, 64, 0>(a, p, s, why);
-    return bn == 128 ? launch<T, 64, 128, 0>(a, p, s, why)
-           : gather  ? launch<T, 64, 128, 0, true>(a, p, s, why)
-                     : launch<T, 64, 64, 0>(a, p, s, why);
+        return bn == 128 ? launch<T, 128, 128, 0>(a, p, pvw, s, why)
+               : gather  ? launch<T, 128, 128, 0, true>(a, p, pvw, s, why)
+                         : launch<T, 128, 64, 0>(a, p, pvw, s, why);
+    return bn == 128 ? launch<T, 64, 128, 0>(a, p, pvw, s, why)
+           : gather  ? launch<T, 64, 128, 0, true>(a, p, pvw, s, why)
+                     : launch<T, 64, 64, 0>(a, p, pvw, s, why);
 }
 
 /* A bench A/B switch from the environment, read per launch: off only when set to "0". */
@@ -1231,9 +1252,12 @@ mf_status_t core_launch(const core_args &a, cudaStream_t s, const char **why)
         if (st != MF_OK)
             return st;
     }
+    /* MF_CORE_PVWAIT=1 (default off, a bench A/B like MF_CORE_PINGPONG): the P·V wait
+     * kept after the softmax (consume_tile's PVW); the same output bits */
+    bool pvw = env_on("MF_CORE_PVWAIT");
     if (a.dtype == MF_DTYPE_F16)
-        return launch_t<__half>(a, p, bn, gather, persist, mv, s, why);
-    return launch_t<__nv_bfloat16>(a, p, bn, gather, persist, mv, s, why);
+        return launch_t<__half>(a, p, bn, gather, persist, mv, pvw, s, why);
+    return launch_t<__nv_bfloat16>(a, p, bn, gather, persist, mv, pvw, s, why);
 }
 
 } /* namespace mfc */

@@ -28,6 +28,8 @@
  * taking tiles from a device counter in the same largest-first order, a tile's list build,
  * Q load and first K / V loads overlapping the previous tile's loop;
  * MF_CORE_PERSIST_CTAS=n caps its grid (gpu_check: many tiles a CTA on small shapes).
+ * MF_CORE_PVWAIT=1 (default off) keeps the previous tile's P·V wait after the softmax in the
+ * 128-key-tile kernels without masses (dense, lists, gathered, persistent): same output bits.
  * MF_MASS_VARIANT=v2|v3|v4|v5|v6 picks the masses' bookkeeping (default v2; attn_core.cu's
  * mass_variant says what each does; another value: MF_INVALID_ARGUMENT), read per launch.
  * Thread safety: global state is

@@ -20,6 +20,10 @@ would pick, on one H200 (bench/gpu/NOTES.md has the floors and the versions).
          tiles' 64-key halves that pad an odd union (union_waste). A/B of the persistent
          gathered kernel: the same call with MF_CORE_PERSIST=1: "persistent" ms, its
          core-only ms, and whether its O is bit for bit the core's (it should be).
+         Interleaved A/B (ab_*_ms, one log line): core, core + MF_CORE_PVWAIT=1 (the P·V
+         wait after the softmax), persistent, persistent + PVWAIT, persistent 24 / 240;
+         the PVWAIT outputs bit for bit the core's. Dense: ours + PVWAIT interleaved with
+         ours (ab_ours_ms, ab_ours_pvw_ms), O bit for bit ours.
   mix:   (--mix-ns) one layer of 8 prob / 16 mask / 8 compute heads against the sum of each
          mode's heads run alone (MF_APPLY_ONLY), FP8 rows, prob heads on v2 (bench_mix).
   O dtype: the apply calls (mask, mix, and the dense table's compute-mode apply) are timed
@@ -165,6 +169,19 @@ def bench_dense(lib, n, reps, log):
            "sdpa_minmax": t_sdpa[1:], "ours_TFLOPs": flops / t_ours[0] / 1e9,
            "sdpa_TFLOPs": flops / t_sdpa[0] / 1e9, "rel_vs_sdpa": rel, "finite": finite,
            "sdpa_kernel": backend}
+    # MF_CORE_PVWAIT=1 (the P·V wait after the softmax): O bit for bit, then interleaved
+    # with the default (drift hits both alike)
+    pvw = {"MF_CORE_PVWAIT": "1"}
+    o_def = o.clone()
+    o.fill_(float("nan"))
+    with_env(pvw, ours)
+    torch.cuda.synchronize()
+    rec["pvw_same_as_ours"] = bool(torch.equal(o, o_def))
+    del o_def
+    ab = interleaved({"ours": ({}, ours), "ours_pvw": (pvw, ours)}, 3 * reps)
+    rec["ab_ours_ms"], rec["ab_ours_pvw_ms"] = ab["ours"], ab["ours_pvw"]
+    log(f"interleaved dense N={n}: ours {ab['ours']:.3f} ms, ours+pvwait {ab['ours_pvw']:.3f}"
+        f" ({ab['ours_pvw'] / ab['ours']:.3f}); pvwait bits = ours {rec['pvw_same_as_ours']}")
     rec.update(dense_apply(lib, q, k, v, o, ref, reps))
     log(json.dumps(rec))
     del q, k, v, o, lse, qs, ks, vs, ref
@@ -682,7 +699,9 @@ def bench_mask(lib, n, dens, reps, rng, flex, log):
         torch.cuda.synchronize()
         return o.clone(), timeit(core_call, reps)[0]
     if NCU:  # one call per kernel variant inside an NVTX range, for ncu --nvtx-include ncu/
-        for tag, env in (("core", {}), ("persist", {"MF_CORE_PERSIST": "1"}),
+        for tag, env in (("core", {}), ("core_pvw", {"MF_CORE_PVWAIT": "1"}),
+                         ("persist", {"MF_CORE_PERSIST": "1"}),
+                         ("persist_pvw", {"MF_CORE_PERSIST": "1", "MF_CORE_PVWAIT": "1"}),
                          ("persist240", {"MF_CORE_PERSIST": "1",
                                          "MF_CORE_PERSIST_REGS240": "1"})):
             torch.cuda.synchronize()
@@ -706,20 +725,25 @@ def bench_mask(lib, n, dens, reps, rng, flex, log):
     rec["persist_same_as_core"] = bool(torch.equal(op, outs["core"]))
     rec["persist_phase_core_ms"] = with_env(dict(persist, MF_APPLY_PHASE="core"),
                                             lambda: timeit(core_call, reps))[0]
-    # A/B 3, interleaved (core, persistent 40 / 232, persistent 24 / 240 in turn, each rep
-    # timed alone): sequential medians of one variant after another moved by up to 7 % from
-    # run to run with the card's clocks (gpu-core.md §10 / §11), more than the variants differ
-    o3 = with_env(dict(persist, MF_CORE_PERSIST_REGS240="1"), ab_run)[0]
-    rec["persist240_same_as_core"] = bool(torch.equal(o3, outs["core"]))
-    ab = interleaved({"core": ({}, core_call), "persist": (persist, core_call),
-                      "persist240": (dict(persist, MF_CORE_PERSIST_REGS240="1"), core_call)},
-                     3 * reps)
+    # A/B 3, interleaved (core, core + PVWAIT, persistent 40 / 232, the same + PVWAIT,
+    # persistent 24 / 240 in turn, each rep timed alone): sequential medians of one variant
+    # after another moved by up to 7 % from run to run with the card's clocks (gpu-core.md
+    # §10 / §11), more than the variants differ. PVWAIT: the same math, O bit for bit
+    pvw = {"MF_CORE_PVWAIT": "1"}
+    abv = {"core": {}, "core_pvw": pvw, "persist": persist, "persist_pvw": dict(persist, **pvw),
+           "persist240": dict(persist, MF_CORE_PERSIST_REGS240="1")}
+    for k in ("core_pvw", "persist_pvw", "persist240"):
+        rec[f"{k}_same_as_core"] = bool(torch.equal(with_env(abv[k], ab_run)[0], outs["core"]))
+    ab = interleaved({k: (e, core_call) for k, e in abv.items()}, 3 * reps)
     for k, t in ab.items():
         rec[f"ab_{k}_ms"] = t
-    log(f"interleaved N={n} density {per_head:.3f}: core {ab['core']:.3f} ms, persistent "
-        f"{ab['persist']:.3f} ({ab['persist'] / ab['core']:.3f}), 24/240 {ab['persist240']:.3f}"
-        f"; 24/240 bits = core {rec['persist240_same_as_core']}")
-    del o3
+    log(f"interleaved N={n} density {per_head:.3f}: core {ab['core']:.3f} ms, core+pvwait "
+        f"{ab['core_pvw']:.3f} ({ab['core_pvw'] / ab['core']:.3f}), persistent "
+        f"{ab['persist']:.3f} ({ab['persist'] / ab['core']:.3f}), persistent+pvwait "
+        f"{ab['persist_pvw']:.3f} ({ab['persist_pvw'] / ab['persist']:.3f} of persistent), "
+        f"24/240 {ab['persist240']:.3f}; bits = core: pvwait {rec['core_pvw_same_as_core']}, "
+        f"persistent+pvwait {rec['persist_pvw_same_as_core']}, 24/240 "
+        f"{rec['persist240_same_as_core']}")
     del op
     del ob
     rec.update(o_dtype_ab(core_call, lambda: apply_call(a32, IMPL_CORE, "core fp32"), o,
@@ -936,13 +960,16 @@ def _f(r, key, fmt=".3f"):
 
 
 def table(res, log):
-    log("\n| N | ours dense ms (TFLOP/s) | SDPA default ms (TFLOP/s) | ours/SDPA | rel err |"
-        " apply compute, O bf16 ms | O fp32 ms | fp32 + cast ms (interleaved) |"
-        " bf16 ≠ rn(fp32) | SDPA kernel |")
-    log("|---|---|---|---|---|---|---|---|---|---|")
+    log("\n| N | ours dense ms (TFLOP/s) | ours+pvwait ms (/ ours, interleaved) |"
+        " SDPA default ms (TFLOP/s) | ours/SDPA | rel err | apply compute, O bf16 ms |"
+        " O fp32 ms | fp32 + cast ms (interleaved) | bf16 ≠ rn(fp32) | SDPA kernel |")
+    log("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in res["dense"]:
-        log(f"| {r['N']} | {r['ours_ms']:.3f} ({r['ours_TFLOPs']:.0f}) | {r['sdpa_ms']:.3f} "
-            f"({r['sdpa_TFLOPs']:.0f}) | {r['sdpa_ms'] / r['ours_ms']:.2f}x | "
+        pv = (f"{r['ab_ours_pvw_ms']:.3f} ({r['ab_ours_pvw_ms'] / r['ab_ours_ms']:.3f}"
+              f"{'' if r['pvw_same_as_ours'] else ', BITS DIFFER'})" if "ab_ours_ms" in r
+              else "-")  # absent in JSON from before the PVWAIT A/B
+        log(f"| {r['N']} | {r['ours_ms']:.3f} ({r['ours_TFLOPs']:.0f}) | {pv} | "
+            f"{r['sdpa_ms']:.3f} ({r['sdpa_TFLOPs']:.0f}) | {r['sdpa_ms'] / r['ours_ms']:.2f}x | "
             f"{r['rel_vs_sdpa']:.1e} | {_f(r, 'apply_t_ms')} | {_f(r, 'apply_f32_ms')} | "
             f"{_f(r, 'apply_f32_cast_ms')} | {_f(r, 'apply_t_differ_from_rn', 'd')} | "
             f"{r['sdpa_kernel'][:40]} |")
@@ -1031,6 +1058,20 @@ def table(res, log):
             f"({b64_block:.2f}, {p_block:.2f}) | {r['core_rel_vs_v2']:.1e} "
             f"({r.get('bn64_rel_vs_v2', float('nan')):.1e}) | "
             f"{100 * r.get('phantom_share', float('nan')):.1f} % |")
+    if any("ab_core_pvw_ms" in r for r in res["mask"]):
+        log("\n| N | density | interleaved: core ms | core+pvwait ms (/ core) | persistent ms"
+            " (/ core) | persistent+pvwait ms (/ persistent) | persistent 24/240 ms |"
+            " pvwait bits = core (core, persistent) |")
+        log("|---|---|---|---|---|---|---|---|")
+    for r in res["mask"]:
+        if "ab_core_pvw_ms" not in r:  # absent in JSON from before the PVWAIT A/B
+            continue
+        c, p = r["ab_core_ms"], r["ab_persist_ms"]
+        log(f"| {r['N']} | {r['density']:.3f} | {c:.3f} | {r['ab_core_pvw_ms']:.3f} "
+            f"({r['ab_core_pvw_ms'] / c:.3f}) | {p:.3f} ({p / c:.3f}) | "
+            f"{r['ab_persist_pvw_ms']:.3f} ({r['ab_persist_pvw_ms'] / p:.3f}) | "
+            f"{r['ab_persist240_ms']:.3f} | {r['core_pvw_same_as_core']}, "
+            f"{r['persist_pvw_same_as_core']} |")
     if any("core_f32_ms" in r for r in res["mask"]):
         log("\n| N | density | core call, O bf16 ms | O fp32 ms | saved ms | fp32 + cast ms |"
             " saved vs fp32 + cast ms | bf16 ≠ rn(fp32) core / v2 |  (interleaved medians)")

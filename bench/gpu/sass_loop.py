@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""SASS instruction counts of the attention core's key-tile loop, per core_kernel
-instantiation (bench/gpu/NOTES.md "v3-v6 of the mass bookkeeping" cites its output).
+"""SASS instruction counts of the attention core's key-tile loop, per core_kernel /
+persist_kernel instantiation (bench/gpu/NOTES.md "v3-v6 of the mass bookkeeping" and
+"MF_CORE_PVWAIT" cite its output).
 
 Builds kernels/attn_core.cu to a cubin (nvcc -cubin, sm_90a), disassembles it and, for each
 selected instantiation, takes the smallest loop (a backward branch) holding >= 12 HGMMA:
@@ -16,7 +17,9 @@ That nvdisasm reads only the old cubin header, so the cubin's ELF ABI version (8
 e_flags (-> sm_90's old encoding, 0x5a055a) are rewritten on a copy first; the SASS itself
 is unchanged.
 
-  python3 bench/gpu/sass_loop.py --nvdisasm /path/to/nvdisasm [--match 'Li128ELi128ELi[0-6]ELb0E']
+  python3 bench/gpu/sass_loop.py --nvdisasm /path/to/nvdisasm [--match REGEX]
+  (--match 'core_kernelI13__nv_bfloat16Li128ELi128ELi[0-6]ELb0ELb0E': the mass variants;
+   the default: bf16 d128 dense, gathered and persistent (232), PVW off and on)
 """
 import argparse
 import collections
@@ -96,20 +99,29 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--nvcc", default="/usr/local/cuda/bin/nvcc")
     ap.add_argument("--nvdisasm", required=True)
-    ap.add_argument("--match", default=r"bfloat16Li128ELi128ELi[0-6]ELb0E",
-                    help="regex on the mangled name (default: bf16 d128 dense, mass v2-v6)")
+    ap.add_argument("--match",
+                    default=r"(core_kernelI13__nv_bfloat16Li128ELi128ELi0ELb[01]ELb[01]E|"
+                            r"persist_kernelI13__nv_bfloat16Li128ELi232ELb[01]E)",
+                    help="regex on the mangled name (default: bf16 d128 dense, gathered and "
+                         "persistent, MF_CORE_PVWAIT off and on)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         funcs = functions(sass(args.nvcc, args.nvdisasm, tmp))
     counts = {}
     for name, body in sorted(funcs.items()):
-        if "core_kernel" not in name or not re.search(args.match, name):
+        if not re.search(r"(core|persist)_kernel", name) or not re.search(args.match, name):
             continue
         ins, labels = parse(body)
         body_ins, masked = loop(ins, labels)
-        m = re.search(r"core_kernelI(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELb(\d)E", name)
-        tag = (f"{m.group(1).lstrip('0123456789').strip('_')} d{m.group(2)} BN{m.group(3)} "
-               f"{'v' + m.group(4) if m.group(4) != '0' else 'dense'}{' gather' * (m.group(5) == '1')}")
+        m = re.search(r"core_kernelI(\w+?)Li(\d+)ELi(\d+)ELi(\d+)ELb(\d)ELb(\d)E", name)
+        if m:
+            tag = (f"{m.group(1).lstrip('0123456789').strip('_')} d{m.group(2)} BN{m.group(3)} "
+                   f"{'v' + m.group(4) if m.group(4) != '0' else 'dense'}"
+                   f"{'+gather' * (m.group(5) == '1')}{'+pvw' * (m.group(6) == '1')}")
+        else:
+            m = re.search(r"persist_kernelI(\w+?)Li(\d+)ELi(\d+)ELb(\d)E", name)
+            tag = (f"{m.group(1).lstrip('0123456789').strip('_')} d{m.group(2)} r{m.group(3)} "
+                   f"persist{'+pvw' * (m.group(4) == '1')}")
         h = collections.Counter(op for op, _ in body_ins)
         counts[tag] = h
         ex = [i for i, (op, _) in enumerate(body_ins) if op.startswith("MUFU.EX2")]
@@ -118,18 +130,22 @@ def main():
         regs = max((int(x) for ln in body for x in re.findall(r"\bR(\d+)\b", ln)), default=0)
         local = sum(1 for ln in body if re.search(r"\b(LDL|STL)\b", ln))
         after = sum(1 for i in ex if dep0 and i < dep0[0])
+        pk = [i for i, (op, _) in enumerate(body_ins) if op.startswith("F2FP")]
+        pk_after = sum(1 for i in pk if dep0 and i > dep0[0])
         print(f"{tag}: loop {len(body_ins)} instructions (mask block {masked} apart), "
-              f"P.V wait after {after} of {len(ex)} EX2, max R{regs}, LDL/STL {local}")
+              f"P.V wait after {after} of {len(ex)} EX2 and before {pk_after} of {len(pk)} "
+              f"F2FP (P packs), max R{regs}, LDL/STL {local}")
     if len(counts) > 1:
         tags = list(counts)
         keys = sorted(set().union(*counts.values()), key=lambda k: -counts[tags[0]][k])
         print("\nopcode diff (rows that differ)")
-        print(f"{'':32s}" + "".join(f"{t.split()[-1]:>10s}" for t in tags))
+        wd = max(10, max(len(t.split()[-1]) for t in tags) + 1)
+        print(f"{'':32s}" + "".join(f"{t.split()[-1]:>{wd}s}" for t in tags))
         for k in keys:
             row = [counts[t][k] for t in tags]
             if len(set(row)) > 1:
-                print(f"{k:32s}" + "".join(f"{x:10d}" for x in row))
-        print(f"{'total':32s}" + "".join(f"{sum(counts[t].values()):10d}" for t in tags))
+                print(f"{k:32s}" + "".join(f"{x:{wd}d}" for x in row))
+        print(f"{'total':32s}" + "".join(f"{sum(counts[t].values()):{wd}d}" for t in tags))
     return 0
 
 

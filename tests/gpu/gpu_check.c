@@ -7,7 +7,7 @@
  *            of float64; kept sets equal to the reference's, or a valid Top-P set within
  *            the 1e-3 mass tolerance; tiles within twice the codec bound; mass bytes ±1.
  *   dense:   the sm_90a core (mf_attention_dense_cuda): ‖O − O64‖ / ‖O64‖ ≤ 2e-3, LSE within
- *            1e-3, every element written.
+ *            1e-3, every element written; with MF_CORE_PVWAIT=1 O and LSE bit for bit.
  *   masses:  mf_attention_masses_cuda: O / LSE as dense; B = 64 block masses within 1e-4 of
  *            float64 (relative 1e-3 where ≥ 1e-4) and of mf_extract_cuda's mass_out; Top-P
  *            kept sets from them equal to the float64 masses' (near-ties within 1e-4
@@ -20,7 +20,8 @@
  *            with O untouched; each case
  *            runs both implementations (core: the sm_90a core for mask / compute heads with
  *            v2 for prob heads; v2 alone; at B = 64 also the core with MF_CORE_GATHER=0 and
- *            with MF_CORE_PERSIST=1, on one CTA per SM, 3 CTAs and 1) and
+ *            with MF_CORE_PERSIST=1, on one CTA per SM, 3 CTAs and 1; the core and the
+ *            persistent runs again with MF_CORE_PVWAIT=1, bit for bit the core's O) and
  *            checks that the removed v3 is refused,
  *            with head modes mixed inside a KV group or uniform per group. The core path
  *            also runs with its bench switches (per-call scratch, the old pre-pass, each mode
@@ -648,6 +649,37 @@ static int check_dense(mf_dtype_t dt, uint32_t d, uint32_t n, uint32_t hq, uint3
         report(name, "rel err O", rel, 2e-3, rel <= 2e-3);
         report(name, "LSE max |err|", lerr, 1e-3, lerr <= 1e-3);
         pass &= rel <= 2e-3 && lerr <= 1e-3;
+        /* MF_CORE_PVWAIT=1 (the P·V wait after the softmax): the same math in the same
+         * order, so O and LSE bit for bit the default's */
+        float *o2 = malloc(on * 4), *lse2 = malloc(ln * 4);
+        if (!o2 || !lse2) {
+            fprintf(stderr, "%s: out of memory\n", name);
+            exit(2);
+        }
+        CK(cudaMemset(d_o, 0xff, on * 4));
+        CK(cudaMemset(d_lse, 0xff, ln * 4));
+        setenv("MF_CORE_PVWAIT", "1", 1);
+        st = mf_attention_dense_cuda(&t.dev, d_o, d_lse, 0, &why);
+        unsetenv("MF_CORE_PVWAIT");
+        if (st != MF_OK)
+            printf("%s: mf_attention_dense_cuda (pvwait): %s (%s)\n", name, mf_status_name(st),
+                   why);
+        CK(cudaDeviceSynchronize());
+        CK(cudaGetLastError());
+        CK(cudaMemcpy(o2, d_o, on * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(lse2, d_lse, ln * 4, cudaMemcpyDeviceToHost));
+        size_t obits = 0, lbits = 0;
+        for (size_t x = 0; x < on; x++)
+            obits += memcmp(&o[x], &o2[x], 4) != 0;
+        for (size_t x = 0; x < ln; x++)
+            lbits += memcmp(&lse[x], &lse2[x], 4) != 0;
+        if (st != MF_OK)
+            obits = on;
+        report(name, "pvwait O bits != default", (double)obits, 0, obits == 0);
+        report(name, "pvwait LSE bits != default", (double)lbits, 0, lbits == 0);
+        pass &= obits == 0 && lbits == 0;
+        free(o2);
+        free(lse2);
     }
     free(o64);
     free(lse64);
@@ -1563,20 +1595,28 @@ static int check_apply(const app_case_t *c, uint64_t seed)
      * and on 3 and 1 CTAs (MF_CORE_PERSIST_CTAS; 1 not under --small), so that a CTA walks
      * many tiles: both Q / list buffers reused, the K / V ring across tiles, the other
      * modes' empty tiles skipped; the runs in a row share the call's cached scratch, so a
-     * tile counter left unzeroed by one shows in the next (tiles skipped: NaN poison left) */
+     * tile counter left unzeroed by one shows in the next (tiles skipped: NaN poison left);
+     * pvwait: the same with MF_CORE_PVWAIT=1 (the P·V wait after the softmax; the dense /
+     * lists kernel for compute heads and B = 128, gathered or persistent at B = 64), bit for
+     * bit the default core's O (under --small: core pvwait and persist3 pvwait) */
     static const struct {
         const char *label;
         mf_apply_impl_t impl;
         const char *env, *val, *ctas; /* B = 64 only when env is set */
         int same;                     /* 1: bit for bit the "core" run's O (same tile math) */
         int full_only;                /* 1: not under --small (the sanitizers' time) */
+        int pvw;                      /* 1: with MF_CORE_PVWAIT=1 */
     } impls[] = {
-        { "core", MF_APPLY_IMPL_CORE, NULL, NULL, NULL, 0, 0 },
-        { "core BN64", MF_APPLY_IMPL_CORE, "MF_CORE_GATHER", "0", NULL, 0, 0 },
-        { "core persist", MF_APPLY_IMPL_CORE, "MF_CORE_PERSIST", "1", NULL, 1, 0 },
-        { "core persist3", MF_APPLY_IMPL_CORE, "MF_CORE_PERSIST", "1", "3", 1, 0 },
-        { "core persist1", MF_APPLY_IMPL_CORE, "MF_CORE_PERSIST", "1", "1", 1, 1 },
-        { "v2", MF_APPLY_IMPL_V2, NULL, NULL, NULL, 0, 0 },
+        { "core", MF_APPLY_IMPL_CORE, NULL, NULL, NULL, 0, 0, 0 },
+        { "core pvwait", MF_APPLY_IMPL_CORE, NULL, NULL, NULL, 1, 0, 1 },
+        { "core BN64", MF_APPLY_IMPL_CORE, "MF_CORE_GATHER", "0", NULL, 0, 0, 0 },
+        { "core persist", MF_APPLY_IMPL_CORE, "MF_CORE_PERSIST", "1", NULL, 1, 0, 0 },
+        { "core persist3", MF_APPLY_IMPL_CORE, "MF_CORE_PERSIST", "1", "3", 1, 0, 0 },
+        { "core persist1", MF_APPLY_IMPL_CORE, "MF_CORE_PERSIST", "1", "1", 1, 1, 0 },
+        { "core persist pvwait", MF_APPLY_IMPL_CORE, "MF_CORE_PERSIST", "1", NULL, 1, 1, 1 },
+        { "core persist3 pvwait", MF_APPLY_IMPL_CORE, "MF_CORE_PERSIST", "1", "3", 1, 0, 1 },
+        { "core persist1 pvwait", MF_APPLY_IMPL_CORE, "MF_CORE_PERSIST", "1", "1", 1, 1, 1 },
+        { "v2", MF_APPLY_IMPL_V2, NULL, NULL, NULL, 0, 0, 0 },
     };
     int pass = 1;
     for (size_t v = 0; v < sizeof(impls) / sizeof(impls[0]); v++) {
@@ -1595,17 +1635,20 @@ static int check_apply(const app_case_t *c, uint64_t seed)
             setenv(impls[v].env, impls[v].val, 1);
         if (impls[v].ctas)
             setenv("MF_CORE_PERSIST_CTAS", impls[v].ctas, 1);
+        if (impls[v].pvw)
+            setenv("MF_CORE_PVWAIT", "1", 1);
         mf_status_t st = mf_apply_cuda_impl(&ga, impls[v].impl, 0, &why);
         if (impls[v].env)
             unsetenv(impls[v].env);
         unsetenv("MF_CORE_PERSIST_CTAS");
+        unsetenv("MF_CORE_PVWAIT");
         if (st != MF_OK)
             printf("%s: mf_apply_cuda: %s (%s)\n", name, mf_status_name(st), why);
         CK(cudaDeviceSynchronize());
         CK(cudaGetLastError());
         CK(cudaMemcpy(o_gpu, d_o, on * 4, cudaMemcpyDeviceToHost));
         CK(cudaMemcpy(&bad, dbad, 4, cudaMemcpyDeviceToHost));
-        if (impls[v].impl == MF_APPLY_IMPL_CORE && !impls[v].env)
+        if (impls[v].impl == MF_APPLY_IMPL_CORE && !impls[v].env && !impls[v].pvw)
             memcpy(o_core, o_gpu, on * 4);
         /* error per mode (a head's rows in exact blocks count as compute) */
         double num[3] = { 0 }, den[3] = { 0 };
@@ -1647,8 +1690,11 @@ static int check_apply(const app_case_t *c, uint64_t seed)
             ok &= diff == 0;
         }
         /* the same path with O in the model's dtype: rn of this run's fp32 O */
+        if (impls[v].pvw)
+            setenv("MF_CORE_PVWAIT", "1", 1);
         ok &= check_apply_t(name, &ga, impls[v].impl, impls[v].env, impls[v].val,
                             impls[v].ctas, d_t, o_gpu, on);
+        unsetenv("MF_CORE_PVWAIT");
         pass &= ok;
     }
     mf_apply_cuda_args_t ga = { .rows = dptr, .n_rows = full, .map = &map, .tgt = tgt.dev,
