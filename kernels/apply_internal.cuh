@@ -33,8 +33,8 @@ struct app_params {
     /* The core's prob kernel (attn_core.cu, prob_core_launch) ran before this v2 launch:
      * per (head t, query block i) at [t·nb_all + i], pstate = 0 done there, 1 the rows of
      * pzero's bit mask (kept mass 0) to compute exactly, 2 the whole block is v2's (a row
-     * the kernel does not take: not 16-byte aligned). Written for every prob block with a
-     * usable row; NULL: v2 does every prob block itself. */
+     * the kernel does not take: more columns than its list holds). Written for every prob
+     * block with a usable row; NULL: v2 does every prob block itself. */
     uint8_t *pstate;
     unsigned long long *pzero;
     float scale_log2;
@@ -52,12 +52,14 @@ struct sel_shared {
     double acc0, target;
 };
 
-/* A row usable for (query block i, mode): its header agrees with the launch; else the
- * block is computed exactly (and counted in bad_rows). */
+/* A row usable for (query block i, mode): 16-byte aligned as rows must be (v2's 16-byte
+ * tile loads and the core's bulk copies rely on it) and its header agrees with the launch;
+ * else the block is computed exactly (and counted in bad_rows). */
 __device__ __forceinline__ bool row_usable(const row_dev &row, uint32_t i, uint32_t b,
                                            uint32_t hs, uint32_t mode)
 {
-    return row.block_index == i && row.block_size == b && row.n_heads == hs &&
+    return !((uintptr_t)row.base & 15) && row.block_index == i && row.block_size == b &&
+           row.n_heads == hs &&
            row.n_cols >= 1 && row.n_cols <= i + 1 &&
            !(mode == MF_HEAD_PROB && row.codec == MF_CODEC_MASK);
 }

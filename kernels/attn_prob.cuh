@@ -7,9 +7,10 @@
  * owns query block i = 2m + c (B = 64) and its row; warpgroup 0 is the producer.
  *  - Setup: warp c lists row c's columns with a source head of W > 0 (j, head mask,
  *    entry offset) into shared memory, and decides the block's state: the kernel's (a usable
- *    row, 16-byte aligned, ≤ LIST_CAP columns), v2's (usable but not aligned / too long:
- *    pstate 2), or nobody's here (not a prob block, exact, or a bad row: the attention core's
- *    bitmap from the pre-pass computes it).
+ *    row — row_usable includes the 16-byte alignment the bulk copies need — of at most
+ *    PROB_LIST_CAP columns), v2's (usable but longer: pstate 2), or nobody's here (not a
+ *    prob block, exact, or a bad row: the attention core's bitmap from the pre-pass
+ *    computes it).
  *  - Producer thread: walks the two lists merged by j (their union, ascending); per column
  *    one or more ring stages: V block j (TMA, the core's 128-byte swizzle, read transposed
  *    by wgmma as in the core) and the present source tiles of both rows (cp.async.bulk,
@@ -122,7 +123,7 @@ prob_kernel(const __grid_constant__ CUtensorMap tv, const app_params a, const co
         if (i < a.nb_all && a.mode[t] == MF_HEAD_PROB && !a.exact[i]) {
             row = row_open(a.rows[i]);
             if (row_usable(row, i, 64, a.hs, MF_HEAD_PROB))
-                st = ((uintptr_t)row.base & 15) || row.n_cols > PROB_LIST_CAP ? 2 : 1;
+                st = row.n_cols > PROB_LIST_CAP ? 2 : 1; /* (usable: 16-byte aligned) */
         }
         if (st == 1) {
             uint16_t *lj = s_lj + c * PROB_LIST_CAP;
