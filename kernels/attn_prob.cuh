@@ -42,6 +42,7 @@ struct prob_slot {
     unsigned long long src; /* global address of the tile */
     uint32_t off, c;        /* byte offset in the stage's tile area; consumer warpgroup */
     float w, scale;
+    uint32_t e, pad;        /* the tile's entry in its row */
 };
 struct prob_meta {
     uint32_t j, n, last, pad;
@@ -212,10 +213,22 @@ prob_kernel(const __grid_constant__ CUtensorMap tv, const app_params a, const co
                         sl.off = off;
                         sl.c = (uint32_t)c;
                         sl.w = ms->w[h];
-                        sl.scale = rw.scales ? __ldg(rw.scales + e) : 1.0f;
+                        sl.e = e;
                         off += rw.tile_bytes;
                     }
                 }
+                /* the scales: every load issued before the first is used (one L2 round
+                 * trip a stage, not one a tile) */
+                float scv[C::MAX_SLOTS];
+#pragma unroll
+                for (int k = 0; k < C::MAX_SLOTS; k++) {
+                    const float *sp = (uint32_t)k < n ? ms->row[mt->s[k].c].scales : nullptr;
+                    scv[k] = sp ? __ldg(sp + mt->s[k].e) : 1.0f;
+                }
+#pragma unroll
+                for (int k = 0; k < C::MAX_SLOTS; k++)
+                    if ((uint32_t)k < n)
+                        mt->s[k].scale = scv[k];
                 mt->j = j;
                 mt->n = n;
                 mt->last = !(rel[0] | rel[1]) && x[0] >= na && x[1] >= nb;
