@@ -16,7 +16,10 @@
  * (p.core): prepass_kernel decides each (query block, head)'s mode the same way, writes the
  * mask / compute blocks' key-block bitmaps for the sm_90a core (attn_core.cu) and counts the
  * bad rows; in a layer with both, v2 runs on an internal per-device stream forked from the
- * caller's and joined back before the call's work ends on the caller's stream. */
+ * caller's and joined back before the call's work ends on the caller's stream. At B = 64
+ * (unless MF_APPLY_PROB=v2) the prob blocks run on the core's prob kernel (attn_prob.cuh)
+ * on that stream first, and this kernel then computes only what it left (p.pstate: rows
+ * of kept mass 0 exactly, blocks whose row is too long for its list). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

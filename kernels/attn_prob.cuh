@@ -20,8 +20,8 @@
  *    stages, each with V again: P·V is linear, so each stage's partial mix is multiplied
  *    on its own (rare: > 8 FP8 / 4 FP16 tiles of two rows in one column).
  *  - Consumers: per stage, each warp decodes its 16 rows of its own row's tiles straight
- *    into the m64nNk16 A-fragment layout (thread (g, u): keys 8jj + 2u, +1 of rows g, g + 8,
- *    two keys a shared load; pair_codec, as v2 decodes), mixes with W·scale, zeroes keys
+ *    into the m64nNk16 A-fragment layout (thread (g, u): keys 8jj + 2u, +1 of rows g, g + 8;
+ *    prob_decode says how it loads; pair_codec, as v2 decodes), mixes with W·scale, zeroes keys
  *    above the diagonal (j = i), adds to its rows' kept mass, packs to T and issues the
  *    RS-wgmma against V; the next stage's decode overlaps it, and the two warpgroups
  *    interleave on the tensor cores (no softmax to hide, so no ping-pong turns). A stage
@@ -81,22 +81,38 @@ __device__ __forceinline__ void bulk_load(void *dst, unsigned long long src, uin
 }
 
 /* sc[4·jj + 2r + e] (the m64nN accumulator / A-fragment layout: row q0 + 8r, key
- * 8jj + 2u + e) += W·P̂ of one 64 × 64 tile in shared memory. */
+ * 8jj + 2u + e) += W·P̂ of one 64 × 64 tile in shared memory (rows of 64 elements, as in
+ * the row). 16-bit codecs: each thread loads its own 4 bytes a pair. 8-bit codecs: the
+ * quad loads the 16 bytes of each 16-key group together (one 16-byte load, the same in
+ * all four lanes) and each lane takes its two pairs from it — half the shared-memory
+ * wavefronts of a 2-byte load a pair (rows 64 B apart: both patterns are 4-way bank
+ * conflicts per row set, the wide load needs half as many instructions). */
 template <int CODEC>
 __device__ __forceinline__ void prob_decode(const uint8_t *tile, float w, float scale,
                                             float (&sc)[32], int q0, int u)
 {
     typedef pair_codec<CODEC> pc;
-    constexpr int ES = (CODEC == MF_CODEC_FP16 || CODEC == MF_CODEC_BF16) ? 2 : 1;
+    constexpr bool WIDE = CODEC == MF_CODEC_FP16 || CODEC == MF_CODEC_BF16;
     float cf = pc::coef(w, scale);
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        const uint8_t *rp = tile + (q0 + 8 * r) * 64 * ES + 2 * u * ES;
+        if (WIDE) {
+            const uint8_t *rp = tile + (q0 + 8 * r) * 128 + 4 * u;
 #pragma unroll
-        for (int jj = 0; jj < 8; jj++) {
-            uint32_t raw = ES == 2 ? *reinterpret_cast<const uint32_t *>(rp + 8 * jj * ES)
-                                   : *reinterpret_cast<const uint16_t *>(rp + 8 * jj);
-            pc::add(sc[4 * jj + 2 * r], sc[4 * jj + 2 * r + 1], raw, cf);
+            for (int jj = 0; jj < 8; jj++)
+                pc::add(sc[4 * jj + 2 * r], sc[4 * jj + 2 * r + 1],
+                        *reinterpret_cast<const uint32_t *>(rp + 16 * jj), cf);
+        } else {
+            const uint4 *rp = reinterpret_cast<const uint4 *>(tile + (q0 + 8 * r) * 64);
+            const int sh = 16 * (u & 1);
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                uint4 v = rp[kk]; /* keys 16kk .. 16kk + 15 */
+                uint32_t lo = (u & 2) ? v.y : v.x, hi = (u & 2) ? v.w : v.z;
+                pc::add(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1], (lo >> sh) & 0xffffu, cf);
+                pc::add(sc[8 * kk + 4 + 2 * r], sc[8 * kk + 5 + 2 * r], (hi >> sh) & 0xffffu,
+                        cf);
+            }
         }
     }
 }
@@ -156,7 +172,10 @@ prob_kernel(const __grid_constant__ CUtensorMap tv, const app_params a, const co
         if (threadIdx.x == 0) {
             for (int s = 0; s < C::STAGES; s++) {
                 bar_init(&full[s], 1);
-                bar_init(&empty[s], 8); /* each consumer warp of both warpgroups, every stage */
+                /* every consumer thread of both warpgroups, every stage: an arrive releases
+                 * only its own thread's reads of the stage (metadata included), so each
+                 * thread arrives itself (as CUTLASS's consumer release; racecheck sees it) */
+                bar_init(&empty[s], 256);
             }
             asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         }
@@ -255,11 +274,7 @@ prob_kernel(const __grid_constant__ CUtensorMap tv, const app_params a, const co
         o[x2] = 0.0f;
     uint32_t pa[4][4];
     int ps = -1;
-    auto release = [&](uint64_t *bar) {
-        __syncwarp();
-        if (lane == 0)
-            bar_arrive(bar);
-    };
+    auto release = [&](uint64_t *bar) { bar_arrive(bar); };
     for (uint32_t gx = 0;; gx++) {
         int s = (int)(gx % C::STAGES);
         bar_wait(&full[s], (gx / C::STAGES) & 1);

@@ -14,13 +14,18 @@
  *            counted apart); 0 above the diagonal; bad arguments refused.
  *   apply:   ‖O − O_ref‖ / ‖O_ref‖ ≤ 2e-3 per head mode, every element written; each case
  *            runs both implementations (core: the sm_90a core for mask / compute heads with
- *            v2 for prob heads; v2 alone; at B = 64 also the core with MF_CORE_GATHER=0 and
- *            with MF_CORE_PERSIST=1, on one CTA per SM, 3 CTAs and 1) and
+ *            the core's prob kernel for prob heads at B = 64, v2 at B = 128; v2 alone; at
+ *            B = 64 also the core with MF_CORE_GATHER=0, with MF_CORE_PERSIST=1, on one CTA
+ *            per SM, 3 CTAs and 1, and with MF_APPLY_PROB=v2) and
  *            checks that the removed v3 is refused,
  *            with head modes mixed inside a KV group or uniform per group. The core path
  *            also runs with its bench switches (per-call scratch, the old pre-pass, each mode
  *            alone) and on two streams at once: outputs bit-identical to its own run's; a
- *            prob-only layer (v2 alone under the core) with one wrong row, vs the reference.
+ *            prob-only layer (B = 64: the prob kernel, the pre-pass and the core; else v2
+ *            alone) with one wrong row and one not 16-byte aligned, vs the reference.
+ *            Prob-kernel cases (wide W: heads reading every source head — a column's tiles
+ *            over several ring stages — one, or three; blocks whose kept mass is 0, computed
+ *            exactly by v2's follow-up) at FP8 / FP16 / U8_LOG / BF16.
  *            B = 64 unions on the core (gathered two list entries a 128-key tile): every pair
  *            of query blocks keeps different sets (2m + 1's diagonal block is its own); a
  *            last tile holding one query block (N = 805, 700, small 300) walks 0..2m, an odd
