@@ -18,7 +18,10 @@
  * (p.core): prepass_kernel decides each (query block, head)'s mode the same way, writes the
  * mask / compute blocks' key-block bitmaps for the sm_90a core (attn_core.cu) and counts the
  * bad rows; in a layer with both, v2 runs on an internal per-device stream forked from the
- * caller's and joined back before the call's work ends on the caller's stream. */
+ * caller's and joined back before the call's work ends on the caller's stream. At B = 64
+ * (unless MF_APPLY_PROB=v2) the prob blocks run on the core's prob kernel (attn_prob.cuh)
+ * on that stream first, and this kernel then computes only what it left (p.pstate: rows
+ * of kept mass 0 exactly, blocks whose row is too long for its list). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -258,6 +261,20 @@ template <class S> __global__ void __launch_bounds__(S::THREADS) apply_kernel(ap
     }
     if (p.core && mode != MF_HEAD_PROB)
         return; /* the attention core has it */
+    if (p.pstate && mode == MF_HEAD_PROB) { /* after the core's prob kernel: what it left */
+        size_t at = (size_t)t * p.nb_all + i;
+        uint8_t pst = p.pstate[at];
+        if (pst == 0)
+            return;
+        if (pst == 1) { /* rows of kept mass 0: exact, as the reference (S::B = 64 here) */
+            unsigned long long z = p.pzero[at];
+            int q = (int)(threadIdx.x >> 5) * 16 + (int)((threadIdx.x & 31) >> 2);
+            bool need[2] = { ((z >> q) & 1ull) != 0, ((z >> (q + 8)) & 1ull) != 0 };
+            attend<S>(p, sm, i, t, (int)i + 1, [](int x) { return (uint32_t)x; }, need);
+            return;
+        }
+        /* 2: a row the core's kernel does not take: the whole block below */
+    }
     if (mode == MF_HEAD_COMPUTE) {
         attend<S>(p, sm, i, t, (int)i + 1, [](int x) { return (uint32_t)x; }, all);
         return;
@@ -465,6 +482,7 @@ struct bench_switches {
     int phase, only; /* only: −1 every head, else the one mode (MF_HEAD_*) that runs */
     bool cache;
     uint32_t prepass_v1; /* MF_APPLY_PREPASS=v1: the pre-pass of before (prepass_kernel) */
+    bool prob_v2;        /* MF_APPLY_PROB=v2: prob blocks on v2 under the core, as before */
 };
 mf_status_t read_switches(bench_switches *b, const char **why)
 {
@@ -473,12 +491,16 @@ mf_status_t read_switches(bench_switches *b, const char **why)
     static const char *const off[] = { "0" }, *const v1[] = { "v1" };
     b->phase = env_choice("MF_APPLY_PHASE", phases, 3);
     b->only = env_choice("MF_APPLY_ONLY", modes, 3);
+    static const char *const probs[] = { "core", "v2" };
     int c = env_choice("MF_APPLY_CACHE", off, 1), pp = env_choice("MF_APPLY_PREPASS", v1, 1);
+    int pr = env_choice("MF_APPLY_PROB", probs, 2);
     b->cache = c != 0;
     b->prepass_v1 = pp == 0;
-    if (b->phase == -2 || b->only == -2 || c == -2 || pp == -2) {
+    b->prob_v2 = pr == 1;
+    if (b->phase == -2 || b->only == -2 || c == -2 || pp == -2 || pr == -2) {
         *why = "MF_APPLY_PHASE must be prepass, core or none; MF_APPLY_ONLY compute, prob or "
-               "mask; MF_APPLY_CACHE 0; MF_APPLY_PREPASS v1 (or unset)";
+               "mask; MF_APPLY_CACHE 0; MF_APPLY_PREPASS v1; MF_APPLY_PROB core or v2 (or "
+               "unset)";
         return MF_INVALID_ARGUMENT;
     }
     return MF_OK;
@@ -587,6 +609,17 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
     uint32_t words = (all + 31) / 32;
     size_t host_used = sc.used, o_keep = use_core ? sc.take((size_t)ht * all * words * 4) : 0;
     size_t o_ctr = use_core ? sc.take(sizeof(uint32_t)) : 0; /* the core's tile counter */
+    /* Prob heads on the core's prob kernel (B = 64; MF_APPLY_PROB=v2: on v2 as before):
+     * its per-(head, block) state for v2's follow-up launch, after the constants too. */
+    bool prob_core = use_core && b == 64 && !bs.prob_v2;
+    if (prob_core) {
+        bool any = false;
+        for (uint32_t t = 0; t < ht; t++)
+            any |= a->map->mode[t] == MF_HEAD_PROB && (bs.only < 0 || bs.only == MF_HEAD_PROB);
+        prob_core = any;
+    }
+    size_t o_pst = prob_core ? sc.take((size_t)ht * all) : 0;
+    size_t o_pz = prob_core ? sc.take((size_t)ht * all * sizeof(unsigned long long)) : 0;
     cudaStream_t s = stream;
     dev_cache *cache = dev_cache_of(g_cache, bs.cache);
     std::unique_lock<std::mutex> lock;
@@ -618,9 +651,11 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
         }
         for (uint32_t i = 0; i < all; i++)
             any_exact |= host[o_ex + i] != 0;
-        /* Prob heads alone and no exact block: v2 does it all (it computes a block whose row
-         * turns out unusable itself), no pre-pass and no grid of empty core tiles. */
-        if (!any_other && !(any_prob && any_exact))
+        /* Prob heads alone and no exact block, prob blocks on v2: v2 does it all (it
+         * computes a block whose row turns out unusable itself), no pre-pass and no grid of
+         * empty core tiles. With the core's prob kernel the pre-pass and the core stay: they
+         * compute the blocks whose row is bad. */
+        if (!any_other && !(any_prob && any_exact) && !prob_core)
             use_core = false;
         st = scratch_upload(&cs, host_used, s, why);
         if (st == MF_OK) {
@@ -679,7 +714,15 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
                 p.heads = (const uint16_t *)(cs.dev + o_heads);
                 p.nh = n_prob;
             }
-            /* v2: every block, or the prob heads' only with the core */
+            /* the core's prob kernel, then v2 for what it left (same stream: v2 reads its
+             * state) */
+            if (st == MF_OK && prob_core && bs.phase == PHASE_ALL) {
+                p.pstate = cs.dev + o_pst;
+                p.pzero = (unsigned long long *)(cs.dev + o_pz);
+                st = prob_core_launch(p, a->tgt.dtype, a->tgt.head_dim, v2s, why);
+            }
+            /* v2: every block, or the prob heads' only with the core (or, after the core's
+             * prob kernel, the rows and blocks it left) */
             if (st == MF_OK && v2_needed && bs.phase == PHASE_ALL) {
                 if (a->tgt.dtype == MF_DTYPE_F16)
                     st = launch_t<__half>(p, b, a->tgt.head_dim, v2s);

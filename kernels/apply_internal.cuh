@@ -31,6 +31,13 @@ struct app_params {
     uint32_t n, ht, hkv, hs, n_rows, nb_all;
     uint32_t core;         /* v2: the attention core does every block but prob ones (and
                             * heads lists only the prob heads) */
+    /* The core's prob kernel (attn_core.cu, prob_core_launch) ran before this v2 launch:
+     * per (head t, query block i) at [t·nb_all + i], pstate = 0 done there, 1 the rows of
+     * pzero's bit mask (kept mass 0) to compute exactly, 2 the whole block is v2's (a row
+     * the kernel does not take: more columns than its list holds). Written for every prob
+     * block with a usable row; NULL: v2 does every prob block itself. */
+    uint8_t *pstate;
+    unsigned long long *pzero;
     float scale_log2;
 };
 
@@ -46,12 +53,14 @@ struct sel_shared {
     double acc0, target;
 };
 
-/* A row usable for (query block i, mode): its header agrees with the launch; else the
- * block is computed exactly (and counted in bad_rows). */
+/* A row usable for (query block i, mode): 16-byte aligned as rows must be (v2's 16-byte
+ * tile loads and the core's bulk copies rely on it) and its header agrees with the launch;
+ * else the block is computed exactly (and counted in bad_rows). */
 __device__ __forceinline__ bool row_usable(const row_dev &row, uint32_t i, uint32_t b,
                                            uint32_t hs, uint32_t mode)
 {
-    return row.block_index == i && row.block_size == b && row.n_heads == hs &&
+    return !((uintptr_t)row.base & 15) && row.block_index == i && row.block_size == b &&
+           row.n_heads == hs &&
            row.n_cols >= 1 && row.n_cols <= i + 1 &&
            !(mode == MF_HEAD_PROB && row.codec == MF_CODEC_MASK);
 }
@@ -180,6 +189,43 @@ __device__ __forceinline__ void list_columns(const row_dev &row, uint16_t *s_col
     __syncthreads();
 }
 
+/* A source tile's decoding, two consecutive keys at a time (the unit of the m16n8k16 /
+ * wgmma A fragment): coef(w, scale) folds W[t,s] and the tile's scale once a tile;
+ * add(m0, m1, raw, coef) adds W·P̂ of the two keys in raw's low 16 bits (FP8 / U8_LOG) or
+ * all 32 (FP16 / BF16) to m0, m1. tile_piece (v2) and the core's prob kernel both decode
+ * with it, so they round alike. */
+template <int CODEC> struct pair_codec {
+    static __device__ __forceinline__ float coef(float w, float scale)
+    {
+        if (CODEC == MF_CODEC_FP8_E4M3)
+            return w * (scale / 448.0f);
+        if (CODEC == MF_CODEC_U8_LOG) /* m·2^((q−255)/16), q = 0 → 0; W folded in */
+            return log2f(w * scale) - 255.0f / 16.0f;
+        return w;
+    }
+    static __device__ __forceinline__ void add(float &m0, float &m1, uint32_t raw, float c)
+    {
+        if (CODEC == MF_CODEC_FP16 || CODEC == MF_CODEC_BF16) {
+            float2 f;
+            if (CODEC == MF_CODEC_FP16)
+                f = __half22float2(*reinterpret_cast<const __half2 *>(&raw));
+            else
+                f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&raw));
+            m0 += c * f.x;
+            m1 += c * f.y;
+        } else if (CODEC == MF_CODEC_FP8_E4M3) {
+            __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)raw, __NV_E4M3);
+            float2 f = __half22float2(*reinterpret_cast<__half2 *>(&hr));
+            m0 += c * f.x;
+            m1 += c * f.y;
+        } else {
+            uint32_t q0 = raw & 0xffu, q1 = (raw >> 8) & 0xffu;
+            m0 += q0 ? exp2f(fmaf((float)q0, 1.0f / 16.0f, c)) : 0.0f;
+            m1 += q1 ? exp2f(fmaf((float)q1, 1.0f / 16.0f, c)) : 0.0f;
+        }
+    }
+};
+
 /* One thread's piece of a source tile: 8 consecutive keys of one row, 16 bytes (FP16 /
  * BF16) or 8 bytes (FP8 / U8_LOG). m[x] += W·P̂ for the 8 keys. */
 template <int CODEC> struct tile_piece {
@@ -190,40 +236,20 @@ template <int CODEC> struct tile_piece {
     static __device__ __forceinline__ void mix(float m[8], const raw_t &raw, float w,
                                                float scale)
     {
+        typedef pair_codec<CODEC> pc;
+        float c = pc::coef(w, scale);
         if (WIDE) {
             const uint4 &q4 = reinterpret_cast<const uint4 &>(raw);
             const uint32_t wd[4] = { q4.x, q4.y, q4.z, q4.w };
 #pragma unroll
-            for (int x = 0; x < 4; x++) {
-                float2 f;
-                if (CODEC == MF_CODEC_FP16)
-                    f = __half22float2(*reinterpret_cast<const __half2 *>(&wd[x]));
-                else
-                    f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&wd[x]));
-                m[2 * x] += w * f.x;
-                m[2 * x + 1] += w * f.y;
-            }
+            for (int x = 0; x < 4; x++)
+                pc::add(m[2 * x], m[2 * x + 1], wd[x], c);
         } else {
             const uint2 &q2 = reinterpret_cast<const uint2 &>(raw);
             const uint32_t wd[2] = { q2.x, q2.y };
-            if (CODEC == MF_CODEC_FP8_E4M3) {
-                float c = w * (scale / 448.0f);
 #pragma unroll
-                for (int x = 0; x < 4; x++) {
-                    __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(
-                        (__nv_fp8x2_storage_t)(wd[x >> 1] >> (16 * (x & 1))), __NV_E4M3);
-                    float2 f = __half22float2(*reinterpret_cast<__half2 *>(&hr));
-                    m[2 * x] += c * f.x;
-                    m[2 * x + 1] += c * f.y;
-                }
-            } else { /* U8_LOG: m·2^((q−255)/16), q = 0 → 0; W folded in */
-                float c = log2f(w * scale) - 255.0f / 16.0f;
-#pragma unroll
-                for (int x = 0; x < 8; x++) {
-                    uint32_t q = (wd[x >> 2] >> (8 * (x & 3))) & 0xffu;
-                    m[x] += q ? exp2f(fmaf((float)q, 1.0f / 16.0f, c)) : 0.0f;
-                }
-            }
+            for (int x = 0; x < 4; x++)
+                pc::add(m[2 * x], m[2 * x + 1], (wd[x >> 1] >> (16 * (x & 1))) & 0xffffu, c);
         }
     }
 };

@@ -37,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "apply_internal.cuh"
 #include "attn_core.cuh"
 #include "mf_cuda_common.cuh"
 
@@ -1375,3 +1376,6 @@ mf_status_t mfc::masses_run(const mf_qkv_t *t, uint32_t block_size, void *o, boo
         cudaFreeAsync(owned, s);
     return st;
 }
+
+/* prob mode on the core: its kernel and prob_core_launch (attn_prob.cuh says how) */
+#include "attn_prob.cuh"

@@ -203,10 +203,12 @@ size_t mf_attention_masses_scratch(uint32_t n_tokens);
  * Which apply kernel runs. core: on an sm_90 device at B ∈ {64, 128} (else as v2), mask and
  * compute heads and every exact block run on the sm_90a attention core (a pre-pass kernel
  * mixes the masses, selects Top-P and writes per-(head, query block) block bitmaps; the
- * core pairs adjacent 64-row query blocks into 128-row tiles), prob heads on v2. v2: one
- * CTA per (query block, target head), every mode; it stays because prob heads run on it
- * (also under core), and it is the whole apply off sm_90. Both compute the same function
- * (gpu_check runs each). v3 (GQA-packed, slower than v2) was removed: MF_APPLY_IMPL_V3
+ * core pairs adjacent 64-row query blocks into 128-row tiles); prob heads at B = 64 on the
+ * core's prob kernel (V and the source tiles staged by TMA / bulk copies, the W-mixed tile
+ * the A operand of wgmma; v2 computes the rows whose kept mass is 0), at B = 128 on v2.
+ * v2: one CTA per (query block, target head), every mode; it stays for prob heads at
+ * B = 128, those rows, and as the whole apply off sm_90. Both compute the same function
+ * (gpu_check runs each). Rows must be 16-byte aligned (a row that is not counts as bad). v3 (GQA-packed, slower than v2) was removed: MF_APPLY_IMPL_V3
  * returns MF_INVALID_ARGUMENT (bench/gpu/NOTES.md keeps its numbers).
  * DEFAULT: the environment's MF_APPLY_IMPL (core | v2) when set, else
  * MF_APPLY_IMPL_BUILTIN.
@@ -218,7 +220,9 @@ size_t mf_attention_masses_scratch(uint32_t n_tokens);
  * not written); MF_APPLY_CACHE = 0 allocates the scratch per call and copies the constants
  * from pageable memory, as before the cache; MF_APPLY_PREPASS = v1 runs the pre-pass of
  * before (full-size shared memory, blocks ascending, its ordered loop over every column).
- * Same outputs bit for bit under every switch. Any other value: MF_INVALID_ARGUMENT.
+ * Same outputs bit for bit under every switch. MF_APPLY_PROB = v2 runs prob heads on v2
+ * under core as before the core's prob kernel (an A/B; outputs within rounding, not bit
+ * for bit). Any other value: MF_INVALID_ARGUMENT.
  */
 typedef enum mf_apply_impl {
     MF_APPLY_IMPL_DEFAULT = 0,

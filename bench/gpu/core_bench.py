@@ -25,12 +25,17 @@ would pick, on one H200 (bench/gpu/NOTES.md has the floors and the versions).
          the PVWAIT outputs bit for bit the core's. Dense: ours + PVWAIT interleaved with
          ours (ab_ours_ms, ab_ours_pvw_ms), O bit for bit ours.
   mix:   (--mix-ns) one layer of 8 prob / 16 mask / 8 compute heads against the sum of each
-         mode's heads run alone (MF_APPLY_ONLY), FP8 rows, prob heads on v2 (bench_mix).
+         mode's heads run alone (MF_APPLY_ONLY), FP8 rows, prob heads on the core's prob
+         kernel (bench_mix).
   O dtype: the apply calls (mask, mix, and the dense table's compute-mode apply) are timed
          as the target calls them, O in the model's dtype (o_dtype = bf16: no fp32 O, no
          cast), each bf16 O checked = rn(fp32 O) of the same path; the fp32 call alone and
          followed by the model's cast are extra columns (the mask table's A/B runs and
          phase split time the bf16 call too; their O checks use the fp32 O).
+  prob:  (--prob) every head prob, FP8 rows, W = pair_w, at --mask-ns × (--densities +
+         0.1, eff 13.5 %): the core's prob kernel vs v2 (MF_APPLY_PROB=v2), ms, GB/s of
+         the bytes it must move, TFLOP/s of P·V on the eff blocks, the 1.8 ms goal
+         (bench_prob).
   masses: mf_attention_masses_cuda (O, LSE and B = 64 block masses in one pass) vs cuDNN
          dense on the same layer, vs our dense core alone, and vs the current extract path
          (mf_extract_cuda, MASK codec: masses + Top-P 0.9 + rows + seal, with the LSE given),
@@ -68,7 +73,7 @@ numbers go to --out as JSON.
                                   [--mass-variants v2,v3,v4,v5,v6] [--mass-rounds 3]
                                   [--strided-ns 32768] [--strided-heads 40/8]
                                   [--strides 1,4,8,16] [--strided-inputs structured]
-                                  [--mix-ns 32768] [--mix-density 0.1]
+                                  [--mix-ns 32768] [--mix-density 0.1] [--prob]
 """
 import argparse
 import ctypes as C
@@ -959,6 +964,50 @@ def _f(r, key, fmt=".3f"):
     return "-" if r.get(key) is None else format(r[key], fmt)
 
 
+def bench_prob(lib, n, dens, reps, log):
+    """Prob mode (every head prob, FP8 rows, W = pair_w: head t mixes source heads t and
+    t + 1) on the core's prob kernel (attn_prob.cuh) vs v2 (MF_APPLY_PROB=v2), the same
+    rows. eff = the union of the two source heads' blocks (the columns a head walks) as a
+    share of the causal blocks; bytes = the tiles read (each present (head, block) tile of
+    a source head with W > 0, once per target head) + V once + O; FLOPs = P·V on the eff
+    blocks."""
+    g = vars(BG)
+    hs, nb = g["HS"], n // B
+    rng = np.random.default_rng(11)
+    keep = R.patterns(rng, hs, nb, dens)
+    q, k, v, o = BT.random_qkvo(n, HQ, HKV, D)
+    w = BT.pair_w(HQ, hs)
+    ap = BT.Apply(lib, g, keep, R.FP8, 1, w, q, k, v, o)
+    causal = nb * (nb + 1) / 2
+    eff_blocks = tiles = 0
+    for t in range(HQ):
+        src = np.nonzero(w[t] > 0)[0]
+        eff_blocks += int(np.logical_or.reduce(keep[src], axis=0).sum())
+        tiles += int(keep[src].sum())
+    flops = eff_blocks * 2 * B * B * D
+    bytes_ = tiles * B * B + n * HKV * D * 2 + n * HQ * D * 4
+    rec = {"N": n, "density": dens, "eff": eff_blocks / (HQ * causal), "TFLOP": flops / 1e12,
+           "GB": bytes_ / 1e9, "floor_bytes_ms": bytes_ / 4.25e12 * 1e3,
+           "floor_flops_ms": flops / 600e12 * 1e3}
+    outs = {}
+    for name, env in (("core", {"MF_APPLY_PROB": None}), ("v2", {"MF_APPLY_PROB": "v2"})):
+        def run():
+            o.fill_(float("nan"))
+            ap()
+            torch.cuda.synchronize()
+            return o.clone(), timeit(ap, reps)[0]
+        outs[name], rec[name + "_ms"] = with_env(env, run)
+        rec[name + "_GBs"] = bytes_ / rec[name + "_ms"] / 1e6
+        rec[name + "_TFLOPs"] = flops / rec[name + "_ms"] / 1e9
+    rec["core_finite"] = bool(torch.isfinite(outs["core"]).all())
+    rec["core_rel_vs_v2"] = float((outs["core"] - outs["v2"]).norm() / outs["v2"].norm())
+    rec["goal_ms"] = 1.8
+    log(json.dumps(rec))
+    del ap, q, k, v, o, outs
+    torch.cuda.empty_cache()
+    return rec
+
+
 def table(res, log):
     log("\n| N | ours dense ms (TFLOP/s) | ours+pvwait ms (/ ours, interleaved) |"
         " SDPA default ms (TFLOP/s) | ours/SDPA | rel err | apply compute, O bf16 ms |"
@@ -1099,6 +1148,19 @@ def table(res, log):
             f"{r['nocache_host_wall_us']:.0f} | {r['v1_ms']:.3f} | "
             f"{r['wg_tiles_masked']} / {r['wg_tiles_walked']}"
             f" ({100 * r['masked_share']:.1f} %) |")
+    if res.get("prob"):
+        log("\n| N | density (eff) | core prob ms (GB/s, TFLOP/s) | v2 ms (GB/s, TFLOP/s) |"
+            " v2 / core | floors bytes / FLOPs ms | ≤ 1.8 ms at eff 13.5 % | rel vs v2 | finite |")
+        log("|---|---|---|---|---|---|---|---|---|")
+    for r in res.get("prob", []):
+        goal = "yes" if r["core_ms"] <= r["goal_ms"] else "no"
+        if abs(r["eff"] - 0.135) > 0.02:
+            goal = "-"
+        log(f"| {r['N']} | {r['density']:.2f} ({r['eff']:.3f}) | {r['core_ms']:.3f} "
+            f"({r['core_GBs']:.0f}, {r['core_TFLOPs']:.0f}) | {r['v2_ms']:.3f} "
+            f"({r['v2_GBs']:.0f}, {r['v2_TFLOPs']:.0f}) | {r['v2_ms'] / r['core_ms']:.2f}x | "
+            f"{r['floor_bytes_ms']:.3f} / {r['floor_flops_ms']:.3f} | {goal} | "
+            f"{r['core_rel_vs_v2']:.1e} | {r['core_finite']} |")
     if res.get("mix"):
         log("\n| N | density | heads prob/mask/compute | mixed layer ms (O bf16) | prob alone |"
             " mask alone | compute alone | sum ms | mixed / sum | parts vs mixed max diff |"
@@ -1139,6 +1201,9 @@ def main():
                     help="mask cases: one call per core kernel variant (core, persistent 40/232, 24/240), each"
                          " in an NVTX range 'ncu' (run under ncu --nvtx --nvtx-include 'ncu/'),"
                          " no timing tables")
+    ap.add_argument("--prob", action="store_true",
+                    help="the prob table: --mask-ns x (--densities + 0.1, eff 13.5 %%), "
+                         "the core's prob kernel vs v2")
     args = ap.parse_args()
     global NCU
     NCU = args.ncu
@@ -1186,6 +1251,15 @@ def main():
                         log, inp))
                 except Exception as ex:  # noqa: BLE001
                     log(f"strided N={n} {hq}/{hkv} {inp}: {str(ex)[:300]}")
+    res["prob"] = []
+    if args.prob:
+        pd = sorted({float(x) for x in args.densities.split(",")} | {0.1})
+        for n in [int(x) for x in args.mask_ns.split(",") if x]:
+            for dens in pd:
+                try:
+                    res["prob"].append(bench_prob(lib, n, dens, args.reps, log))
+                except Exception as ex:  # noqa: BLE001
+                    log(f"prob N={n} density {dens}: {str(ex)[:300]}")
     for n in [int(x) for x in args.mix_ns.split(",") if x]:
         try:
             res["mix"].append(bench_mix(lib, n, args.mix_density, args.reps, log))

@@ -19,14 +19,19 @@
  *            fp32 O rounded to nearest, the same elements written; a bad o_dtype refused
  *            with O untouched; each case
  *            runs both implementations (core: the sm_90a core for mask / compute heads with
- *            v2 for prob heads; v2 alone; at B = 64 also the core with MF_CORE_GATHER=0 and
- *            with MF_CORE_PERSIST=1, on one CTA per SM, 3 CTAs and 1; the core and the
- *            persistent runs again with MF_CORE_PVWAIT=1, bit for bit the core's O) and
+ *            the core's prob kernel for prob heads at B = 64, v2 at B = 128; v2 alone; at
+ *            B = 64 also the core with MF_CORE_GATHER=0, with MF_CORE_PERSIST=1, on one CTA
+ *            per SM, 3 CTAs and 1, and with MF_APPLY_PROB=v2; the core and the persistent
+ *            runs again with MF_CORE_PVWAIT=1, bit for bit the core's O) and
  *            checks that the removed v3 is refused,
  *            with head modes mixed inside a KV group or uniform per group. The core path
  *            also runs with its bench switches (per-call scratch, the old pre-pass, each mode
  *            alone) and on two streams at once: outputs bit-identical to its own run's; a
- *            prob-only layer (v2 alone under the core) with one wrong row, vs the reference.
+ *            prob-only layer (B = 64: the prob kernel, the pre-pass and the core; else v2
+ *            alone) with one wrong row and one not 16-byte aligned, vs the reference.
+ *            Prob-kernel cases (wide W: heads reading every source head — a column's tiles
+ *            over several ring stages — one, or three; blocks whose kept mass is 0, computed
+ *            exactly by v2's follow-up) at FP8 / FP16 / U8_LOG / BF16.
  *            B = 64 unions on the core (gathered two list entries a 128-key tile): every pair
  *            of query blocks keeps different sets (2m + 1's diagonal block is its own); a
  *            last tile holding one query block (N = 805, 700, small 300) walks 0..2m, an odd
@@ -1317,6 +1322,11 @@ typedef struct app_case {
     uint32_t b, d, n, ht, hkv, hs;
     mf_codec_t codec;
     int grouped; /* modes uniform per KV group (else cycling within each group) */
+    /* W patterns for the core's prob kernel: target heads t ≡ 0 (mod 3) read every source
+     * head (a column's tiles of two rows fill more than one ring stage at FP16), t ≡ 1 only
+     * source head 0, whose tiles are zeroed in the even blocks' rows (kept mass 0: those
+     * blocks' rows computed exactly by v2's follow-up, the reference's rule), t ≡ 2 three */
+    int wide;
 } app_case_t;
 
 /* Elements of the device output d (n·ht·d floats) that differ bitwise from want, counting
@@ -1552,22 +1562,44 @@ static int check_apply(const app_case_t *c, uint64_t seed)
         vp[k] = missing ? NULL : &views[k];
         dptr[k] = missing ? NULL : drows + rs.off[k];
     }
+    if (c->wide && c->codec != MF_CODEC_MASK) { /* source head 0's tiles: 0 in even blocks */
+        for (uint32_t k = 0; k < full; k += 2)
+            for (uint32_t col = 0; col < views[k].n_cols; col++) {
+                int64_t e = mf_row_entry(&views[k], col, 0);
+                if (e >= 0)
+                    memset((uint8_t *)views[k].tiles + (size_t)e * views[k].tile_bytes, 0,
+                           views[k].tile_bytes);
+            }
+        CK(cudaMemcpy(drows, rs.host, rs.total, cudaMemcpyHostToDevice));
+    }
+    /* the same rows 8 bytes off the 16-byte alignment rows must have (the prob-only
+     * case's block 3: a bad row, as a wrong header is) */
+    uint8_t *drows8;
+    CK(cudaMalloc((void **)&drows8, rs.total + 16));
+    CK(cudaMemcpy(drows8 + 8, rs.host, rs.total, cudaMemcpyHostToDevice));
     /* layer map: 1-3 source heads per target head, modes cycling prob / mask / compute */
     float *w = calloc((size_t)c->ht * c->hs, 4), *tp = calloc(c->ht, 4);
     uint8_t *mode = calloc(c->ht, 1), *exact = calloc(all, 1);
     for (uint32_t t = 0; t < c->ht; t++) {
         uint32_t nz = 1 + (uint32_t)(mf_rng_u64(&rng) % 3);
+        if (c->wide)
+            nz = t % 3 == 0 ? c->hs : t % 3 == 1 ? 1 : 3;
         float sum = 0;
         for (uint32_t z = 0; z < nz; z++) {
             uint32_t s = (uint32_t)(mf_rng_u64(&rng) % c->hs);
+            if (c->wide) /* every head, head 0, or three distinct heads */
+                s = t % 3 == 0 ? z : t % 3 == 1 ? 0 : (t + z + 1) % c->hs;
             float x = 0.2f + (float)mf_rng_uniform(&rng);
             w[(size_t)t * c->hs + s] += x;
             sum += x;
         }
         for (uint32_t s = 0; s < c->hs; s++)
             w[(size_t)t * c->hs + s] /= sum;
-        /* 1 prob, 2 mask, 0 compute: per head, or per KV group */
+        /* 1 prob, 2 mask, 0 compute: per head, or per KV group; wide: prob but every
+         * fourth head mask (W's patterns are for prob heads) */
         mode[t] = (uint8_t)(((c->grouped ? t / (c->ht / c->hkv) : t) + 1) % 3);
+        if (c->wide)
+            mode[t] = t % 4 == 3 ? MF_HEAD_MASK : MF_HEAD_PROB;
         if (c->codec == MF_CODEC_MASK && mode[t] == MF_HEAD_PROB)
             mode[t] = MF_HEAD_MASK;
         tp[t] = 0.8f + 0.19f * (float)mf_rng_uniform(&rng);
@@ -1616,6 +1648,8 @@ static int check_apply(const app_case_t *c, uint64_t seed)
         { "core persist pvwait", MF_APPLY_IMPL_CORE, "MF_CORE_PERSIST", "1", NULL, 1, 1, 1 },
         { "core persist3 pvwait", MF_APPLY_IMPL_CORE, "MF_CORE_PERSIST", "1", "3", 1, 0, 1 },
         { "core persist1 pvwait", MF_APPLY_IMPL_CORE, "MF_CORE_PERSIST", "1", "1", 1, 1, 1 },
+        /* B = 64 prob heads on v2, as before the core's prob kernel (its A/B switch) */
+        { "core probv2", MF_APPLY_IMPL_CORE, "MF_APPLY_PROB", "v2", NULL, 0, 0, 0 },
         { "v2", MF_APPLY_IMPL_V2, NULL, NULL, NULL, 0, 0, 0 },
     };
     int pass = 1;
@@ -1705,18 +1739,23 @@ static int check_apply(const app_case_t *c, uint64_t seed)
     if (!g_small)
         pass &= check_apply_switches(base, &ga, mode, o_core, c->n, c->ht, c->d);
     if (!g_small && c->codec != MF_CODEC_MASK && full >= 3) {
-        /* Every head prob, no exact block, N = the full blocks: the core path hands the
-         * whole layer to v2. Block 1's row given for block 2 (the GPU must count it and
-         * compute block 2 exactly; the reference gets no row there, which means the same). */
+        /* Every head prob, no exact block, N = the full blocks: at B = 64 the core's prob
+         * kernel with the pre-pass and the core for bad rows, else v2 alone. Block 1's row
+         * given for block 2 (the GPU must count it and compute block 2 exactly; the
+         * reference gets no row there, which means the same); with ≥ 5 blocks block 3's
+         * row 8 bytes off its 16-byte alignment (the same: counted, computed exactly). */
         uint8_t *pmode = malloc(c->ht);
         memset(pmode, MF_HEAD_PROB, c->ht);
         mf_layer_map_t pmap = { c->ht, c->hs, w, pmode, tp };
         const mf_row_view_t **vp2 = calloc(full, sizeof(*vp2));
         const void **dptr2 = calloc(full, sizeof(*dptr2));
         for (uint32_t k = 0; k < full; k++) {
-            vp2[k] = k == 2 ? NULL : &views[k];
+            vp2[k] = k == 2 || (k == 3 && full >= 5) ? NULL : &views[k];
             dptr2[k] = drows + rs.off[k == 2 ? 1 : k];
+            if (k == 3 && full >= 5)
+                dptr2[k] = drows8 + 8 + rs.off[k];
         }
+        uint32_t want_bad = (full >= 5 ? 2 : 1) * c->ht;
         mf_qkv_t th = tgt.host, td = tgt.dev;
         th.n_tokens = td.n_tokens = full * c->b;
         size_t pn = (size_t)full * c->b * c->ht * c->d;
@@ -1749,9 +1788,9 @@ static int check_apply(const app_case_t *c, uint64_t seed)
         double rel = den > 0 ? sqrt(num / den) : 1.0;
         char label[160];
         snprintf(label, sizeof(label), "apply core prob-only %s", base);
-        /* bad_rows counts per (row, head reading it): every head reads block 2's row */
-        int ok = st == MF_OK && unwritten == 0 && bad == c->ht;
-        report(label, "unwritten, bad != Ht", (double)unwritten + (bad != c->ht), 0, ok);
+        /* bad_rows counts per (row, head reading it): every head reads blocks 2's and 3's */
+        int ok = st == MF_OK && unwritten == 0 && bad == want_bad;
+        report(label, "unwritten, bad != want", (double)unwritten + (bad != want_bad), 0, ok);
         report(label, "rel err prob", rel, 2e-3, rel <= 2e-3);
         pass &= ok && rel <= 2e-3;
         /* O in T on v2 alone, the bad row's block recomputed: rn of the fp32 run's O */
@@ -1773,6 +1812,7 @@ static int check_apply(const app_case_t *c, uint64_t seed)
     free(sizes);
     free(tokens);
     cudaFree(drows);
+    cudaFree(drows8);
     cudaFree(d_o);
     cudaFree(d_t);
     cudaFree(dbad);
@@ -1816,7 +1856,7 @@ int main(int argc, char **argv)
         ext_case_t e = { MF_DTYPE_F16, 64, 64, 256, 4, 2, MF_CODEC_FP8_E4M3, 0, 0.9f };
         /* N 300: 5 blocks, the last 128-row tile block 4 alone (exact: union 0..4, odd) */
         app_case_t a = { MF_DTYPE_F16, 64, 64, 300, 4, 2, 4, MF_CODEC_FP8_E4M3, 0 };
-        app_case_t a1 = { MF_DTYPE_BF16, 64, 128, 200, 8, 2, 4, MF_CODEC_FP16, 1 };
+        app_case_t a1 = { MF_DTYPE_BF16, 64, 128, 200, 8, 2, 4, MF_CODEC_FP16, 1, 1 };
         fails += !check_extract(&e, seed);
         fails += !check_apply(&a, seed + 1);
         fails += !check_apply(&a1, seed + 2);
@@ -1868,6 +1908,17 @@ int main(int argc, char **argv)
         fails += !check_apply(&a6, seed + 34);
         fails += !check_apply(&a7, seed + 35);
         cases += 6;
+        /* the core's prob kernel (B = 64): W with 1 / all / 3 source heads, zero-mass
+         * blocks, N not a multiple of 128, FP8 / FP16 / U8_LOG / BF16 rows */
+        app_case_t p1 = { MF_DTYPE_BF16, 64, 128, 805, 9, 3, 6, MF_CODEC_FP8_E4M3, 0, 1 };
+        app_case_t p2 = { MF_DTYPE_F16, 64, 128, 1000, 6, 2, 8, MF_CODEC_FP16, 1, 1 };
+        app_case_t p3 = { MF_DTYPE_F16, 64, 64, 700, 6, 3, 5, MF_CODEC_U8_LOG, 0, 1 };
+        app_case_t p4 = { MF_DTYPE_BF16, 64, 64, 1100, 3, 1, 4, MF_CODEC_BF16, 0, 1 };
+        fails += !check_apply(&p1, seed + 36);
+        fails += !check_apply(&p2, seed + 37);
+        fails += !check_apply(&p3, seed + 38);
+        fails += !check_apply(&p4, seed + 39);
+        cases += 4;
         fails += !check_dense(MF_DTYPE_BF16, 128, 2500, 4, 1, seed + 40);
         fails += !check_dense(MF_DTYPE_F16, 128, 1000, 8, 2, seed + 41);
         fails += !check_dense(MF_DTYPE_BF16, 64, 1100, 4, 4, seed + 42);

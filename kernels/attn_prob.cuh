@@ -1,0 +1,418 @@
+/* attn_prob — prob mode on the sm_90a core (issue 19): the core's V ring, RS-wgmma P·V and O
+ * epilogue, with the W-mixed probability tile as the A operand instead of a softmax of
+ * Q·Kᵀ (no Q, no K). Included once, at the end of attn_core.cu (it uses that file's
+ * wgmma / mbarrier / TMA helpers and store_o); host entry prob_core_launch (attn_core.cuh).
+ *
+ * CTA = (128-row tile m, prob target head t), 384 threads as the core: consumer warpgroup c
+ * owns query block i = 2m + c (B = 64) and its row; warpgroup 0 is the producer.
+ *  - Setup: warp c lists row c's columns with a source head of W > 0 (j, head mask,
+ *    entry offset) into shared memory, and decides the block's state: the kernel's (a usable
+ *    row — row_usable includes the 16-byte alignment the bulk copies need — of at most
+ *    PROB_LIST_CAP columns), v2's (usable but longer: pstate 2), or nobody's here (not a
+ *    prob block, exact, or a bad row: the attention core's bitmap from the pre-pass
+ *    computes it).
+ *  - Producer thread: walks the two lists merged by j (their union, ascending); per column
+ *    one or more ring stages: V block j (TMA, the core's 128-byte swizzle, read transposed
+ *    by wgmma as in the core) and the present source tiles of both rows (cp.async.bulk,
+ *    1-D, global → shared, on the same mbarrier; a tile is contiguous bytes of the row, in
+ *    place), with per-stage metadata (j, slots: offset, warpgroup, W, scale) written before
+ *    its arrive. A column with more tiles than a stage holds (TILE_CAP bytes) takes more
+ *    stages, each with V again: P·V is linear, so each stage's partial mix is multiplied
+ *    on its own (rare: > 8 FP8 / 4 FP16 tiles of two rows in one column).
+ *  - Consumers: per stage, each warp decodes its 16 rows of its own row's tiles straight
+ *    into the m64nNk16 A-fragment layout (thread (g, u): keys 8jj + 2u, +1 of rows g, g + 8;
+ *    prob_decode says how it loads; pair_codec, as v2 decodes), mixes with W·scale, zeroes keys
+ *    above the diagonal (j = i), adds to its rows' kept mass, packs to T and issues the
+ *    RS-wgmma against V; the next stage's decode overlaps it, and the two warpgroups
+ *    interleave on the tensor cores (no softmax to hide, so no ping-pong turns). A stage
+ *    where the warpgroup has no tile is released without a wgmma.
+ *  - End: O = acc / kept mass through store_o (the core's epilogue); rows with kept mass 0
+ *    (everything quantised away, or no column) are marked in pzero (pstate 1) and v2's
+ *    follow-up launch computes them exactly (the reference's rule), overwriting them.
+ * Every prob block with a usable row gets its pstate written here, so v2's follow-up knows
+ * which blocks are left (apply.cu). Shared memory (d = 128): 4 stages × (16 KiB V + 32 KiB
+ * tiles) + the two lists (28 KiB) ≈ 222 KiB; one CTA an SM. */
+
+namespace mfc {
+namespace {
+
+#define PROB_LIST_CAP 1024u /* listed columns a row (N ≤ 64k at B = 64); longer: v2 */
+
+struct prob_slot {
+    unsigned long long src; /* global address of the tile */
+    uint32_t off, c;        /* byte offset in the stage's tile area; consumer warpgroup */
+    float w, scale;
+    uint32_t e, pad;        /* the tile's entry in its row */
+};
+struct prob_meta {
+    uint32_t j, n, last, pad;
+    prob_slot s[8];
+};
+struct prob_misc {
+    float w[MF_ROW_MAX_HEADS];
+    row_dev row[2];
+    int n[2], st[2]; /* listed columns; state: 0 not here, 1 this kernel, 2 v2 */
+    unsigned long long zero[2];
+};
+
+template <int D> struct prob_cfg {
+    static constexpr int STAGES = 4, MAX_SLOTS = 8;
+    static constexpr uint32_t V_HALF = cfg<D, 64>::KV_HALF, V_BYTES = cfg<D, 64>::KV_BYTES;
+    static constexpr uint32_t TILE_CAP = 32768; /* 8 FP8 / U8 or 4 FP16 / BF16 tiles of B 64 */
+    static constexpr uint32_t OFF_T = STAGES * V_BYTES, OFF_META = OFF_T + STAGES * TILE_CAP;
+    static constexpr uint32_t OFF_BAR = OFF_META + STAGES * (uint32_t)sizeof(prob_meta);
+    static constexpr uint32_t OFF_LJ = OFF_BAR + 16 * STAGES;     /* [2][CAP] u16 j */
+    static constexpr uint32_t OFF_LC = OFF_LJ + 2 * PROB_LIST_CAP * 2; /* [2][CAP] u32 col_off */
+    static constexpr uint32_t OFF_LH = OFF_LC + 2 * PROB_LIST_CAP * 4; /* [2][CAP] u64 mask */
+    static constexpr uint32_t OFF_MISC = OFF_LH + 2 * PROB_LIST_CAP * 8;
+    static constexpr uint32_t SMEM = OFF_MISC + (uint32_t)sizeof(prob_misc) + 1024;
+    static_assert(SMEM <= 227 * 1024, "prob kernel: shared memory per block");
+    static_assert(sizeof(prob_meta) % 16 == 0 && OFF_LH % 8 == 0, "alignment");
+    static_assert(MAX_SLOTS * 4096 >= TILE_CAP, "slots for the smallest tiles");
+};
+
+/* 1-D bulk copy global → shared, completing on bar's transaction count. */
+__device__ __forceinline__ void bulk_load(void *dst, unsigned long long src, uint32_t bytes,
+                                          uint64_t *bar)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1], %2, [%3];\n" ::"r"(smem_addr(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
+}
+
+/* sc[4·jj + 2r + e] (the m64nN accumulator / A-fragment layout: row q0 + 8r, key
+ * 8jj + 2u + e) += W·P̂ of one 64 × 64 tile in shared memory (rows of 64 elements, as in
+ * the row). 16-bit codecs: each thread loads its own 4 bytes a pair. 8-bit codecs: the
+ * quad loads the 16 bytes of each 16-key group together (one 16-byte load, the same in
+ * all four lanes) and each lane takes its two pairs from it — half the shared-memory
+ * wavefronts of a 2-byte load a pair (rows 64 B apart: both patterns are 4-way bank
+ * conflicts per row set, the wide load needs half as many instructions). */
+template <int CODEC>
+__device__ __forceinline__ void prob_decode(const uint8_t *tile, float w, float scale,
+                                            float (&sc)[32], int q0, int u)
+{
+    typedef pair_codec<CODEC> pc;
+    constexpr bool WIDE = CODEC == MF_CODEC_FP16 || CODEC == MF_CODEC_BF16;
+    float cf = pc::coef(w, scale);
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (WIDE) {
+            const uint8_t *rp = tile + (q0 + 8 * r) * 128 + 4 * u;
+#pragma unroll
+            for (int jj = 0; jj < 8; jj++)
+                pc::add(sc[4 * jj + 2 * r], sc[4 * jj + 2 * r + 1],
+                        *reinterpret_cast<const uint32_t *>(rp + 16 * jj), cf);
+        } else {
+            const uint4 *rp = reinterpret_cast<const uint4 *>(tile + (q0 + 8 * r) * 64);
+            const int sh = 16 * (u & 1);
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                uint4 v = rp[kk]; /* keys 16kk .. 16kk + 15 */
+                uint32_t lo = (u & 2) ? v.y : v.x, hi = (u & 2) ? v.w : v.z;
+                pc::add(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1], (lo >> sh) & 0xffffu, cf);
+                pc::add(sc[8 * kk + 4 + 2 * r], sc[8 * kk + 5 + 2 * r], (hi >> sh) & 0xffffu,
+                        cf);
+            }
+        }
+    }
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(384, 1)
+prob_kernel(const __grid_constant__ CUtensorMap tv, const app_params a, const core_params p)
+{
+    typedef prob_cfg<D> C;
+    extern __shared__ uint8_t sm_raw[];
+    uint8_t *sm = reinterpret_cast<uint8_t *>(((uintptr_t)sm_raw + 1023) & ~(uintptr_t)1023);
+    prob_meta *meta = reinterpret_cast<prob_meta *>(sm + C::OFF_META);
+    uint64_t *full = reinterpret_cast<uint64_t *>(sm + C::OFF_BAR), *empty = full + C::STAGES;
+    uint16_t *s_lj = reinterpret_cast<uint16_t *>(sm + C::OFF_LJ);
+    uint32_t *s_lc = reinterpret_cast<uint32_t *>(sm + C::OFF_LC);
+    unsigned long long *s_lh = reinterpret_cast<unsigned long long *>(sm + C::OFF_LH);
+    prob_misc *ms = reinterpret_cast<prob_misc *>(sm + C::OFF_MISC);
+    const uint32_t m = p.n_tiles - 1 - blockIdx.x / a.nh, t = a.heads[blockIdx.x % a.nh];
+    const int wg = threadIdx.x / 128;
+    const unsigned long long wmask = load_w(a, t, ms->w); /* every thread; one barrier */
+    if (threadIdx.x < 64) { /* warp c: row c's state and list */
+        int c = threadIdx.x / 32, lane = threadIdx.x & 31, st = 0, cnt = 0;
+        uint32_t i = 2 * m + c;
+        row_dev row;
+        if (i < a.nb_all && a.mode[t] == MF_HEAD_PROB && !a.exact[i]) {
+            row = row_open(a.rows[i]);
+            if (row_usable(row, i, 64, a.hs, MF_HEAD_PROB))
+                st = row.n_cols > PROB_LIST_CAP ? 2 : 1; /* (usable: 16-byte aligned) */
+        }
+        if (st == 1) {
+            uint16_t *lj = s_lj + c * PROB_LIST_CAP;
+            uint32_t *lc = s_lc + c * PROB_LIST_CAP;
+            unsigned long long *lh = s_lh + c * PROB_LIST_CAP;
+            for (uint32_t base = 0; base < row.n_cols; base += 32) {
+                uint32_t col = base + lane;
+                unsigned long long hm = col < row.n_cols ? row.head_mask[col] : 0ull;
+                bool ok = (hm & wmask) != 0;
+                uint32_t bal = __ballot_sync(0xffffffffu, ok);
+                if (ok) {
+                    int at = cnt + __popc(bal & ((1u << lane) - 1));
+                    lj[at] = (uint16_t)row.cols[col];
+                    lc[at] = row.col_off[col];
+                    lh[at] = hm;
+                }
+                cnt += __popc(bal);
+            }
+        }
+        if (lane == 0) {
+            if (st == 1)
+                ms->row[c] = row;
+            ms->n[c] = cnt;
+            ms->st[c] = st;
+            ms->zero[c] = 0;
+            if (st == 2)
+                a.pstate[(size_t)t * a.nb_all + i] = 2;
+        }
+        if (threadIdx.x == 0) {
+            for (int s = 0; s < C::STAGES; s++) {
+                bar_init(&full[s], 1);
+                /* every consumer thread of both warpgroups, every stage: an arrive releases
+                 * only its own thread's reads of the stage (metadata included), so each
+                 * thread arrives itself (as CUTLASS's consumer release; racecheck sees it) */
+                bar_init(&empty[s], 256);
+            }
+            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        }
+    }
+    __syncthreads();
+    const int na = ms->n[0], nb = ms->n[1];
+    if (na + nb == 0) { /* nothing to load: a listed block here has kept mass 0 everywhere */
+        if (threadIdx.x < 2 && ms->st[threadIdx.x] == 1) {
+            size_t at = (size_t)t * a.nb_all + 2 * m + threadIdx.x;
+            a.pzero[at] = ~0ull;
+            a.pstate[at] = 1;
+        }
+        return;
+    }
+    if (wg == 0) {
+        /* 56 / 224: the producer loop holds two rows' cursors (no spills, ptxas -v);
+         * 56 + 2 · 224 = 3 · 168, the launch's */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
+        if (threadIdx.x != 0)
+            return;
+        const uint32_t kvh = t / (a.ht / a.hkv);
+        int x[2] = { 0, 0 };
+        uint32_t gx = 0;
+        while (x[0] < na || x[1] < nb) {
+            uint32_t jc[2], j;
+            unsigned long long hm[2] = { 0, 0 }, rel[2] = { 0, 0 };
+            uint32_t coff[2] = { 0, 0 };
+#pragma unroll
+            for (int c = 0; c < 2; c++)
+                jc[c] = x[c] < ms->n[c] ? s_lj[c * PROB_LIST_CAP + x[c]] : 0xffffffffu;
+            j = min(jc[0], jc[1]);
+#pragma unroll
+            for (int c = 0; c < 2; c++)
+                if (jc[c] == j) {
+                    uint32_t at = c * PROB_LIST_CAP + x[c]++;
+                    hm[c] = s_lh[at];
+                    coff[c] = s_lc[at];
+                    rel[c] = hm[c] & wmask;
+                }
+            while (rel[0] | rel[1]) { /* one stage per TILE_CAP bytes of this column's tiles */
+                int s = (int)(gx % C::STAGES);
+                if (gx >= C::STAGES)
+                    bar_wait(&empty[s], ((gx / C::STAGES) & 1) ^ 1);
+                prob_meta *mt = &meta[s];
+                uint32_t off = 0, n = 0;
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    const row_dev &rw = ms->row[c];
+                    while (rel[c] && n < C::MAX_SLOTS && off + rw.tile_bytes <= C::TILE_CAP) {
+                        uint32_t h = __ffsll((long long)rel[c]) - 1, e = entry_of(coff[c], hm[c], h);
+                        rel[c] &= rel[c] - 1;
+                        prob_slot &sl = mt->s[n++];
+                        sl.src = __cvta_generic_to_global(rw.tiles + (size_t)e * rw.tile_bytes);
+                        sl.off = off;
+                        sl.c = (uint32_t)c;
+                        sl.w = ms->w[h];
+                        sl.e = e;
+                        off += rw.tile_bytes;
+                    }
+                }
+                /* the scales: every load issued before the first is used (one L2 round
+                 * trip a stage, not one a tile) */
+                float scv[C::MAX_SLOTS];
+#pragma unroll
+                for (int k = 0; k < C::MAX_SLOTS; k++) {
+                    const float *sp = (uint32_t)k < n ? ms->row[mt->s[k].c].scales : nullptr;
+                    scv[k] = sp ? __ldg(sp + mt->s[k].e) : 1.0f;
+                }
+#pragma unroll
+                for (int k = 0; k < C::MAX_SLOTS; k++)
+                    if ((uint32_t)k < n)
+                        mt->s[k].scale = scv[k];
+                mt->j = j;
+                mt->n = n;
+                mt->last = !(rel[0] | rel[1]) && x[0] >= na && x[1] >= nb;
+                /* the metadata's writes are released by this arrive */
+                bar_expect(&full[s], C::V_BYTES + off);
+                for (int h = 0; h < D / 64; h++)
+                    tma_load(sm + s * C::V_BYTES + h * C::V_HALF, &tv, &full[s], 64 * h,
+                             (int)kvh, (int)(64 * j));
+                for (uint32_t k = 0; k < n; k++)
+                    bulk_load(sm + C::OFF_T + s * C::TILE_CAP + mt->s[k].off, mt->s[k].src,
+                              ms->row[mt->s[k].c].tile_bytes, &full[s]);
+                gx++;
+            }
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n");
+    const int c = wg - 1, tid = threadIdx.x - 128 * wg, lane = tid & 31, u = lane & 3;
+    const int q0 = 16 * (tid / 32) + (lane >> 2); /* this thread's rows q0, q0 + 8 of block i */
+    const uint32_t i = 2 * m + c, codec = ms->st[c] == 1 ? ms->row[c].codec : 0u;
+    float o[D / 2], km[2] = { 0.0f, 0.0f };
+#pragma unroll
+    for (int x2 = 0; x2 < D / 2; x2++)
+        o[x2] = 0.0f;
+    uint32_t pa[4][4];
+    int ps = -1;
+    auto release = [&](uint64_t *bar) { bar_arrive(bar); };
+    for (uint32_t gx = 0;; gx++) {
+        int s = (int)(gx % C::STAGES);
+        bar_wait(&full[s], (gx / C::STAGES) & 1);
+        const prob_meta *mt = &meta[s];
+        const uint32_t n = mt->n, j = mt->j, last = mt->last;
+        const uint8_t *tiles = sm + C::OFF_T + s * C::TILE_CAP;
+        float sc[32];
+#pragma unroll
+        for (int x2 = 0; x2 < 32; x2++)
+            sc[x2] = 0.0f;
+        bool any = false;
+        for (uint32_t k = 0; k < n; k++) {
+            const prob_slot &sl = mt->s[k];
+            if (sl.c != (uint32_t)c)
+                continue;
+            any = true;
+            const uint8_t *tl = tiles + sl.off;
+            switch (codec) {
+            case MF_CODEC_FP16: prob_decode<MF_CODEC_FP16>(tl, sl.w, sl.scale, sc, q0, u); break;
+            case MF_CODEC_BF16: prob_decode<MF_CODEC_BF16>(tl, sl.w, sl.scale, sc, q0, u); break;
+            case MF_CODEC_FP8_E4M3:
+                prob_decode<MF_CODEC_FP8_E4M3>(tl, sl.w, sl.scale, sc, q0, u);
+                break;
+            default: prob_decode<MF_CODEC_U8_LOG>(tl, sl.w, sl.scale, sc, q0, u); break;
+            }
+        }
+        if (any) {
+#pragma unroll
+            for (int jj = 0; jj < 8; jj++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    /* causality is enforced here too, whatever the tile holds */
+                    if (j == i && 8 * jj + 2 * u + (e & 1) > q0 + 8 * (e >> 1))
+                        sc[4 * jj + e] = 0.0f;
+                    km[e >> 1] += sc[4 * jj + e];
+                }
+        }
+        wgmma_wait<0>(); /* the previous stage's P·V is done: its V, tiles and pa are free */
+        fence_regs(o);
+        fence_regs(pa);
+        if (ps >= 0)
+            release(&empty[ps]);
+        if (any) {
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                pa[kk][0] = elem<T>::pack(sc[8 * kk + 0], sc[8 * kk + 1]);
+                pa[kk][1] = elem<T>::pack(sc[8 * kk + 2], sc[8 * kk + 3]);
+                pa[kk][2] = elem<T>::pack(sc[8 * kk + 4], sc[8 * kk + 5]);
+                pa[kk][3] = elem<T>::pack(sc[8 * kk + 6], sc[8 * kk + 7]);
+            }
+            uint32_t va = smem_addr(sm + s * C::V_BYTES);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++)
+                wgmma_rs<T, D>(o, pa[kk], sdesc(va + kk * 2048, C::V_HALF, 1024), 1);
+            wgmma_commit();
+        }
+        ps = s;
+        if (last)
+            break;
+    }
+    wgmma_wait<0>();
+    fence_regs(o);
+    fence_regs(pa);
+    release(&empty[ps]);
+    if (ms->st[c] != 1)
+        return;
+    float tot[2] = { quad_sum(km[0]), quad_sum(km[1]) };
+    if (u == 0)
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+            if (!(tot[r] > 0.0f))
+                atomicOr(&ms->zero[c], 1ull << (q0 + 8 * r));
+    /* O = acc / kept mass; a row of mass 0 gets a non-finite value here, overwritten by
+     * v2's exact pass (pzero) later in stream order */
+    const uint32_t row[2] = { 64 * i + q0, 64 * i + q0 + 8 };
+    const float mrow[2] = { 0.0f, 0.0f }; /* unread: no LSE in prob mode */
+    store_o<T, D>(p, o, mrow, km, row, t, u);
+    asm volatile("bar.sync %0, 128;\n" ::"r"(3 + c) : "memory"); /* the zero bits, all in */
+    if (tid == 0) {
+        size_t at = (size_t)t * a.nb_all + i;
+        unsigned long long z = ms->zero[c];
+        a.pzero[at] = z;
+        a.pstate[at] = z ? 1 : 0;
+    }
+}
+
+template <typename T, int D>
+mf_status_t prob_launch(const app_params &a, const core_params &p, mf_dtype_t dt,
+                        cudaStream_t s, const char **why)
+{
+    CUtensorMap tv;
+    if (!encode(&tv, a.v, dt, a.n, a.hkv, D, 64)) {
+        *why = "cuTensorMapEncodeTiled failed for V (base or strides not 16-byte aligned?)";
+        return MF_INTERNAL;
+    }
+    static std::atomic<uint64_t> raised; /* per instantiation: bit = device */
+    if (smem_limit_once((const void *)prob_kernel<T, D>, (int)prob_cfg<D>::SMEM, &raised) !=
+        cudaSuccess) {
+        *why = "could not raise the prob kernel's shared-memory limit";
+        return MF_INTERNAL;
+    }
+    prob_kernel<T, D><<<p.n_tiles * a.nh, 384, prob_cfg<D>::SMEM, s>>>(tv, a, p);
+    return cuda_status(cudaGetLastError(), why);
+}
+
+} /* namespace */
+
+mf_status_t prob_core_launch(const app_params &a, mf_dtype_t dtype, uint32_t d,
+                             cudaStream_t s, const char **why)
+{
+    pthread_once(&g_encode_once, encode_resolve);
+    if (!g_encode) {
+        *why = "the driver has no cuTensorMapEncodeTiled";
+        return MF_UNIMPLEMENTED;
+    }
+    if (!a.pstate || !a.pzero || !a.heads) {
+        *why = "the prob kernel needs its state arrays and head list";
+        return MF_INTERNAL;
+    }
+    if (a.nh == 0)
+        return MF_OK;
+    core_params p = {};
+    p.o = a.o;
+    p.o_t = a.o_t; /* o_dtype: the epilogue stores O as v2 does */
+    p.n = a.n;
+    p.hq = a.ht;
+    p.hkv = a.hkv;
+    p.n_tiles = (a.n + 127) / 128;
+    bool f16 = dtype == MF_DTYPE_F16;
+    if (d == 128)
+        return f16 ? prob_launch<__half, 128>(a, p, dtype, s, why)
+                   : prob_launch<__nv_bfloat16, 128>(a, p, dtype, s, why);
+    if (d == 64)
+        return f16 ? prob_launch<__half, 64>(a, p, dtype, s, why)
+                   : prob_launch<__nv_bfloat16, 64>(a, p, dtype, s, why);
+    *why = "the prob kernel supports head dims 64 and 128";
+    return MF_UNIMPLEMENTED;
+}
+
+} /* namespace mfc */
