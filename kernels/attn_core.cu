@@ -16,7 +16,7 @@
  * O *= alpha. The two consumer warpgroups take turns issuing (ping-pong, named barriers),
  * so one's softmax also overlaps the other's GEMMs.
  * Block-64 lists run with BN = 128 (GATHER, at the kernel): two list entries a key tile;
- * with MF_CORE_PERSIST=1 on persist_kernel (the same tile code, consume_tile /
+ * by default on persist_kernel (MF_CORE_PERSIST=0: core_kernel) (the same tile code, consume_tile /
  * produce_tiles, in a loop over tiles with double-buffered Q and lists; its section says how).
  * O (fp32) goes straight from the accumulators to global memory: each quad writes 32
  * contiguous bytes of a row, whole sectors; or, for mf_export_cuda's and mf_apply_cuda's
@@ -781,7 +781,7 @@ core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUte
 }
 
 
-/* ---- persistent gathered kernel (MF_CORE_PERSIST=1) ------------------------------------
+/* ---- persistent gathered kernel (the default; MF_CORE_PERSIST=0 off) ---------------------------------
  *
  * Block-64 lists in gathered 128-key tiles, as core_kernel<…, GATHER>, but grid = min(tiles,
  * SMs) CTAs that each take their next tile index from a device counter (atomicAdd, zeroed
@@ -1228,8 +1228,9 @@ mf_status_t core_launch(const core_args &a, cudaStream_t s, const char **why)
     p.scale_log2 = MF_LOG2E / sqrtf((float)a.d);
     p.pingpong = !env_off("MF_CORE_PINGPONG");
     bool gather = bn == 64 && !env_off("MF_CORE_GATHER");
-    /* persistent only with the caller's tile counter (apply.cu gives one; else core_kernel) */
-    bool persist = gather && a.tile_ctr && env_on("MF_CORE_PERSIST");
+    /* persistent (the default since its interleaved A/B won at every density: gpu-core.md
+     * §12) only with the caller's tile counter (apply.cu gives one; else core_kernel) */
+    bool persist = gather && a.tile_ctr && !env_off("MF_CORE_PERSIST");
     p.tile_ctr = a.tile_ctr;
     if (a.mass) {
         if (a.keep || !a.lscr || !a.slot_busy || !a.nslots) {

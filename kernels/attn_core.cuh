@@ -23,8 +23,8 @@
  * The environment's MF_CORE_PINGPONG=0 turns the consumer warpgroups' turn-taking off (an A/B
  * switch for bench/gpu/core_bench.py; bench/gpu/NOTES.md), and MF_CORE_GATHER=0 runs block-64
  * lists on the 64-key-tile kernel instead of gathered 128-key tiles (the same A/B use; both
- * read once per launch). MF_CORE_PERSIST=1 (default off) runs the gathered block-64 lists on
- * the persistent kernel instead (when core_args.tile_ctr is given): min(tiles, SMs) CTAs
+ * read once per launch). The gathered block-64 lists run on the persistent kernel (the default;
+ * MF_CORE_PERSIST=0: core_kernel, one CTA a tile) when core_args.tile_ctr is given: min(tiles, SMs) CTAs
  * taking tiles from a device counter in the same largest-first order, a tile's list build,
  * Q load and first K / V loads overlapping the previous tile's loop;
  * MF_CORE_PERSIST_CTAS=n caps its grid (gpu_check: many tiles a CTA on small shapes).

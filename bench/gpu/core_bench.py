@@ -639,6 +639,13 @@ NCU = False  # --ncu
 
 
 def bench_mask(lib, n, dens, reps, rng, flex, log):
+    """The mask table's case; "core" there is core_kernel (one CTA a tile, MF_CORE_PERSIST=0),
+    the product's default persistent kernel its "persistent" A/B column."""
+    return with_env({"MF_CORE_PERSIST": "0"},
+                    lambda: _bench_mask(lib, n, dens, reps, rng, flex, log))
+
+
+def _bench_mask(lib, n, dens, reps, rng, flex, log):
     nb = n // B
     keep = R.patterns(rng, HQ, nb, dens)
     kept = float(keep.sum())
@@ -704,7 +711,8 @@ def bench_mask(lib, n, dens, reps, rng, flex, log):
         torch.cuda.synchronize()
         return o.clone(), timeit(core_call, reps)[0]
     if NCU:  # one call per kernel variant inside an NVTX range, for ncu --nvtx-include ncu/
-        for tag, env in (("core", {}), ("core_pvw", {"MF_CORE_PVWAIT": "1"}),
+        for tag, env in (("core", {"MF_CORE_PERSIST": "0"}),
+                         ("core_pvw", {"MF_CORE_PERSIST": "0", "MF_CORE_PVWAIT": "1"}),
                          ("persist", {"MF_CORE_PERSIST": "1"}),
                          ("persist_pvw", {"MF_CORE_PERSIST": "1", "MF_CORE_PVWAIT": "1"}),
                          ("persist240", {"MF_CORE_PERSIST": "1",
