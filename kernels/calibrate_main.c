@@ -107,15 +107,24 @@ static char **list_npy(const char *dir, size_t *n)
     return names;
 }
 
-static int read_map(const char *dir, const char *name, uint64_t max_elems, mf_npy_t *a)
+/* dir/name read into a (path: the file's path, for messages); 0 with a message on error. */
+static int open_npy(const char *dir, const char *name, uint64_t max_elems, mf_npy_t *a,
+                    char (*path)[4096])
 {
-    char path[4096], err[512];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    mf_status_t st = mf_npy_read(path, max_elems, a, err, sizeof err);
-    if (st != MF_OK) {
+    char err[512];
+    snprintf(*path, sizeof *path, "%s/%s", dir, name);
+    if (mf_npy_read(*path, max_elems, a, err, sizeof err) != MF_OK) {
         fprintf(stderr, "mapflow-calibrate: %s\n", err);
         return 0;
     }
+    return 1;
+}
+
+static int read_map(const char *dir, const char *name, uint64_t max_elems, mf_npy_t *a)
+{
+    char path[4096];
+    if (!open_npy(dir, name, max_elems, a, &path))
+        return 0;
     const uint64_t *s = a->hdr.shape;
     if (a->hdr.ndim != 4 || s[2] != s[3] || s[0] < 1 || s[0] > 1024 || s[1] < 1 ||
         s[1] > 64 || s[2] < 1 || s[2] > 65536) {
@@ -131,13 +140,9 @@ static int read_map(const char *dir, const char *name, uint64_t max_elems, mf_np
 static int read_values(const char *dir, const char *name, uint64_t max_elems,
                        const uint32_t *dims, mf_npy_t *a)
 {
-    char path[4096], err[512];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    mf_status_t st = mf_npy_read(path, max_elems, a, err, sizeof err);
-    if (st != MF_OK) {
-        fprintf(stderr, "mapflow-calibrate: %s\n", err);
+    char path[4096];
+    if (!open_npy(dir, name, max_elems, a, &path))
         return 0;
-    }
     const uint64_t *s = a->hdr.shape;
     if (a->hdr.ndim != 4 || s[0] != dims[2] || s[1] < 1 || s[1] > dims[3] ||
         dims[3] % s[1] || s[2] != dims[4] || s[3] < 1 || s[3] > 1024) {

@@ -231,21 +231,28 @@ def mass_variants_ab(fused, dense, o, lse, mass, variants, rounds, reps):
     return {"variants": out, "variants_dense_ms": dense_ms, "variants_dense_rounds": dense_rounds}
 
 
-def dense_apply(lib, q, k, v, o, ref, reps):
-    """The dense layer as a target calls it: mf_apply_cuda with every head in compute mode
-    and no rows (the core's lists, every j ≤ i), O in the model's dtype (o_dtype = bf16:
-    "apply_t_ms", and its rel err vs SDPA) and, for comparison, fp32 O alone and with the
-    model's cast after it; the bf16 O must be the fp32 O rounded to nearest."""
+def apply_args_pair(rows, n_rows, lm, q, k, v, o):
+    """(fp32-O args into o, the same args with O in bf16 into a new tensor, that tensor): the
+    two forms every apply case times (the bf16 call) and checks (the fp32 one)."""
     n = q.shape[0]
-    w = np.ones((HQ, 1), dtype=np.float32)
-    modes = np.zeros(HQ, dtype=np.uint8)  # MF_HEAD_COMPUTE
-    lm = BG.LayerMap(HQ, 1, w.ctypes.data, modes.ctypes.data, None)
-    a32 = BG.ApplyArgs(None, 0, C.pointer(lm),
+    a32 = BG.ApplyArgs(rows, n_rows, C.pointer(lm),
                        BG.Qkv(q.data_ptr(), k.data_ptr(), v.data_ptr(), 2, n, HQ, HKV, D), B,
                        None, 0, 0, o.data_ptr(), None)
     ot = torch.empty(n, HQ, D, dtype=torch.bfloat16, device="cuda")
     a = BG.ApplyArgs.from_buffer_copy(a32)
     a.o, a.o_dtype = ot.data_ptr(), BG.K.BF16
+    return a32, a, ot
+
+
+def dense_apply(lib, q, k, v, o, ref, reps):
+    """The dense layer as a target calls it: mf_apply_cuda with every head in compute mode
+    and no rows (the core's lists, every j ≤ i), O in the model's dtype (o_dtype = bf16:
+    "apply_t_ms", and its rel err vs SDPA) and, for comparison, fp32 O alone and with the
+    model's cast after it; the bf16 O must be the fp32 O rounded to nearest."""
+    w = np.ones((HQ, 1), dtype=np.float32)
+    modes = np.zeros(HQ, dtype=np.uint8)  # MF_HEAD_COMPUTE
+    lm = BG.LayerMap(HQ, 1, w.ctypes.data, modes.ctypes.data, None)
+    a32, a, ot = apply_args_pair(None, 0, lm, q, k, v, o)
     why = C.c_char_p()
     stream = torch.cuda.current_stream().cuda_stream
 
@@ -668,12 +675,7 @@ def _bench_mask(lib, n, dens, reps, rng, flex, log):
     lm = BG.LayerMap(HQ, HQ, w.ctypes.data, modes.ctypes.data, tps.ctypes.data)
     # timed as the target calls it: O in the model's dtype (o_dtype = bf16, from the
     # kernels' epilogues); a32 writes fp32 O, for the accuracy checks and the fp32 column
-    a32 = BG.ApplyArgs(C.cast(ptrs, C.c_void_p), nb, C.pointer(lm),
-                       BG.Qkv(q.data_ptr(), k.data_ptr(), v.data_ptr(), 2, n, HQ, HKV, D), B,
-                       None, 0, 0, o.data_ptr(), None)
-    ot = torch.empty(n, HQ, D, dtype=torch.bfloat16, device="cuda")
-    a = BG.ApplyArgs.from_buffer_copy(a32)
-    a.o, a.o_dtype = ot.data_ptr(), BG.K.BF16
+    a32, a, ot = apply_args_pair(C.cast(ptrs, C.c_void_p), nb, lm, q, k, v, o)
     why = C.c_char_p()
     stream = torch.cuda.current_stream().cuda_stream
     flops = kept * 4 * B * B * D
