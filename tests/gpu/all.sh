@@ -7,7 +7,8 @@
 # the kernel benchmark (bench/gpu/run.sh), the attention core's export / masses timing
 # (core-bench: bench/gpu/core_bench.py, CORE_BENCH_ARGS replacing its default arguments;
 # its core.json is in logs.tar.xz), hardware counters of the mask core's kernels (core-ncu:
-# ncu over core_bench.py --ncu, NCU_NS / NCU_DENSITIES; ncu.csv in logs.tar.xz) and the
+# ncu over core_bench.py --ncu, NCU_NS / NCU_DENSITIES; ncu.csv in logs.tar.xz), of one
+# prob-mode call's kernels (prob-ncu: tests/gpu/prob_ncu.sh, per-SASS-line stalls) and the
 # hand-off benchmark (bench/handoff/run.sh).
 # Each step has a time limit; logs and results are packed into $OUT (at most 8 files come
 # back) and a summary table is printed last.
@@ -43,6 +44,7 @@ steps=(
   "kernels-bench|${KBENCH_LIMIT:-150}|bash bench/gpu/run.sh"
   "core-bench|${CORE_BENCH_LIMIT:-150}|${PYTHON:-python3} bench/gpu/core_bench.py --out \$OUT/core.json ${CORE_BENCH_ARGS:---no-dense --no-mask --mass-ns 32768 --mass-heads 40/8,32/8 --reps 9}"
   "core-ncu|${NCU_LIMIT:-240}|ncu --clock-control none --nvtx --nvtx-include 'ncu/' --kernel-name regex:'core_kernel|persist_kernel' --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats --csv --page details ${PYTHON:-python3} bench/gpu/core_bench.py --ncu --no-dense --no-flex --mask-ns ${NCU_NS:-32768} --densities ${NCU_DENSITIES:-0.05,0.35} --reps 7 > \$OUT/ncu.csv"
+  "prob-ncu|${NCU_LIMIT:-240}|bash tests/gpu/prob_ncu.sh"
   "handoff|${HANDOFF_LIMIT:-300}|bash bench/handoff/run.sh"
   "handoff-2gpu|230|bash bench/handoff/two_gpu.sh"
 )
