@@ -16,5 +16,12 @@ ncu --import "$out/prob.ncu-rep" --page details --csv > "$out/prob-details.csv" 
 ncu --import "$out/prob.ncu-rep" --page source --print-source sass --csv -k regex:prob_kernel \
     > "$out/prob-sass.csv" || echo "prob-ncu: no source page (this ncu cannot print it)"
 # the lines the summary needs, printed last
-grep -E '"(Duration|Elapsed Cycles|Compute \(SM\) Throughput|Memory Throughput|No Eligible|Issued Warp Per Scheduler|L2 Hit Rate|DRAM Throughput)"' \
-    "$out/prob-details.csv" | cut -d, -f5,13-16 | head -n 40
+"$py" - "$out/prob-details.csv" <<'PY'
+import csv, sys
+want = ("Duration", "Elapsed Cycles", "Compute (SM) Throughput", "Memory Throughput",
+        "No Eligible", "Issued Warp Per Scheduler", "L2 Hit Rate", "DRAM Throughput",
+        "Registers Per Thread", "Achieved Active Warps Per SM")
+for r in csv.DictReader(open(sys.argv[1])):
+    if r.get("Metric Name") in want:
+        print(r["ID"], r["Kernel Name"][:24], r["Metric Name"], r["Metric Value"], r["Metric Unit"])
+PY
