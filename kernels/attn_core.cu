@@ -643,7 +643,7 @@ core_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUte
     typedef cfg<D, BN> C;
     constexpr int EPT = GATHER ? 2 : 1; /* list entries a key tile */
     extern __shared__ uint8_t sm_raw[];
-    uint8_t *sm = reinterpret_cast<uint8_t *>(((uintptr_t)sm_raw + 1023) & ~(uintptr_t)1023);
+    uint8_t *sm = smem_align(sm_raw, 1024);
     uint64_t *q_full = reinterpret_cast<uint64_t *>(sm + C::OFF_BAR);
     uint64_t *k_full = q_full + 1, *v_full = k_full + C::STAGES, *k_empty = v_full + C::STAGES,
              *v_empty = k_empty + C::STAGES;
@@ -832,7 +832,7 @@ persist_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ C
     typedef cfg<D, 128> C;
     typedef pcfg<D> P;
     extern __shared__ uint8_t sm_raw[];
-    uint8_t *sm = reinterpret_cast<uint8_t *>(((uintptr_t)sm_raw + 1023) & ~(uintptr_t)1023);
+    uint8_t *sm = smem_align(sm_raw, 1024);
     uint64_t *q_full = reinterpret_cast<uint64_t *>(sm + P::OFF_BAR);
     uint64_t *list_full = q_full + 2, *tile_free = list_full + 2;
     const kv_ring ring = { sm + P::OFF_K, sm + P::OFF_V, tile_free + 2,

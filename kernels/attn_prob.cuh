@@ -15,10 +15,13 @@
  *    one or more ring stages: V block j (TMA, the core's 128-byte swizzle, read transposed
  *    by wgmma as in the core) and the present source tiles of both rows (cp.async.bulk,
  *    1-D, global → shared, on the same mbarrier; a tile is contiguous bytes of the row, in
- *    place), with per-stage metadata (j, slots: offset, warpgroup, W, scale) written before
- *    its arrive. A column with more tiles than a stage holds (TILE_CAP bytes) takes more
- *    stages, each with V again: P·V is linear, so each stage's partial mix is multiplied
- *    on its own (rare: > 8 FP8 / 4 FP16 tiles of two rows in one column).
+ *    place), with per-stage metadata (j, slots: offset, warpgroup, W, entry) written before
+ *    its arrive; each tile's scale comes as the aligned 16 bytes of the row's scales around
+ *    it, by a bulk copy on the same barrier (a global load here would put one L2 round trip
+ *    into every stage of this one thread's serial loop). A column with more tiles than a
+ *    stage holds (TILE_CAP bytes) takes more stages, each with V again: P·V is linear, so
+ *    each stage's partial mix is multiplied on its own (rare: > 8 FP8 / 4 FP16 tiles of two
+ *    rows in one column).
  *  - Consumers: per stage, each warp decodes its 16 rows of its own row's tiles straight
  *    into the m64nNk16 A-fragment layout (thread (g, u): keys 8jj + 2u, +1 of rows g, g + 8;
  *    prob_decode says how it loads; pair_codec, as v2 decodes), mixes with W·scale, zeroes keys
@@ -41,8 +44,8 @@ namespace {
 struct prob_slot {
     unsigned long long src; /* global address of the tile */
     uint32_t off, c;        /* byte offset in the stage's tile area; consumer warpgroup */
-    float w, scale;
-    uint32_t e, pad;        /* the tile's entry in its row */
+    float w;
+    uint32_t e, pad[2];     /* the tile's entry in its row */
 };
 struct prob_meta {
     uint32_t j, n, last, pad;
@@ -60,7 +63,10 @@ template <int D> struct prob_cfg {
     static constexpr uint32_t V_HALF = cfg<D, 64>::KV_HALF, V_BYTES = cfg<D, 64>::KV_BYTES;
     static constexpr uint32_t TILE_CAP = 32768; /* 8 FP8 / U8 or 4 FP16 / BF16 tiles of B 64 */
     static constexpr uint32_t OFF_T = STAGES * V_BYTES, OFF_META = OFF_T + STAGES * TILE_CAP;
-    static constexpr uint32_t OFF_BAR = OFF_META + STAGES * (uint32_t)sizeof(prob_meta);
+    /* per stage and slot the 16 bytes of the row's scales that hold the tile's (FP8 / U8):
+     * copied with the tiles, so the producer never waits on a global load */
+    static constexpr uint32_t OFF_SC = OFF_META + STAGES * (uint32_t)sizeof(prob_meta);
+    static constexpr uint32_t OFF_BAR = OFF_SC + STAGES * MAX_SLOTS * 16;
     static constexpr uint32_t OFF_LJ = OFF_BAR + 16 * STAGES;     /* [2][CAP] u16 j */
     static constexpr uint32_t OFF_LC = OFF_LJ + 2 * PROB_LIST_CAP * 2; /* [2][CAP] u32 col_off */
     static constexpr uint32_t OFF_LH = OFF_LC + 2 * PROB_LIST_CAP * 4; /* [2][CAP] u64 mask */
@@ -123,7 +129,7 @@ prob_kernel(const __grid_constant__ CUtensorMap tv, const app_params a, const co
 {
     typedef prob_cfg<D> C;
     extern __shared__ uint8_t sm_raw[];
-    uint8_t *sm = reinterpret_cast<uint8_t *>(((uintptr_t)sm_raw + 1023) & ~(uintptr_t)1023);
+    uint8_t *sm = smem_align(sm_raw, 1024);
     prob_meta *meta = reinterpret_cast<prob_meta *>(sm + C::OFF_META);
     uint64_t *full = reinterpret_cast<uint64_t *>(sm + C::OFF_BAR), *empty = full + C::STAGES;
     uint16_t *s_lj = reinterpret_cast<uint16_t *>(sm + C::OFF_LJ);
@@ -220,7 +226,7 @@ prob_kernel(const __grid_constant__ CUtensorMap tv, const app_params a, const co
                 if (gx >= C::STAGES)
                     bar_wait(&empty[s], ((gx / C::STAGES) & 1) ^ 1);
                 prob_meta *mt = &meta[s];
-                uint32_t off = 0, n = 0;
+                uint32_t off = 0, n = 0, sc_bytes = 0;
 #pragma unroll
                 for (int c = 0; c < 2; c++) {
                     const row_dev &rw = ms->row[c];
@@ -234,31 +240,28 @@ prob_kernel(const __grid_constant__ CUtensorMap tv, const app_params a, const co
                         sl.w = ms->w[h];
                         sl.e = e;
                         off += rw.tile_bytes;
+                        sc_bytes += rw.scales ? 16u : 0u;
                     }
                 }
-                /* the scales: every load issued before the first is used (one L2 round
-                 * trip a stage, not one a tile) */
-                float scv[C::MAX_SLOTS];
-#pragma unroll
-                for (int k = 0; k < C::MAX_SLOTS; k++) {
-                    const float *sp = (uint32_t)k < n ? ms->row[mt->s[k].c].scales : nullptr;
-                    scv[k] = sp ? __ldg(sp + mt->s[k].e) : 1.0f;
-                }
-#pragma unroll
-                for (int k = 0; k < C::MAX_SLOTS; k++)
-                    if ((uint32_t)k < n)
-                        mt->s[k].scale = scv[k];
                 mt->j = j;
                 mt->n = n;
                 mt->last = !(rel[0] | rel[1]) && x[0] >= na && x[1] >= nb;
                 /* the metadata's writes are released by this arrive */
-                bar_expect(&full[s], C::V_BYTES + off);
+                bar_expect(&full[s], C::V_BYTES + off + sc_bytes);
                 for (int h = 0; h < D / 64; h++)
                     tma_load(sm + s * C::V_BYTES + h * C::V_HALF, &tv, &full[s], 64 * h,
                              (int)kvh, (int)(64 * j));
-                for (uint32_t k = 0; k < n; k++)
+                for (uint32_t k = 0; k < n; k++) {
+                    const row_dev &rw = ms->row[mt->s[k].c];
                     bulk_load(sm + C::OFF_T + s * C::TILE_CAP + mt->s[k].off, mt->s[k].src,
-                              ms->row[mt->s[k].c].tile_bytes, &full[s]);
+                              rw.tile_bytes, &full[s]);
+                    /* the scales section is 16-byte aligned and followed by the tiles, so
+                     * the aligned 16 bytes around entry e lie inside the row */
+                    if (rw.scales)
+                        bulk_load(sm + C::OFF_SC + (s * C::MAX_SLOTS + k) * 16,
+                                  __cvta_generic_to_global(rw.scales + (mt->s[k].e & ~3u)), 16,
+                                  &full[s]);
+                }
                 gx++;
             }
         }
@@ -268,6 +271,7 @@ prob_kernel(const __grid_constant__ CUtensorMap tv, const app_params a, const co
     const int c = wg - 1, tid = threadIdx.x - 128 * wg, lane = tid & 31, u = lane & 3;
     const int q0 = 16 * (tid / 32) + (lane >> 2); /* this thread's rows q0, q0 + 8 of block i */
     const uint32_t i = 2 * m + c, codec = ms->st[c] == 1 ? ms->row[c].codec : 0u;
+    const bool has_sc = ms->st[c] == 1 && ms->row[c].scales != nullptr; /* FP8 / U8 rows */
     float o[D / 2], km[2] = { 0.0f, 0.0f };
 #pragma unroll
     for (int x2 = 0; x2 < D / 2; x2++)
@@ -281,6 +285,7 @@ prob_kernel(const __grid_constant__ CUtensorMap tv, const app_params a, const co
         const prob_meta *mt = &meta[s];
         const uint32_t n = mt->n, j = mt->j, last = mt->last;
         const uint8_t *tiles = sm + C::OFF_T + s * C::TILE_CAP;
+        const float *scs = reinterpret_cast<const float *>(sm + C::OFF_SC) + s * C::MAX_SLOTS * 4;
         float sc[32];
 #pragma unroll
         for (int x2 = 0; x2 < 32; x2++)
@@ -292,13 +297,14 @@ prob_kernel(const __grid_constant__ CUtensorMap tv, const app_params a, const co
                 continue;
             any = true;
             const uint8_t *tl = tiles + sl.off;
+            const float scale = has_sc ? scs[4 * k + (sl.e & 3u)] : 1.0f;
             switch (codec) {
-            case MF_CODEC_FP16: prob_decode<MF_CODEC_FP16>(tl, sl.w, sl.scale, sc, q0, u); break;
-            case MF_CODEC_BF16: prob_decode<MF_CODEC_BF16>(tl, sl.w, sl.scale, sc, q0, u); break;
+            case MF_CODEC_FP16: prob_decode<MF_CODEC_FP16>(tl, sl.w, scale, sc, q0, u); break;
+            case MF_CODEC_BF16: prob_decode<MF_CODEC_BF16>(tl, sl.w, scale, sc, q0, u); break;
             case MF_CODEC_FP8_E4M3:
-                prob_decode<MF_CODEC_FP8_E4M3>(tl, sl.w, sl.scale, sc, q0, u);
+                prob_decode<MF_CODEC_FP8_E4M3>(tl, sl.w, scale, sc, q0, u);
                 break;
-            default: prob_decode<MF_CODEC_U8_LOG>(tl, sl.w, sl.scale, sc, q0, u); break;
+            default: prob_decode<MF_CODEC_U8_LOG>(tl, sl.w, scale, sc, q0, u); break;
             }
         }
         if (any) {

@@ -69,6 +69,16 @@ __device__ __forceinline__ uint32_t smem_addr(const void *p)
     return (uint32_t)__cvta_generic_to_shared(p);
 }
 
+/* The dynamic shared memory aligned to `align` bytes (1024: the 128-byte swizzle's atom) by
+ * adding an offset to the __shared__ array itself. Rounding through an integer loses the
+ * address space: every access through the result then compiles to a generic ld / st, which
+ * waits on the long scoreboard and may alias global memory, so the compiler cannot reorder
+ * around it (the prob producer's serial chain, issue 19: ncu stall samples). */
+__device__ __forceinline__ uint8_t *smem_align(uint8_t *raw, uint32_t align)
+{
+    return raw + ((align - (smem_addr(raw) & (align - 1))) & (align - 1));
+}
+
 __device__ __forceinline__ void ldsm_x4(uint32_t r[4], const void *p)
 {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
