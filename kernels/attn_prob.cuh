@@ -11,9 +11,9 @@
  *    PROB_LIST_CAP columns), v2's (usable but longer: pstate 2), or nobody's here (not a
  *    prob block, exact, or a bad row: the attention core's bitmap from the pre-pass
  *    computes it).
- *  - Producer thread: walks the two lists merged by j (their union, ascending); per column
- *    one or more ring stages: V block j (TMA, the core's 128-byte swizzle, read transposed
- *    by wgmma as in the core) and the present source tiles of both rows (cp.async.bulk,
+ *  - Producer warp (lane k builds slot k of a stage): walks the two lists merged by j
+ *    (their union, ascending); per column one or more ring stages: V block j (TMA, the
+ *    core's 128-byte swizzle, read transposed by wgmma as in the core) and the present source tiles of both rows (cp.async.bulk,
  *    1-D, global → shared, on the same mbarrier; a tile is contiguous bytes of the row, in
  *    place), with per-stage metadata (j, slots: offset, warpgroup, W, entry) written before
  *    its arrive; each tile's scale comes as the aligned 16 bytes of the row's scales around
@@ -177,7 +177,7 @@ prob_kernel(const __grid_constant__ CUtensorMap tv, const app_params a, const co
         }
         if (threadIdx.x == 0) {
             for (int s = 0; s < C::STAGES; s++) {
-                bar_init(&full[s], 1);
+                bar_init(&full[s], 32); /* the producer warp's lanes */
                 /* every consumer thread of both warpgroups, every stage: an arrive releases
                  * only its own thread's reads of the stage (metadata included), so each
                  * thread arrives itself (as CUTLASS's consumer release; racecheck sees it) */
@@ -200,9 +200,21 @@ prob_kernel(const __grid_constant__ CUtensorMap tv, const app_params a, const co
         /* 56 / 224: the producer loop holds two rows' cursors (no spills, ptxas -v);
          * 56 + 2 · 224 = 3 · 168, the launch's */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
-        if (threadIdx.x != 0)
+        if (threadIdx.x >= 32)
             return;
-        const uint32_t kvh = t / (a.ht / a.hkv);
+        /* Warp 0 produces, lane k building slot k of each stage: one thread walking the
+         * slots ran ≈ 600 dependent instructions a stage (ncu: the consumers waited on
+         * `full` a quarter of their time). The merge of the two lists is uniform (every
+         * lane computes it); each lane writes its own slot, arrives on `full` itself
+         * (an arrive releases only its own thread's writes) and issues its own copies. */
+        const uint32_t lane = threadIdx.x, kvh = t / (a.ht / a.hkv);
+        uint32_t tb[2], scb[2];
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            const bool on = ms->st[c] == 1;
+            tb[c] = on ? ms->row[c].tile_bytes : C::TILE_CAP; /* unused when off: no list */
+            scb[c] = on && ms->row[c].scales ? 16u : 0u;
+        }
         int x[2] = { 0, 0 };
         uint32_t gx = 0;
         while (x[0] < na || x[1] < nb) {
@@ -225,42 +237,58 @@ prob_kernel(const __grid_constant__ CUtensorMap tv, const app_params a, const co
                 int s = (int)(gx % C::STAGES);
                 if (gx >= C::STAGES)
                     bar_wait(&empty[s], ((gx / C::STAGES) & 1) ^ 1);
+                /* row 0's tiles first, then row 1's, as many as the stage holds */
+                const uint32_t n0 = __popcll(rel[0]), n1 = __popcll(rel[1]);
+                const uint32_t t0 = min(n0, min((uint32_t)C::MAX_SLOTS, C::TILE_CAP / tb[0]));
+                const uint32_t t1 = min(n1, min((uint32_t)C::MAX_SLOTS - t0,
+                                                (C::TILE_CAP - t0 * tb[0]) / tb[1]));
+                const uint32_t n = t0 + t1;
                 prob_meta *mt = &meta[s];
-                uint32_t off = 0, n = 0, sc_bytes = 0;
-#pragma unroll
-                for (int c = 0; c < 2; c++) {
-                    const row_dev &rw = ms->row[c];
-                    while (rel[c] && n < C::MAX_SLOTS && off + rw.tile_bytes <= C::TILE_CAP) {
-                        uint32_t h = __ffsll((long long)rel[c]) - 1, e = entry_of(coff[c], hm[c], h);
-                        rel[c] &= rel[c] - 1;
-                        prob_slot &sl = mt->s[n++];
-                        sl.src = __cvta_generic_to_global(rw.tiles + (size_t)e * rw.tile_bytes);
-                        sl.off = off;
-                        sl.c = (uint32_t)c;
-                        sl.w = ms->w[h];
-                        sl.e = e;
-                        off += rw.tile_bytes;
-                        sc_bytes += rw.scales ? 16u : 0u;
-                    }
+                unsigned long long src = 0;
+                uint32_t me = 0, mc = 0, moff = 0, mtb = 0, msc = 0; /* (no local arrays) */
+                if (lane < n) {
+                    mc = lane < t0 ? 0u : 1u;
+                    const uint32_t idx = mc ? lane - t0 : lane;
+                    unsigned long long r = mc ? rel[1] : rel[0];
+                    for (uint32_t q = 0; q < idx; q++)
+                        r &= r - 1;
+                    const uint32_t h = __ffsll((long long)r) - 1;
+                    me = entry_of(mc ? coff[1] : coff[0], mc ? hm[1] : hm[0], h);
+                    mtb = mc ? tb[1] : tb[0];
+                    msc = mc ? scb[1] : scb[0];
+                    moff = mc ? t0 * tb[0] + idx * tb[1] : idx * tb[0];
+                    src = __cvta_generic_to_global(ms->row[mc].tiles + (size_t)me * mtb);
+                    prob_slot &sl = mt->s[lane];
+                    sl.src = src;
+                    sl.off = moff;
+                    sl.c = mc;
+                    sl.w = ms->w[h];
+                    sl.e = me;
                 }
-                mt->j = j;
-                mt->n = n;
-                mt->last = !(rel[0] | rel[1]) && x[0] >= na && x[1] >= nb;
-                /* the metadata's writes are released by this arrive */
-                bar_expect(&full[s], C::V_BYTES + off + sc_bytes);
-                for (int h = 0; h < D / 64; h++)
-                    tma_load(sm + s * C::V_BYTES + h * C::V_HALF, &tv, &full[s], 64 * h,
-                             (int)kvh, (int)(64 * j));
-                for (uint32_t k = 0; k < n; k++) {
-                    const row_dev &rw = ms->row[mt->s[k].c];
-                    bulk_load(sm + C::OFF_T + s * C::TILE_CAP + mt->s[k].off, mt->s[k].src,
-                              rw.tile_bytes, &full[s]);
+                for (uint32_t q = 0; q < t0; q++) /* the taken tiles leave the column */
+                    rel[0] &= rel[0] - 1;
+                for (uint32_t q = 0; q < t1; q++)
+                    rel[1] &= rel[1] - 1;
+                if (lane == 0) {
+                    mt->j = j;
+                    mt->n = n;
+                    mt->last = !(rel[0] | rel[1]) && x[0] >= na && x[1] >= nb;
+                    bar_expect(&full[s], C::V_BYTES + t0 * (tb[0] + scb[0]) +
+                                             t1 * (tb[1] + scb[1]));
+                    for (int h = 0; h < D / 64; h++)
+                        tma_load(sm + s * C::V_BYTES + h * C::V_HALF, &tv, &full[s], 64 * h,
+                                 (int)kvh, (int)(64 * j));
+                } else {
+                    bar_arrive(&full[s]);
+                }
+                if (lane < n) {
+                    bulk_load(sm + C::OFF_T + s * C::TILE_CAP + moff, src, mtb, &full[s]);
                     /* the scales section is 16-byte aligned and followed by the tiles, so
                      * the aligned 16 bytes around entry e lie inside the row */
-                    if (rw.scales)
-                        bulk_load(sm + C::OFF_SC + (s * C::MAX_SLOTS + k) * 16,
-                                  __cvta_generic_to_global(rw.scales + (mt->s[k].e & ~3u)), 16,
-                                  &full[s]);
+                    if (msc)
+                        bulk_load(sm + C::OFF_SC + (s * C::MAX_SLOTS + lane) * 16,
+                                  __cvta_generic_to_global(ms->row[mc].scales + (me & ~3u)),
+                                  16, &full[s]);
                 }
                 gx++;
             }
@@ -308,15 +336,16 @@ prob_kernel(const __grid_constant__ CUtensorMap tv, const app_params a, const co
             }
         }
         if (any) {
+            if (j == i) /* causality is enforced here too, whatever the tile holds */
 #pragma unroll
-            for (int jj = 0; jj < 8; jj++)
+                for (int jj = 0; jj < 8; jj++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    /* causality is enforced here too, whatever the tile holds */
-                    if (j == i && 8 * jj + 2 * u + (e & 1) > q0 + 8 * (e >> 1))
-                        sc[4 * jj + e] = 0.0f;
-                    km[e >> 1] += sc[4 * jj + e];
-                }
+                    for (int e = 0; e < 4; e++)
+                        if (8 * jj + 2 * u + (e & 1) > q0 + 8 * (e >> 1))
+                            sc[4 * jj + e] = 0.0f;
+#pragma unroll
+            for (int x2 = 0; x2 < 32; x2++)
+                km[(x2 >> 1) & 1] += sc[x2];
         }
         wgmma_wait<0>(); /* the previous stage's P·V is done: its V, tiles and pa are free */
         fence_regs(o);
