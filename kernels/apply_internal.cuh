@@ -72,10 +72,13 @@ __device__ __forceinline__ unsigned long long load_w(const app_params &p, uint32
     for (uint32_t s = threadIdx.x; s < MF_ROW_MAX_HEADS; s += blockDim.x)
         s_w[s] = s < p.hs ? p.w[(size_t)t * p.hs + s] : 0.0f;
     __syncthreads();
+    /* a ballot per 32 heads (every caller's CTA is whole warps): not hs dependent reads */
     unsigned long long wmask = 0;
-    for (uint32_t s = 0; s < p.hs; s++)
-        if (s_w[s] > 0.0f)
-            wmask |= 1ull << s;
+    for (uint32_t base = 0; base < MF_ROW_MAX_HEADS; base += 32) {
+        const uint32_t s = base + (threadIdx.x & 31);
+        wmask |= (unsigned long long)__ballot_sync(0xffffffffu, s < p.hs && s_w[s] > 0.0f)
+                 << base;
+    }
     return wmask;
 }
 
