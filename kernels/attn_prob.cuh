@@ -13,15 +13,15 @@
  *    computes it).
  *  - Producer warp (lane k builds slot k of a stage): walks the two lists merged by j
  *    (their union, ascending); per column one or more ring stages: V block j (TMA, the
- *    core's 128-byte swizzle, read transposed by wgmma as in the core) and the present source tiles of both rows (cp.async.bulk,
- *    1-D, global → shared, on the same mbarrier; a tile is contiguous bytes of the row, in
- *    place), with per-stage metadata (j, slots: offset, warpgroup, W, entry) written before
- *    its arrive; each tile's scale comes as the aligned 16 bytes of the row's scales around
- *    it, by a bulk copy on the same barrier (a global load here would put one L2 round trip
- *    into every stage of this one thread's serial loop). A column with more tiles than a
- *    stage holds (TILE_CAP bytes) takes more stages, each with V again: P·V is linear, so
- *    each stage's partial mix is multiplied on its own (rare: > 8 FP8 / 4 FP16 tiles of two
- *    rows in one column).
+ *    core's 128-byte swizzle, read transposed by wgmma as in the core) and the present
+ *    source tiles of both rows (cp.async.bulk, 1-D, global → shared, on the same mbarrier;
+ *    a tile is contiguous bytes of the row, in place), with per-stage metadata (j, slots:
+ *    offset, warpgroup, W, entry) written before its arrive; each tile's scale comes as the
+ *    aligned 16 bytes of the row's scales around it, by a bulk copy on the same barrier (a
+ *    global load here would put an L2 round trip into every stage). A column with more
+ *    tiles than a stage holds (TILE_CAP bytes) takes more stages, each with V again: P·V is
+ *    linear, so each stage's partial mix is multiplied on its own (rare: > 8 FP8 / 4 FP16
+ *    tiles of two rows in one column).
  *  - Consumers: per stage, each warp decodes its 16 rows of its own row's tiles straight
  *    into the m64nNk16 A-fragment layout (thread (g, u): keys 8jj + 2u, +1 of rows g, g + 8;
  *    prob_decode says how it loads; pair_codec, as v2 decodes), mixes with W·scale, zeroes keys
