@@ -77,6 +77,14 @@ template <int D> struct prob_cfg {
     static_assert(MAX_SLOTS * 4096 >= TILE_CAP, "slots for the smallest tiles");
 };
 
+/* m without its k lowest set bits (k ≤ MAX_SLOTS: a short loop). */
+__device__ __forceinline__ unsigned long long drop_low_bits(unsigned long long m, uint32_t k)
+{
+    for (uint32_t q = 0; q < k; q++)
+        m &= m - 1;
+    return m;
+}
+
 /* 1-D bulk copy global → shared, completing on bar's transaction count. */
 __device__ __forceinline__ void bulk_load(void *dst, unsigned long long src, uint32_t bytes,
                                           uint64_t *bar)
@@ -138,74 +146,73 @@ prob_kernel(const __grid_constant__ CUtensorMap tv, const app_params a, const co
     prob_misc *ms = reinterpret_cast<prob_misc *>(sm + C::OFF_MISC);
     const uint32_t m = p.n_tiles - 1 - blockIdx.x / a.nh, t = a.heads[blockIdx.x % a.nh];
     const int wg = threadIdx.x / 128;
-    /* warp c opens row c before W's barrier, so its header loads overlap W's */
-    const int c0 = threadIdx.x / 32, lane0 = threadIdx.x & 31;
-    const uint32_t i0 = 2 * m + c0;
-    int st = 0;
-    row_dev rw0 = {};
-    if (threadIdx.x < 64 && i0 < a.nb_all && a.mode[t] == MF_HEAD_PROB && !a.exact[i0]) {
-        rw0 = row_open(a.rows[i0]);
-        if (row_usable(rw0, i0, 64, a.hs, MF_HEAD_PROB))
-            st = rw0.n_cols > PROB_LIST_CAP ? 2 : 1; /* (usable: 16-byte aligned) */
-    }
-    const unsigned long long wmask = load_w(a, t, ms->w); /* every thread; one barrier */
-    if (threadIdx.x < 64) { /* warp c: row c's state and list */
-        const int c = c0, lane = lane0;
-        const uint32_t i = i0;
-        const row_dev &row = rw0;
-        int cnt = 0;
-        if (st == 1) {
-            uint16_t *lj = s_lj + c * PROB_LIST_CAP;
-            uint32_t *lc = s_lc + c * PROB_LIST_CAP;
-            unsigned long long *lh = s_lh + c * PROB_LIST_CAP;
-            /* 4 × 32 columns a round, every load of the round issued before the first is
-             * used: one global round trip a round, not three dependent ones per 32 columns
-             * (this setup is ≈ 12 % of the kernel's samples: nothing overlaps it, one CTA
-             * an SM) */
-            constexpr int U = 4;
-            for (uint32_t base = 0; base < row.n_cols; base += 32 * U) {
-                unsigned long long hm[U];
-                uint32_t cj[U], co[U];
-#pragma unroll
-                for (int k = 0; k < U; k++) {
-                    const uint32_t col = base + 32 * k + lane;
-                    const bool in = col < row.n_cols;
-                    hm[k] = in ? row.head_mask[col] : 0ull;
-                    cj[k] = in ? row.cols[col] : 0u;
-                    co[k] = in ? row.col_off[col] : 0u;
-                }
-#pragma unroll
-                for (int k = 0; k < U; k++) {
-                    const bool ok = (hm[k] & wmask) != 0;
-                    const uint32_t bal = __ballot_sync(0xffffffffu, ok);
-                    if (ok) {
-                        int at = cnt + __popc(bal & ((1u << lane) - 1));
-                        lj[at] = (uint16_t)cj[k];
-                        lc[at] = co[k];
-                        lh[at] = hm[k];
+    unsigned long long wmask;
+    { /* warp c (c < 2): row c's state and list; the row is opened before W's barrier, so
+       * its header loads overlap W's */
+        const int c = threadIdx.x / 32, lane = threadIdx.x & 31;
+        const uint32_t i = 2 * m + c;
+        int st = 0, cnt = 0;
+        row_dev row = {};
+        if (threadIdx.x < 64 && i < a.nb_all && a.mode[t] == MF_HEAD_PROB && !a.exact[i]) {
+            row = row_open(a.rows[i]);
+            if (row_usable(row, i, 64, a.hs, MF_HEAD_PROB))
+                st = row.n_cols > PROB_LIST_CAP ? 2 : 1; /* (usable: 16-byte aligned) */
+        }
+        wmask = load_w(a, t, ms->w); /* every thread; one barrier */
+        if (threadIdx.x < 64) {
+            if (st == 1) {
+                uint16_t *lj = s_lj + c * PROB_LIST_CAP;
+                uint32_t *lc = s_lc + c * PROB_LIST_CAP;
+                unsigned long long *lh = s_lh + c * PROB_LIST_CAP;
+                /* 4 × 32 columns a round, every load of the round issued before the first is
+                 * used: one global round trip a round, not three dependent ones per 32 columns
+                 * (this setup is ≈ 12 % of the kernel's samples: nothing overlaps it, one CTA
+                 * an SM) */
+                constexpr int U = 4;
+                for (uint32_t base = 0; base < row.n_cols; base += 32 * U) {
+                    unsigned long long hm[U];
+                    uint32_t cj[U], co[U];
+    #pragma unroll
+                    for (int k = 0; k < U; k++) {
+                        const uint32_t col = base + 32 * k + lane;
+                        const bool in = col < row.n_cols;
+                        hm[k] = in ? row.head_mask[col] : 0ull;
+                        cj[k] = in ? row.cols[col] : 0u;
+                        co[k] = in ? row.col_off[col] : 0u;
                     }
-                    cnt += __popc(bal);
+    #pragma unroll
+                    for (int k = 0; k < U; k++) {
+                        const bool ok = (hm[k] & wmask) != 0;
+                        const uint32_t bal = __ballot_sync(0xffffffffu, ok);
+                        if (ok) {
+                            int at = cnt + __popc(bal & ((1u << lane) - 1));
+                            lj[at] = (uint16_t)cj[k];
+                            lc[at] = co[k];
+                            lh[at] = hm[k];
+                        }
+                        cnt += __popc(bal);
+                    }
                 }
             }
-        }
-        if (lane == 0) {
-            if (st == 1)
-                ms->row[c] = row;
-            ms->n[c] = cnt;
-            ms->st[c] = st;
-            ms->zero[c] = 0;
-            if (st == 2)
-                a.pstate[(size_t)t * a.nb_all + i] = 2;
-        }
-        if (threadIdx.x == 0) {
-            for (int s = 0; s < C::STAGES; s++) {
-                bar_init(&full[s], 32); /* the producer warp's lanes */
-                /* every consumer thread of both warpgroups, every stage: an arrive releases
-                 * only its own thread's reads of the stage (metadata included), so each
-                 * thread arrives itself (as CUTLASS's consumer release; racecheck sees it) */
-                bar_init(&empty[s], 256);
+            if (lane == 0) {
+                if (st == 1)
+                    ms->row[c] = row;
+                ms->n[c] = cnt;
+                ms->st[c] = st;
+                ms->zero[c] = 0;
+                if (st == 2)
+                    a.pstate[(size_t)t * a.nb_all + i] = 2;
             }
-            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+            if (threadIdx.x == 0) {
+                for (int s = 0; s < C::STAGES; s++) {
+                    bar_init(&full[s], 32); /* the producer warp's lanes */
+                    /* every consumer thread of both warpgroups, every stage: an arrive releases
+                     * only its own thread's reads of the stage (metadata included), so each
+                     * thread arrives itself (as CUTLASS's consumer release; racecheck sees it) */
+                    bar_init(&empty[s], 256);
+                }
+                asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+            }
         }
     }
     __syncthreads();
