@@ -2,7 +2,8 @@
 # Hardware counters of one prob-mode apply call (issue 19: prob on the core ran 3.5x over its
 # prediction): every kernel of the first call (pre-pass, the core's empty tiles, prob_kernel,
 # v2's follow-up) with the full section set, then prob_kernel's per-SASS-instruction stall
-# samples (where its warps wait). Run by tests/gpu/all.sh prob-ncu; files go to $OUT.
+# samples (where its warps wait; summarised by bench/gpu/prob_sass.py). Run by
+# tests/gpu/all.sh prob-ncu; files go to $OUT.
 # Env: PROB_NCU_N (32768), PROB_NCU_DENSITY (0.1 per head = eff 13.5 %).
 set -u
 out=${OUT:-/tmp/mf-prob-ncu}
@@ -15,6 +16,8 @@ ncu --clock-control none -k regex:'prepass_kernel|persist_kernel|core_kernel|pro
 ncu --import "$out/prob.ncu-rep" --page details --csv > "$out/prob-details.csv" || exit 1
 ncu --import "$out/prob.ncu-rep" --page source --print-source sass --csv -k regex:prob_kernel \
     > "$out/prob-sass.csv" || echo "prob-ncu: no source page (this ncu cannot print it)"
+# where the warps wait, per part of the kernel (bench/gpu/prob_sass.py)
+[ -s "$out/prob-sass.csv" ] && "$py" bench/gpu/prob_sass.py "$out/prob-sass.csv" | tee "$out/prob-sass.txt"
 # the lines the summary needs, printed last
 "$py" - "$out/prob-details.csv" <<'PY'
 import csv, sys
