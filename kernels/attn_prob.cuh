@@ -118,14 +118,16 @@ __device__ __forceinline__ void prob_decode(const uint8_t *tile, float w, float 
                         *reinterpret_cast<const uint32_t *>(rp + 16 * jj), cf);
         } else {
             const uint4 *rp = reinterpret_cast<const uint4 *>(tile + (q0 + 8 * r) * 64);
-            const int sh = 16 * (u & 1);
+            /* keys 2u, 2u + 1 of each 8-key half: bytes 2u, 2u + 1 of (x, y) or (z, w), one
+             * byte permute instead of a select and a shift (add reads the low 16 bits) */
+            const uint32_t sel = (2u * u) | ((2u * u + 1u) << 4);
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) {
                 uint4 v = rp[kk]; /* keys 16kk .. 16kk + 15 */
-                uint32_t lo = (u & 2) ? v.y : v.x, hi = (u & 2) ? v.w : v.z;
-                pc::add(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1], (lo >> sh) & 0xffffu, cf);
-                pc::add(sc[8 * kk + 4 + 2 * r], sc[8 * kk + 5 + 2 * r], (hi >> sh) & 0xffffu,
+                pc::add(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1], __byte_perm(v.x, v.y, sel),
                         cf);
+                pc::add(sc[8 * kk + 4 + 2 * r], sc[8 * kk + 5 + 2 * r],
+                        __byte_perm(v.z, v.w, sel), cf);
             }
         }
     }
