@@ -21,7 +21,10 @@
  * caller's and joined back before the call's work ends on the caller's stream. At B = 64
  * (unless MF_APPLY_PROB=v2) the prob blocks run on the core's prob kernel (attn_prob.cuh)
  * on that stream first, and this kernel then computes only what it left (p.pstate: rows
- * of kept mass 0 exactly, blocks whose row is too long for its list). */
+ * of kept mass 0 exactly, blocks whose row is too long for its list), walking that
+ * kernel's work list (p.wl). A layer of prob heads only with no exact block runs neither
+ * the pre-pass nor the core: the prob kernel and this kernel's follow-up (the blocks of
+ * bad rows are on the work list then, and counted here). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -234,18 +237,17 @@ __device__ void prob_path(const app_params &p, uint8_t *sm, const row_dev &row, 
     }
 }
 
-template <class S> __global__ void __launch_bounds__(S::THREADS) apply_kernel(app_params p)
+/* Block i of head t (the CTA's shared memory: sm, and the three statics of apply_kernel).
+ * Every thread of the CTA calls; every return is the CTA's. */
+template <class S>
+__device__ __forceinline__ void apply_block(const app_params &p, uint32_t i, uint32_t t,
+                                            uint8_t *sm, float *s_w, int &s_cnt,
+                                            sel_shared &s_sel)
 {
-    extern __shared__ __align__(16) uint8_t sm[];
-    __shared__ float s_w[MF_ROW_MAX_HEADS];
-    __shared__ int s_cnt;
-    __shared__ sel_shared s_sel;
     uint8_t *work = sm + smem_plan<S>::q;
     uint16_t *s_col = reinterpret_cast<uint16_t *>(work + smem_plan<S>::work);
     uint16_t *s_j = s_col + MF_CUDA_MAX_BLOCKS;
     uint8_t *s_keep = reinterpret_cast<uint8_t *>(s_j + MF_CUDA_MAX_BLOCKS);
-    uint32_t i = p.nb_all - 1 - blockIdx.x / p.nh;
-    uint32_t t = p.heads ? p.heads[blockIdx.x % p.nh] : blockIdx.x % p.nh;
     if (p.mode[t] == MF_HEAD_SKIP)
         return;
     uint32_t mode = p.exact[i] ? MF_HEAD_COMPUTE : p.mode[t];
@@ -330,6 +332,32 @@ template <class S> __global__ void __launch_bounds__(S::THREADS) apply_kernel(ap
     attend<S>(p, sm, i, t, s_cnt, [&](int x) { return (uint32_t)s_j[x]; }, all);
 }
 
+/* One CTA a (block, head) of the grid; with p.wl (after the core's prob kernel) a grid-stride
+ * walk of the work list instead: only the blocks that kernel left, not a CTA for each prob
+ * block that mostly returns at once (a 32k layer: 16k CTAs, ≈ 0.07 ms). */
+template <class S> __global__ void __launch_bounds__(S::THREADS) apply_kernel(app_params p)
+{
+    extern __shared__ __align__(16) uint8_t sm[];
+    __shared__ float s_w[MF_ROW_MAX_HEADS];
+    __shared__ int s_cnt;
+    __shared__ sel_shared s_sel;
+    const uint32_t nw = p.wl ? *p.wl_n : gridDim.x;
+    for (uint32_t x = blockIdx.x; x < nw; x += gridDim.x) {
+        uint32_t i, t;
+        if (p.wl) {
+            const uint32_t e = p.wl[x];
+            i = e % p.nb_all;
+            t = e / p.nb_all;
+        } else {
+            i = p.nb_all - 1 - x / p.nh;
+            t = p.heads ? p.heads[x % p.nh] : x % p.nh;
+        }
+        apply_block<S>(p, i, t, sm, s_w, s_cnt, s_sel);
+        if (x + gridDim.x < nw)
+            __syncthreads(); /* the shared memory, before the next block reuses it */
+    }
+}
+
 /* The core's pre-pass, one CTA per (query block i, target head t): the block's effective
  * mode as v2 decides it (exact blocks, missing or disagreeing rows: compute), then its
  * key-block bitmap keep[(t·nb + i)·words ..]: compute → every j ≤ i; mask → mask_select's
@@ -396,7 +424,22 @@ template <class S> mf_status_t launch(const app_params &p, cudaStream_t st)
     size_t sm = smem_plan<S>::total;
     if (smem_limit_once((const void *)apply_kernel<S>, (int)sm, &raised) != cudaSuccess)
         return MF_INTERNAL;
-    apply_kernel<S><<<p.nb_all * p.nh, S::THREADS, sm, st>>>(p);
+    uint32_t grid = p.nb_all * p.nh;
+    if (p.wl) { /* the work list's length is on the device: a grid that fills the GPU once */
+        static std::atomic<int> per_sm; /* CTAs an SM (0: not asked yet); per instantiation */
+        int dev = 0, sms = 0, per = per_sm.load();
+        if (per == 0 &&
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, apply_kernel<S>, S::THREADS,
+                                                          sm) != cudaSuccess)
+            return MF_INTERNAL;
+        per_sm.store(per > 0 ? per : 1);
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+            return MF_INTERNAL;
+        uint32_t fill = (uint32_t)sms * (uint32_t)per_sm.load();
+        grid = grid < fill ? grid : fill;
+    }
+    apply_kernel<S><<<grid, S::THREADS, sm, st>>>(p);
     return MF_OK;
 }
 
@@ -606,11 +649,9 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
     bool use_core = impl == MF_APPLY_IMPL_CORE && (b == 64 || b == 128) &&
                     core_supported(a->tgt.head_dim, a->tgt.dtype, &no_core) == MF_OK &&
                     !(((uintptr_t)a->tgt.q | (uintptr_t)a->tgt.k | (uintptr_t)a->tgt.v) & 15);
-    uint32_t words = (all + 31) / 32;
-    size_t host_used = sc.used, o_keep = use_core ? sc.take((size_t)ht * all * words * 4) : 0;
-    size_t o_ctr = use_core ? sc.take(sizeof(uint32_t)) : 0; /* the core's tile counter */
     /* Prob heads on the core's prob kernel (B = 64; MF_APPLY_PROB=v2: on v2 as before):
-     * its per-(head, block) state for v2's follow-up launch, after the constants too. */
+     * its item counter and v2's work-list length in the constants (zeroed by their
+     * upload, no memset); its per-(head, block) state and the work list after them. */
     bool prob_core = use_core && b == 64 && !bs.prob_v2;
     if (prob_core) {
         bool any = false;
@@ -618,8 +659,13 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
             any |= a->map->mode[t] == MF_HEAD_PROB && (bs.only < 0 || bs.only == MF_HEAD_PROB);
         prob_core = any;
     }
+    size_t o_pctr = prob_core ? sc.take(2 * sizeof(uint32_t)) : 0;
+    uint32_t words = (all + 31) / 32;
+    size_t host_used = sc.used, o_keep = use_core ? sc.take((size_t)ht * all * words * 4) : 0;
+    size_t o_ctr = use_core ? sc.take(sizeof(uint32_t)) : 0; /* the core's tile counter */
     size_t o_pst = prob_core ? sc.take((size_t)ht * all) : 0;
     size_t o_pz = prob_core ? sc.take((size_t)ht * all * sizeof(unsigned long long)) : 0;
+    size_t o_wl = prob_core ? sc.take((size_t)ht * all * sizeof(uint32_t)) : 0;
     cudaStream_t s = stream;
     dev_cache *cache = dev_cache_of(g_cache, bs.cache);
     std::unique_lock<std::mutex> lock;
@@ -636,6 +682,8 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
                                        i < a->exact_first || (uint64_t)i + a->exact_last >= full);
         }
         memcpy(host + o_w, a->map->w, (size_t)ht * hs * 4);
+        if (prob_core)
+            memset(host + o_pctr, 0, 2 * sizeof(uint32_t));
         bool any_prob = false, any_other = false, any_exact = false;
         uint32_t n_prob = 0;
         for (uint32_t t = 0; t < ht; t++) {
@@ -651,11 +699,11 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
         }
         for (uint32_t i = 0; i < all; i++)
             any_exact |= host[o_ex + i] != 0;
-        /* Prob heads alone and no exact block, prob blocks on v2: v2 does it all (it
-         * computes a block whose row turns out unusable itself), no pre-pass and no grid of
-         * empty core tiles. With the core's prob kernel the pre-pass and the core stay: they
-         * compute the blocks whose row is bad. */
-        if (!any_other && !(any_prob && any_exact) && !prob_core)
+        /* Prob heads alone and no exact block: no pre-pass and no grid of empty core tiles
+         * (≈ 0.17 ms at 32k). Prob blocks on v2: v2 does it all (it computes a block whose
+         * row turns out unusable itself); on the core's prob kernel: v2 takes what it
+         * leaves, the blocks of bad rows included (its work list). */
+        if (!any_other && !(any_prob && any_exact))
             use_core = false;
         st = scratch_upload(&cs, host_used, s, why);
         if (st == MF_OK) {
@@ -711,6 +759,8 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
                 if (st == MF_OK && (bs.phase == PHASE_ALL || bs.phase == PHASE_CORE))
                     st = core_launch(ca, s, why);
                 p.core = 1;
+            }
+            if (use_core || prob_core) { /* v2 and the prob kernel: the prob heads only */
                 p.heads = (const uint16_t *)(cs.dev + o_heads);
                 p.nh = n_prob;
             }
@@ -719,6 +769,9 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
             if (st == MF_OK && prob_core && bs.phase == PHASE_ALL) {
                 p.pstate = cs.dev + o_pst;
                 p.pzero = (unsigned long long *)(cs.dev + o_pz);
+                p.prob_ctr = (uint32_t *)(cs.dev + o_pctr);
+                p.wl_n = p.prob_ctr + 1;
+                p.wl = (uint32_t *)(cs.dev + o_wl);
                 st = prob_core_launch(p, a->tgt.dtype, a->tgt.head_dim, v2s, why);
             }
             /* v2: every block, or the prob heads' only with the core (or, after the core's

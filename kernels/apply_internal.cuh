@@ -38,6 +38,11 @@ struct app_params {
      * block with a usable row; NULL: v2 does every prob block itself. */
     uint8_t *pstate;
     unsigned long long *pzero;
+    /* The prob kernel's item counter (persistent grid; zeroed with the constants) and v2's
+     * work list after it: wl[0 .. *wl_n) = t·nb_all + i of each block left to v2 (pstate
+     * 1 / 2, or, with no attention core in the launch, a bad row's block). v2 with wl set
+     * walks that list (a small grid) instead of every prob block. */
+    uint32_t *prob_ctr, *wl, *wl_n;
     float scale_log2;
 };
 

@@ -1051,6 +1051,23 @@ bool env_on(const char *var);
 /* PERSIST (block-64 lists, GATHER): persist_kernel on min(tiles, SMs) CTAs. pvw
  * (MF_CORE_PVWAIT=1): consume_tile's PVW instantiation, for 128-key tiles without masses
  * (MASS ≥ 4 has that wait anyway; the 64-key-tile kernel, itself an A/B, ignores it) */
+/* A persistent kernel's grid (this core's and the prob kernel's): min(*grid, SMs), and at
+ * most n CTAs under MF_CORE_PERSIST_CTAS=n, so that gpu_check's small shapes walk several
+ * tiles a CTA (buffer reuse, parities, empty tiles). */
+mf_status_t persist_grid(uint32_t *grid, const char **why)
+{
+    uint32_t sms;
+    mf_status_t st = sm_count(&sms, why);
+    if (st != MF_OK)
+        return st;
+    const char *e = getenv("MF_CORE_PERSIST_CTAS");
+    unsigned long cap = e ? strtoul(e, nullptr, 10) : 0;
+    if (cap >= 1 && cap < sms)
+        sms = (uint32_t)cap;
+    *grid = *grid < sms ? *grid : sms;
+    return MF_OK;
+}
+
 template <typename T, int D, int BN, int MASS, bool GATHER = false, bool PERSIST = false>
 mf_status_t launch(const core_args &a, const core_params &p, bool pvw, cudaStream_t s,
                    const char **why)
@@ -1079,17 +1096,9 @@ mf_status_t launch(const core_args &a, const core_params &p, bool pvw, cudaStrea
                   : (pvw ? persist_kernel<T, D, 232, true> : persist_kernel<T, D, 232, false>);
     uint32_t grid = p.n_tiles * p.hq;
     if (PERSIST) {
-        uint32_t sms;
-        mf_status_t st = sm_count(&sms, why);
+        mf_status_t st = persist_grid(&grid, why);
         if (st != MF_OK)
             return st;
-        /* MF_CORE_PERSIST_CTAS=n: at most n CTAs, so that gpu_check's small shapes walk
-         * several tiles a CTA (buffer reuse, parities, empty tiles) */
-        const char *e = getenv("MF_CORE_PERSIST_CTAS");
-        unsigned long cap = e ? strtoul(e, nullptr, 10) : 0;
-        if (cap >= 1 && cap < sms)
-            sms = (uint32_t)cap;
-        grid = grid < sms ? grid : sms;
         /* the tile counter starts at 0 each launch (stream-ordered before the kernel) */
         st = cuda_status(cudaMemsetAsync(p.tile_ctr, 0, sizeof(uint32_t), s), why);
         if (st != MF_OK)

@@ -3,38 +3,40 @@
  * Q·Kᵀ (no Q, no K). Included once, at the end of attn_core.cu (it uses that file's
  * wgmma / mbarrier / TMA helpers and store_o); host entry prob_core_launch (attn_core.cuh).
  *
- * CTA = (128-row tile m, prob target head t), 384 threads as the core: consumer warpgroup c
- * owns query block i = 2m + c (B = 64) and its row; warpgroup 0 is the producer.
- *  - Setup: warp c lists row c's columns with a source head of W > 0 (j, head mask,
- *    entry offset) into shared memory, and decides the block's state: the kernel's (a usable
- *    row — row_usable includes the 16-byte alignment the bulk copies need — of at most
- *    PROB_LIST_CAP columns), v2's (usable but longer: pstate 2), or nobody's here (not a
- *    prob block, exact, or a bad row: the attention core's bitmap from the pre-pass
- *    computes it).
- *  - Producer warp (lane k builds slot k of a stage): walks the two lists merged by j
- *    (their union, ascending); per column one or more ring stages: V block j (TMA, the
- *    core's 128-byte swizzle, read transposed by wgmma as in the core) and the present
- *    source tiles of both rows (cp.async.bulk, 1-D, global → shared, on the same mbarrier;
- *    a tile is contiguous bytes of the row, in place), with per-stage metadata (j, slots:
- *    offset, warpgroup, W, entry) written before its arrive; each tile's scale comes as the
- *    aligned 16 bytes of the row's scales around it, by a bulk copy on the same barrier (a
- *    global load here would put an L2 round trip into every stage). A column with more
- *    tiles than a stage holds (TILE_CAP bytes) takes more stages, each with V again: P·V is
- *    linear, so each stage's partial mix is multiplied on its own (rare: > 8 FP8 / 4 FP16
- *    tiles of two rows in one column).
- *  - Consumers: per stage, each warp decodes its 16 rows of its own row's tiles straight
- *    into the m64nNk16 A-fragment layout (thread (g, u): keys 8jj + 2u, +1 of rows g, g + 8;
- *    prob_decode says how it loads; pair_codec, as v2 decodes), mixes with W·scale, zeroes keys
- *    above the diagonal (j = i), adds to its rows' kept mass, packs to T and issues the
- *    RS-wgmma against V; the next stage's decode overlaps it, and the two warpgroups
- *    interleave on the tensor cores (no softmax to hide, so no ping-pong turns). A stage
- *    where the warpgroup has no tile is released without a wgmma.
- *  - End: O = acc / kept mass through store_o (the core's epilogue); rows with kept mass 0
- *    (everything quantised away, or no column) are marked in pzero (pstate 1) and v2's
- *    follow-up launch computes them exactly (the reference's rule), overwriting them.
+ * Persistent (prob_kernel says how): an item is (128-row tile m, prob target head t);
+ * consumer warpgroup c owns query block i = 2m + c (B = 64) and its row.
+ *  - Builders (warps 1, 2; prob_build): row c's columns with a source head of W > 0 (j,
+ *    head mask, entry offset) into shared memory, and the block's state: the kernel's (a
+ *    usable row — row_usable includes the 16-byte alignment the bulk copies need — of at
+ *    most PROB_LIST_CAP columns), v2's (usable but longer: pstate 2), or nobody's here (not
+ *    a prob block, exact, or a bad row: the attention core's bitmap from the pre-pass
+ *    computes it, or with no core in the launch v2 from the work list).
+ *  - Producer warp (lane k builds slot k of a stage; prob_produce): walks the two lists
+ *    merged by j (their union, ascending); per column one or more ring stages: V block j
+ *    (TMA, the core's 128-byte swizzle, read transposed by wgmma as in the core) and the
+ *    present source tiles of both rows (cp.async.bulk, 1-D, global → shared, on the same
+ *    mbarrier; a tile is contiguous bytes of the row, in place), with per-stage metadata (j,
+ *    slots: offset, warpgroup, W, entry) written before its arrive; each tile's scale comes
+ *    as the aligned 16 bytes of the row's scales around it, by a bulk copy on the same
+ *    barrier (a global load here would put an L2 round trip into every stage). A column
+ *    with more tiles than a stage holds (TILE_CAP bytes) takes more stages, each with V
+ *    again: P·V is linear, so each stage's partial mix is multiplied on its own (rare: > 8
+ *    FP8 / 4 FP16 tiles of two rows in one column).
+ *  - Consumers (prob_consume): per stage, each warp decodes its 16 rows of its own row's
+ *    tiles straight into the m64nNk16 A-fragment layout (thread (g, u): keys 8jj + 2u, +1 of
+ *    rows g, g + 8; prob_decode says how it loads; pair_codec, as v2 decodes), mixes with
+ *    W·scale, zeroes keys above the diagonal (j = i), adds to its rows' kept mass, packs to
+ *    T and issues the RS-wgmma against V; the next stage's decode overlaps it, and the two
+ *    warpgroups interleave on the tensor cores (no softmax to hide, so no ping-pong turns).
+ *    A stage where the warpgroup has no tile is released without a wgmma.
+ *  - End of an item: O = acc / kept mass through store_o (the core's epilogue); rows with
+ *    kept mass 0 (everything quantised away, or no column) are marked in pzero (pstate 1)
+ *    and v2's follow-up launch computes them exactly (the reference's rule), overwriting
+ *    them; every block left to v2 goes on its work list (prob_follow).
  * Every prob block with a usable row gets its pstate written here, so v2's follow-up knows
- * which blocks are left (apply.cu). Shared memory (d = 128): 4 stages × (16 KiB V + 32 KiB
- * tiles) + the two lists (28 KiB) ≈ 222 KiB; one CTA an SM. */
+ * what is left (apply.cu). Shared memory (d = 128): 4 stages × (16 KiB V + 32 KiB tiles) +
+ * the lists (28 KiB, one set: the producer is done with an item's before the next is
+ * built) + two item buffers ≈ 224 KiB; one CTA an SM. */
 
 namespace mfc {
 namespace {
@@ -51,11 +53,15 @@ struct prob_meta {
     uint32_t j, n, last, pad;
     prob_slot s[8];
 };
-struct prob_misc {
+/* One (m, head) item's state, double-buffered (the CTA's k-th item in buffer k & 1):
+ * written by the builders, read by the producer (rows, W) and the consumers (the rows'
+ * codec and state, the zero bits). */
+struct prob_item {
     float w[MF_ROW_MAX_HEADS];
     row_dev row[2];
+    unsigned long long zero[2], wmask;
     int n[2], st[2]; /* listed columns; state: 0 not here, 1 this kernel, 2 v2 */
-    unsigned long long zero[2];
+    uint32_t idx, t; /* the item (≥ the items: none left) and its target head */
 };
 
 template <int D> struct prob_cfg {
@@ -66,14 +72,16 @@ template <int D> struct prob_cfg {
     /* per stage and slot the 16 bytes of the row's scales that hold the tile's (FP8 / U8):
      * copied with the tiles, so the producer never waits on a global load */
     static constexpr uint32_t OFF_SC = OFF_META + STAGES * (uint32_t)sizeof(prob_meta);
+    /* full, empty per stage; item_full, item_free per item buffer; lists_free */
     static constexpr uint32_t OFF_BAR = OFF_SC + STAGES * MAX_SLOTS * 16;
-    static constexpr uint32_t OFF_LJ = OFF_BAR + 16 * STAGES;     /* [2][CAP] u16 j */
+    static constexpr uint32_t OFF_LJ = OFF_BAR + (8 * (2 * STAGES + 5) + 15) / 16 * 16;
     static constexpr uint32_t OFF_LC = OFF_LJ + 2 * PROB_LIST_CAP * 2; /* [2][CAP] u32 col_off */
     static constexpr uint32_t OFF_LH = OFF_LC + 2 * PROB_LIST_CAP * 4; /* [2][CAP] u64 mask */
-    static constexpr uint32_t OFF_MISC = OFF_LH + 2 * PROB_LIST_CAP * 8;
-    static constexpr uint32_t SMEM = OFF_MISC + (uint32_t)sizeof(prob_misc) + 1024;
+    static constexpr uint32_t OFF_ITEM = OFF_LH + 2 * PROB_LIST_CAP * 8; /* [2] prob_item */
+    static constexpr uint32_t SMEM = OFF_ITEM + 2 * (uint32_t)sizeof(prob_item) + 1024;
     static_assert(SMEM <= 227 * 1024, "prob kernel: shared memory per block");
-    static_assert(sizeof(prob_meta) % 16 == 0 && OFF_LH % 8 == 0, "alignment");
+    static_assert(sizeof(prob_meta) % 16 == 0 && OFF_LH % 8 == 0 && OFF_ITEM % 16 == 0 &&
+                      sizeof(prob_item) % 16 == 0, "alignment");
     static_assert(MAX_SLOTS * 4096 >= TILE_CAP, "slots for the smallest tiles");
 };
 
@@ -133,148 +141,211 @@ __device__ __forceinline__ void prob_decode(const uint8_t *tile, float w, float 
     }
 }
 
-template <typename T, int D>
-__global__ void __launch_bounds__(384, 1)
-prob_kernel(const __grid_constant__ CUtensorMap tv, const app_params a, const core_params p)
+/* Target head t's W row, warp-wide (the builders run beside the producer and the consumers:
+ * no CTA barrier, unlike load_w): lane l takes heads l and l + 32; s_w (when given) gets the
+ * row, 0 past hs. Returns the mask of the heads with W > 0. */
+__device__ __forceinline__ unsigned long long w_mask_warp(const app_params &a, uint32_t t,
+                                                          float *s_w)
 {
-    typedef prob_cfg<D> C;
-    extern __shared__ uint8_t sm_raw[];
-    uint8_t *sm = smem_align(sm_raw, 1024);
-    prob_meta *meta = reinterpret_cast<prob_meta *>(sm + C::OFF_META);
-    uint64_t *full = reinterpret_cast<uint64_t *>(sm + C::OFF_BAR), *empty = full + C::STAGES;
-    uint16_t *s_lj = reinterpret_cast<uint16_t *>(sm + C::OFF_LJ);
-    uint32_t *s_lc = reinterpret_cast<uint32_t *>(sm + C::OFF_LC);
-    unsigned long long *s_lh = reinterpret_cast<unsigned long long *>(sm + C::OFF_LH);
-    prob_misc *ms = reinterpret_cast<prob_misc *>(sm + C::OFF_MISC);
-    const uint32_t m = p.n_tiles - 1 - blockIdx.x / a.nh, t = a.heads[blockIdx.x % a.nh];
-    const int wg = threadIdx.x / 128;
-    unsigned long long wmask;
-    { /* warp c (c < 2): row c's state and list; the row is opened before W's barrier, so
-       * its header loads overlap W's */
-        const int c = threadIdx.x / 32, lane = threadIdx.x & 31;
-        const uint32_t i = 2 * m + c;
+    const uint32_t lane = threadIdx.x & 31;
+    unsigned long long m = 0;
+#pragma unroll
+    for (uint32_t base = 0; base < MF_ROW_MAX_HEADS; base += 32) {
+        const uint32_t s = base + lane;
+        const float w = s < a.hs ? a.w[(size_t)t * a.hs + s] : 0.0f;
+        if (s_w)
+            s_w[s] = w;
+        m |= (unsigned long long)__ballot_sync(0xffffffffu, w > 0.0f) << base;
+    }
+    return m;
+}
+
+/* (t, i) for v2's follow-up launch: its work list (apply.cu walks only these). */
+__device__ __forceinline__ void prob_follow(const app_params &a, uint32_t t, uint32_t i)
+{
+    a.wl[atomicAdd(a.wl_n, 1u)] = t * a.nb_all + i;
+}
+
+/* The CTA's shared memory, by part (prob_cfg's offsets). */
+template <int D> struct prob_sm {
+    uint8_t *base;
+    prob_meta *meta;
+    uint64_t *full, *empty, *item_full, *item_free, *lists_free;
+    uint16_t *lj;
+    uint32_t *lc;
+    unsigned long long *lh;
+    prob_item *items;
+    __device__ explicit prob_sm(uint8_t *sm)
+    {
+        typedef prob_cfg<D> C;
+        base = sm;
+        meta = reinterpret_cast<prob_meta *>(sm + C::OFF_META);
+        full = reinterpret_cast<uint64_t *>(sm + C::OFF_BAR);
+        empty = full + C::STAGES;
+        item_full = empty + C::STAGES;
+        item_free = item_full + 2;
+        lists_free = item_free + 2;
+        lj = reinterpret_cast<uint16_t *>(sm + C::OFF_LJ);
+        lc = reinterpret_cast<uint32_t *>(sm + C::OFF_LC);
+        lh = reinterpret_cast<unsigned long long *>(sm + C::OFF_LH);
+        items = reinterpret_cast<prob_item *>(sm + C::OFF_ITEM);
+    }
+};
+
+/* Builder warp c (warps 1, 2): row c of each item the CTA takes, into item buffer k & 1 and
+ * the (single) lists, once the consumers are done with item k − 2's buffer and the producer
+ * has walked item k − 1's lists (it walks them well before the consumers drain the ring, so
+ * this build overlaps the last stages and the O store of the item before). */
+template <int D>
+__device__ __forceinline__ void prob_build(const prob_sm<D> &S, const app_params &a,
+                                           const core_params &p, uint32_t total, int c)
+{
+    const uint32_t lane = threadIdx.x & 31;
+    uint16_t *lj = S.lj + c * PROB_LIST_CAP;
+    uint32_t *lc = S.lc + c * PROB_LIST_CAP;
+    unsigned long long *lh = S.lh + c * PROB_LIST_CAP;
+    for (uint32_t k = 0;; k++) {
+        const int b = (int)(k & 1);
+        prob_item *it = &S.items[b];
+        if (k >= 2)
+            bar_wait(&S.item_free[b], ((k >> 1) & 1) ^ 1);
+        if (k >= 1)
+            bar_wait(S.lists_free, (k - 1) & 1);
+        if (c == 0 && lane == 0) /* ≥ total: none left, the sentinel (everyone stops) */
+            it->idx = atomicAdd(a.prob_ctr, 1u);
+        asm volatile("bar.sync 5, 64;\n" ::: "memory"); /* both builders: the index */
+        const uint32_t x = it->idx;
+        if (x >= total) {
+            bar_arrive(&S.item_full[b]);
+            return;
+        }
+        const uint32_t m = p.n_tiles - 1 - x / a.nh, t = a.heads[x % a.nh], i = 2 * m + c;
         int st = 0, cnt = 0;
         row_dev row = {};
-        if (threadIdx.x < 64 && i < a.nb_all && a.mode[t] == MF_HEAD_PROB && !a.exact[i]) {
+        if (i < a.nb_all && a.mode[t] == MF_HEAD_PROB && !a.exact[i]) {
             row = row_open(a.rows[i]);
             if (row_usable(row, i, 64, a.hs, MF_HEAD_PROB))
                 st = row.n_cols > PROB_LIST_CAP ? 2 : 1; /* (usable: 16-byte aligned) */
         }
-        wmask = load_w(a, t, ms->w); /* every thread; one barrier */
-        if (threadIdx.x < 64) {
-            if (st == 1) {
-                uint16_t *lj = s_lj + c * PROB_LIST_CAP;
-                uint32_t *lc = s_lc + c * PROB_LIST_CAP;
-                unsigned long long *lh = s_lh + c * PROB_LIST_CAP;
-                /* 4 × 32 columns a round, every load of the round issued before the first is
-                 * used: one global round trip a round, not three dependent ones per 32 columns
-                 * (this setup is ≈ 12 % of the kernel's samples: nothing overlaps it, one CTA
-                 * an SM) */
-                constexpr int U = 4;
-                for (uint32_t base = 0; base < row.n_cols; base += 32 * U) {
-                    unsigned long long hm[U];
-                    uint32_t cj[U], co[U];
-    #pragma unroll
-                    for (int k = 0; k < U; k++) {
-                        const uint32_t col = base + 32 * k + lane;
-                        const bool in = col < row.n_cols;
-                        hm[k] = in ? row.head_mask[col] : 0ull;
-                        cj[k] = in ? row.cols[col] : 0u;
-                        co[k] = in ? row.col_off[col] : 0u;
+        const unsigned long long wmask = w_mask_warp(a, t, c == 0 ? it->w : nullptr);
+        if (st == 1 && lane == 0)
+            it->row[c] = row; /* before the loop: not live across it (56 registers) */
+        if (st == 1) {
+            /* 4 × 32 columns a round, every load of the round issued before the first is
+             * used: one global round trip a round, not three dependent ones per 32 columns */
+            constexpr int U = 4;
+            for (uint32_t base = 0; base < row.n_cols; base += 32 * U) {
+                unsigned long long hm[U];
+                uint32_t cj[U], co[U];
+#pragma unroll
+                for (int q = 0; q < U; q++) {
+                    const uint32_t col = base + 32 * q + lane;
+                    const bool in = col < row.n_cols;
+                    hm[q] = in ? row.head_mask[col] : 0ull;
+                    cj[q] = in ? row.cols[col] : 0u;
+                    co[q] = in ? row.col_off[col] : 0u;
+                }
+#pragma unroll
+                for (int q = 0; q < U; q++) {
+                    const bool ok = (hm[q] & wmask) != 0;
+                    const uint32_t bal = __ballot_sync(0xffffffffu, ok);
+                    if (ok) {
+                        int at = cnt + __popc(bal & ((1u << lane) - 1));
+                        lj[at] = (uint16_t)cj[q];
+                        lc[at] = co[q];
+                        lh[at] = hm[q];
                     }
-    #pragma unroll
-                    for (int k = 0; k < U; k++) {
-                        const bool ok = (hm[k] & wmask) != 0;
-                        const uint32_t bal = __ballot_sync(0xffffffffu, ok);
-                        if (ok) {
-                            int at = cnt + __popc(bal & ((1u << lane) - 1));
-                            lj[at] = (uint16_t)cj[k];
-                            lc[at] = co[k];
-                            lh[at] = hm[k];
-                        }
-                        cnt += __popc(bal);
-                    }
+                    cnt += __popc(bal);
                 }
             }
-            if (lane == 0) {
-                if (st == 1)
-                    ms->row[c] = row;
-                ms->n[c] = cnt;
-                ms->st[c] = st;
-                ms->zero[c] = 0;
-                if (st == 2)
-                    a.pstate[(size_t)t * a.nb_all + i] = 2;
-            }
-            if (threadIdx.x == 0) {
-                for (int s = 0; s < C::STAGES; s++) {
-                    bar_init(&full[s], 32); /* the producer warp's lanes */
-                    /* every consumer thread of both warpgroups, every stage: an arrive releases
-                     * only its own thread's reads of the stage (metadata included), so each
-                     * thread arrives itself (as CUTLASS's consumer release; racecheck sees it) */
-                    bar_init(&empty[s], 256);
-                }
-                asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        }
+        if (lane == 0) {
+            it->n[c] = cnt;
+            it->st[c] = st;
+            it->zero[c] = 0;
+            if (c == 0) {
+                it->t = t;
+                it->wmask = wmask;
             }
         }
-    }
-    __syncthreads();
-    const int na = ms->n[0], nb = ms->n[1];
-    if (na + nb == 0) { /* nothing to load: a listed block here has kept mass 0 everywhere */
-        if (threadIdx.x < 2 && ms->st[threadIdx.x] == 1) {
-            size_t at = (size_t)t * a.nb_all + 2 * m + threadIdx.x;
-            a.pzero[at] = ~0ull;
-            a.pstate[at] = 1;
+        asm volatile("bar.sync 5, 64;\n" ::: "memory"); /* both rows' counts */
+        if (lane == 0) {
+            const size_t at = (size_t)t * a.nb_all + i;
+            bool follow = false;
+            if (st == 2) { /* longer than the list: the whole block is v2's */
+                a.pstate[at] = 2;
+                follow = true;
+            } else if (st == 1 && it->n[0] + it->n[1] == 0) {
+                a.pzero[at] = ~0ull; /* nothing to load: kept mass 0 in every row */
+                a.pstate[at] = 1;
+                follow = true;
+            } else if (st == 0 && !a.core && i < a.nb_all) {
+                follow = true; /* a bad row (or exact block) and no attention core: v2's */
+            }
+            if (follow)
+                prob_follow(a, t, i);
         }
-        return;
+        bar_arrive(&S.item_full[b]); /* every lane: its list writes */
     }
-    if (wg == 0) {
-        /* 56 / 224: the producer loop holds two rows' cursors (no spills, ptxas -v);
-         * 56 + 2 · 224 = 3 · 168, the launch's */
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
-        if (threadIdx.x >= 32)
+}
+
+/* The producer warp: each item's two lists merged by j (their union, ascending); per
+ * column one or more ring stages (the ring and its position gx run on across items). Lane
+ * k builds slot k of a stage: one thread walking the slots ran ≈ 600 dependent
+ * instructions a stage (ncu: the consumers waited on `full` a quarter of their time). The
+ * merge is uniform (every lane computes it); each lane writes its own slot, arrives on
+ * `full` itself (an arrive releases only its own thread's writes) and issues its own
+ * copies. */
+template <int D>
+__device__ __forceinline__ void prob_produce(const prob_sm<D> &S, const CUtensorMap *tv,
+                                             const app_params &a, uint32_t total)
+{
+    typedef prob_cfg<D> C;
+    const uint32_t lane = threadIdx.x & 31;
+    uint32_t gx = 0;
+    for (uint32_t k = 0;; k++) {
+        const int b = (int)(k & 1);
+        const prob_item *it = &S.items[b];
+        bar_wait(&S.item_full[b], (k >> 1) & 1);
+        if (it->idx >= total)
             return;
-        /* Warp 0 produces, lane k building slot k of each stage: one thread walking the
-         * slots ran ≈ 600 dependent instructions a stage (ncu: the consumers waited on
-         * `full` a quarter of their time). The merge of the two lists is uniform (every
-         * lane computes it); each lane writes its own slot, arrives on `full` itself
-         * (an arrive releases only its own thread's writes) and issues its own copies. */
-        const uint32_t lane = threadIdx.x, kvh = t / (a.ht / a.hkv);
+        const int na = it->n[0], nb = it->n[1];
+        const uint32_t kvh = it->t / (a.ht / a.hkv);
+        const unsigned long long wmask = it->wmask;
         uint32_t tb[2], scb[2];
 #pragma unroll
         for (int c = 0; c < 2; c++) {
-            const bool on = ms->st[c] == 1;
-            tb[c] = on ? ms->row[c].tile_bytes : C::TILE_CAP; /* unused when off: no list */
-            scb[c] = on && ms->row[c].scales ? 16u : 0u;
+            const bool on = it->st[c] == 1;
+            tb[c] = on ? it->row[c].tile_bytes : C::TILE_CAP; /* unused when off: no list */
+            scb[c] = on && it->row[c].scales ? 16u : 0u;
         }
         int x[2] = { 0, 0 };
-        uint32_t gx = 0;
         while (x[0] < na || x[1] < nb) {
             uint32_t jc[2], j;
             unsigned long long hm[2] = { 0, 0 }, rel[2] = { 0, 0 };
             uint32_t coff[2] = { 0, 0 };
-#pragma unroll
-            for (int c = 0; c < 2; c++)
-                jc[c] = x[c] < ms->n[c] ? s_lj[c * PROB_LIST_CAP + x[c]] : 0xffffffffu;
+            jc[0] = x[0] < na ? S.lj[x[0]] : 0xffffffffu;
+            jc[1] = x[1] < nb ? S.lj[PROB_LIST_CAP + x[1]] : 0xffffffffu;
             j = min(jc[0], jc[1]);
 #pragma unroll
             for (int c = 0; c < 2; c++)
                 if (jc[c] == j) {
                     uint32_t at = c * PROB_LIST_CAP + x[c]++;
-                    hm[c] = s_lh[at];
-                    coff[c] = s_lc[at];
+                    hm[c] = S.lh[at];
+                    coff[c] = S.lc[at];
                     rel[c] = hm[c] & wmask;
                 }
             while (rel[0] | rel[1]) { /* one stage per TILE_CAP bytes of this column's tiles */
                 int s = (int)(gx % C::STAGES);
                 if (gx >= C::STAGES)
-                    bar_wait(&empty[s], ((gx / C::STAGES) & 1) ^ 1);
+                    bar_wait(&S.empty[s], ((gx / C::STAGES) & 1) ^ 1);
                 /* row 0's tiles first, then row 1's, as many as the stage holds */
                 const uint32_t n0 = __popcll(rel[0]), n1 = __popcll(rel[1]);
                 const uint32_t t0 = min(n0, min((uint32_t)C::MAX_SLOTS, C::TILE_CAP / tb[0]));
                 const uint32_t t1 = min(n1, min((uint32_t)C::MAX_SLOTS - t0,
                                                 (C::TILE_CAP - t0 * tb[0]) / tb[1]));
                 const uint32_t n = t0 + t1;
-                prob_meta *mt = &meta[s];
+                prob_meta *mt = &S.meta[s];
                 unsigned long long src = 0;
                 uint32_t me = 0, mc = 0, moff = 0, mtb = 0, msc = 0; /* (no local arrays) */
                 if (lane < n) {
@@ -288,12 +359,12 @@ prob_kernel(const __grid_constant__ CUtensorMap tv, const app_params a, const co
                     mtb = mc ? tb[1] : tb[0];
                     msc = mc ? scb[1] : scb[0];
                     moff = mc ? t0 * tb[0] + idx * tb[1] : idx * tb[0];
-                    src = __cvta_generic_to_global(ms->row[mc].tiles + (size_t)me * mtb);
+                    src = __cvta_generic_to_global(it->row[mc].tiles + (size_t)me * mtb);
                     prob_slot &sl = mt->s[lane];
                     sl.src = src;
                     sl.off = moff;
                     sl.c = mc;
-                    sl.w = ms->w[h];
+                    sl.w = it->w[h];
                     sl.e = me;
                 }
                 for (uint32_t q = 0; q < t0; q++) /* the taken tiles leave the column */
@@ -304,128 +375,209 @@ prob_kernel(const __grid_constant__ CUtensorMap tv, const app_params a, const co
                     mt->j = j;
                     mt->n = n;
                     mt->last = !(rel[0] | rel[1]) && x[0] >= na && x[1] >= nb;
-                    bar_expect(&full[s], C::V_BYTES + t0 * (tb[0] + scb[0]) +
-                                             t1 * (tb[1] + scb[1]));
+                    bar_expect(&S.full[s], C::V_BYTES + t0 * (tb[0] + scb[0]) +
+                                               t1 * (tb[1] + scb[1]));
                     for (int h = 0; h < D / 64; h++)
-                        tma_load(sm + s * C::V_BYTES + h * C::V_HALF, &tv, &full[s], 64 * h,
-                                 (int)kvh, (int)(64 * j));
+                        tma_load(S.base + s * C::V_BYTES + h * C::V_HALF, tv, &S.full[s],
+                                 64 * h, (int)kvh, (int)(64 * j));
                 } else {
-                    bar_arrive(&full[s]);
+                    bar_arrive(&S.full[s]);
                 }
                 if (lane < n) {
-                    bulk_load(sm + C::OFF_T + s * C::TILE_CAP + moff, src, mtb, &full[s]);
+                    bulk_load(S.base + C::OFF_T + s * C::TILE_CAP + moff, src, mtb, &S.full[s]);
                     /* the scales section is 16-byte aligned and followed by the tiles, so
                      * the aligned 16 bytes around entry e lie inside the row */
                     if (msc)
-                        bulk_load(sm + C::OFF_SC + (s * C::MAX_SLOTS + lane) * 16,
-                                  __cvta_generic_to_global(ms->row[mc].scales + (me & ~3u)),
-                                  16, &full[s]);
+                        bulk_load(S.base + C::OFF_SC + (s * C::MAX_SLOTS + lane) * 16,
+                                  __cvta_generic_to_global(it->row[mc].scales + (me & ~3u)),
+                                  16, &S.full[s]);
                 }
                 gx++;
             }
         }
+        bar_arrive(S.lists_free); /* every lane: its reads of the lists are done */
+    }
+}
+
+/* Consumer warpgroup c: row c (query block i = 2m + c) of each item, its stages in ring
+ * order (gx runs on across items, as the producer's), then its O store and state; the
+ * buffer is handed back (item_free) once nothing of it is read any more. */
+template <typename T, int D>
+__device__ __forceinline__ void prob_consume(const prob_sm<D> &S, const app_params &a,
+                                             const core_params &p, uint32_t total)
+{
+    typedef prob_cfg<D> C;
+    const int c = (int)(threadIdx.x / 128) - 1, tid = threadIdx.x - 128 * (c + 1);
+    const int lane = tid & 31, u = lane & 3;
+    const int q0 = 16 * (tid / 32) + (lane >> 2); /* this thread's rows q0, q0 + 8 of block i */
+    auto release = [&](uint64_t *bar) { bar_arrive(bar); };
+    uint32_t gx = 0;
+    for (uint32_t k = 0;; k++) {
+        const int b = (int)(k & 1);
+        prob_item *it = &S.items[b];
+        bar_wait(&S.item_full[b], (k >> 1) & 1);
+        const uint32_t x = it->idx;
+        if (x >= total)
+            return;
+        if (it->n[0] + it->n[1] == 0) { /* nothing loaded (the builders marked it) */
+            bar_arrive(&S.item_free[b]);
+            continue;
+        }
+        const uint32_t m = p.n_tiles - 1 - x / a.nh, t = it->t, i = 2 * m + c;
+        const int st = it->st[c];
+        const uint32_t codec = st == 1 ? it->row[c].codec : 0u;
+        const bool has_sc = st == 1 && it->row[c].scales != nullptr; /* FP8 / U8 rows */
+        float o[D / 2], km[2] = { 0.0f, 0.0f };
+#pragma unroll
+        for (int x2 = 0; x2 < D / 2; x2++)
+            o[x2] = 0.0f;
+        uint32_t pa[4][4];
+        int ps = -1;
+        for (;; gx++) {
+            int s = (int)(gx % C::STAGES);
+            bar_wait(&S.full[s], (gx / C::STAGES) & 1);
+            const prob_meta *mt = &S.meta[s];
+            const uint32_t n = mt->n, j = mt->j, last = mt->last;
+            const uint8_t *tiles = S.base + C::OFF_T + s * C::TILE_CAP;
+            const float *scs =
+                reinterpret_cast<const float *>(S.base + C::OFF_SC) + s * C::MAX_SLOTS * 4;
+            float sc[32];
+#pragma unroll
+            for (int x2 = 0; x2 < 32; x2++)
+                sc[x2] = 0.0f;
+            bool any = false;
+            for (uint32_t q = 0; q < n; q++) {
+                const prob_slot &sl = mt->s[q];
+                if (sl.c != (uint32_t)c)
+                    continue;
+                any = true;
+                const uint8_t *tl = tiles + sl.off;
+                const float scale = has_sc ? scs[4 * q + (sl.e & 3u)] : 1.0f;
+                switch (codec) {
+                case MF_CODEC_FP16: prob_decode<MF_CODEC_FP16>(tl, sl.w, scale, sc, q0, u); break;
+                case MF_CODEC_BF16: prob_decode<MF_CODEC_BF16>(tl, sl.w, scale, sc, q0, u); break;
+                case MF_CODEC_FP8_E4M3:
+                    prob_decode<MF_CODEC_FP8_E4M3>(tl, sl.w, scale, sc, q0, u);
+                    break;
+                default: prob_decode<MF_CODEC_U8_LOG>(tl, sl.w, scale, sc, q0, u); break;
+                }
+            }
+            if (any) {
+                if (j == i) /* causality is enforced here too, whatever the tile holds */
+#pragma unroll
+                    for (int jj = 0; jj < 8; jj++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++)
+                            if (8 * jj + 2 * u + (e & 1) > q0 + 8 * (e >> 1))
+                                sc[4 * jj + e] = 0.0f;
+#pragma unroll
+                for (int x2 = 0; x2 < 32; x2++)
+                    km[(x2 >> 1) & 1] += sc[x2];
+            }
+            wgmma_wait<0>(); /* the previous stage's P·V is done: its V, tiles and pa are free */
+            fence_regs(o);
+            fence_regs(pa);
+            if (ps >= 0)
+                release(&S.empty[ps]);
+            if (any) {
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++) {
+                    pa[kk][0] = elem<T>::pack(sc[8 * kk + 0], sc[8 * kk + 1]);
+                    pa[kk][1] = elem<T>::pack(sc[8 * kk + 2], sc[8 * kk + 3]);
+                    pa[kk][2] = elem<T>::pack(sc[8 * kk + 4], sc[8 * kk + 5]);
+                    pa[kk][3] = elem<T>::pack(sc[8 * kk + 6], sc[8 * kk + 7]);
+                }
+                uint32_t va = smem_addr(S.base + s * C::V_BYTES);
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++)
+                    wgmma_rs<T, D>(o, pa[kk], sdesc(va + kk * 2048, C::V_HALF, 1024), 1);
+                wgmma_commit();
+            }
+            ps = s;
+            if (last) {
+                gx++;
+                break;
+            }
+        }
+        wgmma_wait<0>();
+        fence_regs(o);
+        fence_regs(pa);
+        release(&S.empty[ps]); /* an item with columns has at least one stage */
+        if (st == 1) {
+            float tot[2] = { quad_sum(km[0]), quad_sum(km[1]) };
+            if (u == 0)
+#pragma unroll
+                for (int r = 0; r < 2; r++)
+                    if (!(tot[r] > 0.0f))
+                        atomicOr(&it->zero[c], 1ull << (q0 + 8 * r));
+            /* O = acc / kept mass; a row of mass 0 gets a non-finite value here, overwritten
+             * by v2's exact pass (pzero) later in stream order */
+            const uint32_t row[2] = { 64 * i + q0, 64 * i + q0 + 8 };
+            const float mrow[2] = { 0.0f, 0.0f }; /* unread: no LSE in prob mode */
+            store_o<T, D>(p, o, mrow, km, row, t, u);
+            asm volatile("bar.sync %0, 128;\n" ::"r"(3 + c) : "memory"); /* the zero bits */
+            if (tid == 0) {
+                size_t at = (size_t)t * a.nb_all + i;
+                unsigned long long z = it->zero[c];
+                a.pzero[at] = z;
+                a.pstate[at] = z ? 1 : 0;
+                if (z)
+                    prob_follow(a, t, i);
+            }
+        }
+        bar_arrive(&S.item_free[b]); /* every consumer thread: its reads of the buffer */
+    }
+}
+
+/* Persistent: grid = min(items, SMs) CTAs, each taking its next (m, head) item from a device
+ * counter (atomicAdd; largest m first, as the mask core's persistent kernel) until the
+ * counter passes the items. One CTA an SM ran 62 items in sequence at 32k, each paying its
+ * setup, ring fill and O store with nothing beside it (≈ 0.46 ms of 3.5); here the next
+ * item's lists are built and its first stages loaded while this one drains. Roles: warp 0
+ * the producer, warps 1 and 2 the builders of rows 0 and 1, warp 3 idle; warpgroups 1, 2
+ * the consumers of rows 0, 1. Barriers: full / empty per ring stage; per item buffer b
+ * item_full[b] (the builders' 64 lanes) and item_free[b] (the 256 consumer threads);
+ * lists_free (the producer's 32 lanes, once per item: the single lists are free again).
+ * Every item passes item_full and item_free once, so their parity is (k / 2) & 1 for the
+ * CTA's k-th item; the sentinel index (≥ items) is published as an item and stops all. */
+template <typename T, int D>
+__global__ void __launch_bounds__(384, 1)
+prob_kernel(const __grid_constant__ CUtensorMap tv, const app_params a, const core_params p)
+{
+    typedef prob_cfg<D> C;
+    extern __shared__ uint8_t sm_raw[];
+    const prob_sm<D> S(smem_align(sm_raw, 1024));
+    const uint32_t total = p.n_tiles * a.nh;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < C::STAGES; s++) {
+            bar_init(&S.full[s], 32); /* the producer warp's lanes */
+            /* every consumer thread of both warpgroups, every stage: an arrive releases only
+             * its own thread's reads of the stage (metadata included), so each thread
+             * arrives itself (as CUTLASS's consumer release; racecheck sees it) */
+            bar_init(&S.empty[s], 256);
+        }
+        for (int b = 0; b < 2; b++) {
+            bar_init(&S.item_full[b], 64);
+            bar_init(&S.item_free[b], 256);
+        }
+        bar_init(S.lists_free, 32);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (threadIdx.x < 128) {
+        /* 56 / 224: the producer loop holds two rows' cursors, the builders a round of
+         * loads (no spills, ptxas -v); 56 + 2 · 224 = 3 · 168, the launch's */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
+        const int warp = threadIdx.x / 32;
+        if (warp == 0)
+            prob_produce<D>(S, &tv, a, total);
+        else if (warp <= 2)
+            prob_build<D>(S, a, p, total, warp - 1);
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n");
-    const int c = wg - 1, tid = threadIdx.x - 128 * wg, lane = tid & 31, u = lane & 3;
-    const int q0 = 16 * (tid / 32) + (lane >> 2); /* this thread's rows q0, q0 + 8 of block i */
-    const uint32_t i = 2 * m + c, codec = ms->st[c] == 1 ? ms->row[c].codec : 0u;
-    const bool has_sc = ms->st[c] == 1 && ms->row[c].scales != nullptr; /* FP8 / U8 rows */
-    float o[D / 2], km[2] = { 0.0f, 0.0f };
-#pragma unroll
-    for (int x2 = 0; x2 < D / 2; x2++)
-        o[x2] = 0.0f;
-    uint32_t pa[4][4];
-    int ps = -1;
-    auto release = [&](uint64_t *bar) { bar_arrive(bar); };
-    for (uint32_t gx = 0;; gx++) {
-        int s = (int)(gx % C::STAGES);
-        bar_wait(&full[s], (gx / C::STAGES) & 1);
-        const prob_meta *mt = &meta[s];
-        const uint32_t n = mt->n, j = mt->j, last = mt->last;
-        const uint8_t *tiles = sm + C::OFF_T + s * C::TILE_CAP;
-        const float *scs = reinterpret_cast<const float *>(sm + C::OFF_SC) + s * C::MAX_SLOTS * 4;
-        float sc[32];
-#pragma unroll
-        for (int x2 = 0; x2 < 32; x2++)
-            sc[x2] = 0.0f;
-        bool any = false;
-        for (uint32_t k = 0; k < n; k++) {
-            const prob_slot &sl = mt->s[k];
-            if (sl.c != (uint32_t)c)
-                continue;
-            any = true;
-            const uint8_t *tl = tiles + sl.off;
-            const float scale = has_sc ? scs[4 * k + (sl.e & 3u)] : 1.0f;
-            switch (codec) {
-            case MF_CODEC_FP16: prob_decode<MF_CODEC_FP16>(tl, sl.w, scale, sc, q0, u); break;
-            case MF_CODEC_BF16: prob_decode<MF_CODEC_BF16>(tl, sl.w, scale, sc, q0, u); break;
-            case MF_CODEC_FP8_E4M3:
-                prob_decode<MF_CODEC_FP8_E4M3>(tl, sl.w, scale, sc, q0, u);
-                break;
-            default: prob_decode<MF_CODEC_U8_LOG>(tl, sl.w, scale, sc, q0, u); break;
-            }
-        }
-        if (any) {
-            if (j == i) /* causality is enforced here too, whatever the tile holds */
-#pragma unroll
-                for (int jj = 0; jj < 8; jj++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        if (8 * jj + 2 * u + (e & 1) > q0 + 8 * (e >> 1))
-                            sc[4 * jj + e] = 0.0f;
-#pragma unroll
-            for (int x2 = 0; x2 < 32; x2++)
-                km[(x2 >> 1) & 1] += sc[x2];
-        }
-        wgmma_wait<0>(); /* the previous stage's P·V is done: its V, tiles and pa are free */
-        fence_regs(o);
-        fence_regs(pa);
-        if (ps >= 0)
-            release(&empty[ps]);
-        if (any) {
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++) {
-                pa[kk][0] = elem<T>::pack(sc[8 * kk + 0], sc[8 * kk + 1]);
-                pa[kk][1] = elem<T>::pack(sc[8 * kk + 2], sc[8 * kk + 3]);
-                pa[kk][2] = elem<T>::pack(sc[8 * kk + 4], sc[8 * kk + 5]);
-                pa[kk][3] = elem<T>::pack(sc[8 * kk + 6], sc[8 * kk + 7]);
-            }
-            uint32_t va = smem_addr(sm + s * C::V_BYTES);
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++)
-                wgmma_rs<T, D>(o, pa[kk], sdesc(va + kk * 2048, C::V_HALF, 1024), 1);
-            wgmma_commit();
-        }
-        ps = s;
-        if (last)
-            break;
-    }
-    wgmma_wait<0>();
-    fence_regs(o);
-    fence_regs(pa);
-    release(&empty[ps]);
-    if (ms->st[c] != 1)
-        return;
-    float tot[2] = { quad_sum(km[0]), quad_sum(km[1]) };
-    if (u == 0)
-#pragma unroll
-        for (int r = 0; r < 2; r++)
-            if (!(tot[r] > 0.0f))
-                atomicOr(&ms->zero[c], 1ull << (q0 + 8 * r));
-    /* O = acc / kept mass; a row of mass 0 gets a non-finite value here, overwritten by
-     * v2's exact pass (pzero) later in stream order */
-    const uint32_t row[2] = { 64 * i + q0, 64 * i + q0 + 8 };
-    const float mrow[2] = { 0.0f, 0.0f }; /* unread: no LSE in prob mode */
-    store_o<T, D>(p, o, mrow, km, row, t, u);
-    asm volatile("bar.sync %0, 128;\n" ::"r"(3 + c) : "memory"); /* the zero bits, all in */
-    if (tid == 0) {
-        size_t at = (size_t)t * a.nb_all + i;
-        unsigned long long z = ms->zero[c];
-        a.pzero[at] = z;
-        a.pstate[at] = z ? 1 : 0;
-    }
+    prob_consume<T, D>(S, a, p, total);
 }
 
 template <typename T, int D>
@@ -443,7 +595,12 @@ mf_status_t prob_launch(const app_params &a, const core_params &p, mf_dtype_t dt
         *why = "could not raise the prob kernel's shared-memory limit";
         return MF_INTERNAL;
     }
-    prob_kernel<T, D><<<p.n_tiles * a.nh, 384, prob_cfg<D>::SMEM, s>>>(tv, a, p);
+    uint32_t grid = p.n_tiles * a.nh;
+    mf_status_t st = persist_grid(&grid, why);
+    if (st != MF_OK)
+        return st;
+    /* a.prob_ctr was zeroed with the call's constants (stream-ordered before this launch) */
+    prob_kernel<T, D><<<grid, 384, prob_cfg<D>::SMEM, s>>>(tv, a, p);
     return cuda_status(cudaGetLastError(), why);
 }
 
@@ -457,8 +614,8 @@ mf_status_t prob_core_launch(const app_params &a, mf_dtype_t dtype, uint32_t d,
         *why = "the driver has no cuTensorMapEncodeTiled";
         return MF_UNIMPLEMENTED;
     }
-    if (!a.pstate || !a.pzero || !a.heads) {
-        *why = "the prob kernel needs its state arrays and head list";
+    if (!a.pstate || !a.pzero || !a.heads || !a.prob_ctr || !a.wl || !a.wl_n) {
+        *why = "the prob kernel needs its state arrays, counters, work list and head list";
         return MF_INTERNAL;
     }
     if (a.nh == 0)

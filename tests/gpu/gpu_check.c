@@ -27,8 +27,10 @@
  *            with head modes mixed inside a KV group or uniform per group. The core path
  *            also runs with its bench switches (per-call scratch, the old pre-pass, each mode
  *            alone) and on two streams at once: outputs bit-identical to its own run's; a
- *            prob-only layer (B = 64: the prob kernel, the pre-pass and the core; else v2
- *            alone) with one wrong row and one not 16-byte aligned, vs the reference.
+ *            prob-only layer (B = 64: the prob kernel and v2 for what it leaves, the bad
+ *            rows' blocks from its work list, no pre-pass or core; again on 2 CTAs, bit for
+ *            bit; else v2 alone) with one wrong row and one not 16-byte aligned, vs the
+ *            reference.
  *            Prob-kernel cases (wide W: heads reading every source head — a column's tiles
  *            over several ring stages — one, or three; blocks whose kept mass is 0, computed
  *            exactly by v2's follow-up) at FP8 / FP16 / U8_LOG / BF16.
@@ -1742,7 +1744,8 @@ static int check_apply(const app_case_t *c, uint64_t seed)
         pass &= check_apply_switches(base, &ga, mode, o_core, c->n, c->ht, c->d);
     if (!g_small && c->codec != MF_CODEC_MASK && full >= 3) {
         /* Every head prob, no exact block, N = the full blocks: at B = 64 the core's prob
-         * kernel with the pre-pass and the core for bad rows, else v2 alone. Block 1's row
+         * kernel, and v2 for the blocks it leaves (the bad rows' among them: no pre-pass,
+         * no core in this launch), else v2 alone. Block 1's row
          * given for block 2 (the GPU must count it and compute block 2 exactly; the
          * reference gets no row there, which means the same); with ≥ 5 blocks block 3's
          * row 8 bytes off its 16-byte alignment (the same: counted, computed exactly). */
@@ -1795,6 +1798,28 @@ static int check_apply(const app_case_t *c, uint64_t seed)
         report(label, "unwritten, bad != want", (double)unwritten + (bad != want_bad), 0, ok);
         report(label, "rel err prob", rel, 2e-3, rel <= 2e-3);
         pass &= ok && rel <= 2e-3;
+        if (c->b == 64) {
+            /* the persistent prob kernel on 2 CTAs (each walks many items: both item
+             * buffers reused, the ring across items): bit for bit the run above's O and
+             * the same bad-row count (the follow-up's work list filled across CTAs) */
+            float *o_p2 = malloc(pn * 4);
+            uint32_t bad2 = 0;
+            CK(cudaMemset(d_o, 0xff, pn * 4));
+            CK(cudaMemset(dbad, 0, 4));
+            setenv("MF_CORE_PERSIST_CTAS", "2", 1);
+            mf_status_t st2 = mf_apply_cuda_impl(&g2, MF_APPLY_IMPL_CORE, 0, &why);
+            unsetenv("MF_CORE_PERSIST_CTAS");
+            CK(cudaDeviceSynchronize());
+            CK(cudaMemcpy(o_p2, d_o, pn * 4, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(&bad2, dbad, 4, cudaMemcpyDeviceToHost));
+            size_t differ = 0;
+            for (size_t x = 0; x < pn; x++)
+                differ += memcmp(&o_p2[x], &o_gpu[x], 4) != 0;
+            int ok2 = st2 == MF_OK && differ == 0 && bad2 == want_bad;
+            report(label, "2 CTAs: O differs, bad", (double)differ + (bad2 != want_bad), 0, ok2);
+            pass &= ok2;
+            free(o_p2);
+        }
         /* O in T on v2 alone, the bad row's block recomputed: rn of the fp32 run's O */
         pass &= check_apply_t(label, &g2, MF_APPLY_IMPL_CORE, NULL, NULL, NULL, d_t, o_gpu, pn);
         free(pmode);
