@@ -211,6 +211,9 @@ template <int CODEC> struct pair_codec {
             return log2f(w * scale) - 255.0f / 16.0f;
         return w;
     }
+    /* SET: m0, m1 = the pair's W·P̂ (a first tile: no zeroed accumulator to add to; the
+     * same values, as an FFMA into 0 rounds as the product) */
+    template <bool SET = false>
     static __device__ __forceinline__ void add(float &m0, float &m1, uint32_t raw, float c)
     {
         if (CODEC == MF_CODEC_FP16 || CODEC == MF_CODEC_BF16) {
@@ -219,17 +222,19 @@ template <int CODEC> struct pair_codec {
                 f = __half22float2(*reinterpret_cast<const __half2 *>(&raw));
             else
                 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&raw));
-            m0 += c * f.x;
-            m1 += c * f.y;
+            m0 = SET ? c * f.x : m0 + c * f.x;
+            m1 = SET ? c * f.y : m1 + c * f.y;
         } else if (CODEC == MF_CODEC_FP8_E4M3) {
             __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)raw, __NV_E4M3);
             float2 f = __half22float2(*reinterpret_cast<__half2 *>(&hr));
-            m0 += c * f.x;
-            m1 += c * f.y;
+            m0 = SET ? c * f.x : m0 + c * f.x;
+            m1 = SET ? c * f.y : m1 + c * f.y;
         } else {
             uint32_t q0 = raw & 0xffu, q1 = (raw >> 8) & 0xffu;
-            m0 += q0 ? exp2f(fmaf((float)q0, 1.0f / 16.0f, c)) : 0.0f;
-            m1 += q1 ? exp2f(fmaf((float)q1, 1.0f / 16.0f, c)) : 0.0f;
+            const float e0 = q0 ? exp2f(fmaf((float)q0, 1.0f / 16.0f, c)) : 0.0f;
+            const float e1 = q1 ? exp2f(fmaf((float)q1, 1.0f / 16.0f, c)) : 0.0f;
+            m0 = SET ? e0 : m0 + e0;
+            m1 = SET ? e1 : m1 + e1;
         }
     }
 };

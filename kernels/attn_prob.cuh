@@ -43,14 +43,16 @@ namespace {
 
 #define PROB_LIST_CAP 1024u /* listed columns a row (N ≤ 64k at B = 64); longer: v2 */
 
+/* A stage's metadata: column j, slots [0, n0) row 0's tiles and [n0, n) row 1's (so each
+ * consumer walks its own, no per-slot test), last = the item's last stage. 16 bytes each
+ * part: one shared load for the head and one a slot. */
 struct prob_slot {
-    unsigned long long src; /* global address of the tile */
-    uint32_t off, c;        /* byte offset in the stage's tile area; consumer warpgroup */
+    uint32_t off, e; /* byte offset in the stage's tile area; the tile's entry in its row */
     float w;
-    uint32_t e, pad[2];     /* the tile's entry in its row */
+    uint32_t pad;
 };
 struct prob_meta {
-    uint32_t j, n, last, pad;
+    uint32_t j, n, n0, last;
     prob_slot s[8];
 };
 /* One (m, head) item's state, double-buffered (the CTA's k-th item in buffer k & 1):
@@ -109,7 +111,7 @@ __device__ __forceinline__ void bulk_load(void *dst, unsigned long long src, uin
  * all four lanes) and each lane takes its two pairs from it — half the shared-memory
  * wavefronts of a 2-byte load a pair (rows 64 B apart: both patterns are 4-way bank
  * conflicts per row set, the wide load needs half as many instructions). */
-template <int CODEC>
+template <int CODEC, bool SET>
 __device__ __forceinline__ void prob_decode(const uint8_t *tile, float w, float scale,
                                             float (&sc)[32], int q0, int u)
 {
@@ -122,8 +124,8 @@ __device__ __forceinline__ void prob_decode(const uint8_t *tile, float w, float 
             const uint8_t *rp = tile + (q0 + 8 * r) * 128 + 4 * u;
 #pragma unroll
             for (int jj = 0; jj < 8; jj++)
-                pc::add(sc[4 * jj + 2 * r], sc[4 * jj + 2 * r + 1],
-                        *reinterpret_cast<const uint32_t *>(rp + 16 * jj), cf);
+                pc::template add<SET>(sc[4 * jj + 2 * r], sc[4 * jj + 2 * r + 1],
+                                      *reinterpret_cast<const uint32_t *>(rp + 16 * jj), cf);
         } else {
             const uint4 *rp = reinterpret_cast<const uint4 *>(tile + (q0 + 8 * r) * 64);
             /* keys 2u, 2u + 1 of each 8-key half: bytes 2u, 2u + 1 of (x, y) or (z, w), one
@@ -132,10 +134,10 @@ __device__ __forceinline__ void prob_decode(const uint8_t *tile, float w, float 
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) {
                 uint4 v = rp[kk]; /* keys 16kk .. 16kk + 15 */
-                pc::add(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1], __byte_perm(v.x, v.y, sel),
-                        cf);
-                pc::add(sc[8 * kk + 4 + 2 * r], sc[8 * kk + 5 + 2 * r],
-                        __byte_perm(v.z, v.w, sel), cf);
+                pc::template add<SET>(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1],
+                                      __byte_perm(v.x, v.y, sel), cf);
+                pc::template add<SET>(sc[8 * kk + 4 + 2 * r], sc[8 * kk + 5 + 2 * r],
+                                      __byte_perm(v.z, v.w, sel), cf);
             }
         }
     }
@@ -360,21 +362,16 @@ __device__ __forceinline__ void prob_produce(const prob_sm<D> &S, const CUtensor
                     msc = mc ? scb[1] : scb[0];
                     moff = mc ? t0 * tb[0] + idx * tb[1] : idx * tb[0];
                     src = __cvta_generic_to_global(it->row[mc].tiles + (size_t)me * mtb);
-                    prob_slot &sl = mt->s[lane];
-                    sl.src = src;
-                    sl.off = moff;
-                    sl.c = mc;
-                    sl.w = it->w[h];
-                    sl.e = me;
+                    *reinterpret_cast<uint4 *>(&mt->s[lane]) =
+                        make_uint4(moff, me, __float_as_uint(it->w[h]), 0u);
                 }
                 for (uint32_t q = 0; q < t0; q++) /* the taken tiles leave the column */
                     rel[0] &= rel[0] - 1;
                 for (uint32_t q = 0; q < t1; q++)
                     rel[1] &= rel[1] - 1;
                 if (lane == 0) {
-                    mt->j = j;
-                    mt->n = n;
-                    mt->last = !(rel[0] | rel[1]) && x[0] >= na && x[1] >= nb;
+                    *reinterpret_cast<uint4 *>(mt) =
+                        make_uint4(j, n, t0, !(rel[0] | rel[1]) && x[0] >= na && x[1] >= nb);
                     bar_expect(&S.full[s], C::V_BYTES + t0 * (tb[0] + scb[0]) +
                                                t1 * (tb[1] + scb[1]));
                     for (int h = 0; h < D / 64; h++)
@@ -437,30 +434,34 @@ __device__ __forceinline__ void prob_consume(const prob_sm<D> &S, const app_para
             int s = (int)(gx % C::STAGES);
             bar_wait(&S.full[s], (gx / C::STAGES) & 1);
             const prob_meta *mt = &S.meta[s];
-            const uint32_t n = mt->n, j = mt->j, last = mt->last;
+            const uint4 hd = *reinterpret_cast<const uint4 *>(mt); /* j, n, n0, last */
+            const uint32_t j = hd.x, last = hd.w;
+            const uint32_t q_lo = c ? hd.z : 0u, q_hi = c ? hd.y : hd.z; /* this row's slots */
             const uint8_t *tiles = S.base + C::OFF_T + s * C::TILE_CAP;
             const float *scs =
                 reinterpret_cast<const float *>(S.base + C::OFF_SC) + s * C::MAX_SLOTS * 4;
+            /* the first tile sets sc (no zeroing: 32 instructions a stage), the others add */
             float sc[32];
-#pragma unroll
-            for (int x2 = 0; x2 < 32; x2++)
-                sc[x2] = 0.0f;
-            bool any = false;
-            for (uint32_t q = 0; q < n; q++) {
-                const prob_slot &sl = mt->s[q];
-                if (sl.c != (uint32_t)c)
-                    continue;
-                any = true;
-                const uint8_t *tl = tiles + sl.off;
-                const float scale = has_sc ? scs[4 * q + (sl.e & 3u)] : 1.0f;
+            auto decode = [&](uint32_t q, auto first) {
+                constexpr bool SET = decltype(first)::value;
+                const uint4 sl = *reinterpret_cast<const uint4 *>(&mt->s[q]); /* off, e, w */
+                const uint8_t *tl = tiles + sl.x;
+                const float w = __uint_as_float(sl.z);
+                const float scale = has_sc ? scs[4 * q + (sl.y & 3u)] : 1.0f;
                 switch (codec) {
-                case MF_CODEC_FP16: prob_decode<MF_CODEC_FP16>(tl, sl.w, scale, sc, q0, u); break;
-                case MF_CODEC_BF16: prob_decode<MF_CODEC_BF16>(tl, sl.w, scale, sc, q0, u); break;
+                case MF_CODEC_FP16: prob_decode<MF_CODEC_FP16, SET>(tl, w, scale, sc, q0, u); break;
+                case MF_CODEC_BF16: prob_decode<MF_CODEC_BF16, SET>(tl, w, scale, sc, q0, u); break;
                 case MF_CODEC_FP8_E4M3:
-                    prob_decode<MF_CODEC_FP8_E4M3>(tl, sl.w, scale, sc, q0, u);
+                    prob_decode<MF_CODEC_FP8_E4M3, SET>(tl, w, scale, sc, q0, u);
                     break;
-                default: prob_decode<MF_CODEC_U8_LOG>(tl, sl.w, scale, sc, q0, u); break;
+                default: prob_decode<MF_CODEC_U8_LOG, SET>(tl, w, scale, sc, q0, u); break;
                 }
+            };
+            const bool any = q_lo < q_hi;
+            if (any) {
+                decode(q_lo, std::true_type());
+                for (uint32_t q = q_lo + 1; q < q_hi; q++)
+                    decode(q, std::false_type());
             }
             if (any) {
                 if (j == i) /* causality is enforced here too, whatever the tile holds */
