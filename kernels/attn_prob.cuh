@@ -25,8 +25,9 @@
  *  - Consumers (prob_consume): per stage, each warp decodes its 16 rows of its own row's
  *    tiles straight into the m64nNk16 A-fragment layout (thread (g, u): keys 8jj + 2u, +1 of
  *    rows g, g + 8; prob_decode says how it loads; pair_codec, as v2 decodes), mixes with
- *    W·scale, zeroes keys above the diagonal (j = i), adds to its rows' kept mass, packs to
- *    T and issues the RS-wgmma against V; the next stage's decode overlaps it, and the two
+ *    W·scale, zeroes keys above the diagonal (j = i), packs to T and issues the RS-wgmma
+ *    against V, and one against a tile of ones whose accumulator is the rows' kept mass
+ *    (the same rounded P as the numerator); the next stage's decode overlaps it, and the two
  *    warpgroups interleave on the tensor cores (no softmax to hide, so no ping-pong turns).
  *    A stage where the warpgroup has no tile is released without a wgmma.
  *  - End of an item: O = acc / kept mass through store_o (the core's epilogue); rows with
@@ -80,7 +81,10 @@ template <int D> struct prob_cfg {
     static constexpr uint32_t OFF_LC = OFF_LJ + 2 * PROB_LIST_CAP * 2; /* [2][CAP] u32 col_off */
     static constexpr uint32_t OFF_LH = OFF_LC + 2 * PROB_LIST_CAP * 4; /* [2][CAP] u64 mask */
     static constexpr uint32_t OFF_ITEM = OFF_LH + 2 * PROB_LIST_CAP * 8; /* [2] prob_item */
-    static constexpr uint32_t SMEM = OFF_ITEM + 2 * (uint32_t)sizeof(prob_item) + 1024;
+    /* ONES_BYTES of T ones: wgmma_rs_ones's B (8 × 16, both core matrices 128 B apart) */
+    static constexpr uint32_t OFF_ONES = OFF_ITEM + 2 * (uint32_t)sizeof(prob_item);
+    static constexpr uint32_t ONES_BYTES = 256;
+    static constexpr uint32_t SMEM = OFF_ONES + ONES_BYTES + 1024;
     static_assert(SMEM <= 227 * 1024, "prob kernel: shared memory per block");
     static_assert(sizeof(prob_meta) % 16 == 0 && OFF_LH % 8 == 0 && OFF_ITEM % 16 == 0 &&
                       sizeof(prob_item) % 16 == 0, "alignment");
@@ -102,6 +106,27 @@ __device__ __forceinline__ void bulk_load(void *dst, unsigned long long src, uin
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
                  " [%0], [%1], %2, [%3];\n" ::"r"(smem_addr(dst)),
                  "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
+}
+
+/* d += A · 1 (m64n8k16, A from registers, B a K-major 8 × 16 tile of ones in shared memory,
+ * no swizzle): every column of row r's accumulator is the sum of A's row — the kept mass
+ * of the tile on the tensor cores (in the same rounding as P·V's A operand) instead of 32
+ * additions a thread and stage. */
+template <typename T>
+__device__ __forceinline__ void wgmma_rs_ones(float (&d)[4], const uint32_t (&a)[4], uint64_t db)
+{
+    if (std::is_same<T, __half>::value)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0, %1, %2, %3}, "
+                     "{%4, %5, %6, %7}, %8, p, 1, 1, 0;\n}\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+    else
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, "
+                     "{%4, %5, %6, %7}, %8, p, 1, 1, 0;\n}\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
 
 /* sc[4·jj + 2r + e] (the m64nN accumulator / A-fragment layout: row q0 + 8r, key
@@ -177,6 +202,7 @@ template <int D> struct prob_sm {
     uint32_t *lc;
     unsigned long long *lh;
     prob_item *items;
+    uint32_t *ones;
     __device__ explicit prob_sm(uint8_t *sm)
     {
         typedef prob_cfg<D> C;
@@ -191,6 +217,7 @@ template <int D> struct prob_sm {
         lc = reinterpret_cast<uint32_t *>(sm + C::OFF_LC);
         lh = reinterpret_cast<unsigned long long *>(sm + C::OFF_LH);
         items = reinterpret_cast<prob_item *>(sm + C::OFF_ITEM);
+        ones = reinterpret_cast<uint32_t *>(sm + C::OFF_ONES);
     }
 };
 
@@ -424,10 +451,14 @@ __device__ __forceinline__ void prob_consume(const prob_sm<D> &S, const app_para
         const int st = it->st[c];
         const uint32_t codec = st == 1 ? it->row[c].codec : 0u;
         const bool has_sc = st == 1 && it->row[c].scales != nullptr; /* FP8 / U8 rows */
-        float o[D / 2], km[2] = { 0.0f, 0.0f };
+        /* km: the kept mass, row q0 in km[0] (= km[1]), row q0 + 8 in km[2] (= km[3]) */
+        float o[D / 2], km[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
 #pragma unroll
         for (int x2 = 0; x2 < D / 2; x2++)
             o[x2] = 0.0f;
+        /* no swizzle, K-major; LBO = SBO = 128: the two core matrices of a k16 step, and
+         * nothing outside the ones whichever of the two the hardware steps by */
+        const uint64_t ones_d = sdesc(smem_addr(S.ones), 128, 128) & ~(3ull << 62);
         uint32_t pa[4][4];
         int ps = -1;
         for (;; gx++) {
@@ -471,12 +502,10 @@ __device__ __forceinline__ void prob_consume(const prob_sm<D> &S, const app_para
                         for (int e = 0; e < 4; e++)
                             if (8 * jj + 2 * u + (e & 1) > q0 + 8 * (e >> 1))
                                 sc[4 * jj + e] = 0.0f;
-#pragma unroll
-                for (int x2 = 0; x2 < 32; x2++)
-                    km[(x2 >> 1) & 1] += sc[x2];
             }
             wgmma_wait<0>(); /* the previous stage's P·V is done: its V, tiles and pa are free */
             fence_regs(o);
+            fence_regs(km);
             fence_regs(pa);
             if (ps >= 0)
                 release(&S.empty[ps]);
@@ -493,6 +522,9 @@ __device__ __forceinline__ void prob_consume(const prob_sm<D> &S, const app_para
 #pragma unroll
                 for (int kk = 0; kk < 4; kk++)
                     wgmma_rs<T, D>(o, pa[kk], sdesc(va + kk * 2048, C::V_HALF, 1024), 1);
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++)
+                    wgmma_rs_ones<T>(km, pa[kk], ones_d);
                 wgmma_commit();
             }
             ps = s;
@@ -503,20 +535,22 @@ __device__ __forceinline__ void prob_consume(const prob_sm<D> &S, const app_para
         }
         wgmma_wait<0>();
         fence_regs(o);
+        fence_regs(km);
         fence_regs(pa);
         release(&S.empty[ps]); /* an item with columns has at least one stage */
         if (st == 1) {
-            float tot[2] = { quad_sum(km[0]), quad_sum(km[1]) };
             if (u == 0)
 #pragma unroll
                 for (int r = 0; r < 2; r++)
-                    if (!(tot[r] > 0.0f))
+                    if (!(km[2 * r] > 0.0f))
                         atomicOr(&it->zero[c], 1ull << (q0 + 8 * r));
             /* O = acc / kept mass; a row of mass 0 gets a non-finite value here, overwritten
              * by v2's exact pass (pzero) later in stream order */
             const uint32_t row[2] = { 64 * i + q0, 64 * i + q0 + 8 };
             const float mrow[2] = { 0.0f, 0.0f }; /* unread: no LSE in prob mode */
-            store_o<T, D>(p, o, mrow, km, row, t, u);
+            /* every lane holds its rows' whole mass; store_o sums the quad's l */
+            const float l[2] = { u == 0 ? km[0] : 0.0f, u == 0 ? km[2] : 0.0f };
+            store_o<T, D>(p, o, mrow, l, row, t, u);
             asm volatile("bar.sync %0, 128;\n" ::"r"(3 + c) : "memory"); /* the zero bits */
             if (tid == 0) {
                 size_t at = (size_t)t * a.nb_all + i;
@@ -564,6 +598,11 @@ prob_kernel(const __grid_constant__ CUtensorMap tv, const app_params a, const co
         }
         bar_init(S.lists_free, 32);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    if (threadIdx.x < C::ONES_BYTES / 4) {
+        S.ones[threadIdx.x] = elem<T>::pack(1.0f, 1.0f);
+        /* generic-proxy writes, read by wgmma (the async proxy) */
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     }
     __syncthreads();
     if (threadIdx.x < 128) {
