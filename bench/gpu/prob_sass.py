@@ -5,7 +5,7 @@ as prob-sass.csv). bench/gpu/NOTES.md "core v6.1" and "core v7" quote its output
 
 The kernel's code splits at its two setmaxnreg instructions into the setup (every warp,
 before the roles part), the consumers (USETMAXREG.TRY_ALLOC: the 224-register raise) and
-the producer (USETMAXREG.DEALLOC). For each part: its share of the stall samples, its stall
+the producer warp with, in the persistent kernel, the two builder warps (USETMAXREG.DEALLOC). For each part: its share of the stall samples, its stall
 reasons, its hottest instructions; and instructions executed per ring stage and warp, a
 stage counted as one execution of the producer's first TMA issue (UTMALDG: one a stage).
 
@@ -45,11 +45,18 @@ def main():
     marks = [k for k, r in enumerate(data) if "SETMAXREG" in r[1]]
     if len(marks) < 2:
         sys.exit("expected the two setmaxnreg instructions of prob_kernel")
-    tma = [k for k in range(marks[1], len(data)) if "UTMALDG" in data[k][1]]
+    # each part runs from its setmaxnreg to the next one (or the end), whichever order the
+    # compiler laid them out in
+    ends = {k: (marks + [len(data)])[x + 1] for x, k in enumerate(marks)}
+    cons = next(k for k in marks if "TRY_ALLOC" in data[k][1] or "DEALLOC" not in data[k][1])
+    prod = next(k for k in marks if k != cons)
+    tma = [k for k in range(prod, ends[prod]) if "UTMALDG" in data[k][1]]
     stages = num(data[tma[0]], EXECUTED) if tma else 0.0
     print(f"stall samples {total:.0f}, ring stages {stages:.0f}")
-    parts = (("setup", 0, marks[0], 0), ("consumers", marks[0], marks[1], args.consumer_warps),
-             ("producer", marks[1], len(data), 1))
+    # the producer part holds the builders' code too (the persistent kernel's warps 1, 2:
+    # their instructions count in its "a stage a warp", which is then the three warps' sum)
+    parts = (("setup", 0, marks[0], 0), ("consumers", cons, ends[cons], args.consumer_warps),
+             ("producer + builders", prod, ends[prod], 1))
     for name, a, b, warps in parts:
         share = sum(num(r, SAMPLES) for r in data[a:b])
         reasons = sorted(((sum(num(r, s) for r in data[a:b]), s) for s in stalls), reverse=True)
