@@ -222,9 +222,13 @@ template <int D> struct prob_sm {
 };
 
 /* Builder warp c (warps 1, 2): row c of each item the CTA takes, into item buffer k & 1 and
- * the (single) lists, once the consumers are done with item k − 2's buffer and the producer
- * has walked item k − 1's lists (it walks them well before the consumers drain the ring, so
- * this build overlaps the last stages and the O store of the item before). */
+ * the (single) lists. The item index, the row's header, W and the first round of column
+ * loads need only the buffer (free once the consumers are done with item k − 2); the list
+ * writes wait for the producer to have walked item k − 1's lists. So the build's global
+ * latency overlaps item k − 1's last stages, and the producer, which walks an item's lists
+ * well before the consumers drain the ring, finds the next lists ready. A builder with no
+ * list to write never waits on lists_free (its phase k cannot complete before this item is
+ * published, so a later wait's parity stays unambiguous). */
 template <int D>
 __device__ __forceinline__ void prob_build(const prob_sm<D> &S, const app_params &a,
                                            const core_params &p, uint32_t total, int c)
@@ -238,8 +242,6 @@ __device__ __forceinline__ void prob_build(const prob_sm<D> &S, const app_params
         prob_item *it = &S.items[b];
         if (k >= 2)
             bar_wait(&S.item_free[b], ((k >> 1) & 1) ^ 1);
-        if (k >= 1)
-            bar_wait(S.lists_free, (k - 1) & 1);
         if (c == 0 && lane == 0) /* ≥ total: none left, the sentinel (everyone stops) */
             it->idx = atomicAdd(a.prob_ctr, 1u);
         asm volatile("bar.sync 5, 64;\n" ::: "memory"); /* both builders: the index */
@@ -263,6 +265,7 @@ __device__ __forceinline__ void prob_build(const prob_sm<D> &S, const app_params
             /* 4 × 32 columns a round, every load of the round issued before the first is
              * used: one global round trip a round, not three dependent ones per 32 columns */
             constexpr int U = 4;
+            bool lists_ok = k == 0; /* the lists (item k − 1's walked) */
             for (uint32_t base = 0; base < row.n_cols; base += 32 * U) {
                 unsigned long long hm[U];
                 uint32_t cj[U], co[U];
@@ -273,6 +276,10 @@ __device__ __forceinline__ void prob_build(const prob_sm<D> &S, const app_params
                     hm[q] = in ? row.head_mask[col] : 0ull;
                     cj[q] = in ? row.cols[col] : 0u;
                     co[q] = in ? row.col_off[col] : 0u;
+                }
+                if (!lists_ok) { /* after the first round's loads are issued */
+                    bar_wait(S.lists_free, (k - 1) & 1);
+                    lists_ok = true;
                 }
 #pragma unroll
                 for (int q = 0; q < U; q++) {
