@@ -29,20 +29,20 @@ names=$(for v in "${variants[@]}"; do printf '%s ' "${v%%=*}"; done)
 import glob, json, statistics, sys
 out, names = sys.argv[1], sys.argv[2:]
 runs = {n: [json.load(open(f)) for f in sorted(glob.glob(f"{out}/ab-{n}-*.json"))] for n in names}
-print("| variant | N | density (eff) | prob ms (rounds) | / first | rel vs v2 | finite |")
-print("|---|---|---|---|---|---|---|")
+print("| variant | N | codec | density (eff) | prob ms (rounds) | / first | rel vs v2 | finite |")
+print("|---|---|---|---|---|---|---|---|")
 base = {}
 for n in names:
     keyed = {}
     for res in runs[n]:
         for r in res.get("prob", []):
-            keyed.setdefault((r["N"], r["density"]), []).append(r)
-    for (N, d), rs in sorted(keyed.items()):
+            keyed.setdefault((r["N"], r.get("codec", "fp8"), r["density"]), []).append(r)
+    for (N, cd, d), rs in sorted(keyed.items()):
         med = statistics.median(r["core_ms"] for r in rs)
-        base.setdefault((N, d), med)
+        base.setdefault((N, cd, d), med)
         each = " ".join("%.3f" % r["core_ms"] for r in rs)
-        print(f"| {n} | {N} | {d:.2f} ({rs[0]['eff']:.3f}) | {med:.3f} "
-              f"({each}) | {med / base[(N, d)]:.3f} | "
+        print(f"| {n} | {N} | {cd} | {d:.2f} ({rs[0]['eff']:.3f}) | {med:.3f} "
+              f"({each}) | {med / base[(N, cd, d)]:.3f} | "
               f"{max(r['core_rel_vs_v2'] for r in rs):.1e} | {all(r['core_finite'] for r in rs)} |")
 mix = [(n, r) for n in names for res in runs[n] for r in res.get("mix", [])]
 if mix:

@@ -32,7 +32,8 @@ would pick, on one H200 (bench/gpu/NOTES.md has the floors and the versions).
          cast), each bf16 O checked = rn(fp32 O) of the same path; the fp32 call alone and
          followed by the model's cast are extra columns (the mask table's A/B runs and
          phase split time the bf16 call too; their O checks use the fp32 O).
-  prob:  (--prob) every head prob, FP8 rows, W = pair_w, at --mask-ns × (--densities +
+  prob:  (--prob) every head prob, FP8 rows (--prob-codecs: fp8, fp16, bf16, u8log;
+         the goal is FP8's), W = pair_w, at --mask-ns × (--densities +
          0.1, eff 13.5 %): the core's prob kernel vs v2 (MF_APPLY_PROB=v2), ms, GB/s of
          the bytes it must move, TFLOP/s of P·V on the eff blocks, the 1.8 ms goal
          (bench_prob).
@@ -974,8 +975,11 @@ def _f(r, key, fmt=".3f"):
     return "-" if r.get(key) is None else format(r[key], fmt)
 
 
-def bench_prob(lib, n, dens, reps, log):
-    """Prob mode (every head prob, FP8 rows, W = pair_w: head t mixes source heads t and
+PROB_CODECS = {"fp8": R.FP8, "fp16": R.FP16, "bf16": R.BF16, "u8log": R.U8LOG}
+
+
+def bench_prob(lib, n, dens, reps, log, codec="fp8"):
+    """Prob mode (every head prob, FP8 rows (codec), W = pair_w: head t mixes source heads t and
     t + 1) on the core's prob kernel (attn_prob.cuh) vs v2 (MF_APPLY_PROB=v2), the same
     rows. eff = the union of the two source heads' blocks (the columns a head walks) as a
     share of the causal blocks; bytes = the tiles read (each present (head, block) tile of
@@ -987,7 +991,7 @@ def bench_prob(lib, n, dens, reps, log):
     keep = R.patterns(rng, hs, nb, dens)
     q, k, v, o = BT.random_qkvo(n, HQ, HKV, D)
     w = BT.pair_w(HQ, hs)
-    ap = BT.Apply(lib, g, keep, R.FP8, 1, w, q, k, v, o)
+    ap = BT.Apply(lib, g, keep, PROB_CODECS[codec], 1, w, q, k, v, o)
     causal = nb * (nb + 1) / 2
     eff_blocks = tiles = 0
     for t in range(HQ):
@@ -995,8 +999,10 @@ def bench_prob(lib, n, dens, reps, log):
         eff_blocks += int(np.logical_or.reduce(keep[src], axis=0).sum())
         tiles += int(keep[src].sum())
     flops = eff_blocks * 2 * B * B * D
-    bytes_ = tiles * B * B + n * HKV * D * 2 + n * HQ * D * 4
-    rec = {"N": n, "density": dens, "eff": eff_blocks / (HQ * causal), "TFLOP": flops / 1e12,
+    elem = 2 if codec in ("fp16", "bf16") else 1
+    bytes_ = tiles * B * B * elem + n * HKV * D * 2 + n * HQ * D * 4
+    rec = {"N": n, "density": dens, "codec": codec, "eff": eff_blocks / (HQ * causal),
+           "TFLOP": flops / 1e12,
            "GB": bytes_ / 1e9, "floor_bytes_ms": bytes_ / 4.25e12 * 1e3,
            "floor_flops_ms": flops / 600e12 * 1e3}
     outs = {}
@@ -1159,14 +1165,15 @@ def table(res, log):
             f"{r['wg_tiles_masked']} / {r['wg_tiles_walked']}"
             f" ({100 * r['masked_share']:.1f} %) |")
     if res.get("prob"):
-        log("\n| N | density (eff) | core prob ms (GB/s, TFLOP/s) | v2 ms (GB/s, TFLOP/s) |"
+        log("\n| N | codec | density (eff) | core prob ms (GB/s, TFLOP/s) | v2 ms (GB/s, TFLOP/s) |"
             " v2 / core | floors bytes / FLOPs ms | ≤ 1.8 ms at eff 13.5 % | rel vs v2 | finite |")
-        log("|---|---|---|---|---|---|---|---|---|")
+        log("|---|---|---|---|---|---|---|---|---|---|")
     for r in res.get("prob", []):
         goal = "yes" if r["core_ms"] <= r["goal_ms"] else "no"
-        if abs(r["eff"] - 0.135) > 0.02:
+        if abs(r["eff"] - 0.135) > 0.02 or r.get("codec", "fp8") != "fp8":
             goal = "-"
-        log(f"| {r['N']} | {r['density']:.2f} ({r['eff']:.3f}) | {r['core_ms']:.3f} "
+        log(f"| {r['N']} | {r.get('codec', 'fp8')} | {r['density']:.2f} ({r['eff']:.3f}) | "
+            f"{r['core_ms']:.3f} "
             f"({r['core_GBs']:.0f}, {r['core_TFLOPs']:.0f}) | {r['v2_ms']:.3f} "
             f"({r['v2_GBs']:.0f}, {r['v2_TFLOPs']:.0f}) | {r['v2_ms'] / r['core_ms']:.2f}x | "
             f"{r['floor_bytes_ms']:.3f} / {r['floor_flops_ms']:.3f} | {goal} | "
@@ -1211,6 +1218,8 @@ def main():
                     help="mask cases: one call per core kernel variant (core, persistent 40/232, 24/240), each"
                          " in an NVTX range 'ncu' (run under ncu --nvtx --nvtx-include 'ncu/'),"
                          " no timing tables")
+    ap.add_argument("--prob-codecs", default="fp8",
+                    help="the prob table's row codecs, of " + ",".join(PROB_CODECS))
     ap.add_argument("--prob", action="store_true",
                     help="the prob table: --mask-ns x (--densities + 0.1, eff 13.5 %%), "
                          "the core's prob kernel vs v2")
@@ -1264,12 +1273,13 @@ def main():
     res["prob"] = []
     if args.prob:
         pd = sorted({float(x) for x in args.densities.split(",")} | {0.1})
-        for n in [int(x) for x in args.mask_ns.split(",") if x]:
-            for dens in pd:
-                try:
-                    res["prob"].append(bench_prob(lib, n, dens, args.reps, log))
-                except Exception as ex:  # noqa: BLE001
-                    log(f"prob N={n} density {dens}: {str(ex)[:300]}")
+        for codec in args.prob_codecs.split(","):
+            for n in [int(x) for x in args.mask_ns.split(",") if x]:
+                for dens in pd:
+                    try:
+                        res["prob"].append(bench_prob(lib, n, dens, args.reps, log, codec))
+                    except Exception as ex:  # noqa: BLE001
+                        log(f"prob {codec} N={n} density {dens}: {str(ex)[:300]}")
     for n in [int(x) for x in args.mix_ns.split(",") if x]:
         try:
             res["mix"].append(bench_mix(lib, n, args.mix_density, args.reps, log))
