@@ -182,6 +182,9 @@ def build_rows(g, keep, codec, prefixes):
         if codec in (R.FP8, R.U8LOG):
             e = lay["entries"]
             buf[o + lay["scales"]:o + lay["scales"] + 4 * e].view(torch.float32).uniform_(0.2, 1.0)
+        if codec in (R.FP16, R.BF16):  # random bytes are no probabilities (negative, NaN, huge)
+            dt = torch.float16 if codec == R.FP16 else torch.bfloat16
+            buf[o + lay["tiles"]:o + lay["total"]].view(dt).uniform_(0.0, 1.0 / 64)
     return buf, offs, tot
 
 
