@@ -11,7 +11,8 @@
  *    most PROB_LIST_CAP columns), v2's (usable but longer: pstate 2), or nobody's here (not
  *    a prob block, exact, or a bad row: the attention core's bitmap from the pre-pass
  *    computes it, or with no core in the launch v2 from the work list).
- *  - Producer warp (lane k builds slot k of a stage; prob_produce): walks the two lists
+ *  - Producer warps (0 and 3, every other stage each; lane k builds slot k of a stage;
+ *    prob_produce): walk the two lists
  *    merged by j (their union, ascending); per column one or more ring stages: V block j
  *    (TMA, the core's 128-byte swizzle, read transposed by wgmma as in the core) and the
  *    present source tiles of both rows (cp.async.bulk, 1-D, global → shared, on the same
@@ -325,16 +326,17 @@ __device__ __forceinline__ void prob_build(const prob_sm<D> &S, const app_params
     }
 }
 
-/* The producer warp: each item's two lists merged by j (their union, ascending); per
- * column one or more ring stages (the ring and its position gx run on across items). Lane
- * k builds slot k of a stage: one thread walking the slots ran ≈ 600 dependent
- * instructions a stage (ncu: the consumers waited on `full` a quarter of their time). The
- * merge is uniform (every lane computes it); each lane writes its own slot, arrives on
- * `full` itself (an arrive releases only its own thread's writes) and issues its own
- * copies. */
+/* Producer warp pw (warps 0 and 3): each item's two lists merged by j (their union,
+ * ascending); per column one or more ring stages (the ring and its position gx run on
+ * across items). Both warps walk every stage (the walk is cheap and uniform) and each fills
+ * every other one (gx & 1 = pw): one warp filling all of them was the kernel's limit (ncu:
+ * the consumers waited on `full` 30 % of their time with the ring never full; a deeper
+ * ring did not help). Lane k builds slot k of a stage: one thread walking the slots ran ≈
+ * 600 dependent instructions a stage. Each lane writes its own slot, arrives on `full`
+ * itself (an arrive releases only its own thread's writes) and issues its own copies. */
 template <int D>
 __device__ __forceinline__ void prob_produce(const prob_sm<D> &S, const CUtensorMap *tv,
-                                             const app_params &a, uint32_t total)
+                                             const app_params &a, uint32_t total, uint32_t pw)
 {
     typedef prob_cfg<D> C;
     const uint32_t lane = threadIdx.x & 31;
@@ -348,11 +350,12 @@ __device__ __forceinline__ void prob_produce(const prob_sm<D> &S, const CUtensor
         const int na = it->n[0], nb = it->n[1];
         const uint32_t kvh = it->t / (a.ht / a.hkv);
         const unsigned long long wmask = it->wmask;
-        uint32_t tb[2], scb[2];
+        uint32_t tb[2], lg[2], scb[2];
 #pragma unroll
         for (int c = 0; c < 2; c++) {
             const bool on = it->st[c] == 1;
             tb[c] = on ? it->row[c].tile_bytes : C::TILE_CAP; /* unused when off: no list */
+            lg[c] = __ffs(tb[c]) - 1; /* 64 × 64 × 1 or 2 bytes: a power of two, no division */
             scb[c] = on && it->row[c].scales ? 16u : 0u;
         }
         int x[2] = { 0, 0 };
@@ -373,21 +376,29 @@ __device__ __forceinline__ void prob_produce(const prob_sm<D> &S, const CUtensor
                 }
             while (rel[0] | rel[1]) { /* one stage per TILE_CAP bytes of this column's tiles */
                 int s = (int)(gx % C::STAGES);
-                if (gx >= C::STAGES)
-                    bar_wait(&S.empty[s], ((gx / C::STAGES) & 1) ^ 1);
                 /* row 0's tiles first, then row 1's, as many as the stage holds */
                 const uint32_t n0 = __popcll(rel[0]), n1 = __popcll(rel[1]);
-                const uint32_t t0 = min(n0, min((uint32_t)C::MAX_SLOTS, C::TILE_CAP / tb[0]));
+                const uint32_t t0 = min(n0, min((uint32_t)C::MAX_SLOTS, C::TILE_CAP >> lg[0]));
                 const uint32_t t1 = min(n1, min((uint32_t)C::MAX_SLOTS - t0,
-                                                (C::TILE_CAP - t0 * tb[0]) / tb[1]));
+                                                (C::TILE_CAP - t0 * tb[0]) >> lg[1]));
                 const uint32_t n = t0 + t1;
+                const unsigned long long r0 = rel[0], r1 = rel[1];
+                /* the taken tiles leave the column (mostly all of them) */
+                rel[0] = t0 >= n0 ? 0ull : drop_low_bits(rel[0], t0);
+                rel[1] = t1 >= n1 ? 0ull : drop_low_bits(rel[1], t1);
+                if ((gx & 1u) != pw) { /* the other producer's stage */
+                    gx++;
+                    continue;
+                }
+                if (gx >= C::STAGES)
+                    bar_wait(&S.empty[s], ((gx / C::STAGES) & 1) ^ 1);
                 prob_meta *mt = &S.meta[s];
                 unsigned long long src = 0;
                 uint32_t me = 0, mc = 0, moff = 0, mtb = 0, msc = 0; /* (no local arrays) */
                 if (lane < n) {
                     mc = lane < t0 ? 0u : 1u;
                     const uint32_t idx = mc ? lane - t0 : lane;
-                    unsigned long long r = mc ? rel[1] : rel[0];
+                    unsigned long long r = mc ? r1 : r0;
                     for (uint32_t q = 0; q < idx; q++)
                         r &= r - 1;
                     const uint32_t h = __ffsll((long long)r) - 1;
@@ -399,10 +410,6 @@ __device__ __forceinline__ void prob_produce(const prob_sm<D> &S, const CUtensor
                     *reinterpret_cast<uint4 *>(&mt->s[lane]) =
                         make_uint4(moff, me, __float_as_uint(it->w[h]), 0u);
                 }
-                for (uint32_t q = 0; q < t0; q++) /* the taken tiles leave the column */
-                    rel[0] &= rel[0] - 1;
-                for (uint32_t q = 0; q < t1; q++)
-                    rel[1] &= rel[1] - 1;
                 if (lane == 0) {
                     *reinterpret_cast<uint4 *>(mt) =
                         make_uint4(j, n, t0, !(rel[0] | rel[1]) && x[0] >= na && x[1] >= nb);
@@ -426,7 +433,7 @@ __device__ __forceinline__ void prob_produce(const prob_sm<D> &S, const CUtensor
                 gx++;
             }
         }
-        bar_arrive(S.lists_free); /* every lane: its reads of the lists are done */
+        bar_arrive(S.lists_free); /* every lane of both warps: its reads of the lists done */
     }
 }
 
@@ -576,11 +583,12 @@ __device__ __forceinline__ void prob_consume(const prob_sm<D> &S, const app_para
  * counter (atomicAdd; largest m first, as the mask core's persistent kernel) until the
  * counter passes the items. One CTA an SM ran 62 items in sequence at 32k, each paying its
  * setup, ring fill and O store with nothing beside it (≈ 0.46 ms of 3.5); here the next
- * item's lists are built and its first stages loaded while this one drains. Roles: warp 0
- * the producer, warps 1 and 2 the builders of rows 0 and 1, warp 3 idle; warpgroups 1, 2
+ * item's lists are built and its first stages loaded while this one drains. Roles: warps 0
+ * and 3 the producers (every other stage each), warps 1 and 2 the builders of rows 0 and
+ * 1; warpgroups 1, 2
  * the consumers of rows 0, 1. Barriers: full / empty per ring stage; per item buffer b
  * item_full[b] (the builders' 64 lanes) and item_free[b] (the 256 consumer threads);
- * lists_free (the producer's 32 lanes, once per item: the single lists are free again).
+ * lists_free (both producers' 64 lanes, once per item: the single lists are free again).
  * Every item passes item_full and item_free once, so their parity is (k / 2) & 1 for the
  * CTA's k-th item; the sentinel index (≥ items) is published as an item and stops all. */
 template <typename T, int D>
@@ -603,7 +611,7 @@ prob_kernel(const __grid_constant__ CUtensorMap tv, const app_params a, const co
             bar_init(&S.item_full[b], 64);
             bar_init(&S.item_free[b], 256);
         }
-        bar_init(S.lists_free, 32);
+        bar_init(S.lists_free, 64); /* both producer warps' lanes */
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     if (threadIdx.x < C::ONES_BYTES / 4) {
@@ -617,9 +625,9 @@ prob_kernel(const __grid_constant__ CUtensorMap tv, const app_params a, const co
          * loads (no spills, ptxas -v); 56 + 2 · 224 = 3 · 168, the launch's */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
         const int warp = threadIdx.x / 32;
-        if (warp == 0)
-            prob_produce<D>(S, &tv, a, total);
-        else if (warp <= 2)
+        if (warp == 0 || warp == 3)
+            prob_produce<D>(S, &tv, a, total, warp == 3);
+        else
             prob_build<D>(S, a, p, total, warp - 1);
         return;
     }
