@@ -421,19 +421,8 @@ __device__ __forceinline__ void prob_produce(const prob_sm<D> &S, const CUtensor
                 } else {
                     bar_arrive(&S.full[s]);
                 }
-                /* a run of slots of one row with consecutive entries is one copy: adjacent
-                 * entries are adjacent tiles in the row, and the row's slots adjacent in the
-                 * stage (pair_w: a column's two tiles of a row; UBLKCP takes uniform
-                 * registers, so the lanes' copies issue one after another) */
-                const uint32_t pe = __shfl_up_sync(0xffffffffu, me, 1);
-                const uint32_t pcr = __shfl_up_sync(0xffffffffu, mc, 1);
-                const bool cont = lane < n && lane > 0 && lane != t0 && pcr == mc && pe + 1 == me;
-                const uint32_t cm = __ballot_sync(0xffffffffu, cont);
-                const uint32_t run = __ffs(~(cm >> ((lane + 1) & 31))); /* 1 + continuing slots */
-                if (lane < n && !cont)
-                    bulk_load(S.base + C::OFF_T + s * C::TILE_CAP + moff, src, run * mtb,
-                              &S.full[s]);
                 if (lane < n) {
+                    bulk_load(S.base + C::OFF_T + s * C::TILE_CAP + moff, src, mtb, &S.full[s]);
                     /* the scales section is 16-byte aligned and followed by the tiles, so
                      * the aligned 16 bytes around entry e lie inside the row */
                     if (msc)
