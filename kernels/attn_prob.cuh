@@ -531,11 +531,12 @@ __device__ __forceinline__ void prob_consume(const prob_sm<D> &S, const app_para
                     pa[kk][2] = elem<T>::pack(sc[8 * kk + 4], sc[8 * kk + 5]);
                     pa[kk][3] = elem<T>::pack(sc[8 * kk + 6], sc[8 * kk + 7]);
                 }
-                uint32_t va = smem_addr(S.base + s * C::V_BYTES);
+                /* one descriptor a stage, the k16 steps by desc_add (not four sdesc builds) */
+                const uint64_t vd = sdesc(smem_addr(S.base + s * C::V_BYTES), C::V_HALF, 1024);
                 wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < 4; kk++)
-                    wgmma_rs<T, D>(o, pa[kk], sdesc(va + kk * 2048, C::V_HALF, 1024), 1);
+                    wgmma_rs<T, D>(o, pa[kk], desc_add(vd, kk * 2048), 1);
 #pragma unroll
                 for (int kk = 0; kk < 4; kk++)
                     wgmma_rs_ones<T>(km, pa[kk], ones_d);
