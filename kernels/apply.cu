@@ -457,6 +457,26 @@ template <typename T> mf_status_t launch_t(const app_params &p, uint32_t b, uint
     }
 }
 
+/* app_params.fp8_pre: 2^k with max_t Σ_s W[t,s] · 2^k in [8192, 16384] (1 for a W of
+ * zeros). W is finite and ≥ 0 (check_map). */
+float fp8_prescale(const float *w, uint32_t ht, uint32_t hs)
+{
+    float top = 0.0f;
+    for (uint32_t t = 0; t < ht; t++) {
+        float sum = 0.0f;
+        for (uint32_t x = 0; x < hs; x++)
+            sum += w[(size_t)t * hs + x];
+        top = sum > top ? sum : top;
+    }
+    if (!(top > 0.0f) || !isfinite(top))
+        return 1.0f;
+    int e;
+    (void)frexpf(top, &e); /* top = m · 2^e, m in [0.5, 1) */
+    int k = 14 - e;
+    k = k > 100 ? 100 : k < -100 ? -100 : k;
+    return ldexpf(1.0f, k);
+}
+
 mf_status_t check_map(const mf_layer_map_t *m, uint32_t ht, const char **why)
 {
     if (!m || !m->w || !m->mode) {
@@ -728,6 +748,7 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
             p.n_rows = a->n_rows;
             p.nb_all = all;
             p.scale_log2 = MF_LOG2E / sqrtf((float)a->tgt.head_dim);
+            p.fp8_pre = fp8_prescale(a->map->w, ht, hs);
             bool v2_needed = any_prob || (!use_core && any_other);
             /* v2 beside the core: on the cache's side stream, after the constants' copy */
             cudaStream_t v2s = s;

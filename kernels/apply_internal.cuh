@@ -43,6 +43,10 @@ struct app_params {
      * 1 / 2, or, with no attention core in the launch, a bad row's block). v2 with wl set
      * walks that list (a small grid) instead of every prob block. */
     uint32_t *prob_ctr, *wl, *wl_n;
+    /* The prob kernel's FP8 prescale, a power of two: about 16384 / the largest Σ_s W[t,s]
+     * of the layer (fp8_prescale), so mixed FP8 tiles (P̂ ≤ 1 a source head) stay below
+     * 16384, a quarter of f16's range, and small probabilities stay normal */
+    float fp8_pre;
     float scale_log2;
 };
 

@@ -440,6 +440,35 @@ __device__ __forceinline__ void prob_produce(const prob_sm<D> &S, const CUtensor
 /* Consumer warpgroup c: row c (query block i = 2m + c) of each item, its stages in ring
  * order (gx runs on across items, as the producer's), then its O store and state; the
  * buffer is handed back (item_free) once nothing of it is read any more. */
+/* FP8 rows, packed: h[4·jj + r] (the pair sc[4·jj + 2r], sc[4·jj + 2r + 1] of prob_decode)
+ * = (+=) c2 · P̂ of the two keys in f16x2 — the FP8 pair unpacks to f16x2 exactly, so a
+ * pair costs a permute, an unpack and one HFMA2 instead of a permute, an unpack, two
+ * conversions and two FFMA. c2 carries a power-of-two prescale (a.fp8_pre) that keeps the
+ * mixed values in f16's normal range; O = acc / kept mass cancels it. */
+template <bool SET>
+__device__ __forceinline__ void prob_decode_fp8x2(const uint8_t *tile, __half2 c2,
+                                                  __half2 (&h)[16], int q0, int u)
+{
+    const uint32_t sel = (2u * u) | ((2u * u + 1u) << 4);
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const uint4 *rp = reinterpret_cast<const uint4 *>(tile + (q0 + 8 * r) * 64);
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            const uint4 v = rp[kk];
+            const uint32_t raw[2] = { __byte_perm(v.x, v.y, sel), __byte_perm(v.z, v.w, sel) };
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                __half2_raw hr =
+                    __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)raw[hh], __NV_E4M3);
+                const __half2 f = *reinterpret_cast<__half2 *>(&hr);
+                __half2 &d = h[4 * kk + 2 * hh + r]; /* sc[8kk + 4hh + 2r], +1 */
+                d = SET ? __hmul2(f, c2) : __hfma2(f, c2, d);
+            }
+        }
+    }
+}
+
 template <typename T, int D>
 __device__ __forceinline__ void prob_consume(const prob_sm<D> &S, const app_params &a,
                                              const core_params &p, uint32_t total)
@@ -485,8 +514,10 @@ __device__ __forceinline__ void prob_consume(const prob_sm<D> &S, const app_para
             const uint8_t *tiles = S.base + C::OFF_T + s * C::TILE_CAP;
             const float *scs =
                 reinterpret_cast<const float *>(S.base + C::OFF_SC) + s * C::MAX_SLOTS * 4;
-            /* the first tile sets sc (no zeroing: 32 instructions a stage), the others add */
+            /* the first tile sets sc (no zeroing: 32 instructions a stage), the others add;
+             * FP8 rows mix packed in h, unpacked into sc once a stage */
             float sc[32];
+            __half2 h[16];
             auto decode = [&](uint32_t q, auto first) {
                 constexpr bool SET = decltype(first)::value;
                 const uint4 sl = *reinterpret_cast<const uint4 *>(&mt->s[q]); /* off, e, w */
@@ -497,7 +528,10 @@ __device__ __forceinline__ void prob_consume(const prob_sm<D> &S, const app_para
                 case MF_CODEC_FP16: prob_decode<MF_CODEC_FP16, SET>(tl, w, scale, sc, q0, u); break;
                 case MF_CODEC_BF16: prob_decode<MF_CODEC_BF16, SET>(tl, w, scale, sc, q0, u); break;
                 case MF_CODEC_FP8_E4M3:
-                    prob_decode<MF_CODEC_FP8_E4M3, SET>(tl, w, scale, sc, q0, u);
+                    prob_decode_fp8x2<SET>(
+                        tl, __float2half2_rn(pair_codec<MF_CODEC_FP8_E4M3>::coef(w, scale) *
+                                             a.fp8_pre),
+                        h, q0, u);
                     break;
                 default: prob_decode<MF_CODEC_U8_LOG, SET>(tl, w, scale, sc, q0, u); break;
                 }
@@ -507,6 +541,13 @@ __device__ __forceinline__ void prob_consume(const prob_sm<D> &S, const app_para
                 decode(q_lo, std::true_type());
                 for (uint32_t q = q_lo + 1; q < q_hi; q++)
                     decode(q, std::false_type());
+                if (codec == MF_CODEC_FP8_E4M3)
+#pragma unroll
+                    for (int x2 = 0; x2 < 16; x2++) {
+                        const float2 f = __half22float2(h[x2]);
+                        sc[2 * x2] = f.x;
+                        sc[2 * x2 + 1] = f.y;
+                    }
             }
             if (any) {
                 if (j == i) /* causality is enforced here too, whatever the tile holds */
