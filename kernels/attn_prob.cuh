@@ -437,10 +437,7 @@ __device__ __forceinline__ void prob_produce(const prob_sm<D> &S, const CUtensor
     }
 }
 
-/* Consumer warpgroup c: row c (query block i = 2m + c) of each item, its stages in ring
- * order (gx runs on across items, as the producer's), then its O store and state; the
- * buffer is handed back (item_free) once nothing of it is read any more. */
-/* FP8 rows, packed: h[4·jj + r] (the pair sc[4·jj + 2r], sc[4·jj + 2r + 1] of prob_decode)
+/* FP8 rows, packed: h[4·kk + 2·hh + r] (the pair sc[8·kk + 4·hh + 2r], +1 of prob_decode)
  * = (+=) c2 · P̂ of the two keys in f16x2 — the FP8 pair unpacks to f16x2 exactly, so a
  * pair costs a permute, an unpack and one HFMA2 instead of a permute, an unpack, two
  * conversions and two FFMA. c2 carries a power-of-two prescale (a.fp8_pre) that keeps the
@@ -469,6 +466,9 @@ __device__ __forceinline__ void prob_decode_fp8x2(const uint8_t *tile, __half2 c
     }
 }
 
+/* Consumer warpgroup c: row c (query block i = 2m + c) of each item, its stages in ring
+ * order (gx runs on across items, as the producers'), then its O store and state; the
+ * buffer is handed back (item_free) once nothing of it is read any more. */
 template <typename T, int D>
 __device__ __forceinline__ void prob_consume(const prob_sm<D> &S, const app_params &a,
                                              const core_params &p, uint32_t total)
@@ -643,7 +643,7 @@ prob_kernel(const __grid_constant__ CUtensorMap tv, const app_params a, const co
     const uint32_t total = p.n_tiles * a.nh;
     if (threadIdx.x == 0) {
         for (int s = 0; s < C::STAGES; s++) {
-            bar_init(&S.full[s], 32); /* the producer warp's lanes */
+            bar_init(&S.full[s], 32); /* the lanes of the stage's producer warp */
             /* every consumer thread of both warpgroups, every stage: an arrive releases only
              * its own thread's reads of the stage (metadata included), so each thread
              * arrives itself (as CUTLASS's consumer release; racecheck sees it) */

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Hardware counters of one prob-mode apply call (issue 19: prob on the core ran 3.5x over its
-# prediction): every kernel of the first call (pre-pass, the core's empty tiles, prob_kernel,
-# v2's follow-up) with the full section set, then prob_kernel's per-SASS-instruction stall
-# samples (where its warps wait; summarised by bench/gpu/prob_sass.py). Run by
+# prediction): every kernel of the first call (prob_kernel and v2's follow-up: a prob-only
+# layer runs no pre-pass or core) with the full section set, then prob_kernel's
+# per-SASS-instruction stall samples (where its warps wait; summarised by
+# bench/gpu/prob_sass.py). Run by
 # tests/gpu/all.sh prob-ncu; files go to $OUT.
 # Env: PROB_NCU_N (32768), PROB_NCU_DENSITY (0.1 per head = eff 13.5 %).
 set -u
