@@ -126,10 +126,11 @@ mf_status_t masses_run(const mf_qkv_t *t, uint32_t block_size, void *o, bool o_t
 mf_status_t core_launch(const core_args &a, cudaStream_t s, const char **why);
 
 /* Prob mode on the core (attn_prob.cuh): the prob blocks of heads a.heads[0..a.nh) at
- * B = 64 (a: apply.cu's v2 parameters, with pstate / pzero set), O through the core's
- * epilogue; each prob block with a usable row gets its pstate for v2's follow-up launch,
- * which must run after it on the same stream. Shapes and alignment of Q / K / V are the
- * caller's to have checked (core_supported). */
+ * B = 64 (a: apply.cu's v2 parameters, with pstate / pzero, the item counter prob_ctr and
+ * the work list wl / wl_n set, the counters zeroed), O through the core's epilogue; each
+ * prob block with a usable row gets its pstate, and each block left to v2 goes on the work
+ * list for v2's follow-up launch, which must run after it on the same stream. Shapes and
+ * alignment of Q / K / V are the caller's to have checked (core_supported). */
 struct app_params;
 mf_status_t prob_core_launch(const app_params &a, mf_dtype_t dtype, uint32_t d,
                              cudaStream_t s, const char **why);
