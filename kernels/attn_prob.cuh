@@ -188,6 +188,23 @@ __device__ __forceinline__ unsigned long long w_mask_warp(const app_params &a, u
     return m;
 }
 
+/* bar_wait for a warp with nothing else to do (the builders): a try_wait returns after a
+ * short hardware timeout, so a plain loop re-issues it every ≈ 50 cycles for the whole of an
+ * item (ncu: 20 M executions a call, issue slots of the consumers' schedulers); sleeping
+ * between tries leaves those slots to them. */
+__device__ __forceinline__ void bar_wait_idle(uint64_t *b, uint32_t parity)
+{
+    uint32_t done = 0;
+    for (;;) {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(smem_addr(b)), "r"(parity) : "memory");
+        if (done)
+            return;
+        __nanosleep(128);
+    }
+}
+
 /* (t, i) for v2's follow-up launch: its work list (apply.cu walks only these). */
 __device__ __forceinline__ void prob_follow(const app_params &a, uint32_t t, uint32_t i)
 {
@@ -242,7 +259,7 @@ __device__ __forceinline__ void prob_build(const prob_sm<D> &S, const app_params
         const int b = (int)(k & 1);
         prob_item *it = &S.items[b];
         if (k >= 2)
-            bar_wait(&S.item_free[b], ((k >> 1) & 1) ^ 1);
+            bar_wait_idle(&S.item_free[b], ((k >> 1) & 1) ^ 1);
         if (c == 0 && lane == 0) /* ≥ total: none left, the sentinel (everyone stops) */
             it->idx = atomicAdd(a.prob_ctr, 1u);
         asm volatile("bar.sync 5, 64;\n" ::: "memory"); /* both builders: the index */
@@ -279,7 +296,7 @@ __device__ __forceinline__ void prob_build(const prob_sm<D> &S, const app_params
                     co[q] = in ? row.col_off[col] : 0u;
                 }
                 if (!lists_ok) { /* after the first round's loads are issued */
-                    bar_wait(S.lists_free, (k - 1) & 1);
+                    bar_wait_idle(S.lists_free, (k - 1) & 1);
                     lists_ok = true;
                 }
 #pragma unroll
