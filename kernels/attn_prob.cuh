@@ -51,7 +51,7 @@ namespace {
  * 16 bytes each part: one shared load for the head and one a slot. */
 struct prob_slot {
     uint32_t off, e; /* byte offset in the stage's tile area (the consumers compute it from
-                      * the slot's index: a row's tiles lie at fixed places); the tile's entry */
+                      * the slot: a row's tiles lie at fixed places); the tile's entry */
     float w;
     uint32_t pad;
 };
