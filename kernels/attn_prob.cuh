@@ -17,13 +17,12 @@
  *    (TMA, the core's 128-byte swizzle, read transposed by wgmma as in the core) and the
  *    present source tiles of both rows (cp.async.bulk, 1-D, global → shared, on the same
  *    mbarrier; a tile is contiguous bytes of the row, in place), with per-stage metadata (j,
- *    slots: offset, W, entry; each row in its half of the stage) written before its
- *    arrive; each tile's scale comes as the aligned 16 bytes of the row's scales around it,
- *    by a bulk copy on the same barrier (a global load here would put an L2 round trip into
- *    every stage). A column with more tiles of a row than its half of a stage holds
- *    (ROW_SLOTS, ROW_CAP bytes) takes more stages, each with V again: P·V is linear, so each
- *    stage's partial mix is multiplied on its own (rare: > 4 FP8 / 2 FP16 tiles of a row in
- *    one column).
+ *    slots: offset, warpgroup, W, entry) written before its arrive; each tile's scale comes
+ *    as the aligned 16 bytes of the row's scales around it, by a bulk copy on the same
+ *    barrier (a global load here would put an L2 round trip into every stage). A column
+ *    with more tiles than a stage holds (TILE_CAP bytes) takes more stages, each with V
+ *    again: P·V is linear, so each stage's partial mix is multiplied on its own (rare: > 8
+ *    FP8 / 4 FP16 tiles of two rows in one column).
  *  - Consumers (prob_consume): per stage, each warp decodes its 16 rows of its own row's
  *    tiles straight into the m64nNk16 A-fragment layout (thread (g, u): keys 8jj + 2u, +1 of
  *    rows g, g + 8; prob_decode says how it loads; pair_codec, as v2 decodes), mixes with
@@ -46,17 +45,16 @@ namespace {
 
 #define PROB_LIST_CAP 1024u /* listed columns a row (N ≤ 64k at B = 64); longer: v2 */
 
-/* A stage's metadata: column j, row c's n_c tiles in slots 4c .. 4c + n_c − 1 (tiles at
- * c · ROW_CAP + k · tile bytes of the stage's tile area), last = the item's last stage.
- * 16 bytes each part: one shared load for the head and one a slot. */
+/* A stage's metadata: column j, slots [0, n0) row 0's tiles and [n0, n) row 1's (so each
+ * consumer walks its own, no per-slot test), last = the item's last stage. 16 bytes each
+ * part: one shared load for the head and one a slot. */
 struct prob_slot {
-    uint32_t off, e; /* byte offset in the stage's tile area (the consumers compute it from
-                      * the slot: a row's tiles lie at fixed places); the tile's entry */
+    uint32_t off, e; /* byte offset in the stage's tile area; the tile's entry in its row */
     float w;
     uint32_t pad;
 };
 struct prob_meta {
-    uint32_t j, n0, n1, last;
+    uint32_t j, n, n0, last;
     prob_slot s[8];
 };
 /* One (m, head) item's state, double-buffered (the CTA's k-th item in buffer k & 1):
@@ -74,8 +72,6 @@ template <int D> struct prob_cfg {
     static constexpr int STAGES = 4, MAX_SLOTS = 8;
     static constexpr uint32_t V_HALF = cfg<D, 64>::KV_HALF, V_BYTES = cfg<D, 64>::KV_BYTES;
     static constexpr uint32_t TILE_CAP = 32768; /* 8 FP8 / U8 or 4 FP16 / BF16 tiles of B 64 */
-    /* a row's half of a stage: 4 FP8 / U8 or 2 FP16 / BF16 tiles */
-    static constexpr uint32_t ROW_SLOTS = MAX_SLOTS / 2, ROW_CAP = TILE_CAP / 2;
     static constexpr uint32_t OFF_T = STAGES * V_BYTES, OFF_META = OFF_T + STAGES * TILE_CAP;
     /* per stage and slot the 16 bytes of the row's scales that hold the tile's (FP8 / U8):
      * copied with the tiles, so the producer never waits on a global load */
@@ -397,11 +393,12 @@ __device__ __forceinline__ void prob_produce(const prob_sm<D> &S, const CUtensor
                 }
             while (rel[0] | rel[1]) { /* one stage per TILE_CAP bytes of this column's tiles */
                 int s = (int)(gx % C::STAGES);
-                /* each row its half of the stage: slots 4c .., tiles at c · ROW_CAP (fixed
-                 * places, so a consumer's first tile loads need no slot read) */
+                /* row 0's tiles first, then row 1's, as many as the stage holds */
                 const uint32_t n0 = __popcll(rel[0]), n1 = __popcll(rel[1]);
-                const uint32_t t0 = min(n0, min((uint32_t)C::ROW_SLOTS, C::ROW_CAP >> lg[0]));
-                const uint32_t t1 = min(n1, min((uint32_t)C::ROW_SLOTS, C::ROW_CAP >> lg[1]));
+                const uint32_t t0 = min(n0, min((uint32_t)C::MAX_SLOTS, C::TILE_CAP >> lg[0]));
+                const uint32_t t1 = min(n1, min((uint32_t)C::MAX_SLOTS - t0,
+                                                (C::TILE_CAP - t0 * tb[0]) >> lg[1]));
+                const uint32_t n = t0 + t1;
                 const unsigned long long r0 = rel[0], r1 = rel[1];
                 /* the taken tiles leave the column (mostly all of them) */
                 rel[0] = t0 >= n0 ? 0ull : drop_low_bits(rel[0], t0);
@@ -414,10 +411,10 @@ __device__ __forceinline__ void prob_produce(const prob_sm<D> &S, const CUtensor
                     bar_wait(&S.empty[s], ((gx / C::STAGES) & 1) ^ 1);
                 prob_meta *mt = &S.meta[s];
                 unsigned long long src = 0;
-                const uint32_t mc = lane / C::ROW_SLOTS, idx = lane % C::ROW_SLOTS;
-                uint32_t me = 0, moff = 0, mtb = 0, msc = 0; /* (no local arrays) */
-                const bool mine = lane < C::MAX_SLOTS && idx < (mc ? t1 : t0); /* slot lane */
-                if (mine) {
+                uint32_t me = 0, mc = 0, moff = 0, mtb = 0, msc = 0; /* (no local arrays) */
+                if (lane < n) {
+                    mc = lane < t0 ? 0u : 1u;
+                    const uint32_t idx = mc ? lane - t0 : lane;
                     unsigned long long r = mc ? r1 : r0;
                     for (uint32_t q = 0; q < idx; q++)
                         r &= r - 1;
@@ -425,14 +422,14 @@ __device__ __forceinline__ void prob_produce(const prob_sm<D> &S, const CUtensor
                     me = entry_of(mc ? coff[1] : coff[0], mc ? hm[1] : hm[0], h);
                     mtb = mc ? tb[1] : tb[0];
                     msc = mc ? scb[1] : scb[0];
-                    moff = mc * C::ROW_CAP + idx * mtb;
+                    moff = mc ? t0 * tb[0] + idx * tb[1] : idx * tb[0];
                     src = __cvta_generic_to_global(it->row[mc].tiles + (size_t)me * mtb);
                     *reinterpret_cast<uint4 *>(&mt->s[lane]) =
                         make_uint4(moff, me, __float_as_uint(it->w[h]), 0u);
                 }
                 if (lane == 0) {
                     *reinterpret_cast<uint4 *>(mt) =
-                        make_uint4(j, t0, t1, !(rel[0] | rel[1]) && x[0] >= na && x[1] >= nb);
+                        make_uint4(j, n, t0, !(rel[0] | rel[1]) && x[0] >= na && x[1] >= nb);
                     bar_expect(&S.full[s], C::V_BYTES + t0 * (tb[0] + scb[0]) +
                                                t1 * (tb[1] + scb[1]));
                     for (int h = 0; h < D / 64; h++)
@@ -441,7 +438,7 @@ __device__ __forceinline__ void prob_produce(const prob_sm<D> &S, const CUtensor
                 } else {
                     bar_arrive(&S.full[s]);
                 }
-                if (mine) {
+                if (lane < n) {
                     bulk_load(S.base + C::OFF_T + s * C::TILE_CAP + moff, src, mtb, &S.full[s]);
                     /* the scales section is 16-byte aligned and followed by the tiles, so
                      * the aligned 16 bytes around entry e lie inside the row */
@@ -513,7 +510,6 @@ __device__ __forceinline__ void prob_consume(const prob_sm<D> &S, const app_para
         const uint32_t m = p.n_tiles - 1 - x / a.nh, t = it->t, i = 2 * m + c;
         const int st = it->st[c];
         const uint32_t codec = st == 1 ? it->row[c].codec : 0u;
-        const uint32_t tbc = st == 1 ? it->row[c].tile_bytes : 0u;
         const bool has_sc = st == 1 && it->row[c].scales != nullptr; /* FP8 / U8 rows */
         /* km: the kept mass, row q0 in km[0] (= km[1]), row q0 + 8 in km[2] (= km[3]) */
         float o[D / 2], km[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
@@ -529,11 +525,10 @@ __device__ __forceinline__ void prob_consume(const prob_sm<D> &S, const app_para
             int s = (int)(gx % C::STAGES);
             bar_wait(&S.full[s], (gx / C::STAGES) & 1);
             const prob_meta *mt = &S.meta[s];
-            const uint4 hd = *reinterpret_cast<const uint4 *>(mt); /* j, n0, n1, last */
+            const uint4 hd = *reinterpret_cast<const uint4 *>(mt); /* j, n, n0, last */
             const uint32_t j = hd.x, last = hd.w;
-            const uint32_t q_lo = c * C::ROW_SLOTS, q_hi = q_lo + (c ? hd.z : hd.y);
-            /* this row's tiles: at fixed places, not read from the slots */
-            const uint8_t *tiles = S.base + C::OFF_T + s * C::TILE_CAP + c * C::ROW_CAP;
+            const uint32_t q_lo = c ? hd.z : 0u, q_hi = c ? hd.y : hd.z; /* this row's slots */
+            const uint8_t *tiles = S.base + C::OFF_T + s * C::TILE_CAP;
             const float *scs =
                 reinterpret_cast<const float *>(S.base + C::OFF_SC) + s * C::MAX_SLOTS * 4;
             /* the first tile sets sc (no zeroing: 32 instructions a stage), the others add;
@@ -543,7 +538,7 @@ __device__ __forceinline__ void prob_consume(const prob_sm<D> &S, const app_para
             auto decode = [&](uint32_t q, auto first) {
                 constexpr bool SET = decltype(first)::value;
                 const uint4 sl = *reinterpret_cast<const uint4 *>(&mt->s[q]); /* off, e, w */
-                const uint8_t *tl = tiles + (q - q_lo) * tbc;
+                const uint8_t *tl = tiles + sl.x;
                 const float w = __uint_as_float(sl.z);
                 const float scale = has_sc ? scs[4 * q + (sl.y & 3u)] : 1.0f;
                 switch (codec) {
