@@ -418,7 +418,7 @@ __global__ void __launch_bounds__(128) prepass_kernel(app_params p, uint32_t b,
         dst[w] = s_bits[w];
 }
 
-template <class S> mf_status_t launch(const app_params &p, cudaStream_t st)
+template <class S> mf_status_t launch(const app_params &p, cudaStream_t st, const char **why)
 {
     static std::atomic<uint64_t> raised; /* per instantiation: bit = device */
     size_t sm = smem_plan<S>::total;
@@ -430,12 +430,16 @@ template <class S> mf_status_t launch(const app_params &p, cudaStream_t st)
         int dev = 0, sms = 0, per = per_sm.load();
         if (per == 0 &&
             cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, apply_kernel<S>, S::THREADS,
-                                                          sm) != cudaSuccess)
+                                                          sm) != cudaSuccess) {
+            *why = "could not size v2's follow-up grid (occupancy query failed)";
             return MF_INTERNAL;
+        }
         per_sm.store(per > 0 ? per : 1);
         if (cudaGetDevice(&dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+            *why = "could not size v2's follow-up grid (no device attributes)";
             return MF_INTERNAL;
+        }
         uint32_t fill = (uint32_t)sms * (uint32_t)per_sm.load();
         grid = grid < fill ? grid : fill;
     }
@@ -444,15 +448,15 @@ template <class S> mf_status_t launch(const app_params &p, cudaStream_t st)
 }
 
 template <typename T> mf_status_t launch_t(const app_params &p, uint32_t b, uint32_t d,
-                                           cudaStream_t st)
+                                           cudaStream_t st, const char **why)
 {
     switch (b * 1000 + d) {
-    case 32064: return launch<shape<32, 64, T>>(p, st);
-    case 32128: return launch<shape<32, 128, T>>(p, st);
-    case 64064: return launch<shape<64, 64, T>>(p, st);
-    case 64128: return launch<shape<64, 128, T>>(p, st);
-    case 128064: return launch<shape<128, 64, T>>(p, st);
-    case 128128: return launch<shape<128, 128, T>>(p, st);
+    case 32064: return launch<shape<32, 64, T>>(p, st, why);
+    case 32128: return launch<shape<32, 128, T>>(p, st, why);
+    case 64064: return launch<shape<64, 64, T>>(p, st, why);
+    case 64128: return launch<shape<64, 128, T>>(p, st, why);
+    case 128064: return launch<shape<128, 64, T>>(p, st, why);
+    case 128128: return launch<shape<128, 128, T>>(p, st, why);
     default: return MF_UNIMPLEMENTED;
     }
 }
@@ -799,9 +803,9 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
              * prob kernel, the rows and blocks it left) */
             if (st == MF_OK && v2_needed && bs.phase == PHASE_ALL) {
                 if (a->tgt.dtype == MF_DTYPE_F16)
-                    st = launch_t<__half>(p, b, a->tgt.head_dim, v2s);
+                    st = launch_t<__half>(p, b, a->tgt.head_dim, v2s, why);
                 else
-                    st = launch_t<__nv_bfloat16>(p, b, a->tgt.head_dim, v2s);
+                    st = launch_t<__nv_bfloat16>(p, b, a->tgt.head_dim, v2s, why);
             }
             if (v2s != s) { /* join, whatever happened: s must not run ahead of side */
                 mf_status_t sj = cuda_status(cudaEventRecord(ss->join, v2s), why);
