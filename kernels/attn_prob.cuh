@@ -1,7 +1,8 @@
 /* attn_prob — prob mode on the sm_90a core (issue 19): the core's V ring, RS-wgmma P·V and O
  * epilogue, with the W-mixed probability tile as the A operand instead of a softmax of
- * Q·Kᵀ (no Q, no K). Included once, at the end of attn_core.cu (it uses that file's
- * wgmma / mbarrier / TMA helpers and store_o); host entry prob_core_launch (attn_core.cuh).
+ * Q·Kᵀ (no Q, no K). Included once, at the end of attn_core.cu (it uses attn_ptx.cuh's
+ * wgmma / mbarrier / TMA wrappers and that file's store_o, encode and persist_grid); host
+ * entry prob_core_launch (attn_core.cuh).
  *
  * Persistent (prob_kernel says how): an item is (128-row tile m, prob target head t);
  * consumer warpgroup c owns query block i = 2m + c (B = 64) and its row.

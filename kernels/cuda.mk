@@ -27,7 +27,8 @@ LIBS += $(KERNELS_CUDA_A) $(KERNELS_CUDA_SO)
 BINS += $(BIN)/tests/gpu_check
 
 $(OBJ)/kernels/%.cu.o: kernels/%.cu kernels/mf_cuda_common.cuh kernels/apply_internal.cuh kernels/attn_core.cuh \
-		kernels/attn_prob.cuh kernels/xxh3.cuh kernels/dev_cache.cuh \
+		kernels/attn_prob.cuh kernels/attn_ptx.cuh kernels/attn_persist.cuh \
+		kernels/xxh3.cuh kernels/dev_cache.cuh \
 		kernels/mapflow_kernels_cuda.h \
 		kernels/mapflow_kernels.h proto/mf_row.h
 	@mkdir -p $(dir $@)
