@@ -427,20 +427,21 @@ template <class S> mf_status_t launch(const app_params &p, cudaStream_t st, cons
     uint32_t grid = p.nb_all * p.nh;
     if (p.wl) { /* the work list's length is on the device: a grid that fills the GPU once */
         static std::atomic<int> per_sm; /* CTAs an SM (0: not asked yet); per instantiation */
-        int dev = 0, sms = 0, per = per_sm.load();
-        if (per == 0 &&
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, apply_kernel<S>, S::THREADS,
-                                                          sm) != cudaSuccess) {
-            *why = "could not size v2's follow-up grid (occupancy query failed)";
-            return MF_INTERNAL;
+        int per = per_sm.load();
+        if (per == 0) {
+            if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, apply_kernel<S>, S::THREADS,
+                                                              sm) != cudaSuccess) {
+                *why = "could not size v2's follow-up grid (occupancy query failed)";
+                return MF_INTERNAL;
+            }
+            per = per > 0 ? per : 1;
+            per_sm.store(per);
         }
-        per_sm.store(per > 0 ? per : 1);
-        if (cudaGetDevice(&dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-            *why = "could not size v2's follow-up grid (no device attributes)";
-            return MF_INTERNAL;
-        }
-        uint32_t fill = (uint32_t)sms * (uint32_t)per_sm.load();
+        uint32_t sms;
+        mf_status_t st_sm = sm_count(&sms, why);
+        if (st_sm != MF_OK)
+            return st_sm;
+        uint32_t fill = sms * (uint32_t)per;
         grid = grid < fill ? grid : fill;
     }
     apply_kernel<S><<<grid, S::THREADS, sm, st>>>(p);
@@ -752,7 +753,8 @@ extern "C" mf_status_t mf_apply_cuda_impl(const mf_apply_cuda_args_t *a, mf_appl
             p.n_rows = a->n_rows;
             p.nb_all = all;
             p.scale_log2 = MF_LOG2E / sqrtf((float)a->tgt.head_dim);
-            p.fp8_pre = fp8_prescale(a->map->w, ht, hs);
+            if (prob_core) /* only the core's prob kernel reads it */
+                p.fp8_pre = fp8_prescale(a->map->w, ht, hs);
             bool v2_needed = any_prob || (!use_core && any_other);
             /* v2 beside the core: on the cache's side stream, after the constants' copy */
             cudaStream_t v2s = s;

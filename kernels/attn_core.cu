@@ -671,20 +671,6 @@ bool encode(CUtensorMap *tm, const void *base, mf_dtype_t dt, uint32_t n, uint32
     return true;
 }
 
-/* Multiprocessors of the current device (≥ 1). */
-mf_status_t sm_count(uint32_t *n, const char **why)
-{
-    int dev = 0, sms = 0;
-    mf_status_t st = cuda_status(cudaGetDevice(&dev), why);
-    if (st == MF_OK)
-        st = cuda_status(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), why);
-    if (st == MF_OK && sms < 1) {
-        *why = "the device reports no multiprocessors";
-        st = MF_INTERNAL;
-    }
-    *n = (uint32_t)sms;
-    return st;
-}
 
 bool env_on(const char *var);
 
@@ -823,6 +809,21 @@ mf_status_t mass_variant(int *mv, const char **why)
 }
 
 } /* namespace */
+
+/* Multiprocessors of the current device (≥ 1); attn_core.cuh. */
+mf_status_t sm_count(uint32_t *n, const char **why)
+{
+    int dev = 0, sms = 0;
+    mf_status_t st = cuda_status(cudaGetDevice(&dev), why);
+    if (st == MF_OK)
+        st = cuda_status(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), why);
+    if (st == MF_OK && sms < 1) {
+        *why = "the device reports no multiprocessors";
+        st = MF_INTERNAL;
+    }
+    *n = (uint32_t)sms;
+    return st;
+}
 
 mf_status_t core_supported(uint32_t d, mf_dtype_t dtype, const char **why)
 {

@@ -125,6 +125,10 @@ mf_status_t masses_run(const mf_qkv_t *t, uint32_t block_size, void *o, bool o_t
  * shared-memory limit cannot be raised, a CUDA status for a launch error. */
 mf_status_t core_launch(const core_args &a, cudaStream_t s, const char **why);
 
+/* The current device's multiprocessors (≥ 1) into *n; a CUDA status (why set) otherwise.
+ * The persistent grids and v2's work-list grid are sized by it. Any host thread. */
+mf_status_t sm_count(uint32_t *n, const char **why);
+
 /* Prob mode on the core (attn_prob.cuh): the prob blocks of heads a.heads[0..a.nh) at
  * B = 64 (a: apply.cu's v2 parameters, with pstate / pzero, the item counter prob_ctr and
  * the work list wl / wl_n set, the counters zeroed), O through the core's epilogue; each

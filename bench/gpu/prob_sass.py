@@ -48,8 +48,8 @@ def main():
     # each part runs from its setmaxnreg to the next one (or the end), whichever order the
     # compiler laid them out in
     ends = {k: (marks + [len(data)])[x + 1] for x, k in enumerate(marks)}
-    cons = next(k for k in marks if "TRY_ALLOC" in data[k][1] or "DEALLOC" not in data[k][1])
-    prod = next(k for k in marks if k != cons)
+    cons = next(k for k in marks if "DEALLOC" not in data[k][1])  # the raise (TRY_ALLOC)
+    prod = next(k for k in marks if "DEALLOC" in data[k][1])
     tma = [k for k in range(prod, ends[prod]) if "UTMALDG" in data[k][1]]
     stages = num(data[tma[0]], EXECUTED) if tma else 0.0
     print(f"stall samples {total:.0f}, ring stages {stages:.0f}")
