@@ -101,35 +101,6 @@ __device__ __forceinline__ unsigned long long drop_low_bits(unsigned long long m
     return m;
 }
 
-/* 1-D bulk copy global → shared, completing on bar's transaction count. */
-__device__ __forceinline__ void bulk_load(void *dst, unsigned long long src, uint32_t bytes,
-                                          uint64_t *bar)
-{
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 " [%0], [%1], %2, [%3];\n" ::"r"(smem_addr(dst)),
-                 "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
-}
-
-/* d += A · 1 (m64n8k16, A from registers, B a K-major 8 × 16 tile of ones in shared memory,
- * no swizzle): every column of row r's accumulator is the sum of A's row — the kept mass
- * of the tile on the tensor cores (in the same rounding as P·V's A operand) instead of 32
- * additions a thread and stage. */
-template <typename T>
-__device__ __forceinline__ void wgmma_rs_ones(float (&d)[4], const uint32_t (&a)[4], uint64_t db)
-{
-    if (std::is_same<T, __half>::value)
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0, %1, %2, %3}, "
-                     "{%4, %5, %6, %7}, %8, p, 1, 1, 0;\n}\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
-    else
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, "
-                     "{%4, %5, %6, %7}, %8, p, 1, 1, 0;\n}\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
-}
 
 /* sc[4·jj + 2r + e] (the m64nN accumulator / A-fragment layout: row q0 + 8r, key
  * 8jj + 2u + e) += W·P̂ of one 64 × 64 tile in shared memory (rows of 64 elements, as in
@@ -187,23 +158,6 @@ __device__ __forceinline__ unsigned long long w_mask_warp(const app_params &a, u
         m |= (unsigned long long)__ballot_sync(0xffffffffu, w > 0.0f) << base;
     }
     return m;
-}
-
-/* bar_wait for a warp with nothing else to do (the builders): a try_wait returns after a
- * short hardware timeout, so a plain loop re-issues it every ≈ 50 cycles for the whole of an
- * item (ncu: 20 M executions a call, issue slots of the consumers' schedulers); sleeping
- * between tries leaves those slots to them. */
-__device__ __forceinline__ void bar_wait_idle(uint64_t *b, uint32_t parity)
-{
-    uint32_t done = 0;
-    for (;;) {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done) : "r"(smem_addr(b)), "r"(parity) : "memory");
-        if (done)
-            return;
-        __nanosleep(128);
-    }
 }
 
 /* (t, i) for v2's follow-up launch: its work list (apply.cu walks only these). */

@@ -1,7 +1,8 @@
 /* attn_ptx — the sm_90a instructions the attention core's kernels are built from, as inline
- * PTX: wgmma (m64nNk16, SS and RS forms, fence / commit / wait, the register pins around
- * them), shared-memory matrix descriptors, mbarrier (init, expect-tx, arrive, wait) and TMA
- * tensor loads, ex2. Device code; each wrapper's contract is PTX's (wgmma: the whole
+ * PTX: wgmma (m64nNk16, SS and RS forms, the m64n8 row sum against ones, fence / commit /
+ * wait, the register pins around them), shared-memory matrix descriptors, mbarrier (init,
+ * expect-tx, arrive, wait, an idle wait that sleeps), TMA tensor loads and 1-D bulk copies,
+ * ex2. Device code; each wrapper's contract is PTX's (wgmma: the whole
  * warpgroup; the rest: any thread). Included by attn_core.cu (and through it by
  * attn_persist.cuh and attn_prob.cuh); no state. */
 #ifndef MF_ATTN_PTX_CUH
@@ -9,6 +10,8 @@
 
 #include <cuda.h>
 #include <stdint.h>
+
+#include <type_traits>
 
 #include "mf_cuda_common.cuh" /* smem_addr, the 16-bit types */
 
@@ -120,6 +123,27 @@ template <> __device__ __forceinline__ void wgmma_rs<__half, 128>(float (&d)[64]
 }
 
 
+/* d += A · 1 (m64n8k16, A from registers, B a K-major 8 × 16 tile of ones in shared memory,
+ * no swizzle): every column of row r's accumulator is the sum of A's row — the kept mass
+ * of the tile on the tensor cores (in the same rounding as P·V's A operand) instead of 32
+ * additions a thread and stage. */
+template <typename T>
+__device__ __forceinline__ void wgmma_rs_ones(float (&d)[4], const uint32_t (&a)[4], uint64_t db)
+{
+    if (std::is_same<T, __half>::value)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0, %1, %2, %3}, "
+                     "{%4, %5, %6, %7}, %8, p, 1, 1, 0;\n}\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+    else
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, "
+                     "{%4, %5, %6, %7}, %8, p, 1, 1, 0;\n}\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void wgmma_wait()
@@ -190,6 +214,32 @@ __device__ __forceinline__ void tma_load(void *dst, const CUtensorMap *tm, uint6
                  " [%0], [%1, {%2, %3, %4}], [%5];\n"
                  ::"r"(smem_addr(dst)), "l"(tm), "r"(col), "r"(head), "r"(row),
                  "r"(smem_addr(bar)) : "memory");
+}
+
+/* 1-D bulk copy global → shared, completing on bar's transaction count. */
+__device__ __forceinline__ void bulk_load(void *dst, unsigned long long src, uint32_t bytes,
+                                          uint64_t *bar)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1], %2, [%3];\n" ::"r"(smem_addr(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
+}
+
+/* bar_wait for a warp with nothing else to do (the prob kernel's builders): a try_wait returns after a
+ * short hardware timeout, so a plain loop re-issues it every ≈ 50 cycles for the whole of an
+ * item (ncu: 20 M executions a call, issue slots of the consumers' schedulers); sleeping
+ * between tries leaves those slots to them. */
+__device__ __forceinline__ void bar_wait_idle(uint64_t *b, uint32_t parity)
+{
+    uint32_t done = 0;
+    for (;;) {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(smem_addr(b)), "r"(parity) : "memory");
+        if (done)
+            return;
+        __nanosleep(128);
+    }
 }
 
 __device__ __forceinline__ float ex2(float x)
