@@ -449,7 +449,6 @@ __device__ __forceinline__ void prob_consume(const prob_sm<D> &S, const app_para
     const int c = (int)(threadIdx.x / 128) - 1, tid = threadIdx.x - 128 * (c + 1);
     const int lane = tid & 31, u = lane & 3;
     const int q0 = 16 * (tid / 32) + (lane >> 2); /* this thread's rows q0, q0 + 8 of block i */
-    auto release = [&](uint64_t *bar) { bar_arrive(bar); };
     uint32_t gx = 0;
     for (uint32_t k = 0;; k++) {
         const int b = (int)(k & 1);
@@ -535,7 +534,7 @@ __device__ __forceinline__ void prob_consume(const prob_sm<D> &S, const app_para
             fence_regs(km);
             fence_regs(pa);
             if (ps >= 0)
-                release(&S.empty[ps]);
+                bar_arrive(&S.empty[ps]);
             if (any) {
 #pragma unroll
                 for (int kk = 0; kk < 4; kk++) {
@@ -565,7 +564,7 @@ __device__ __forceinline__ void prob_consume(const prob_sm<D> &S, const app_para
         fence_regs(o);
         fence_regs(km);
         fence_regs(pa);
-        release(&S.empty[ps]); /* an item with columns has at least one stage */
+        bar_arrive(&S.empty[ps]); /* an item with columns has at least one stage */
         if (st == 1) {
             if (u == 0)
 #pragma unroll
