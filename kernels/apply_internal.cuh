@@ -74,21 +74,27 @@ __device__ __forceinline__ bool row_usable(const row_dev &row, uint32_t i, uint3
            !(mode == MF_HEAD_PROB && row.codec == MF_CODEC_MASK);
 }
 
+/* The mask of the heads s < hs with w[s] > 0 (w: a W row, in shared or global memory): a
+ * ballot per 32 heads, not hs dependent reads. Every lane of the warp calls. */
+__device__ __forceinline__ unsigned long long w_row_mask(const float *w, uint32_t hs)
+{
+    unsigned long long m = 0;
+#pragma unroll
+    for (uint32_t base = 0; base < MF_ROW_MAX_HEADS; base += 32) {
+        const uint32_t s = base + (threadIdx.x & 31);
+        m |= (unsigned long long)__ballot_sync(0xffffffffu, s < hs && w[s] > 0.0f) << base;
+    }
+    return m;
+}
+
 /* Target head t's W row into s_w (0 past hs); returns the mask of its source heads with
- * W > 0. Every thread of the CTA calls (one barrier). */
+ * W > 0. Every thread of the CTA calls (one barrier; the CTA is whole warps). */
 __device__ __forceinline__ unsigned long long load_w(const app_params &p, uint32_t t, float *s_w)
 {
     for (uint32_t s = threadIdx.x; s < MF_ROW_MAX_HEADS; s += blockDim.x)
         s_w[s] = s < p.hs ? p.w[(size_t)t * p.hs + s] : 0.0f;
     __syncthreads();
-    /* a ballot per 32 heads (every caller's CTA is whole warps): not hs dependent reads */
-    unsigned long long wmask = 0;
-    for (uint32_t base = 0; base < MF_ROW_MAX_HEADS; base += 32) {
-        const uint32_t s = base + (threadIdx.x & 31);
-        wmask |= (unsigned long long)__ballot_sync(0xffffffffu, s < p.hs && s_w[s] > 0.0f)
-                 << base;
-    }
-    return wmask;
+    return w_row_mask(s_w, p.hs);
 }
 
 /* Mask mode's selection for query block i (mf_apply_ref): mixed masses in double, source

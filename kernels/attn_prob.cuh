@@ -141,25 +141,6 @@ __device__ __forceinline__ void prob_decode(const uint8_t *tile, float w, float 
     }
 }
 
-/* Target head t's W row, warp-wide (the builders run beside the producer and the consumers:
- * no CTA barrier, unlike load_w): lane l takes heads l and l + 32; s_w (when given) gets the
- * row, 0 past hs. Returns the mask of the heads with W > 0. */
-__device__ __forceinline__ unsigned long long w_mask_warp(const app_params &a, uint32_t t,
-                                                          float *s_w)
-{
-    const uint32_t lane = threadIdx.x & 31;
-    unsigned long long m = 0;
-#pragma unroll
-    for (uint32_t base = 0; base < MF_ROW_MAX_HEADS; base += 32) {
-        const uint32_t s = base + lane;
-        const float w = s < a.hs ? a.w[(size_t)t * a.hs + s] : 0.0f;
-        if (s_w)
-            s_w[s] = w;
-        m |= (unsigned long long)__ballot_sync(0xffffffffu, w > 0.0f) << base;
-    }
-    return m;
-}
-
 /* (t, i) for v2's follow-up launch: its work list (apply.cu walks only these). */
 __device__ __forceinline__ void prob_follow(const app_params &a, uint32_t t, uint32_t i)
 {
@@ -231,7 +212,13 @@ __device__ __forceinline__ void prob_build(const prob_sm<D> &S, const app_params
             if (row_usable(row, i, 64, a.hs, MF_HEAD_PROB))
                 st = row.n_cols > PROB_LIST_CAP ? 2 : 1; /* (usable: 16-byte aligned) */
         }
-        const unsigned long long wmask = w_mask_warp(a, t, c == 0 ? it->w : nullptr);
+        /* W's row: its mask read warp-wide from global memory (no CTA barrier here, unlike
+         * load_w), the row itself kept by builder 0 for the producers' slot weights */
+        const float *wrow = a.w + (size_t)t * a.hs;
+        if (c == 0)
+            for (uint32_t s = lane; s < MF_ROW_MAX_HEADS; s += 32)
+                it->w[s] = s < a.hs ? wrow[s] : 0.0f;
+        const unsigned long long wmask = w_row_mask(wrow, a.hs);
         if (st == 1 && lane == 0)
             it->row[c] = row; /* before the loop: not live across it (56 registers) */
         if (st == 1) {
@@ -370,10 +357,7 @@ __device__ __forceinline__ void prob_produce(const prob_sm<D> &S, const CUtensor
                 if (lane < n) {
                     mc = lane < t0 ? 0u : 1u;
                     const uint32_t idx = mc ? lane - t0 : lane;
-                    unsigned long long r = mc ? r1 : r0;
-                    for (uint32_t q = 0; q < idx; q++)
-                        r &= r - 1;
-                    const uint32_t h = __ffsll((long long)r) - 1;
+                    const uint32_t h = __ffsll((long long)drop_low_bits(mc ? r1 : r0, idx)) - 1;
                     me = entry_of(mc ? coff[1] : coff[0], mc ? hm[1] : hm[0], h);
                     mtb = mc ? tb[1] : tb[0];
                     msc = mc ? scb[1] : scb[0];
@@ -519,8 +503,6 @@ __device__ __forceinline__ void prob_consume(const prob_sm<D> &S, const app_para
                         sc[2 * x2] = f.x;
                         sc[2 * x2 + 1] = f.y;
                     }
-            }
-            if (any) {
                 if (j == i) /* causality is enforced here too, whatever the tile holds */
 #pragma unroll
                     for (int jj = 0; jj < 8; jj++)
